@@ -1,0 +1,20 @@
+/** Element types a {@link Tensor} can hold on the GPU. */
+export type DType = "f32" | "f16";
+
+/** Every dtype, in a fixed order (handy for parameterised tests and errors). */
+export const DTYPES: readonly DType[] = ["f32", "f16"];
+
+/** Bytes one element of `dtype` occupies in a GPU buffer. */
+export function bytesPerElement(dtype: DType): number {
+  return dtype === "f32" ? 4 : 2;
+}
+
+/** The WGSL scalar type that stores `dtype`. */
+export function wgslType(dtype: DType): string {
+  return dtype;
+}
+
+/** `enable f16;` when any of `dtypes` is f16, else nothing: only f16 kernels may enable it. */
+export function wgslEnables(...dtypes: DType[]): string {
+  return dtypes.includes("f16") ? "enable f16;\n" : "";
+}

@@ -1,0 +1,99 @@
+/** Device acquisition: `initGpu()` is the first call of every program. */
+import { type F16Mode, Gpu, GpuError, type MatmulTiling, setDefaultGpu } from "./device.ts";
+import { DEFAULT_TILING, tuneMatmul } from "./matmul_tuning.ts";
+
+/** Options for {@link initGpu}. */
+export interface InitGpuOptions {
+  /**
+   * `"auto"` (default): use f16 when the adapter has `shader-f16`, else fall
+   * back to f32 and say so once. `"require"`: fail without it. `"off"`: f32 only.
+   */
+  f16?: F16Mode;
+  /** Print generated WGSL as kernels compile (default: the `AMP_DEBUG` environment variable). */
+  debug?: boolean;
+  /**
+   * The matmul tiling: `"tune"` (default) runs a short measured search once
+   * per adapter and caches the winner; `"default"` skips it; or give a tiling.
+   */
+  matmulTiling?: "tune" | "default" | MatmulTiling;
+  /** Passed to `requestAdapter`. */
+  powerPreference?: GPUPowerPreference;
+}
+
+const NO_ADAPTER_HELP = "On a machine without a GPU, install the Vulkan CPU driver " +
+  "(Debian/Ubuntu: `apt-get install mesa-vulkan-drivers`).";
+
+/**
+ * Acquires a WebGPU device with the adapter's real limits (and `shader-f16`
+ * when available and wanted), picks the matmul tiling, and makes it the
+ * default device for new tensors.
+ *
+ * @example
+ * ```ts ignore
+ * const gpu = await initGpu({ f16: "auto" });
+ * console.log(gpu.adapterName, gpu.f16);
+ * ```
+ */
+export async function initGpu(options: InitGpuOptions = {}): Promise<Gpu> {
+  const mode = options.f16 ?? "auto";
+  if (!["auto", "require", "off"].includes(mode)) {
+    throw new TypeError(`initGpu: f16 must be "auto", "require" or "off", not ${String(mode)}.`);
+  }
+  if (typeof navigator === "undefined" || !navigator.gpu) {
+    throw new GpuError("WebGPU is not available in this runtime (navigator.gpu is missing).");
+  }
+  const adapter = await navigator.gpu.requestAdapter({
+    powerPreference: options.powerPreference,
+  });
+  if (!adapter) throw new GpuError(`No WebGPU adapter was found. ${NO_ADAPTER_HELP}`);
+
+  const hasF16 = adapter.features.has("shader-f16");
+  if (mode === "require" && !hasF16) {
+    throw new GpuError(
+      `initGpu: f16 was required but the adapter (${adapter.info.description}) has no ` +
+        "shader-f16. Use f16: 'auto' to fall back to f32.",
+    );
+  }
+  const useF16 = hasF16 && mode !== "off";
+  if (mode === "auto" && !hasF16) warnOnce("the adapter has no shader-f16; running in f32.");
+
+  const requiredLimits: Record<string, number> = {};
+  for (const name in adapter.limits) {
+    const value = (adapter.limits as unknown as Record<string, unknown>)[name];
+    if (typeof value === "number") requiredLimits[name] = value;
+  }
+  const device = await adapter.requestDevice({
+    label: "halfstep",
+    requiredFeatures: useF16 ? ["shader-f16"] : [],
+    requiredLimits,
+  });
+  const gpu = new Gpu(device, adapter.info, {
+    f16: useF16,
+    debug: options.debug ?? debugFromEnvironment(),
+    matmulTiling: typeof options.matmulTiling === "object" ? options.matmulTiling : DEFAULT_TILING,
+  });
+  if ((options.matmulTiling ?? "tune") === "tune") {
+    gpu.matmulTiling = (await tuneMatmul(gpu)).best;
+  }
+  setDefaultGpu(gpu);
+  return gpu;
+}
+
+const warned = new Set<string>();
+function warnOnce(message: string): void {
+  if (warned.has(message)) return;
+  warned.add(message);
+  console.warn(`[halfstep] ${message}`);
+}
+
+/** `AMP_DEBUG=1`, read only where the runtime grants it without a prompt. */
+function debugFromEnvironment(): boolean {
+  // deno-lint-ignore no-explicit-any
+  const deno = (globalThis as any).Deno;
+  try {
+    const state = deno?.permissions?.querySync?.({ name: "env", variable: "AMP_DEBUG" })?.state;
+    return state === "granted" && ["1", "true"].includes(deno.env.get("AMP_DEBUG") ?? "");
+  } catch {
+    return false;
+  }
+}

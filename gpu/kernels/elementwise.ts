@@ -1,0 +1,158 @@
+/**
+ * Elementwise kernels: unary maps (with an optional scalar), binary maps with
+ * broadcasting of the second operand, and in-place accumulation. Math is f32
+ * whatever the storage dtype; the output dtype may differ from the input's,
+ * which is how casts are made.
+ */
+import { type DType, wgslEnables } from "../dtype.ts";
+import { defineKernel, f32Bits } from "../kernel.ts";
+import { Tensor } from "../tensor.ts";
+import { activationExpr, WGSL_MATH } from "./wgsl_math.ts";
+import { grid1d, WGSL_GRID_BUILTINS, WGSL_WORKGROUP_INDEX } from "./grid.ts";
+
+const WORKGROUP = 256;
+const PER_THREAD = 4;
+
+/** Unary maps of `x` (f32) and the scalar `s`. */
+export const UNARY_OPS = {
+  identity: "x",
+  neg: "-x",
+  scale: "x * s",
+  add_scalar: "x + s",
+  exp: "exp(x)",
+  log: "log(x)",
+  sqrt: "sqrt(x)",
+  abs: "abs(x)",
+  square: "x * x",
+  relu: activationExpr("relu", "x"),
+  gelu: activationExpr("gelu", "x"),
+} as const;
+
+/** A unary op name. */
+export type UnaryOp = keyof typeof UNARY_OPS;
+
+/** Binary maps of `a`, `b` (f32). The `*_grad` ops take (upstream grad, forward input). */
+export const BINARY_OPS = {
+  add: "a + b",
+  sub: "a - b",
+  mul: "a * b",
+  div: "a / b",
+  relu_grad: "select(0.0, a, b > 0.0)",
+  gelu_grad: `a * gelu_derivative(b)`,
+} as const;
+
+/** A binary op name. */
+export type BinaryOp = keyof typeof BINARY_OPS;
+
+function header(...dtypes: DType[]): string {
+  return `${wgslEnables(...dtypes)}${WGSL_MATH}`;
+}
+
+function loop(body: string): string {
+  return `let base = (${WGSL_WORKGROUP_INDEX} * ${WORKGROUP}u + lid) * ${PER_THREAD}u;
+  for (var k = 0u; k < ${PER_THREAD}u; k++) {
+    let i = base + k;
+    if (i >= p.n) { return; }
+    ${body}
+  }`;
+}
+
+const unaryKernel = defineKernel<{ op: UnaryOp; dtype: DType; out: DType }>({
+  name: "unary",
+  wgsl: ({ op, dtype, out }) => `${header(dtype, out)}
+struct Params { n: u32, s: u32 }
+@group(0) @binding(0) var<storage, read> src: array<${dtype}>;
+@group(0) @binding(1) var<storage, read_write> dst: array<${out}>;
+@group(0) @binding(2) var<uniform> p: Params;
+@compute @workgroup_size(${WORKGROUP})
+fn main(${WGSL_GRID_BUILTINS}) {
+  let s = bitcast<f32>(p.s);
+  ${loop(`let x = f32(src[i]);\n    dst[i] = ${out}(${UNARY_OPS[op]});`)}
+}`,
+});
+
+const binaryKernel = defineKernel<{ op: BinaryOp; a: DType; b: DType; out: DType }>({
+  name: "binary",
+  wgsl: ({ op, a, b, out }) => `${header(a, b, out)}
+// b is broadcast: element i of a pairs with b[(i / div) % period].
+struct Params { n: u32, div: u32, period: u32 }
+@group(0) @binding(0) var<storage, read> lhs: array<${a}>;
+@group(0) @binding(1) var<storage, read> rhs: array<${b}>;
+@group(0) @binding(2) var<storage, read_write> dst: array<${out}>;
+@group(0) @binding(3) var<uniform> p: Params;
+@compute @workgroup_size(${WORKGROUP})
+fn main(${WGSL_GRID_BUILTINS}) {
+  ${
+    loop(
+      `let a = f32(lhs[i]);\n    let b = f32(rhs[(i / p.div) % p.period]);\n    ` +
+        `dst[i] = ${out}(${BINARY_OPS[op]});`,
+    )
+  }
+}`,
+});
+
+const accumulateKernel = defineKernel<{ dst: DType; src: DType }>({
+  name: "accumulate",
+  wgsl: ({ dst, src }) => `${wgslEnables(dst, src)}
+struct Params { n: u32 }
+@group(0) @binding(0) var<storage, read_write> acc: array<${dst}>;
+@group(0) @binding(1) var<storage, read> add: array<${src}>;
+@group(0) @binding(2) var<uniform> p: Params;
+@compute @workgroup_size(${WORKGROUP})
+fn main(${WGSL_GRID_BUILTINS}) {
+  ${loop(`acc[i] = ${dst}(f32(acc[i]) + f32(add[i]));`)}
+}`,
+});
+
+function workgroupsFor(n: number): [number, number] {
+  return grid1d(Math.ceil(n / (WORKGROUP * PER_THREAD)));
+}
+
+/** dst = op(src, s) elementwise, as a new tensor of dtype `out` (no autograd). */
+export function launchUnary(op: UnaryOp, src: Tensor, s = 0, out: DType = src.dtype): Tensor {
+  const dst = Tensor.empty(src.shape, out, src.gpu);
+  const n = src.size;
+  if (n === 0) return dst;
+  const kernel = src.gpu.kernel(unaryKernel, { op, dtype: src.dtype, out });
+  src.gpu.dispatch(kernel, [src.buffer, dst.buffer], [n, f32Bits(s)], workgroupsFor(n));
+  return dst;
+}
+
+/**
+ * dst = op(a, b) elementwise with the shape of `a`; `b` holds `period`
+ * values and element i of `a` pairs with `b[(i / div) % period]` (no autograd).
+ */
+export function launchBinary(
+  op: BinaryOp,
+  a: Tensor,
+  b: Tensor,
+  broadcast: { div: number; period: number } = { div: 1, period: a.size },
+  out: DType = a.dtype,
+): Tensor {
+  const dst = Tensor.empty(a.shape, out, a.gpu);
+  const n = a.size;
+  if (n === 0) return dst;
+  const kernel = a.gpu.kernel(binaryKernel, { op, a: a.dtype, b: b.dtype, out });
+  a.gpu.dispatch(
+    kernel,
+    [a.buffer, b.buffer, dst.buffer],
+    [n, broadcast.div, broadcast.period],
+    workgroupsFor(n),
+  );
+  return dst;
+}
+
+/** dst += src in place (same size; dtypes may differ, math in f32). No autograd. */
+export function launchAccumulate(dst: Tensor, src: Tensor): void {
+  const n = dst.size;
+  if (n === 0) return;
+  const kernel = dst.gpu.kernel(accumulateKernel, { dst: dst.dtype, src: src.dtype });
+  dst.gpu.dispatch(kernel, [dst.buffer, src.buffer], [n], workgroupsFor(n));
+}
+
+/** A copy of `t` in a new buffer, in stream order (no autograd). */
+export function launchCopy(t: Tensor): Tensor {
+  const dst = Tensor.empty(t.shape, t.dtype, t.gpu);
+  t.gpu.batch.copy(t.buffer, dst.buffer, Math.min(t.buffer.size, dst.buffer.size));
+  return dst;
+}

@@ -1,0 +1,200 @@
+/**
+ * Tensor: a shape, a dtype and a GPU buffer from the pool. Reading values back
+ * (`read`, `item`) is the only thing that waits for the GPU.
+ */
+import { bytesPerElement, type DType } from "./dtype.ts";
+import { getGpu, type Gpu, GpuError } from "./device.ts";
+import { assertValidShape, type Shape, shapeString, sizeOf } from "./shape.ts";
+import { track } from "./scope.ts";
+import type { GradNode } from "./autograd.ts";
+
+/** Host data a tensor can be made from. */
+export type TensorData = Float32Array | Float16Array | readonly number[];
+
+/** Options for creating a tensor. */
+export interface TensorOptions {
+  /** Element type on the GPU (default `"f32"`). */
+  dtype?: DType;
+  /** Whether autograd should compute a gradient for this tensor (default false). */
+  requiresGrad?: boolean;
+  /** The device (default: the one `initGpu()` made). */
+  gpu?: Gpu;
+}
+
+/** A reference-counted GPU buffer shared by a tensor and the tape's saved copies of it. */
+class Storage {
+  refs = 1;
+  constructor(readonly gpu: Gpu, readonly buffer: GPUBuffer) {}
+  retain(): this {
+    this.refs++;
+    return this;
+  }
+  release(): void {
+    if (--this.refs === 0) this.gpu.pool.release(this.buffer);
+  }
+}
+
+/** Bytes a buffer needs for `size` elements of `dtype` (copies move whole 4-byte words). */
+export function bufferBytes(size: number, dtype: DType): number {
+  return Math.max(4, Math.ceil((size * bytesPerElement(dtype)) / 4) * 4);
+}
+
+/** An n-dimensional array of f32 or f16 values on the GPU. */
+export class Tensor {
+  /** Extents, outermost first. */
+  readonly shape: Shape;
+  /** Element type. */
+  readonly dtype: DType;
+  /** The device holding the data. */
+  readonly gpu: Gpu;
+  /** Whether autograd tracks this tensor. */
+  requiresGrad: boolean;
+  /** Accumulated gradient of a leaf tensor after `backward()`; null before. */
+  grad: Tensor | null = null;
+  /** The tape node that produced this tensor; null for leaves. @internal */
+  gradFn: GradNode | null = null;
+  #storage: Storage | null;
+
+  /** Use {@link Tensor.from}, {@link Tensor.zeros} or an op; this wraps raw storage. @internal */
+  constructor(gpu: Gpu, shape: Shape, dtype: DType, storage?: Storage) {
+    this.gpu = gpu;
+    this.shape = shape;
+    this.dtype = dtype;
+    this.requiresGrad = false;
+    this.#storage = storage ?? new Storage(
+      gpu,
+      gpu.pool.acquire(bufferBytes(sizeOf(shape), dtype), `${dtype} tensor ${shapeString(shape)}`),
+    );
+    track(this);
+  }
+
+  /**
+   * Uploads host data. `data.length` must equal the number of elements of
+   * `shape`; values are converted to `options.dtype` on the CPU.
+   *
+   * @example
+   * ```ts ignore
+   * const x = Tensor.from([1, 2, 3, 4], [2, 2], { dtype: "f16" });
+   * ```
+   */
+  static from(data: TensorData, shape: Shape, options: TensorOptions = {}): Tensor {
+    const dtype = options.dtype ?? "f32";
+    assertValidShape("Tensor.from", shape);
+    const size = sizeOf(shape);
+    if (data.length !== size) {
+      throw new RangeError(
+        `Tensor.from: data has ${data.length} values but shape ${shapeString(shape)} ` +
+          `(${dtype}) needs ${size}. Pass data whose length is the product of the shape.`,
+      );
+    }
+    const t = Tensor.empty(shape, dtype, options.gpu);
+    const host = dtype === "f32" ? Float32Array.from(data) : Float16Array.from(data);
+    const padded = new Uint8Array(bufferBytes(size, dtype));
+    padded.set(new Uint8Array(host.buffer, 0, host.byteLength));
+    t.gpu.batch.write(t.buffer, padded);
+    t.requiresGrad = options.requiresGrad ?? false;
+    return t;
+  }
+
+  /** A tensor of zeros. */
+  static zeros(shape: Shape, options: TensorOptions = {}): Tensor {
+    return Tensor.full(shape, 0, options);
+  }
+
+  /** A tensor with every element equal to `value`. */
+  static full(shape: Shape, value: number, options: TensorOptions = {}): Tensor {
+    assertValidShape("Tensor.full", shape);
+    return Tensor.from(new Float32Array(sizeOf(shape)).fill(value), shape, options);
+  }
+
+  /**
+   * An uninitialised tensor: its contents are whatever the pooled buffer held.
+   * Kernels use it for outputs they overwrite completely.
+   */
+  static empty(shape: Shape, dtype: DType = "f32", gpu: Gpu = getGpu()): Tensor {
+    if (dtype === "f16" && !gpu.f16) {
+      throw new GpuError(
+        `Cannot create an f16 tensor of shape ${shapeString(shape)}: f16 is off on this device ` +
+          "(the adapter has no shader-f16, or initGpu({ f16: 'off' }) was used). Use f32.",
+      );
+    }
+    return new Tensor(gpu, shape, dtype);
+  }
+
+  /** Number of elements. */
+  get size(): number {
+    return sizeOf(this.shape);
+  }
+
+  /** Number of dimensions. */
+  get rank(): number {
+    return this.shape.length;
+  }
+
+  /** True once `dispose()` ran; the tensor can no longer be used. */
+  get disposed(): boolean {
+    return this.#storage === null;
+  }
+
+  /** The GPU buffer (may be larger than the data). Throws after dispose. */
+  get buffer(): GPUBuffer {
+    return this.#live("use").buffer;
+  }
+
+  /** `f32 [2, 3]`, as errors print it. */
+  describe(): string {
+    return `${this.dtype} ${shapeString(this.shape)}`;
+  }
+
+  /**
+   * Copies the values to the CPU as f32. **A sync point**: submits pending
+   * work and waits for the GPU, so call it to log, not inside a training step.
+   */
+  async read(): Promise<Float32Array> {
+    const storage = this.#live("read");
+    storage.retain(); // stay valid even if disposed while we wait
+    try {
+      const bytes = this.size * bytesPerElement(this.dtype);
+      const data = await this.gpu.readBuffer(storage.buffer, bytes);
+      return this.dtype === "f32"
+        ? new Float32Array(data)
+        : new Float32Array(new Float16Array(data));
+    } finally {
+      storage.release();
+    }
+  }
+
+  /** The single value of a one-element tensor. **A sync point**, like `read()`. */
+  async item(): Promise<number> {
+    if (this.size !== 1) {
+      throw new RangeError(
+        `Tensor.item: tensor ${this.describe()} has ${this.size} elements; item() needs exactly 1.`,
+      );
+    }
+    return (await this.read())[0];
+  }
+
+  /**
+   * A second handle to the same GPU memory, which stays alive until both
+   * handles are disposed. The autograd tape uses it to save activations.
+   */
+  share(): Tensor {
+    return new Tensor(this.gpu, this.shape, this.dtype, this.#live("share").retain());
+  }
+
+  /** Returns the buffer to the pool. Idempotent; the tensor is unusable afterwards. */
+  dispose(): void {
+    this.#storage?.release();
+    this.#storage = null;
+  }
+
+  #live(what: string): Storage {
+    if (this.#storage === null) {
+      throw new GpuError(
+        `Cannot ${what} tensor ${this.describe()}: it was disposed. ` +
+          "Keep it alive (return it from tidy() or call keep()) until you are done with it.",
+      );
+    }
+    return this.#storage;
+  }
+}
