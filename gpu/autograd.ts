@@ -7,6 +7,7 @@
  * memory falls during the backward pass.
  */
 import { GpuError } from "./device.ts";
+import { launchAccumulate, launchCopy } from "./kernels/elementwise.ts";
 import { Tensor } from "./tensor.ts";
 import { untracked } from "./scope.ts";
 import { sameShape } from "./shape.ts";
@@ -118,26 +119,54 @@ function reverseTopologicalOrder(root: GradNode): GradNode[] {
   return order.reverse();
 }
 
+/** Options of {@link backward}. */
+export interface BackwardOptions {
+  /** The gradient of `output` (same shape and dtype); required unless it holds one value. */
+  gradient?: Tensor;
+}
+
 /**
- * Computes gradients of `output` with respect to every leaf tensor with
- * `requiresGrad`, accumulating (+=) into their `.grad`. `output` must hold a
- * single value unless `gradOutput` (same shape and dtype) is given.
- * Records nothing on the tape. Frees the graph's saved activations.
+ * Computes the gradient of `output` with respect to every leaf tensor that
+ * has `requiresGrad`, accumulating (+=) into their `.grad`. Records nothing on
+ * the tape, and frees the graph's saved activations as it goes: a second
+ * backward through the same graph is an error. Does not wait for the GPU.
  *
- * @param accumulate adds `src` into `dst` in place (the elementwise kernel; injected to keep layers apart)
+ * @example
+ * ```ts ignore
+ * const loss = mean(square(sub(predict(x), y)));
+ * backward(loss); // or loss.backward()
+ * ```
  */
-export function runBackward(
-  output: Tensor,
-  gradOutput: Tensor,
-  accumulate: (dst: Tensor, src: Tensor) => void,
-  copy: (t: Tensor) => Tensor,
-): void {
+export function backward(output: Tensor, options: BackwardOptions = {}): void {
   if (!output.gradFn) {
     throw new GpuError(
       `backward: tensor ${output.describe()} does not require grad; ` +
         "none of the inputs it was computed from has requiresGrad set.",
     );
   }
+  const given = options.gradient;
+  if (given && (given.dtype !== output.dtype || !sameShape(given.shape, output.shape))) {
+    throw new TypeError(
+      `backward: gradient ${given.describe()} must match output ${output.describe()}.`,
+    );
+  }
+  if (!given && output.size !== 1) {
+    throw new TypeError(
+      `backward: output ${output.describe()} is not a single value; pass options.gradient ` +
+        "or reduce it first (e.g. with mean()).",
+    );
+  }
+  const seed = given ??
+    untracked(() => Tensor.full(output.shape, 1, { dtype: output.dtype, gpu: output.gpu }));
+  try {
+    runBackward(output, seed);
+  } finally {
+    if (!given) seed.dispose();
+  }
+}
+
+/** The backward pass proper; `gradOutput` stays owned by the caller. */
+function runBackward(output: Tensor, gradOutput: Tensor): void {
   const pending = new Map<Tensor, Tensor>([[output, gradOutput]]);
   untracked(() =>
     noGrad(() => {
@@ -156,11 +185,11 @@ export function runBackward(
           checkGradient(node.op, input, g);
           // A rule may pass its incoming gradient straight through, or return one
           // tensor for several inputs; every destination must own its buffer.
-          if (g === grad || given.has(g)) g = copy(g);
+          if (g.sharesMemoryWith(grad) || given.has(g)) g = launchCopy(g);
           given.add(g);
           const target = input.gradFn ? pending.get(input) : input.grad;
           if (target) {
-            accumulate(target, g);
+            launchAccumulate(target, g);
             g.dispose();
           } else if (input.gradFn) {
             pending.set(input, g);

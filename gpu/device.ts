@@ -4,7 +4,12 @@
  */
 import { BufferPool, type MemoryStats, POOL_USAGE } from "./buffer_pool.ts";
 import { CommandBatch } from "./command_batch.ts";
-import { type CompiledKernel, type KernelConfig, type KernelDefinition, PipelineCache } from "./kernel.ts";
+import {
+  type CompiledKernel,
+  type KernelConfig,
+  type KernelDefinition,
+  PipelineCache,
+} from "./kernel.ts";
 
 /** How to treat f16: use it when the adapter has it, insist on it, or never use it. */
 export type F16Mode = "auto" | "require" | "off";
@@ -69,8 +74,10 @@ export class Gpu {
     this.batch = new CommandBatch(device);
     device.lost.then((info) => {
       if (!this.#destroyed) {
-        this.#fail(`The GPU device was lost (${info.reason}: ${info.message}). ` +
-          "Create a new one with initGpu(); tensors of the old device cannot be used.");
+        this.#fail(
+          `The GPU device was lost (${info.reason}: ${info.message}). ` +
+            "Create a new one with initGpu(); tensors of the old device cannot be used.",
+        );
       }
     });
     device.addEventListener("uncapturederror", (event) => {
@@ -175,8 +182,10 @@ export class Gpu {
     });
     this.device.popErrorScope().then((e) => {
       if (e) {
-        this.#fail(`Out of GPU memory while allocating ${label} (${bytes} bytes). ` +
-          "Lower the batch size, use f16 (autocast) or gradient checkpointing.");
+        this.#fail(
+          `Out of GPU memory while allocating ${label} (${bytes} bytes). ` +
+            "Lower the batch size, use f16 (autocast) or gradient checkpointing.",
+        );
       }
     });
     return buffer;

@@ -24,7 +24,10 @@ export function defineKernel<C extends KernelConfig>(
 }
 
 /** The pipeline cache key for `config` of `definition`: name plus sorted config entries. */
-export function kernelKey<C extends KernelConfig>(definition: KernelDefinition<C>, config: C): string {
+export function kernelKey<C extends KernelConfig>(
+  definition: KernelDefinition<C>,
+  config: C,
+): string {
   const entries = Object.keys(config).sort().map((k) => `${k}=${config[k]}`);
   return `${definition.name}{${entries.join(",")}}`;
 }

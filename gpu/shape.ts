@@ -18,7 +18,9 @@ export function assertValidShape(op: string, shape: Shape): void {
   for (const d of shape) {
     if (!Number.isInteger(d) || d < 0) {
       throw new RangeError(
-        `${op}: shape ${shapeString(shape)} is invalid; every extent must be a non-negative integer.`,
+        `${op}: shape ${
+          shapeString(shape)
+        } is invalid; every extent must be a non-negative integer.`,
       );
     }
   }

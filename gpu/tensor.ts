@@ -6,10 +6,10 @@ import { bytesPerElement, type DType } from "./dtype.ts";
 import { getGpu, type Gpu, GpuError } from "./device.ts";
 import { assertValidShape, type Shape, shapeString, sizeOf } from "./shape.ts";
 import { track } from "./scope.ts";
-import type { GradNode } from "./autograd.ts";
+import { backward, type BackwardOptions, type GradNode } from "./autograd.ts";
 
-/** Host data a tensor can be made from. */
-export type TensorData = Float32Array | Float16Array | readonly number[];
+/** Host data a tensor can be made from: Float32Array, Float16Array, Float64Array, number[]... */
+export type TensorData = ArrayLike<number>;
 
 /** Options for creating a tensor. */
 export interface TensorOptions {
@@ -175,11 +175,30 @@ export class Tensor {
   }
 
   /**
-   * A second handle to the same GPU memory, which stays alive until both
-   * handles are disposed. The autograd tape uses it to save activations.
+   * A second handle to the same GPU memory, optionally with another shape of
+   * the same size; the memory stays alive until every handle is disposed.
+   * The autograd tape saves activations this way; `reshape` is built on it.
    */
-  share(): Tensor {
-    return new Tensor(this.gpu, this.shape, this.dtype, this.#live("share").retain());
+  share(shape: Shape = this.shape): Tensor {
+    if (sizeOf(shape) !== this.size) {
+      throw new RangeError(
+        `Tensor.share: cannot view ${this.describe()} as ${shapeString(shape)}.`,
+      );
+    }
+    return new Tensor(this.gpu, shape, this.dtype, this.#live("share").retain());
+  }
+
+  /**
+   * Backpropagates from this tensor into the `.grad` of every leaf that
+   * requires grad (see {@link backward}). Does not wait for the GPU.
+   */
+  backward(options: BackwardOptions = {}): void {
+    backward(this, options);
+  }
+
+  /** True when both handles view the same GPU memory (see {@link Tensor.share}). */
+  sharesMemoryWith(other: Tensor): boolean {
+    return this.#storage !== null && this.#storage === other.#storage;
   }
 
   /** Returns the buffer to the pool. Idempotent; the tensor is unusable afterwards. */

@@ -6,6 +6,7 @@
  */
 import { type DType, wgslEnables } from "../dtype.ts";
 import { defineKernel, f32Bits } from "../kernel.ts";
+import type { Shape } from "../shape.ts";
 import { Tensor } from "../tensor.ts";
 import { activationExpr, WGSL_MATH } from "./wgsl_math.ts";
 import { grid1d, WGSL_GRID_BUILTINS, WGSL_WORKGROUP_INDEX } from "./grid.ts";
@@ -44,6 +45,24 @@ export const BINARY_OPS = {
 /** A binary op name. */
 export type BinaryOp = keyof typeof BINARY_OPS;
 
+/**
+ * How a broadcast operand is read. The output is viewed as [outer, mid, inner]
+ * and the operand as [outer, 1, inner]: it is repeated along the middle axis.
+ * mid = inner = 1 is the plain one-to-one case; a bias over the last axis N of
+ * an [M, N] output has mid = M, inner = N; a per-row value has mid = N, inner = 1.
+ */
+export interface Broadcast {
+  mid: number;
+  inner: number;
+}
+
+/** No broadcasting: element i reads element i. */
+export const SAME: Broadcast = { mid: 1, inner: 1 };
+
+const BROADCAST_INDEX = `fn source_index(i: u32, mid: u32, inner: u32) -> u32 {
+  return (i / (mid * inner)) * inner + i % inner;
+}`;
+
 function header(...dtypes: DType[]): string {
   return `${wgslEnables(...dtypes)}${WGSL_MATH}`;
 }
@@ -59,23 +78,32 @@ function loop(body: string): string {
 
 const unaryKernel = defineKernel<{ op: UnaryOp; dtype: DType; out: DType }>({
   name: "unary",
-  wgsl: ({ op, dtype, out }) => `${header(dtype, out)}
-struct Params { n: u32, s: u32 }
+  wgsl: ({ op, dtype, out }) =>
+    `${header(dtype, out)}
+struct Params { n: u32, s: u32, mid: u32, inner: u32 }
+${BROADCAST_INDEX}
 @group(0) @binding(0) var<storage, read> src: array<${dtype}>;
 @group(0) @binding(1) var<storage, read_write> dst: array<${out}>;
 @group(0) @binding(2) var<uniform> p: Params;
 @compute @workgroup_size(${WORKGROUP})
 fn main(${WGSL_GRID_BUILTINS}) {
   let s = bitcast<f32>(p.s);
-  ${loop(`let x = f32(src[i]);\n    dst[i] = ${out}(${UNARY_OPS[op]});`)}
+  ${
+      loop(
+        `let x = f32(src[source_index(i, p.mid, p.inner)]);\n    dst[i] = ${out}(${
+          UNARY_OPS[op]
+        });`,
+      )
+    }
 }`,
 });
 
 const binaryKernel = defineKernel<{ op: BinaryOp; a: DType; b: DType; out: DType }>({
   name: "binary",
-  wgsl: ({ op, a, b, out }) => `${header(a, b, out)}
-// b is broadcast: element i of a pairs with b[(i / div) % period].
-struct Params { n: u32, div: u32, period: u32 }
+  wgsl: ({ op, a, b, out }) =>
+    `${header(a, b, out)}
+struct Params { n: u32, mid: u32, inner: u32 }
+${BROADCAST_INDEX}
 @group(0) @binding(0) var<storage, read> lhs: array<${a}>;
 @group(0) @binding(1) var<storage, read> rhs: array<${b}>;
 @group(0) @binding(2) var<storage, read_write> dst: array<${out}>;
@@ -83,17 +111,18 @@ struct Params { n: u32, div: u32, period: u32 }
 @compute @workgroup_size(${WORKGROUP})
 fn main(${WGSL_GRID_BUILTINS}) {
   ${
-    loop(
-      `let a = f32(lhs[i]);\n    let b = f32(rhs[(i / p.div) % p.period]);\n    ` +
-        `dst[i] = ${out}(${BINARY_OPS[op]});`,
-    )
-  }
+      loop(
+        `let a = f32(lhs[i]);\n    let b = f32(rhs[source_index(i, p.mid, p.inner)]);\n    ` +
+          `dst[i] = ${out}(${BINARY_OPS[op]});`,
+      )
+    }
 }`,
 });
 
 const accumulateKernel = defineKernel<{ dst: DType; src: DType }>({
   name: "accumulate",
-  wgsl: ({ dst, src }) => `${wgslEnables(dst, src)}
+  wgsl: ({ dst, src }) =>
+    `${wgslEnables(dst, src)}
 struct Params { n: u32 }
 @group(0) @binding(0) var<storage, read_write> acc: array<${dst}>;
 @group(0) @binding(1) var<storage, read> add: array<${src}>;
@@ -108,25 +137,35 @@ function workgroupsFor(n: number): [number, number] {
   return grid1d(Math.ceil(n / (WORKGROUP * PER_THREAD)));
 }
 
-/** dst = op(src, s) elementwise, as a new tensor of dtype `out` (no autograd). */
-export function launchUnary(op: UnaryOp, src: Tensor, s = 0, out: DType = src.dtype): Tensor {
-  const dst = Tensor.empty(src.shape, out, src.gpu);
-  const n = src.size;
+/** Options of {@link launchUnary}. */
+export interface UnaryOptions {
+  /** The scalar `s` of ops that take one (scale, add_scalar). */
+  scalar?: number;
+  /** Output dtype (default: the input's); a different one makes a cast. */
+  out?: DType;
+  /** Output shape and how `src` is broadcast into it (default: same as `src`). */
+  expand?: { shape: Shape; broadcast: Broadcast };
+}
+
+/** dst = op(src, s) elementwise as a new tensor (no autograd). */
+export function launchUnary(op: UnaryOp, src: Tensor, options: UnaryOptions = {}): Tensor {
+  const out = options.out ?? src.dtype;
+  const { shape, broadcast } = options.expand ?? { shape: src.shape, broadcast: SAME };
+  const dst = Tensor.empty(shape, out, src.gpu);
+  const n = dst.size;
   if (n === 0) return dst;
   const kernel = src.gpu.kernel(unaryKernel, { op, dtype: src.dtype, out });
-  src.gpu.dispatch(kernel, [src.buffer, dst.buffer], [n, f32Bits(s)], workgroupsFor(n));
+  const uniforms = [n, f32Bits(options.scalar ?? 0), broadcast.mid, broadcast.inner];
+  src.gpu.dispatch(kernel, [src.buffer, dst.buffer], uniforms, workgroupsFor(n));
   return dst;
 }
 
-/**
- * dst = op(a, b) elementwise with the shape of `a`; `b` holds `period`
- * values and element i of `a` pairs with `b[(i / div) % period]` (no autograd).
- */
+/** dst = op(a, b) elementwise with the shape of `a`; `b` is broadcast as described (no autograd). */
 export function launchBinary(
   op: BinaryOp,
   a: Tensor,
   b: Tensor,
-  broadcast: { div: number; period: number } = { div: 1, period: a.size },
+  broadcast: Broadcast = SAME,
   out: DType = a.dtype,
 ): Tensor {
   const dst = Tensor.empty(a.shape, out, a.gpu);
@@ -136,7 +175,7 @@ export function launchBinary(
   a.gpu.dispatch(
     kernel,
     [a.buffer, b.buffer, dst.buffer],
-    [n, broadcast.div, broadcast.period],
+    [n, broadcast.mid, broadcast.inner],
     workgroupsFor(n),
   );
   return dst;

@@ -159,9 +159,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     }
     workgroupBarrier();
   }
-  ${
-    epilogue(c, (i) => `tile_row + lid.y + ${i * wgy}u`, (j) => `tile_col + lid.x + ${j * wgx}u`)
-  }
+  ${epilogue(c, (i) => `tile_row + lid.y + ${i * wgy}u`, (j) => `tile_col + lid.x + ${j * wgx}u`)}
 }`;
 }
 

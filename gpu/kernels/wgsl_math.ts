@@ -30,3 +30,39 @@ export function activationExpr(activation: Activation, v: string): string {
       return `gelu(${v})`;
   }
 }
+
+/** Threads of the workgroups that reduce cooperatively (a power of two). */
+export const REDUCE_THREADS = 64;
+
+/** The most negative finite f32: a max-reduction's identity (WGSL may assume no infinities). */
+export const WGSL_LOWEST = "-3.4028234663852886e38";
+
+/**
+ * Workgroup-wide `reduce_sum(v, lid)` and `reduce_max(v, lid)` over
+ * {@link REDUCE_THREADS} threads; every thread gets the result. Call them in
+ * uniform control flow (they contain barriers).
+ */
+export const WGSL_WORKGROUP_REDUCE = `var<workgroup> partial: array<f32, ${REDUCE_THREADS}>;
+fn reduce_sum(v: f32, lid: u32) -> f32 {
+  partial[lid] = v;
+  workgroupBarrier();
+  for (var s = ${REDUCE_THREADS / 2}u; s > 0u; s >>= 1u) {
+    if (lid < s) { partial[lid] += partial[lid + s]; }
+    workgroupBarrier();
+  }
+  let r = partial[0];
+  workgroupBarrier();
+  return r;
+}
+fn reduce_max(v: f32, lid: u32) -> f32 {
+  partial[lid] = v;
+  workgroupBarrier();
+  for (var s = ${REDUCE_THREADS / 2}u; s > 0u; s >>= 1u) {
+    if (lid < s) { partial[lid] = max(partial[lid], partial[lid + s]); }
+    workgroupBarrier();
+  }
+  let r = partial[0];
+  workgroupBarrier();
+  return r;
+}
+`;

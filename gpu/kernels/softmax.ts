@@ -1,0 +1,93 @@
+/**
+ * Softmax and log-softmax over the last axis, and their backward rules. One
+ * workgroup per row; the max, the sum of exponentials and the backward dot
+ * products are f32 whatever the storage dtype.
+ */
+import { type DType, wgslEnables } from "../dtype.ts";
+import { defineKernel } from "../kernel.ts";
+import { Tensor } from "../tensor.ts";
+import { grid1d, WGSL_GRID_BUILTINS, WGSL_WORKGROUP_INDEX } from "./grid.ts";
+import { REDUCE_THREADS, WGSL_LOWEST, WGSL_WORKGROUP_REDUCE } from "./wgsl_math.ts";
+
+/** `softmax` or `log_softmax`. */
+export type SoftmaxKind = "softmax" | "log_softmax";
+
+const LOOP = `for (var j = lid; j < p.cols; j += ${REDUCE_THREADS}u)`;
+
+const forwardKernel = defineKernel<{ kind: SoftmaxKind; dtype: DType }>({
+  name: "softmax_forward",
+  wgsl: ({ kind, dtype }) =>
+    `${wgslEnables(dtype)}
+struct Params { rows: u32, cols: u32 }
+@group(0) @binding(0) var<storage, read> x: array<${dtype}>;
+@group(0) @binding(1) var<storage, read_write> y: array<${dtype}>;
+@group(0) @binding(2) var<uniform> p: Params;
+${WGSL_WORKGROUP_REDUCE}
+@compute @workgroup_size(${REDUCE_THREADS})
+fn main(${WGSL_GRID_BUILTINS}) {
+  let row = ${WGSL_WORKGROUP_INDEX};
+  if (row >= p.rows) { return; }
+  let base = row * p.cols;
+  var m = ${WGSL_LOWEST};
+  ${LOOP} { m = max(m, f32(x[base + j])); }
+  m = reduce_max(m, lid);
+  var s = 0.0;
+  ${LOOP} { s += exp(f32(x[base + j]) - m); }
+  s = reduce_sum(s, lid);
+  ${
+      kind === "softmax"
+        ? `let inv = 1.0 / s;\n  ${LOOP} { y[base + j] = ${dtype}(exp(f32(x[base + j]) - m) * inv); }`
+        : `let shift = m + log(s);\n  ${LOOP} { y[base + j] = ${dtype}(f32(x[base + j]) - shift); }`
+    }
+}`,
+});
+
+// softmax:     dx = y · (dy − Σ dy·y)
+// log-softmax: dx = dy − exp(y) · Σ dy
+const backwardKernel = defineKernel<{ kind: SoftmaxKind; dtype: DType }>({
+  name: "softmax_backward",
+  wgsl: ({ kind, dtype }) =>
+    `${wgslEnables(dtype)}
+struct Params { rows: u32, cols: u32 }
+@group(0) @binding(0) var<storage, read> y: array<${dtype}>;
+@group(0) @binding(1) var<storage, read> dy: array<${dtype}>;
+@group(0) @binding(2) var<storage, read_write> dx: array<${dtype}>;
+@group(0) @binding(3) var<uniform> p: Params;
+${WGSL_WORKGROUP_REDUCE}
+@compute @workgroup_size(${REDUCE_THREADS})
+fn main(${WGSL_GRID_BUILTINS}) {
+  let row = ${WGSL_WORKGROUP_INDEX};
+  if (row >= p.rows) { return; }
+  let base = row * p.cols;
+  var d = 0.0;
+  ${LOOP} { d += f32(dy[base + j])${kind === "softmax" ? " * f32(y[base + j])" : ""}; }
+  d = reduce_sum(d, lid);
+  ${LOOP} {
+    let yj = f32(y[base + j]);
+    let gj = f32(dy[base + j]);
+    dx[base + j] = ${dtype}(${kind === "softmax" ? "yj * (gj - d)" : "gj - exp(yj) * d"});
+  }
+}`,
+});
+
+/** y = softmax or log-softmax of `x` over its last axis (no autograd). */
+export function launchSoftmax(kind: SoftmaxKind, x: Tensor): Tensor {
+  const y = Tensor.empty(x.shape, x.dtype, x.gpu);
+  const cols = x.shape.at(-1) ?? 1;
+  const rows = cols === 0 ? 0 : x.size / cols;
+  if (rows === 0) return y;
+  const kernel = x.gpu.kernel(forwardKernel, { kind, dtype: x.dtype });
+  x.gpu.dispatch(kernel, [x.buffer, y.buffer], [rows, cols], grid1d(rows));
+  return y;
+}
+
+/** dx from the forward output `y` and upstream `dy` (no autograd). */
+export function launchSoftmaxBackward(kind: SoftmaxKind, y: Tensor, dy: Tensor): Tensor {
+  const dx = Tensor.empty(y.shape, y.dtype, y.gpu);
+  const cols = y.shape.at(-1) ?? 1;
+  const rows = cols === 0 ? 0 : y.size / cols;
+  if (rows === 0) return dx;
+  const kernel = y.gpu.kernel(backwardKernel, { kind, dtype: y.dtype });
+  y.gpu.dispatch(kernel, [y.buffer, dy.buffer, dx.buffer], [rows, cols], grid1d(rows));
+  return dx;
+}

@@ -1,0 +1,44 @@
+/**
+ * The GPU runtime: device acquisition, buffer pool and memory statistics,
+ * kernels, command batching, tensors and the autograd tape.
+ *
+ * `await t.read()`, `await t.item()` and `await gpu.sync()` are the only calls
+ * that wait for the GPU; everything else records work and returns at once.
+ *
+ * @module
+ */
+export { initGpu, type InitGpuOptions } from "./init.ts";
+export { type F16Mode, getGpu, Gpu, GpuError, type MatmulTiling } from "./device.ts";
+export type { MemoryStats } from "./buffer_pool.ts";
+export type { BatchCounters } from "./command_batch.ts";
+export { bytesPerElement, type DType, DTYPES } from "./dtype.ts";
+export { type Shape, shapeString, sizeOf } from "./shape.ts";
+export { Tensor, type TensorData, type TensorOptions } from "./tensor.ts";
+export { keep, tidy } from "./scope.ts";
+export { backward, type BackwardOptions, isGradEnabled, noGrad } from "./autograd.ts";
+export {
+  MATMUL_CANDIDATES,
+  type TilingMeasurement,
+  tuneMatmul,
+  type TuningResult,
+} from "./matmul_tuning.ts";
+export {
+  add,
+  addScalar,
+  cast,
+  div,
+  exp,
+  gelu,
+  log,
+  mul,
+  neg,
+  relu,
+  scale,
+  sqrt,
+  square,
+  sub,
+} from "./ops/elementwise.ts";
+export { linear, type LinearOptions, matmul, type MatmulOptions } from "./ops/matmul.ts";
+export { max, mean, type ReduceOptions, sum } from "./ops/reduce.ts";
+export { logSoftmax, softmax } from "./ops/softmax.ts";
+export { reshape } from "./ops/reshape.ts";

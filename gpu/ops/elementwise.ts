@@ -1,0 +1,163 @@
+/**
+ * Differentiable elementwise ops. Binary ops broadcast their second operand
+ * (a bias over rows, a per-row value, a scalar); its gradient is summed back
+ * over the repeated axes.
+ */
+import { record } from "../autograd.ts";
+import type { DType } from "../dtype.ts";
+import {
+  type BinaryOp,
+  type Broadcast,
+  launchBinary,
+  launchUnary,
+  type UnaryOp,
+} from "../kernels/elementwise.ts";
+import { launchReduce } from "../kernels/reduce.ts";
+import type { Tensor } from "../tensor.ts";
+import { broadcastInto, isSame, reductionOf } from "./broadcast.ts";
+import { assertSameDtype, assertSameGpu } from "./checks.ts";
+
+/** Sums a gradient of the output's shape down to the broadcast operand's shape, times `scale`. */
+function reduceToOperand(g: Tensor, operand: Tensor, b: Broadcast, scale = 1): Tensor {
+  if (isSame(b) && scale === 1) return g;
+  if (isSame(b)) return launchUnary("scale", g, { scalar: scale });
+  return launchReduce("sum", g, reductionOf(g.shape, b), operand.shape, { scale });
+}
+
+function binary(op: BinaryOp, a: Tensor, b: Tensor): { y: Tensor; bc: Broadcast } {
+  assertSameGpu(op, a, b);
+  assertSameDtype(op, a, b);
+  const bc = broadcastInto(op, a.shape, b.shape);
+  return { y: launchBinary(op, a, b, bc), bc };
+}
+
+/**
+ * a + b. `b` may be broadcast into `a`'s shape (e.g. a bias of shape [N] added to [M, N]).
+ *
+ * @example
+ * ```ts ignore
+ * const y = add(x, bias); // x: [M, N], bias: [N]
+ * ```
+ */
+export function add(a: Tensor, b: Tensor): Tensor {
+  const { y, bc } = binary("add", a, b);
+  return record("add", [a, b], y, (g) => [g, reduceToOperand(g, b, bc)]);
+}
+
+/** a − b, with `b` broadcast into `a`'s shape. */
+export function sub(a: Tensor, b: Tensor): Tensor {
+  const { y, bc } = binary("sub", a, b);
+  return record("sub", [a, b], y, (g) => [g, reduceToOperand(g, b, bc, -1)]);
+}
+
+/** a · b elementwise, with `b` broadcast into `a`'s shape. */
+export function mul(a: Tensor, b: Tensor): Tensor {
+  const { y, bc } = binary("mul", a, b);
+  return record("mul", [a, b], y, (g, [sa, sb]) => {
+    const ga = launchBinary("mul", g, sb, bc);
+    const gab = launchBinary("mul", g, sa);
+    const gb = reduceToOperand(gab, sb, bc);
+    if (gb !== gab) gab.dispose();
+    return [ga, gb];
+  }, [a, b]);
+}
+
+/** a / b elementwise, with `b` broadcast into `a`'s shape. */
+export function div(a: Tensor, b: Tensor): Tensor {
+  const { y, bc } = binary("div", a, b);
+  // d/da = 1/b; d/db = −a/b² = −y/b.
+  return record("div", [a, b], y, (g, [sb, sy]) => {
+    const ga = launchBinary("div", g, sb, bc);
+    const gy = launchBinary("mul", g, sy);
+    const gyb = launchBinary("div", gy, sb, bc);
+    gy.dispose();
+    const gb = reduceToOperand(gyb, sb, bc, -1);
+    if (gb !== gyb) gyb.dispose();
+    return [ga, gb];
+  }, [b, y]);
+}
+
+/**
+ * Backward of a unary op: `saves` names the one tensor the rule needs (the
+ * input x, the output y, or nothing), so no other activation is kept alive.
+ */
+interface UnaryGrad {
+  saves: "x" | "y" | "none";
+  grad(g: Tensor, saved: Tensor | undefined, s: number): Tensor;
+}
+
+/** g·t, then times `factor` when it is not 1. */
+function mulScaled(g: Tensor, t: Tensor, op: BinaryOp, factor: number): Tensor {
+  const q = launchBinary(op, g, t);
+  if (factor === 1) return q;
+  const r = launchUnary("scale", q, { scalar: factor });
+  q.dispose();
+  return r;
+}
+
+const UNARY_GRADS: Record<Exclude<UnaryOp, "identity" | "abs">, UnaryGrad> = {
+  neg: { saves: "none", grad: (g) => launchUnary("neg", g) },
+  scale: { saves: "none", grad: (g, _, s) => launchUnary("scale", g, { scalar: s }) },
+  add_scalar: { saves: "none", grad: (g) => g },
+  exp: { saves: "y", grad: (g, y) => mulScaled(g, y!, "mul", 1) },
+  log: { saves: "x", grad: (g, x) => mulScaled(g, x!, "div", 1) },
+  sqrt: { saves: "y", grad: (g, y) => mulScaled(g, y!, "div", 0.5) },
+  square: { saves: "x", grad: (g, x) => mulScaled(g, x!, "mul", 2) },
+  relu: { saves: "x", grad: (g, x) => launchBinary("relu_grad", g, x!) },
+  gelu: { saves: "x", grad: (g, x) => launchBinary("gelu_grad", g, x!) },
+};
+
+function unary(op: keyof typeof UNARY_GRADS, x: Tensor, s = 0): Tensor {
+  const y = launchUnary(op, x, { scalar: s });
+  const { saves, grad } = UNARY_GRADS[op];
+  const save = saves === "x" ? [x] : saves === "y" ? [y] : [];
+  return record(op, [x], y, (g, [saved]) => [grad(g, saved, s)], save);
+}
+
+/** −x. */
+export function neg(x: Tensor): Tensor {
+  return unary("neg", x);
+}
+/** x · s for a number s. */
+export function scale(x: Tensor, s: number): Tensor {
+  return unary("scale", x, s);
+}
+/** x + s for a number s. */
+export function addScalar(x: Tensor, s: number): Tensor {
+  return unary("add_scalar", x, s);
+}
+/** eˣ (f32 math). */
+export function exp(x: Tensor): Tensor {
+  return unary("exp", x);
+}
+/** Natural logarithm (f32 math). */
+export function log(x: Tensor): Tensor {
+  return unary("log", x);
+}
+/** Square root. */
+export function sqrt(x: Tensor): Tensor {
+  return unary("sqrt", x);
+}
+/** x². */
+export function square(x: Tensor): Tensor {
+  return unary("square", x);
+}
+/** max(x, 0). */
+export function relu(x: Tensor): Tensor {
+  return unary("relu", x);
+}
+/** GELU, tanh approximation, with f32 math inside whatever the dtype. */
+export function gelu(x: Tensor): Tensor {
+  return unary("gelu", x);
+}
+
+/** `x` converted to `dtype` (a copy even when the dtype is unchanged); the gradient casts back. */
+export function cast(x: Tensor, dtype: DType): Tensor {
+  const y = launchUnary("identity", x, { out: dtype });
+  return record(
+    "cast",
+    [x],
+    y,
+    (g) => [g.dtype === x.dtype ? g : launchUnary("identity", g, { out: x.dtype })],
+  );
+}

@@ -1,0 +1,77 @@
+/** Differentiable reductions: sum and mean over one axis or all; max (no gradient). */
+import { isGradEnabled, record } from "../autograd.ts";
+import { launchUnary } from "../kernels/elementwise.ts";
+import { launchReduce, type ReduceOp, type ReduceView } from "../kernels/reduce.ts";
+import { normalizeAxis, type Shape, sizeOf } from "../shape.ts";
+import type { Tensor } from "../tensor.ts";
+
+/** Options of the reductions. */
+export interface ReduceOptions {
+  /** The axis to reduce (negative counts from the end); all axes when omitted. */
+  axis?: number;
+  /** Keep the reduced axis with extent 1 (default false). */
+  keepDims?: boolean;
+}
+
+function plan(op: string, x: Tensor, options: ReduceOptions): { view: ReduceView; shape: Shape } {
+  if (options.axis === undefined) {
+    return {
+      view: { outer: 1, axis: x.size, inner: 1 },
+      shape: options.keepDims ? x.shape.map(() => 1) : [],
+    };
+  }
+  const axis = normalizeAxis(op, options.axis, x.rank);
+  const view = {
+    outer: sizeOf(x.shape.slice(0, axis)),
+    axis: x.shape[axis],
+    inner: sizeOf(x.shape.slice(axis + 1)),
+  };
+  const shape = options.keepDims
+    ? x.shape.map((d, i) => (i === axis ? 1 : d))
+    : x.shape.filter((_, i) => i !== axis);
+  return { view, shape };
+}
+
+function reduceWithGrad(op: "sum" | "mean", x: Tensor, options: ReduceOptions): Tensor {
+  const { view, shape } = plan(op, x, options);
+  const scale = op === "mean" ? 1 / Math.max(view.axis, 1) : 1;
+  const y = launchReduce("sum", x, view, shape, { scale });
+  // The gradient repeats along the reduced axis (times 1/n for a mean).
+  return record(op, [x], y, (g) => [
+    launchUnary("scale", g, {
+      scalar: scale,
+      expand: { shape: x.shape, broadcast: { mid: view.axis, inner: view.inner } },
+    }),
+  ]);
+}
+
+/**
+ * Sum over `options.axis`, or of every element. Accumulates in f32; the
+ * result has the input's dtype.
+ *
+ * @example
+ * ```ts ignore
+ * const total = sum(x);                 // shape []
+ * const perRow = sum(x, { axis: -1 });  // [M, N] -> [M]
+ * ```
+ */
+export function sum(x: Tensor, options: ReduceOptions = {}): Tensor {
+  return reduceWithGrad("sum", x, options);
+}
+
+/** Mean over `options.axis`, or of every element (f32 accumulation). */
+export function mean(x: Tensor, options: ReduceOptions = {}): Tensor {
+  return reduceWithGrad("mean", x, options);
+}
+
+/** Maximum over `options.axis`, or of every element. Has no gradient: use it under `noGrad`. */
+export function max(x: Tensor, options: ReduceOptions = {}): Tensor {
+  if (isGradEnabled() && x.requiresGrad) {
+    throw new TypeError(
+      `max: input ${x.describe()} requires grad but max has no gradient rule; ` +
+        "call it inside noGrad() (e.g. for metrics).",
+    );
+  }
+  const { view, shape } = plan("max", x, options);
+  return launchReduce("max" satisfies ReduceOp, x, view, shape);
+}

@@ -1,0 +1,29 @@
+/** Reshape: a new handle to the same GPU memory with another shape (no copy). */
+import { record } from "../autograd.ts";
+import { assertValidShape, type Shape, shapeString, sizeOf } from "../shape.ts";
+import type { Tensor } from "../tensor.ts";
+
+/**
+ * The same data viewed with another shape of equal size; one extent may be
+ * -1 and is inferred.
+ *
+ * @example
+ * ```ts ignore
+ * const flat = reshape(images, [-1, 784]);
+ * ```
+ */
+export function reshape(x: Tensor, shape: Shape): Tensor {
+  const known = shape.filter((d) => d !== -1);
+  const inferred = shape.length - known.length;
+  const resolved = inferred === 1 && sizeOf(known) > 0
+    ? shape.map((d) => (d === -1 ? x.size / sizeOf(known) : d))
+    : shape;
+  assertValidShape("reshape", resolved);
+  if (inferred > 1 || sizeOf(resolved) !== x.size) {
+    throw new RangeError(
+      `reshape: cannot view ${x.describe()} (${x.size} elements) as ${shapeString(shape)}.`,
+    );
+  }
+  const y = x.share(resolved);
+  return record("reshape", [x], y, (g) => [g.share(x.shape)]);
+}

@@ -1,0 +1,36 @@
+/** Differentiable softmax and log-softmax over the last axis (f32 math inside). */
+import { record } from "../autograd.ts";
+import { launchSoftmax, launchSoftmaxBackward, type SoftmaxKind } from "../kernels/softmax.ts";
+import type { Tensor } from "../tensor.ts";
+
+function checkAxis(op: string, x: Tensor, axis: number): void {
+  if (axis !== -1 && axis !== x.rank - 1) {
+    throw new RangeError(
+      `${op}: only the last axis is supported (got axis ${axis} for ${x.describe()}). ` +
+        "Move the axis last first.",
+    );
+  }
+}
+
+function softmaxOp(kind: SoftmaxKind, x: Tensor, axis: number): Tensor {
+  checkAxis(kind, x, axis);
+  const y = launchSoftmax(kind, x);
+  return record(kind, [x], y, (g, [sy]) => [launchSoftmaxBackward(kind, sy, g)], [y]);
+}
+
+/**
+ * Softmax over the last axis: exp(x − max) / Σ exp(x − max), in f32.
+ *
+ * @example
+ * ```ts ignore
+ * const probs = softmax(logits); // rows sum to 1
+ * ```
+ */
+export function softmax(x: Tensor, axis = -1): Tensor {
+  return softmaxOp("softmax", x, axis);
+}
+
+/** log(softmax(x)) over the last axis, computed stably as x − max − log Σ exp(x − max). */
+export function logSoftmax(x: Tensor, axis = -1): Tensor {
+  return softmaxOp("log_softmax", x, axis);
+}

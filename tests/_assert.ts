@@ -1,0 +1,49 @@
+/** Tolerance checks: |actual − expected| ≤ atol + rtol·|expected|, element by element. */
+import { AssertionError } from "node:assert/strict";
+
+/** Per-dtype tolerance. */
+export interface Tolerance {
+  atol: number;
+  rtol: number;
+}
+
+/**
+ * Default tolerances. f32: our kernels accumulate in f32 (unit roundoff
+ * 6e-8), so a few hundred terms stay far inside 1e-5. f16: inputs are
+ * rounded to f16 before the reference runs, but the output is stored in f16,
+ * whose half-ulp is 2⁻¹¹ ≈ 4.9e-4 relative; 2e-3 leaves room for that plus
+ * f32 accumulation.
+ */
+export const TOL: Record<"f32" | "f16", Tolerance> = {
+  f32: { atol: 1e-5, rtol: 1e-4 },
+  f16: { atol: 2e-3, rtol: 2e-3 },
+};
+
+/** Fails with the worst element when any element is out of tolerance. */
+export function assertClose(
+  actual: ArrayLike<number>,
+  expected: ArrayLike<number>,
+  tol: Tolerance,
+  what = "values",
+): void {
+  if (actual.length !== expected.length) {
+    throw new AssertionError({
+      message: `${what}: length ${actual.length} != expected ${expected.length}`,
+    });
+  }
+  let worst = -1, worstExcess = 0;
+  for (let i = 0; i < actual.length; i++) {
+    const err = Math.abs(actual[i] - expected[i]);
+    const allowed = tol.atol + tol.rtol * Math.abs(expected[i]);
+    if (!(err <= allowed) && (worst < 0 || err - allowed > worstExcess)) {
+      worst = i;
+      worstExcess = err - allowed;
+    }
+  }
+  if (worst >= 0) {
+    throw new AssertionError({
+      message: `${what}: element ${worst} is ${actual[worst]}, expected ${expected[worst]} ` +
+        `(atol ${tol.atol}, rtol ${tol.rtol}; ${actual.length} elements)`,
+    });
+  }
+}

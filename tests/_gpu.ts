@@ -1,0 +1,11 @@
+/**
+ * The device every test shares. A test that cannot get an adapter fails
+ * loudly: CI installs lavapipe so that no GPU test is ever skipped.
+ */
+import { initGpu } from "../gpu/mod.ts";
+
+/** The shared device (f16 on when the adapter has it). */
+export const gpu = await initGpu({ f16: "auto", matmulTiling: "default" });
+
+/** Options for Deno.test: device state outlives single tests, by design. */
+export const GPU_TEST = { sanitizeResources: false, sanitizeOps: false } as const;
