@@ -42,3 +42,4 @@ export { linear, type LinearOptions, matmul, type MatmulOptions } from "./ops/ma
 export { max, mean, type ReduceOptions, sum } from "./ops/reduce.ts";
 export { logSoftmax, softmax } from "./ops/softmax.ts";
 export { reshape } from "./ops/reshape.ts";
+export { addInPlace } from "./ops/in_place.ts";

@@ -76,7 +76,7 @@ function loop(body: string): string {
   }`;
 }
 
-const unaryKernel = defineKernel<{ op: UnaryOp; dtype: DType; out: DType }>({
+export const unaryKernel = defineKernel<{ op: UnaryOp; dtype: DType; out: DType }>({
   name: "unary",
   wgsl: ({ op, dtype, out }) =>
     `${header(dtype, out)}
@@ -98,7 +98,7 @@ fn main(${WGSL_GRID_BUILTINS}) {
 }`,
 });
 
-const binaryKernel = defineKernel<{ op: BinaryOp; a: DType; b: DType; out: DType }>({
+export const binaryKernel = defineKernel<{ op: BinaryOp; a: DType; b: DType; out: DType }>({
   name: "binary",
   wgsl: ({ op, a, b, out }) =>
     `${header(a, b, out)}
@@ -119,17 +119,18 @@ fn main(${WGSL_GRID_BUILTINS}) {
 }`,
 });
 
-const accumulateKernel = defineKernel<{ dst: DType; src: DType }>({
+export const accumulateKernel = defineKernel<{ dst: DType; src: DType }>({
   name: "accumulate",
   wgsl: ({ dst, src }) =>
     `${wgslEnables(dst, src)}
-struct Params { n: u32 }
+struct Params { n: u32, alpha: u32 }
 @group(0) @binding(0) var<storage, read_write> acc: array<${dst}>;
 @group(0) @binding(1) var<storage, read> add: array<${src}>;
 @group(0) @binding(2) var<uniform> p: Params;
 @compute @workgroup_size(${WORKGROUP})
 fn main(${WGSL_GRID_BUILTINS}) {
-  ${loop(`acc[i] = ${dst}(f32(acc[i]) + f32(add[i]));`)}
+  let alpha = bitcast<f32>(p.alpha);
+  ${loop(`acc[i] = ${dst}(f32(acc[i]) + alpha * f32(add[i]));`)}
 }`,
 });
 
@@ -181,12 +182,12 @@ export function launchBinary(
   return dst;
 }
 
-/** dst += src in place (same size; dtypes may differ, math in f32). No autograd. */
-export function launchAccumulate(dst: Tensor, src: Tensor): void {
+/** dst += alpha · src in place (same size; dtypes may differ, math in f32). No autograd. */
+export function launchAccumulate(dst: Tensor, src: Tensor, alpha = 1): void {
   const n = dst.size;
   if (n === 0) return;
   const kernel = dst.gpu.kernel(accumulateKernel, { dst: dst.dtype, src: src.dtype });
-  dst.gpu.dispatch(kernel, [dst.buffer, src.buffer], [n], workgroupsFor(n));
+  dst.gpu.dispatch(kernel, [dst.buffer, src.buffer], [n, f32Bits(alpha)], workgroupsFor(n));
 }
 
 /** A copy of `t` in a new buffer, in stream order (no autograd). */

@@ -20,7 +20,7 @@ export interface ReduceView {
   inner: number;
 }
 
-const reduceKernel = defineKernel<{ op: ReduceOp; dtype: DType; out: DType }>({
+export const reduceKernel = defineKernel<{ op: ReduceOp; dtype: DType; out: DType }>({
   name: "reduce",
   wgsl: ({ op, dtype, out }) =>
     `${wgslEnables(dtype, out)}

@@ -14,7 +14,7 @@ export type SoftmaxKind = "softmax" | "log_softmax";
 
 const LOOP = `for (var j = lid; j < p.cols; j += ${REDUCE_THREADS}u)`;
 
-const forwardKernel = defineKernel<{ kind: SoftmaxKind; dtype: DType }>({
+export const softmaxForwardKernel = defineKernel<{ kind: SoftmaxKind; dtype: DType }>({
   name: "softmax_forward",
   wgsl: ({ kind, dtype }) =>
     `${wgslEnables(dtype)}
@@ -44,7 +44,7 @@ fn main(${WGSL_GRID_BUILTINS}) {
 
 // softmax:     dx = y · (dy − Σ dy·y)
 // log-softmax: dx = dy − exp(y) · Σ dy
-const backwardKernel = defineKernel<{ kind: SoftmaxKind; dtype: DType }>({
+export const softmaxBackwardKernel = defineKernel<{ kind: SoftmaxKind; dtype: DType }>({
   name: "softmax_backward",
   wgsl: ({ kind, dtype }) =>
     `${wgslEnables(dtype)}
@@ -76,7 +76,7 @@ export function launchSoftmax(kind: SoftmaxKind, x: Tensor): Tensor {
   const cols = x.shape.at(-1) ?? 1;
   const rows = cols === 0 ? 0 : x.size / cols;
   if (rows === 0) return y;
-  const kernel = x.gpu.kernel(forwardKernel, { kind, dtype: x.dtype });
+  const kernel = x.gpu.kernel(softmaxForwardKernel, { kind, dtype: x.dtype });
   x.gpu.dispatch(kernel, [x.buffer, y.buffer], [rows, cols], grid1d(rows));
   return y;
 }
@@ -87,7 +87,7 @@ export function launchSoftmaxBackward(kind: SoftmaxKind, y: Tensor, dy: Tensor):
   const cols = y.shape.at(-1) ?? 1;
   const rows = cols === 0 ? 0 : y.size / cols;
   if (rows === 0) return dx;
-  const kernel = y.gpu.kernel(backwardKernel, { kind, dtype: y.dtype });
+  const kernel = y.gpu.kernel(softmaxBackwardKernel, { kind, dtype: y.dtype });
   y.gpu.dispatch(kernel, [y.buffer, dy.buffer, dx.buffer], [rows, cols], grid1d(rows));
   return dx;
 }

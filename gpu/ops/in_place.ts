@@ -1,0 +1,30 @@
+/** In-place updates for optimizers and gradient bookkeeping (never recorded on the tape). */
+import { isGradEnabled } from "../autograd.ts";
+import { launchAccumulate } from "../kernels/elementwise.ts";
+import { sameShape } from "../shape.ts";
+import type { Tensor } from "../tensor.ts";
+
+/**
+ * dst += alpha · src, in place, with f32 math (dtypes may differ: an f16
+ * gradient can be added into an f32 tensor). Meant for optimizer updates:
+ * call it inside `noGrad()` when `dst` requires grad.
+ *
+ * @example
+ * ```ts ignore
+ * noGrad(() => addInPlace(weight, weight.grad!, { alpha: -lr })); // plain SGD
+ * ```
+ */
+export function addInPlace(dst: Tensor, src: Tensor, options: { alpha?: number } = {}): void {
+  if (!sameShape(dst.shape, src.shape)) {
+    throw new RangeError(
+      `addInPlace: shapes differ (${dst.describe()} += ${src.describe()}); they must match.`,
+    );
+  }
+  if (dst.requiresGrad && isGradEnabled()) {
+    throw new TypeError(
+      `addInPlace: ${dst.describe()} requires grad; an in-place update would silently corrupt ` +
+        "the tape. Do optimizer updates inside noGrad().",
+    );
+  }
+  launchAccumulate(dst, src, options.alpha ?? 1);
+}

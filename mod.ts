@@ -1,0 +1,19 @@
+/**
+ * halfstep: mixed-precision neural-network training on the GPU through
+ * WebGPU, for Deno and the web. f16 kernels with f32 accumulation, an
+ * autograd tape, and (as the toolkit grows) fp32 master weights, loss scaling
+ * and gradient checkpointing.
+ *
+ * @example
+ * ```ts ignore
+ * import { initGpu, Tensor, matmul, sum } from "./mod.ts";
+ * await initGpu();
+ * const a = Tensor.from([1, 2, 3, 4], [2, 2], { requiresGrad: true });
+ * const loss = sum(matmul(a, a));
+ * loss.backward();
+ * console.log(await a.grad!.read());
+ * ```
+ *
+ * @module
+ */
+export * from "./gpu/mod.ts";

@@ -1,0 +1,145 @@
+import assert from "node:assert/strict";
+import {
+  add,
+  backward,
+  gelu,
+  mean,
+  mul,
+  noGrad,
+  relu,
+  scale,
+  sum,
+  Tensor,
+  tidy,
+} from "../gpu/mod.ts";
+import { gpu, GPU_TEST } from "./_gpu.ts";
+import { uniform } from "./_reference.ts";
+import { assertClose, TOL } from "./_assert.ts";
+
+Deno.test({
+  name: "autograd: gradients accumulate (+=) over backward calls and over uses of a tensor",
+  ...GPU_TEST,
+  async fn() {
+    const xv = uniform(10, 1);
+    const x = Tensor.from(xv, [10], { requiresGrad: true });
+    // x used twice in one graph: d/dx Σ x·x + 3x = 2x + 3
+    const f = () => tidy(() => add(sum(mul(x, x)), sum(scale(x, 3))));
+    const y1 = f();
+    y1.backward();
+    assertClose(await x.grad!.read(), xv.map((v) => 2 * v + 3), TOL.f32, "one backward");
+    const y2 = f();
+    backward(y2);
+    assertClose(
+      await x.grad!.read(),
+      xv.map((v) => 2 * (2 * v + 3)),
+      TOL.f32,
+      "two backwards add up",
+    );
+    [x, y1, y2].forEach((t) => t.dispose());
+  },
+});
+
+Deno.test({
+  name: "autograd: a pass-through gradient reaching two leaves gives each its own buffer",
+  ...GPU_TEST,
+  async fn() {
+    const a = Tensor.from([1, 2], [2], { requiresGrad: true });
+    const b = Tensor.from([3, 4], [2], { requiresGrad: true });
+    const y = add(a, b); // add passes its gradient straight to both inputs
+    y.backward({ gradient: Tensor.from([1, 1], [2]) });
+    assert.ok(!a.grad!.sharesMemoryWith(b.grad!));
+    // A second backward accumulates into a.grad only; b.grad must not move.
+    add(a, scale(a, 0)).backward({ gradient: Tensor.from([5, 5], [2]) });
+    assert.deepEqual(Array.from(await a.grad!.read()), [6, 6]);
+    assert.deepEqual(Array.from(await b.grad!.read()), [1, 1]);
+  },
+});
+
+Deno.test({
+  name: "autograd: noGrad records nothing; leaves without requiresGrad get no gradient",
+  ...GPU_TEST,
+  fn() {
+    tidy(() => {
+      const x = Tensor.from([1, 2, 3], [3], { requiresGrad: true });
+      const c = Tensor.from([1, 1, 1], [3]);
+      const y = noGrad(() => mul(x, c));
+      assert.equal(y.requiresGrad, false);
+      assert.equal(y.gradFn, null);
+      assert.throws(() => sum(y).backward(), /backward: tensor f32 \[\] does not require grad/);
+      const z = sum(mul(x, c));
+      z.backward();
+      assert.equal(c.grad, null);
+      assert.ok(x.grad);
+    });
+  },
+});
+
+Deno.test({
+  name: "autograd: saved activations are freed by backward; a second backward is a clear error",
+  ...GPU_TEST,
+  async fn() {
+    const n = 64 * 1024; // 256 KiB per f32 activation
+    const x = Tensor.from(uniform(n, 3), [n], { requiresGrad: true });
+    await gpu.sync();
+    const before = gpu.memoryStats().allocatedBytes;
+    // Ten layers, each saving its input: forward holds ten activations.
+    const loss = tidy(() => {
+      let h = x;
+      for (let i = 0; i < 10; i++) h = gelu(h);
+      return mean(h);
+    });
+    const afterForward = gpu.memoryStats().allocatedBytes;
+    assert.ok(
+      afterForward - before >= 9 * n * 4,
+      `forward holds activations (${afterForward - before} bytes)`,
+    );
+    gpu.resetPeakMemory();
+    loss.backward();
+    const stats = gpu.memoryStats();
+    // Released as they are used: backward never needs more than a few buffers on top.
+    assert.ok(
+      stats.peakBytes <= afterForward + 3 * n * 4,
+      `peak during backward ${stats.peakBytes - afterForward} over forward`,
+    );
+    // Only the leaf's gradient (and the loss) remain.
+    assert.ok(
+      stats.allocatedBytes <= before + n * 4 + 256,
+      `left after backward: ${stats.allocatedBytes - before}`,
+    );
+    assert.throws(() => loss.backward(), /already used by an earlier backward\(\)/);
+    loss.dispose();
+    x.grad!.dispose();
+    x.dispose();
+  },
+});
+
+Deno.test({
+  name: "autograd: backward needs a scalar or an explicit gradient of the same shape",
+  ...GPU_TEST,
+  fn() {
+    tidy(() => {
+      const x = Tensor.from([1, 2], [2], { requiresGrad: true });
+      const y = relu(x);
+      assert.throws(() => y.backward(), /backward: output f32 \[2\] is not a single value/);
+      assert.throws(
+        () => y.backward({ gradient: Tensor.zeros([3]) }),
+        /backward: gradient f32 \[3\] must match output f32 \[2\]/,
+      );
+    });
+  },
+});
+
+Deno.test({
+  name: "autograd: a 2000-op chain backpropagates without recursion limits",
+  ...GPU_TEST,
+  async fn() {
+    const x = Tensor.from([0.5], [1], { requiresGrad: true });
+    const y = tidy(() => {
+      let h = x;
+      for (let i = 0; i < 2000; i++) h = scale(h, 1);
+      return sum(h);
+    });
+    y.backward();
+    assert.equal(await x.grad!.item(), 1);
+  },
+});

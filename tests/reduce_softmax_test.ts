@@ -1,0 +1,152 @@
+import assert from "node:assert/strict";
+import { logSoftmax, max, mean, mul, noGrad, softmax, sum, Tensor, tidy } from "../gpu/mod.ts";
+import { GPU_TEST } from "./_gpu.ts";
+import { gradcheck } from "./_gradcheck.ts";
+import { quantize, reduceMax64, reduceSum64, softmax64, uniform } from "./_reference.ts";
+import { assertClose, TOL } from "./_assert.ts";
+
+const CASES: { shape: number[]; axis?: number }[] = [
+  { shape: [1] },
+  { shape: [70001] }, // one long sum
+  { shape: [7, 129], axis: 1 },
+  { shape: [7, 129], axis: 0 },
+  { shape: [3, 33, 5], axis: 1 },
+  { shape: [3, 33, 5], axis: -1 },
+  { shape: [2, 4096], axis: -1 },
+];
+
+function view(shape: number[], axis?: number) {
+  if (axis === undefined) return { outer: 1, axis: shape.reduce((a, b) => a * b), inner: 1 };
+  const a = axis < 0 ? axis + shape.length : axis;
+  const prod = (s: number[]) => s.reduce((x, y) => x * y, 1);
+  return { outer: prod(shape.slice(0, a)), axis: shape[a], inner: prod(shape.slice(a + 1)) };
+}
+
+Deno.test({
+  name: "sum, mean, max: forward and gradients match f64 along every axis, f32 and f16",
+  ...GPU_TEST,
+  async fn() {
+    for (const { shape, axis } of CASES) {
+      for (const dtype of ["f32", "f16"] as const) {
+        const n = shape.reduce((a, b) => a * b);
+        const x = quantize(uniform(n, n), dtype);
+        const v = view(shape, axis);
+        const label = `${dtype} [${shape}] axis ${axis}`;
+        // Sums of n terms of size ≤ 1 in f16 output: relative rounding of the result plus
+        // f32 accumulation over up to 70001 terms.
+        const tol = dtype === "f16" ? { atol: 5e-3, rtol: 2e-3 } : { atol: 1e-4, rtol: 1e-4 };
+        for (const op of ["sum", "mean"] as const) {
+          const tx = Tensor.from(x, shape, { dtype, requiresGrad: true });
+          const y = (op === "sum" ? sum : mean)(tx, { axis });
+          const s = op === "mean" ? 1 / v.axis : 1;
+          assertClose(await y.read(), reduceSum64(x, v, s), tol, `${op} ${label}`);
+          const g = quantize(uniform(y.size, 3), dtype);
+          y.backward({ gradient: Tensor.from(g, y.shape, { dtype }) });
+          const expected = new Float64Array(n);
+          for (let o = 0; o < v.outer; o++) {
+            for (let a = 0; a < v.axis; a++) {
+              for (let i = 0; i < v.inner; i++) {
+                expected[(o * v.axis + a) * v.inner + i] = g[o * v.inner + i] * s;
+              }
+            }
+          }
+          assertClose(await tx.grad!.read(), expected, TOL[dtype], `${op} grad ${label}`);
+          tx.grad!.dispose();
+          tx.dispose();
+        }
+        const tx = Tensor.from(x, shape, { dtype });
+        assertClose(
+          await max(tx, { axis }).read(),
+          reduceMax64(x, v),
+          { atol: 0, rtol: 0 },
+          `max ${label}`,
+        );
+      }
+    }
+  },
+});
+
+Deno.test({
+  name: "sum: keepDims keeps the reduced axis; max refuses to record a gradient",
+  ...GPU_TEST,
+  fn() {
+    tidy(() => {
+      const x = Tensor.zeros([2, 3, 4], { requiresGrad: true });
+      assert.deepEqual(sum(x, { axis: 1, keepDims: true }).shape, [2, 1, 4]);
+      assert.deepEqual(sum(x).shape, []);
+      assert.deepEqual(mean(x, { keepDims: true }).shape, [1, 1, 1]);
+      assert.throws(() => max(x), /max: input f32 \[2, 3, 4\] requires grad/);
+      assert.deepEqual(noGrad(() => max(x, { axis: -1 })).shape, [2, 3]);
+      assert.throws(
+        () => sum(x, { axis: 3 }),
+        /sum: axis 3 is out of range for a tensor of rank 3/,
+      );
+    });
+  },
+});
+
+Deno.test({
+  name: "softmax and log-softmax: forward and backward match f64, f32 and f16, odd row lengths",
+  ...GPU_TEST,
+  async fn() {
+    for (const [rows, cols] of [[1, 1], [5, 7], [3, 129], [2, 4099], [300, 10]]) {
+      for (const dtype of ["f32", "f16"] as const) {
+        for (const log of [false, true]) {
+          // Large logits: a naive exp would overflow; the max shift must keep it finite.
+          const x = quantize(uniform(rows * cols, cols, -30, 30), dtype);
+          const g = quantize(uniform(rows * cols, 2), dtype);
+          const tx = Tensor.from(x, [rows, cols], { dtype, requiresGrad: true });
+          const y = (log ? logSoftmax : softmax)(tx);
+          const ref = softmax64(x, cols, log);
+          const label = `${log ? "log_softmax" : "softmax"} ${dtype} [${rows}, ${cols}]`;
+          // log-softmax values reach −60; f16 stores them with a relative half-ulp.
+          assertClose(await y.read(), ref, TOL[dtype], label);
+          y.backward({ gradient: Tensor.from(g, [rows, cols], { dtype }) });
+          const dx = new Float64Array(rows * cols);
+          for (let r = 0; r < rows; r++) {
+            let d = 0;
+            for (let j = 0; j < cols; j++) d += g[r * cols + j] * (log ? 1 : ref[r * cols + j]);
+            for (let j = 0; j < cols; j++) {
+              const k = r * cols + j;
+              dx[k] = log ? g[k] - Math.exp(ref[k]) * d : ref[k] * (g[k] - d);
+            }
+          }
+          assertClose(await tx.grad!.read(), dx, TOL[dtype], `${label} grad`);
+          tx.grad!.dispose();
+          tx.dispose();
+        }
+      }
+    }
+  },
+});
+
+Deno.test({
+  name: "softmax, log-softmax, sum and mean: gradients agree with finite differences",
+  ...GPU_TEST,
+  async fn() {
+    const w = Tensor.from(uniform(4 * 9, 1), [4, 9]);
+    await gradcheck("softmax", ([x]) => sum(mul(softmax(x), w)), [uniform(36, 2, -2, 2)], [[4, 9]]);
+    await gradcheck("logSoftmax", ([x]) => sum(mul(logSoftmax(x), w)), [uniform(36, 3, -2, 2)], [[
+      4,
+      9,
+    ]]);
+    const w2 = Tensor.from(uniform(9, 4), [9]);
+    await gradcheck("mean axis 0", ([x]) => sum(mul(mean(x, { axis: 0 }), w2)), [uniform(36, 5)], [[
+      4,
+      9,
+    ]]);
+  },
+});
+
+Deno.test({
+  name: "softmax: only the last axis, with a clear error otherwise",
+  ...GPU_TEST,
+  fn() {
+    tidy(() => {
+      assert.throws(
+        () => softmax(Tensor.zeros([2, 3]), 0),
+        /softmax: only the last axis is supported \(got axis 0 for f32 \[2, 3\]\)/,
+      );
+    });
+  },
+});
