@@ -16,6 +16,8 @@ export interface InitGpuOptions {
    * per adapter and caches the winner; `"default"` skips it; or give a tiling.
    */
   matmulTiling?: "tune" | "default" | MatmulTiling;
+  /** Make this the default device for new tensors (default true). */
+  setDefault?: boolean;
   /** Passed to `requestAdapter`. */
   powerPreference?: GPUPowerPreference;
 }
@@ -75,7 +77,7 @@ export async function initGpu(options: InitGpuOptions = {}): Promise<Gpu> {
   if ((options.matmulTiling ?? "tune") === "tune") {
     gpu.matmulTiling = (await tuneMatmul(gpu)).best;
   }
-  setDefaultGpu(gpu);
+  if (options.setDefault ?? true) setDefaultGpu(gpu);
   return gpu;
 }
 

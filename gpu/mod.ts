@@ -8,7 +8,7 @@
  * @module
  */
 export { initGpu, type InitGpuOptions } from "./init.ts";
-export { type F16Mode, getGpu, Gpu, GpuError, type MatmulTiling } from "./device.ts";
+export { type F16Mode, getGpu, Gpu, GpuError, type MatmulTiling, setDefaultGpu } from "./device.ts";
 export type { MemoryStats } from "./buffer_pool.ts";
 export type { BatchCounters } from "./command_batch.ts";
 export { bytesPerElement, type DType, DTYPES } from "./dtype.ts";

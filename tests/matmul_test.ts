@@ -2,6 +2,7 @@ import assert from "node:assert/strict";
 import {
   add,
   backward,
+  initGpu,
   linear,
   matmul,
   MATMUL_CANDIDATES,
@@ -10,6 +11,7 @@ import {
   sum,
   Tensor,
   tidy,
+  tuneMatmul,
 } from "../gpu/mod.ts";
 import { gpu, GPU_TEST } from "./_gpu.ts";
 import { gradcheck } from "./_gradcheck.ts";
@@ -259,5 +261,25 @@ Deno.test({
         /linear: bias f32 \[5\] must have shape \[4\]/,
       );
     });
+  },
+});
+
+Deno.test({
+  name: "matmul tuning: measures every candidate, caches the winner, and can be overridden",
+  ...GPU_TEST,
+  async fn() {
+    const result = await tuneMatmul(gpu, true);
+    assert.equal(result.cached, false);
+    assert.equal(result.measurements.length, MATMUL_CANDIDATES.length);
+    assert.ok(result.measurements.every((m) => m.gflops > 0));
+    const fastest = result.measurements.reduce((a, b) => (b.gflops > a.gflops ? b : a));
+    assert.equal(result.best, fastest.tiling);
+    const again = await tuneMatmul(gpu);
+    assert.equal(again.cached, true);
+    assert.deepEqual(again.best, result.best);
+    const forced = MATMUL_CANDIDATES.at(-1)!;
+    const other = await initGpu({ matmulTiling: forced, setDefault: false });
+    assert.equal(other.matmulTiling, forced);
+    other.destroy();
   },
 });
