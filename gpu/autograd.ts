@@ -18,6 +18,7 @@ export type BackwardRule = (gradOutput: Tensor, saved: readonly Tensor[]) => (Te
 /** One recorded op. */
 export class GradNode {
   #saved: Tensor[] | null;
+  /** A node for `op`; {@link record} makes these. */
   constructor(
     /** The op's name, for errors. */
     readonly op: string,
@@ -25,6 +26,7 @@ export class GradNode {
     readonly inputs: readonly Tensor[],
     /** The output this node produced. */
     readonly output: Tensor,
+    /** The gradient rule. */
     readonly rule: BackwardRule,
     saved: Tensor[],
   ) {

@@ -45,6 +45,7 @@ export class BufferPool {
   #count = 0;
   #create: BufferFactory;
 
+  /** A pool that creates its buffers with `create`. */
   constructor(create: BufferFactory) {
     this.#create = create;
   }

@@ -23,6 +23,7 @@ export interface BatchCounters {
 
 /** Records dispatches and submits them in batches. */
 export class CommandBatch {
+  /** Dispatch, submit and read counts (for debugging and benchmarks). */
   readonly counters: BatchCounters = { dispatches: 0, submits: 0, reads: 0 };
   #device: GPUDevice;
   #align: number;
@@ -33,6 +34,7 @@ export class CommandBatch {
   #pass: GPUComputePassEncoder | null = null;
   #pending = 0;
 
+  /** A batch recording onto `device`'s queue. */
   constructor(device: GPUDevice) {
     this.#device = device;
     this.#align = Math.max(device.limits.minUniformBufferOffsetAlignment, 16);

@@ -33,6 +33,7 @@ export interface MatmulTiling extends Record<string, string | number | boolean> 
 
 /** A clear error from the GPU layer (lost device, out of memory, failed kernel). */
 export class GpuError extends Error {
+  /** Always `"GpuError"`. */
   override name = "GpuError";
 }
 
@@ -57,6 +58,7 @@ export class Gpu {
   #failure: GpuError | null = null;
   #destroyed = false;
 
+  /** Wraps a device; use {@link initGpu} rather than calling this yourself. */
   constructor(
     device: GPUDevice,
     adapterInfo: GPUAdapterInfo,

@@ -42,8 +42,11 @@ const U32 = new Uint32Array(F32.buffer);
 
 /** A compiled kernel ready to dispatch. */
 export interface CompiledKernel {
+  /** The cache key (see {@link kernelKey}). */
   readonly key: string;
+  /** The compute pipeline. */
   readonly pipeline: GPUComputePipeline;
+  /** Its bind group 0 layout. */
   readonly layout: GPUBindGroupLayout;
 }
 
@@ -53,6 +56,7 @@ export class PipelineCache {
   #device: GPUDevice;
   #onCompile: (key: string, wgsl: string) => void;
 
+  /** A cache for `device`; `onCompile` sees each new key and its WGSL (debug output). */
   constructor(device: GPUDevice, onCompile: (key: string, wgsl: string) => void) {
     this.#device = device;
     this.#onCompile = onCompile;

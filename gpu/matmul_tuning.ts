@@ -25,14 +25,19 @@ export const DEFAULT_TILING: MatmulTiling = MATMUL_CANDIDATES[0];
 
 /** One candidate's measured speed. */
 export interface TilingMeasurement {
+  /** The candidate. */
   tiling: MatmulTiling;
+  /** Its speed on the tuning problem, in GFLOP/s. */
   gflops: number;
 }
 
 /** Result of a search: the winner and every measurement. */
 export interface TuningResult {
+  /** The fastest candidate. */
   best: MatmulTiling;
+  /** Every candidate's speed (empty when the winner came from the cache). */
   measurements: TilingMeasurement[];
+  /** True when the winner was read from the per-adapter cache instead of measured. */
   cached: boolean;
 }
 

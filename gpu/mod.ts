@@ -9,13 +9,29 @@
  */
 export { initGpu, type InitGpuOptions } from "./init.ts";
 export { type F16Mode, getGpu, Gpu, GpuError, type MatmulTiling, setDefaultGpu } from "./device.ts";
-export type { MemoryStats } from "./buffer_pool.ts";
-export type { BatchCounters } from "./command_batch.ts";
+export { BufferPool, type MemoryStats } from "./buffer_pool.ts";
+export { type BatchCounters, CommandBatch } from "./command_batch.ts";
+export {
+  type CompiledKernel,
+  defineKernel,
+  type KernelConfig,
+  type KernelDefinition,
+  kernelKey,
+  PipelineCache,
+} from "./kernel.ts";
 export { bytesPerElement, type DType, DTYPES } from "./dtype.ts";
 export { type Shape, shapeString, sizeOf } from "./shape.ts";
 export { Tensor, type TensorData, type TensorOptions } from "./tensor.ts";
-export { keep, tidy } from "./scope.ts";
-export { backward, type BackwardOptions, isGradEnabled, noGrad } from "./autograd.ts";
+export { keep, type ScopedResource, tidy } from "./scope.ts";
+export {
+  backward,
+  type BackwardOptions,
+  type BackwardRule,
+  GradNode,
+  isGradEnabled,
+  noGrad,
+  record,
+} from "./autograd.ts";
 export {
   MATMUL_CANDIDATES,
   type TilingMeasurement,

@@ -1,0 +1,7 @@
+/**
+ * The layer-level ops layers are built from, re-exported under `nn` so that
+ * model code reads like PyTorch's `torch.nn.functional`.
+ */
+export { gelu, relu } from "../gpu/ops/elementwise.ts";
+export { linear, type LinearOptions } from "../gpu/ops/matmul.ts";
+export { logSoftmax, softmax } from "../gpu/ops/softmax.ts";
