@@ -76,6 +76,9 @@ export async function initGpu(options: InitGpuOptions = {}): Promise<Gpu> {
   });
   if ((options.matmulTiling ?? "tune") === "tune") {
     gpu.matmulTiling = (await tuneMatmul(gpu)).best;
+    // The search's scratch buffers should not show up in the user's figures.
+    gpu.pool.releaseCached();
+    gpu.resetPeakMemory();
   }
   if (options.setDefault ?? true) setDefaultGpu(gpu);
   return gpu;
