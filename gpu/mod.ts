@@ -19,9 +19,9 @@ export {
   kernelKey,
   PipelineCache,
 } from "./kernel.ts";
-export { bytesPerElement, type DType, DTYPES } from "./dtype.ts";
+export { bytesPerElement, type DType, DTYPES, type FloatDType } from "./dtype.ts";
 export { type Shape, shapeString, sizeOf } from "./shape.ts";
-export { Tensor, type TensorData, type TensorOptions } from "./tensor.ts";
+export { type IndexRange, Tensor, type TensorData, type TensorOptions } from "./tensor.ts";
 export { keep, type ScopedResource, tidy } from "./scope.ts";
 export {
   backward,

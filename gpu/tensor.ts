@@ -39,7 +39,37 @@ export function bufferBytes(size: number, dtype: DType): number {
   return Math.max(4, Math.ceil((size * bytesPerElement(dtype)) / 4) * 4);
 }
 
-/** An n-dimensional array of f32 or f16 values on the GPU. */
+/** Smallest and largest value of an index tensor. */
+export interface IndexRange {
+  /** Smallest value. */
+  min: number;
+  /** Largest value. */
+  max: number;
+}
+
+function checkIndices(data: TensorData, shape: Shape): void {
+  for (let i = 0; i < data.length; i++) {
+    const v = data[i];
+    if (!Number.isInteger(v) || v < -(2 ** 31) || v >= 2 ** 31) {
+      throw new RangeError(
+        `Tensor.from: element ${i} (${v}) of an i32 tensor ${
+          shapeString(shape)
+        } is not a 32-bit integer.`,
+      );
+    }
+  }
+}
+
+function indexRange(data: TensorData): IndexRange {
+  let min = Infinity, max = -Infinity;
+  for (let i = 0; i < data.length; i++) {
+    if (data[i] < min) min = data[i];
+    if (data[i] > max) max = data[i];
+  }
+  return { min, max };
+}
+
+/** An n-dimensional array of f32, f16 or i32 values on the GPU. */
 export class Tensor {
   /** Extents, outermost first. */
   readonly shape: Shape;
@@ -54,6 +84,7 @@ export class Tensor {
   /** The tape node that produced this tensor; null for leaves. @internal */
   gradFn: GradNode | null = null;
   #storage: Storage | null;
+  #indexRange: IndexRange | null = null;
 
   /** Use {@link Tensor.from}, {@link Tensor.zeros} or an op; this wraps raw storage. @internal */
   constructor(gpu: Gpu, shape: Shape, dtype: DType, storage?: Storage) {
@@ -87,8 +118,17 @@ export class Tensor {
           `(${dtype}) needs ${size}. Pass data whose length is the product of the shape.`,
       );
     }
+    if (dtype === "i32") checkIndices(data, shape);
+    if (dtype === "i32" && options.requiresGrad) {
+      throw new TypeError(`Tensor.from: an i32 tensor ${shapeString(shape)} cannot require grad.`);
+    }
     const t = Tensor.empty(shape, dtype, options.gpu);
-    const host = dtype === "f32" ? Float32Array.from(data) : Float16Array.from(data);
+    if (dtype === "i32") t.#indexRange = indexRange(data);
+    const host = dtype === "f32"
+      ? Float32Array.from(data)
+      : dtype === "f16"
+      ? Float16Array.from(data)
+      : Int32Array.from(data);
     const padded = new Uint8Array(bufferBytes(size, dtype));
     padded.set(new Uint8Array(host.buffer, 0, host.byteLength));
     t.gpu.batch.write(t.buffer, padded);
@@ -119,6 +159,14 @@ export class Tensor {
       );
     }
     return new Tensor(gpu, shape, dtype);
+  }
+
+  /**
+   * For i32 tensors uploaded from host data: the smallest and largest value,
+   * known without a GPU read, so ops can reject out-of-range ids up front.
+   */
+  get indexRange(): IndexRange | null {
+    return this.#indexRange;
   }
 
   /** Number of elements. */
@@ -158,7 +206,7 @@ export class Tensor {
       const data = await this.gpu.readBuffer(storage.buffer, bytes);
       return this.dtype === "f32"
         ? new Float32Array(data)
-        : new Float32Array(new Float16Array(data));
+        : new Float32Array(this.dtype === "f16" ? new Float16Array(data) : new Int32Array(data));
     } finally {
       storage.release();
     }

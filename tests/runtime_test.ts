@@ -1,5 +1,5 @@
 import assert from "node:assert/strict";
-import { add, GpuError, initGpu, mul, relu, sum, Tensor, tidy } from "../gpu/mod.ts";
+import { add, type F16Mode, GpuError, initGpu, mul, relu, sum, Tensor, tidy } from "../gpu/mod.ts";
 import { unaryKernel } from "../gpu/kernels/elementwise.ts";
 import { kernelKey } from "../gpu/kernel.ts";
 import { sizeClass } from "../gpu/buffer_pool.ts";
@@ -34,9 +34,9 @@ Deno.test({
     const required = await initGpu({ f16: "require", matmulTiling: "default", setDefault: false });
     assert.equal(required.f16, true);
     required.destroy();
-    // @ts-expect-error: an invalid mode is a clear error
+    // An invalid mode (from untyped JavaScript) is a clear error.
     await assert.rejects(
-      initGpu({ f16: "maybe", setDefault: false }),
+      initGpu({ f16: "maybe" as unknown as F16Mode, setDefault: false }),
       /f16 must be "auto", "require" or "off"/,
     );
   },
