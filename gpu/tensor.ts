@@ -4,7 +4,7 @@
  */
 import { bytesPerElement, type DType } from "./dtype.ts";
 import { getGpu, type Gpu, GpuError } from "./device.ts";
-import { assertValidShape, type Shape, shapeString, sizeOf } from "./shape.ts";
+import { assertValidShape, sameShape, type Shape, shapeString, sizeOf } from "./shape.ts";
 import { track } from "./scope.ts";
 import { backward, type BackwardOptions, type GradNode } from "./autograd.ts";
 
@@ -129,9 +129,7 @@ export class Tensor {
       : dtype === "f16"
       ? Float16Array.from(data)
       : Int32Array.from(data);
-    const padded = new Uint8Array(bufferBytes(size, dtype));
-    padded.set(new Uint8Array(host.buffer, 0, host.byteLength));
-    t.gpu.batch.write(t.buffer, padded);
+    t.writeBytes(new Uint8Array(host.buffer, 0, host.byteLength));
     t.requiresGrad = options.requiresGrad ?? false;
     return t;
   }
@@ -210,6 +208,36 @@ export class Tensor {
     } finally {
       storage.release();
     }
+  }
+
+  /**
+   * Overwrites the contents with raw little-endian bytes in this tensor's
+   * dtype (exactly size × bytes-per-element of them), in stream order.
+   */
+  writeBytes(bytes: Uint8Array): void {
+    const expected = this.size * bytesPerElement(this.dtype);
+    if (bytes.byteLength !== expected) {
+      throw new RangeError(
+        `Tensor.writeBytes: ${bytes.byteLength} bytes given for ${this.describe()}, which holds ${expected}.`,
+      );
+    }
+    const padded = new Uint8Array(bufferBytes(this.size, this.dtype));
+    padded.set(bytes);
+    this.gpu.batch.write(this.#live("write").buffer, padded);
+  }
+
+  /** Overwrites the contents with those of `source` (same shape and dtype), on the GPU. */
+  copyFrom(source: Tensor): void {
+    if (source.dtype !== this.dtype || !sameShape(source.shape, this.shape)) {
+      throw new TypeError(
+        `Tensor.copyFrom: source ${source.describe()} does not match ${this.describe()}.`,
+      );
+    }
+    this.gpu.batch.copy(
+      source.buffer,
+      this.#live("write").buffer,
+      bufferBytes(this.size, this.dtype),
+    );
   }
 
   /** The single value of a one-element tensor. **A sync point**, like `read()`. */

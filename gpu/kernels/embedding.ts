@@ -1,0 +1,87 @@
+/**
+ * Embedding lookup (a gather of rows) and its backward (a scatter-add of
+ * rows). WGSL has no float atomics, so the backward computes each output
+ * element of the table gradient by scanning the ids: O(vocab · dim · ids),
+ * fine for the character- and class-sized tables it serves today.
+ */
+import { type DType, wgslEnables } from "../dtype.ts";
+import { defineKernel } from "../kernel.ts";
+import type { Shape } from "../shape.ts";
+import { Tensor } from "../tensor.ts";
+import { grid1d, WGSL_GRID_BUILTINS, WGSL_WORKGROUP_INDEX } from "./grid.ts";
+
+const WORKGROUP = 256;
+
+/** out[r, d] = table[ids[r], d]. */
+export const gatherKernel = defineKernel<{ dtype: DType }>({
+  name: "embedding_gather",
+  wgsl: ({ dtype }) =>
+    `${wgslEnables(dtype)}
+struct Params { n: u32, dim: u32 }
+@group(0) @binding(0) var<storage, read> table: array<${dtype}>;
+@group(0) @binding(1) var<storage, read> ids: array<i32>;
+@group(0) @binding(2) var<storage, read_write> out: array<${dtype}>;
+@group(0) @binding(3) var<uniform> p: Params;
+@compute @workgroup_size(${WORKGROUP})
+fn main(${WGSL_GRID_BUILTINS}) {
+  let i = ${WGSL_WORKGROUP_INDEX} * ${WORKGROUP}u + lid;
+  if (i >= p.n * p.dim) { return; }
+  let row = u32(ids[i / p.dim]);
+  out[i] = table[row * p.dim + i % p.dim];
+}`,
+});
+
+/** grad[v, d] = Σ over r with ids[r] = v of g[r, d], in f32. */
+export const scatterAddKernel = defineKernel<{ dtype: DType; out: DType }>({
+  name: "embedding_scatter_add",
+  wgsl: ({ dtype, out }) =>
+    `${wgslEnables(dtype, out)}
+struct Params { n: u32, dim: u32, vocab: u32 }
+@group(0) @binding(0) var<storage, read> g: array<${dtype}>;
+@group(0) @binding(1) var<storage, read> ids: array<i32>;
+@group(0) @binding(2) var<storage, read_write> grad: array<${out}>;
+@group(0) @binding(3) var<uniform> p: Params;
+@compute @workgroup_size(${WORKGROUP})
+fn main(${WGSL_GRID_BUILTINS}) {
+  let i = ${WGSL_WORKGROUP_INDEX} * ${WORKGROUP}u + lid;
+  if (i >= p.vocab * p.dim) { return; }
+  let v = i32(i / p.dim);
+  let d = i % p.dim;
+  var acc = 0.0;
+  for (var r = 0u; r < p.n; r++) {
+    if (ids[r] == v) { acc += f32(g[r * p.dim + d]); }
+  }
+  grad[i] = ${out}(acc);
+}`,
+});
+
+/** Rows of `table` ([vocab, dim]) picked by `ids` (i32), shaped `[...ids.shape, dim]`. */
+export function launchGather(table: Tensor, ids: Tensor): Tensor {
+  const dim = table.shape[1];
+  const out = Tensor.empty([...ids.shape, dim] as Shape, table.dtype, table.gpu);
+  const total = ids.size * dim;
+  if (total === 0) return out;
+  const kernel = table.gpu.kernel(gatherKernel, { dtype: table.dtype });
+  table.gpu.dispatch(
+    kernel,
+    [table.buffer, ids.buffer, out.buffer],
+    [ids.size, dim],
+    grid1d(Math.ceil(total / WORKGROUP)),
+  );
+  return out;
+}
+
+/** The table gradient from `g` ([...ids.shape, dim]), in `out` dtype. */
+export function launchScatterAdd(g: Tensor, ids: Tensor, tableShape: Shape, out: DType): Tensor {
+  const [vocab, dim] = tableShape;
+  const grad = Tensor.empty(tableShape, out, g.gpu);
+  if (vocab * dim === 0) return grad;
+  const kernel = g.gpu.kernel(scatterAddKernel, { dtype: g.dtype, out });
+  g.gpu.dispatch(
+    kernel,
+    [g.buffer, ids.buffer, grad.buffer],
+    [ids.size, dim, vocab],
+    grid1d(Math.ceil((vocab * dim) / WORKGROUP)),
+  );
+  return grad;
+}

@@ -1,0 +1,25 @@
+/** Differentiable dropout whose mask is regenerated, never stored. */
+import { record } from "../autograd.ts";
+import { launchDropout } from "../kernels/dropout.ts";
+import type { RandomRange } from "../random.ts";
+import type { Tensor } from "../tensor.ts";
+
+/**
+ * Zeroes each element with probability `p` and scales the rest by 1/(1 − p).
+ * The mask is a pure function of `range` (see `RandomGenerator.take`): the
+ * backward rule regenerates it, so no mask is kept in memory, and running
+ * again with the same range reproduces it bit for bit.
+ *
+ * @example
+ * ```ts ignore
+ * const rng = new RandomGenerator(0);
+ * const y = dropout(x, 0.1, rng.take(x.size));
+ * ```
+ */
+export function dropout(x: Tensor, p: number, range: RandomRange): Tensor {
+  if (!(p >= 0 && p < 1)) {
+    throw new RangeError(`dropout: p must be in [0, 1), got ${p} (input ${x.describe()}).`);
+  }
+  const y = launchDropout(x, p, range);
+  return record("dropout", [x], y, (g) => [launchDropout(g, p, range)]);
+}

@@ -1,0 +1,48 @@
+/** Differentiable embedding lookup. */
+import { record } from "../autograd.ts";
+import { launchGather, launchScatterAdd } from "../kernels/embedding.ts";
+import type { Tensor } from "../tensor.ts";
+
+/**
+ * Rows of `table` ([vocab, dim]) selected by the i32 tensor `ids`; the result
+ * has shape [...ids.shape, dim]. Ids outside [0, vocab) are a clear error.
+ *
+ * @example
+ * ```ts ignore
+ * const ids = Tensor.from([3, 1, 4], [3], { dtype: "i32" });
+ * const vectors = embedding(table, ids); // [3, dim]
+ * ```
+ */
+export function embedding(table: Tensor, ids: Tensor): Tensor {
+  if (table.rank !== 2 || ids.dtype !== "i32") {
+    throw new TypeError(
+      `embedding: needs a table [vocab, dim] and i32 ids; got table ${table.describe()} ` +
+        `and ids ${ids.describe()}. Make ids with Tensor.from(values, shape, { dtype: "i32" }).`,
+    );
+  }
+  assertIdsInRange("embedding", ids, table.shape[0]);
+  const out = launchGather(table, ids);
+  return record(
+    "embedding",
+    [table],
+    out,
+    (g, [savedIds]) => [launchScatterAdd(g, savedIds, table.shape, table.dtype)],
+    [ids],
+  );
+}
+
+/** Throws unless the host-known range of `ids` lies in [0, count). */
+export function assertIdsInRange(op: string, ids: Tensor, count: number): void {
+  const range = ids.indexRange;
+  if (!range) {
+    throw new RangeError(
+      `${op}: ids ${ids.describe()} have no known range; create them with Tensor.from(..., { dtype: "i32" }).`,
+    );
+  }
+  if (ids.size > 0 && (range.min < 0 || range.max >= count)) {
+    throw new RangeError(
+      `${op}: ids ${ids.describe()} range over [${range.min}, ${range.max}] but must lie in ` +
+        `[0, ${count - 1}] (${count} classes or rows).`,
+    );
+  }
+}

@@ -1,0 +1,31 @@
+/** The Embedding layer. */
+import { embedding } from "../gpu/ops/embedding.ts";
+import type { Tensor } from "../gpu/tensor.ts";
+import { normalTensor, type ParameterOptions } from "./init.ts";
+import { Module } from "./module.ts";
+
+/**
+ * A table of `count` vectors of size `dim`, initialised N(0, 1) as in
+ * PyTorch; `forward(ids)` looks up i32 ids.
+ *
+ * @example
+ * ```ts ignore
+ * const emb = new Embedding(27, 64, { seed: 3 });
+ * const x = emb.forward(Tensor.from([1, 2, 3], [3], { dtype: "i32" })); // [3, 64]
+ * ```
+ */
+export class Embedding extends Module {
+  /** The table [count, dim]. */
+  readonly weight: Tensor;
+
+  /** A table of `count` rows of size `dim`. */
+  constructor(count: number, dim: number, options: ParameterOptions = {}) {
+    super();
+    this.weight = this.registerParameter("weight", normalTensor([count, dim], 1, options));
+  }
+
+  /** ids (i32, any shape) → [...ids.shape, dim]. */
+  forward(ids: Tensor): Tensor {
+    return embedding(this.weight, ids);
+  }
+}

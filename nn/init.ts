@@ -1,0 +1,37 @@
+/** Seeded parameter initialisation (PyTorch's defaults), drawn on the CPU then uploaded. */
+import type { FloatDType } from "../gpu/dtype.ts";
+import type { Gpu } from "../gpu/device.ts";
+import { RandomGenerator } from "../gpu/random.ts";
+import type { Shape } from "../gpu/shape.ts";
+import { sizeOf } from "../gpu/shape.ts";
+import { Tensor } from "../gpu/tensor.ts";
+
+/** Where initial values come from: a seed, or a shared generator. */
+export type InitSource = number | RandomGenerator;
+
+/** A generator for `source` (a fresh one for a seed). */
+export function generatorOf(source: InitSource = 0): RandomGenerator {
+  return typeof source === "number" ? new RandomGenerator(source) : source;
+}
+
+/** Common options of parameterised layers. */
+export interface ParameterOptions {
+  /** Seed or generator for the initial values (default seed 0). */
+  seed?: InitSource;
+  /** Parameter dtype (default f32: master weights are fp32). */
+  dtype?: FloatDType;
+  /** Device (default: the one `initGpu()` made). */
+  gpu?: Gpu;
+}
+
+/** A tensor of `shape` with values uniform in [−bound, bound). */
+export function uniformTensor(shape: Shape, bound: number, options: ParameterOptions): Tensor {
+  const values = generatorOf(options.seed).uniform(sizeOf(shape), -bound, bound);
+  return Tensor.from(values, shape, { dtype: options.dtype, gpu: options.gpu });
+}
+
+/** A tensor of `shape` with values N(0, std²). */
+export function normalTensor(shape: Shape, std: number, options: ParameterOptions): Tensor {
+  const values = generatorOf(options.seed).normal(sizeOf(shape), 0, std);
+  return Tensor.from(values, shape, { dtype: options.dtype, gpu: options.gpu });
+}

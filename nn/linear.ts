@@ -1,0 +1,61 @@
+/** The fully connected layer. */
+import { linear } from "../gpu/ops/matmul.ts";
+import type { Tensor } from "../gpu/tensor.ts";
+import { generatorOf, type ParameterOptions, uniformTensor } from "./init.ts";
+import { Module } from "./module.ts";
+
+/** Options of {@link Linear}. */
+export interface LinearLayerOptions extends ParameterOptions {
+  /** Add a bias (default true). */
+  bias?: boolean;
+  /** Fuse a ReLU into the matmul epilogue (default "none"). */
+  activation?: "none" | "relu";
+}
+
+/**
+ * y = x·Wᵀ + b with W of shape [out, in] (PyTorch's layout), initialised as
+ * PyTorch does: W and b uniform in ±1/√in (Kaiming-uniform with a = √5),
+ * from a seeded generator.
+ *
+ * @example
+ * ```ts ignore
+ * const layer = new Linear(784, 256, { seed: 1, activation: "relu" });
+ * const h = layer.forward(x); // [batch, 256]
+ * ```
+ */
+export class Linear extends Module {
+  /** Weight [out, in]. */
+  readonly weight: Tensor;
+  /** Bias [out], or null. */
+  readonly bias: Tensor | null;
+  /** The fused activation. */
+  readonly activation: "none" | "relu";
+
+  /** A layer mapping `inFeatures` to `outFeatures`. */
+  constructor(inFeatures: number, outFeatures: number, options: LinearLayerOptions = {}) {
+    super();
+    if (
+      !(Number.isInteger(inFeatures) && inFeatures > 0 && Number.isInteger(outFeatures) &&
+        outFeatures > 0)
+    ) {
+      throw new RangeError(
+        `Linear: features must be positive integers, got ${inFeatures} → ${outFeatures}.`,
+      );
+    }
+    const init = { ...options, seed: generatorOf(options.seed) };
+    const bound = 1 / Math.sqrt(inFeatures);
+    this.weight = this.registerParameter(
+      "weight",
+      uniformTensor([outFeatures, inFeatures], bound, init),
+    );
+    this.bias = options.bias === false
+      ? null
+      : this.registerParameter("bias", uniformTensor([outFeatures], bound, init));
+    this.activation = options.activation ?? "none";
+  }
+
+  /** x [..., in] → [..., out]. */
+  forward(x: Tensor): Tensor {
+    return linear(x, this.weight, this.bias, { activation: this.activation });
+  }
+}

@@ -1,0 +1,166 @@
+/**
+ * Module: the base of every layer. A module owns named parameters (trained
+ * tensors), named buffers (state such as running statistics) and named child
+ * modules; names join with dots (`layers.0.weight`), as in PyTorch.
+ */
+import { bytesPerElement, type DType } from "../gpu/dtype.ts";
+import { sameShape, type Shape, shapeString } from "../gpu/shape.ts";
+import type { Tensor } from "../gpu/tensor.ts";
+
+/** Tensor data held on the CPU, e.g. read from a safetensors file. */
+export interface HostTensor {
+  /** Element type of `data`. */
+  dtype: DType;
+  /** Extents. */
+  shape: Shape;
+  /** Raw little-endian bytes. */
+  data: Uint8Array;
+}
+
+/** What `loadStateDict` accepts for each name: a tensor or host data. */
+export type StateValue = Tensor | HostTensor;
+
+/** Base class of layers and models. */
+export abstract class Module {
+  /** True in training mode (dropout active, BatchNorm uses batch statistics). */
+  training = true;
+  #parameters = new Map<string, Tensor>();
+  #buffers = new Map<string, Tensor>();
+  #children = new Map<string, Module>();
+
+  /** Computes the module's output. */
+  abstract forward(input: Tensor): Tensor;
+
+  /** Registers a trained tensor under `name`; it gets `requiresGrad`. Returns it. */
+  protected registerParameter(name: string, tensor: Tensor): Tensor {
+    this.#checkName(name);
+    tensor.requiresGrad = true;
+    this.#parameters.set(name, tensor);
+    return tensor;
+  }
+
+  /** Registers non-trained state (running statistics) under `name`. Returns it. */
+  protected registerBuffer(name: string, tensor: Tensor): Tensor {
+    this.#checkName(name);
+    this.#buffers.set(name, tensor);
+    return tensor;
+  }
+
+  /** Registers a child module under `name`. Returns it. */
+  protected registerModule<M extends Module>(name: string, module: M): M {
+    this.#checkName(name);
+    this.#children.set(name, module);
+    return module;
+  }
+
+  /** Parameters of this module and its descendants, with dotted names. */
+  namedParameters(): [string, Tensor][] {
+    return this.#collect((m) => m.#parameters);
+  }
+
+  /** Buffers of this module and its descendants, with dotted names. */
+  namedBuffers(): [string, Tensor][] {
+    return this.#collect((m) => m.#buffers);
+  }
+
+  /** Every parameter (what an optimizer updates). */
+  parameters(): Tensor[] {
+    return this.namedParameters().map(([, t]) => t);
+  }
+
+  /** Direct children, in registration order. */
+  children(): Module[] {
+    return [...this.#children.values()];
+  }
+
+  /** Sets training mode here and in every descendant. Returns this. */
+  train(mode = true): this {
+    this.training = mode;
+    for (const child of this.#children.values()) child.train(mode);
+    return this;
+  }
+
+  /** Evaluation mode: `train(false)`. */
+  eval(): this {
+    return this.train(false);
+  }
+
+  /** Parameters and buffers by dotted name. The tensors are the live ones, not copies. */
+  stateDict(): Map<string, Tensor> {
+    return new Map([...this.namedParameters(), ...this.namedBuffers()]);
+  }
+
+  /**
+   * Copies `state` into the module's parameters and buffers. Every name,
+   * shape and dtype is checked first and all mismatches are reported in one
+   * error; nothing is written unless everything matches.
+   */
+  loadStateDict(state: ReadonlyMap<string, StateValue>): void {
+    const own = this.stateDict();
+    const problems: string[] = [];
+    for (const name of own.keys()) if (!state.has(name)) problems.push(`missing ${name}`);
+    for (const name of state.keys()) if (!own.has(name)) problems.push(`unexpected ${name}`);
+    for (const [name, target] of own) {
+      const value = state.get(name);
+      if (!value) continue;
+      if (value.dtype !== target.dtype || !sameShape(value.shape, target.shape)) {
+        problems.push(
+          `${name}: expected ${target.describe()}, got ${value.dtype} ${shapeString(value.shape)}`,
+        );
+      } else if (
+        isHost(value) && value.data.byteLength !== target.size * bytesPerElement(target.dtype)
+      ) {
+        problems.push(`${name}: ${value.data.byteLength} bytes do not fill ${target.describe()}`);
+      }
+    }
+    if (problems.length > 0) {
+      throw new RangeError(
+        `loadStateDict: the state does not fit this ${this.constructor.name} ` +
+          `(nothing was changed):\n  ${problems.join("\n  ")}`,
+      );
+    }
+    for (const [name, target] of own) {
+      const value = state.get(name)!;
+      if (isHost(value)) target.writeBytes(value.data);
+      else target.copyFrom(value);
+    }
+  }
+
+  /** Frees every parameter's gradient (call after each optimizer step). */
+  zeroGrad(): void {
+    for (const p of this.parameters()) {
+      p.grad?.dispose();
+      p.grad = null;
+    }
+  }
+
+  /** Frees the GPU memory of every parameter, gradient and buffer. */
+  dispose(): void {
+    this.zeroGrad();
+    for (const [, t] of [...this.namedParameters(), ...this.namedBuffers()]) t.dispose();
+  }
+
+  #collect(pick: (m: Module) => Map<string, Tensor>, prefix = ""): [string, Tensor][] {
+    const out: [string, Tensor][] = [];
+    for (const [name, t] of pick(this)) out.push([prefix + name, t]);
+    for (const [name, child] of this.#children) {
+      out.push(...child.#collect(pick, `${prefix}${name}.`));
+    }
+    return out;
+  }
+
+  #checkName(name: string): void {
+    if (!name || name.includes(".")) {
+      throw new RangeError(`Module: name '${name}' must be non-empty and contain no dot.`);
+    }
+    if (this.#parameters.has(name) || this.#buffers.has(name) || this.#children.has(name)) {
+      throw new RangeError(
+        `Module: '${name}' is already registered on this ${this.constructor.name}.`,
+      );
+    }
+  }
+}
+
+function isHost(value: StateValue): value is HostTensor {
+  return (value as HostTensor).data instanceof Uint8Array;
+}

@@ -1,0 +1,301 @@
+import assert from "node:assert/strict";
+import { backward, noGrad, Tensor, tidy } from "../gpu/mod.ts";
+import { dropout } from "../gpu/ops/dropout.ts";
+import { RandomGenerator, randomUniform } from "../gpu/random.ts";
+import {
+  crossEntropy,
+  Dropout,
+  Embedding,
+  Linear,
+  mseLoss,
+  ReLU,
+  Sequential,
+  SGD,
+} from "../nn/mod.ts";
+import { GPU_TEST } from "./_gpu.ts";
+import { gradcheck } from "./_gradcheck.ts";
+import { matmul64, quantize, softmax64, uniform } from "./_reference.ts";
+import { assertClose, TOL } from "./_assert.ts";
+
+Deno.test("random: a generator is reproducible, never straddles keys, and saves its state", () => {
+  const a = new RandomGenerator(5), b = new RandomGenerator(5);
+  assert.deepEqual(a.uniform(10), b.uniform(10));
+  assert.notDeepEqual(new RandomGenerator(6).uniform(10), new RandomGenerator(5).uniform(10));
+  const c = new RandomGenerator(1, 2 ** 32 - 3);
+  const r = c.take(10);
+  assert.equal(r.counter, 0, "a block that would cross 2^32 starts on the next key");
+  assert.deepEqual(c.state(), { seed: 1, offset: 2 ** 32 + 10 });
+  const u = new RandomGenerator(9).uniform(20000);
+  const meanU = u.reduce((s, v) => s + v, 0) / u.length;
+  assert.ok(Math.abs(meanU - 0.5) < 0.01, `uniform mean ${meanU}`);
+  const n = new RandomGenerator(9).normal(20000);
+  const meanN = n.reduce((s, v) => s + v, 0) / n.length;
+  const varN = n.reduce((s, v) => s + (v - meanN) ** 2, 0) / n.length;
+  assert.ok(Math.abs(meanN) < 0.03 && Math.abs(varN - 1) < 0.05, `normal ${meanN} ${varN}`);
+  assert.throws(
+    () => new RandomGenerator(-1),
+    /seed \(-1\) and offset \(0\) must be non-negative integers/,
+  );
+});
+
+Deno.test({
+  name: "dropout: the GPU mask is the CPU generator's, regenerated exactly in backward",
+  ...GPU_TEST,
+  async fn() {
+    for (const dtype of ["f32", "f16"] as const) {
+      const n = 5003, p = 0.3;
+      const x = quantize(uniform(n, 1, 0.5, 2), dtype); // no zeros: a zero output means dropped
+      const range = new RandomGenerator(11, 12345).take(n);
+      const tx = Tensor.from(x, [n], { dtype, requiresGrad: true });
+      const y = dropout(tx, p, range);
+      const expected = x.map((
+        v,
+        i,
+      ) => (randomUniform(range.key, range.counter + i) >= p ? v / (1 - p) : 0));
+      assertClose(await y.read(), expected, TOL[dtype], `dropout ${dtype}`);
+      const dropped = expected.filter((v) => v === 0).length / n;
+      assert.ok(Math.abs(dropped - p) < 0.03, `dropped fraction ${dropped}`);
+      y.backward({ gradient: Tensor.full([n], 1, { dtype }) });
+      const g = await tx.grad!.read();
+      expected.forEach((v, i) => assert.equal(g[i] === 0, v === 0, `mask differs at ${i}`));
+    }
+  },
+});
+
+Deno.test({
+  name: "Dropout layer: training draws fresh masks, eval passes through",
+  ...GPU_TEST,
+  async fn() {
+    const layer = new Dropout(0.5, { seed: 3 });
+    const x = Tensor.full([1000], 1);
+    const a = await layer.forward(x).read(), b = await layer.forward(x).read();
+    assert.notDeepEqual(a, b, "two forwards draw two masks");
+    layer.eval();
+    assert.equal(layer.forward(x), x);
+    assert.throws(() => new Dropout(1), /Dropout: p must be in \[0, 1\), got 1/);
+  },
+});
+
+Deno.test({
+  name: "Linear: seeded PyTorch-style init, and forward against f64",
+  ...GPU_TEST,
+  async fn() {
+    const layer = new Linear(37, 11, { seed: 4 });
+    const w = Float64Array.from(await layer.weight.read()),
+      b = Float64Array.from(await layer.bias!.read());
+    const bound = 1 / Math.sqrt(37);
+    assert.ok(w.every((v) => Math.abs(v) <= bound) && b.every((v) => Math.abs(v) <= bound));
+    assert.ok(Math.max(...w) > 0.9 * bound && Math.min(...w) < -0.9 * bound, "spans the range");
+    assert.deepEqual(
+      await new Linear(37, 11, { seed: 4 }).weight.read(),
+      await layer.weight.read(),
+    );
+    const x = uniform(5 * 37, 1);
+    const y = layer.forward(Tensor.from(x, [5, 37]));
+    const ref = matmul64(x, w, { batch: 1, m: 5, n: 11, k: 37, transA: false, transB: true })
+      .map((v, i) => v + b[i % 11]);
+    assertClose(await y.read(), ref, TOL.f32, "Linear forward");
+  },
+});
+
+Deno.test({
+  name: "Module: dotted names, train/eval, and stateDict round trips; mismatches reported together",
+  ...GPU_TEST,
+  async fn() {
+    const make = (seed: number) =>
+      new Sequential(
+        new Linear(4, 8, { seed }),
+        new ReLU(),
+        new Dropout(0.1),
+        new Linear(8, 3, { seed: seed + 1 }),
+      );
+    const model = make(1);
+    assert.deepEqual(model.namedParameters().map(([n]) => n), [
+      "0.weight",
+      "0.bias",
+      "3.weight",
+      "3.bias",
+    ]);
+    model.eval();
+    assert.ok(model.layers.every((l) => !l.training));
+    const other = make(2);
+    other.loadStateDict(model.stateDict());
+    for (const [name, t] of other.stateDict()) {
+      assert.deepEqual(await t.read(), await model.stateDict().get(name)!.read(), name);
+    }
+    const before = await other.layers[0].parameters()[0].read();
+    const bad = new Map(model.stateDict());
+    bad.delete("3.bias");
+    bad.set("0.weight", Tensor.zeros([8, 5]));
+    bad.set("extra", Tensor.zeros([1]));
+    assert.throws(
+      () => other.loadStateDict(bad),
+      (e: Error) =>
+        /nothing was changed/.test(e.message) && /missing 3\.bias/.test(e.message) &&
+        /unexpected extra/.test(e.message) &&
+        /0\.weight: expected f32 \[8, 4\], got f32 \[8, 5\]/.test(e.message),
+    );
+    assert.deepEqual(
+      await other.layers[0].parameters()[0].read(),
+      before,
+      "unchanged after a failed load",
+    );
+  },
+});
+
+Deno.test({
+  name: "Embedding: lookup and scatter-add gradient with repeated ids; bad ids are clear errors",
+  ...GPU_TEST,
+  async fn() {
+    const emb = new Embedding(7, 5, { seed: 2 });
+    const table = await emb.weight.read();
+    const ids = [3, 0, 3, 6, 3, 1];
+    const out = emb.forward(Tensor.from(ids, [2, 3], { dtype: "i32" }));
+    assert.deepEqual(out.shape, [2, 3, 5]);
+    const expected = ids.flatMap((id) => Array.from(table.slice(id * 5, id * 5 + 5)));
+    assertClose(await out.read(), expected, { atol: 0, rtol: 0 }, "gather");
+    const g = uniform(6 * 5, 4);
+    out.backward({ gradient: Tensor.from(g, [2, 3, 5]) });
+    const dw = new Float64Array(35);
+    ids.forEach((id, r) => {
+      for (let d = 0; d < 5; d++) dw[id * 5 + d] += g[r * 5 + d];
+    });
+    assertClose(await emb.weight.grad!.read(), dw, TOL.f32, "scatter-add");
+    assert.throws(
+      () => emb.forward(Tensor.from([0, 7], [2], { dtype: "i32" })),
+      /embedding: ids i32 \[2\] range over \[0, 7\] but must lie in \[0, 6\]/,
+    );
+    assert.throws(
+      () => emb.forward(Tensor.from([0, 1], [2])),
+      /needs a table \[vocab, dim\] and i32 ids/,
+    );
+  },
+});
+
+function crossEntropy64(x: Float64Array, t: number[], classes: number, eps: number) {
+  const logp = softmax64(x, classes, true);
+  const losses = t.map((target, r) => {
+    let meanLogp = 0;
+    for (let j = 0; j < classes; j++) meanLogp += logp[r * classes + j] / classes;
+    return -(1 - eps) * logp[r * classes + target] - eps * meanLogp;
+  });
+  const grad = new Float64Array(x.length);
+  t.forEach((target, r) => {
+    for (let j = 0; j < classes; j++) {
+      const q = (j === target ? 1 - eps : 0) + eps / classes;
+      grad[r * classes + j] = Math.exp(logp[r * classes + j]) - q;
+    }
+  });
+  return { losses, grad };
+}
+
+Deno.test({
+  name:
+    "crossEntropy: losses and gradients match f64 for mean/sum/none, smoothing, f32 and f16 logits",
+  ...GPU_TEST,
+  async fn() {
+    const rows = 9, classes = 13;
+    const targets = Array.from({ length: rows }, (_, i) => (i * 5) % classes);
+    for (const dtype of ["f32", "f16"] as const) {
+      for (const eps of [0, 0.1]) {
+        for (const reduction of ["mean", "sum", "none"] as const) {
+          const x = quantize(uniform(rows * classes, 3, -8, 8), dtype);
+          const ref = crossEntropy64(x, targets, classes, eps);
+          const tx = Tensor.from(x, [rows, classes], { dtype, requiresGrad: true });
+          const loss = crossEntropy(tx, targets, { reduction, labelSmoothing: eps });
+          assert.equal(loss.dtype, "f32", "losses are f32");
+          const total = ref.losses.reduce((a, b) => a + b, 0);
+          const expected = reduction === "none"
+            ? ref.losses
+            : [reduction === "mean" ? total / rows : total];
+          const label = `${dtype} ε=${eps} ${reduction}`;
+          assertClose(await loss.read(), expected, TOL.f32, label);
+          backward(loss, reduction === "none" ? { gradient: Tensor.full([rows], 1) } : {});
+          const scale = reduction === "mean" ? 1 / rows : 1;
+          assertClose(
+            await tx.grad!.read(),
+            ref.grad.map((v) => v * scale),
+            TOL[dtype],
+            `${label} grad`,
+          );
+        }
+      }
+    }
+  },
+});
+
+Deno.test({
+  name: "crossEntropy and mseLoss: finite differences; bad targets are clear errors",
+  ...GPU_TEST,
+  async fn() {
+    await gradcheck(
+      "crossEntropy",
+      ([x]) => crossEntropy(x, [1, 0, 3], { labelSmoothing: 0.2 }),
+      [uniform(12, 1, -2, 2)],
+      [[3, 4]],
+    );
+    await gradcheck("mseLoss", ([a, b]) => mseLoss(a, b), [uniform(10, 2), uniform(10, 3)], [
+      [2, 5],
+      [2, 5],
+    ]);
+    tidy(() => {
+      const x = Tensor.zeros([3, 4]);
+      assert.throws(
+        () => crossEntropy(x, [0, 4, 1]),
+        /crossEntropy: ids i32 \[3\] range over \[0, 4\] but must lie in \[0, 3\]/,
+      );
+      assert.throws(
+        () => crossEntropy(x, [0, 1]),
+        /needs logits \[rows, classes\] and i32 targets \[rows\]/,
+      );
+      assert.throws(() => crossEntropy(x, [0, 1.5, 2]), /element 1 \(1\.5\) of an i32 tensor/);
+    });
+  },
+});
+
+Deno.test({
+  name: "mseLoss: matches f64 with f16 inputs, in f32",
+  ...GPU_TEST,
+  async fn() {
+    const a = quantize(uniform(33, 1), "f16"), b = quantize(uniform(33, 2), "f16");
+    const loss = mseLoss(
+      Tensor.from(a, [33], { dtype: "f16" }),
+      Tensor.from(b, [33], { dtype: "f16" }),
+    );
+    assert.equal(loss.dtype, "f32");
+    const ref = a.reduce((s, v, i) => s + (v - b[i]) ** 2, 0) / 33;
+    assertClose(await loss.read(), [ref], TOL.f32, "mse");
+  },
+});
+
+Deno.test({
+  name: "an MLP (Linear/ReLU/Linear) trains on a synthetic task with plain SGD",
+  ...GPU_TEST,
+  async fn() {
+    // Two classes split by a circle: not linearly separable, so the hidden layer must learn.
+    const n = 256, r = new RandomGenerator(21).uniform(2 * n, -1, 1);
+    const labels = Array.from(
+      { length: n },
+      (_, i) => (r[2 * i] ** 2 + r[2 * i + 1] ** 2 < 0.5 ? 1 : 0),
+    );
+    const x = Tensor.from(r, [n, 2]);
+    const model = new Sequential(
+      new Linear(2, 32, { seed: 1 }),
+      new ReLU(),
+      new Linear(32, 2, { seed: 2 }),
+    );
+    const opt = new SGD(model.parameters(), { lr: 0.5 });
+    const lossAt = () => tidy(() => crossEntropy(model.forward(x), labels));
+    const first = await noGrad(lossAt).item();
+    for (let step = 0; step < 300; step++) {
+      const loss = lossAt();
+      loss.backward();
+      loss.dispose();
+      opt.step();
+      opt.zeroGrad();
+    }
+    const last = await noGrad(lossAt).item();
+    assert.ok(first > 0.6, `starts near log 2 (${first})`);
+    assert.ok(last < 0.25, `trained loss ${last} (from ${first})`);
+  },
+});
