@@ -12,8 +12,16 @@ import { Tensor } from "./tensor.ts";
 import { untracked } from "./scope.ts";
 import { sameShape } from "./shape.ts";
 
-/** Given the gradient of the node's output, the gradients of its inputs (null: none). */
-export type BackwardRule = (gradOutput: Tensor, saved: readonly Tensor[]) => (Tensor | null)[];
+/**
+ * Given the gradient of the node's output, the gradients of its inputs (null:
+ * none). `needs[i]` tells whether input i wants one, so a rule can skip work
+ * (e.g. the input gradient of a first layer).
+ */
+export type BackwardRule = (
+  gradOutput: Tensor,
+  saved: readonly Tensor[],
+  needs: readonly boolean[],
+) => (Tensor | null)[];
 
 /** One recorded op. */
 export class GradNode {
@@ -43,7 +51,7 @@ export class GradNode {
       );
     }
     try {
-      return this.rule(gradOutput, saved);
+      return this.rule(gradOutput, saved, this.inputs.map((t) => t.requiresGrad));
     } finally {
       this.release();
     }

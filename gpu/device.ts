@@ -16,9 +16,14 @@ export type F16Mode = "auto" | "require" | "off";
 
 /** Per-thread and per-workgroup tile sizes of the matmul kernel. */
 export interface MatmulTiling extends Record<string, string | number | boolean> {
-  /** `"register"`: each thread keeps a TM×TN block in registers, loading from storage
-   * (fast on CPU adapters); `"shared"`: workgroup shared-memory tiles (fast on GPUs). */
-  variant: "register" | "shared";
+  /**
+   * `"register"`: each thread keeps a contiguous TM×TN block in registers,
+   * loading from storage; `"interleaved"`: the same with the thread's rows and
+   * columns strided across the workgroup, so neighbouring threads load
+   * neighbouring addresses (both suit CPU adapters); `"shared"`: workgroup
+   * shared-memory tiles (the usual winner on GPUs).
+   */
+  variant: "register" | "interleaved" | "shared";
   /** Output rows per thread. */
   tm: number;
   /** Output columns per thread. */

@@ -16,6 +16,10 @@ export const MATMUL_CANDIDATES: readonly MatmulTiling[] = [
   { variant: "register", tm: 8, tn: 8, wgx: 8, wgy: 4, tk: 1 },
   { variant: "register", tm: 8, tn: 16, wgx: 4, wgy: 4, tk: 1 },
   { variant: "register", tm: 16, tn: 16, wgx: 2, wgy: 4, tk: 1 },
+  { variant: "interleaved", tm: 4, tn: 4, wgx: 8, wgy: 8, tk: 1 },
+  { variant: "interleaved", tm: 8, tn: 8, wgx: 8, wgy: 4, tk: 1 },
+  { variant: "interleaved", tm: 8, tn: 4, wgx: 8, wgy: 8, tk: 1 },
+  { variant: "interleaved", tm: 16, tn: 4, wgx: 8, wgy: 2, tk: 1 },
   { variant: "shared", tm: 4, tn: 4, wgx: 16, wgy: 16, tk: 16 },
   { variant: "shared", tm: 8, tn: 8, wgx: 8, wgy: 8, tk: 8 },
 ];

@@ -76,25 +76,34 @@ function fmaBlock(c: MatmulConfig, aName: (i: number) => string, bName: (j: numb
 }
 
 function registerWgsl(c: MatmulConfig): string {
-  const { tm, tn } = c;
+  const { tm, tn, wgx, wgy } = c;
   const range = (n: number) => Array.from({ length: n }, (_, i) => i);
+  // "register": a thread owns a contiguous TM×TN block. "interleaved": its rows
+  // and columns are strided by the workgroup extent, so neighbouring threads
+  // (SIMD lanes on a CPU adapter) read neighbouring addresses.
+  const interleaved = c.variant === "interleaved";
+  const row = (i: number) => interleaved ? `row0 + ${i * wgy}u` : `row0 + ${i}u`;
+  const col = (j: number) => interleaved ? `col0 + ${j * wgx}u` : `col0 + ${j}u`;
+  const firstRow = interleaved ? `wid.y * ${tm * wgy}u + lid.y` : `gid.y * ${tm}u`;
+  const firstCol = interleaved ? `wid.x * ${tn * wgx}u + lid.x` : `gid.x * ${tn}u`;
   // Edge threads clamp their load indices into range and skip out-of-range
   // stores, so the inner loop has no branches.
   const aOffsets = range(tm).map((i) =>
-    `let ao${i} = a_base + min(row0 + ${i}u, p.m - 1u) * p.a_row;`
+    `let ao${i} = a_base + min(${row(i)}, p.m - 1u) * p.a_row;`
   );
   const bOffsets = range(tn).map((j) =>
-    `let bo${j} = b_base + min(col0 + ${j}u, p.n - 1u) * p.b_col;`
+    `let bo${j} = b_base + min(${col(j)}, p.n - 1u) * p.b_col;`
   );
   const aLoads = range(tm).map((i) => `let a${i} = f32(a[ao${i} + k * p.a_col]);`);
   const bLoads = range(tn).map((j) => `let b${j} = f32(b[bo${j} + k * p.b_row]);`);
   return `${wgslEnables(c.dtype, c.out, c.bias === "none" ? "f32" : c.bias)}${WGSL_MATH}
 ${PARAMS}
 ${bindings(c)}
-@compute @workgroup_size(${c.wgx}, ${c.wgy})
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-  let row0 = gid.y * ${tm}u;
-  let col0 = gid.x * ${tn}u;
+@compute @workgroup_size(${wgx}, ${wgy})
+fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>,
+        @builtin(local_invocation_id) lid: vec3<u32>) {
+  let row0 = ${firstRow};
+  let col0 = ${firstCol};
   if (row0 >= p.m || col0 >= p.n) { return; }
   let a_base = gid.z * p.a_batch;
   let b_base = gid.z * p.b_batch;
@@ -107,7 +116,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     ${bLoads.join("\n    ")}
     ${fmaBlock(c, (i) => `a${i}`, (j) => `b${j}`)}
   }
-  ${epilogue(c, (i) => `row0 + ${i}u`, (j) => `col0 + ${j}u`)}
+  ${epilogue(c, row, col)}
 }`;
 }
 
@@ -166,7 +175,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 /** The matmul kernel family. */
 export const matmulKernel = defineKernel<MatmulConfig>({
   name: "matmul",
-  wgsl: (c) => (c.variant === "register" ? registerWgsl(c) : sharedWgsl(c)),
+  wgsl: (c) => (c.variant === "shared" ? sharedWgsl(c) : registerWgsl(c)),
 });
 
 /** How one operand is laid out in memory: element strides per batch, row and column. */

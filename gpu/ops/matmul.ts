@@ -86,13 +86,25 @@ function sharedRightGrad(a: Tensor, g: Tensor, transA: boolean, transB: boolean)
   }
 }
 
-/** The gradients of op(A)·op(B) from the output gradient g. */
-function matmulGrads(a: Tensor, b: Tensor, g: Tensor, transA: boolean, transB: boolean) {
+/** The gradients of op(A)·op(B) from the output gradient g (only those `needs` asks for). */
+function matmulGrads(
+  a: Tensor,
+  b: Tensor,
+  g: Tensor,
+  transA: boolean,
+  transB: boolean,
+  needs: readonly boolean[],
+): (Tensor | null)[] {
   // dop(A) = G·op(B)ᵀ; stored transposed when A is: dA = op(B)·Gᵀ.
-  const ga = transA ? product(b, g, transB, true) : product(g, b, false, !transB);
+  const ga = !needs[0]
+    ? null
+    : transA
+    ? product(b, g, transB, true)
+    : product(g, b, false, !transB);
   // dop(B) = op(A)ᵀ·G; stored transposed when B is: dB = Gᵀ·op(A).
-  let gb: Tensor;
-  if (b.rank === 2 && a.rank === 3) gb = sharedRightGrad(a, g, transA, transB);
+  let gb: Tensor | null = null;
+  if (!needs[1]) gb = null;
+  else if (b.rank === 2 && a.rank === 3) gb = sharedRightGrad(a, g, transA, transB);
   else gb = transB ? product(g, a, true, transA) : product(a, g, !transA, false);
   return [ga, gb];
 }
@@ -115,7 +127,7 @@ export function matmul(a: Tensor, b: Tensor, options: MatmulOptions = {}): Tenso
     "matmul",
     [a, b],
     c,
-    (g, [sa, sb]) => matmulGrads(sa, sb, g, transA, transB),
+    (g, [sa, sb], needs) => matmulGrads(sa, sb, g, transA, transB, needs),
     [a, b],
   );
 }
@@ -165,13 +177,18 @@ export function linear(
   dispatchMatmul(resolved.problem, x2, weight, y, { bias: bias ?? undefined, activation });
   x2.dispose();
   const inputs = bias ? [x, weight, bias] : [x, weight];
-  return record("linear", inputs, y, (g, [sx, sw, sy]) => {
+  return record("linear", inputs, y, (g, [sx, sw, sy], needs) => {
     // ReLU's gradient from its output: y > 0 exactly where the pre-activation is.
     const gPre = activation === "relu" ? launchBinary("relu_grad", g, sy) : g;
     const g2 = gPre.share([rows, outFeatures]), xs = sx.share([rows, inFeatures]);
-    const gx = product(g2, sw, false, false);
-    const gw = product(g2, xs, true, false);
-    const gb = bias
+    let gx: Tensor | null = null;
+    if (needs[0]) {
+      const flat = product(g2, sw, false, false);
+      gx = flat.share(x.shape);
+      flat.dispose();
+    }
+    const gw = needs[1] ? product(g2, xs, true, false) : null;
+    const gb = bias && needs[2]
       ? launchReduce("sum", g2, { outer: 1, axis: rows, inner: outFeatures }, bias.shape, {
         out: bias.dtype,
       })
@@ -179,8 +196,6 @@ export function linear(
     g2.dispose();
     xs.dispose();
     if (gPre !== g) gPre.dispose();
-    const gxShaped = gx.share(x.shape);
-    gx.dispose();
-    return bias ? [gxShaped, gw, gb] : [gxShaped, gw];
+    return bias ? [gx, gw, gb] : [gx, gw];
   }, activation === "relu" ? [x, weight, y] : [x, weight]);
 }
