@@ -23,9 +23,15 @@ export type BackwardRule = (
   needs: readonly boolean[],
 ) => (Tensor | null)[];
 
-/** One recorded op. */
+/**
+ * One recorded op. A node is held by its output tensor and by every node that
+ * consumes that output; when the last holder lets go (the output and its
+ * consumers were disposed without a backward pass), the saved activations
+ * are freed, so an abandoned graph does not leak GPU memory.
+ */
 export class GradNode {
   #saved: Tensor[] | null;
+  #holders = 1;
   /** A node for `op`; {@link record} makes these. */
   constructor(
     /** The op's name, for errors. */
@@ -46,8 +52,8 @@ export class GradNode {
     const saved = this.#saved;
     if (saved === null) {
       throw new GpuError(
-        `backward: the graph through '${this.op}' was already used by an earlier backward() ` +
-          "and its saved activations are freed. Run the forward pass again.",
+        `backward: the saved activations of '${this.op}' were freed, by an earlier backward() ` +
+          "or because every tensor of the graph was disposed. Run the forward pass again.",
       );
     }
     try {
@@ -61,6 +67,25 @@ export class GradNode {
   release(): void {
     for (const t of this.#saved ?? []) t.dispose();
     this.#saved = null;
+  }
+
+  /** One more holder (a consumer node). @internal */
+  hold(): void {
+    this.#holders++;
+  }
+
+  /**
+   * One holder fewer; at none, frees the saved activations and lets go of the
+   * nodes this one consumed (iteratively: graphs can be thousands deep).
+   */
+  drop(): void {
+    const stack: GradNode[] = [this];
+    while (stack.length > 0) {
+      const node = stack.pop()!;
+      if (--node.#holders > 0) continue;
+      node.release();
+      for (const input of node.inputs) if (input.gradFn) stack.push(input.gradFn);
+    }
   }
 }
 
@@ -100,6 +125,7 @@ export function record(
     const saved = untracked(() => save.map((t) => t.share()));
     output.requiresGrad = true;
     output.gradFn = new GradNode(op, inputs, output, rule, saved);
+    for (const input of inputs) input.gradFn?.hold();
   }
   return output;
 }

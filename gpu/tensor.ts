@@ -279,8 +279,12 @@ export class Tensor {
 
   /** Returns the buffer to the pool. Idempotent; the tensor is unusable afterwards. */
   dispose(): void {
-    this.#storage?.release();
+    if (this.#storage === null) return;
+    this.#storage.release();
     this.#storage = null;
+    // The graph node stays reachable for a pending backward through its
+    // consumers; only its hold from this handle ends here.
+    this.gradFn?.drop();
   }
 
   #live(what: string): Storage {

@@ -1,6 +1,7 @@
 import assert from "node:assert/strict";
 import {
   add,
+  addInPlace,
   backward,
   gelu,
   mean,
@@ -106,7 +107,7 @@ Deno.test({
       stats.allocatedBytes <= before + n * 4 + 256,
       `left after backward: ${stats.allocatedBytes - before}`,
     );
-    assert.throws(() => loss.backward(), /already used by an earlier backward\(\)/);
+    assert.throws(() => loss.backward(), /were freed, by an earlier backward\(\)/);
     loss.dispose();
     x.grad!.dispose();
     x.dispose();
@@ -141,5 +142,40 @@ Deno.test({
     });
     y.backward();
     assert.equal(await x.grad!.item(), 1);
+  },
+});
+
+Deno.test({
+  name: "autograd: a graph abandoned without backward frees its saved activations",
+  ...GPU_TEST,
+  async fn() {
+    const x = Tensor.from(uniform(4096, 1), [4096], { requiresGrad: true });
+    await gpu.sync();
+    const before = gpu.memoryStats().allocatedBytes;
+    const loss = tidy(() => mean(gelu(gelu(x))));
+    assert.ok(gpu.memoryStats().allocatedBytes >= before + 4096 * 4, "the inner activation is held");
+    loss.dispose(); // e.g. an evaluation forward that forgot noGrad
+    assert.equal(gpu.memoryStats().allocatedBytes, before);
+    x.dispose();
+  },
+});
+
+Deno.test({
+  name: "addInPlace: x += a·x works (one buffer cannot be read and written in one dispatch)",
+  ...GPU_TEST,
+  async fn() {
+    const v = Tensor.from([1, 2, 3], [3]);
+    addInPlace(v, v, { alpha: -0.5 });
+    assert.deepEqual(Array.from(await v.read()), [0.5, 1, 1.5]);
+    assert.throws(
+      () => addInPlace(v, Tensor.zeros([2])),
+      /addInPlace: shapes differ \(f32 \[3\] \+= f32 \[2\]\)/,
+    );
+    const p = Tensor.from([1], [1], { requiresGrad: true });
+    assert.throws(
+      () => addInPlace(p, p),
+      /requires grad; an in-place update would silently corrupt/,
+    );
+    v.dispose();
   },
 });

@@ -1,6 +1,6 @@
 /** In-place updates for optimizers and gradient bookkeeping (never recorded on the tape). */
 import { isGradEnabled } from "../autograd.ts";
-import { launchAccumulate } from "../kernels/elementwise.ts";
+import { launchAccumulate, launchCopy } from "../kernels/elementwise.ts";
 import { sameShape } from "../shape.ts";
 import type { Tensor } from "../tensor.ts";
 
@@ -26,5 +26,9 @@ export function addInPlace(dst: Tensor, src: Tensor, options: { alpha?: number }
         "the tape. Do optimizer updates inside noGrad().",
     );
   }
-  launchAccumulate(dst, src, options.alpha ?? 1);
+  // One buffer cannot be bound read-write and read-only in one dispatch:
+  // x += a·x reads a copy.
+  const source = src.sharesMemoryWith(dst) ? launchCopy(src) : src;
+  launchAccumulate(dst, source, options.alpha ?? 1);
+  if (source !== src) source.dispose();
 }

@@ -1,0 +1,270 @@
+/**
+ * BatchNorm over [N, C, S] (S = product of the spatial extents, 1 for [N, C]).
+ * One workgroup per channel. Everything but the storage of x, y, dy and dx is
+ * f32: parameters, running statistics, batch statistics and all arithmetic.
+ *
+ * Forward, training: the channel's mean and biased variance over N·S values
+ * (two passes), an optional in-place update of the running statistics on the
+ * GPU (running = (1 − m)·running + m·stat, with the unbiased variance for
+ * runningVar, as PyTorch), then y. Eval: the running statistics normalise.
+ * Either way the mean and rstd used are saved (f32 [C]) for the backward pass,
+ * so a later update of the running statistics cannot change the gradient.
+ */
+import { type DType, wgslEnables } from "../dtype.ts";
+import { defineKernel, f32Bits, type KernelDefinition } from "../kernel.ts";
+import { Tensor } from "../tensor.ts";
+import { grid1d, WGSL_GRID_BUILTINS, WGSL_WORKGROUP_INDEX } from "./grid.ts";
+import { REDUCE_THREADS, WGSL_WORKGROUP_REDUCE } from "./wgsl_math.ts";
+
+/** Storage dtype of x, batch or running statistics, and which optional buffers are bound. */
+export type BatchNormConfig = {
+  /** Storage dtype of x, y, dy and dx (everything else is f32). */
+  dtype: DType;
+  /** Batch statistics (true) or running statistics (false). */
+  training: boolean;
+  /** Training only: update the running statistics in place. */
+  update: boolean;
+  /** A weight is bound (backward: and dweight is written). */
+  weight: boolean;
+  /** Forward: a bias is bound; backward: dbias is written. */
+  bias: boolean;
+};
+
+interface Binding {
+  name: string;
+  type: DType;
+  write?: boolean;
+}
+
+// NOTE: same pattern as kernels/layer_norm.ts: the binding list comes from the
+// config and orders both the WGSL declarations and the dispatched buffers.
+function declare(bindings: readonly Binding[]): string {
+  const vars = bindings.map((b, i) =>
+    `@group(0) @binding(${i}) var<storage, ${
+      b.write ? "read_write" : "read"
+    }> ${b.name}: array<${b.type}>;`
+  );
+  return `${wgslEnables(...bindings.map((b) => b.type))}
+struct Params { n: u32, c: u32, s: u32, eps: u32, momentum: u32 }
+${vars.join("\n")}
+@group(0) @binding(${bindings.length}) var<uniform> p: Params;
+${WGSL_WORKGROUP_REDUCE}
+fn at(i: u32, c: u32) -> u32 { return ((i / p.s) * p.c + c) * p.s + i % p.s; }`;
+}
+
+function buffersFor(bindings: readonly Binding[], tensors: Record<string, Tensor>): GPUBuffer[] {
+  return bindings.map((b) => tensors[b.name].buffer);
+}
+
+const opt = (on: boolean, b: Binding): Binding[] => (on ? [b] : []);
+
+function forwardBindings(c: BatchNormConfig): Binding[] {
+  const running = !c.training || c.update;
+  return [
+    { name: "x", type: c.dtype },
+    ...opt(c.weight, { name: "w", type: "f32" }),
+    ...opt(c.bias, { name: "b", type: "f32" }),
+    ...opt(running, { name: "running_mean", type: "f32", write: c.update }),
+    ...opt(running, { name: "running_var", type: "f32", write: c.update }),
+    { name: "y", type: c.dtype, write: true },
+    { name: "mean", type: "f32", write: true },
+    { name: "rstd", type: "f32", write: true },
+  ];
+}
+
+function backwardBindings(c: BatchNormConfig): Binding[] {
+  return [
+    { name: "x", type: c.dtype },
+    { name: "g", type: c.dtype },
+    { name: "mean", type: "f32" },
+    { name: "rstd", type: "f32" },
+    ...opt(c.weight, { name: "w", type: "f32" }),
+    { name: "dx", type: c.dtype, write: true },
+    ...opt(c.weight, { name: "dw", type: "f32", write: true }),
+    ...opt(c.bias, { name: "db", type: "f32", write: true }),
+  ];
+}
+
+const LOOP = `for (var i = lid; i < count; i += ${REDUCE_THREADS}u)`;
+const START = `let c = ${WGSL_WORKGROUP_INDEX};
+  if (c >= p.c) { return; }
+  let count = p.n * p.s;
+  let cnt = f32(count);`;
+
+const BATCH_STATS = `var s = 0.0;
+  ${LOOP} { s += f32(x[at(i, c)]); }
+  let mu = reduce_sum(s, lid) / cnt;
+  var q = 0.0;
+  ${LOOP} { let d = f32(x[at(i, c)]) - mu; q += d * d; }
+  let v = reduce_sum(q, lid) / cnt;
+  let r = 1.0 / sqrt(v + bitcast<f32>(p.eps));`;
+
+const UPDATE = `if (lid == 0u) {
+    let m = bitcast<f32>(p.momentum);
+    running_mean[c] = (1.0 - m) * running_mean[c] + m * mu;
+    running_var[c] = (1.0 - m) * running_var[c] + m * v * (cnt / (cnt - 1.0));
+  }`;
+
+const RUNNING_STATS = `let mu = running_mean[c];
+  let r = 1.0 / sqrt(running_var[c] + bitcast<f32>(p.eps));`;
+
+/** Forward: statistics, running-stat update and y, one workgroup per channel. */
+export const batchNormForwardKernel: KernelDefinition<BatchNormConfig> = defineKernel({
+  name: "batch_norm_forward",
+  wgsl: (c) =>
+    `${declare(forwardBindings(c))}
+@compute @workgroup_size(${REDUCE_THREADS})
+fn main(${WGSL_GRID_BUILTINS}) {
+  ${START}
+  ${c.training ? BATCH_STATS : RUNNING_STATS}
+  ${c.training && c.update ? UPDATE : ""}
+  if (lid == 0u) { mean[c] = mu; rstd[c] = r; }
+  let scale = r${c.weight ? " * w[c]" : ""};
+  ${LOOP} {
+    let k = at(i, c);
+    y[k] = ${c.dtype}((f32(x[k]) - mu) * scale${c.bias ? " + b[c]" : ""});
+  }
+}`,
+});
+
+/**
+ * Backward, one workgroup per channel. Training: dx = w·rstd·(g − mean(g) − x̂·mean(g·x̂));
+ * eval: dx = g·w·rstd. dweight = Σ g·x̂ and dbias = Σ g in both modes.
+ */
+export const batchNormBackwardKernel: KernelDefinition<BatchNormConfig> = defineKernel({
+  name: "batch_norm_backward",
+  wgsl: (c) =>
+    `${declare(backwardBindings(c))}
+@compute @workgroup_size(${REDUCE_THREADS})
+fn main(${WGSL_GRID_BUILTINS}) {
+  ${START}
+  let mu = mean[c];
+  let r = rstd[c];
+  var sg = 0.0;
+  var sgx = 0.0;
+  ${LOOP} {
+    let k = at(i, c);
+    let gv = f32(g[k]);
+    sg += gv;
+    sgx += gv * (f32(x[k]) - mu) * r;
+  }
+  sg = reduce_sum(sg, lid);
+  sgx = reduce_sum(sgx, lid);
+  if (lid == 0u) {${c.weight ? " dw[c] = sgx;" : ""}${c.bias ? " db[c] = sg;" : ""} }
+  let wr = r${c.weight ? " * w[c]" : ""};
+  let mg = sg / cnt;
+  let mgx = sgx / cnt;
+  ${LOOP} {
+    let k = at(i, c);
+    let gv = f32(g[k]);
+    ${
+      c.training
+        ? "let xh = (f32(x[k]) - mu) * r;\n    dx[k] = " + c.dtype + "(wr * (gv - mg - xh * mgx));"
+        : "dx[k] = " + c.dtype + "(gv * wr);"
+    }
+  }
+}`,
+});
+
+/** The [N, C, S] view of a BatchNorm input of rank 2 to 4. */
+export interface BatchNormView {
+  /** Batch size N. */
+  n: number;
+  /** Channels C (axis 1). */
+  c: number;
+  /** Product of the spatial extents (1 for [N, C]). */
+  s: number;
+}
+
+/** Tensors of one BatchNorm forward launch. */
+export interface BatchNormTensors {
+  /** f32 [C], or null for no scale. */
+  weight: Tensor | null;
+  /** f32 [C], or null for no shift. */
+  bias: Tensor | null;
+  /** f32 [C]; read in eval mode, updated in place when training with update. */
+  runningMean: Tensor;
+  /** f32 [C]; read in eval mode, updated in place when training with update. */
+  runningVar: Tensor;
+}
+
+/**
+ * y, and the f32 [C] `mean` and `rstd` it normalised with (no autograd). With
+ * `update` (training only) the running statistics change in place.
+ */
+export function launchBatchNorm(
+  x: Tensor,
+  view: BatchNormView,
+  t: BatchNormTensors,
+  options: { training: boolean; update: boolean; momentum: number; eps: number },
+): { y: Tensor; mean: Tensor; rstd: Tensor } {
+  const y = Tensor.empty(x.shape, x.dtype, x.gpu);
+  const mean = Tensor.empty([view.c], "f32", x.gpu);
+  const rstd = Tensor.empty([view.c], "f32", x.gpu);
+  if (view.c === 0) return { y, mean, rstd };
+  const config: BatchNormConfig = {
+    dtype: x.dtype,
+    training: options.training,
+    update: options.training && options.update,
+    weight: t.weight !== null,
+    bias: t.bias !== null,
+  };
+  const tensors = {
+    x,
+    y,
+    mean,
+    rstd,
+    running_mean: t.runningMean,
+    running_var: t.runningVar,
+    ...(t.weight && { w: t.weight }),
+    ...(t.bias && { b: t.bias }),
+  };
+  x.gpu.dispatch(
+    x.gpu.kernel(batchNormForwardKernel, config),
+    buffersFor(forwardBindings(config), tensors),
+    [view.n, view.c, view.s, f32Bits(options.eps), f32Bits(options.momentum)],
+    grid1d(view.c),
+  );
+  return { y, mean, rstd };
+}
+
+/**
+ * dx (x's dtype) and, where a weight / bias exists, dweight / dbias (f32 [C])
+ * from the saved x, mean, rstd and upstream `g` (no autograd).
+ */
+export function launchBatchNormBackward(
+  x: Tensor,
+  view: BatchNormView,
+  saved: { g: Tensor; mean: Tensor; rstd: Tensor; weight: Tensor | null },
+  options: { training: boolean; bias: boolean },
+): { dx: Tensor; dw: Tensor | null; db: Tensor | null } {
+  const dx = Tensor.empty(x.shape, x.dtype, x.gpu);
+  const dw = saved.weight ? Tensor.empty([view.c], "f32", x.gpu) : null;
+  const db = options.bias ? Tensor.empty([view.c], "f32", x.gpu) : null;
+  if (view.c === 0) return { dx, dw, db };
+  const config: BatchNormConfig = {
+    dtype: x.dtype,
+    training: options.training,
+    update: false,
+    weight: dw !== null,
+    bias: db !== null,
+  };
+  const { g, mean, rstd } = saved;
+  const tensors = {
+    x,
+    g,
+    mean,
+    rstd,
+    dx,
+    ...(saved.weight && { w: saved.weight }),
+    ...(dw && { dw }),
+    ...(db && { db }),
+  };
+  x.gpu.dispatch(
+    x.gpu.kernel(batchNormBackwardKernel, config),
+    buffersFor(backwardBindings(config), tensors),
+    [view.n, view.c, view.s, 0, 0],
+    grid1d(view.c),
+  );
+  return { dx, dw, db };
+}

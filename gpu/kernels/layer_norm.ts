@@ -1,0 +1,237 @@
+/**
+ * LayerNorm over the last axis. The input is viewed as [rows, cols]; one
+ * workgroup per row computes the mean and the biased variance in f32 (two
+ * passes, so a large mean does not cancel the variance away), writes y in the
+ * input's dtype and saves the per-row mean and rstd = 1/√(var + eps) (f32) for
+ * the backward pass. Weight and bias are optional f32 vectors of length cols;
+ * whether each is bound is part of the config.
+ *
+ * Backward: one workgroup per row for dx, and one workgroup per column for
+ * dweight = Σ_rows g·x̂ and dbias = Σ_rows g (f32).
+ */
+import { type DType, wgslEnables } from "../dtype.ts";
+import { defineKernel, f32Bits, type KernelDefinition } from "../kernel.ts";
+import { Tensor } from "../tensor.ts";
+import { grid1d, WGSL_GRID_BUILTINS, WGSL_WORKGROUP_INDEX } from "./grid.ts";
+import { REDUCE_THREADS, WGSL_WORKGROUP_REDUCE } from "./wgsl_math.ts";
+
+/** Which optional vectors a kernel binds, and the storage dtype of x, y, dy and dx. */
+export type LayerNormConfig = {
+  /** Storage dtype of x, y, dy and dx (statistics and parameters are f32). */
+  dtype: DType;
+  /** Forward and dx: a weight is bound; parameter gradients: dweight is written. */
+  weight: boolean;
+  /** Forward: a bias is bound; parameter gradients: dbias is written. */
+  bias: boolean;
+};
+
+/** One storage binding: a WGSL name, its element type and access mode. */
+interface Binding {
+  name: string;
+  type: DType;
+  write?: boolean;
+}
+
+// NOTE: the binding list is derived from the config and used both to declare
+// the WGSL variables and to order the buffers at dispatch, so the two cannot
+// disagree. (A shared helper in kernel.ts would serve batch_norm.ts too.)
+function declare(bindings: readonly Binding[], params: string): string {
+  const vars = bindings.map((b, i) =>
+    `@group(0) @binding(${i}) var<storage, ${
+      b.write ? "read_write" : "read"
+    }> ${b.name}: array<${b.type}>;`
+  );
+  return `${wgslEnables(...bindings.map((b) => b.type))}struct Params { ${params} }
+${vars.join("\n")}
+@group(0) @binding(${bindings.length}) var<uniform> p: Params;
+${WGSL_WORKGROUP_REDUCE}`;
+}
+
+function buffersFor(bindings: readonly Binding[], tensors: Record<string, Tensor>): GPUBuffer[] {
+  return bindings.map((b) => tensors[b.name].buffer);
+}
+
+const opt = (on: boolean, b: Binding): Binding[] => (on ? [b] : []);
+
+function forwardBindings(c: LayerNormConfig): Binding[] {
+  return [
+    { name: "x", type: c.dtype },
+    ...opt(c.weight, { name: "w", type: "f32" }),
+    ...opt(c.bias, { name: "b", type: "f32" }),
+    { name: "y", type: c.dtype, write: true },
+    { name: "mean", type: "f32", write: true },
+    { name: "rstd", type: "f32", write: true },
+  ];
+}
+
+function dxBindings(c: LayerNormConfig): Binding[] {
+  return [
+    { name: "x", type: c.dtype },
+    ...opt(c.weight, { name: "w", type: "f32" }),
+    { name: "g", type: c.dtype },
+    { name: "mean", type: "f32" },
+    { name: "rstd", type: "f32" },
+    { name: "dx", type: c.dtype, write: true },
+  ];
+}
+
+function paramBindings(c: LayerNormConfig): Binding[] {
+  return [
+    { name: "x", type: c.dtype },
+    { name: "g", type: c.dtype },
+    { name: "mean", type: "f32" },
+    { name: "rstd", type: "f32" },
+    ...opt(c.weight, { name: "dw", type: "f32", write: true }),
+    ...opt(c.bias, { name: "db", type: "f32", write: true }),
+  ];
+}
+
+const ROW_LOOP = `for (var j = lid; j < p.cols; j += ${REDUCE_THREADS}u)`;
+const ROW_START = `let row = ${WGSL_WORKGROUP_INDEX};
+  if (row >= p.rows) { return; }
+  let base = row * p.cols;
+  let n = f32(p.cols);`;
+
+/** Forward: y, mean and rstd, one workgroup per row. */
+export const layerNormForwardKernel: KernelDefinition<LayerNormConfig> = defineKernel({
+  name: "layer_norm_forward",
+  wgsl: (c) =>
+    `${declare(forwardBindings(c), "rows: u32, cols: u32, eps: u32")}
+@compute @workgroup_size(${REDUCE_THREADS})
+fn main(${WGSL_GRID_BUILTINS}) {
+  ${ROW_START}
+  var s = 0.0;
+  ${ROW_LOOP} { s += f32(x[base + j]); }
+  let mu = reduce_sum(s, lid) / n;
+  var q = 0.0;
+  ${ROW_LOOP} { let d = f32(x[base + j]) - mu; q += d * d; }
+  let r = 1.0 / sqrt(reduce_sum(q, lid) / n + bitcast<f32>(p.eps));
+  ${ROW_LOOP} {
+    let v = (f32(x[base + j]) - mu) * r${c.weight ? " * w[j]" : ""}${c.bias ? " + b[j]" : ""};
+    y[base + j] = ${c.dtype}(v);
+  }
+  if (lid == 0u) { mean[row] = mu; rstd[row] = r; }
+}`,
+});
+
+/** dx = rstd · (g·w − mean(g·w) − x̂ · mean(g·w·x̂)), one workgroup per row. */
+export const layerNormBackwardKernel: KernelDefinition<LayerNormConfig> = defineKernel({
+  name: "layer_norm_backward",
+  wgsl: (c) =>
+    `${declare(dxBindings(c), "rows: u32, cols: u32")}
+@compute @workgroup_size(${REDUCE_THREADS})
+fn main(${WGSL_GRID_BUILTINS}) {
+  ${ROW_START}
+  let mu = mean[row];
+  let r = rstd[row];
+  var s1 = 0.0;
+  var s2 = 0.0;
+  ${ROW_LOOP} {
+    let gw = f32(g[base + j])${c.weight ? " * w[j]" : ""};
+    s1 += gw;
+    s2 += gw * (f32(x[base + j]) - mu) * r;
+  }
+  let m1 = reduce_sum(s1, lid) / n;
+  let m2 = reduce_sum(s2, lid) / n;
+  ${ROW_LOOP} {
+    let gw = f32(g[base + j])${c.weight ? " * w[j]" : ""};
+    let xh = (f32(x[base + j]) - mu) * r;
+    dx[base + j] = ${c.dtype}(r * (gw - m1 - xh * m2));
+  }
+}`,
+});
+
+// NOTE: one workgroup per column strides over rows with stride `cols`: simple
+// and exact in f32, but not coalesced on real GPUs; a tiled two-stage column
+// reduction would be the faster choice for large row counts.
+/** dweight = Σ_rows g·x̂ and dbias = Σ_rows g, one workgroup per column. */
+export const layerNormParamGradKernel: KernelDefinition<LayerNormConfig> = defineKernel({
+  name: "layer_norm_param_grad",
+  wgsl: (c) =>
+    `${declare(paramBindings(c), "rows: u32, cols: u32")}
+@compute @workgroup_size(${REDUCE_THREADS})
+fn main(${WGSL_GRID_BUILTINS}) {
+  let col = ${WGSL_WORKGROUP_INDEX};
+  if (col >= p.cols) { return; }
+  var sw = 0.0;
+  var sb = 0.0;
+  for (var r = lid; r < p.rows; r += ${REDUCE_THREADS}u) {
+    let i = r * p.cols + col;
+    let gv = f32(g[i]);
+    sb += gv;
+    sw += gv * (f32(x[i]) - mean[r]) * rstd[r];
+  }
+  sw = reduce_sum(sw, lid);
+  sb = reduce_sum(sb, lid);
+  if (lid == 0u) {${c.weight ? " dw[col] = sw;" : ""}${c.bias ? " db[col] = sb;" : ""} }
+}`,
+});
+
+function rowsCols(x: Tensor): { rows: number; cols: number } {
+  const cols = x.shape.at(-1) ?? 1;
+  return { rows: x.shape.slice(0, -1).reduce((a, b) => a * b, 1), cols };
+}
+
+/** y, and the per-row f32 `mean` and `rstd` ([rows]) that the backward pass needs (no autograd). */
+export function launchLayerNorm(
+  x: Tensor,
+  weight: Tensor | null,
+  bias: Tensor | null,
+  eps: number,
+): { y: Tensor; mean: Tensor; rstd: Tensor } {
+  const { rows, cols } = rowsCols(x);
+  const y = Tensor.empty(x.shape, x.dtype, x.gpu);
+  const mean = Tensor.empty([rows], "f32", x.gpu);
+  const rstd = Tensor.empty([rows], "f32", x.gpu);
+  if (rows * cols === 0) return { y, mean, rstd };
+  const config = { dtype: x.dtype, weight: weight !== null, bias: bias !== null };
+  const kernel = x.gpu.kernel(layerNormForwardKernel, config);
+  const tensors = { x, y, mean, rstd, ...(weight && { w: weight }), ...(bias && { b: bias }) };
+  x.gpu.dispatch(
+    kernel,
+    buffersFor(forwardBindings(config), tensors),
+    [rows, cols, f32Bits(eps)],
+    grid1d(rows),
+  );
+  return { y, mean, rstd };
+}
+
+/** dx of LayerNorm from the saved x, mean, rstd, the weight (if any) and upstream `g` (no autograd). */
+export function launchLayerNormBackward(
+  x: Tensor,
+  weight: Tensor | null,
+  g: Tensor,
+  mean: Tensor,
+  rstd: Tensor,
+): Tensor {
+  const { rows, cols } = rowsCols(x);
+  const dx = Tensor.empty(x.shape, x.dtype, x.gpu);
+  if (rows * cols === 0) return dx;
+  const config = { dtype: x.dtype, weight: weight !== null, bias: false };
+  const kernel = x.gpu.kernel(layerNormBackwardKernel, config);
+  const tensors = { x, g, mean, rstd, dx, ...(weight && { w: weight }) };
+  x.gpu.dispatch(kernel, buffersFor(dxBindings(config), tensors), [rows, cols], grid1d(rows));
+  return dx;
+}
+
+/**
+ * dweight = Σ_rows g·x̂ and/or dbias = Σ_rows g, f32 tensors of shape [cols]
+ * (null where not asked for). No autograd.
+ */
+export function launchLayerNormParamGrads(
+  x: Tensor,
+  g: Tensor,
+  mean: Tensor,
+  rstd: Tensor,
+  want: { weight: boolean; bias: boolean },
+): { dw: Tensor | null; db: Tensor | null } {
+  const { rows, cols } = rowsCols(x);
+  const dw = want.weight ? Tensor.empty([cols], "f32", x.gpu) : null;
+  const db = want.bias ? Tensor.empty([cols], "f32", x.gpu) : null;
+  if (cols === 0 || (!dw && !db)) return { dw, db };
+  const config = { dtype: x.dtype, weight: want.weight, bias: want.bias };
+  const kernel = x.gpu.kernel(layerNormParamGradKernel, config);
+  const tensors = { x, g, mean, rstd, ...(dw && { dw }), ...(db && { db }) };
+  x.gpu.dispatch(kernel, buffersFor(paramBindings(config), tensors), [rows, cols], grid1d(cols));
+  return { dw, db };
+}

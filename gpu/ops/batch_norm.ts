@@ -1,0 +1,157 @@
+/**
+ * Differentiable BatchNorm over axis 1 of [N, C], [N, C, L] or [N, C, H, W].
+ * Parameters, running statistics and arithmetic are fp32; x may be stored in
+ * f16 (the output then is too). Running statistics are updated in place on the
+ * GPU: nothing here reads back to the CPU.
+ */
+import { isGradEnabled, record } from "../autograd.ts";
+import {
+  type BatchNormView,
+  launchBatchNorm,
+  launchBatchNormBackward,
+} from "../kernels/batch_norm.ts";
+import { sameShape, shapeString } from "../shape.ts";
+import type { Tensor } from "../tensor.ts";
+
+/** Options of {@link batchNorm}. */
+export interface BatchNormOptions {
+  /** Training mode normalises with batch statistics; eval mode with the running ones. */
+  training: boolean;
+  /** Weight of the new batch statistic in the running average (default 0.1, as PyTorch). */
+  momentum?: number;
+  /** Added to the variance before the square root (default 1e-5). */
+  eps?: number;
+  /**
+   * Training only: update the running statistics (default true). Gradient
+   * checkpointing passes false when it recomputes a forward pass, so the
+   * statistics move once per step, not twice.
+   */
+  updateRunningStats?: boolean;
+}
+
+function viewOf(x: Tensor): BatchNormView {
+  if (x.dtype !== "f32" && x.dtype !== "f16") {
+    throw new TypeError(`batchNorm: input ${x.describe()} must be f32 or f16.`);
+  }
+  if (x.rank < 2 || x.rank > 4) {
+    throw new RangeError(
+      `batchNorm: input ${x.describe()} must be [N, C], [N, C, L] or [N, C, H, W] ` +
+        "(channels on axis 1).",
+    );
+  }
+  const [n, c, ...spatial] = x.shape;
+  return { n, c, s: spatial.reduce((a, b) => a * b, 1) };
+}
+
+function checkVector(name: string, t: Tensor | null, x: Tensor, c: number): void {
+  if (t === null) return;
+  if (t.dtype !== "f32") {
+    throw new TypeError(
+      `batchNorm: ${name} is ${t.describe()}, but BatchNorm keeps its parameters and ` +
+        `statistics in fp32 (also for an f16 input, here ${x.describe()}). ` +
+        `Make ${name} an f32 tensor of shape ${shapeString([c])}.`,
+    );
+  }
+  if (!sameShape(t.shape, [c])) {
+    throw new RangeError(
+      `batchNorm: ${name} is ${t.describe()}, but input ${x.describe()} has ${c} channels ` +
+        `(axis 1): it must have shape ${shapeString([c])}.`,
+    );
+  }
+  if (t.gpu !== x.gpu) {
+    throw new Error(
+      `batchNorm: ${name} ${t.describe()} and input ${x.describe()} are on ` +
+        "different devices.",
+    );
+  }
+}
+
+function checkOptions(
+  x: Tensor,
+  view: BatchNormView,
+  training: boolean,
+  o: BatchNormOptions,
+): void {
+  const momentum = o.momentum ?? 0.1, eps = o.eps ?? 1e-5;
+  if (!(momentum >= 0 && momentum <= 1)) {
+    throw new RangeError(`batchNorm: momentum must be in [0, 1], got ${momentum}.`);
+  }
+  if (!(eps >= 0) || !Number.isFinite(eps)) {
+    throw new RangeError(`batchNorm: eps must be a finite number ≥ 0, got ${eps}.`);
+  }
+  if (training && view.n * view.s <= 1 && view.c > 0) {
+    throw new RangeError(
+      `batchNorm: expected more than 1 value per channel when training, got input ` +
+        `${x.describe()} (${view.n * view.s} per channel). Use a larger batch or eval mode.`,
+    );
+  }
+}
+
+/**
+ * BatchNorm with channels on axis 1: y = (x − μ) / √(σ² + eps) · weight + bias
+ * per channel. In training mode μ and σ² (biased) are the batch's, over N and
+ * the spatial axes, and `runningMean` / `runningVar` are updated in place on
+ * the GPU as PyTorch does (running = (1 − momentum)·running + momentum·stat,
+ * with the unbiased variance for `runningVar`) unless `updateRunningStats` is
+ * false. In eval mode the running statistics normalise.
+ *
+ * `weight`, `bias` (or null), `runningMean` and `runningVar` must be f32 [C];
+ * `x` may be f32 or f16 and y has its dtype, while every statistic and all the
+ * arithmetic stay f32. Gradients: dx in x's dtype, dweight and dbias in f32.
+ * Saved for backward: x (shared, no copy), the weight, and the mean and rstd
+ * the forward used (f32 [C]), so later running-stat updates cannot change it.
+ *
+ * @example
+ * ```ts ignore
+ * const c = 16;
+ * const weight = Tensor.full([c], 1, { requiresGrad: true });
+ * const bias = Tensor.zeros([c], { requiresGrad: true });
+ * const runningMean = Tensor.zeros([c]), runningVar = Tensor.full([c], 1);
+ * const y = batchNorm(x, weight, bias, runningMean, runningVar, { training: true });
+ * const z = batchNorm(x, weight, bias, runningMean, runningVar, { training: false });
+ * ```
+ */
+export function batchNorm(
+  x: Tensor,
+  weight: Tensor | null,
+  bias: Tensor | null,
+  runningMean: Tensor,
+  runningVar: Tensor,
+  options: BatchNormOptions,
+): Tensor {
+  const view = viewOf(x);
+  const { training } = options;
+  const momentum = options.momentum ?? 0.1, eps = options.eps ?? 1e-5;
+  const update = training && (options.updateRunningStats ?? true);
+  checkVector("weight", weight, x, view.c);
+  checkVector("bias", bias, x, view.c);
+  checkVector("runningMean", runningMean, x, view.c);
+  checkVector("runningVar", runningVar, x, view.c);
+  checkOptions(x, view, training, options);
+  if (update && isGradEnabled() && (runningMean.requiresGrad || runningVar.requiresGrad)) {
+    throw new TypeError(
+      "batchNorm: runningMean and runningVar are updated in place and must not require grad " +
+        `(got ${runningMean.describe()} requiresGrad ${runningMean.requiresGrad}, ` +
+        `${runningVar.describe()} requiresGrad ${runningVar.requiresGrad}).`,
+    );
+  }
+  const tensors = { weight, bias, runningMean, runningVar };
+  const { y, mean, rstd } = launchBatchNorm(x, view, tensors, { training, update, momentum, eps });
+  const inputs = [x, ...(weight ? [weight] : []), ...(bias ? [bias] : [])];
+  const saved = [x, mean, rstd, ...(weight ? [weight] : [])];
+  try {
+    return record("batch_norm", inputs, y, (g, [sx, sMean, sRstd, sWeight]) => {
+      const { dx, dw, db } = launchBatchNormBackward(
+        sx,
+        view,
+        { g, mean: sMean, rstd: sRstd, weight: sWeight ?? null },
+        { training, bias: bias !== null },
+      );
+      return [dx, ...(weight ? [dw] : []), ...(bias ? [db] : [])];
+    }, saved);
+  } finally {
+    // record() holds its own shared handles; ours go now (see layer_norm.ts).
+    mean.dispose();
+    rstd.dispose();
+  }
+}

@@ -1,0 +1,97 @@
+/**
+ * Differentiable LayerNorm over the last axis: fused forward and backward
+ * kernels, f32 statistics and f32 affine parameters whatever x's dtype.
+ */
+import { record } from "../autograd.ts";
+import {
+  launchLayerNorm,
+  launchLayerNormBackward,
+  launchLayerNormParamGrads,
+} from "../kernels/layer_norm.ts";
+import { sameShape, shapeString } from "../shape.ts";
+import type { Tensor } from "../tensor.ts";
+
+/** Options of {@link layerNorm}. */
+export interface LayerNormOptions {
+  /** Added to the variance before the square root (default 1e-5, as PyTorch). */
+  eps?: number;
+}
+
+function checkParameter(name: string, p: Tensor | null, x: Tensor, cols: number): void {
+  if (p === null) return;
+  if (p.dtype !== "f32" || !sameShape(p.shape, [cols])) {
+    throw new TypeError(
+      `layerNorm: ${name} must be f32 ${shapeString([cols])} (LayerNorm keeps its affine ` +
+        `parameters in fp32; the size is the last axis of the input) for input ${x.describe()}, ` +
+        `got ${p.describe()}. Create it with Tensor.from(..., [${cols}], { dtype: "f32" }).`,
+    );
+  }
+  if (p.gpu !== x.gpu) {
+    throw new Error(
+      `layerNorm: ${name} ${p.describe()} and input ${x.describe()} are on ` +
+        "different devices.",
+    );
+  }
+}
+
+function checkInputs(x: Tensor, weight: Tensor | null, bias: Tensor | null, eps: number): number {
+  if (x.dtype !== "f32" && x.dtype !== "f16") {
+    throw new TypeError(`layerNorm: input ${x.describe()} must be f32 or f16.`);
+  }
+  if (x.rank === 0) {
+    throw new RangeError(
+      `layerNorm: input ${x.describe()} is a scalar; it needs at least one axis to normalise.`,
+    );
+  }
+  if (!(eps >= 0) || !Number.isFinite(eps)) {
+    throw new RangeError(`layerNorm: eps must be a finite number ≥ 0, got ${eps}.`);
+  }
+  const cols = x.shape[x.rank - 1];
+  checkParameter("weight", weight, x, cols);
+  checkParameter("bias", bias, x, cols);
+  return cols;
+}
+
+/**
+ * LayerNorm over the last axis (size C): y = (x − mean) / √(var + eps) · weight + bias,
+ * with the mean and biased variance of each row computed in f32. `x` is f32 or
+ * f16 and y has its dtype; `weight` and `bias` are f32 [C] or null (no affine
+ * term). Gradients: dx in x's dtype, dweight and dbias in f32.
+ *
+ * Saved for backward: x (a shared handle, no copy), the per-row mean and rstd
+ * (f32 [rows]) and the weight. They are freed once the backward rule has run,
+ * or when the graph is dropped.
+ *
+ * @example
+ * ```ts ignore
+ * const w = Tensor.full([512], 1, { requiresGrad: true });
+ * const b = Tensor.zeros([512], { requiresGrad: true });
+ * const y = layerNorm(x, w, b); // x: f16 [batch, tokens, 512] -> y: f16, same shape
+ * ```
+ */
+export function layerNorm(
+  x: Tensor,
+  weight: Tensor | null,
+  bias: Tensor | null,
+  options: LayerNormOptions = {},
+): Tensor {
+  const eps = options.eps ?? 1e-5;
+  checkInputs(x, weight, bias, eps);
+  const { y, mean, rstd } = launchLayerNorm(x, weight, bias, eps);
+  const inputs = [x, ...(weight ? [weight] : []), ...(bias ? [bias] : [])];
+  const needDx = x.requiresGrad;
+  const want = { weight: weight?.requiresGrad ?? false, bias: bias?.requiresGrad ?? false };
+  const saved = [x, mean, rstd, ...(weight ? [weight] : [])];
+  try {
+    return record("layer_norm", inputs, y, (g, [sx, sMean, sRstd, sWeight]) => {
+      const dx = needDx ? launchLayerNormBackward(sx, sWeight ?? null, g, sMean, sRstd) : null;
+      const { dw, db } = launchLayerNormParamGrads(sx, g, sMean, sRstd, want);
+      return [dx, ...(weight ? [dw] : []), ...(bias ? [db] : [])];
+    }, saved);
+  } finally {
+    // record() keeps its own shared handles of what it saves; ours go now, so
+    // the statistics live exactly as long as the tape node (or not at all).
+    mean.dispose();
+    rstd.dispose();
+  }
+}

@@ -1,0 +1,134 @@
+/**
+ * Saving and loading safetensors files with Deno's file APIs. The format
+ * itself (pure Web APIs, usable in browsers) is in `safetensors.ts`.
+ */
+import type { Tensor } from "../gpu/tensor.ts";
+import {
+  decodeSafetensors,
+  encodeSafetensorsHeader,
+  type SafetensorsEntry,
+  SafetensorsError,
+  type SafetensorsSpec,
+  tensorToEntry,
+} from "./safetensors.ts";
+
+async function writeAll(file: Deno.FsFile, bytes: Uint8Array): Promise<void> {
+  for (let at = 0; at < bytes.byteLength;) at += await file.write(bytes.subarray(at));
+}
+
+/** The same error class (so `instanceof Deno.errors.NotFound` still works) with a new message. */
+function rethrow(err: unknown, message: string): never {
+  if (!(err instanceof Error)) throw new Error(`${message}: ${String(err)}`, { cause: err });
+  const Type = err.constructor as new (message: string, options?: ErrorOptions) => Error;
+  let wrapped: Error;
+  try {
+    wrapped = new Type(`${message}: ${err.message}`, { cause: err });
+  } catch {
+    wrapped = new Error(`${message}: ${err.message}`, { cause: err });
+  }
+  throw wrapped;
+}
+
+/**
+ * Writes tensors to a safetensors file **atomically**: into
+ * `${path}.tmp-<random>` in the same directory, fsync, close, then rename onto
+ * `path`. On any error the temporary file is removed and a file already at
+ * `path` is left untouched. **A sync point**: waits for the GPU once (all
+ * tensors are read back together) and holds their bytes in memory meanwhile.
+ *
+ * @param path Destination file.
+ * @param tensors Name → tensor, as a record or a Map.
+ * @param metadata Optional free-form string → string map (`__metadata__`).
+ * @returns When the file is durably in place.
+ * @throws the underlying error (same class), its message naming `path`.
+ * @example
+ * ```ts ignore
+ * await saveSafetensors("model.safetensors", { "fc1.weight": w, "fc1.bias": b }, { step: "1000" });
+ * ```
+ */
+export async function saveSafetensors(
+  path: string,
+  tensors: Record<string, Tensor> | Map<string, Tensor>,
+  metadata?: Record<string, string>,
+): Promise<void> {
+  const byName = tensors instanceof Map ? tensors : new Map(Object.entries(tensors));
+  const specs = new Map<string, SafetensorsSpec>();
+  for (const [name, t] of byName) specs.set(name, { dtype: t.dtype, shape: t.shape });
+  let prefix: Uint8Array, order: string[];
+  try {
+    ({ prefix, order } = encodeSafetensorsHeader(specs, metadata));
+  } catch (err) {
+    rethrow(err, `saveSafetensors: cannot write "${path}"`);
+  }
+  const temp = `${path}.tmp-${crypto.randomUUID()}`;
+  let file: Deno.FsFile | null = null;
+  try {
+    file = await Deno.open(temp, { write: true, createNew: true });
+    // Start every readback before awaiting any: one GPU wait instead of one per tensor.
+    const reads = order.map((name) => tensorToEntry(byName.get(name)!));
+    for (const read of reads) read.catch(() => {}); // failures surface below, in order
+    await writeAll(file, prefix);
+    for (const read of reads) await writeAll(file, (await read).data);
+    await file.sync();
+    file.close();
+    file = null;
+    await Deno.rename(temp, path);
+  } catch (err) {
+    try {
+      file?.close();
+    } catch { /* already closed */ }
+    await Deno.remove(temp).catch(() => {}); // may never have been created
+    rethrow(err, `saveSafetensors: cannot write "${path}" (left unchanged)`);
+  }
+  await syncDirectory(path);
+}
+
+/**
+ * Best effort: fsync the directory so the rename itself survives a crash.
+ * NOTE: not possible everywhere (Windows cannot open directories), so ignored there.
+ */
+async function syncDirectory(path: string): Promise<void> {
+  const slash = Math.max(path.lastIndexOf("/"), path.lastIndexOf("\\"));
+  const dir = slash < 0 ? "." : slash === 0 ? path.slice(0, 1) : path.slice(0, slash);
+  try {
+    const handle = await Deno.open(dir, { read: true });
+    try {
+      await handle.sync();
+    } finally {
+      handle.close();
+    }
+  } catch { /* unsupported here; the data itself was already synced */ }
+}
+
+/**
+ * Reads and validates a safetensors file (see `decodeSafetensors`). Does not
+ * touch the GPU: turn entries into tensors with `entryToTensor`.
+ *
+ * @param path The file.
+ * @returns The tensors by name and the `__metadata__` map.
+ * @throws {SafetensorsError} for a malformed file, or the file system's error
+ * (same class), the message naming `path` either way.
+ * @example
+ * ```ts ignore
+ * const { entries, metadata } = await loadSafetensors("model.safetensors");
+ * const w = entryToTensor(entries.get("fc1.weight")!);
+ * ```
+ */
+export async function loadSafetensors(
+  path: string,
+): Promise<{ entries: Map<string, SafetensorsEntry>; metadata: Record<string, string> }> {
+  let bytes: Uint8Array;
+  try {
+    bytes = await Deno.readFile(path);
+  } catch (err) {
+    rethrow(err, `loadSafetensors: cannot read "${path}"`);
+  }
+  try {
+    return decodeSafetensors(bytes);
+  } catch (err) {
+    if (!(err instanceof SafetensorsError)) throw err;
+    throw new SafetensorsError(`"${path}" is not a valid safetensors file: ${err.message}`, {
+      cause: err,
+    });
+  }
+}

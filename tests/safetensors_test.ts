@@ -1,0 +1,358 @@
+import assert from "node:assert/strict";
+import { Tensor } from "../gpu/mod.ts";
+import {
+  decodeSafetensors,
+  encodeSafetensors,
+  entryToTensor,
+  type SafetensorsEntry,
+  SafetensorsError,
+  tensorToEntry,
+} from "../nn/safetensors.ts";
+import { loadSafetensors, saveSafetensors } from "../nn/safetensors_file.ts";
+import { GPU_TEST } from "./_gpu.ts";
+
+// Expected bytes below come from host typed arrays; the format is little-endian.
+assert.equal(new Uint8Array(new Uint16Array([1]).buffer)[0], 1, "these tests assume a LE host");
+
+const bytesOf = (a: Float32Array | Float16Array | Int32Array): Uint8Array =>
+  new Uint8Array(a.buffer.slice(a.byteOffset, a.byteOffset + a.byteLength));
+/** f16 bit patterns as little-endian bytes (NaN payloads that no number conversion keeps). */
+const f16Bits = (bits: number[]): Uint8Array => new Uint8Array(new Uint16Array(bits).buffer);
+
+interface Case {
+  name: string;
+  make: () => Tensor;
+  expected: SafetensorsEntry;
+}
+
+/** A state of odd shapes and awkward values; `expected` is built without our module. */
+function stateCases(): Case[] {
+  const f32 = [0, -0, 1.5, -1e-45, 3.4028234663852886e38, Infinity, -Infinity, NaN, 1 / 3];
+  const f32Big = Array.from({ length: 15 }, (_, i) => f32[i % f32.length] * (i + 1));
+  const f16 = [1, -2, 65504, 6e-8, -0, 0.333, 1000];
+  const ids = [0, -1, 2147483647, -2147483648, 16777217]; // 2^24 + 1 is not exact in f32
+  const f16Raw = [0x3c00, 0x7e01, 0xfd55, 0x7c00, 0xfc00, 0x8000, 0x0001, 0x03ff, 0x7bff];
+  const from = (name: string, v: number[], shape: number[], dtype: "f32" | "f16" | "i32") => ({
+    name,
+    make: () => Tensor.from(v, shape, { dtype }),
+    expected: {
+      dtype,
+      shape,
+      data: bytesOf(
+        dtype === "f32"
+          ? Float32Array.from(v)
+          : dtype === "f16"
+          ? Float16Array.from(v)
+          : Int32Array.from(v),
+      ),
+    },
+  });
+  const raw: SafetensorsEntry = { dtype: "f16", shape: [3, 3], data: f16Bits(f16Raw) };
+  return [
+    from("layer.0.weight", f32Big, [3, 5], "f32"),
+    from("layer.0.bias", f16, [7], "f16"), // odd count: the GPU buffer is padded
+    from("embed.ids", ids, [5], "i32"),
+    from("scalar", [2.5], [], "f32"),
+    from("empty", [], [0], "f32"),
+    from("empty_ids", [], [0, 3], "i32"),
+    from("cube", [1, 2, 3, 4, 5, 6], [2, 1, 3], "f16"),
+    { name: "nan_payloads", make: () => entryToTensor(raw), expected: raw },
+  ];
+}
+
+function assertSameEntry(
+  actual: SafetensorsEntry | undefined,
+  expected: SafetensorsEntry,
+  what: string,
+) {
+  assert.ok(actual, `${what} is missing`);
+  assert.equal(actual.dtype, expected.dtype, `${what} dtype`);
+  assert.deepEqual(actual.shape, expected.shape, `${what} shape`);
+  assert.deepEqual([...actual.data], [...expected.data], `${what} bytes`);
+}
+
+/** An independent minimal reader of the published layout (does not use our decoder). */
+function parseByHand(file: Uint8Array) {
+  const n = Number(new DataView(file.buffer, file.byteOffset).getBigUint64(0, true));
+  const text = new TextDecoder().decode(file.subarray(8, 8 + n));
+  return { n, text, header: JSON.parse(text), data: file.subarray(8 + n) };
+}
+
+/** A file in the published layout with a hand-made header (no encoder involved). */
+function fileByHand(header: unknown, data: Uint8Array, pad = true): Uint8Array {
+  let json = typeof header === "string" ? header : JSON.stringify(header);
+  if (pad) json += " ".repeat((8 - (json.length % 8)) % 8);
+  const text = new TextEncoder().encode(json);
+  const file = new Uint8Array(8 + text.length + data.length);
+  new DataView(file.buffer).setBigUint64(0, BigInt(text.length), true);
+  file.set(text, 8);
+  file.set(data, 8 + text.length);
+  return file;
+}
+
+const metadata = { format: "pt", step: "7" };
+
+Deno.test("safetensors: a state round-trips through a file bit-exactly", GPU_TEST, async () => {
+  const dir = await Deno.makeTempDir();
+  const cases = stateCases();
+  const state = Object.fromEntries(cases.map((c) => [c.name, c.make()]));
+  try {
+    await saveSafetensors(`${dir}/a.safetensors`, state, metadata);
+    const loaded = await loadSafetensors(`${dir}/a.safetensors`);
+    assert.deepEqual(loaded.metadata, metadata);
+    assert.deepEqual([...loaded.entries.keys()].sort(), cases.map((c) => c.name).sort());
+    for (const c of cases) assertSameEntry(loaded.entries.get(c.name), c.expected, c.name);
+
+    // Back onto the GPU and out again: still the same bits; re-saving gives the same file.
+    const again = new Map([...loaded.entries].map(([k, e]) => [k, entryToTensor(e)]));
+    for (const c of cases) {
+      assertSameEntry(await tensorToEntry(again.get(c.name)!), c.expected, c.name);
+    }
+    await saveSafetensors(`${dir}/b.safetensors`, again, metadata);
+    assert.deepEqual(
+      await Deno.readFile(`${dir}/b.safetensors`),
+      await Deno.readFile(`${dir}/a.safetensors`),
+    );
+    assert.equal((await again.get("embed.ids")!.read())[2], 2147483648); // read() is f32
+    for (const t of again.values()) t.dispose();
+  } finally {
+    for (const t of Object.values(state)) t.dispose();
+    await Deno.remove(dir, { recursive: true });
+  }
+});
+
+Deno.test("safetensors: the file follows the published layout", GPU_TEST, async () => {
+  const cases = stateCases();
+  const tensors = new Map(cases.map((c) => [c.name, c.make()]));
+  const dir = await Deno.makeTempDir();
+  try {
+    await saveSafetensors(`${dir}/m.safetensors`, tensors, metadata);
+    const file = await Deno.readFile(`${dir}/m.safetensors`);
+    const { n, text, header, data } = parseByHand(file);
+    assert.equal(n % 8, 0, "header length is a multiple of 8");
+    assert.match(text, /^\{.*\} {0,7}$/s, "JSON object padded with fewer than 8 spaces");
+    assert.equal(text.trimEnd(), JSON.stringify(header), "compact JSON, as serde_json writes");
+    const { __metadata__: meta, ...infos } = header;
+    assert.deepEqual(meta, metadata);
+    assert.equal(Object.keys(header)[0], "__metadata__");
+    const sizes: Record<string, number> = { F32: 4, F16: 2, I32: 4 };
+    let cursor = 0;
+    // The reference order: keys in data order, f32 before i32 before f16, then by name.
+    type Info = { dtype: string; shape: number[]; data_offsets: number[] };
+    for (const [name, info] of Object.entries(infos) as [string, Info][]) {
+      const c = cases.find((c) => c.name === name)!;
+      assert.equal(info.dtype, c.expected.dtype.toUpperCase(), name);
+      assert.deepEqual(info.shape, c.expected.shape, name);
+      const [begin, end] = info.data_offsets;
+      assert.equal(begin, cursor, `${name} starts where the previous tensor ended`);
+      assert.equal(begin % sizes[info.dtype], 0, `${name} is aligned`);
+      assert.deepEqual([...data.subarray(begin, end)], [...c.expected.data], name);
+      cursor = end;
+    }
+    assert.equal(cursor, data.length, "the tensors cover the data buffer exactly");
+    assert.deepEqual(Object.keys(infos), [
+      "empty",
+      "layer.0.weight",
+      "scalar",
+      "embed.ids",
+      "empty_ids",
+      "cube",
+      "layer.0.bias",
+      "nan_payloads",
+    ]);
+  } finally {
+    for (const t of tensors.values()) t.dispose();
+    await Deno.remove(dir, { recursive: true });
+  }
+});
+
+Deno.test("safetensors: encoder output matches the reference byte for byte", () => {
+  // Header lengths from the reference implementation's own unit tests:
+  // 64 (no padding needed), 72 (7 spaces of padding), 8 ("{}" + 6 spaces).
+  const data = bytesOf(Float32Array.from([0, 1, 2, 3, 4, 5]));
+  for (
+    const [name, shape, n] of [["attn.0", [1, 2, 3], 64], ["attn0", [1, 1, 2, 3], 72]] as const
+  ) {
+    const want = fileByHand({ [name]: { dtype: "F32", shape, data_offsets: [0, 24] } }, data);
+    assert.equal(parseByHand(want).n, n);
+    const got = encodeSafetensors(new Map([[name, { dtype: "f32", shape: [...shape], data }]]));
+    assert.deepEqual([...got], [...want]);
+  }
+  assert.deepEqual([...encodeSafetensors(new Map())], [...fileByHand("{}", new Uint8Array())]);
+  assert.deepEqual(
+    [...encodeSafetensors(new Map(), { framework: "pt" })],
+    [...fileByHand({ __metadata__: { framework: "pt" } }, new Uint8Array())],
+  );
+});
+
+Deno.test("safetensors: a file written by hand (like PyTorch's) decodes", GPU_TEST, async () => {
+  const weight = [1, -2, 0.5, 3, 4.25, -0];
+  const dv = new DataView(new ArrayBuffer(30));
+  weight.forEach((v, i) => dv.setFloat32(4 * i, v, true));
+  [0x3c00, 0xc000, 0x3800].forEach((b, i) => dv.setUint16(24 + 2 * i, b, true)); // 1, -2, 0.5
+  const header = '{"__metadata__":{"format":"pt"},' +
+    '"weight":{"dtype":"F32","shape":[2,3],"data_offsets":[0,24]},' +
+    '"bias":{"dtype":"F16","shape":[3],"data_offsets":[24,30]}}';
+  const file = fileByHand(header, new Uint8Array(dv.buffer));
+  const { entries, metadata } = decodeSafetensors(file);
+  assert.deepEqual(metadata, { format: "pt" });
+  assert.deepEqual([...entries.keys()].sort(), ["bias", "weight"]);
+  const w = entryToTensor(entries.get("weight")!), b = entryToTensor(entries.get("bias")!);
+  assert.deepEqual([...w.shape, ...b.shape], [2, 3, 3]);
+  assert.deepEqual([...(await w.read())], weight);
+  assert.ok(Object.is((await w.read())[5], -0));
+  assert.deepEqual([...(await b.read())], [1, -2, 0.5]);
+  w.dispose();
+  b.dispose();
+  // Our encoder writes the same file back (one metadata key, so no order question).
+  assert.deepEqual([...encodeSafetensors(entries, metadata)], [...file]);
+  // Other writers: keys in any order, pretty-printed JSON, no padding.
+  const pretty = JSON.stringify(
+    {
+      b: { dtype: "I32", shape: [1], data_offsets: [4, 8] },
+      a: { dtype: "I32", shape: [], data_offsets: [0, 4] },
+    },
+    null,
+    2,
+  );
+  const other = decodeSafetensors(fileByHand(pretty, bytesOf(Int32Array.from([7, -9])), false));
+  assert.deepEqual([...other.entries.get("b")!.data], [...bytesOf(Int32Array.from([-9]))]);
+  assert.deepEqual(other.metadata, {});
+});
+
+Deno.test("safetensors: truncated and corrupt files are rejected with clear errors", async () => {
+  const f32 = (n: number) => new Uint8Array(4 * n);
+  const good = encodeSafetensors(
+    new Map<string, SafetensorsEntry>([
+      ["w", { dtype: "f32", shape: [2, 2], data: f32(4) }],
+      ["b", { dtype: "f16", shape: [3], data: new Uint8Array(6) }],
+    ]),
+  );
+  const n = parseByHand(good).n;
+  const rejects = (bytes: Uint8Array, pattern: RegExp) =>
+    assert.throws(() => decodeSafetensors(bytes), (err: Error) => {
+      assert.ok(err instanceof SafetensorsError, `${err}`);
+      assert.match(err.message, pattern);
+      return true;
+    });
+  rejects(good.subarray(0, 5), /5 bytes, shorter than the 8-byte header length/);
+  rejects(good.subarray(0, 8 + n - 3), /truncated: the header needs \d+ bytes/);
+  rejects(
+    good.subarray(0, good.length - 3),
+    /truncated: tensor "b" ends at data byte 22 of 19/,
+  );
+  rejects(new Uint8Array([...good, 0]), /1 unused bytes after the last tensor/);
+  const corrupt = good.slice();
+  corrupt[8 + 5] = 0x23; // '#'
+  rejects(corrupt, /not valid UTF-8 JSON/);
+  corrupt[8 + 5] = 0xff;
+  rejects(corrupt, /not valid UTF-8 JSON/);
+  const huge = good.slice();
+  new DataView(huge.buffer).setBigUint64(0, 1n << 62n, true);
+  rejects(huge, /header length \d+ exceeds 100 MB/);
+  rejects(fileByHand("[]", new Uint8Array()), /must be a JSON object/);
+
+  const one = (info: Record<string, unknown>, data = f32(3)) =>
+    fileByHand({ t: { dtype: "F32", shape: [3], data_offsets: [0, 12], ...info } }, data);
+  rejects(one({ dtype: "F99" }), /Tensor "t": unknown dtype "F99"/);
+  rejects(one({ dtype: "toString" }), /Tensor "t": unknown dtype "toString"/);
+  rejects(one({ dtype: "BF16" }), /Tensor "t": dtype BF16 is not supported/);
+  rejects(one({ dtype: undefined }), /Tensor "t": dtype .* is missing/);
+  for (const shape of [[-1], [1.5], "3", [null]]) {
+    rejects(one({ shape }), /Tensor "t": shape .* must be an array of non-negative integers/);
+  }
+  rejects(one({ data_offsets: [0, 8] }), /"t": data_offsets \[0, 8\] span 8 bytes .* needs 12/);
+  rejects(one({ data_offsets: [4, 16] }, f32(4)), /hole of 4 bytes before tensor "t"/);
+  rejects(one({ data_offsets: [0] }), /"t": data_offsets \[0\] must be \[begin, end\]/);
+  rejects(one({ data_offsets: [0, 12] }, f32(2)), /truncated: tensor "t" ends at data byte 12/);
+  const two = (bBegin: number, data: Uint8Array) =>
+    fileByHand({
+      a: { dtype: "F32", shape: [3], data_offsets: [0, 12] },
+      b: { dtype: "F32", shape: [3], data_offsets: [bBegin, bBegin + 12] },
+    }, data);
+  rejects(two(8, f32(5)), /Tensor "b" \[8, 20\) overlaps tensor "a"/);
+  rejects(two(16, f32(7)), /hole of 4 bytes before tensor "b"/);
+  rejects(fileByHand({ __metadata__: { step: 1 } }, new Uint8Array()), /"__metadata__" must be/);
+
+  // The encoder and entryToTensor check entries too.
+  assert.throws(
+    () => encodeSafetensors(new Map([["w", { dtype: "f32", shape: [3], data: f32(2) }]])),
+    /tensor "w": a f32 tensor \[3\] needs 12 bytes of data but has 8/,
+  );
+  assert.throws(
+    () => encodeSafetensors(new Map([["__metadata__", { dtype: "f32", shape: [], data: f32(1) }]])),
+    /reserved/,
+  );
+  assert.throws(() => entryToTensor({ dtype: "i32", shape: [2], data: f32(1) }), /needs 8 bytes/);
+
+  // Through the file API: the error names the path.
+  const dir = await Deno.makeTempDir();
+  try {
+    await Deno.writeFile(`${dir}/cut.safetensors`, good.subarray(0, 30));
+    await assert.rejects(loadSafetensors(`${dir}/cut.safetensors`), (err: Error) => {
+      assert.ok(err instanceof SafetensorsError);
+      assert.match(err.message, /cut\.safetensors" is not a valid safetensors file: .*truncated/);
+      return true;
+    });
+    await assert.rejects(loadSafetensors(`${dir}/missing.safetensors`), (err: Error) => {
+      assert.ok(err instanceof Deno.errors.NotFound);
+      assert.match(err.message, /cannot read ".*missing\.safetensors"/);
+      return true;
+    });
+  } finally {
+    await Deno.remove(dir, { recursive: true });
+  }
+});
+
+Deno.test(
+  "safetensors: a failed save leaves the previous file untouched and no temp file",
+  GPU_TEST,
+  async () => {
+    const dir = await Deno.makeTempDir();
+    const path = `${dir}/model.safetensors`;
+    const a = Tensor.from([1, 2, 3], [3]);
+    const b = Tensor.from([4, 5], [2]);
+    const listing = async () =>
+      (await Array.fromAsync(Deno.readDir(dir))).map((e) => e.name).sort();
+    try {
+      await saveSafetensors(path, { a }, { step: "1" });
+      const before = await Deno.readFile(path);
+
+      // "a" is written first, then reading "z" fails: the failure is midway through the file.
+      const z = Tensor.from([9], [1]);
+      z.dispose();
+      await assert.rejects(saveSafetensors(path, { a, z }), (err: Error) => {
+        assert.match(err.message, /cannot write ".*model\.safetensors" \(left unchanged\)/);
+        assert.match(err.message, /disposed/);
+        return true;
+      });
+      assert.deepEqual(await Deno.readFile(path), before);
+      assert.deepEqual(await listing(), ["model.safetensors"]);
+
+      // Invalid metadata fails before anything touches the disk.
+      await assert.rejects(
+        saveSafetensors(path, { a }, { step: 2 as unknown as string }),
+        /metadata "step" must be a string/,
+      );
+      assert.deepEqual(await Deno.readFile(path), before);
+      assert.deepEqual(await listing(), ["model.safetensors"]);
+
+      // A missing directory: a clear error naming the path, nothing created.
+      await assert.rejects(
+        saveSafetensors(`${dir}/no/such/dir/m.safetensors`, { a }),
+        Deno.errors.NotFound,
+      );
+
+      // A successful save replaces the file atomically and leaves no temp file.
+      await saveSafetensors(path, { a, b }, { step: "2" });
+      const { entries, metadata } = await loadSafetensors(path);
+      assert.deepEqual(metadata, { step: "2" });
+      assert.deepEqual([...entries.keys()], ["a", "b"]);
+      assert.deepEqual(await listing(), ["model.safetensors"]);
+    } finally {
+      a.dispose();
+      b.dispose();
+      await Deno.remove(dir, { recursive: true });
+    }
+  },
+);
