@@ -165,7 +165,7 @@ function initLayer(inFeatures: number, outFeatures: number, rng: () => number): 
 function forward(layers: Layer[], x: Tensor): Tensor {
   let h = x;
   layers.forEach(({ weight, bias }, i) => {
-    h = linear(h, weight, bias, { activation: i < layers.length - 1 ? "relu" : "none" });
+    h = linear(h, weight, { bias: bias, activation: i < layers.length - 1 ? "relu" : "none" });
   });
   return h;
 }

@@ -56,6 +56,6 @@ export class Linear extends Module {
 
   /** x [..., in] → [..., out]. */
   forward(x: Tensor): Tensor {
-    return linear(x, this.weight, this.bias, { activation: this.activation });
+    return linear(x, this.weight, { bias: this.bias, activation: this.activation });
   }
 }

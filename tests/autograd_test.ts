@@ -153,7 +153,10 @@ Deno.test({
     await gpu.sync();
     const before = gpu.memoryStats().allocatedBytes;
     const loss = tidy(() => mean(gelu(gelu(x))));
-    assert.ok(gpu.memoryStats().allocatedBytes >= before + 4096 * 4, "the inner activation is held");
+    assert.ok(
+      gpu.memoryStats().allocatedBytes >= before + 4096 * 4,
+      "the inner activation is held",
+    );
     loss.dispose(); // e.g. an evaluation forward that forgot noGrad
     assert.equal(gpu.memoryStats().allocatedBytes, before);
     x.dispose();

@@ -89,7 +89,14 @@ Deno.test({
             const x = quantize(uniform(size, 10 + step, -1 + step, 2 + 0.5 * step), dtype);
             const g = quantize(uniform(size, 20 + step), dtype);
             const tx = Tensor.from(x, shape, { dtype, requiresGrad: true });
-            const y = batchNorm(tx, tw, tb, rm, rv, { training, momentum });
+            const y = batchNorm(tx, {
+              weight: tw,
+              bias: tb,
+              runningMean: rm,
+              runningVar: rv,
+              training,
+              momentum,
+            });
             const ref = batchNorm64(x, g, [n, c, s], w, b, run, { training, momentum, eps: 1e-5 });
             const what = `${label} step ${step} (${training ? "training" : "eval"})`;
             assert.equal(y.dtype, dtype);
@@ -130,7 +137,12 @@ Deno.test({
     const bits = async (t: Tensor) => new Uint32Array((await t.read()).buffer);
     const [m0, v0] = [await bits(rm), await bits(rv)];
     const tx = Tensor.from(x, shape, { requiresGrad: true });
-    const y = batchNorm(tx, null, null, rm, rv, { training: true, updateRunningStats: false });
+    const y = batchNorm(tx, {
+      runningMean: rm,
+      runningVar: rv,
+      training: true,
+      updateRunningStats: false,
+    });
     y.backward({ gradient: Tensor.from(g, shape) });
     assert.deepEqual(await bits(rm), m0);
     assert.deepEqual(await bits(rv), v0);
@@ -149,7 +161,7 @@ Deno.test({
       mean: Float64Array.from(await rm.read()),
       var: Float64Array.from(await rv.read()),
     };
-    const ev = batchNorm(tx, null, null, rm, rv, { training: false });
+    const ev = batchNorm(tx, { runningMean: rm, runningVar: rv, training: false });
     const ref2 = batchNorm64(x, g, [n, c, s], ones, zeros, run2, {
       training: false,
       momentum: 0.1,
@@ -175,7 +187,19 @@ Deno.test({
       await gradcheck(
         `batchNorm ${training ? "training" : "eval"}`,
         ([x, w, b]) =>
-          sum(mul(batchNorm(x, w, b, rm, rv, { training, updateRunningStats: false }), r)),
+          sum(
+            mul(
+              batchNorm(x, {
+                weight: w,
+                bias: b,
+                runningMean: rm,
+                runningVar: rv,
+                training,
+                updateRunningStats: false,
+              }),
+              r,
+            ),
+          ),
         [uniform(size, 1, -2, 2), uniform(3, 2, 0.5, 1.5), uniform(3, 3)],
         [shape, [3], [3]],
       );
@@ -193,40 +217,49 @@ Deno.test({
       const v = Tensor.zeros([3]), run = { training: true };
       const f16 = Tensor.zeros([3], { dtype: "f16" });
       assert.throws(
-        () => batchNorm(x, f16, v, v, v, run),
+        () => batchNorm(x, { weight: f16, bias: v, runningMean: v, runningVar: v, ...run }),
         /batchNorm: weight is f16 \[3\], but BatchNorm keeps its parameters and statistics in fp32/,
       );
       assert.throws(
-        () => batchNorm(x, null, null, v, f16, run),
+        () => batchNorm(x, { runningMean: v, runningVar: f16, ...run }),
         /batchNorm: runningVar is f16 \[3\], but BatchNorm keeps its parameters and statistics/,
       );
       assert.throws(
-        () => batchNorm(x, null, Tensor.zeros([4]), v, v, run),
+        () => batchNorm(x, { bias: Tensor.zeros([4]), runningMean: v, runningVar: v, ...run }),
         /batchNorm: bias is f32 \[4\], but input f16 \[4, 3\] has 3 channels \(axis 1\)/,
       );
       assert.throws(
-        () => batchNorm(Tensor.zeros([3]), null, null, v, v, run),
+        () => batchNorm(Tensor.zeros([3]), { runningMean: v, runningVar: v, ...run }),
         /batchNorm: input f32 \[3\] must be \[N, C\], \[N, C, L\] or \[N, C, H, W\]/,
       );
       assert.throws(
-        () => batchNorm(Tensor.zeros([4, 3], { dtype: "i32" }), null, null, v, v, run),
+        () =>
+          batchNorm(Tensor.zeros([4, 3], { dtype: "i32" }), {
+            runningMean: v,
+            runningVar: v,
+            ...run,
+          }),
         /batchNorm: input i32 \[4, 3\] must be f32 or f16/,
       );
       assert.throws(
-        () => batchNorm(Tensor.zeros([1, 3, 1, 1]), null, null, v, v, run),
+        () => batchNorm(Tensor.zeros([1, 3, 1, 1]), { runningMean: v, runningVar: v, ...run }),
         /batchNorm: expected more than 1 value per channel when training/,
       );
       assert.throws(
-        () => batchNorm(x, null, null, v, v, { training: true, momentum: 2 }),
+        () => batchNorm(x, { runningMean: v, runningVar: v, training: true, momentum: 2 }),
         /batchNorm: momentum must be in \[0, 1\]/,
       );
       const needsGrad = Tensor.zeros([3], { requiresGrad: true });
       assert.throws(
-        () => batchNorm(x, null, null, needsGrad, v, run),
+        () => batchNorm(x, { runningMean: needsGrad, runningVar: v, ...run }),
         /runningMean and runningVar are updated in place and must not require grad/,
       );
       // One value per channel is fine in eval mode.
-      batchNorm(Tensor.zeros([1, 3]), null, null, v, Tensor.full([3], 1), { training: false });
+      batchNorm(Tensor.zeros([1, 3]), {
+        runningMean: v,
+        runningVar: Tensor.full([3], 1),
+        training: false,
+      });
     });
   },
 });

@@ -72,7 +72,7 @@ Deno.test({
           const tx = Tensor.from(x, [rows, cols], { dtype, requiresGrad: true });
           const tw = Tensor.from(w, [cols], { requiresGrad: true });
           const tb = Tensor.from(b, [cols], { requiresGrad: true });
-          const y = layerNorm(tx, tw, tb);
+          const y = layerNorm(tx, { weight: tw, bias: tb });
           assert.equal(y.dtype, dtype);
           const ref = layerNorm64(x, g, cols, w, b, 1e-5);
           // f16: y and dx are stored in f16 (relative half-ulp 4.9e-4 of values up to ~4);
@@ -111,7 +111,7 @@ Deno.test({
       const tx = Tensor.from(x, [d0, d1, cols], { requiresGrad: true });
       const tw = affine === "weight" ? Tensor.from(w, [cols], { requiresGrad: true }) : null;
       const tb = affine === "bias" ? Tensor.from(w, [cols], { requiresGrad: true }) : null;
-      const y = layerNorm(tx, tw, tb, { eps: 0.1 });
+      const y = layerNorm(tx, { weight: tw, bias: tb, eps: 0.1 });
       assert.deepEqual(y.shape, [d0, d1, cols]);
       const ref = layerNorm64(x, g, cols, tw ? w : null, tb ? w : null, 0.1);
       assertClose(await y.read(), ref.y, TOL.f32, `y ${affine}`);
@@ -146,7 +146,9 @@ Deno.test({
         const tw = Tensor.from(uniform(cols, 2, 0.5, 2), [cols], { requiresGrad: true });
         const tb = Tensor.from(uniform(cols, 3), [cols], { requiresGrad: true });
         const y = tidy(() =>
-          fused ? layerNorm(tx, tw, tb, { eps: 1e-3 }) : composedLayerNorm(tx, tw, tb, 1e-3)
+          fused
+            ? layerNorm(tx, { weight: tw, bias: tb, eps: 1e-3 })
+            : composedLayerNorm(tx, tw, tb, 1e-3)
         );
         y.backward({ gradient: Tensor.from(uniform(n, 4), [rows, cols]) });
         results.push([
@@ -174,7 +176,7 @@ Deno.test({
     const r = Tensor.from(uniform(4 * 9, 8), [4, 9]);
     await gradcheck(
       "layerNorm",
-      ([x, w, b]) => sum(mul(layerNorm(x, w, b), r)),
+      ([x, w, b]) => sum(mul(layerNorm(x, { weight: w, bias: b }), r)),
       [uniform(36, 1, -2, 2), uniform(9, 2, 0.5, 1.5), uniform(9, 3)],
       [[4, 9], [9], [9]],
     );
@@ -192,7 +194,7 @@ Deno.test({
     for (const run of ["backward", "drop", "no grad"] as const) {
       const x = Tensor.from(uniform(6 * 7, 1), [6, 7], { requiresGrad: run !== "no grad" });
       const w = Tensor.full([7], 1, { requiresGrad: run !== "no grad" });
-      const y = layerNorm(x, w, null);
+      const y = layerNorm(x, { weight: w });
       if (run === "backward") {
         const loss = sum(y);
         loss.backward();
@@ -204,7 +206,7 @@ Deno.test({
       }
       assert.equal(gpu.memoryStats().allocatedBytes, before, `${run}: buffers still held`);
     }
-    noGrad(() => tidy(() => void layerNorm(Tensor.zeros([2, 3]), null, null)));
+    noGrad(() => tidy(() => void layerNorm(Tensor.zeros([2, 3]))));
     assert.equal(gpu.memoryStats().allocatedBytes, before, "tidy: buffers still held");
   },
 });
@@ -216,19 +218,19 @@ Deno.test({
     tidy(() => {
       const x = Tensor.zeros([2, 4], { dtype: "f16" });
       assert.throws(
-        () => layerNorm(x, Tensor.zeros([4], { dtype: "f16" }), null),
+        () => layerNorm(x, { weight: Tensor.zeros([4], { dtype: "f16" }) }),
         /layerNorm: weight must be f32 \[4\] .*input f16 \[2, 4\], got f16 \[4\]/,
       );
       assert.throws(
-        () => layerNorm(x, null, Tensor.zeros([2, 4])),
+        () => layerNorm(x, { bias: Tensor.zeros([2, 4]) }),
         /layerNorm: bias must be f32 \[4\] .*got f32 \[2, 4\]/,
       );
       assert.throws(
-        () => layerNorm(Tensor.zeros([2, 4], { dtype: "i32" }), null, null),
+        () => layerNorm(Tensor.zeros([2, 4], { dtype: "i32" })),
         /layerNorm: input i32 \[2, 4\] must be f32 or f16/,
       );
-      assert.throws(() => layerNorm(Tensor.zeros([]), null, null), /layerNorm: input f32 \[\]/);
-      assert.throws(() => layerNorm(x, null, null, { eps: -1 }), /eps must be/);
+      assert.throws(() => layerNorm(Tensor.zeros([])), /layerNorm: input f32 \[\]/);
+      assert.throws(() => layerNorm(x, { eps: -1 }), /eps must be/);
     });
   },
 });

@@ -172,7 +172,7 @@ Deno.test({
         const tx = Tensor.from(x, [rows, inF], { dtype, requiresGrad: true });
         const tw = Tensor.from(w, [outF, inF], { dtype, requiresGrad: true });
         const tb = Tensor.from(b, [outF], { requiresGrad: true }); // f32 bias, as AMP keeps it
-        const y = linear(tx, tw, tb, { activation });
+        const y = linear(tx, tw, { bias: tb, activation });
         const pre = matmul64(x, w, {
           batch: 1,
           m: rows,
@@ -222,13 +222,13 @@ Deno.test({
       Tensor.from(uniform(5 * 7, 2), [5, 7]),
       Tensor.from(uniform(5, 3), [5]),
     ];
-    const fused = linear(x, wt, b, { activation: "relu" });
+    const fused = linear(x, wt, { bias: b, activation: "relu" });
     const composed = relu(add(matmul(x, wt, { transB: true }), b));
     assertClose(await fused.read(), await composed.read(), TOL.f32, "fused vs composed");
     const w = Tensor.from(uniform(6 * 4, 8), [6, 4]);
     await gradcheck(
       "linear relu",
-      ([x, wt, b]) => sum(mul(linear(x, wt, b, { activation: "relu" }), w)),
+      ([x, wt, b]) => sum(mul(linear(x, wt, { bias: b, activation: "relu" }), w)),
       [uniform(6 * 5, 1), uniform(4 * 5, 2), uniform(4, 3)],
       [[6, 5], [4, 5], [4]],
     );
@@ -257,7 +257,7 @@ Deno.test({
       );
       assert.throws(() => matmul(Tensor.zeros([3]), b), /matrices/);
       assert.throws(
-        () => linear(a, Tensor.zeros([4, 3]), Tensor.zeros([5])),
+        () => linear(a, Tensor.zeros([4, 3]), { bias: Tensor.zeros([5]) }),
         /linear: bias f32 \[5\] must have shape \[4\]/,
       );
     });

@@ -15,6 +15,14 @@ import type { Tensor } from "../tensor.ts";
 
 /** Options of {@link batchNorm}. */
 export interface BatchNormOptions {
+  /** Scale, f32 [C] (default none: 1). */
+  weight?: Tensor | null;
+  /** Shift, f32 [C] (default none: 0). */
+  bias?: Tensor | null;
+  /** Running mean, f32 [C], updated in place in training mode. */
+  runningMean: Tensor;
+  /** Running (unbiased) variance, f32 [C], updated in place in training mode. */
+  runningVar: Tensor;
   /** Training mode normalises with batch statistics; eval mode with the running ones. */
   training: boolean;
   /** Weight of the new batch statistic in the running average (default 0.1, as PyTorch). */
@@ -107,18 +115,13 @@ function checkOptions(
  * const weight = Tensor.full([c], 1, { requiresGrad: true });
  * const bias = Tensor.zeros([c], { requiresGrad: true });
  * const runningMean = Tensor.zeros([c]), runningVar = Tensor.full([c], 1);
- * const y = batchNorm(x, weight, bias, runningMean, runningVar, { training: true });
- * const z = batchNorm(x, weight, bias, runningMean, runningVar, { training: false });
+ * const y = batchNorm(x, { weight, bias, runningMean, runningVar, training: true });
+ * const z = batchNorm(x, { weight, bias, runningMean, runningVar, training: false });
  * ```
  */
-export function batchNorm(
-  x: Tensor,
-  weight: Tensor | null,
-  bias: Tensor | null,
-  runningMean: Tensor,
-  runningVar: Tensor,
-  options: BatchNormOptions,
-): Tensor {
+export function batchNorm(x: Tensor, options: BatchNormOptions): Tensor {
+  const { runningMean, runningVar } = options;
+  const weight = options.weight ?? null, bias = options.bias ?? null;
   const view = viewOf(x);
   const { training } = options;
   const momentum = options.momentum ?? 0.1, eps = options.eps ?? 1e-5;

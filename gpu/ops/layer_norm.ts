@@ -13,6 +13,10 @@ import type { Tensor } from "../tensor.ts";
 
 /** Options of {@link layerNorm}. */
 export interface LayerNormOptions {
+  /** Scale, f32 [C] (default none: 1). */
+  weight?: Tensor | null;
+  /** Shift, f32 [C] (default none: 0). */
+  bias?: Tensor | null;
   /** Added to the variance before the square root (default 1e-5, as PyTorch). */
   eps?: number;
 }
@@ -66,16 +70,12 @@ function checkInputs(x: Tensor, weight: Tensor | null, bias: Tensor | null, eps:
  * ```ts ignore
  * const w = Tensor.full([512], 1, { requiresGrad: true });
  * const b = Tensor.zeros([512], { requiresGrad: true });
- * const y = layerNorm(x, w, b); // x: f16 [batch, tokens, 512] -> y: f16, same shape
+ * const y = layerNorm(x, { weight: w, bias: b }); // x: f16 [batch, tokens, 512] -> y: f16, same shape
  * ```
  */
-export function layerNorm(
-  x: Tensor,
-  weight: Tensor | null,
-  bias: Tensor | null,
-  options: LayerNormOptions = {},
-): Tensor {
+export function layerNorm(x: Tensor, options: LayerNormOptions = {}): Tensor {
   const eps = options.eps ?? 1e-5;
+  const weight = options.weight ?? null, bias = options.bias ?? null;
   checkInputs(x, weight, bias, eps);
   const { y, mean, rstd } = launchLayerNorm(x, weight, bias, eps);
   const inputs = [x, ...(weight ? [weight] : []), ...(bias ? [bias] : [])];

@@ -134,6 +134,8 @@ export function matmul(a: Tensor, b: Tensor, options: MatmulOptions = {}): Tenso
 
 /** Options of {@link linear}. */
 export interface LinearOptions {
+  /** Bias [out] in f32 or x's dtype (default none). */
+  bias?: Tensor | null;
   /** Activation fused into the matmul epilogue (default `"none"`). */
   activation?: "none" | "relu";
 }
@@ -141,20 +143,16 @@ export interface LinearOptions {
 /**
  * The fused linear layer op: x·Wᵀ + bias, then an optional ReLU, in one
  * kernel. `x` is [N, in] or [B, T, in]; `weight` is [out, in] (PyTorch's
- * layout); `bias` is [out] in f32 or x's dtype.
+ * layout); `options.bias` is [out] in f32 or x's dtype.
  *
  * @example
  * ```ts ignore
- * const h = linear(x, w1, b1, { activation: "relu" });
+ * const h = linear(x, w1, { bias: b1, activation: "relu" });
  * ```
  */
-export function linear(
-  x: Tensor,
-  weight: Tensor,
-  bias?: Tensor | null,
-  options: LinearOptions = {},
-): Tensor {
+export function linear(x: Tensor, weight: Tensor, options: LinearOptions = {}): Tensor {
   const activation = options.activation ?? "none";
+  const bias = options.bias ?? null;
   const inFeatures = x.shape.at(-1)!;
   const rows = x.size / Math.max(inFeatures, 1);
   const x2 = x.share([rows, inFeatures]);
