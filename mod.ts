@@ -1,8 +1,9 @@
 /**
  * halfstep: mixed-precision neural-network training on the GPU through
- * WebGPU, for Deno and the web. f16 kernels with f32 accumulation, an
- * autograd tape, and (as the toolkit grows) fp32 master weights, loss scaling
- * and gradient checkpointing.
+ * WebGPU, for Deno and the web: f16 kernels with f32 accumulation, an
+ * autograd tape, layers, losses and state dicts, and (as the toolkit grows)
+ * fp32 master weights, loss scaling and gradient checkpointing. Everything
+ * here uses Web APIs only; file helpers are in the `./files` export.
  *
  * @example
  * ```ts ignore
@@ -17,3 +18,5 @@
  * @module
  */
 export * from "./gpu/mod.ts";
+export * from "./amp/mod.ts";
+export * from "./nn/mod.ts";

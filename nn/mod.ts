@@ -1,7 +1,10 @@
 /**
  * Neural-network building blocks: the `Module` base with named parameters,
  * buffers and state dicts; layers (Linear, activations, Dropout, Embedding,
- * Sequential); losses; plain SGD; and the functional layer ops.
+ * LayerNorm, BatchNorm in fp32, Sequential); losses; plain SGD; the
+ * functional layer ops; and the safetensors format. Reading and writing
+ * files lives apart, in `nn/safetensors_file.ts` (the `./files` export), so
+ * this module runs in browsers too.
  *
  * @module
  */
@@ -13,5 +16,23 @@ export { GELU, ReLU } from "./activation.ts";
 export { Dropout } from "./dropout.ts";
 export { Embedding } from "./embedding.ts";
 export { Sequential } from "./sequential.ts";
+export {
+  BatchNorm,
+  BatchNorm1d,
+  BatchNorm2d,
+  type BatchNormLayerOptions,
+  LayerNorm,
+  type LayerNormLayerOptions,
+} from "./normalization.ts";
+export {
+  decodeSafetensors,
+  encodeSafetensors,
+  encodeSafetensorsHeader,
+  entryToTensor,
+  type SafetensorsEntry,
+  SafetensorsError,
+  type SafetensorsSpec,
+  tensorToEntry,
+} from "./safetensors.ts";
 export { crossEntropy, type CrossEntropyOptions, mseLoss, type Reduction } from "./losses.ts";
 export { SGD } from "./sgd.ts";

@@ -3,6 +3,7 @@
  * itself (pure Web APIs, usable in browsers) is in `safetensors.ts`.
  */
 import type { Tensor } from "../gpu/tensor.ts";
+import type { Module } from "./module.ts";
 import {
   decodeSafetensors,
   encodeSafetensorsHeader,
@@ -131,4 +132,49 @@ export async function loadSafetensors(
       cause: err,
     });
   }
+}
+
+/**
+ * Saves a module's state dict (parameters and buffers, dotted names) as a
+ * safetensors file, atomically. **A sync point** (see {@link saveSafetensors}).
+ *
+ * @param path Destination file.
+ * @param module The model.
+ * @param metadata Optional string → string map stored in the header.
+ * @returns When the file is in place.
+ * @example
+ * ```ts ignore
+ * await saveModule("mlp.safetensors", model);
+ * ```
+ */
+export async function saveModule(
+  path: string,
+  module: Module,
+  metadata?: Record<string, string>,
+): Promise<void> {
+  await saveSafetensors(path, module.stateDict(), metadata);
+}
+
+/**
+ * Loads a safetensors file into a module. The whole file is read and checked
+ * against the module (names, shapes, dtypes, sizes) before anything is
+ * written, so a truncated, corrupt or mismatched file is a clear error and
+ * leaves the module unchanged.
+ *
+ * @param path The file.
+ * @param module The model to fill.
+ * @returns The file's metadata.
+ * @example
+ * ```ts ignore
+ * await loadModule("mlp.safetensors", model);
+ * ```
+ */
+export async function loadModule(path: string, module: Module): Promise<Record<string, string>> {
+  const { entries, metadata } = await loadSafetensors(path);
+  try {
+    module.loadStateDict(entries);
+  } catch (err) {
+    throw new RangeError(`loadModule: "${path}": ${(err as Error).message}`, { cause: err });
+  }
+  return metadata;
 }

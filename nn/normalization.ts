@@ -1,0 +1,140 @@
+/** Normalisation layers. Their parameters and statistics are always fp32. */
+import { batchNorm } from "../gpu/ops/batch_norm.ts";
+import { layerNorm } from "../gpu/ops/layer_norm.ts";
+import type { Gpu } from "../gpu/device.ts";
+import { Tensor } from "../gpu/tensor.ts";
+import { Module } from "./module.ts";
+
+/** Options of {@link LayerNorm}. */
+export interface LayerNormLayerOptions {
+  /** Added to the variance (default 1e-5). */
+  eps?: number;
+  /** Learnable scale and shift (default true). */
+  affine?: boolean;
+  /** Device (default: the one `initGpu()` made). */
+  gpu?: Gpu;
+}
+
+/**
+ * Normalises over the last axis (size `features`) with f32 statistics; f16
+ * input gives f16 output. Scale (ones) and shift (zeros) are fp32.
+ *
+ * @example
+ * ```ts ignore
+ * const norm = new LayerNorm(512);
+ * const y = norm.forward(x); // x: [batch, tokens, 512]
+ * ```
+ */
+export class LayerNorm extends Module {
+  /** Scale [features], or null. */
+  readonly weight: Tensor | null;
+  /** Shift [features], or null. */
+  readonly bias: Tensor | null;
+  /** Added to the variance. */
+  readonly eps: number;
+
+  /** A LayerNorm over `features` values. */
+  constructor(features: number, options: LayerNormLayerOptions = {}) {
+    super();
+    const affine = options.affine ?? true, gpu = options.gpu;
+    this.weight = affine
+      ? this.registerParameter("weight", Tensor.full([features], 1, { gpu }))
+      : null;
+    this.bias = affine ? this.registerParameter("bias", Tensor.zeros([features], { gpu })) : null;
+    this.eps = options.eps ?? 1e-5;
+  }
+
+  /** Normalises `x` over its last axis. */
+  forward(x: Tensor): Tensor {
+    return layerNorm(x, { weight: this.weight, bias: this.bias, eps: this.eps });
+  }
+}
+
+/** Options of {@link BatchNorm}. */
+export interface BatchNormLayerOptions extends LayerNormLayerOptions {
+  /** Weight of each new batch statistic in the running average (default 0.1). */
+  momentum?: number;
+}
+
+/**
+ * Batch normalisation over axis 1 of [N, C], [N, C, L] or [N, C, H, W],
+ * kept in fp32 always: weight, bias, running mean and running variance are
+ * f32, and so is the arithmetic when the input is f16. Training mode uses
+ * batch statistics and updates the running ones (PyTorch's rule: momentum
+ * 0.1, unbiased variance); eval mode uses the running statistics.
+ *
+ * @example
+ * ```ts ignore
+ * const bn = new BatchNorm(256, { momentum: 0.05 });
+ * const y = bn.forward(h); // h: [batch, 256]
+ * ```
+ */
+export class BatchNorm extends Module {
+  /** Scale [C], or null. */
+  readonly weight: Tensor | null;
+  /** Shift [C], or null. */
+  readonly bias: Tensor | null;
+  /** Running mean [C] (a buffer, saved in the state dict). */
+  readonly runningMean: Tensor;
+  /** Running unbiased variance [C] (a buffer). */
+  readonly runningVar: Tensor;
+  /** Weight of each new batch statistic. */
+  momentum: number;
+  /** Added to the variance. */
+  readonly eps: number;
+  /**
+   * When false, a training-mode forward leaves the running statistics alone
+   * (gradient checkpointing sets it while recomputing).
+   */
+  updateRunningStats = true;
+
+  /** A BatchNorm over `channels` channels. */
+  constructor(channels: number, options: BatchNormLayerOptions = {}) {
+    super();
+    const affine = options.affine ?? true, gpu = options.gpu;
+    this.weight = affine
+      ? this.registerParameter("weight", Tensor.full([channels], 1, { gpu }))
+      : null;
+    this.bias = affine ? this.registerParameter("bias", Tensor.zeros([channels], { gpu })) : null;
+    this.runningMean = this.registerBuffer("running_mean", Tensor.zeros([channels], { gpu }));
+    this.runningVar = this.registerBuffer("running_var", Tensor.full([channels], 1, { gpu }));
+    this.momentum = options.momentum ?? 0.1;
+    this.eps = options.eps ?? 1e-5;
+  }
+
+  /** Normalises `x` per channel. */
+  forward(x: Tensor): Tensor {
+    return batchNorm(x, {
+      weight: this.weight,
+      bias: this.bias,
+      runningMean: this.runningMean,
+      runningVar: this.runningVar,
+      training: this.training,
+      momentum: this.momentum,
+      eps: this.eps,
+      updateRunningStats: this.updateRunningStats,
+    });
+  }
+}
+
+/** BatchNorm for [N, C] or [N, C, L] inputs (PyTorch's name). */
+export class BatchNorm1d extends BatchNorm {
+  /** Checks the rank, then normalises. */
+  override forward(x: Tensor): Tensor {
+    if (x.rank !== 2 && x.rank !== 3) {
+      throw new RangeError(`BatchNorm1d: input ${x.describe()} must be [N, C] or [N, C, L].`);
+    }
+    return super.forward(x);
+  }
+}
+
+/** BatchNorm for [N, C, H, W] inputs (PyTorch's name). */
+export class BatchNorm2d extends BatchNorm {
+  /** Checks the rank, then normalises. */
+  override forward(x: Tensor): Tensor {
+    if (x.rank !== 4) {
+      throw new RangeError(`BatchNorm2d: input ${x.describe()} must be [N, C, H, W].`);
+    }
+    return super.forward(x);
+  }
+}
