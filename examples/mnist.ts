@@ -15,14 +15,14 @@
 import { parseArgs } from "node:util";
 import {
   addInPlace,
+  crossEntropy,
   type Gpu,
   initGpu,
-  linear,
-  logSoftmax,
-  mul,
+  Linear,
   noGrad,
-  scale,
-  sum,
+  RandomGenerator,
+  Sequential,
+  SGD,
   Tensor,
   tidy,
 } from "../mod.ts";
@@ -128,72 +128,39 @@ function parseConfig(args: string[]): Config | null {
   };
 }
 
-/** A small seeded PRNG (mulberry32): uniform floats in [0, 1). */
-function makeRng(seed: number): () => number {
-  let s = (seed ^ 0x9e3779b9) >>> 0;
-  return () => {
-    s = (s + 0x6d2b79f5) >>> 0;
-    let t = s;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
+/** The 784-256-256-10 MLP; ReLU fused into the first two matmuls. Linear's init is PyTorch's. */
+function makeModel(seed: number): Sequential {
+  const rng = new RandomGenerator(seed);
+  return new Sequential(
+    new Linear(MNIST_PIXELS, 256, { seed: rng, activation: "relu" }),
+    new Linear(256, 256, { seed: rng, activation: "relu" }),
+    new Linear(256, MNIST_CLASSES, { seed: rng }),
+  );
 }
 
-/** One Linear layer's parameters: weight [out, in] (PyTorch's layout) and bias [out]. */
-interface Layer {
-  weight: Tensor;
-  bias: Tensor;
-}
-
-/**
- * PyTorch's default Linear init: kaiming_uniform_(a=√5) gives the weight
- * U(−1/√in, 1/√in), and the bias is drawn from the same range.
- */
-function initLayer(inFeatures: number, outFeatures: number, rng: () => number): Layer {
-  const bound = 1 / Math.sqrt(inFeatures);
-  const draw = (n: number) => Float32Array.from({ length: n }, () => (2 * rng() - 1) * bound);
-  return {
-    weight: Tensor.from(draw(outFeatures * inFeatures), [outFeatures, inFeatures], {
-      requiresGrad: true,
-    }),
-    bias: Tensor.from(draw(outFeatures), [outFeatures], { requiresGrad: true }),
-  };
-}
-
-/** x [N, 784] → logits [N, 10]; ReLU fused into the first two matmuls. */
-function forward(layers: Layer[], x: Tensor): Tensor {
-  let h = x;
-  layers.forEach(({ weight, bias }, i) => {
-    h = linear(h, weight, { bias: bias, activation: i < layers.length - 1 ? "relu" : "none" });
-  });
-  return h;
-}
-
-/** Copies examples `order[from..from+n)` into a batch: pixels and one-hot targets. */
+/** Copies examples `order[from..from+n)` into a batch: pixels and class ids. */
 function gather(
   data: MnistSplit,
   order: Uint32Array,
   from: number,
   n: number,
   pixels: Float32Array,
-  oneHot: Float32Array,
+  labels: Int32Array,
 ): void {
-  oneHot.fill(0);
   for (let i = 0; i < n; i++) {
     const e = order[from + i];
     pixels.set(data.images.subarray(e * MNIST_PIXELS, (e + 1) * MNIST_PIXELS), i * MNIST_PIXELS);
-    oneHot[i * MNIST_CLASSES + data.labels[e]] = 1;
+    labels[i] = data.labels[e];
   }
 }
 
 /** Fraction of `data` classified correctly. Syncs once per evaluation batch. */
-async function evaluate(layers: Layer[], data: MnistSplit, batch: number): Promise<number> {
+async function evaluate(model: Sequential, data: MnistSplit, batch: number): Promise<number> {
   let correct = 0;
   for (let from = 0; from < data.count; from += batch) {
     const n = Math.min(batch, data.count - from);
     const x = data.images.subarray(from * MNIST_PIXELS, (from + n) * MNIST_PIXELS);
-    const logits = noGrad(() => tidy(() => forward(layers, Tensor.from(x, [n, MNIST_PIXELS]))));
+    const logits = noGrad(() => tidy(() => model.forward(Tensor.from(x, [n, MNIST_PIXELS]))));
     const values = await logits.read();
     logits.dispose();
     for (let i = 0; i < n; i++) {
@@ -269,13 +236,13 @@ async function main(): Promise<void> {
     ].join("\n"),
   );
 
-  const rng = makeRng(cfg.seed);
-  const layers = [initLayer(784, 256, rng), initLayer(256, 256, rng), initLayer(256, 10, rng)];
-  const params = layers.flatMap((l) => [l.weight, l.bias]);
-  const velocity: (Tensor | null)[] = params.map(() => null);
+  const model = makeModel(cfg.seed);
+  model.train();
+  const optimizer = new SGD(model.parameters(), { lr: cfg.lr, momentum: cfg.momentum });
+  const shuffler = new RandomGenerator(cfg.seed + 1);
 
   const pixels = new Float32Array(batch * MNIST_PIXELS);
-  const oneHot = new Float32Array(batch * MNIST_CLASSES);
+  const labels = new Int32Array(batch);
   const order = Uint32Array.from({ length: train.count }, (_, i) => i);
   // Sum of the losses since the last log, kept on the GPU so logging needs one read.
   let lossSum = Tensor.zeros([]);
@@ -288,44 +255,24 @@ async function main(): Promise<void> {
   const allocatedAfter = new Map<number, number>();
 
   for (let epoch = 1; epoch <= cfg.epochs; epoch++) {
-    // Fisher–Yates shuffle with the seeded PRNG.
+    // Fisher–Yates shuffle with the seeded generator.
+    const draws = shuffler.uniform(order.length);
     for (let i = order.length - 1; i > 0; i--) {
-      const j = Math.floor(rng() * (i + 1));
+      const j = Math.floor(draws[i] * (i + 1));
       [order[i], order[j]] = [order[j], order[i]];
     }
     let intervalStart = performance.now(), intervalStep = step;
     for (let s = 0; s < stepsPerEpoch; s++) {
-      gather(train, order, s * batch, batch, pixels, oneHot);
+      gather(train, order, s * batch, batch, pixels, labels);
       // Forward and loss; every intermediate is freed when tidy returns (the
-      // tape keeps what backward needs). Cross-entropy = −Σ onehot·logSoftmax / batch.
-      const loss = tidy(() => {
-        const x = Tensor.from(pixels, [batch, MNIST_PIXELS]);
-        const target = Tensor.from(oneHot, [batch, MNIST_CLASSES]);
-        const logits = forward(layers, x);
-        return scale(sum(mul(logSoftmax(logits), target)), -1 / batch);
-      });
+      // tape keeps what backward needs).
+      const loss = tidy(() =>
+        crossEntropy(model.forward(Tensor.from(pixels, [batch, MNIST_PIXELS])), labels)
+      );
       loss.backward();
-      noGrad(() => {
-        params.forEach((p, i) => {
-          const g = p.grad!;
-          p.grad = null;
-          const v = velocity[i];
-          if (cfg.momentum === 0) {
-            addInPlace(p, g, { alpha: -cfg.lr });
-            g.dispose();
-            return;
-          }
-          // v ← g + m·v, accumulated into the fresh gradient buffer, which then
-          // becomes the velocity (the old velocity buffer goes back to the pool).
-          if (v) {
-            addInPlace(g, v, { alpha: cfg.momentum });
-            v.dispose();
-          }
-          velocity[i] = g;
-          addInPlace(p, g, { alpha: -cfg.lr });
-        });
-        addInPlace(lossSum, loss);
-      });
+      optimizer.step();
+      optimizer.zeroGrad();
+      noGrad(() => addInPlace(lossSum, loss));
       loss.dispose();
       lossCount++;
       step++;
@@ -357,7 +304,7 @@ async function main(): Promise<void> {
     // Peaks of training and of evaluation are measured apart (the pool's peak is reset around it).
     trainPeak = Math.max(trainPeak, gpu.memoryStats().peakBytes);
     gpu.resetPeakMemory();
-    testAccuracy = await evaluate(layers, test, cfg.evalBatch);
+    testAccuracy = await evaluate(model, test, cfg.evalBatch);
     evalPeak = Math.max(evalPeak, gpu.memoryStats().peakBytes);
     gpu.resetPeakMemory();
     const evalSeconds = (performance.now() - evalStart) / 1000;
@@ -374,7 +321,7 @@ async function main(): Promise<void> {
   const wallSeconds = (performance.now() - started) / 1000;
   const stepsPerSecond = step / trainSeconds;
   const flopsPerStep = 6 * batch * (784 * 256 + 256 * 256 + 256 * 10); // fwd 2·, bwd 4·
-  // Live GPU memory between steps must not change: params + velocities + the loss sum.
+  // Live GPU memory between steps must not change: params + momentum buffers + the loss sum.
   const allocated10 = allocatedAfter.get(10) ?? null;
   const allocated200 = allocatedAfter.get(200) ?? null;
   const allocatedLast = allocatedAfter.get(step) ?? null;

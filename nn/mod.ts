@@ -35,4 +35,4 @@ export {
   tensorToEntry,
 } from "./safetensors.ts";
 export { crossEntropy, type CrossEntropyOptions, mseLoss, type Reduction } from "./losses.ts";
-export { SGD } from "./sgd.ts";
+export { SGD, type SGDOptions } from "./sgd.ts";

@@ -299,3 +299,26 @@ Deno.test({
     assert.ok(last < 0.25, `trained loss ${last} (from ${first})`);
   },
 });
+
+Deno.test({
+  name: "SGD with momentum follows v = m·v + g, p = p − lr·v (f64 reference, 3 steps)",
+  ...GPU_TEST,
+  async fn() {
+    const p0 = uniform(7, 1), grads = [uniform(7, 2), uniform(7, 3), uniform(7, 4)];
+    const p = Tensor.from(p0, [7], { requiresGrad: true });
+    const opt = new SGD([p], { lr: 0.1, momentum: 0.9 });
+    const ref = Float64Array.from(p0), v = new Float64Array(7);
+    for (const g of grads) {
+      p.grad = Tensor.from(g, [7]);
+      opt.step();
+      opt.zeroGrad();
+      g.forEach((gi, i) => {
+        v[i] = 0.9 * v[i] + gi;
+        ref[i] -= 0.1 * v[i];
+      });
+    }
+    assertClose(await p.read(), ref, TOL.f32, "momentum SGD");
+    assert.throws(() => new SGD([p], { lr: 0.1, momentum: 1 }), /momentum must be in \[0, 1\)/);
+    opt.dispose();
+  },
+});

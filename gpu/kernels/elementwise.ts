@@ -123,14 +123,15 @@ export const accumulateKernel = defineKernel<{ dst: DType; src: DType }>({
   name: "accumulate",
   wgsl: ({ dst, src }) =>
     `${wgslEnables(dst, src)}
-struct Params { n: u32, alpha: u32 }
+struct Params { n: u32, alpha: u32, beta: u32 }
 @group(0) @binding(0) var<storage, read_write> acc: array<${dst}>;
 @group(0) @binding(1) var<storage, read> add: array<${src}>;
 @group(0) @binding(2) var<uniform> p: Params;
 @compute @workgroup_size(${WORKGROUP})
 fn main(${WGSL_GRID_BUILTINS}) {
   let alpha = bitcast<f32>(p.alpha);
-  ${loop(`acc[i] = ${dst}(f32(acc[i]) + alpha * f32(add[i]));`)}
+  let beta = bitcast<f32>(p.beta);
+  ${loop(`acc[i] = ${dst}(beta * f32(acc[i]) + alpha * f32(add[i]));`)}
 }`,
 });
 
@@ -182,12 +183,17 @@ export function launchBinary(
   return dst;
 }
 
-/** dst += alpha · src in place (same size; dtypes may differ, math in f32). No autograd. */
-export function launchAccumulate(dst: Tensor, src: Tensor, alpha = 1): void {
+/** dst = beta · dst + alpha · src in place (same size; dtypes may differ, math in f32). No autograd. */
+export function launchAccumulate(dst: Tensor, src: Tensor, alpha = 1, beta = 1): void {
   const n = dst.size;
   if (n === 0) return;
   const kernel = dst.gpu.kernel(accumulateKernel, { dst: dst.dtype, src: src.dtype });
-  dst.gpu.dispatch(kernel, [dst.buffer, src.buffer], [n, f32Bits(alpha)], workgroupsFor(n));
+  dst.gpu.dispatch(
+    kernel,
+    [dst.buffer, src.buffer],
+    [n, f32Bits(alpha), f32Bits(beta)],
+    workgroupsFor(n),
+  );
 }
 
 /** A copy of `t` in a new buffer, in stream order (no autograd). */

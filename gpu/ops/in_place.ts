@@ -5,16 +5,21 @@ import { sameShape } from "../shape.ts";
 import type { Tensor } from "../tensor.ts";
 
 /**
- * dst += alpha · src, in place, with f32 math (dtypes may differ: an f16
- * gradient can be added into an f32 tensor). Meant for optimizer updates:
- * call it inside `noGrad()` when `dst` requires grad.
+ * dst ← beta · dst + alpha · src, in place, with f32 math (dtypes may differ:
+ * an f16 gradient can be added into an f32 tensor). alpha and beta default to
+ * 1 (dst += src). Meant for optimizer updates: call it inside `noGrad()` when
+ * `dst` requires grad.
  *
  * @example
  * ```ts ignore
  * noGrad(() => addInPlace(weight, weight.grad!, { alpha: -lr })); // plain SGD
  * ```
  */
-export function addInPlace(dst: Tensor, src: Tensor, options: { alpha?: number } = {}): void {
+export function addInPlace(
+  dst: Tensor,
+  src: Tensor,
+  options: { alpha?: number; beta?: number } = {},
+): void {
   if (!sameShape(dst.shape, src.shape)) {
     throw new RangeError(
       `addInPlace: shapes differ (${dst.describe()} += ${src.describe()}); they must match.`,
@@ -29,6 +34,6 @@ export function addInPlace(dst: Tensor, src: Tensor, options: { alpha?: number }
   // One buffer cannot be bound read-write and read-only in one dispatch:
   // x += a·x reads a copy.
   const source = src.sharesMemoryWith(dst) ? launchCopy(src) : src;
-  launchAccumulate(dst, source, options.alpha ?? 1);
+  launchAccumulate(dst, source, options.alpha ?? 1, options.beta ?? 1);
   if (source !== src) source.dispose();
 }
