@@ -144,31 +144,37 @@ Deno.test({
 });
 
 Deno.test({
-  name: "Embedding: lookup and scatter-add gradient with repeated ids; bad ids are clear errors",
+  name:
+    "Embedding: lookup and scatter-add gradient with repeated ids, f32 and f16; bad ids are clear errors",
   ...GPU_TEST,
   async fn() {
-    const emb = new Embedding(7, 5, { seed: 2 });
-    const table = await emb.weight.read();
-    const ids = [3, 0, 3, 6, 3, 1];
-    const out = emb.forward(Tensor.from(ids, [2, 3], { dtype: "i32" }));
-    assert.deepEqual(out.shape, [2, 3, 5]);
-    const expected = ids.flatMap((id) => Array.from(table.slice(id * 5, id * 5 + 5)));
-    assertClose(await out.read(), expected, { atol: 0, rtol: 0 }, "gather");
-    const g = uniform(6 * 5, 4);
-    out.backward({ gradient: Tensor.from(g, [2, 3, 5]) });
-    const dw = new Float64Array(35);
-    ids.forEach((id, r) => {
-      for (let d = 0; d < 5; d++) dw[id * 5 + d] += g[r * 5 + d];
-    });
-    assertClose(await emb.weight.grad!.read(), dw, TOL.f32, "scatter-add");
-    assert.throws(
-      () => emb.forward(Tensor.from([0, 7], [2], { dtype: "i32" })),
-      /embedding: ids i32 \[2\] range over \[0, 7\] but must lie in \[0, 6\]/,
-    );
-    assert.throws(
-      () => emb.forward(Tensor.from([0, 1], [2])),
-      /needs a table \[vocab, dim\] and i32 ids/,
-    );
+    for (const dtype of ["f32", "f16"] as const) {
+      const emb = new Embedding(7, 5, { seed: 2, dtype });
+      const table = await emb.weight.read();
+      const ids = [3, 0, 3, 6, 3, 1];
+      const out = emb.forward(Tensor.from(ids, [2, 3], { dtype: "i32" }));
+      assert.deepEqual(out.shape, [2, 3, 5]);
+      assert.equal(out.dtype, dtype);
+      const expected = ids.flatMap((id) => Array.from(table.slice(id * 5, id * 5 + 5)));
+      assertClose(await out.read(), expected, { atol: 0, rtol: 0 }, `gather ${dtype}`);
+      const g = quantize(uniform(6 * 5, 4), dtype);
+      out.backward({ gradient: Tensor.from(g, [2, 3, 5], { dtype }) });
+      const dw = new Float64Array(35);
+      ids.forEach((id, r) => {
+        for (let d = 0; d < 5; d++) dw[id * 5 + d] += g[r * 5 + d];
+      });
+      // f16: up to three f16 terms summed in f32, then rounded once to f16.
+      assertClose(await emb.weight.grad!.read(), dw, TOL[dtype], `scatter-add ${dtype}`);
+      assert.throws(
+        () => emb.forward(Tensor.from([0, 7], [2], { dtype: "i32" })),
+        /embedding: ids i32 \[2\] range over \[0, 7\] but must lie in \[0, 6\]/,
+      );
+      assert.throws(
+        () => emb.forward(Tensor.from([0, 1], [2])),
+        /needs a table \[vocab, dim\] and i32 ids/,
+      );
+      emb.dispose();
+    }
   },
 });
 

@@ -1,0 +1,178 @@
+/**
+ * Benchmarks: one JSON object per line on stdout, a readable table on
+ * stderr. `deno task bench` runs every entry; `deno task bench mlp` runs one.
+ *
+ * Entries: `matmul` (GFLOP/s, f32 and f16, square and MLP-shaped products)
+ * and `mlp` (784-256-256-10 MLP, batch 128, SGD with momentum: training
+ * steps/s and peak GPU memory). Synthetic data, so it runs anywhere.
+ *
+ * @module
+ */
+import { parseArgs } from "node:util";
+import {
+  crossEntropy,
+  type FloatDType,
+  type Gpu,
+  initGpu,
+  Linear,
+  matmul,
+  RandomGenerator,
+  Sequential,
+  SGD,
+  Tensor,
+  tidy,
+} from "../mod.ts";
+
+/** One benchmark result line. */
+interface Result extends Record<string, unknown> {
+  bench: string;
+  mode: string;
+  peakBytes: number;
+}
+
+const HELP = `Usage: deno task bench [ENTRY...] [--steps N] [--repeats N]
+
+Entries: matmul, mlp (default: all). Output: one JSON object per line on
+stdout; a table on stderr.
+  --steps N     timed MLP training steps (default 100)
+  --repeats N   timed matmuls per shape (default 10)
+  -h, --help    show this help`;
+
+/** Runs `fn` `count` times between two GPU syncs and returns seconds per run. */
+async function timed(gpu: Gpu, count: number, fn: () => void): Promise<number> {
+  fn(); // warm-up: compile pipelines, fill the pool
+  await gpu.sync();
+  const start = performance.now();
+  for (let i = 0; i < count; i++) fn();
+  await gpu.sync();
+  return (performance.now() - start) / 1000 / count;
+}
+
+async function benchMatmul(gpu: Gpu, repeats: number): Promise<Result[]> {
+  const shapes = [
+    { m: 512, k: 512, n: 512, label: "512x512x512" },
+    { m: 128, k: 784, n: 256, label: "128x784x256 (MLP layer 1)" },
+  ];
+  const results: Result[] = [];
+  for (const dtype of ["f32", "f16"] as FloatDType[]) {
+    if (dtype === "f16" && !gpu.f16) continue;
+    for (const { m, k, n, label } of shapes) {
+      const rng = new RandomGenerator(1);
+      const a = Tensor.from(rng.uniform(m * k, -1, 1), [m, k], { dtype });
+      const b = Tensor.from(rng.uniform(k * n, -1, 1), [k, n], { dtype });
+      gpu.resetPeakMemory();
+      const seconds = await timed(gpu, repeats, () => tidy(() => void matmul(a, b)));
+      results.push({
+        bench: "matmul",
+        mode: dtype,
+        shape: label,
+        gflops: (2 * m * n * k) / seconds / 1e9,
+        msPerOp: seconds * 1000,
+        peakBytes: gpu.memoryStats().peakBytes,
+      });
+      a.dispose();
+      b.dispose();
+    }
+  }
+  return results;
+}
+
+async function benchMlp(gpu: Gpu, steps: number): Promise<Result[]> {
+  const batch = 128;
+  const rng = new RandomGenerator(2);
+  const model = new Sequential(
+    new Linear(784, 256, { seed: rng, activation: "relu" }),
+    new Linear(256, 256, { seed: rng, activation: "relu" }),
+    new Linear(256, 10, { seed: rng }),
+  );
+  const optimizer = new SGD(model.parameters(), { lr: 0.01, momentum: 0.9 });
+  const x = Tensor.from(rng.uniform(batch * 784), [batch, 784]);
+  const labels = Array.from({ length: batch }, (_, i) => i % 10);
+  const y = Tensor.from(labels, [batch], { dtype: "i32" });
+  const step = () => {
+    const loss = tidy(() => crossEntropy(model.forward(x), y));
+    loss.backward();
+    optimizer.step();
+    optimizer.zeroGrad();
+    loss.dispose();
+  };
+  for (let i = 0; i < 3; i++) step();
+  await gpu.sync();
+  gpu.resetPeakMemory();
+  const before = { ...gpu.batch.counters };
+  const seconds = await timed(gpu, steps, step);
+  const result: Result = {
+    bench: "mlp",
+    mode: "f32",
+    model: "784-256-256-10",
+    batch,
+    optimizer: "SGD momentum 0.9",
+    stepsPerSec: 1 / seconds,
+    msPerStep: seconds * 1000,
+    dispatchesPerStep: (gpu.batch.counters.dispatches - before.dispatches) / (steps + 1),
+    peakBytes: gpu.memoryStats().peakBytes,
+  };
+  model.dispose();
+  optimizer.dispose();
+  x.dispose();
+  y.dispose();
+  return [result];
+}
+
+const ENTRIES: Record<
+  string,
+  (gpu: Gpu, o: { steps: number; repeats: number }) => Promise<Result[]>
+> = {
+  matmul: (gpu, o) => benchMatmul(gpu, o.repeats),
+  mlp: (gpu, o) => benchMlp(gpu, o.steps),
+};
+
+async function main(): Promise<void> {
+  const { values, positionals } = parseArgs({
+    args: Deno.args,
+    allowPositionals: true,
+    options: {
+      steps: { type: "string", default: "100" },
+      repeats: { type: "string", default: "10" },
+      help: { type: "boolean", short: "h", default: false },
+    },
+  });
+  if (values.help) return console.log(HELP);
+  const unknown = positionals.filter((p) => !(p in ENTRIES));
+  if (unknown.length > 0) {
+    console.error(
+      `bench: unknown entry ${unknown.join(", ")}; entries: ${Object.keys(ENTRIES).join(", ")}`,
+    );
+    Deno.exit(2);
+  }
+  const options = { steps: Number(values.steps), repeats: Number(values.repeats) };
+  if (!(options.steps >= 1 && options.repeats >= 1)) {
+    console.error("bench: --steps and --repeats must be positive integers");
+    Deno.exit(2);
+  }
+  const gpu = await initGpu();
+  const context = {
+    adapter: gpu.adapterName,
+    deno: Deno.version.deno,
+    f16: gpu.f16,
+    matmulTiling: gpu.matmulTiling,
+  };
+  for (const name of positionals.length > 0 ? positionals : Object.keys(ENTRIES)) {
+    for (const result of await ENTRIES[name](gpu, options)) {
+      console.log(JSON.stringify({ ...result, ...context }));
+      const figure = "gflops" in result
+        ? `${(result.gflops as number).toFixed(2)} GFLOP/s`
+        : `${(result.stepsPerSec as number).toFixed(1)} steps/s`;
+      const shape = (result.shape as string | undefined) ?? (result.model as string);
+      console.error(
+        `${result.bench.padEnd(8)} ${result.mode.padEnd(5)} ${shape.padEnd(28)} ${
+          figure.padStart(16)
+        }` +
+          `  peak ${(result.peakBytes / 2 ** 20).toFixed(2)} MiB`,
+      );
+    }
+  }
+  gpu.destroy();
+}
+
+if (import.meta.main) await main();
