@@ -1,7 +1,8 @@
 /**
- * Automatic mixed precision. Today: the autocast policy as data (the f16,
- * f32 and promote op lists, and custom allow/deny lists). Master weights,
- * loss scaling, accumulation and clipping build on it.
+ * Automatic mixed precision: the autocast policy as data (f16, f32 and
+ * promote op lists; custom allow/deny lists), `autocast()`, fp32 master
+ * weights with f16 working copies, clipping by global norm on the GPU, and
+ * the optimizer interface the fused optimizers and the GradScaler share.
  *
  * @module
  */
@@ -13,3 +14,13 @@ export {
   type CustomListsOptions,
   DEFAULT_AUTOCAST_LISTS,
 } from "./policy.ts";
+export {
+  autocast,
+  autocastHook,
+  type AutocastOptions,
+  currentAutocast,
+  withCastHook,
+} from "./autocast.ts";
+export { MasterWeights, readWorkingCopy, workingCopyOf } from "./master_weights.ts";
+export { clipGradNorm, type ClipResult } from "./clip.ts";
+export type { AmpOptimizer, StepSignals } from "./optimizer.ts";

@@ -11,7 +11,12 @@ export type CastPolicy = "f16" | "f32" | "promote";
 export interface AutocastLists {
   /** Ops that run in f16 (their inputs are cast down): the matmul family. */
   readonly f16: ReadonlySet<string>;
-  /** Ops that must run in f32 (inputs cast up): reductions, exp/log, softmax, losses, norms. */
+  /**
+   * Ops that must run in f32 (inputs cast up): reductions, exp/log/pow,
+   * softmax, losses. LayerNorm and BatchNorm are on no list: they take f16
+   * input as it is and keep their statistics (BatchNorm: all its arithmetic)
+   * and parameters in f32 inside the kernel.
+   */
   readonly f32: ReadonlySet<string>;
   /** Ops that run in the widest dtype among their inputs. */
   readonly promote: ReadonlySet<string>;
@@ -31,8 +36,6 @@ export const DEFAULT_AUTOCAST_LISTS: AutocastLists = {
     "log_softmax",
     "cross_entropy",
     "mse_loss",
-    "layer_norm",
-    "batch_norm",
   ]),
   promote: new Set(["add", "sub", "mul", "div", "relu", "gelu", "neg", "scale", "add_scalar"]),
 };

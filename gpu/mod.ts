@@ -22,7 +22,8 @@ export {
 export { bytesPerElement, type DType, DTYPES, type FloatDType } from "./dtype.ts";
 export { type Shape, shapeString, sizeOf } from "./shape.ts";
 export { type IndexRange, Tensor, type TensorData, type TensorOptions } from "./tensor.ts";
-export { keep, type ScopedResource, tidy } from "./scope.ts";
+export { keep, type ScopedResource, tidy, untracked } from "./scope.ts";
+export { autocastInputs, type CastHook, currentCastHook, setCastHook } from "./autocast_hook.ts";
 export {
   backward,
   type BackwardOptions,

@@ -4,7 +4,7 @@ import { castPolicyOf, customAutocastLists, DEFAULT_AUTOCAST_LISTS } from "../am
 Deno.test("autocast lists: matmul in f16, reductions and softmax in f32, arithmetic promotes", () => {
   assert.equal(castPolicyOf("matmul"), "f16");
   assert.equal(castPolicyOf("linear"), "f16");
-  for (const op of ["softmax", "log_softmax", "sum", "mean", "exp", "log", "batch_norm"]) {
+  for (const op of ["softmax", "log_softmax", "sum", "mean", "exp", "log", "cross_entropy"]) {
     assert.equal(castPolicyOf(op), "f32", op);
   }
   assert.equal(castPolicyOf("add"), "promote");

@@ -1,5 +1,6 @@
 /** Differentiable per-row cross-entropy from logits (f32 math inside). */
 import { record } from "../autograd.ts";
+import { autocastInputs } from "../autocast_hook.ts";
 import { launchCrossEntropy, launchCrossEntropyBackward } from "../kernels/cross_entropy.ts";
 import type { Tensor } from "../tensor.ts";
 import { assertIdsInRange } from "./embedding.ts";
@@ -10,7 +11,8 @@ import { assertIdsInRange } from "./embedding.ts";
  * is the label-smoothing ε in [0, 1). The log-sum-exp is computed stably in
  * f32, and the backward needs no softmax kept in memory.
  */
-export function crossEntropyPerRow(logits: Tensor, targets: Tensor, smoothing = 0): Tensor {
+export function crossEntropyPerRow(logits0: Tensor, targets: Tensor, smoothing = 0): Tensor {
+  const [logits] = autocastInputs("cross_entropy", [logits0]);
   if (
     logits.rank !== 2 || targets.dtype !== "i32" || targets.rank !== 1 ||
     targets.shape[0] !== logits.shape[0]

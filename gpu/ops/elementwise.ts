@@ -14,6 +14,7 @@ import {
 } from "../kernels/elementwise.ts";
 import { launchReduce } from "../kernels/reduce.ts";
 import type { Tensor } from "../tensor.ts";
+import { autocastInputs } from "../autocast_hook.ts";
 import { broadcastInto, isSame, reductionOf } from "./broadcast.ts";
 import { assertSameDtype, assertSameGpu } from "./checks.ts";
 
@@ -24,11 +25,17 @@ function reduceToOperand(g: Tensor, operand: Tensor, b: Broadcast, scale = 1): T
   return launchReduce("sum", g, reductionOf(g.shape, b), operand.shape, { scale });
 }
 
-function binary(op: BinaryOp, a: Tensor, b: Tensor): { y: Tensor; bc: Broadcast } {
+/** Casts the operands as autocast says, checks them, and runs the kernel. */
+function binary(
+  op: BinaryOp,
+  a0: Tensor,
+  b0: Tensor,
+): { a: Tensor; b: Tensor; y: Tensor; bc: Broadcast } {
+  const [a, b] = autocastInputs(op, [a0, b0]);
   assertSameGpu(op, a, b);
   assertSameDtype(op, a, b);
   const bc = broadcastInto(op, a.shape, b.shape);
-  return { y: launchBinary(op, a, b, bc), bc };
+  return { a, b, y: launchBinary(op, a, b, bc), bc };
 }
 
 /**
@@ -39,20 +46,20 @@ function binary(op: BinaryOp, a: Tensor, b: Tensor): { y: Tensor; bc: Broadcast 
  * const y = add(x, bias); // x: [M, N], bias: [N]
  * ```
  */
-export function add(a: Tensor, b: Tensor): Tensor {
-  const { y, bc } = binary("add", a, b);
+export function add(a0: Tensor, b0: Tensor): Tensor {
+  const { a, b, y, bc } = binary("add", a0, b0);
   return record("add", [a, b], y, (g) => [g, reduceToOperand(g, b, bc)]);
 }
 
 /** a − b, with `b` broadcast into `a`'s shape. */
-export function sub(a: Tensor, b: Tensor): Tensor {
-  const { y, bc } = binary("sub", a, b);
+export function sub(a0: Tensor, b0: Tensor): Tensor {
+  const { a, b, y, bc } = binary("sub", a0, b0);
   return record("sub", [a, b], y, (g) => [g, reduceToOperand(g, b, bc, -1)]);
 }
 
 /** a · b elementwise, with `b` broadcast into `a`'s shape. */
-export function mul(a: Tensor, b: Tensor): Tensor {
-  const { y, bc } = binary("mul", a, b);
+export function mul(a0: Tensor, b0: Tensor): Tensor {
+  const { a, b, y, bc } = binary("mul", a0, b0);
   return record("mul", [a, b], y, (g, [sa, sb]) => {
     const ga = launchBinary("mul", g, sb, bc);
     const gab = launchBinary("mul", g, sa);
@@ -63,8 +70,8 @@ export function mul(a: Tensor, b: Tensor): Tensor {
 }
 
 /** a / b elementwise, with `b` broadcast into `a`'s shape. */
-export function div(a: Tensor, b: Tensor): Tensor {
-  const { y, bc } = binary("div", a, b);
+export function div(a0: Tensor, b0: Tensor): Tensor {
+  const { a, b, y, bc } = binary("div", a0, b0);
   // d/da = 1/b; d/db = −a/b² = −y/b.
   return record("div", [a, b], y, (g, [sb, sy]) => {
     const ga = launchBinary("div", g, sb, bc);
@@ -107,7 +114,8 @@ const UNARY_GRADS: Record<Exclude<UnaryOp, "identity" | "abs">, UnaryGrad> = {
   gelu: { saves: "x", grad: (g, x) => launchBinary("gelu_grad", g, x!) },
 };
 
-function unary(op: keyof typeof UNARY_GRADS, x: Tensor, s = 0): Tensor {
+function unary(op: keyof typeof UNARY_GRADS, x0: Tensor, s = 0): Tensor {
+  const [x] = autocastInputs(op, [x0]);
   const y = launchUnary(op, x, { scalar: s });
   const { saves, grad } = UNARY_GRADS[op];
   const save = saves === "x" ? [x] : saves === "y" ? [y] : [];

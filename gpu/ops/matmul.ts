@@ -7,6 +7,7 @@ import { launchBinary } from "../kernels/elementwise.ts";
 import { dispatchMatmul, type MatmulProblem } from "../kernels/matmul.ts";
 import { launchReduce } from "../kernels/reduce.ts";
 import { Tensor } from "../tensor.ts";
+import { autocastInputs } from "../autocast_hook.ts";
 import { assertSameDtype, assertSameGpu } from "./checks.ts";
 
 /** Options of {@link matmul}. */
@@ -120,7 +121,8 @@ function matmulGrads(
  * const s = matmul(q, k, { transB: true });  // [B, T, D]·[B, T, D]ᵀ
  * ```
  */
-export function matmul(a: Tensor, b: Tensor, options: MatmulOptions = {}): Tensor {
+export function matmul(a0: Tensor, b0: Tensor, options: MatmulOptions = {}): Tensor {
+  const [a, b] = autocastInputs("matmul", [a0, b0]);
   const transA = options.transA ?? false, transB = options.transB ?? false;
   const c = product(a, b, transA, transB);
   return record(
@@ -150,7 +152,9 @@ export interface LinearOptions {
  * const h = linear(x, w1, { bias: b1, activation: "relu" });
  * ```
  */
-export function linear(x: Tensor, weight: Tensor, options: LinearOptions = {}): Tensor {
+export function linear(x0: Tensor, weight0: Tensor, options: LinearOptions = {}): Tensor {
+  // The bias stays as given: the epilogue adds an f32 bias to f16 products.
+  const [x, weight] = autocastInputs("linear", [x0, weight0]);
   const activation = options.activation ?? "none";
   const bias = options.bias ?? null;
   const inFeatures = x.shape.at(-1)!;

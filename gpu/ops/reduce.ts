@@ -1,5 +1,6 @@
 /** Differentiable reductions: sum and mean over one axis or all; max (no gradient). */
 import { isGradEnabled, record } from "../autograd.ts";
+import { autocastInputs } from "../autocast_hook.ts";
 import { launchUnary } from "../kernels/elementwise.ts";
 import { launchReduce, type ReduceOp, type ReduceView } from "../kernels/reduce.ts";
 import { normalizeAxis, type Shape, sizeOf } from "../shape.ts";
@@ -32,7 +33,8 @@ function plan(op: string, x: Tensor, options: ReduceOptions): { view: ReduceView
   return { view, shape };
 }
 
-function reduceWithGrad(op: "sum" | "mean", x: Tensor, options: ReduceOptions): Tensor {
+function reduceWithGrad(op: "sum" | "mean", x0: Tensor, options: ReduceOptions): Tensor {
+  const [x] = autocastInputs(op, [x0]);
   const { view, shape } = plan(op, x, options);
   const scale = op === "mean" ? 1 / Math.max(view.axis, 1) : 1;
   const y = launchReduce("sum", x, view, shape, { scale });

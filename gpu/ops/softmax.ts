@@ -1,5 +1,6 @@
 /** Differentiable softmax and log-softmax over the last axis (f32 math inside). */
 import { record } from "../autograd.ts";
+import { autocastInputs } from "../autocast_hook.ts";
 import { launchSoftmax, launchSoftmaxBackward, type SoftmaxKind } from "../kernels/softmax.ts";
 import type { Tensor } from "../tensor.ts";
 
@@ -12,7 +13,8 @@ function checkAxis(op: string, x: Tensor, axis: number): void {
   }
 }
 
-function softmaxOp(kind: SoftmaxKind, x: Tensor, axis: number): Tensor {
+function softmaxOp(kind: SoftmaxKind, x0: Tensor, axis: number): Tensor {
+  const [x] = autocastInputs(kind, [x0]);
   checkAxis(kind, x, axis);
   const y = launchSoftmax(kind, x);
   return record(kind, [x], y, (g, [sy]) => [launchSoftmaxBackward(kind, sy, g)], [y]);

@@ -1,0 +1,58 @@
+/** Clipping by global norm, computed in f32 on the GPU with no readback. */
+import { noGrad } from "../gpu/autograd.ts";
+import { untracked } from "../gpu/scope.ts";
+import { Tensor } from "../gpu/tensor.ts";
+import {
+  launchClipCoefficient,
+  launchScaleByCoefficient,
+  launchSumSquares,
+} from "./kernels/clip.ts";
+
+/** What {@link clipGradNorm} leaves on the GPU. */
+export interface ClipResult {
+  /** f32 [1]: the global L2 norm of the gradients before clipping. */
+  totalNorm: Tensor;
+  /** f32 [1]: min(1, maxNorm / (norm + 1e-6)), the factor the gradients were (or are to be) scaled by. */
+  coefficient: Tensor;
+}
+
+/**
+ * Clips the gradients of `params` by their global L2 norm, like PyTorch's
+ * `clip_grad_norm_`. Run it on unscaled gradients (after
+ * `GradScaler.unscale`). By default the gradients are scaled in place; with
+ * `{ inPlace: false }` only the coefficient is computed, for an optimizer to
+ * apply inside its fused kernel (`step({ gradScale: coefficient })`).
+ * Nothing waits for the GPU; read `totalNorm` only when you want to log it.
+ *
+ * @example
+ * ```ts ignore
+ * scaler.unscale(optimizer);
+ * const { totalNorm } = clipGradNorm(model.parameters(), 1.0);
+ * scaler.step(optimizer);
+ * ```
+ */
+export function clipGradNorm(
+  params: readonly Tensor[],
+  maxNorm: number,
+  options: { inPlace?: boolean } = {},
+): ClipResult {
+  if (!(maxNorm > 0) || !Number.isFinite(maxNorm)) {
+    throw new RangeError(`clipGradNorm: maxNorm must be a positive finite number, got ${maxNorm}.`);
+  }
+  const grads = params.map((p) => p.grad).filter((g): g is Tensor => g !== null);
+  const gpu = params[0]?.gpu;
+  if (!gpu) throw new RangeError("clipGradNorm: no parameters given.");
+  return untracked(() =>
+    noGrad(() => {
+      const partials = Tensor.empty([Math.max(grads.length, 1)], "f32", gpu); // every slot is written
+      grads.forEach((g, slot) => launchSumSquares(g, partials, slot));
+      const totalNorm = Tensor.empty([1], "f32", gpu), coefficient = Tensor.empty([1], "f32", gpu);
+      launchClipCoefficient(partials, grads.length, maxNorm, totalNorm, coefficient);
+      partials.dispose();
+      if (options.inPlace ?? true) {
+        for (const g of grads) launchScaleByCoefficient(g, coefficient);
+      }
+      return { totalNorm, coefficient };
+    })
+  );
+}

@@ -1,0 +1,102 @@
+/**
+ * Kernels of clip-by-global-norm, all f32 and all on the GPU: each gradient's
+ * sum of squares lands in its own slot of a partials buffer; one thread then
+ * turns the partials into the global norm and the clip coefficient
+ * min(1, maxNorm / (norm + 1e-6)); gradients are scaled by reading it.
+ */
+import { type DType, wgslEnables } from "../../gpu/dtype.ts";
+import { defineKernel, f32Bits } from "../../gpu/kernel.ts";
+import { grid1d, WGSL_GRID_BUILTINS, WGSL_WORKGROUP_INDEX } from "../../gpu/kernels/grid.ts";
+import { REDUCE_THREADS, WGSL_WORKGROUP_REDUCE } from "../../gpu/kernels/wgsl_math.ts";
+import type { Tensor } from "../../gpu/tensor.ts";
+
+const WORKGROUP = 256;
+
+/** partials[slot] = Σ g² (one workgroup). */
+export const sumSquaresKernel = defineKernel<{ dtype: DType }>({
+  name: "clip_sum_squares",
+  wgsl: ({ dtype }) =>
+    `${wgslEnables(dtype)}
+struct Params { n: u32, slot: u32 }
+@group(0) @binding(0) var<storage, read> g: array<${dtype}>;
+@group(0) @binding(1) var<storage, read_write> partials: array<f32>;
+@group(0) @binding(2) var<uniform> p: Params;
+${WGSL_WORKGROUP_REDUCE}
+@compute @workgroup_size(${REDUCE_THREADS})
+fn main(@builtin(local_invocation_index) lid: u32) {
+  var acc = 0.0;
+  for (var i = lid; i < p.n; i += ${REDUCE_THREADS}u) { let v = f32(g[i]); acc += v * v; }
+  let total = reduce_sum(acc, lid);
+  if (lid == 0u) { partials[p.slot] = total; }
+}`,
+});
+
+/** norm[0] = √Σ partials; coef[0] = min(1, maxNorm / (norm + 1e-6)). */
+export const clipCoefficientKernel = defineKernel<Record<string, never>>({
+  name: "clip_coefficient",
+  wgsl: () =>
+    `struct Params { count: u32, max_norm: u32 }
+@group(0) @binding(0) var<storage, read> partials: array<f32>;
+@group(0) @binding(1) var<storage, read_write> norm: array<f32>;
+@group(0) @binding(2) var<storage, read_write> coef: array<f32>;
+@group(0) @binding(3) var<uniform> p: Params;
+@compute @workgroup_size(1)
+fn main() {
+  var total = 0.0;
+  for (var i = 0u; i < p.count; i++) { total += partials[i]; }
+  norm[0] = sqrt(total);
+  coef[0] = min(1.0, bitcast<f32>(p.max_norm) / (sqrt(total) + 1e-6));
+}`,
+});
+
+/** g *= coef[0] in place. */
+export const scaleByCoefficientKernel = defineKernel<{ dtype: DType }>({
+  name: "clip_scale",
+  wgsl: ({ dtype }) =>
+    `${wgslEnables(dtype)}
+struct Params { n: u32 }
+@group(0) @binding(0) var<storage, read_write> g: array<${dtype}>;
+@group(0) @binding(1) var<storage, read> coef: array<f32>;
+@group(0) @binding(2) var<uniform> p: Params;
+@compute @workgroup_size(${WORKGROUP})
+fn main(${WGSL_GRID_BUILTINS}) {
+  let i = ${WGSL_WORKGROUP_INDEX} * ${WORKGROUP}u + lid;
+  if (i >= p.n) { return; }
+  g[i] = ${dtype}(f32(g[i]) * coef[0]);
+}`,
+});
+
+/** Writes Σ g² of `grad` into `partials[slot]`. */
+export function launchSumSquares(grad: Tensor, partials: Tensor, slot: number): void {
+  const kernel = grad.gpu.kernel(sumSquaresKernel, { dtype: grad.dtype });
+  grad.gpu.dispatch(kernel, [grad.buffer, partials.buffer], [grad.size, slot], [1]);
+}
+
+/** Fills `norm` and `coef` (f32 [1] each) from the first `count` partials. */
+export function launchClipCoefficient(
+  partials: Tensor,
+  count: number,
+  maxNorm: number,
+  norm: Tensor,
+  coef: Tensor,
+): void {
+  const kernel = norm.gpu.kernel(clipCoefficientKernel, {});
+  norm.gpu.dispatch(
+    kernel,
+    [partials.buffer, norm.buffer, coef.buffer],
+    [count, f32Bits(maxNorm)],
+    [1],
+  );
+}
+
+/** Multiplies `grad` in place by `coef[0]`. */
+export function launchScaleByCoefficient(grad: Tensor, coef: Tensor): void {
+  if (grad.size === 0) return;
+  const kernel = grad.gpu.kernel(scaleByCoefficientKernel, { dtype: grad.dtype });
+  grad.gpu.dispatch(
+    kernel,
+    [grad.buffer, coef.buffer],
+    [grad.size],
+    grid1d(Math.ceil(grad.size / WORKGROUP)),
+  );
+}

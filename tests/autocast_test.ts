@@ -1,0 +1,148 @@
+import assert from "node:assert/strict";
+import {
+  add,
+  autocast,
+  customAutocastLists,
+  initGpu,
+  linear,
+  matmul,
+  softmax,
+  sum,
+  Tensor,
+  tidy,
+} from "../mod.ts";
+import { clipGradNorm } from "../amp/clip.ts";
+import { MasterWeights } from "../amp/master_weights.ts";
+import { GPU_TEST } from "./_gpu.ts";
+import { matmul64, quantize, uniform } from "./_reference.ts";
+import { assertClose, TOL } from "./_assert.ts";
+
+Deno.test({
+  name: "autocast: matmul and linear run in f16, softmax and sums in f32, mixed inputs promote",
+  ...GPU_TEST,
+  async fn() {
+    const x = Tensor.from(uniform(6 * 5, 1), [6, 5]);
+    const w = Tensor.from(uniform(4 * 5, 2), [4, 5]);
+    tidy(() => {
+      autocast(() => {
+        assert.equal(linear(x, w).dtype, "f16");
+        assert.equal(matmul(x, w, { transB: true }).dtype, "f16");
+        const h = matmul(x, w, { transB: true });
+        assert.equal(softmax(h).dtype, "f32", "softmax is on the f32 list");
+        assert.equal(sum(h).dtype, "f32", "sums are on the f32 list");
+        assert.equal(add(h, Tensor.zeros([4])).dtype, "f32", "f16 + f32 promotes to f32");
+        assert.equal(add(h, h).dtype, "f16");
+        autocast(() => assert.equal(matmul(x, w, { transB: true }).dtype, "f32"), {
+          enabled: false,
+        });
+      });
+      const lists = customAutocastLists({ deny: ["matmul"] });
+      autocast(() => assert.equal(matmul(x, w, { transB: true }).dtype, "f32"), { lists });
+    });
+    // The f16 product equals the f64 product of f16-rounded inputs (f32 accumulation inside).
+    const y = tidy(() => autocast(() => linear(x, w)));
+    const ref = matmul64(quantize(uniform(30, 1), "f16"), quantize(uniform(20, 2), "f16"), {
+      batch: 1,
+      m: 6,
+      n: 4,
+      k: 5,
+      transA: false,
+      transB: true,
+    });
+    assertClose(await y.read(), ref, TOL.f16, "autocast linear");
+  },
+});
+
+Deno.test({
+  name: "autocast: f16 ops read the working copy; gradients land in the fp32 master (+=)",
+  ...GPU_TEST,
+  async fn() {
+    const wv = uniform(3 * 4, 3);
+    const w = Tensor.from(wv, [3, 4], { requiresGrad: true });
+    const masters = new MasterWeights([w]);
+    const copy = masters.copies.get(w)!;
+    assert.equal(copy.dtype, "f16");
+    assertClose(await copy.read(), quantize(wv, "f16"), { atol: 0, rtol: 0 }, "copy = f16(master)");
+    // Prove the op reads the copy: make it differ from the master.
+    copy.copyFrom(Tensor.full([3, 4], 1, { dtype: "f16" }));
+    const x = Tensor.from(uniform(2 * 4, 4), [2, 4]);
+    const y = tidy(() => autocast(() => linear(x, w)));
+    const xs = quantize(uniform(8, 4), "f16");
+    const expected = [0, 1].flatMap((r) =>
+      [0, 1, 2].map(() => xs.slice(r * 4, r * 4 + 4).reduce((a, b) => a + b, 0))
+    );
+    assertClose(await y.read(), expected, TOL.f16, "read from the copy");
+    for (let micro = 0; micro < 2; micro++) {
+      const loss = tidy(() => autocast(() => sum(linear(x, w))));
+      loss.backward();
+      loss.dispose();
+    }
+    assert.equal(w.grad!.dtype, "f32");
+    // d Σ(x·Wᵀ) / dW[o, i] = Σ_r x[r, i], twice (two micro-batches accumulate).
+    const dw = [0, 1, 2].flatMap(() => [0, 1, 2, 3].map((i) => 2 * (xs[i] + xs[4 + i])));
+    assertClose(await w.grad!.read(), dw, TOL.f16, "accumulated master gradient");
+    masters.dispose();
+  },
+});
+
+Deno.test({
+  name: "autocast: without shader-f16 it runs in f32 and says so once",
+  ...GPU_TEST,
+  async fn() {
+    const plain = await initGpu({ f16: "off", matmulTiling: "default", setDefault: false });
+    const warnings: string[] = [];
+    const warn = console.warn;
+    console.warn = (...args: unknown[]) => warnings.push(args.join(" "));
+    try {
+      const a = Tensor.zeros([2, 2], { gpu: plain });
+      for (let i = 0; i < 2; i++) {
+        tidy(() => autocast(() => assert.equal(matmul(a, a).dtype, "f32"), { gpu: plain }));
+      }
+    } finally {
+      console.warn = warn;
+      plain.destroy();
+    }
+    assert.equal(warnings.filter((w) => w.includes("no shader-f16")).length, 1);
+  },
+});
+
+Deno.test({
+  name: "clipGradNorm: global norm and clipped gradients match f64; small norms are left alone",
+  ...GPU_TEST,
+  async fn() {
+    const values = [uniform(7, 1, -3, 3), uniform(1031, 2, -3, 3), uniform(1, 3, -3, 3)];
+    const make = () =>
+      values.map((v) => {
+        const p = Tensor.zeros([v.length], { requiresGrad: true });
+        p.grad = Tensor.from(v, [v.length]);
+        return p;
+      });
+    const norm = Math.sqrt(values.reduce((s, v) => s + v.reduce((a, b) => a + b * b, 0), 0));
+    const params = make();
+    const { totalNorm, coefficient } = clipGradNorm(params, 1.5);
+    assertClose(await totalNorm.read(), [norm], TOL.f32, "norm");
+    const coef = Math.min(1, 1.5 / (norm + 1e-6));
+    assertClose(await coefficient.read(), [coef], TOL.f32, "coefficient");
+    for (const [i, p] of params.entries()) {
+      assertClose(await p.grad!.read(), values[i].map((v) => v * coef), TOL.f32, `clipped ${i}`);
+    }
+    const untouched = make();
+    clipGradNorm(untouched, 1.5, { inPlace: false });
+    assertClose(
+      await untouched[1].grad!.read(),
+      quantize(values[1], "f32"),
+      { atol: 0, rtol: 0 },
+      "inPlace: false",
+    );
+    const big = make();
+    const { coefficient: one } = clipGradNorm(big, norm * 2);
+    assert.equal(await one.item(), 1);
+    assertClose(
+      await big[0].grad!.read(),
+      quantize(values[0], "f32"),
+      { atol: 0, rtol: 0 },
+      "no clipping",
+    );
+    assert.throws(() => clipGradNorm(params, 0), /maxNorm must be a positive finite number, got 0/);
+  },
+});
