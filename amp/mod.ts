@@ -1,8 +1,9 @@
 /**
  * Automatic mixed precision: the autocast policy as data (f16, f32 and
  * promote op lists; custom allow/deny lists), `autocast()`, fp32 master
- * weights with f16 working copies, clipping by global norm on the GPU, and
- * the optimizer interface the fused optimizers and the GradScaler share.
+ * weights with f16 working copies, dynamic and static loss scaling
+ * (`GradScaler`, decided on the GPU), clipping by global norm on the GPU,
+ * the optimizer interface, and `AmpTrainer`, which runs the whole step.
  *
  * @module
  */
@@ -24,3 +25,10 @@ export {
 export { MasterWeights, readWorkingCopy, workingCopyOf } from "./master_weights.ts";
 export { clipGradNorm, type ClipResult } from "./clip.ts";
 export type { AmpOptimizer, StepSignals } from "./optimizer.ts";
+export { GradScaler, type GradScalerOptions, type GradScalerState } from "./grad_scaler.ts";
+export {
+  AmpTrainer,
+  type AmpTrainerOptions,
+  type AmpTrainerState,
+  type HasParameters,
+} from "./trainer.ts";

@@ -1,0 +1,343 @@
+/**
+ * Loss scaling with PyTorch's GradScaler semantics, decided on the GPU: the
+ * scale, the found-inf flag and the counters live in GPU buffers, so
+ * scale/unscale/step/update never read back to the CPU.
+ */
+import { getGpu, type Gpu } from "../gpu/device.ts";
+import { record } from "../gpu/autograd.ts";
+import { launchBinary } from "../gpu/kernels/elementwise.ts";
+import { untracked } from "../gpu/scope.ts";
+import { Tensor } from "../gpu/tensor.ts";
+import { COUNTER, launchScaleUpdate, launchUnscale, UPDATE_MODE } from "./kernels/grad_scaler.ts";
+import type { AmpOptimizer, StepSignals } from "./optimizer.ts";
+
+const F32_MAX = 3.4028234663852886e38;
+const F32_MIN_NORMAL = 2 ** -126;
+
+/** Options of {@link GradScaler} (PyTorch's defaults, plus static mode, hysteresis and clamps). */
+export interface GradScalerOptions {
+  /** Starting scale of dynamic mode (default 2^16). */
+  initScale?: number;
+  /** Multiplier after `growthInterval` clean steps in a row, > 1 (default 2). */
+  growthFactor?: number;
+  /** Multiplier on overflow, in (0, 1) (default 0.5). */
+  backoffFactor?: number;
+  /** Clean steps in a row before growing, a positive integer (default 2000). */
+  growthInterval?: number;
+  /** Overflows tolerated before backing off (DeepSpeed/Megatron; default 1: back off at once). */
+  hysteresis?: number;
+  /** Floor of the dynamic scale (default 1, as DeepSpeed and Megatron). */
+  minScale?: number;
+  /** Ceiling of the dynamic scale (default 2^24, as apex); growing never reaches inf anyway. */
+  maxScale?: number;
+  /** The seeds' `--loss_scale`: 0 or absent = dynamic, a power of two = static (never changes). */
+  lossScale?: number;
+  /** False makes every method a pass-through (default true). */
+  enabled?: boolean;
+  /** The device (default: the one `initGpu()` made). */
+  gpu?: Gpu;
+}
+
+/** Everything {@link GradScaler.stateDict} saves: plain numbers, JSON-safe. */
+export interface GradScalerState {
+  /** Current scale. */
+  scale: number;
+  /** Clean steps since the last growth or overflow. */
+  growthTracker: number;
+  /** Overflows still tolerated before a backoff. */
+  hysteresisLeft: number;
+  /** Steps skipped so far. */
+  skippedSteps: number;
+  /** The options in force (dynamic mode has lossScale 0). */
+  options: Required<Omit<GradScalerOptions, "gpu">>;
+}
+
+type Settings = GradScalerState["options"];
+type Stage = "unscaled" | "stepped";
+
+function fail(method: string, message: string): never {
+  throw new RangeError(`GradScaler.${method}: ${message}`);
+}
+
+function checkScale(method: string, name: string, x: unknown): number {
+  if (typeof x !== "number" || !(x >= F32_MIN_NORMAL && x <= F32_MAX)) {
+    fail(method, `${name} must be a positive finite f32 number (2^-126 to 3.4e38), not ${x}.`);
+  }
+  return x;
+}
+
+function checkCount(method: string, name: string, x: unknown, min: number): number {
+  if (typeof x !== "number" || !Number.isInteger(x) || x < min || x >= 2 ** 31) {
+    fail(method, `${name} must be an integer ≥ ${min}, not ${x}.`);
+  }
+  return x;
+}
+
+function settingsOf(method: string, o: Partial<Settings>): Settings {
+  const s: Settings = {
+    initScale: checkScale(method, "initScale", o.initScale ?? 2 ** 16),
+    growthFactor: o.growthFactor ?? 2,
+    backoffFactor: o.backoffFactor ?? 0.5,
+    growthInterval: checkCount(method, "growthInterval", o.growthInterval ?? 2000, 1),
+    hysteresis: checkCount(method, "hysteresis", o.hysteresis ?? 1, 1),
+    minScale: checkScale(method, "minScale", o.minScale ?? 1),
+    maxScale: checkScale(method, "maxScale", o.maxScale ?? 2 ** 24),
+    lossScale: o.lossScale ?? 0,
+    enabled: o.enabled ?? true,
+  };
+  if (typeof s.growthFactor !== "number" || !(s.growthFactor > 1 && s.growthFactor <= F32_MAX)) {
+    fail(method, `growthFactor must be a finite number > 1, not ${s.growthFactor}.`);
+  }
+  if (typeof s.backoffFactor !== "number" || !(s.backoffFactor > 0 && s.backoffFactor < 1)) {
+    fail(method, `backoffFactor must be in (0, 1), not ${s.backoffFactor}.`);
+  }
+  if (s.minScale > s.maxScale) fail(method, `minScale ${s.minScale} > maxScale ${s.maxScale}.`);
+  if (s.initScale < s.minScale || s.initScale > s.maxScale) {
+    fail(method, `initScale ${s.initScale} is outside [${s.minScale}, ${s.maxScale}] (min/max).`);
+  }
+  const ls = s.lossScale;
+  if (ls !== 0 && !(checkScale(method, "lossScale", ls) && 2 ** Math.round(Math.log2(ls)) === ls)) {
+    fail(method, `lossScale must be 0 (dynamic) or a power of two (static), not ${ls}.`);
+  }
+  if (typeof s.enabled !== "boolean") fail(method, `enabled must be a boolean, not ${s.enabled}.`);
+  return s;
+}
+
+/**
+ * Dynamic (or static) loss scaling for f16 training, PyTorch's `GradScaler`
+ * on the GPU. Dynamic rule: back off ×`backoffFactor` on an overflow (after
+ * `hysteresis` overflows since the last growth), grow ×`growthFactor` after
+ * `growthInterval` clean steps, within [minScale, maxScale] and never to inf.
+ * A step whose gradients hold inf/NaN is skipped by the optimizer on the GPU.
+ * The state is one f32 [1] scale, the f32 [1] found-inf flag and four u32
+ * counters (growth tracker, hysteresis left, skipped steps, last skipped).
+ *
+ * With several optimizers the found-inf flag is shared: an optimizer stepped
+ * after another one's gradients were unscaled sees that one's overflow too.
+ *
+ * @example
+ * ```ts ignore
+ * const scaler = new GradScaler(); // or { lossScale: 1024 } for a static scale
+ * for (const [x, y] of batches) {
+ *   const loss = crossEntropy(model.forward(x), y);
+ *   scaler.scale(loss).backward();
+ *   scaler.step(optimizer); // unscales, checks, skips on inf/NaN: all on the GPU
+ *   scaler.update();
+ *   optimizer.zeroGrad();
+ * }
+ * if (await scaler.lastStepSkipped()) console.log("overflow"); // a sync point
+ * ```
+ */
+export class GradScaler {
+  /** The device holding the state. */
+  readonly gpu: Gpu;
+  #s: Settings;
+  #scale: Tensor;
+  #foundInf: Tensor;
+  #counters: Tensor;
+  #stages = new Map<AmpOptimizer, Stage>();
+  #disposed = false;
+
+  /** A scaler with PyTorch's defaults; see {@link GradScalerOptions}. */
+  constructor(options: GradScalerOptions = {}) {
+    const { gpu, ...rest } = options;
+    if (rest.lossScale && options.initScale !== undefined && options.initScale !== rest.lossScale) {
+      fail("constructor", "initScale and lossScale differ; give lossScale alone (static).");
+    }
+    this.#s = settingsOf("constructor", rest);
+    this.gpu = gpu ?? getGpu();
+    const g = this.gpu;
+    [this.#scale, this.#foundInf, this.#counters] = untracked(() => [
+      Tensor.from([this.#s.lossScale || this.#s.initScale], [1], { gpu: g }),
+      Tensor.zeros([1], { gpu: g }),
+      Tensor.from([0, this.#s.hysteresis, 0, 0], [4], { dtype: "i32", gpu: g }),
+    ]);
+  }
+
+  /** Whether scaling is on. */
+  get enabled(): boolean {
+    return this.#s.enabled;
+  }
+
+  /** The f32 [1] flag the optimizer kernels read (non-zero = skip). Owned by the scaler. */
+  get foundInf(): Tensor {
+    this.#live("foundInf");
+    return this.#foundInf;
+  }
+
+  /**
+   * loss × scale, recorded on the tape: backward multiplies the gradient by
+   * the scale read at backward time (run backward before `update()`).
+   * `loss` must be f32. Disabled: returns `loss` itself.
+   */
+  scale(loss: Tensor): Tensor {
+    if (!this.enabled) return loss;
+    this.#live("scale");
+    if (loss.dtype !== "f32" || loss.gpu !== this.gpu) {
+      fail("scale", `loss ${loss.describe()} must be f32 on the scaler's device; cast it.`);
+    }
+    const all = (t: Tensor) => ({ mid: t.size, inner: 1 }); // every element reads scale[0]
+    const y = launchBinary("mul", loss, this.#scale, all(loss));
+    return record("GradScaler.scale", [loss], y, (g, [s]) => [
+      launchBinary("mul", g, s, all(g)),
+    ], [this.#scale]);
+  }
+
+  /**
+   * Unscales every parameter's `.grad` in place (g ← g / scale) and records
+   * inf/NaN in {@link GradScaler.foundInf}. Call it before clipping; at most
+   * once per optimizer between `update()`s. No sync.
+   */
+  unscale(optimizer: AmpOptimizer): void {
+    if (!this.enabled) return;
+    this.#live("unscale");
+    const stage = this.#stages.get(optimizer);
+    if (stage === "unscaled") {
+      const what = "unscale() has already been called on this optimizer since the last update()";
+      fail("unscale", `${what}. Call step() and update() before unscaling again.`);
+    }
+    if (stage === "stepped") {
+      fail("unscale", "unscale() is being called after step(); call update() first.");
+    }
+    const seen = new Set<GPUBuffer>(); // a gradient shared by two params is unscaled once
+    for (const p of optimizer.params) {
+      const g = p.grad;
+      if (!g || seen.has(g.buffer)) continue;
+      seen.add(g.buffer);
+      if (g.gpu !== this.gpu) {
+        fail("unscale", `a gradient ${g.describe()} lives on another device than the scaler.`);
+      }
+      launchUnscale(g, this.#scale, this.#foundInf);
+    }
+    this.#stages.set(optimizer, "unscaled");
+  }
+
+  /**
+   * Unscales (unless `unscale()` ran) and calls `optimizer.step` with the
+   * found-inf flag, so an overflowing step is skipped on the GPU. Once per
+   * optimizer between `update()`s. `signals.gradScale` is passed on
+   * (e.g. a clip coefficient). No sync.
+   */
+  step(optimizer: AmpOptimizer, signals: { gradScale?: Tensor } = {}): void {
+    const gradScale = signals.gradScale;
+    if (!this.enabled) return gradScale ? optimizer.step({ gradScale }) : optimizer.step();
+    this.#live("step");
+    if (this.#stages.get(optimizer) === "stepped") {
+      const what = "step() has already been called on this optimizer since the last update()";
+      fail("step", `${what}. Call update() once per iteration, after step().`);
+    }
+    if (!this.#stages.has(optimizer)) this.unscale(optimizer);
+    const out: StepSignals = { foundInf: this.#foundInf };
+    if (gradScale) out.gradScale = gradScale;
+    optimizer.step(out);
+    this.#stages.set(optimizer, "stepped");
+  }
+
+  /**
+   * Updates the scale on the GPU (see the class docs), records whether the
+   * step was skipped, and clears the found-inf flag. With `newScale` the
+   * scale is set to it instead (any mode). No sync.
+   */
+  update(newScale?: number): void {
+    if (!this.enabled) return;
+    this.#live("update");
+    const stepped = this.#stages.size > 0;
+    const s = this.#s;
+    if (newScale !== undefined) {
+      checkScale("update", "newScale", newScale);
+      if (s.lossScale) {
+        fail("update", `newScale cannot change the static lossScale ${s.lossScale}.`);
+      }
+    } else if (!stepped) {
+      fail("update", "no unscale() or step() since the last update(); call step() first.");
+    }
+    let mode: number = s.lossScale ? UPDATE_MODE.static : UPDATE_MODE.dynamic;
+    if (newScale !== undefined) mode = UPDATE_MODE.set;
+    launchScaleUpdate({ scale: this.#scale, foundInf: this.#foundInf, counters: this.#counters }, {
+      mode,
+      stepped,
+      growth: s.growthFactor,
+      backoff: s.backoffFactor,
+      interval: s.growthInterval,
+      hysteresis: s.hysteresis,
+      minScale: s.minScale,
+      maxScale: s.maxScale,
+      newScale: newScale ?? 0,
+    });
+    this.#stages.clear();
+  }
+
+  /** The current scale (1 when disabled). **A sync point**: waits for the GPU. */
+  async getScale(): Promise<number> {
+    if (!this.enabled) return 1;
+    return (await this.#live("getScale").#scale.read())[0];
+  }
+
+  /** Whether the step before the last `update()` was skipped. **A sync point.** */
+  async lastStepSkipped(): Promise<boolean> {
+    return this.enabled && (await this.#readCounters())[COUNTER.lastSkipped] !== 0;
+  }
+
+  /** Steps skipped for inf/NaN gradients so far. **A sync point.** */
+  async skippedSteps(): Promise<number> {
+    return this.enabled ? (await this.#readCounters())[COUNTER.skippedSteps] : 0;
+  }
+
+  /** The state as plain numbers (for checkpoints). **A sync point.** */
+  async stateDict(): Promise<GradScalerState> {
+    const c = await this.#readCounters();
+    return {
+      scale: await this.getScale(),
+      growthTracker: c[COUNTER.growthTracker],
+      hysteresisLeft: c[COUNTER.hysteresisLeft],
+      skippedSteps: c[COUNTER.skippedSteps],
+      options: { ...this.#s },
+    };
+  }
+
+  /** Restores a {@link GradScalerState}: validates every field, then writes the GPU state. */
+  loadStateDict(state: GradScalerState): void {
+    this.#live("loadStateDict");
+    if (typeof state !== "object" || state === null || typeof state.options !== "object") {
+      fail("loadStateDict", "state must be an object from stateDict() with an options field.");
+    }
+    const s = settingsOf("loadStateDict", state.options);
+    if (s.enabled !== this.enabled) {
+      fail("loadStateDict", `the state has enabled=${s.enabled}, this scaler the opposite.`);
+    }
+    const scale = checkScale("loadStateDict", "scale", state.scale);
+    if (s.lossScale && scale !== s.lossScale) {
+      fail("loadStateDict", `scale ${scale} differs from the static lossScale ${s.lossScale}.`);
+    }
+    const tracker = checkCount("loadStateDict", "growthTracker", state.growthTracker, 0);
+    if (tracker >= s.growthInterval) {
+      fail("loadStateDict", `growthTracker ${tracker} must be below ${s.growthInterval}.`);
+    }
+    const left = checkCount("loadStateDict", "hysteresisLeft", state.hysteresisLeft, 0);
+    if (left > s.hysteresis) {
+      fail("loadStateDict", `hysteresisLeft ${left} exceeds hysteresis ${s.hysteresis}.`);
+    }
+    const skipped = checkCount("loadStateDict", "skippedSteps", state.skippedSteps, 0);
+    this.#s = s;
+    this.#scale.writeBytes(new Uint8Array(new Float32Array([scale]).buffer));
+    this.#foundInf.writeBytes(new Uint8Array(4));
+    this.#counters.writeBytes(new Uint8Array(new Int32Array([tracker, left, skipped, 0]).buffer));
+    this.#stages.clear();
+  }
+
+  /** Frees the GPU state; the scaler is unusable afterwards. Idempotent. */
+  dispose(): void {
+    this.#disposed = true;
+    for (const t of [this.#scale, this.#foundInf, this.#counters]) t.dispose();
+  }
+
+  async #readCounters(): Promise<Uint32Array> {
+    const t = this.#live("read the state").#counters;
+    return new Uint32Array(await this.gpu.readBuffer(t.buffer, 16));
+  }
+
+  #live(method: string): this {
+    if (this.#disposed) fail(method, "this GradScaler was disposed; create a new one.");
+    return this;
+  }
+}

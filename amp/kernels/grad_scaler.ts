@@ -1,0 +1,198 @@
+/**
+ * GradScaler kernels: unscale-and-check (one dispatch per gradient tensor) and
+ * the one-thread scale update. WGSL has no `isnan`/`isinf` and may assume
+ * floats never overflow, so every check here is on bits: a value is non-finite
+ * when its exponent field is all ones (f32 `0x7f800000`, f16 `0x7c00`).
+ * Gradients are bound as `array<u32>` (an f16 word holds two halves), so the
+ * kernels need no `shader-f16`.
+ */
+import { defineKernel, f32Bits } from "../../gpu/kernel.ts";
+import { grid1d, WGSL_GRID_BUILTINS, WGSL_WORKGROUP_INDEX } from "../../gpu/kernels/grid.ts";
+import type { Tensor } from "../../gpu/tensor.ts";
+
+const WORKGROUP = 256;
+const PER_THREAD = 4;
+/** Bits of 1.0f: what a kernel stores into found_inf. */
+const ONE_BITS = 0x3f800000;
+
+/** Word indices of the scaler's u32 counter tensor (i32 [4]). */
+export const COUNTER = { growthTracker: 0, hysteresisLeft: 1, skippedSteps: 2, lastSkipped: 3 };
+
+/** How the update kernel treats the scale: grow/back off, keep it, or set it. */
+export const UPDATE_MODE = { dynamic: 0, static: 1, set: 2 } as const;
+
+// 1/s, exact for powers of two (WGSL division may be off by 2.5 ulp).
+const WGSL_RECIPROCAL = `fn reciprocal(s: f32) -> f32 {
+  let b = bitcast<u32>(s);
+  let e = (b >> 23u) & 0xffu;
+  if ((b & 0x807fffffu) == 0u && e >= 1u && e <= 253u) { return bitcast<f32>((254u - e) << 23u); }
+  return 1.0 / s;
+}`;
+
+/** In place g ← g · (1/scale[0]); any non-finite input or product stores 1.0 in found[0]. */
+export const unscaleKernel = defineKernel<{ dtype: "f32" | "f16" }>({
+  name: "grad_scaler_unscale",
+  wgsl: ({ dtype }) => {
+    // f32: one value per word. f16: two halves per word; the high half of the
+    // last word is padding when n is odd and is never tested or changed.
+    const body = dtype === "f32" ? `grad[w] = unscaled_f32(grad[w], inv);` : `let b = grad[w];
+      let lo = unscaled_f16(b & 0xffffu, inv);
+      var hi = b >> 16u;
+      if (2u * w + 1u < p.n) { hi = unscaled_f16(hi, inv); }
+      grad[w] = lo | (hi << 16u);`;
+    return `struct Params { n: u32 }
+@group(0) @binding(0) var<storage, read_write> grad: array<u32>;
+@group(0) @binding(1) var<storage, read> scale: array<f32>;
+@group(0) @binding(2) var<storage, read_write> found: array<atomic<u32>>;
+@group(0) @binding(3) var<uniform> p: Params;
+var<private> bad: bool = false;
+${WGSL_RECIPROCAL}
+fn unscaled_f32(b: u32, inv: f32) -> u32 {
+  if ((b & 0x7f800000u) == 0x7f800000u) { bad = true; return b; }
+  let r = bitcast<u32>(bitcast<f32>(b) * inv);
+  if ((r & 0x7f800000u) == 0x7f800000u) { bad = true; }
+  return r;
+}
+fn unscaled_f16(h: u32, inv: f32) -> u32 {
+  if ((h & 0x7c00u) == 0x7c00u) { bad = true; return h; }
+  let x = unpack2x16float(h).x * inv;
+  // |x| > 65504 does not fit f16 (and pack2x16float of it is indeterminate): write ±inf.
+  if (abs(x) > 65504.0 || (bitcast<u32>(x) & 0x7f800000u) == 0x7f800000u) {
+    bad = true;
+    return (h & 0x8000u) | 0x7c00u;
+  }
+  return pack2x16float(vec2<f32>(x, 0.0)) & 0xffffu;
+}
+@compute @workgroup_size(${WORKGROUP})
+fn main(${WGSL_GRID_BUILTINS}) {
+  let inv = reciprocal(scale[0]);
+  let words = ${dtype === "f32" ? "p.n" : "(p.n + 1u) / 2u"};
+  let base = (${WGSL_WORKGROUP_INDEX} * ${WORKGROUP}u + lid) * ${PER_THREAD}u;
+  for (var k = 0u; k < ${PER_THREAD}u; k++) {
+    let w = base + k;
+    if (w < words) {
+      ${body}
+    }
+  }
+  if (bad) { atomicStore(&found[0], ${ONE_BITS}u); }
+}`;
+  },
+});
+
+/**
+ * The scale update, one thread. Dynamic rule (PyTorch's `_amp_update_scale_`
+ * with DeepSpeed/Megatron hysteresis): on found_inf, growth tracker ← 0 and
+ * the hysteresis counter drops by one (not below 0); once it is 0 every
+ * overflow backs off, scale ← max(scale · backoff, min). On a clean step the
+ * tracker counts up; at the interval it resets, the hysteresis counter is
+ * re-armed and scale ← scale · growth when that is finite and ≤ max. Clean
+ * steps alone never re-arm the counter (DeepSpeed's default,
+ * consecutive_hysteresis = false). Every mode records whether the step was
+ * skipped and resets found_inf to 0.
+ */
+export const scaleUpdateKernel = defineKernel<Record<string, never>>({
+  name: "grad_scaler_update",
+  wgsl: () =>
+    `struct Params {
+  mode: u32, stepped: u32, growth: u32, backoff: u32,
+  interval: u32, hysteresis: u32, min_scale: u32, max_scale: u32, new_scale: u32,
+}
+@group(0) @binding(0) var<storage, read_write> scale: array<f32>;
+@group(0) @binding(1) var<storage, read_write> found: array<u32>;
+@group(0) @binding(2) var<storage, read_write> counters: array<u32>;
+@group(0) @binding(3) var<uniform> p: Params;
+@compute @workgroup_size(1)
+fn main() {
+  let inf = (found[0] & 0x7fffffffu) != 0u; // any non-zero f32 (NaN included), from bits
+  found[0] = 0u;
+  if (p.stepped != 0u) {
+    counters[${COUNTER.lastSkipped}] = select(0u, 1u, inf);
+    if (inf) { counters[${COUNTER.skippedSteps}] += 1u; }
+  }
+  if (p.mode == ${UPDATE_MODE.set}u) { scale[0] = bitcast<f32>(p.new_scale); return; }
+  if (p.mode != ${UPDATE_MODE.dynamic}u || p.stepped == 0u) { return; }
+  let s = scale[0];
+  if (inf) {
+    counters[${COUNTER.growthTracker}] = 0u;
+    let left = max(counters[${COUNTER.hysteresisLeft}], 1u) - 1u;
+    counters[${COUNTER.hysteresisLeft}] = left;
+    if (left == 0u) { scale[0] = max(s * bitcast<f32>(p.backoff), bitcast<f32>(p.min_scale)); }
+    return;
+  }
+  let tracker = counters[${COUNTER.growthTracker}] + 1u;
+  if (tracker < p.interval) { counters[${COUNTER.growthTracker}] = tracker; return; }
+  counters[${COUNTER.growthTracker}] = 0u;
+  counters[${COUNTER.hysteresisLeft}] = p.hysteresis;
+  let grown = s * bitcast<f32>(p.growth);
+  // Never grow to inf: test the product's bits, then the ceiling.
+  if ((bitcast<u32>(grown) & 0x7f800000u) != 0x7f800000u && grown <= bitcast<f32>(p.max_scale)) {
+    scale[0] = grown;
+  }
+}`,
+});
+
+/**
+ * Unscales `grad` (f32 or f16) in place by 1/`scale`[0] and stores 1.0 in
+ * `foundInf`[0] when any element is (or becomes) non-finite. No sync.
+ */
+export function launchUnscale(grad: Tensor, scale: Tensor, foundInf: Tensor): void {
+  const n = grad.size;
+  if (n === 0) return;
+  const dtype = grad.dtype;
+  if (dtype !== "f32" && dtype !== "f16") {
+    throw new TypeError(`GradScaler.unscale: gradient ${grad.describe()} is not f32 or f16.`);
+  }
+  const words = dtype === "f32" ? n : Math.ceil(n / 2);
+  grad.gpu.dispatch(
+    grad.gpu.kernel(unscaleKernel, { dtype }),
+    [grad.buffer, scale.buffer, foundInf.buffer],
+    [n],
+    grid1d(Math.ceil(words / (WORKGROUP * PER_THREAD))),
+  );
+}
+
+/** Uniform values of one scale update. */
+export interface ScaleUpdateParams {
+  /** One of {@link UPDATE_MODE}. */
+  mode: number;
+  /** Whether an unscale/step ran since the last update (else no bookkeeping). */
+  stepped: boolean;
+  /** Growth factor (> 1). */
+  growth: number;
+  /** Backoff factor in (0, 1). */
+  backoff: number;
+  /** Clean steps between growths. */
+  interval: number;
+  /** Overflows tolerated before backing off (≥ 1). */
+  hysteresis: number;
+  /** Floor of the scale. */
+  minScale: number;
+  /** Ceiling of the scale. */
+  maxScale: number;
+  /** The scale to set in `set` mode. */
+  newScale: number;
+}
+
+/** Runs the scale update on `scale`, `foundInf` and `counters` (i32 [4]). No sync. */
+export function launchScaleUpdate(
+  state: { scale: Tensor; foundInf: Tensor; counters: Tensor },
+  u: ScaleUpdateParams,
+): void {
+  const gpu = state.scale.gpu;
+  gpu.dispatch(
+    gpu.kernel(scaleUpdateKernel, {}),
+    [state.scale.buffer, state.foundInf.buffer, state.counters.buffer],
+    [
+      u.mode,
+      u.stepped ? 1 : 0,
+      f32Bits(u.growth),
+      f32Bits(u.backoff),
+      u.interval,
+      u.hysteresis,
+      f32Bits(u.minScale),
+      f32Bits(u.maxScale),
+      f32Bits(u.newScale),
+    ],
+    [1],
+  );
+}

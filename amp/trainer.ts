@@ -1,0 +1,181 @@
+/**
+ * The whole AMP step in one call, in the spirit of apex's `amp.initialize`
+ * and Paddle's `decorate`: autocast forward, loss scaling, gradient
+ * accumulation over micro-batches, unscale + inf/NaN check, clipping by
+ * global norm, the fused optimizer step (skipped on the GPU on overflow) and
+ * the scale update. Nothing in it reads back to the CPU.
+ */
+import { scale } from "../gpu/ops/elementwise.ts";
+import { tidy } from "../gpu/scope.ts";
+import type { Tensor } from "../gpu/tensor.ts";
+import { autocast } from "./autocast.ts";
+import { clipGradNorm } from "./clip.ts";
+import { GradScaler, type GradScalerOptions, type GradScalerState } from "./grad_scaler.ts";
+import { MasterWeights } from "./master_weights.ts";
+import type { AmpOptimizer } from "./optimizer.ts";
+import type { AutocastLists } from "./policy.ts";
+
+/** Options of {@link AmpTrainer}. */
+export interface AmpTrainerOptions {
+  /** Run f16 autocast with loss scaling (default true); false trains in plain f32. */
+  enabled?: boolean;
+  /** The seeds' `--loss_scale`: 0 = dynamic (default), a power of two = static. */
+  lossScale?: number;
+  /** Micro-batches per optimizer step (default 1). */
+  accumulationSteps?: number;
+  /** Clip gradients to this global L2 norm (default: no clipping). */
+  maxGradNorm?: number;
+  /** Autocast op lists (default: the standard ones). */
+  lists?: AutocastLists;
+  /** Further GradScaler options (growth interval, hysteresis, ...). */
+  scaler?: Omit<GradScalerOptions, "lossScale" | "enabled" | "gpu">;
+}
+
+/** A model: anything with fp32 parameters. */
+export interface HasParameters {
+  /** The fp32 master parameters. */
+  parameters(): Tensor[];
+}
+
+/** What {@link AmpTrainer.stateDict} saves besides the model and optimizer. */
+export interface AmpTrainerState {
+  /** The scaler's state. */
+  scaler: GradScalerState;
+  /** Micro-batches since the last optimizer step. */
+  microStep: number;
+  /** Optimizer steps run (including skipped ones). */
+  steps: number;
+}
+
+/**
+ * Drives mixed-precision training of `model` with `optimizer`.
+ *
+ * @example
+ * ```ts ignore
+ * const trainer = new AmpTrainer(model, new AdamW(model.parameters(), { lr: 1e-3 }), {
+ *   accumulationSteps: 4,
+ *   maxGradNorm: 1,
+ * });
+ * for (const batch of batches) {
+ *   const loss = trainer.step(() => crossEntropy(model.forward(batch.x), batch.labels));
+ *   loss.dispose(); // read it (a sync) only when logging
+ * }
+ * ```
+ */
+export class AmpTrainer {
+  /** The loss scaler (its scale and skip counts can be read, as sync points). */
+  readonly scaler: GradScaler;
+  /** The f16 working copies of the parameters (none when disabled or without shader-f16). */
+  readonly masters: MasterWeights | null;
+  /** Micro-batches per optimizer step. */
+  readonly accumulationSteps: number;
+  #model: HasParameters;
+  #optimizer: AmpOptimizer;
+  #options: AmpTrainerOptions;
+  #microStep = 0;
+  #steps = 0;
+
+  /** Sets up master weights, the scaler and autocast for `model` and `optimizer`. */
+  constructor(model: HasParameters, optimizer: AmpOptimizer, options: AmpTrainerOptions = {}) {
+    const accumulation = options.accumulationSteps ?? 1;
+    if (!Number.isInteger(accumulation) || accumulation < 1) {
+      throw new RangeError(
+        `AmpTrainer: accumulationSteps must be a positive integer, got ${accumulation}.`,
+      );
+    }
+    if (options.maxGradNorm !== undefined && !(options.maxGradNorm > 0)) {
+      throw new RangeError(`AmpTrainer: maxGradNorm must be positive, got ${options.maxGradNorm}.`);
+    }
+    const enabled = options.enabled ?? true;
+    this.#model = model;
+    this.#optimizer = optimizer;
+    this.#options = options;
+    this.accumulationSteps = accumulation;
+    const params = model.parameters();
+    this.masters = enabled && params[0]?.gpu.f16 ? new MasterWeights(params) : null;
+    if (this.masters) optimizer.setWorkingCopies(this.masters.copies);
+    this.scaler = new GradScaler({
+      ...options.scaler,
+      lossScale: options.lossScale ?? 0,
+      enabled,
+      gpu: params[0]?.gpu,
+    });
+  }
+
+  /** Optimizer steps run so far (skipped ones included). */
+  get steps(): number {
+    return this.#steps;
+  }
+
+  /**
+   * Runs one micro-batch: `computeLoss` under autocast (its intermediates are
+   * freed), then the scaled backward (the loss divided by the accumulation
+   * count). After the last micro-batch of an effective batch it unscales and
+   * checks the gradients, clips them, steps the optimizer (skipped on the
+   * GPU on overflow), updates the scale and zeroes the gradients. Returns the
+   * unscaled loss; dispose it (reading it is a sync point).
+   */
+  step(computeLoss: () => Tensor): Tensor {
+    const loss = tidy(() =>
+      autocast(computeLoss, { enabled: this.masters !== null, lists: this.#options.lists })
+    );
+    const scaled = tidy(() => {
+      const divided = this.accumulationSteps === 1 ? loss : scale(loss, 1 / this.accumulationSteps);
+      return this.scaler.scale(divided);
+    });
+    scaled.backward();
+    scaled.dispose();
+    if (++this.#microStep === this.accumulationSteps) this.#finishStep();
+    return loss;
+  }
+
+  #finishStep(): void {
+    const optimizer = this.#optimizer;
+    let coefficient: Tensor | undefined;
+    this.scaler.unscale(optimizer);
+    if (this.#options.maxGradNorm !== undefined) {
+      const clip = clipGradNorm(this.#model.parameters(), this.#options.maxGradNorm, {
+        inPlace: false,
+      });
+      clip.totalNorm.dispose();
+      coefficient = clip.coefficient;
+    }
+    this.scaler.step(optimizer, { gradScale: coefficient });
+    this.scaler.update();
+    coefficient?.dispose();
+    optimizer.zeroGrad();
+    this.#microStep = 0;
+    this.#steps++;
+  }
+
+  /** The trainer's own state (scaler and counters). A sync point (reads the scaler). */
+  async stateDict(): Promise<AmpTrainerState> {
+    return {
+      scaler: await this.scaler.stateDict(),
+      microStep: this.#microStep,
+      steps: this.#steps,
+    };
+  }
+
+  /** Restores {@link stateDict} output; load the model and optimizer states yourself. */
+  loadStateDict(state: AmpTrainerState): void {
+    if (
+      !Number.isInteger(state.microStep) || state.microStep < 0 ||
+      state.microStep >= this.accumulationSteps
+    ) {
+      throw new RangeError(
+        `AmpTrainer.loadStateDict: microStep ${state.microStep} is outside [0, ${this.accumulationSteps}).`,
+      );
+    }
+    this.scaler.loadStateDict(state.scaler);
+    this.masters?.refresh();
+    this.#microStep = state.microStep;
+    this.#steps = state.steps;
+  }
+
+  /** Frees the scaler's buffers and the working copies. */
+  dispose(): void {
+    this.scaler.dispose();
+    this.masters?.dispose();
+  }
+}

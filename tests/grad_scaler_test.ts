@@ -1,0 +1,380 @@
+import assert from "node:assert/strict";
+import type { AmpOptimizer, StepSignals } from "../amp/optimizer.ts";
+import { GradScaler, type GradScalerOptions } from "../amp/grad_scaler.ts";
+import { launchCopy, launchUnary } from "../gpu/kernels/elementwise.ts";
+import { mul, sum, Tensor } from "../gpu/mod.ts";
+import { gpu, GPU_TEST } from "./_gpu.ts";
+
+const F32_MAX = 3.4028234663852886e38;
+
+/** The update rule in plain numbers, written from the docs (PyTorch + DeepSpeed hysteresis). */
+class ReferenceScaler {
+  scale: number;
+  growthTracker = 0;
+  hysteresisLeft: number;
+  skippedSteps = 0;
+  lastSkipped = false;
+  constructor(readonly o: Required<Omit<GradScalerOptions, "gpu" | "enabled">>) {
+    this.scale = o.lossScale || o.initScale;
+    this.hysteresisLeft = o.hysteresis;
+  }
+  update(found: boolean): void {
+    this.lastSkipped = found;
+    if (found) this.skippedSteps++;
+    if (this.o.lossScale) return;
+    if (found) {
+      this.growthTracker = 0;
+      this.hysteresisLeft = Math.max(this.hysteresisLeft - 1, 0);
+      if (this.hysteresisLeft === 0) {
+        this.scale = Math.max(Math.fround(this.scale * this.o.backoffFactor), this.o.minScale);
+      }
+    } else if (++this.growthTracker === this.o.growthInterval) {
+      this.growthTracker = 0;
+      this.hysteresisLeft = this.o.hysteresis;
+      const grown = Math.fround(this.scale * this.o.growthFactor);
+      if (Number.isFinite(grown) && grown <= this.o.maxScale) this.scale = grown;
+    }
+  }
+}
+
+/** An optimizer that only records what it was given: a GPU copy of foundInf at step time. */
+class FakeOptimizer implements AmpOptimizer {
+  readonly params: Tensor[];
+  seen: Tensor[] = [];
+  signals: (StepSignals | undefined)[] = [];
+  constructor(params: Tensor[]) {
+    this.params = params;
+  }
+  step(signals?: StepSignals): void {
+    this.signals.push(signals);
+    if (signals?.foundInf) this.seen.push(launchCopy(signals.foundInf));
+  }
+  zeroGrad(): void {
+    for (const p of this.params) p.grad?.dispose(), p.grad = null;
+  }
+  setWorkingCopies(): void {}
+  async seenFlags(): Promise<number[]> {
+    const flags = await Promise.all(this.seen.map((t) => t.item()));
+    for (const t of this.seen) t.dispose();
+    this.seen = [];
+    return flags;
+  }
+}
+
+/** A parameter whose gradient is `grad` (uploaded as `dtype`). */
+function paramWithGrad(grad: ArrayLike<number>, dtype: "f32" | "f16" = "f32"): Tensor {
+  const p = Tensor.zeros([grad.length]);
+  p.grad = Tensor.from(grad, [grad.length], { dtype });
+  return p;
+}
+
+const STEP_GRAD: Record<string, number[]> = {
+  clean: [1, -2, 3],
+  inf: [1, Infinity, 3],
+  ninf: [-Infinity, 0, 3],
+  nan: [1, 2, NaN],
+};
+
+const DEFAULTS = {
+  initScale: 2 ** 16,
+  growthFactor: 2,
+  backoffFactor: 0.5,
+  growthInterval: 2000,
+  hysteresis: 1,
+  minScale: 1,
+  maxScale: 2 ** 24,
+  lossScale: 0,
+};
+
+/** Runs `steps` through a scaler and the reference, comparing the state after every update. */
+async function runTrajectory(options: Partial<typeof DEFAULTS>, steps: string[]): Promise<void> {
+  const scaler = new GradScaler(options);
+  const ref = new ReferenceScaler({ ...DEFAULTS, ...options });
+  const opt = new FakeOptimizer([paramWithGrad(STEP_GRAD.clean)]);
+  try {
+    for (const [i, kind] of steps.entries()) {
+      opt.params[0].grad!.dispose();
+      opt.params[0].grad = Tensor.from(STEP_GRAD[kind], [3]);
+      scaler.step(opt);
+      scaler.update();
+      ref.update(kind !== "clean");
+      const s = await scaler.stateDict();
+      const at = `step ${i} (${kind}) of ${steps.join(",")} with ${JSON.stringify(options)}`;
+      assert.deepEqual(
+        [s.scale, s.growthTracker, s.hysteresisLeft, s.skippedSteps],
+        [ref.scale, ref.growthTracker, ref.hysteresisLeft, ref.skippedSteps],
+        at,
+      );
+      assert.equal(await scaler.lastStepSkipped(), ref.lastSkipped, at);
+      assert.deepEqual(await opt.seenFlags(), [kind === "clean" ? 0 : 1], at);
+      assert.equal(await scaler.foundInf.item(), 0, `found_inf is reset: ${at}`);
+    }
+  } finally {
+    scaler.dispose();
+    opt.zeroGrad();
+  }
+}
+
+const c = (n: number) => Array(n).fill("clean");
+
+Deno.test("GradScaler: dynamic trajectory matches the rule (growth, backoff, NaN, -Inf)", {
+  ...GPU_TEST,
+}, async () => {
+  await runTrajectory({ initScale: 2 ** 10, growthInterval: 3 }, [
+    ...c(3), // grows after exactly 3 clean steps
+    ...c(2),
+    "inf", // backoff, tracker reset
+    ...c(3),
+    "nan",
+    "ninf",
+    ...c(4),
+  ]);
+});
+
+Deno.test("GradScaler: hysteresis 2 tolerates one overflow, re-armed only by growth", {
+  ...GPU_TEST,
+}, async () => {
+  await runTrajectory({ initScale: 2 ** 10, growthInterval: 3, hysteresis: 2 }, [
+    "inf", // tolerated: scale kept, step still skipped
+    ...c(2),
+    "inf", // counter not re-armed by clean steps: backs off
+    "inf", // exhausted: backs off again
+    ...c(3), // growth re-arms the counter
+    "inf", // tolerated again
+    "clean",
+  ]);
+});
+
+Deno.test("GradScaler: min/max clamps, never grows to inf, static mode never changes", {
+  ...GPU_TEST,
+}, async () => {
+  await runTrajectory({ initScale: 2 ** 11, maxScale: 2 ** 12, growthInterval: 1 }, c(4));
+  await runTrajectory({ initScale: 2 ** 9, minScale: 2 ** 8 }, ["inf", "inf", "nan", "clean"]);
+  await runTrajectory({ initScale: 2 ** 127, maxScale: F32_MAX, growthInterval: 1 }, c(3));
+  await runTrajectory({ initScale: 1.5 * 2 ** 127, maxScale: F32_MAX, growthInterval: 2 }, c(4));
+  await runTrajectory({ lossScale: 2 ** 8, growthInterval: 1 }, [...c(2), "inf", ...c(2), "nan"]);
+  const scaler = new GradScaler({ initScale: 2 ** 127, maxScale: F32_MAX, growthInterval: 1 });
+  const opt = new FakeOptimizer([paramWithGrad([1])]);
+  for (let i = 0; i < 3; i++) scaler.step(opt), scaler.update();
+  assert.equal(await scaler.getScale(), 2 ** 127);
+  scaler.dispose();
+  opt.zeroGrad();
+});
+
+/** Values of f16 storage with the padding half of an odd length left dirty (a kernel output). */
+async function dirtyOddF16(values: number[]): Promise<Tensor> {
+  assert.equal(values.length % 2, 1);
+  const src = Tensor.from(values, [values.length]);
+  const poison = Tensor.from(new Array(values.length + 1).fill(Infinity), [values.length + 1], {
+    dtype: "f16",
+  });
+  poison.dispose(); // its buffer is the next one of its size class handed out
+  const g = launchUnary("identity", src, { out: "f16" });
+  src.dispose();
+  const raw = new Uint16Array(await gpu.readBuffer(g.buffer, (values.length + 1) * 2));
+  assert.equal(raw[values.length], 0x7c00, "precondition: the padding half holds +inf bits");
+  return g;
+}
+
+Deno.test("GradScaler: detects +Inf, -Inf, NaN in f32 and f16 gradients anywhere", {
+  ...GPU_TEST,
+}, async () => {
+  const n = 5001; // several workgroups, odd (f16 padding half)
+  const dtypes = gpu.f16 ? ["f32", "f16"] as const : ["f32"] as const;
+  if (!gpu.f16) console.warn("grad_scaler_test: the adapter has no shader-f16; f16 cases skipped");
+  const scaler = new GradScaler({ lossScale: 2 ** 4 });
+  for (const dtype of dtypes) {
+    for (const bad of [Infinity, -Infinity, NaN, null]) {
+      for (const at of [0, 2500, n - 1]) {
+        const values = Array.from({ length: n }, (_, i) => (i % 7) - 3);
+        if (bad !== null) values[at] = bad;
+        const grad = dtype === "f16" ? await dirtyOddF16(values) : Tensor.from(values, [n]);
+        const p = Tensor.zeros([1]);
+        p.grad = grad;
+        const opt = new FakeOptimizer([p]);
+        scaler.step(opt);
+        const [flag] = await opt.seenFlags();
+        assert.equal(flag, bad === null ? 0 : 1, `${dtype} ${bad} at ${at}`);
+        scaler.update();
+        assert.equal(await scaler.lastStepSkipped(), bad !== null);
+        opt.zeroGrad();
+        p.dispose();
+      }
+    }
+  }
+  scaler.dispose();
+});
+
+Deno.test("GradScaler: overflow from a huge scale, and from an unscale product, is found", {
+  ...GPU_TEST,
+}, async () => {
+  // loss × 2^127 → backward gives x · 2^127, which overflows f32 for |x| ≥ 2.
+  const scaler = new GradScaler({ initScale: 2 ** 127, maxScale: F32_MAX });
+  const w = Tensor.from([1, 1], [2], { requiresGrad: true });
+  const x = Tensor.from([1, 4], [2]);
+  scaler.scale(sum(mul(w, x))).backward();
+  const opt = new FakeOptimizer([w]);
+  scaler.step(opt);
+  assert.deepEqual(await opt.seenFlags(), [1]);
+  scaler.update();
+  assert.equal(await scaler.getScale(), 2 ** 126);
+  scaler.dispose();
+  opt.zeroGrad();
+  // A scale below 1 multiplies on unscale: finite inputs whose product overflows.
+  const cases = [["f32", 3e38, 0.5], ["f16", 60000, 0.5], ["f16", 2000, 2 ** -6]] as const;
+  for (const [dtype, big, scale] of cases) {
+    if (dtype === "f16" && !gpu.f16) continue;
+    const s = new GradScaler({ lossScale: scale });
+    const o = new FakeOptimizer([paramWithGrad([1, big, 2], dtype)]);
+    s.step(o);
+    assert.deepEqual(await o.seenFlags(), [1], `${dtype} ${big} / ${scale}`);
+    const g = await o.params[0].grad!.read();
+    assert.deepEqual([...g], [1 / scale, Infinity, 2 / scale], "overflowed values become inf");
+    s.dispose();
+    o.zeroGrad();
+  }
+});
+
+Deno.test("GradScaler: unscale divides exactly by a power-of-two scale (f32 and f16)", {
+  ...GPU_TEST,
+}, async () => {
+  let seed = 7;
+  const rand = () => (seed = (seed * 1103515245 + 12345) % 2 ** 31) / 2 ** 31;
+  for (const [dtype, scale] of [["f32", 2 ** 16], ["f32", 2 ** -3], ["f16", 2 ** 4]] as const) {
+    if (dtype === "f16" && !gpu.f16) continue;
+    const n = 3001;
+    const raw = Array.from({ length: n }, () => (rand() - 0.5) * 2 ** (rand() * 20 - 4));
+    const host = dtype === "f32" ? Float32Array.from(raw) : Float16Array.from(raw);
+    const scaler = new GradScaler({ lossScale: scale });
+    const opt = new FakeOptimizer([paramWithGrad(host, dtype)]);
+    scaler.unscale(opt);
+    const got = await opt.params[0].grad!.read();
+    const want = dtype === "f32"
+      ? Float32Array.from(host, (v) => v / scale)
+      : Float16Array.from(host, (v) => v / scale);
+    for (let i = 0; i < n; i++) {
+      assert.ok(Object.is(got[i], want[i]), `${dtype} /${scale} [${i}]: ${got[i]} vs ${want[i]}`);
+    }
+    scaler.step(opt);
+    assert.deepEqual(await opt.seenFlags(), [0]);
+    scaler.dispose();
+    opt.zeroGrad();
+  }
+});
+
+Deno.test("GradScaler: misuse and bad options are clear errors", { ...GPU_TEST }, () => {
+  const scaler = new GradScaler();
+  const opt = new FakeOptimizer([paramWithGrad([1])]);
+  scaler.unscale(opt);
+  assert.throws(() => scaler.unscale(opt), /unscale\(\) has already been called/);
+  scaler.step(opt);
+  assert.throws(() => scaler.step(opt), /step\(\) has already been called/);
+  assert.throws(() => scaler.unscale(opt), /after step\(\)/);
+  scaler.update();
+  assert.throws(() => scaler.update(), /no unscale\(\) or step\(\)/);
+  for (const bad of [-1, 0, NaN, Infinity]) {
+    assert.throws(() => scaler.update(bad), /GradScaler\.update: newScale/);
+  }
+  assert.throws(
+    () => scaler.scale(Tensor.from([1], [1], { dtype: "i32" })),
+    /GradScaler\.scale: loss i32/,
+  );
+  scaler.dispose();
+  assert.throws(() => scaler.step(opt), /disposed/);
+  opt.zeroGrad();
+  const bad: [GradScalerOptions, RegExp][] = [
+    [{ initScale: -1 }, /initScale must be a positive/],
+    [{ lossScale: 3 }, /lossScale must be 0 \(dynamic\) or a power of two/],
+    [{ lossScale: -4 }, /lossScale must be a positive/],
+    [{ growthFactor: 1 }, /growthFactor must be a finite number > 1/],
+    [{ backoffFactor: 1 }, /backoffFactor must be in \(0, 1\)/],
+    [{ backoffFactor: 0 }, /backoffFactor must be in \(0, 1\)/],
+    [{ growthInterval: 0 }, /growthInterval must be an integer/],
+    [{ growthInterval: 1.5 }, /growthInterval must be an integer/],
+    [{ hysteresis: 0 }, /hysteresis must be an integer/],
+    [{ minScale: 8, maxScale: 4, initScale: 4 }, /minScale 8 > maxScale 4/],
+    [{ initScale: 2 ** 30 }, /initScale 1073741824 is outside \[1, 16777216\]/],
+    [{ initScale: 8, lossScale: 16 }, /differ/],
+  ];
+  for (const [options, message] of bad) {
+    assert.throws(() => new GradScaler(options), message, JSON.stringify(options));
+  }
+  const fixed = new GradScaler({ lossScale: 8 });
+  assert.throws(() => fixed.update(4), /static lossScale/);
+  fixed.dispose();
+});
+
+Deno.test("GradScaler: stateDict round trip continues the same trajectory", {
+  ...GPU_TEST,
+}, async () => {
+  const options = { initScale: 2 ** 10, growthInterval: 3, hysteresis: 2 };
+  const opt = new FakeOptimizer([paramWithGrad([1])]);
+  const run = async (scaler: GradScaler, steps: string[]) => {
+    const seen = [];
+    for (const kind of steps) {
+      opt.params[0].grad!.dispose();
+      opt.params[0].grad = Tensor.from(STEP_GRAD[kind], [3]);
+      scaler.step(opt);
+      scaler.update();
+      seen.push(await scaler.stateDict());
+    }
+    return seen;
+  };
+  const a = new GradScaler(options);
+  await run(a, ["clean", "clean", "inf"]);
+  const saved = JSON.parse(JSON.stringify(await a.stateDict()));
+  const rest = ["clean", "inf", "inf", "clean", "clean", "clean", "clean"];
+  const expected = await run(a, rest);
+  const b = new GradScaler(); // other options: the state brings its own
+  b.loadStateDict(saved);
+  assert.deepEqual(await run(b, rest), expected);
+  assert.equal(await b.skippedSteps(), 3);
+  for (
+    const [broken, message] of [
+      [{ ...saved, scale: -1 }, /scale must be a positive/],
+      [{ ...saved, growthTracker: 3 }, /growthTracker 3 must be below/],
+      [{ ...saved, hysteresisLeft: 5 }, /hysteresisLeft 5 exceeds/],
+      [{ ...saved, skippedSteps: "x" }, /skippedSteps must be an integer/],
+      [{ ...saved, options: { ...saved.options, backoffFactor: 2 } }, /backoffFactor/],
+      [{ scale: 1 }, /options field/],
+    ] as const
+  ) {
+    assert.throws(() => b.loadStateDict(broken as never), message);
+  }
+  assert.deepEqual(await b.stateDict(), expected.at(-1), "a failed load changes nothing");
+  a.dispose();
+  b.dispose();
+  opt.zeroGrad();
+});
+
+Deno.test("GradScaler: scale(loss) scales the loss and its gradients; no readbacks", {
+  ...GPU_TEST,
+}, async () => {
+  const scaler = new GradScaler({ initScale: 2 ** 12 });
+  const xs = [0.5, -3, 7.25];
+  const w = Tensor.from([1, 2, 3], [3], { requiresGrad: true });
+  const x = Tensor.from(xs, [3]);
+  const reads = gpu.batch.counters.reads;
+  const loss = sum(mul(w, x));
+  const scaled = scaler.scale(loss);
+  scaled.backward();
+  const opt = new FakeOptimizer([w]);
+  scaler.step(opt);
+  scaler.update();
+  assert.equal(gpu.batch.counters.reads, reads, "scale/backward/step/update never read back");
+  assert.deepEqual([...await w.grad!.read()], xs, "unscaled: the true gradient");
+  assert.equal(await scaled.item(), (0.5 - 6 + 21.75) * 2 ** 12);
+  // Before unscale the gradient is the scaled one.
+  w.grad!.dispose(), w.grad = null;
+  scaler.scale(sum(mul(w, x))).backward();
+  assert.deepEqual([...await w.grad!.read()], xs.map((v) => v * 2 ** 12));
+  const off = new GradScaler({ enabled: false });
+  assert.equal(off.scale(loss), loss, "disabled: the loss itself");
+  off.step(opt);
+  off.update();
+  assert.equal(opt.signals.at(-1), undefined, "disabled: a plain optimizer.step()");
+  assert.equal(await off.getScale(), 1);
+  scaler.dispose();
+  off.dispose();
+  opt.zeroGrad();
+});
