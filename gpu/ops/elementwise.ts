@@ -48,20 +48,29 @@ function binary(
  */
 export function add(a0: Tensor, b0: Tensor): Tensor {
   const { a, b, y, bc } = binary("add", a0, b0);
-  return record("add", [a, b], y, (g) => [g, reduceToOperand(g, b, bc)]);
+  return record(
+    "add",
+    [a, b],
+    y,
+    (g, _, needs) => [g, needs[1] ? reduceToOperand(g, b, bc) : null],
+  );
 }
 
 /** a − b, with `b` broadcast into `a`'s shape. */
 export function sub(a0: Tensor, b0: Tensor): Tensor {
   const { a, b, y, bc } = binary("sub", a0, b0);
-  return record("sub", [a, b], y, (g) => [g, reduceToOperand(g, b, bc, -1)]);
+  return record("sub", [a, b], y, (g, _, needs) => [
+    g,
+    needs[1] ? reduceToOperand(g, b, bc, -1) : null,
+  ]);
 }
 
 /** a · b elementwise, with `b` broadcast into `a`'s shape. */
 export function mul(a0: Tensor, b0: Tensor): Tensor {
   const { a, b, y, bc } = binary("mul", a0, b0);
-  return record("mul", [a, b], y, (g, [sa, sb]) => {
-    const ga = launchBinary("mul", g, sb, bc);
+  return record("mul", [a, b], y, (g, [sa, sb], needs) => {
+    const ga = needs[0] ? launchBinary("mul", g, sb, bc) : null;
+    if (!needs[1]) return [ga, null];
     const gab = launchBinary("mul", g, sa);
     const gb = reduceToOperand(gab, sb, bc);
     if (gb !== gab) gab.dispose();
@@ -73,8 +82,9 @@ export function mul(a0: Tensor, b0: Tensor): Tensor {
 export function div(a0: Tensor, b0: Tensor): Tensor {
   const { a, b, y, bc } = binary("div", a0, b0);
   // d/da = 1/b; d/db = −a/b² = −y/b.
-  return record("div", [a, b], y, (g, [sb, sy]) => {
-    const ga = launchBinary("div", g, sb, bc);
+  return record("div", [a, b], y, (g, [sb, sy], needs) => {
+    const ga = needs[0] ? launchBinary("div", g, sb, bc) : null;
+    if (!needs[1]) return [ga, null];
     const gy = launchBinary("mul", g, sy);
     const gyb = launchBinary("div", gy, sb, bc);
     gy.dispose();
