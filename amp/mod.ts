@@ -25,6 +25,27 @@ export {
 export { MasterWeights, readWorkingCopy, workingCopyOf } from "./master_weights.ts";
 export { clipGradNorm, type ClipResult } from "./clip.ts";
 export type { AmpOptimizer, StepSignals } from "./optimizer.ts";
+export {
+  type AdamGroup,
+  type AdamParamGroup,
+  AdamW,
+  FusedAdam,
+  type FusedAdamOptions,
+  FusedSGD,
+  type FusedSGDOptions,
+  type Group,
+  type OptimizerStateDict,
+  type ParamGroup,
+  type SGDGroup,
+  type SGDParamGroup,
+} from "./optimizers.ts";
+export {
+  cosineSchedule,
+  linearWarmupDecay,
+  type LrGroups,
+  type LrSchedule,
+  LrScheduler,
+} from "./lr_schedule.ts";
 export { GradScaler, type GradScalerOptions, type GradScalerState } from "./grad_scaler.ts";
 export {
   AmpTrainer,

@@ -1,7 +1,8 @@
 /**
  * Neural-network building blocks: the `Module` base with named parameters,
  * buffers and state dicts; layers (Linear, activations, Dropout, Embedding,
- * LayerNorm, BatchNorm in fp32, Sequential); losses; plain SGD; the
+ * LayerNorm, BatchNorm in fp32, Sequential); losses; the optimizers (SGD,
+ * Adam, AdamW: amp's fused ones); the
  * functional layer ops; and the safetensors format. Reading and writing
  * files lives apart, in `nn/safetensors_file.ts` (the `./files` export), so
  * this module runs in browsers too.
@@ -35,4 +36,5 @@ export {
   tensorToEntry,
 } from "./safetensors.ts";
 export { crossEntropy, type CrossEntropyOptions, mseLoss, type Reduction } from "./losses.ts";
-export { SGD, type SGDOptions } from "./sgd.ts";
+// The optimizers are amp's fused ones (fp32 masters, GPU-side skip), under PyTorch's names.
+export { AdamW, FusedAdam as Adam, FusedSGD as SGD } from "../amp/optimizers.ts";

@@ -1,0 +1,312 @@
+/**
+ * The machinery {@link FusedSGD} and {@link FusedAdam} share: parameter groups
+ * and their validation, per-parameter fp32 state buffers, working copies, the
+ * default step signals, and state dicts that load all-or-nothing.
+ * @internal
+ */
+import { untracked } from "../gpu/scope.ts";
+import { sameShape } from "../gpu/shape.ts";
+import { Tensor } from "../gpu/tensor.ts";
+import type { UpdateBuffers } from "./kernels/optimizer_kernels.ts";
+import type { AmpOptimizer, StepSignals } from "./optimizer.ts";
+import {
+  cloneHyper,
+  fail,
+  type OptimizerStateDict,
+  sameKeys,
+  stateDictErrors,
+  unknownKeys,
+} from "./_optimizer_state.ts";
+
+export type { OptimizerStateDict };
+
+/** One parameter group given to an optimizer: its tensors and the defaults it overrides. */
+export interface ParamGroup {
+  /** fp32 master parameters of this group. */
+  params: readonly Tensor[];
+  /** Learning rate of this group (default: the optimizer's). */
+  lr?: number;
+  /** Weight decay of this group, e.g. 0 for biases and LayerNorm weights (default: the optimizer's). */
+  weightDecay?: number;
+}
+
+/** A parameter group as the optimizer keeps it; `lr` and `weightDecay` may be changed between steps. */
+export interface Group {
+  /** The group's parameters. */
+  readonly params: readonly Tensor[];
+  /** Learning rate; set it between steps (what {@link LrScheduler} does). */
+  lr: number;
+  /** Weight decay; may be changed between steps. */
+  weightDecay: number;
+}
+
+/** The shared half of the fused optimizers. */
+export abstract class FusedOptimizer<G extends Group> implements AmpOptimizer {
+  /** Every parameter, group by group. */
+  readonly params: readonly Tensor[];
+  /** The parameter groups with their hyper-parameters. */
+  readonly groups: readonly G[];
+  #state = new Map<Tensor, Record<string, Tensor>>();
+  #copies = new Map<Tensor, Tensor>();
+  #constants: { zero: Tensor; one: Tensor } | null = null;
+  #disposed = false;
+
+  /** Checks and gathers the groups; subclasses allocate state with {@link allocateState}. */
+  constructor(
+    protected readonly kind: string,
+    params: readonly Tensor[] | readonly ParamGroup[],
+    defaults: Omit<G, "params">,
+  ) {
+    if (!Array.isArray(params)) {
+      throw new TypeError(`${kind}: params must be an array of tensors or of parameter groups.`);
+    }
+    const given = params as readonly (Tensor | ParamGroup)[];
+    if (given.length === 0) {
+      throw new RangeError(`${kind}: got an empty parameter list; pass Tensor[] or ParamGroup[].`);
+    }
+    const raw: readonly ParamGroup[] = given.every((x) => x instanceof Tensor)
+      ? [{ params: given as Tensor[] }]
+      : given as ParamGroup[];
+    const errors: string[] = [];
+    const seen = new Set<Tensor>();
+    this.groups = raw.map((g, gi) => {
+      const where = raw.length > 1 ? `group ${gi}: ` : "";
+      if (g instanceof Tensor || !Array.isArray(g?.params)) {
+        errors.push(`${where}expected { params: Tensor[], ... }; do not mix tensors and groups`);
+        return { params: [] } as unknown as G;
+      }
+      unknownKeys(g, ["params", ...Object.keys(defaults)], where, errors);
+      for (const p of g.params) {
+        if (!(p instanceof Tensor) || p.disposed) {
+          errors.push(`${where}a parameter is not a live Tensor`);
+        } else if (p.dtype !== "f32") {
+          errors.push(
+            `${where}parameter ${p.describe()} is not f32: optimizers update fp32 master weights; ` +
+              "keep parameters f32 and let autocast run the ops in f16",
+          );
+        } else if (seen.has(p)) errors.push(`${where}parameter ${p.describe()} appears twice`);
+        seen.add(p);
+      }
+      const hyper = { ...defaults } as Record<string, unknown>;
+      for (const key of Object.keys(defaults)) {
+        const v = (g as unknown as Record<string, unknown>)[key];
+        if (v !== undefined) hyper[key] = v;
+      }
+      const group = { params: [...g.params], ...hyper } as unknown as G;
+      errors.push(...this.checkHyper(group).map((e) => where + e));
+      return group;
+    });
+    fail(`${kind}: invalid options`, errors);
+    this.params = this.groups.flatMap((g) => g.params);
+  }
+
+  /** Problems with a group's hyper-parameters, each a short sentence. */
+  protected abstract checkHyper(group: Omit<G, "params">): string[];
+  /** Names of the fp32 state buffers (shaped like the parameter) a parameter of `group` needs. */
+  protected abstract stateNames(group: Omit<G, "params">): string[];
+  /** Dispatches the fused update of one parameter. */
+  protected abstract update(b: UpdateBuffers, state: Record<string, Tensor>, group: G): void;
+  /** Optimizer-wide switches (saved in state dicts, must match on load). */
+  protected settings(): Record<string, boolean> {
+    return {};
+  }
+  /** Runs before the updates of a step that has work (FusedAdam: advance t). */
+  protected beforeUpdates(_foundInf: Tensor): void {}
+
+  /** (Re)allocates zeroed state for every parameter whose buffers do not match its group. */
+  protected allocateState(): void {
+    untracked(() => {
+      for (const group of this.groups) {
+        const names = this.stateNames(group);
+        for (const p of group.params) {
+          const old = this.#state.get(p);
+          if (old && sameKeys(old, names)) continue;
+          for (const t of Object.values(old ?? {})) t.dispose();
+          this.#state.set(p, Object.fromEntries(names.map((n) => [n, zerosLike(p)])));
+        }
+      }
+    });
+  }
+
+  /**
+   * One fused update of every parameter that has a gradient: one dispatch per
+   * parameter, no readback. With `signals.foundInf` non-zero nothing changes
+   * (decided on the GPU); gradients are multiplied by `signals.gradScale`.
+   * Throws (before dispatching anything) on a gradient whose shape or dtype is wrong.
+   */
+  step(signals: StepSignals = {}): void {
+    this.live("step");
+    fail(`${this.kind}.step: invalid hyper-parameters`, this.#groupErrors());
+    const foundInf = this.#signal(signals.foundInf, "foundInf");
+    const gradScale = this.#signal(signals.gradScale, "gradScale");
+    const work: [Tensor, G][] = [];
+    const errors: string[] = [];
+    for (const group of this.groups) {
+      for (const p of group.params) {
+        const g = p.grad;
+        if (!g) continue;
+        if (g.disposed || !sameShape(g.shape, p.shape) || g.dtype === "i32") {
+          errors.push(
+            `the gradient of ${p.describe()} is ${g.disposed ? "disposed" : g.describe()}`,
+          );
+        } else if ([p, this.#copies.get(p)].some((t) => t && g.sharesMemoryWith(t))) {
+          errors.push(`the gradient of ${p.describe()} shares memory with it or its working copy`);
+        }
+        work.push([p, group]);
+      }
+    }
+    fail(
+      `${this.kind}.step: gradients must be live f32/f16 tensors shaped like their parameter`,
+      errors,
+    );
+    if (work.length === 0) return;
+    this.beforeUpdates(foundInf);
+    for (const [param, group] of work) {
+      const b = { param, grad: param.grad!, foundInf, gradScale, copy: this.#copies.get(param) };
+      this.update(b, this.#state.get(param)!, group);
+    }
+  }
+
+  /** Frees every gradient. */
+  zeroGrad(): void {
+    for (const p of this.params) {
+      p.grad?.dispose();
+      p.grad = null;
+    }
+  }
+
+  /**
+   * Registers working copies (master → f16 copy, same shape; f32 is accepted
+   * too), replacing any earlier registration. Each non-skipped update writes
+   * the new master value into its copy; the caller fills copies initially.
+   */
+  setWorkingCopies(copies: ReadonlyMap<Tensor, Tensor>): void {
+    this.live("setWorkingCopies");
+    const errors: string[] = [];
+    const mine = new Set(this.params);
+    for (const [master, copy] of copies) {
+      if (!mine.has(master)) {
+        errors.push(`${master.describe()} is not a parameter of this optimizer`);
+      } else if (copy.disposed || copy.dtype === "i32" || !sameShape(copy.shape, master.shape)) {
+        errors.push(
+          `the copy of ${master.describe()} is ${copy.disposed ? "disposed" : copy.describe()}`,
+        );
+      } else if (copy.sharesMemoryWith(master)) {
+        errors.push(`the copy of ${master.describe()} is the master`);
+      }
+    }
+    fail(`${this.kind}.setWorkingCopies: invalid working copies`, errors);
+    this.#copies = new Map(copies);
+  }
+
+  /**
+   * The optimizer state as plain data: hyper-parameters per group, fp32
+   * buffers per parameter (copied to Float32Arrays) and counters. **A sync
+   * point**: it waits for the GPU (all reads are issued together).
+   */
+  async stateDict(): Promise<OptimizerStateDict> {
+    this.live("stateDict");
+    const index = new Map(this.params.map((p, i) => [p, i]));
+    const groups = this.groups.map((g) => ({
+      params: g.params.map((p) => index.get(p)!),
+      hyper: cloneHyper(g),
+    }));
+    const pending = this.params.map(async (p, i) => {
+      const entries = Object.entries(this.#state.get(p)!);
+      const data = await Promise.all(entries.map(([, t]) => t.read()));
+      const buffers = Object.fromEntries(entries.map(([n], j) => [n, data[j]]));
+      return { param: i, shape: [...p.shape], buffers };
+    });
+    const extra = this.readExtra();
+    return {
+      kind: this.kind,
+      settings: this.settings(),
+      ...(await extra),
+      groups,
+      state: await Promise.all(pending),
+    };
+  }
+
+  /** FusedAdam: reads its step count. */
+  protected readExtra(): Promise<{ step?: number }> {
+    return Promise.resolve({});
+  }
+  /** FusedAdam: checks / loads its step count. */
+  protected checkExtra(_state: OptimizerStateDict): string[] {
+    return [];
+  }
+  /** Loads extra state once everything is validated. */
+  protected loadExtra(_state: OptimizerStateDict): void {}
+
+  /**
+   * Restores a {@link stateDict} result: hyper-parameters, state buffers and
+   * counters. Everything is checked first (kind, settings, groups by
+   * parameter index, shapes, buffer names and lengths, values); on any
+   * mismatch one error lists them all and nothing changes.
+   */
+  loadStateDict(state: OptimizerStateDict): void {
+    this.live("loadStateDict");
+    const errors = stateDictErrors(state, {
+      kind: this.kind,
+      settings: this.settings(),
+      params: this.params,
+      groups: this.groups,
+      checkHyper: (h) => this.checkHyper(h as Omit<G, "params">),
+      stateNames: (h) => this.stateNames(h as Omit<G, "params">),
+    });
+    if (typeof state === "object" && state !== null) errors.push(...this.checkExtra(state));
+    fail(
+      `${this.kind}.loadStateDict: the state dict does not match this optimizer; nothing was loaded`,
+      errors,
+    );
+    state.groups.forEach((g, gi) => Object.assign(this.groups[gi], cloneHyper(g.hyper)));
+    this.allocateState();
+    state.state.forEach((s, i) => {
+      const bufs = this.#state.get(this.params[i])!;
+      for (const [n, data] of Object.entries(s.buffers)) {
+        bufs[n].writeBytes(new Uint8Array(data.buffer, data.byteOffset, data.byteLength));
+      }
+    });
+    this.loadExtra(state);
+  }
+
+  /** Frees the optimizer state (not the parameters); the optimizer cannot be used afterwards. */
+  dispose(): void {
+    for (const bufs of this.#state.values()) for (const t of Object.values(bufs)) t.dispose();
+    this.#state.clear();
+    this.#constants?.zero.dispose();
+    this.#constants?.one.dispose();
+    this.#disposed = true;
+  }
+
+  /** Throws when used after dispose(). */
+  protected live(what: string): void {
+    if (this.#disposed) throw new Error(`${this.kind}.${what}: the optimizer was disposed.`);
+  }
+
+  #groupErrors(): string[] {
+    return this.groups.flatMap((g, gi) => this.checkHyper(g).map((e) => `group ${gi}: ${e}`));
+  }
+
+  #signal(t: Tensor | undefined, name: "foundInf" | "gradScale"): Tensor {
+    if (t === undefined) {
+      const gpu = this.params[0].gpu;
+      this.#constants ??= untracked(() => ({
+        zero: Tensor.zeros([1], { gpu }),
+        one: Tensor.full([1], 1, { gpu }),
+      }));
+      return name === "foundInf" ? this.#constants.zero : this.#constants.one;
+    }
+    if (t.disposed || t.dtype !== "f32" || t.size !== 1) {
+      throw new TypeError(
+        `${this.kind}.step: signals.${name} must be a live f32 tensor of one element, got ` +
+          `${t.disposed ? "a disposed tensor" : t.describe()}.`,
+      );
+    }
+    return t;
+  }
+}
+
+function zerosLike(p: Tensor): Tensor {
+  return Tensor.zeros(p.shape, { gpu: p.gpu });
+}

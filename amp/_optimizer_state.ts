@@ -1,0 +1,127 @@
+/**
+ * Optimizer state dicts as plain data, and their all-or-nothing validation.
+ * @internal
+ */
+import { sameShape, shapeString } from "../gpu/shape.ts";
+import type { Tensor } from "../gpu/tensor.ts";
+
+/** A hyper-parameter value as groups and state dicts hold it. */
+export type HyperValue = number | boolean | readonly number[];
+
+/** An optimizer's state as plain data (see `stateDict()`); parameters are named by their index in `params`. */
+export interface OptimizerStateDict {
+  /** The optimizer class: "FusedSGD" or "FusedAdam". */
+  kind: string;
+  /** Optimizer-wide switches (FusedAdam: biasCorrection, decoupledWeightDecay); must match on load. */
+  settings: Record<string, boolean>;
+  /** FusedAdam: the number of steps taken that were not skipped (Adam's t). */
+  step?: number;
+  /** Per group: the indices of its parameters and its hyper-parameters (restored on load). */
+  groups: { params: number[]; hyper: Record<string, HyperValue> }[];
+  /** Per parameter, in `params` order: its shape and fp32 state buffers by name. */
+  state: { param: number; shape: number[]; buffers: Record<string, Float32Array> }[];
+}
+
+/** Validation message helpers. */
+export const need = {
+  nonNegative: (v: unknown): boolean => typeof v === "number" && Number.isFinite(v) && v >= 0,
+  unit: (v: unknown): boolean => typeof v === "number" && v >= 0 && v < 1,
+};
+
+/** What {@link stateDictErrors} checks a state dict against. */
+export interface StateOwner {
+  kind: string;
+  settings: Record<string, boolean>;
+  params: readonly Tensor[];
+  groups: readonly { readonly params: readonly Tensor[] }[];
+  checkHyper(hyper: Record<string, unknown>): string[];
+  stateNames(hyper: Record<string, unknown>): string[];
+}
+
+/** Every way `s` does not fit `me`, each a short phrase (empty: it fits). */
+export function stateDictErrors(s: OptimizerStateDict, me: StateOwner): string[] {
+  if (typeof s !== "object" || s === null) return ["it is not an object"];
+  const errors: string[] = [];
+  if (s.kind !== me.kind) {
+    errors.push(`kind is ${JSON.stringify(s.kind)}, expected "${me.kind}"`);
+  }
+  const settings = me.settings;
+  for (const key of new Set([...Object.keys(settings), ...Object.keys(s.settings ?? {})])) {
+    if (s.settings?.[key] !== settings[key]) {
+      errors.push(`setting ${key} is ${s.settings?.[key]}, this optimizer has ${settings[key]}`);
+    }
+  }
+  if (!Array.isArray(s.groups) || s.groups.length !== me.groups.length) {
+    errors.push(`${s.groups?.length ?? "no"} groups, expected ${me.groups.length}`);
+    return errors;
+  }
+  const index = new Map(me.params.map((p, i) => [p, i]));
+  const names: string[][] = [];
+  s.groups.forEach((g, gi) => {
+    const want = me.groups[gi].params.map((p) => index.get(p));
+    if (!Array.isArray(g?.params) || g.params.join() !== want.join()) {
+      errors.push(`group ${gi} holds parameters [${g?.params}], expected [${want}]`);
+    }
+    const defaults = Object.keys(me.groups[gi]).filter((k) => k !== "params");
+    const hyper = g?.hyper ?? {};
+    unknownKeys(hyper, defaults, `group ${gi}: `, errors);
+    const missing = defaults.filter((k) => !(k in hyper));
+    if (missing.length) errors.push(`group ${gi} lacks ${missing.join(", ")}`);
+    const problems = missing.length ? [] : me.checkHyper(hyper);
+    errors.push(...problems.map((e) => `group ${gi}: ${e}`));
+    // The buffers each parameter must carry follow the loaded hyper-parameters.
+    const expected = me.stateNames(missing.length ? { ...me.groups[gi] } : hyper);
+    for (const _ of want) names.push(expected);
+  });
+  if (!Array.isArray(s.state) || s.state.length !== me.params.length) {
+    errors.push(`${s.state?.length ?? "no"} parameter states, expected ${me.params.length}`);
+    return errors;
+  }
+  s.state.forEach((entry, i) => {
+    const p = me.params[i];
+    const what = `parameter ${i} (${p.describe()})`;
+    if (entry?.param !== i) errors.push(`state entry ${i} is for parameter ${entry?.param}`);
+    if (!Array.isArray(entry?.shape) || !sameShape(entry.shape, p.shape)) {
+      errors.push(`${what}: saved shape ${shapeString(entry?.shape ?? [])}`);
+      return;
+    }
+    const bufs = entry.buffers ?? {};
+    if (!sameKeys(bufs, names[i])) {
+      errors.push(`${what}: buffers [${Object.keys(bufs)}], expected [${names[i]}]`);
+    }
+    for (const [n, data] of Object.entries(bufs)) {
+      if (!(data instanceof Float32Array) || data.length !== p.size) {
+        errors.push(`${what}: buffer ${n} must be a Float32Array of ${p.size} values`);
+      }
+    }
+  });
+  return errors;
+}
+
+/** True when `record` has exactly the keys `names`. */
+export function sameKeys(record: object, names: readonly string[]): boolean {
+  const keys = Object.keys(record);
+  return keys.length === names.length && names.every((n) => keys.includes(n));
+}
+
+/** Adds an error for each key of `obj` not in `known`. */
+export function unknownKeys(obj: object, known: string[], where: string, errors: string[]): void {
+  for (const key of Object.keys(obj)) {
+    if (!known.includes(key)) {
+      errors.push(`${where}unknown option ${key} (known: ${known.join(", ")})`);
+    }
+  }
+}
+
+/** The hyper-parameters of a group (every key but `params`), arrays copied. */
+export function cloneHyper(g: object): Record<string, HyperValue> {
+  const entries = Object.entries(g).filter(([k]) => k !== "params");
+  return Object.fromEntries(entries.map(([k, v]) => [k, Array.isArray(v) ? [...v] : v]));
+}
+
+/** Throws one RangeError listing every problem, if there are any. */
+export function fail(headline: string, errors: readonly string[]): void {
+  if (errors.length === 0) return;
+  const list = errors.length === 1 ? `: ${errors[0]}.` : `:\n  - ${errors.join("\n  - ")}`;
+  throw new RangeError(`${headline}${list}`);
+}

@@ -1,0 +1,172 @@
+/**
+ * Learning-rate schedules as pure functions of the step number, and a small
+ * scheduler that applies one to an optimizer's parameter groups. Everything
+ * here runs on the CPU: a new learning rate is just a different uniform word
+ * in the next fused update, so scheduling costs no GPU work and no sync.
+ */
+
+/** A schedule: the factor in [0, 1] the base learning rate is multiplied by at `step` (0, 1, 2, ...). */
+export type LrSchedule = (step: number) => number;
+
+/** Options of {@link linearWarmupDecay}. */
+export interface LinearWarmupDecayOptions {
+  /** Steps of linear warmup from 0 to 1 (0: none). */
+  warmupSteps: number;
+  /** The step at which the decay reaches `minFactor` (and stays). */
+  totalSteps: number;
+  /** The factor at and after `totalSteps` (default 0). */
+  minFactor?: number;
+}
+
+/** Options of {@link cosineSchedule}. */
+export interface CosineScheduleOptions {
+  /** Steps of linear warmup from 0 to 1 (default 0). */
+  warmupSteps?: number;
+  /** The step at which the cosine reaches `minFactor` (and stays). */
+  totalSteps: number;
+  /** The factor at and after `totalSteps` (default 0). */
+  minFactor?: number;
+}
+
+function checkOptions(name: string, warmup: number, total: number, minFactor: number): void {
+  if (!Number.isInteger(warmup) || warmup < 0) {
+    throw new RangeError(`${name}: warmupSteps must be an integer >= 0, got ${warmup}.`);
+  }
+  if (!Number.isInteger(total) || total < 1 || total < warmup) {
+    throw new RangeError(
+      `${name}: totalSteps must be an integer >= 1 and >= warmupSteps (${warmup}), got ${total}.`,
+    );
+  }
+  if (!(minFactor >= 0 && minFactor <= 1)) {
+    throw new RangeError(`${name}: minFactor must be in [0, 1], got ${minFactor}.`);
+  }
+}
+
+function checkStep(name: string, step: number): void {
+  if (!(step >= 0) || !Number.isFinite(step)) {
+    throw new RangeError(`${name}: step must be a finite number >= 0, got ${step}.`);
+  }
+}
+
+/**
+ * Linear warmup then linear decay (the BERT / Hugging Face
+ * `get_linear_schedule_with_warmup` schedule, plus an optional floor):
+ * step/warmupSteps while warming up, then falling linearly from 1 at
+ * `warmupSteps` to `minFactor` at `totalSteps`, and `minFactor` after.
+ *
+ * @example
+ * ```ts ignore
+ * const f = linearWarmupDecay({ warmupSteps: 100, totalSteps: 1000 });
+ * f(50); // 0.5
+ * f(550); // 0.5
+ * ```
+ */
+export function linearWarmupDecay(options: LinearWarmupDecayOptions): LrSchedule {
+  const { warmupSteps, totalSteps, minFactor = 0 } = options;
+  checkOptions("linearWarmupDecay", warmupSteps, totalSteps, minFactor);
+  return (step) => {
+    checkStep("linearWarmupDecay", step);
+    if (step < warmupSteps) return step / warmupSteps;
+    if (step >= totalSteps) return minFactor;
+    const remaining = (totalSteps - step) / (totalSteps - warmupSteps);
+    return minFactor + (1 - minFactor) * remaining;
+  };
+}
+
+/**
+ * Linear warmup then a half cosine (Hugging Face
+ * `get_cosine_schedule_with_warmup`, plus an optional floor): from 1 at
+ * `warmupSteps` to `minFactor` at `totalSteps`, `minFactor` after.
+ *
+ * @example
+ * ```ts ignore
+ * const f = cosineSchedule({ warmupSteps: 10, totalSteps: 110 });
+ * f(60); // 0.5
+ * ```
+ */
+export function cosineSchedule(options: CosineScheduleOptions): LrSchedule {
+  const { warmupSteps = 0, totalSteps, minFactor = 0 } = options;
+  checkOptions("cosineSchedule", warmupSteps, totalSteps, minFactor);
+  return (step) => {
+    checkStep("cosineSchedule", step);
+    if (step < warmupSteps) return step / warmupSteps;
+    if (step >= totalSteps) return minFactor;
+    const progress = (step - warmupSteps) / (totalSteps - warmupSteps);
+    return minFactor + (1 - minFactor) * 0.5 * (1 + Math.cos(Math.PI * progress));
+  };
+}
+
+/** What {@link LrScheduler} drives: anything with parameter groups that have a settable `lr`. */
+export interface LrGroups {
+  /** The parameter groups; their `lr` is assigned on every scheduler step. */
+  readonly groups: readonly { lr: number }[];
+}
+
+/**
+ * Applies a schedule to an optimizer: remembers each group's learning rate
+ * at construction as its base, sets lr = base × factor(0) at once, and on
+ * every `.step()` sets lr = base × factor(number of `.step()` calls so far).
+ * Call it once per optimizer step, after `optimizer.step()`.
+ *
+ * The count is of `.step()` calls, so AMP steps the GradScaler skipped still
+ * advance the schedule (as in PyTorch, where the scheduler cannot know). To
+ * schedule by applied updates instead, pass the step number yourself:
+ * `scheduler.step(optimizerSteps - skippedSteps)`, with the skipped count
+ * read from the scaler when you read it anyway (reading it is a sync).
+ *
+ * @example
+ * ```ts ignore
+ * const scheduler = new LrScheduler(optimizer, linearWarmupDecay({ warmupSteps: 100, totalSteps: 1000 }));
+ * for (const batch of batches) {
+ *   trainStep(batch); // ... optimizer.step(...)
+ *   scheduler.step();
+ * }
+ * ```
+ */
+export class LrScheduler {
+  /** Each group's learning rate when the scheduler was made. */
+  readonly baseLrs: readonly number[];
+  #optimizer: LrGroups;
+  #schedule: LrSchedule;
+  #step = 0;
+
+  /** A scheduler for `optimizer`'s groups (their current lr becomes the base). */
+  constructor(optimizer: LrGroups, schedule: LrSchedule) {
+    if (typeof schedule !== "function") {
+      throw new TypeError("LrScheduler: schedule must be a function (step) => factor.");
+    }
+    this.#optimizer = optimizer;
+    this.#schedule = schedule;
+    this.baseLrs = optimizer.groups.map((g) => g.lr);
+    this.#apply();
+  }
+
+  /** How many times `.step()` was called (or the step last passed to it). */
+  get stepCount(): number {
+    return this.#step;
+  }
+
+  /** The learning rates currently set, per group. */
+  get lrs(): number[] {
+    return this.#optimizer.groups.map((g) => g.lr);
+  }
+
+  /** Advances the schedule by one step, or jumps to `step` when given; sets every group's lr. */
+  step(step?: number): void {
+    if (step !== undefined && (!Number.isInteger(step) || step < 0)) {
+      throw new RangeError(`LrScheduler.step: step must be an integer >= 0, got ${step}.`);
+    }
+    this.#step = step ?? this.#step + 1;
+    this.#apply();
+  }
+
+  #apply(): void {
+    const factor = this.#schedule(this.#step);
+    if (!(factor >= 0) || !Number.isFinite(factor)) {
+      throw new RangeError(
+        `LrScheduler: the schedule returned ${factor} at step ${this.#step}; factors must be finite and >= 0.`,
+      );
+    }
+    this.#optimizer.groups.forEach((g, i) => (g.lr = this.baseLrs[i] * factor));
+  }
+}
