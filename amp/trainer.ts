@@ -124,7 +124,7 @@ export class AmpTrainer {
       return this.scaler.scale(divided);
     });
     scaled.backward();
-    scaled.dispose();
+    if (scaled !== loss) scaled.dispose(); // a disabled scaler hands the loss back as it is
     if (++this.#microStep === this.accumulationSteps) this.#finishStep();
     return loss;
   }

@@ -1,0 +1,149 @@
+/**
+ * Training checkpoints: model, optimizer and AMP state in one safetensors
+ * file, written atomically. Tensors hold the model's parameters and buffers
+ * (`model.<name>`), gradients accumulated so far in an unfinished effective
+ * batch (`grad.<name>`), and the optimizer's fp32 state (`optimizer.<param>.<buffer>`);
+ * the header's metadata holds the rest as JSON (optimizer hyper-parameters
+ * and step count, the loss scaler and accumulation counters, user data).
+ * Resuming from it continues a run exactly.
+ */
+import type { OptimizerStateDict } from "../amp/_optimizer_state.ts";
+import type { AmpTrainer, AmpTrainerState } from "../amp/trainer.ts";
+import type { Module } from "./module.ts";
+import { entryToTensor, type SafetensorsEntry } from "./safetensors.ts";
+import { loadSafetensors, saveSafetensors } from "./safetensors_file.ts";
+import { Tensor } from "../gpu/tensor.ts";
+import { untracked } from "../gpu/scope.ts";
+
+/** An optimizer whose state can be saved (the fused optimizers). */
+export interface SavableOptimizer {
+  /** Its state as plain data (a sync point). */
+  stateDict(): Promise<OptimizerStateDict>;
+  /** Restores it, all or nothing. */
+  loadStateDict(state: OptimizerStateDict): void;
+}
+
+/** What a checkpoint holds; only `model` is required. */
+export interface CheckpointParts {
+  /** The model. */
+  model: Module;
+  /** Its optimizer. */
+  optimizer?: SavableOptimizer;
+  /** The AMP trainer (loss scaler and accumulation counters). */
+  trainer?: AmpTrainer;
+}
+
+/**
+ * Saves `parts` (and JSON-safe `extra` data such as the epoch) to `path`
+ * atomically. **A sync point**: reads every tensor back.
+ *
+ * @param path Destination file.
+ * @param parts Model, optimizer and trainer to save.
+ * @param extra Any JSON-safe value, returned by {@link loadCheckpoint}.
+ * @returns When the file is in place.
+ * @example
+ * ```ts ignore
+ * await saveCheckpoint("run.safetensors", { model, optimizer, trainer }, { epoch: 3 });
+ * ```
+ */
+export async function saveCheckpoint(
+  path: string,
+  parts: CheckpointParts,
+  extra: unknown = null,
+): Promise<void> {
+  const tensors = new Map<string, Tensor>();
+  for (const [name, t] of parts.model.stateDict()) tensors.set(`model.${name}`, t);
+  // Mid-accumulation, the gradients summed so far are part of the run's state.
+  for (const [name, p] of parts.model.namedParameters()) {
+    if (p.grad) tensors.set(`grad.${name}`, p.grad);
+  }
+  const metadata: Record<string, string> = {
+    format: "halfstep-checkpoint-1",
+    extra: JSON.stringify(extra),
+  };
+  const temporary: Tensor[] = [];
+  try {
+    if (parts.optimizer) {
+      const state = await parts.optimizer.stateDict();
+      const skeleton = {
+        ...state,
+        state: state.state.map((s) => ({ ...s, buffers: Object.keys(s.buffers) })),
+      };
+      metadata.optimizer = JSON.stringify(skeleton);
+      for (const s of state.state) {
+        for (const [buffer, values] of Object.entries(s.buffers)) {
+          const t = untracked(() => Tensor.from(values, s.shape));
+          temporary.push(t);
+          tensors.set(`optimizer.${s.param}.${buffer}`, t);
+        }
+      }
+    }
+    if (parts.trainer) metadata.trainer = JSON.stringify(await parts.trainer.stateDict());
+    await saveSafetensors(path, tensors, metadata);
+  } finally {
+    for (const t of temporary) t.dispose();
+  }
+}
+
+/**
+ * Loads a checkpoint into `parts`: the model first (checked completely
+ * before anything is written), then the optimizer and the trainer, each
+ * all-or-nothing. A truncated, corrupt or mismatched file is a clear error.
+ *
+ * @param path The file.
+ * @param parts Model, optimizer and trainer to restore (the same kinds as saved).
+ * @returns The `extra` value given to {@link saveCheckpoint}.
+ * @example
+ * ```ts ignore
+ * const { epoch } = await loadCheckpoint("run.safetensors", { model, optimizer, trainer }) as { epoch: number };
+ * ```
+ */
+export async function loadCheckpoint(path: string, parts: CheckpointParts): Promise<unknown> {
+  const { entries, metadata } = await loadSafetensors(path);
+  const fail = (why: string): never => {
+    throw new RangeError(`loadCheckpoint: "${path}": ${why}`);
+  };
+  if (metadata.format !== "halfstep-checkpoint-1") fail("not a halfstep training checkpoint");
+  if (parts.optimizer && !metadata.optimizer) fail("it holds no optimizer state");
+  if (parts.trainer && !metadata.trainer) fail("it holds no AMP trainer state");
+  const model = new Map<string, SafetensorsEntry>();
+  for (const [name, entry] of entries) {
+    if (name.startsWith("model.")) model.set(name.slice(6), entry);
+  }
+  try {
+    parts.model.loadStateDict(model);
+  } catch (e) {
+    fail((e as Error).message);
+  }
+  if (parts.optimizer) {
+    const skeleton = JSON.parse(metadata.optimizer) as Omit<OptimizerStateDict, "state"> & {
+      state: { param: number; shape: number[]; buffers: string[] }[];
+    };
+    const state: OptimizerStateDict = {
+      ...skeleton,
+      state: skeleton.state.map((s) => ({
+        ...s,
+        buffers: Object.fromEntries(
+          s.buffers.map((b) => [b, f32Values(entries.get(`optimizer.${s.param}.${b}`), fail)]),
+        ),
+      })),
+    };
+    parts.optimizer.loadStateDict(state);
+  }
+  if (parts.trainer) parts.trainer.loadStateDict(JSON.parse(metadata.trainer) as AmpTrainerState);
+  for (const [name, p] of parts.model.namedParameters()) {
+    const saved = entries.get(`grad.${name}`);
+    p.grad?.dispose();
+    p.grad = saved ? untracked(() => entryToTensor(saved, { gpu: p.gpu })) : null;
+  }
+  return JSON.parse(metadata.extra ?? "null");
+}
+
+function f32Values(
+  entry: SafetensorsEntry | undefined,
+  fail: (why: string) => never,
+): Float32Array {
+  if (!entry || entry.dtype !== "f32") fail("an optimizer buffer is missing or not f32");
+  const bytes = entry!.data;
+  return new Float32Array(bytes.slice().buffer, 0, bytes.byteLength / 4);
+}
