@@ -3,13 +3,16 @@
  * stderr. `deno task bench` runs every entry; `deno task bench mlp` runs one.
  *
  * Entries: `matmul` (GFLOP/s, f32 and f16, square and MLP-shaped products)
- * and `mlp` (784-256-256-10 MLP, batch 128, SGD with momentum: training
- * steps/s and peak GPU memory). Synthetic data, so it runs anywhere.
+ * and `mlp` (784-256-256-10 MLP, batch 128, fused Adam: training steps/s and
+ * peak GPU memory in f32 and AMP, and their ratios). Synthetic data, so it
+ * runs anywhere.
  *
  * @module
  */
 import { parseArgs } from "node:util";
 import {
+  Adam,
+  AmpTrainer,
   crossEntropy,
   type FloatDType,
   type Gpu,
@@ -18,7 +21,6 @@ import {
   matmul,
   RandomGenerator,
   Sequential,
-  SGD,
   Tensor,
   tidy,
 } from "../mod.ts";
@@ -78,45 +80,54 @@ async function benchMatmul(gpu: Gpu, repeats: number): Promise<Result[]> {
 }
 
 async function benchMlp(gpu: Gpu, steps: number): Promise<Result[]> {
-  const batch = 128;
-  const rng = new RandomGenerator(2);
-  const model = new Sequential(
-    new Linear(784, 256, { seed: rng, activation: "relu" }),
-    new Linear(256, 256, { seed: rng, activation: "relu" }),
-    new Linear(256, 10, { seed: rng }),
-  );
-  const optimizer = new SGD(model.parameters(), { lr: 0.01, momentum: 0.9 });
-  const x = Tensor.from(rng.uniform(batch * 784), [batch, 784]);
-  const labels = Array.from({ length: batch }, (_, i) => i % 10);
-  const y = Tensor.from(labels, [batch], { dtype: "i32" });
-  const step = () => {
-    const loss = tidy(() => crossEntropy(model.forward(x), y));
-    loss.backward();
-    optimizer.step();
-    optimizer.zeroGrad();
-    loss.dispose();
-  };
-  for (let i = 0; i < 3; i++) step();
-  await gpu.sync();
-  gpu.resetPeakMemory();
-  const before = { ...gpu.batch.counters };
-  const seconds = await timed(gpu, steps, step);
-  const result: Result = {
+  const results: Result[] = [];
+  for (const mode of ["f32", "amp"] as const) {
+    const batch = 128;
+    const rng = new RandomGenerator(2);
+    const model = new Sequential(
+      new Linear(784, 256, { seed: rng, activation: "relu" }),
+      new Linear(256, 256, { seed: rng, activation: "relu" }),
+      new Linear(256, 10, { seed: rng }),
+    );
+    const optimizer = new Adam(model.parameters(), { lr: 1e-3 });
+    const trainer = new AmpTrainer(model, optimizer, { enabled: mode === "amp" });
+    const x = Tensor.from(rng.uniform(batch * 784), [batch, 784]);
+    const y = Tensor.from(Array.from({ length: batch }, (_, i) => i % 10), [batch], {
+      dtype: "i32",
+    });
+    const step = () => trainer.step(() => crossEntropy(model.forward(x), y)).dispose();
+    for (let i = 0; i < 3; i++) step();
+    await gpu.sync();
+    gpu.resetPeakMemory();
+    const before = { ...gpu.batch.counters };
+    const seconds = await timed(gpu, steps, step);
+    results.push({
+      bench: "mlp",
+      mode,
+      model: "784-256-256-10",
+      batch,
+      optimizer: "Adam (fused)",
+      stepsPerSec: 1 / seconds,
+      msPerStep: seconds * 1000,
+      dispatchesPerStep: (gpu.batch.counters.dispatches - before.dispatches) / (steps + 1),
+      peakBytes: gpu.memoryStats().peakBytes,
+    });
+    trainer.dispose();
+    optimizer.dispose();
+    model.dispose();
+    x.dispose();
+    y.dispose();
+  }
+  const [f32, amp] = results;
+  results.push({
     bench: "mlp",
-    mode: "f32",
+    mode: "amp/f32",
     model: "784-256-256-10",
-    batch,
-    optimizer: "SGD momentum 0.9",
-    stepsPerSec: 1 / seconds,
-    msPerStep: seconds * 1000,
-    dispatchesPerStep: (gpu.batch.counters.dispatches - before.dispatches) / (steps + 1),
-    peakBytes: gpu.memoryStats().peakBytes,
-  };
-  model.dispose();
-  optimizer.dispose();
-  x.dispose();
-  y.dispose();
-  return [result];
+    speedup: (amp.stepsPerSec as number) / (f32.stepsPerSec as number),
+    memoryRatio: amp.peakBytes / f32.peakBytes,
+    peakBytes: amp.peakBytes,
+  });
+  return results;
 }
 
 const ENTRIES: Record<
@@ -162,6 +173,8 @@ async function main(): Promise<void> {
       console.log(JSON.stringify({ ...result, ...context }));
       const figure = "gflops" in result
         ? `${(result.gflops as number).toFixed(2)} GFLOP/s`
+        : "speedup" in result
+        ? `×${(result.speedup as number).toFixed(2)} speed`
         : `${(result.stepsPerSec as number).toFixed(1)} steps/s`;
       const shape = (result.shape as string | undefined) ?? (result.model as string);
       console.error(

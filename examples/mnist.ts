@@ -15,6 +15,7 @@
 import { parseArgs } from "node:util";
 import {
   addInPlace,
+  AmpTrainer,
   crossEntropy,
   type Gpu,
   initGpu,
@@ -44,6 +45,12 @@ Flags:
   --batch N        examples per step (default 128); the last partial batch of
                    an epoch is dropped so that every step has the same shape
   --lr X           learning rate (default 0.1)
+  --amp, --fp16    mixed precision: f16 autocast, fp32 master weights with f16
+                   working copies, dynamic loss scaling (needs shader-f16;
+                   falls back to f32 and says so without it)
+  --loss-scale N   with --amp: 0 = dynamic (default), a power of two = static
+  --accum N        micro-batches per optimizer step (default 1); each step
+                   then sees N × --batch examples
   --momentum X     SGD momentum, 0 for plain SGD (default 0.9); v = g + m·v,
                    w -= lr·v, as torch.optim.SGD without dampening
   --seed N         seed of the weight init and the shuffling (default 0)
@@ -70,6 +77,9 @@ interface Config {
   batch: number;
   lr: number;
   momentum: number;
+  amp: boolean;
+  lossScale: number;
+  accum: number;
   seed: number;
   logEvery: number;
   limit: number | undefined;
@@ -90,6 +100,10 @@ function parseConfig(args: string[]): Config | null {
       batch: { type: "string", default: "128" },
       lr: { type: "string", default: "0.1" },
       momentum: { type: "string", default: "0.9" },
+      amp: { type: "boolean", default: false },
+      fp16: { type: "boolean", default: false },
+      "loss-scale": { type: "string", default: "0" },
+      accum: { type: "string", default: "1" },
       seed: { type: "string", default: "0" },
       "log-every": { type: "string", default: "50" },
       limit: { type: "string" },
@@ -119,6 +133,14 @@ function parseConfig(args: string[]): Config | null {
     batch: int("batch", values.batch, 1),
     lr: real("lr", values.lr, (x) => x > 0, "a number > 0"),
     momentum: real("momentum", values.momentum, (x) => x >= 0 && x < 1, "a number in [0, 1)"),
+    amp: values.amp || values.fp16,
+    lossScale: real(
+      "loss-scale",
+      values["loss-scale"],
+      (x) => x === 0 || (x > 0 && 2 ** Math.round(Math.log2(x)) === x),
+      "0 (dynamic) or a power of two",
+    ),
+    accum: int("accum", values.accum, 1),
     seed: int("seed", values.seed, 0),
     logEvery: int("log-every", values["log-every"], 1),
     limit: values.limit === undefined ? undefined : int("limit", values.limit, 1),
@@ -231,7 +253,10 @@ async function main(): Promise<void> {
       `MNIST: ${train.count} train / ${test.count} test images (loaded in ${
         loadSeconds.toFixed(2)
       } s); GPU ready in ${initSeconds.toFixed(2)} s`,
-      `MLP 784-256-256-10, SGD lr ${cfg.lr} momentum ${cfg.momentum}, batch ${batch}, ` +
+      `MLP 784-256-256-10, ${cfg.amp ? "AMP (f16 + loss scaling)" : "f32"}, SGD lr ${cfg.lr} ` +
+      `momentum ${cfg.momentum}, batch ${batch}${
+        cfg.accum > 1 ? ` × ${cfg.accum} accumulated` : ""
+      }, ` +
       `${cfg.epochs} epoch(s) × ${stepsPerEpoch} steps, seed ${cfg.seed}`,
     ].join("\n"),
   );
@@ -239,6 +264,11 @@ async function main(): Promise<void> {
   const model = makeModel(cfg.seed);
   model.train();
   const optimizer = new SGD(model.parameters(), { lr: cfg.lr, momentum: cfg.momentum });
+  const trainer = new AmpTrainer(model, optimizer, {
+    enabled: cfg.amp,
+    lossScale: cfg.lossScale,
+    accumulationSteps: cfg.accum,
+  });
   const shuffler = new RandomGenerator(cfg.seed + 1);
 
   const pixels = new Float32Array(batch * MNIST_PIXELS);
@@ -264,14 +294,12 @@ async function main(): Promise<void> {
     let intervalStart = performance.now(), intervalStep = step;
     for (let s = 0; s < stepsPerEpoch; s++) {
       gather(train, order, s * batch, batch, pixels, labels);
-      // Forward and loss; every intermediate is freed when tidy returns (the
-      // tape keeps what backward needs).
-      const loss = tidy(() =>
+      // One micro-batch: forward under autocast (with --amp), scaled backward;
+      // every --accum micro-batches the trainer unscales, checks for overflow,
+      // steps the optimizer (skipped on the GPU on overflow) and updates the scale.
+      const loss = trainer.step(() =>
         crossEntropy(model.forward(Tensor.from(pixels, [batch, MNIST_PIXELS])), labels)
       );
-      loss.backward();
-      optimizer.step();
-      optimizer.zeroGrad();
       noGrad(() => addInPlace(lossSum, loss));
       loss.dispose();
       lossCount++;
@@ -316,6 +344,8 @@ async function main(): Promise<void> {
     );
   }
 
+  const lossScale = await trainer.scaler.getScale(); // sync points, once at the end
+  const skippedSteps = await trainer.scaler.skippedSteps();
   const memory = gpu.memoryStats();
   const peakBytes = Math.max(trainPeak, evalPeak, memory.peakBytes);
   const wallSeconds = (performance.now() - started) / 1000;
@@ -331,6 +361,10 @@ async function main(): Promise<void> {
   emit(
     "final",
     {
+      lossScale,
+      skippedSteps,
+      optimizerSteps: trainer.steps,
+      amp: trainer.masters !== null,
       testAccuracy,
       steps: step,
       epochs: cfg.epochs,
@@ -357,6 +391,9 @@ async function main(): Promise<void> {
       `test accuracy: ${(testAccuracy * 100).toFixed(2)}% after ${step} steps (final loss ${
         lastLoss.toFixed(4)
       })`,
+      `loss scale: ${lossScale}${
+        trainer.masters ? "" : " (AMP off)"
+      }, skipped steps: ${skippedSteps}`,
       `training: ${trainSeconds.toFixed(1)} s, ${stepsPerSecond.toFixed(2)} steps/s, ${
         ((flopsPerStep * stepsPerSecond) / 1e9).toFixed(2)
       } GFLOP/s effective; wall time ${wallSeconds.toFixed(1)} s`,
