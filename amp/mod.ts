@@ -41,7 +41,9 @@ export {
 } from "./optimizers.ts";
 export {
   cosineSchedule,
+  type CosineScheduleOptions,
   linearWarmupDecay,
+  type LinearWarmupDecayOptions,
   type LrGroups,
   type LrSchedule,
   LrScheduler,
