@@ -10,9 +10,10 @@
  * Either way the mean and rstd used are saved (f32 [C]) for the backward pass,
  * so a later update of the running statistics cannot change the gradient.
  */
-import { type DType, wgslEnables } from "../dtype.ts";
+import type { DType } from "../dtype.ts";
 import { defineKernel, f32Bits, type KernelDefinition } from "../kernel.ts";
 import { Tensor } from "../tensor.ts";
+import { type Binding, buffersFor, declareBindings, optionalBinding } from "./bindings.ts";
 import { grid1d, WGSL_GRID_BUILTINS, WGSL_WORKGROUP_INDEX } from "./grid.ts";
 import { REDUCE_THREADS, WGSL_WORKGROUP_REDUCE } from "./wgsl_math.ts";
 
@@ -30,33 +31,14 @@ export type BatchNormConfig = {
   bias: boolean;
 };
 
-interface Binding {
-  name: string;
-  type: DType;
-  write?: boolean;
-}
+const PARAMS = "n: u32, c: u32, s: u32, eps: u32, momentum: u32";
 
-// NOTE: same pattern as kernels/layer_norm.ts: the binding list comes from the
-// config and orders both the WGSL declarations and the dispatched buffers.
 function declare(bindings: readonly Binding[]): string {
-  const vars = bindings.map((b, i) =>
-    `@group(0) @binding(${i}) var<storage, ${
-      b.write ? "read_write" : "read"
-    }> ${b.name}: array<${b.type}>;`
-  );
-  return `${wgslEnables(...bindings.map((b) => b.type))}
-struct Params { n: u32, c: u32, s: u32, eps: u32, momentum: u32 }
-${vars.join("\n")}
-@group(0) @binding(${bindings.length}) var<uniform> p: Params;
-${WGSL_WORKGROUP_REDUCE}
+  return `${declareBindings(bindings, PARAMS)}${WGSL_WORKGROUP_REDUCE}
 fn at(i: u32, c: u32) -> u32 { return ((i / p.s) * p.c + c) * p.s + i % p.s; }`;
 }
 
-function buffersFor(bindings: readonly Binding[], tensors: Record<string, Tensor>): GPUBuffer[] {
-  return bindings.map((b) => tensors[b.name].buffer);
-}
-
-const opt = (on: boolean, b: Binding): Binding[] => (on ? [b] : []);
+const opt = optionalBinding;
 
 function forwardBindings(c: BatchNormConfig): Binding[] {
   const running = !c.training || c.update;

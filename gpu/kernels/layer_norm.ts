@@ -9,9 +9,10 @@
  * Backward: one workgroup per row for dx, and one workgroup per column for
  * dweight = Σ_rows g·x̂ and dbias = Σ_rows g (f32).
  */
-import { type DType, wgslEnables } from "../dtype.ts";
+import type { DType } from "../dtype.ts";
 import { defineKernel, f32Bits, type KernelDefinition } from "../kernel.ts";
 import { Tensor } from "../tensor.ts";
+import { type Binding, buffersFor, declareBindings, optionalBinding } from "./bindings.ts";
 import { grid1d, WGSL_GRID_BUILTINS, WGSL_WORKGROUP_INDEX } from "./grid.ts";
 import { REDUCE_THREADS, WGSL_WORKGROUP_REDUCE } from "./wgsl_math.ts";
 
@@ -25,33 +26,11 @@ export type LayerNormConfig = {
   bias: boolean;
 };
 
-/** One storage binding: a WGSL name, its element type and access mode. */
-interface Binding {
-  name: string;
-  type: DType;
-  write?: boolean;
-}
-
-// NOTE: the binding list is derived from the config and used both to declare
-// the WGSL variables and to order the buffers at dispatch, so the two cannot
-// disagree. (A shared helper in kernel.ts would serve batch_norm.ts too.)
 function declare(bindings: readonly Binding[], params: string): string {
-  const vars = bindings.map((b, i) =>
-    `@group(0) @binding(${i}) var<storage, ${
-      b.write ? "read_write" : "read"
-    }> ${b.name}: array<${b.type}>;`
-  );
-  return `${wgslEnables(...bindings.map((b) => b.type))}struct Params { ${params} }
-${vars.join("\n")}
-@group(0) @binding(${bindings.length}) var<uniform> p: Params;
-${WGSL_WORKGROUP_REDUCE}`;
+  return `${declareBindings(bindings, params)}${WGSL_WORKGROUP_REDUCE}`;
 }
 
-function buffersFor(bindings: readonly Binding[], tensors: Record<string, Tensor>): GPUBuffer[] {
-  return bindings.map((b) => tensors[b.name].buffer);
-}
-
-const opt = (on: boolean, b: Binding): Binding[] => (on ? [b] : []);
+const opt = optionalBinding;
 
 function forwardBindings(c: LayerNormConfig): Binding[] {
   return [

@@ -70,11 +70,16 @@ fn main(${WGSL_GRID_BUILTINS}) {
 }`,
 });
 
+/** A tensor as rows over its last axis. */
+function rowsOf(t: Tensor): { rows: number; cols: number } {
+  const cols = t.shape.at(-1) ?? 1;
+  return { rows: cols === 0 ? 0 : t.size / cols, cols };
+}
+
 /** y = softmax or log-softmax of `x` over its last axis (no autograd). */
 export function launchSoftmax(kind: SoftmaxKind, x: Tensor): Tensor {
   const y = Tensor.empty(x.shape, x.dtype, x.gpu);
-  const cols = x.shape.at(-1) ?? 1;
-  const rows = cols === 0 ? 0 : x.size / cols;
+  const { rows, cols } = rowsOf(x);
   if (rows === 0) return y;
   const kernel = x.gpu.kernel(softmaxForwardKernel, { kind, dtype: x.dtype });
   x.gpu.dispatch(kernel, [x.buffer, y.buffer], [rows, cols], grid1d(rows));
@@ -84,8 +89,7 @@ export function launchSoftmax(kind: SoftmaxKind, x: Tensor): Tensor {
 /** dx from the forward output `y` and upstream `dy` (no autograd). */
 export function launchSoftmaxBackward(kind: SoftmaxKind, y: Tensor, dy: Tensor): Tensor {
   const dx = Tensor.empty(y.shape, y.dtype, y.gpu);
-  const cols = y.shape.at(-1) ?? 1;
-  const rows = cols === 0 ? 0 : y.size / cols;
+  const { rows, cols } = rowsOf(y);
   if (rows === 0) return dx;
   const kernel = y.gpu.kernel(softmaxBackwardKernel, { kind, dtype: y.dtype });
   y.gpu.dispatch(kernel, [y.buffer, dy.buffer, dx.buffer], [rows, cols], grid1d(rows));
