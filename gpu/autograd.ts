@@ -101,8 +101,17 @@ export function isGradEnabled(): boolean {
  * updates). Ops inside produce tensors with `requiresGrad` false.
  */
 export function noGrad<T>(fn: () => T): T {
+  return withGradMode(false, fn);
+}
+
+/** Runs `fn` with recording on, even inside `noGrad` (gradient checkpointing recomputes this way). */
+export function enableGrad<T>(fn: () => T): T {
+  return withGradMode(true, fn);
+}
+
+function withGradMode<T>(enabled: boolean, fn: () => T): T {
   const before = gradEnabled;
-  gradEnabled = false;
+  gradEnabled = enabled;
   try {
     return fn();
   } finally {
@@ -111,8 +120,10 @@ export function noGrad<T>(fn: () => T): T {
 }
 
 /**
- * Records `op` on the tape when any input needs a gradient. `save` lists the
- * tensors the rule needs later; they are kept alive by shared handles.
+ * Records `op` on the tape when any input needs a gradient (or, with
+ * `always`, whenever grad mode is on: a checkpointed region may hold
+ * parameters that do). `save` lists the tensors the rule needs later; they
+ * are kept alive by shared handles.
  */
 export function record(
   op: string,
@@ -120,8 +131,9 @@ export function record(
   output: Tensor,
   rule: BackwardRule,
   save: readonly Tensor[] = [],
+  options: { always?: boolean } = {},
 ): Tensor {
-  if (gradEnabled && inputs.some((t) => t.requiresGrad)) {
+  if (gradEnabled && (options.always || inputs.some((t) => t.requiresGrad))) {
     const saved = untracked(() => save.map((t) => t.share()));
     output.requiresGrad = true;
     output.gradFn = new GradNode(op, inputs, output, rule, saved);

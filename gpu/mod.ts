@@ -28,6 +28,7 @@ export {
   backward,
   type BackwardOptions,
   type BackwardRule,
+  enableGrad,
   GradNode,
   isGradEnabled,
   noGrad,
@@ -60,6 +61,7 @@ export { max, mean, type ReduceOptions, sum } from "./ops/reduce.ts";
 export { logSoftmax, softmax } from "./ops/softmax.ts";
 export { reshape } from "./ops/reshape.ts";
 export { addInPlace } from "./ops/in_place.ts";
+export { checkpoint, isRecomputing } from "./checkpoint.ts";
 export { layerNorm, type LayerNormOptions } from "./ops/layer_norm.ts";
 export { batchNorm, type BatchNormOptions } from "./ops/batch_norm.ts";
 export { dropout } from "./ops/dropout.ts";

@@ -88,14 +88,18 @@ export class RandomGenerator {
 
   /** Reserves `count` consecutive numbers (they never straddle two keys). */
   take(count: number): RandomRange {
+    const replayed = randomTape?.answer(this, count);
+    if (replayed) return replayed;
     let start = this.offset;
     const within = start % COUNTERS_PER_KEY;
     if (within + count > COUNTERS_PER_KEY) start += COUNTERS_PER_KEY - within;
     this.offset = start + count;
-    return {
+    const range = {
       key: this.#keyFor(Math.floor(start / COUNTERS_PER_KEY)),
       counter: start % COUNTERS_PER_KEY,
     };
+    randomTape?.noteDraw(this, count, range);
+    return range;
   }
 
   /** `count` uniform numbers in [lo, hi) computed on the CPU (parameter initialisation). */
@@ -130,3 +134,56 @@ export class RandomGenerator {
     );
   }
 }
+
+/**
+ * The random ranges drawn while a region ran, in order, so that a recompute
+ * of the region (gradient checkpointing) draws exactly the same numbers —
+ * the same dropout masks — without moving any generator forward again.
+ */
+export class RandomTape {
+  #draws: { generator: RandomGenerator; count: number; range: RandomRange }[] = [];
+  #next = 0;
+  #replaying = false;
+
+  /** Runs `fn`, recording every draw of every generator. */
+  record<T>(fn: () => T): T {
+    return this.#with(false, fn);
+  }
+
+  /** Runs `fn`, answering its draws from the recording, in order. */
+  replay<T>(fn: () => T): T {
+    this.#next = 0;
+    return this.#with(true, fn);
+  }
+
+  /** A draw while recording. @internal */
+  noteDraw(generator: RandomGenerator, count: number, range: RandomRange): void {
+    if (!this.#replaying) this.#draws.push({ generator, count, range });
+  }
+
+  /** The recorded answer to a draw while replaying, else undefined. @internal */
+  answer(generator: RandomGenerator, count: number): RandomRange | undefined {
+    if (!this.#replaying) return undefined;
+    const draw = this.#draws[this.#next++];
+    if (!draw || draw.generator !== generator || draw.count !== count) {
+      throw new RangeError(
+        "RandomTape: the recomputed region drew different random numbers than the first run " +
+          `(draw ${this.#next}: ${count} numbers); it must run the same ops in the same order.`,
+      );
+    }
+    return draw.range;
+  }
+
+  #with<T>(replaying: boolean, fn: () => T): T {
+    const previous = randomTape;
+    randomTape = this;
+    this.#replaying = replaying;
+    try {
+      return fn();
+    } finally {
+      randomTape = previous;
+    }
+  }
+}
+
+let randomTape: RandomTape | null = null;

@@ -63,6 +63,20 @@ export function untracked<T>(fn: () => T): T {
   }
 }
 
+/**
+ * Runs `fn` with tracking on even inside `untracked` (a backward rule that
+ * recomputes a region needs its own `tidy` scopes to work).
+ */
+export function tracked<T>(fn: () => T): T {
+  const before = suspended;
+  suspended = 0;
+  try {
+    return fn();
+  } finally {
+    suspended = before;
+  }
+}
+
 function* resourcesIn(value: unknown): Generator<ScopedResource> {
   if (value === null || typeof value !== "object") return;
   if (typeof (value as ScopedResource).dispose === "function") {

@@ -18,6 +18,15 @@ export { Dropout } from "./dropout.ts";
 export { Embedding } from "./embedding.ts";
 export { Sequential } from "./sequential.ts";
 export {
+  activationBytes,
+  Checkpointed,
+  type CheckpointPlan,
+  checkpointSequential,
+  planCheckpointSegments,
+  runCheckpointed,
+  type SegmentSpec,
+} from "./checkpoint.ts";
+export {
   BatchNorm,
   BatchNorm1d,
   BatchNorm2d,

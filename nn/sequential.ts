@@ -1,20 +1,36 @@
-/** Sequential: modules applied one after another. */
+/** Sequential: modules applied one after another, optionally checkpointed. */
+import { isGradEnabled } from "../gpu/autograd.ts";
 import type { Tensor } from "../gpu/tensor.ts";
+import {
+  type CheckpointPlan,
+  planCheckpointSegments,
+  runCheckpointed,
+  type SegmentSpec,
+} from "./checkpoint.ts";
 import { Module } from "./module.ts";
 
 /**
  * Applies its layers in order; they are named "0", "1", ... so parameters
- * read `0.weight`, `2.bias`, as in PyTorch.
+ * read `0.weight`, `2.bias`, as in PyTorch. Set `checkpoint` to train with
+ * gradient checkpointing without rewriting the forward pass.
  *
  * @example
  * ```ts ignore
  * const mlp = new Sequential(new Linear(784, 256), new ReLU(), new Linear(256, 10));
+ * mlp.checkpoint = "auto"; // ≈ √n checkpointed segments while training
  * const logits = mlp.forward(x);
  * ```
  */
 export class Sequential extends Module {
   /** The layers, in order. */
   readonly layers: readonly Module[];
+  /**
+   * Gradient checkpointing while training with the tape on: a segment count,
+   * `"auto"` (≈ √n), or `{ budgetBytes }`; null (default) keeps every activation.
+   */
+  checkpoint: SegmentSpec | null = null;
+  /** The plan the last checkpointed forward used (segments and estimated memory). */
+  lastCheckpointPlan: CheckpointPlan | null = null;
 
   /** A sequence of `layers`. */
   constructor(...layers: Module[]) {
@@ -22,8 +38,12 @@ export class Sequential extends Module {
     this.layers = layers.map((layer, i) => this.registerModule(String(i), layer));
   }
 
-  /** Runs every layer in turn. */
+  /** Runs every layer in turn (checkpointed segments when `checkpoint` is set and training). */
   forward(x: Tensor): Tensor {
+    if (this.checkpoint !== null && this.training && isGradEnabled()) {
+      this.lastCheckpointPlan = planCheckpointSegments(this.layers, x, this.checkpoint);
+      return runCheckpointed(this.layers, this.lastCheckpointPlan, x);
+    }
     let h = x;
     for (const layer of this.layers) h = layer.forward(h);
     return h;

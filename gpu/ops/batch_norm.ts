@@ -5,6 +5,7 @@
  * GPU: nothing here reads back to the CPU.
  */
 import { isGradEnabled, record } from "../autograd.ts";
+import { isRecomputing } from "../checkpoint.ts";
 import {
   type BatchNormView,
   launchBatchNorm,
@@ -125,7 +126,8 @@ export function batchNorm(x: Tensor, options: BatchNormOptions): Tensor {
   const view = viewOf(x);
   const { training } = options;
   const momentum = options.momentum ?? 0.1, eps = options.eps ?? 1e-5;
-  const update = training && (options.updateRunningStats ?? true);
+  // A checkpointed recompute must not move the statistics a second time.
+  const update = training && (options.updateRunningStats ?? true) && !isRecomputing();
   checkVector("weight", weight, x, view.c);
   checkVector("bias", bias, x, view.c);
   checkVector("runningMean", runningMean, x, view.c);

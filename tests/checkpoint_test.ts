@@ -1,0 +1,184 @@
+import assert from "node:assert/strict";
+import {
+  autocast,
+  BatchNorm,
+  checkpoint,
+  checkpointSequential,
+  Dropout,
+  GELU,
+  LayerNorm,
+  Linear,
+  mean,
+  type Module,
+  RandomGenerator,
+  ReLU,
+  Sequential,
+  square,
+  sum,
+  Tensor,
+  tidy,
+} from "../mod.ts";
+import { gpu, GPU_TEST } from "./_gpu.ts";
+
+const WIDTH = 24, BATCH = 16;
+
+/** 32 blocks of Linear → LayerNorm → GELU → Dropout, seeded so two copies are identical. */
+function deepMlp(): Sequential {
+  const init = new RandomGenerator(1), drop = new RandomGenerator(2);
+  const layers: Module[] = [];
+  for (let i = 0; i < 32; i++) {
+    layers.push(
+      new Linear(WIDTH, WIDTH, { seed: init }),
+      new LayerNorm(WIDTH),
+      new GELU(),
+      new Dropout(0.1, { seed: drop }),
+    );
+  }
+  return new Sequential(...layers);
+}
+
+function bnMlp(): Sequential {
+  const init = new RandomGenerator(3);
+  const layers: Module[] = [];
+  for (let i = 0; i < 8; i++) {
+    layers.push(new Linear(WIDTH, WIDTH, { seed: init }), new BatchNorm(WIDTH), new ReLU());
+  }
+  return new Sequential(...layers);
+}
+
+const input = () =>
+  Tensor.from(new RandomGenerator(9).uniform(BATCH * WIDTH, -1, 1), [BATCH, WIDTH]);
+
+/** One forward + backward; returns every parameter gradient and buffer, read back. */
+async function gradients(model: Sequential, amp: boolean): Promise<Float32Array[]> {
+  const x = input();
+  const loss = tidy(() => autocast(() => mean(square(model.forward(x))), { enabled: amp }));
+  loss.backward();
+  loss.dispose();
+  x.dispose();
+  const out: Float32Array[] = [];
+  for (const p of model.parameters()) out.push(await p.grad!.read());
+  for (const [, b] of model.namedBuffers()) out.push(await b.read());
+  model.zeroGrad();
+  return out;
+}
+
+Deno.test({
+  name:
+    "checkpointing: a 32-block MLP with LayerNorm, GELU and Dropout gets bit-identical gradients, f32 and AMP",
+  ...GPU_TEST,
+  async fn() {
+    for (const amp of [false, true]) {
+      const plain = deepMlp(), checkpointed = deepMlp();
+      checkpointed.checkpoint = "auto";
+      const expected = await gradients(plain, amp);
+      const actual = await gradients(checkpointed, amp);
+      assert.equal(checkpointed.lastCheckpointPlan!.segments.length, Math.round(Math.sqrt(128)));
+      // Same kernels on the same inputs in the same order: no tolerance needed.
+      assert.deepEqual(actual, expected, `amp=${amp}`);
+      // The recompute replayed the dropout masks instead of drawing new ones.
+      const offsets = (m: Sequential) =>
+        m.layers.filter((l) => l instanceof Dropout).map((l) => (l as Dropout).generator.offset);
+      assert.deepEqual(offsets(checkpointed), offsets(plain));
+    }
+  },
+});
+
+Deno.test({
+  name: "checkpointing: BatchNorm gradients and running statistics equal the plain step's",
+  ...GPU_TEST,
+  async fn() {
+    const plain = bnMlp(), checkpointed = bnMlp();
+    checkpointed.checkpoint = 3;
+    for (let step = 0; step < 2; step++) {
+      assert.deepEqual(
+        await gradients(checkpointed, false),
+        await gradients(plain, false),
+        `step ${step}`,
+      );
+    }
+  },
+});
+
+Deno.test({
+  name: "checkpointing: peak memory of a deep model falls to at most half with √n segments",
+  ...GPU_TEST,
+  async fn() {
+    const make = () => {
+      const init = new RandomGenerator(5);
+      const layers: Module[] = [];
+      for (let i = 0; i < 32; i++) layers.push(new Linear(64, 64, { seed: init }), new GELU());
+      return new Sequential(...layers);
+    };
+    const peaks: number[] = [];
+    for (const spec of [null, "auto"] as const) {
+      const model = make();
+      model.checkpoint = spec;
+      const x = Tensor.from(new RandomGenerator(6).uniform(512 * 64), [512, 64]);
+      if (spec) tidy(() => void model.forward(x)); // plan once (measures layer outputs) before measuring
+      await gpu.sync();
+      const before = gpu.memoryStats().allocatedBytes;
+      gpu.resetPeakMemory();
+      const loss = tidy(() => mean(square(model.forward(x))));
+      loss.backward();
+      peaks.push(gpu.memoryStats().peakBytes - before);
+      loss.dispose();
+      model.dispose();
+      x.dispose();
+    }
+    const [plain, checkpointed] = peaks;
+    assert.ok(checkpointed <= plain / 2, `checkpointed peak ${checkpointed} vs plain ${plain}`);
+  },
+});
+
+Deno.test({
+  name: "checkpointing: a budget picks the fewest segments that fit and says when none does",
+  ...GPU_TEST,
+  fn() {
+    const model = deepMlp();
+    const x = input();
+    const { output, plan } = checkpointSequential(model.layers, { budgetBytes: 40_000 }, x);
+    assert.ok(plan.fits && plan.estimatedPeakBytes <= 40_000, JSON.stringify(plan));
+    assert.ok(plan.estimatedPeakBytes < plan.plainPeakBytes);
+    const fewer = checkpointSequential(model.layers, { budgetBytes: 60_000 }, x).plan;
+    assert.ok(fewer.segments.length <= plan.segments.length);
+    const impossible = checkpointSequential(model.layers, { budgetBytes: 1000 }, x).plan;
+    assert.equal(impossible.fits, false);
+    output.dispose();
+    assert.throws(
+      () => checkpointSequential(model.layers, 0, x),
+      /segments must be a positive integer or "auto", got 0/,
+    );
+  },
+});
+
+Deno.test({
+  name: "checkpoint: a recompute that differs from the first run is a clear error",
+  ...GPU_TEST,
+  fn() {
+    const x = Tensor.from([1, 2, 3, 4], [4], { requiresGrad: true });
+    let calls = 0;
+    const y = checkpoint((t) => (++calls === 1 ? square(t) : tidy(() => sum(t))), x);
+    const loss = sum(y);
+    assert.throws(
+      () => loss.backward(),
+      /checkpoint: the recomputed output is f32 \[\] but the first run gave f32 \[4\]/,
+    );
+  },
+});
+
+Deno.test({
+  name: "checkpoint: parameters inside the region get gradients even when the input needs none",
+  ...GPU_TEST,
+  async fn() {
+    const layer = new Linear(3, 2, { seed: 1 });
+    const x = Tensor.from([1, 2, 3], [1, 3]);
+    const plain = tidy(() => sum(layer.forward(x)));
+    plain.backward();
+    const expected = await layer.weight.grad!.read();
+    layer.zeroGrad();
+    const checkpointed = tidy(() => sum(checkpoint((t) => layer.forward(t), x)));
+    checkpointed.backward();
+    assert.deepEqual(await layer.weight.grad!.read(), expected);
+  },
+});
