@@ -4,8 +4,10 @@
  *
  * Entries: `matmul` (GFLOP/s, f32 and f16, square and MLP-shaped products)
  * and `mlp` (784-256-256-10 MLP, batch 128, fused Adam: training steps/s and
- * peak GPU memory in f32 and AMP, and their ratios). Synthetic data, so it
- * runs anywhere.
+ * peak GPU memory in f32, AMP and AMP + checkpointing, and their ratios)
+ * and `checkpoint` (a 32-block MLP where activations dominate: activation
+ * memory and step time with √n segments and with a memory budget). Synthetic
+ * data, so it runs anywhere.
  *
  * @module
  */
@@ -15,12 +17,18 @@ import {
   AmpTrainer,
   crossEntropy,
   type FloatDType,
+  GELU,
   type Gpu,
   initGpu,
+  LayerNorm,
   Linear,
   matmul,
+  mean,
+  type Module,
   RandomGenerator,
+  type SegmentSpec,
   Sequential,
+  square,
   Tensor,
   tidy,
 } from "../mod.ts";
@@ -34,7 +42,7 @@ interface Result extends Record<string, unknown> {
 
 const HELP = `Usage: deno task bench [ENTRY...] [--steps N] [--repeats N]
 
-Entries: matmul, mlp (default: all). Output: one JSON object per line on
+Entries: matmul, mlp, checkpoint (default: all). Output: one JSON object per line on
 stdout; a table on stderr.
   --steps N     timed MLP training steps (default 100)
   --repeats N   timed matmuls per shape (default 10)
@@ -81,7 +89,7 @@ async function benchMatmul(gpu: Gpu, repeats: number): Promise<Result[]> {
 
 async function benchMlp(gpu: Gpu, steps: number): Promise<Result[]> {
   const results: Result[] = [];
-  for (const mode of ["f32", "amp"] as const) {
+  for (const mode of ["f32", "amp", "amp+ckpt"] as const) {
     const batch = 128;
     const rng = new RandomGenerator(2);
     const model = new Sequential(
@@ -89,8 +97,9 @@ async function benchMlp(gpu: Gpu, steps: number): Promise<Result[]> {
       new Linear(256, 256, { seed: rng, activation: "relu" }),
       new Linear(256, 10, { seed: rng }),
     );
+    if (mode === "amp+ckpt") model.checkpoint = "auto";
     const optimizer = new Adam(model.parameters(), { lr: 1e-3 });
-    const trainer = new AmpTrainer(model, optimizer, { enabled: mode === "amp" });
+    const trainer = new AmpTrainer(model, optimizer, { enabled: mode !== "f32" });
     const x = Tensor.from(rng.uniform(batch * 784), [batch, 784]);
     const y = Tensor.from(Array.from({ length: batch }, (_, i) => i % 10), [batch], {
       dtype: "i32",
@@ -130,12 +139,83 @@ async function benchMlp(gpu: Gpu, steps: number): Promise<Result[]> {
   return results;
 }
 
+/** One training step's time and peak memory for a 32-block MLP, with checkpointing as `spec` says. */
+async function deepStep(gpu: Gpu, spec: SegmentSpec | null, amp: boolean, steps: number) {
+  const rng = new RandomGenerator(3);
+  const layers: Module[] = [];
+  for (let i = 0; i < 32; i++) {
+    layers.push(new Linear(256, 256, { seed: rng }), new LayerNorm(256), new GELU());
+  }
+  const model = new Sequential(...layers);
+  model.checkpoint = spec;
+  const optimizer = new Adam(model.parameters(), { lr: 1e-4 });
+  const trainer = new AmpTrainer(model, optimizer, { enabled: amp });
+  const x = Tensor.from(rng.uniform(512 * 256, -1, 1), [512, 256]);
+  const step = () => trainer.step(() => mean(square(model.forward(x)))).dispose();
+  step();
+  await gpu.sync();
+  // Not activations: weights, optimizer state and working copies (allocated
+  // between steps) and the fp32 gradients that backward fills.
+  const gradientBytes = model.parameters().reduce((sum, p) => sum + p.size * 4, 0);
+  const base = gpu.memoryStats().allocatedBytes + gradientBytes;
+  gpu.resetPeakMemory();
+  const seconds = await timed(gpu, steps, step);
+  const activationPeak = gpu.memoryStats().peakBytes - base;
+  const result = {
+    stepsPerSec: 1 / seconds,
+    peakBytes: gpu.memoryStats().peakBytes,
+    activationPeakBytes: activationPeak,
+    plan: model.lastCheckpointPlan,
+  };
+  trainer.dispose();
+  optimizer.dispose();
+  model.dispose();
+  x.dispose();
+  return result;
+}
+
+async function benchCheckpoint(gpu: Gpu, steps: number): Promise<Result[]> {
+  const n = Math.max(2, Math.ceil(steps / 20));
+  const plain = await deepStep(gpu, null, true, n);
+  const auto = await deepStep(gpu, "auto", true, n);
+  const budgetBytes = Math.round(plain.activationPeakBytes / 3);
+  const budget = await deepStep(gpu, { budgetBytes }, true, n);
+  const row = (mode: string, r: typeof plain): Result => ({
+    bench: "deep_mlp",
+    mode,
+    model: "32 × (Linear 256, LayerNorm, GELU), batch 512",
+    stepsPerSec: r.stepsPerSec,
+    peakBytes: r.peakBytes,
+    activationPeakBytes: r.activationPeakBytes,
+    segments: r.plan?.segments.length ?? 0,
+  });
+  return [
+    row("amp", plain),
+    row("amp+ckpt", auto),
+    {
+      ...row("amp+ckpt budget", budget),
+      budgetBytes,
+      estimatedPeakBytes: budget.plan?.estimatedPeakBytes,
+      withinBudget: budget.activationPeakBytes <= budgetBytes,
+    },
+    {
+      bench: "deep_mlp",
+      mode: "amp+ckpt/amp",
+      model: "32 × (Linear 256, LayerNorm, GELU), batch 512",
+      activationMemoryRatio: auto.activationPeakBytes / plain.activationPeakBytes,
+      stepTimeOverhead: plain.stepsPerSec / auto.stepsPerSec,
+      peakBytes: auto.peakBytes,
+    },
+  ];
+}
+
 const ENTRIES: Record<
   string,
   (gpu: Gpu, o: { steps: number; repeats: number }) => Promise<Result[]>
 > = {
   matmul: (gpu, o) => benchMatmul(gpu, o.repeats),
   mlp: (gpu, o) => benchMlp(gpu, o.steps),
+  checkpoint: (gpu, o) => benchCheckpoint(gpu, o.steps),
 };
 
 async function main(): Promise<void> {
@@ -175,6 +255,10 @@ async function main(): Promise<void> {
         ? `${(result.gflops as number).toFixed(2)} GFLOP/s`
         : "speedup" in result
         ? `×${(result.speedup as number).toFixed(2)} speed`
+        : "activationMemoryRatio" in result
+        ? `×${(result.activationMemoryRatio as number).toFixed(2)} mem ×${
+          (result.stepTimeOverhead as number).toFixed(2)
+        } time`
         : `${(result.stepsPerSec as number).toFixed(1)} steps/s`;
       const shape = (result.shape as string | undefined) ?? (result.model as string);
       console.error(

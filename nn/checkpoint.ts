@@ -11,7 +11,11 @@ import { tidy } from "../gpu/scope.ts";
 import type { Tensor } from "../gpu/tensor.ts";
 import { Module } from "./module.ts";
 
-/** How to split layers: a segment count, `"auto"` (≈ √n), or a budget for activation memory. */
+/**
+ * How to split layers: a segment count, `"auto"` (≈ √n), or a budget for
+ * activation memory (bytes beyond the parameters, their gradients and the
+ * optimizer state).
+ */
 export type SegmentSpec = number | "auto" | { budgetBytes: number };
 
 /** A split of layers into checkpointed segments, with the memory it is expected to need. */
