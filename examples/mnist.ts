@@ -49,6 +49,8 @@ Flags:
                    working copies, dynamic loss scaling (needs shader-f16;
                    falls back to f32 and says so without it)
   --loss-scale N   with --amp: 0 = dynamic (default), a power of two = static
+  --checkpoint     gradient checkpointing: keep only segment inputs and
+                   recompute activations in backward (same results, less memory)
   --accum N        micro-batches per optimizer step (default 1); each step
                    then sees N × --batch examples
   --momentum X     SGD momentum, 0 for plain SGD (default 0.9); v = g + m·v,
@@ -80,6 +82,7 @@ interface Config {
   amp: boolean;
   lossScale: number;
   accum: number;
+  checkpoint: boolean;
   seed: number;
   logEvery: number;
   limit: number | undefined;
@@ -104,6 +107,7 @@ function parseConfig(args: string[]): Config | null {
       fp16: { type: "boolean", default: false },
       "loss-scale": { type: "string", default: "0" },
       accum: { type: "string", default: "1" },
+      checkpoint: { type: "boolean", default: false },
       seed: { type: "string", default: "0" },
       "log-every": { type: "string", default: "50" },
       limit: { type: "string" },
@@ -141,6 +145,7 @@ function parseConfig(args: string[]): Config | null {
       "0 (dynamic) or a power of two",
     ),
     accum: int("accum", values.accum, 1),
+    checkpoint: values.checkpoint,
     seed: int("seed", values.seed, 0),
     logEvery: int("log-every", values["log-every"], 1),
     limit: values.limit === undefined ? undefined : int("limit", values.limit, 1),
@@ -262,6 +267,7 @@ async function main(): Promise<void> {
   );
 
   const model = makeModel(cfg.seed);
+  if (cfg.checkpoint) model.checkpoint = "auto";
   model.train();
   const optimizer = new SGD(model.parameters(), { lr: cfg.lr, momentum: cfg.momentum });
   const trainer = new AmpTrainer(model, optimizer, {
