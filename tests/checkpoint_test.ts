@@ -85,17 +85,17 @@ Deno.test({
 });
 
 Deno.test({
-  name: "checkpointing: BatchNorm gradients and running statistics equal the plain step's",
+  name:
+    "checkpointing: BatchNorm gradients and running statistics equal the plain step's, f32 and AMP",
   ...GPU_TEST,
   async fn() {
-    const plain = bnMlp(), checkpointed = bnMlp();
-    checkpointed.checkpoint = 3;
-    for (let step = 0; step < 2; step++) {
-      assert.deepEqual(
-        await gradients(checkpointed, false),
-        await gradients(plain, false),
-        `step ${step}`,
-      );
+    for (const amp of [false, true]) {
+      const plain = bnMlp(), checkpointed = bnMlp();
+      checkpointed.checkpoint = 3;
+      for (let step = 0; step < 2; step++) {
+        const label = `amp=${amp} step ${step}`;
+        assert.deepEqual(await gradients(checkpointed, amp), await gradients(plain, amp), label);
+      }
     }
   },
 });
