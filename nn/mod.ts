@@ -1,11 +1,11 @@
 /**
  * Neural-network building blocks: the `Module` base with named parameters,
  * buffers and state dicts; layers (Linear, activations, Dropout, Embedding,
- * LayerNorm, BatchNorm in fp32, Sequential); losses; the optimizers (SGD,
- * Adam, AdamW: amp's fused ones); the
- * functional layer ops; and the safetensors format. Reading and writing
- * files lives apart, in `nn/safetensors_file.ts` (the `./files` export), so
- * this module runs in browsers too.
+ * LayerNorm, BatchNorm in fp32, Sequential, Checkpointed); gradient
+ * checkpointing of layer sequences; losses; the optimizers (SGD, Adam, AdamW:
+ * amp's fused ones); the functional layer ops; and the safetensors format.
+ * Reading and writing files lives apart, in `nn/files.ts` (the `./files`
+ * export), so this module runs in browsers too.
  *
  * @module
  */
