@@ -17,10 +17,12 @@ import {
   Adam,
   addInPlace,
   AmpTrainer,
+  cosineSchedule,
   crossEntropy,
   type Gpu,
   initGpu,
   Linear,
+  LrScheduler,
   noGrad,
   RandomGenerator,
   Sequential,
@@ -44,12 +46,14 @@ const HELP = `Train a 784-256-256-10 MLP on MNIST with SGD on the GPU (WebGPU).
 Usage: deno run -A examples/mnist.ts [flags]
 
 Flags:
-  --epochs N       passes over the training set (default 3: reaches about
-                   97.6% test accuracy in about 35 s on the CPU adapter)
+  --epochs N       passes over the training set (default 4: reaches about
+                   98.3% test accuracy in about a minute on the CPU adapter)
   --batch N        examples per step (default 128); the last partial batch of
                    an epoch is dropped so that every step has the same shape
   --optimizer NAME sgd (with --momentum) or adam (default adam)
-  --lr X           learning rate (default 1e-3 for adam, 0.1 for sgd)
+  --schedule NAME  learning-rate schedule: cosine (with 2% warmup, default) or
+                   constant
+  --lr X           learning rate (default 2e-3 for adam, 0.1 for sgd)
   --amp, --fp16    mixed precision: f16 autocast, fp32 master weights with f16
                    working copies, dynamic loss scaling (needs shader-f16;
                    falls back to f32 and says so without it)
@@ -89,6 +93,7 @@ interface Config {
   batch: number;
   lr: number;
   optimizer: "sgd" | "adam";
+  schedule: "cosine" | "constant";
   save: string | undefined;
   resume: string | undefined;
   plot: string | undefined;
@@ -113,10 +118,11 @@ function parseConfig(args: string[]): Config | null {
     strict: true,
     allowPositionals: false,
     options: {
-      epochs: { type: "string", default: "3" },
+      epochs: { type: "string", default: "4" },
       batch: { type: "string", default: "128" },
       lr: { type: "string" },
       optimizer: { type: "string", default: "adam" },
+      schedule: { type: "string", default: "cosine" },
       save: { type: "string" },
       resume: { type: "string" },
       plot: { type: "string" },
@@ -160,10 +166,15 @@ function parseConfig(args: string[]): Config | null {
       })(),
     lr: real(
       "lr",
-      values.lr ?? (values.optimizer === "sgd" ? "0.1" : "1e-3"),
+      values.lr ?? (values.optimizer === "sgd" ? "0.1" : "2e-3"),
       (x) => x > 0,
       "a number > 0",
     ),
+    schedule: values.schedule === "cosine" || values.schedule === "constant"
+      ? values.schedule
+      : (() => {
+        throw new UsageError(`--schedule must be cosine or constant, not "${values.schedule}".`);
+      })(),
     save: values.save,
     resume: values.resume,
     plot: values.plot,
@@ -262,6 +273,12 @@ async function main(): Promise<void> {
     Deno.exit(1);
   }
   const { train, test } = data;
+  // Standardise pixels with MNIST's mean and deviation: well-scaled inputs train faster.
+  for (const split of [train, test]) {
+    for (let i = 0; i < split.images.length; i++) {
+      split.images[i] = (split.images[i] - 0.1307) / 0.3081;
+    }
+  }
   const loadSeconds = (performance.now() - started) / 1000;
   const gpu: Gpu = await initGpu();
   const initSeconds = (performance.now() - started) / 1000 - loadSeconds;
@@ -310,6 +327,16 @@ async function main(): Promise<void> {
     lossScale: cfg.lossScale,
     accumulationSteps: cfg.accum,
   });
+  const optimizerSteps = Math.floor(totalSteps / cfg.accum);
+  const scheduler = new LrScheduler(
+    optimizer,
+    cfg.schedule === "cosine"
+      ? cosineSchedule({
+        warmupSteps: Math.ceil(optimizerSteps * 0.02),
+        totalSteps: optimizerSteps,
+      })
+      : () => 1,
+  );
   let shuffler = new RandomGenerator(cfg.seed + 1);
   // What a checkpoint must match to be resumed by these flags.
   const runShape = {
@@ -335,6 +362,7 @@ async function main(): Promise<void> {
       Deno.exit(2);
     }
     firstEpoch = saved.epoch + 1;
+    scheduler.step(trainer.steps); // the restored optimizer carries the lr it was saved with
     resumedStep = saved.step;
     shuffler = new RandomGenerator(saved.shuffler.seed, saved.shuffler.offset);
     emit(
@@ -377,6 +405,7 @@ async function main(): Promise<void> {
       const loss = trainer.step(() =>
         crossEntropy(model.forward(Tensor.from(pixels, [batch, MNIST_PIXELS])), labels)
       );
+      if (step % cfg.accum === cfg.accum - 1) scheduler.step(); // after each optimizer step
       noGrad(() => addInPlace(lossSum, loss));
       loss.dispose();
       lossCount++;
