@@ -341,6 +341,9 @@ async function main(): Promise<void> {
   // What a checkpoint must match to be resumed by these flags.
   const runShape = {
     optimizer: cfg.optimizer,
+    schedule: cfg.schedule,
+    epochs: cfg.epochs, // the schedule spans them
+    trainCount: train.count,
     batch,
     accum: cfg.accum,
     amp: cfg.amp,
@@ -348,7 +351,10 @@ async function main(): Promise<void> {
   };
   let firstEpoch = 1, resumedStep = 0;
   if (cfg.resume) {
-    const saved = await loadCheckpoint(cfg.resume, { model, optimizer, trainer }) as {
+    const saved = await loadCheckpoint(cfg.resume, { model, optimizer, trainer }).catch((e) => {
+      console.error(`mnist: cannot resume: ${e instanceof Error ? e.message : e}`);
+      Deno.exit(1);
+    }) as {
       epoch: number;
       step: number;
       shuffler: { seed: number; offset: number };
