@@ -6,8 +6,9 @@
  * and `mlp` (784-256-256-10 MLP, batch 128, fused Adam: training steps/s and
  * peak GPU memory in f32, AMP and AMP + checkpointing, and their ratios)
  * and `checkpoint` (a 32-block MLP where activations dominate: activation
- * memory and step time with √n segments and with a memory budget). Synthetic
- * data, so it runs anywhere.
+ * memory and step time with √n segments and with a memory budget) and `soak`
+ * (20 × --steps AMP steps: GPU bytes and JS heap after warm-up and at the end).
+ * Synthetic data, so it runs anywhere.
  *
  * @module
  */
@@ -42,7 +43,7 @@ interface Result extends Record<string, unknown> {
 
 const HELP = `Usage: deno task bench [ENTRY...] [--steps N] [--repeats N]
 
-Entries: matmul, mlp, checkpoint (default: all). Output: one JSON object per line on
+Entries: matmul, mlp, checkpoint, soak (default: all). Output: one JSON object per line on
 stdout; a table on stderr.
   --steps N     timed MLP training steps (default 100)
   --repeats N   timed matmuls per shape (default 10)
@@ -209,6 +210,59 @@ async function benchCheckpoint(gpu: Gpu, steps: number): Promise<Result[]> {
   ];
 }
 
+/**
+ * A long AMP run of the MNIST-sized MLP: GPU bytes allocated and the JS heap
+ * after warm-up and at the end, which must stay flat (no leak through the
+ * pool, the tape or bind groups).
+ */
+async function benchSoak(gpu: Gpu, steps: number): Promise<Result[]> {
+  const total = Math.max(steps * 20, 400), warmup = Math.min(100, total / 4);
+  const rng = new RandomGenerator(4);
+  const model = new Sequential(
+    new Linear(784, 256, { seed: rng, activation: "relu" }),
+    new Linear(256, 256, { seed: rng, activation: "relu" }),
+    new Linear(256, 10, { seed: rng }),
+  );
+  const optimizer = new Adam(model.parameters(), { lr: 1e-3 });
+  const trainer = new AmpTrainer(model, optimizer);
+  const labels = Array.from({ length: 128 }, (_, i) => i % 10);
+  const pixels = rng.uniform(128 * 784);
+  const snapshot = () => {
+    (globalThis as { gc?: () => void }).gc?.();
+    return { gpuBytes: gpu.memoryStats().allocatedBytes, heapBytes: Deno.memoryUsage().heapUsed };
+  };
+  let start = snapshot();
+  const began = performance.now();
+  for (let i = 0; i < total; i++) {
+    // A fresh upload every step, as a data loader does.
+    trainer.step(() => crossEntropy(model.forward(Tensor.from(pixels, [128, 784])), labels))
+      .dispose();
+    if (i === warmup) {
+      await gpu.sync();
+      start = snapshot();
+    }
+  }
+  await gpu.sync();
+  const end = snapshot();
+  const seconds = (performance.now() - began) / 1000;
+  trainer.dispose();
+  optimizer.dispose();
+  model.dispose();
+  return [{
+    bench: "soak",
+    mode: "amp",
+    model: "784-256-256-10",
+    steps: total,
+    stepsPerSec: total / seconds,
+    gpuBytesAfterWarmup: start.gpuBytes,
+    gpuBytesAtEnd: end.gpuBytes,
+    heapBytesAfterWarmup: start.heapBytes,
+    heapBytesAtEnd: end.heapBytes,
+    gpuFlat: start.gpuBytes === end.gpuBytes,
+    peakBytes: gpu.memoryStats().peakBytes,
+  }];
+}
+
 const ENTRIES: Record<
   string,
   (gpu: Gpu, o: { steps: number; repeats: number }) => Promise<Result[]>
@@ -216,6 +270,7 @@ const ENTRIES: Record<
   matmul: (gpu, o) => benchMatmul(gpu, o.repeats),
   mlp: (gpu, o) => benchMlp(gpu, o.steps),
   checkpoint: (gpu, o) => benchCheckpoint(gpu, o.steps),
+  soak: (gpu, o) => benchSoak(gpu, o.steps),
 };
 
 async function main(): Promise<void> {
@@ -255,6 +310,11 @@ async function main(): Promise<void> {
         ? `${(result.gflops as number).toFixed(2)} GFLOP/s`
         : "speedup" in result
         ? `×${(result.speedup as number).toFixed(2)} speed`
+        : "gpuFlat" in result
+        ? `GPU ${result.gpuFlat ? "flat" : "GROWS"}, heap ${
+          (((result.heapBytesAtEnd as number) - (result.heapBytesAfterWarmup as number)) / 2 ** 20)
+            .toFixed(1)
+        } MiB`
         : "activationMemoryRatio" in result
         ? `×${(result.activationMemoryRatio as number).toFixed(2)} mem ×${
           (result.stepTimeOverhead as number).toFixed(2)

@@ -54,9 +54,12 @@ async function validationLoss(
           dtype: "i32",
         });
         const targets = windows.targets.subarray(span[0], span[1]);
-        const loss = autocast(() => crossEntropy(model.forward(ids), targets, { reduction: "sum" }), {
-          enabled: cfg.amp,
-        });
+        const loss = autocast(
+          () => crossEntropy(model.forward(ids), targets, { reduction: "sum" }),
+          {
+            enabled: cfg.amp,
+          },
+        );
         addInPlace(total, loss);
       })
     );
@@ -130,32 +133,43 @@ async function main(): Promise<void> {
 
   const corpus = splitWords(await loadEnglishWords(), { seed: c.seed });
   const windows = evaluationWindows(corpus.validation, c.context, c.evalWindows);
-  const bigram = bigramCrossEntropy(corpus.train, windows.inputs, windows.targets, corpus.vocab.length);
+  const bigram = bigramCrossEntropy(
+    corpus.train,
+    windows.inputs,
+    windows.targets,
+    corpus.vocab.length,
+  );
   const gpu = await initGpu();
   const setupSeconds = (performance.now() - started) / 1000;
   const model = new TinyGpt({ ...c, vocab: corpus.vocab.length, seed: c.seed });
   if (c.checkpoint) model.blocks.checkpoint = c.layers; // one checkpointed segment per block
   const parameters = model.parameters().reduce((n, p) => n + p.size, 0);
-  emit("start", {
-    adapter: gpu.adapterName,
-    f16: gpu.f16,
-    ...c,
-    vocab: corpus.vocab.length,
-    parameters,
-    trainChars: corpus.train.length,
-    validationWords: corpus.validationWords,
-    validationChars: windows.count * c.context,
-    bigramLoss: bigram,
-    setupSeconds,
-  }, [
-    `adapter: ${gpu.adapterName}; words: ${corpus.trainWords.size} train / ${corpus.validationWords} ` +
-    `held out (${corpus.train.length} training characters, vocab ${corpus.vocab.length})`,
-    `GPT: ${c.layers} blocks, dim ${c.dim}, ${c.heads} heads, context ${c.context}, ` +
-    `${parameters} parameters; ${c.amp ? "AMP (f16 + loss scaling)" : "f32"}` +
-    `${c.checkpoint ? ", checkpointed blocks" : ""}; AdamW lr ${c.lr}, batch ${c.batch}, ${c.steps} steps`,
-    `bigram baseline (add-one, from the training split): ${bigram.toFixed(4)} nats/char on ` +
-    `${windows.count * c.context} validation characters`,
-  ].join("\n"));
+  emit(
+    "start",
+    {
+      adapter: gpu.adapterName,
+      f16: gpu.f16,
+      ...c,
+      vocab: corpus.vocab.length,
+      parameters,
+      trainChars: corpus.train.length,
+      validationWords: corpus.validationWords,
+      validationChars: windows.count * c.context,
+      bigramLoss: bigram,
+      setupSeconds,
+    },
+    [
+      `adapter: ${gpu.adapterName}; words: ${corpus.trainWords.size} train / ${corpus.validationWords} ` +
+      `held out (${corpus.train.length} training characters, vocab ${corpus.vocab.length})`,
+      `GPT: ${c.layers} blocks, dim ${c.dim}, ${c.heads} heads, context ${c.context}, ` +
+      `${parameters} parameters; ${c.amp ? "AMP (f16 + loss scaling)" : "f32"}` +
+      `${
+        c.checkpoint ? ", checkpointed blocks" : ""
+      }; AdamW lr ${c.lr}, batch ${c.batch}, ${c.steps} steps`,
+      `bigram baseline (add-one, from the training split): ${bigram.toFixed(4)} nats/char on ` +
+      `${windows.count * c.context} validation characters`,
+    ].join("\n"),
+  );
 
   const optimizer = new AdamW(model.parameters(), { lr: c.lr, weightDecay: 0.01 });
   const trainer = new AmpTrainer(model, optimizer, { enabled: c.amp, maxGradNorm: 1 });
@@ -230,22 +244,28 @@ async function main(): Promise<void> {
     samples,
     novelSamples: novel,
   };
-  emit("final", final, [
-    `validation loss ${validation.toFixed(4)} nats/char vs bigram ${bigram.toFixed(4)} ` +
-    `(${(bigram - validation).toFixed(4)} better); final train loss ${lastLoss.toFixed(4)}`,
-    `${final.stepsPerSecond.toFixed(2)} steps/s (${final.tokensPerSecond.toFixed(0)} tokens/s), ` +
-    `training ${trainSeconds.toFixed(1)} s, evaluation ${evalSeconds.toFixed(2)} s, wall ${
-      wallSeconds.toFixed(1)
-    } s`,
-    `peak GPU memory in training: ${mib(trainPeak)}${
-      final.memoryFlat ? "" : " (allocated bytes grew between steps: a leak)"
-    }; loss scale ${lossScale}, ${skipped} skipped steps`,
-    `samples (temperature ${c.temperature}; ${novel}/${samples.length} not in the training words): ` +
-    samples.join(", "),
-  ].join("\n"));
+  emit(
+    "final",
+    final,
+    [
+      `validation loss ${validation.toFixed(4)} nats/char vs bigram ${bigram.toFixed(4)} ` +
+      `(${(bigram - validation).toFixed(4)} better); final train loss ${lastLoss.toFixed(4)}`,
+      `${final.stepsPerSecond.toFixed(2)} steps/s (${
+        final.tokensPerSecond.toFixed(0)
+      } tokens/s), ` +
+      `training ${trainSeconds.toFixed(1)} s, evaluation ${evalSeconds.toFixed(2)} s, wall ${
+        wallSeconds.toFixed(1)
+      } s`,
+      `peak GPU memory in training: ${mib(trainPeak)}${
+        final.memoryFlat ? "" : " (allocated bytes grew between steps: a leak)"
+      }; loss scale ${lossScale}, ${skipped} skipped steps`,
+      `samples (temperature ${c.temperature}; ${novel}/${samples.length} not in the training words): ` +
+      samples.join(", "),
+    ].join("\n"),
+  );
   model.dispose();
   trainer.dispose();
-  optimizer.dispose?.();
+  optimizer.dispose();
   if (!final.memoryFlat) Deno.exit(1);
 }
 

@@ -1,0 +1,146 @@
+/**
+ * The command line of `tiny_gpt.ts`: its help text and flag parsing.
+ *
+ * @module
+ */
+import { parseArgs } from "node:util";
+
+/** `tiny_gpt.ts --help`. */
+export const TINY_GPT_HELP =
+  `Train a tiny GPT on English words, character by character, on the GPU (WebGPU).
+
+Usage: deno run -A examples/tiny_gpt.ts [flags]
+
+Data: the ~275k words of the npm package an-array-of-english-words, shuffled
+(--seed) and split by word: 95% for training, 5% held out. Each split is one
+stream "\\nword\\nword\\n..."; training draws windows of --context characters at
+random offsets, validation scores the first --eval-windows consecutive windows
+of the held-out stream (every character once). The baseline is a bigram model
+with add-one smoothing counted on the training stream, scored on the same
+validation characters. Losses are nats per character.
+
+Flags:
+  --steps N          optimizer steps (default 300: about a minute on the CPU
+                     adapter with the other defaults)
+  --batch N          sequences per step (default 32); also the evaluation batch
+  --context N        characters per sequence, T (default 32)
+  --layers N         transformer blocks (default 2)
+  --dim N            model size C (default 64)
+  --heads N          attention heads, must divide --dim (default 4)
+  --lr X             peak AdamW learning rate (default 3e-3; weight decay 0.01,
+                     gradients clipped to norm 1, cosine decay to lr/10)
+  --warmup N         steps of linear learning-rate warmup (default 20)
+  --amp, --fp16      mixed precision: f16 autocast, fp32 master weights with f16
+                     working copies, dynamic loss scaling (needs shader-f16;
+                     falls back to f32 and says so without it)
+  --checkpoint       gradient checkpointing: each block keeps only its input and
+                     recomputes its activations in backward (same gradients,
+                     less peak memory, one more forward pass per block)
+  --seed N           seed of the word split, the init, the batches and the
+                     samples (default 0)
+  --log-every N      read the training loss back every N steps (default 50);
+                     each read waits for the GPU. The loss printed is the mean
+                     over those N steps, summed on the GPU without syncing
+  --eval-windows N   validation windows of --context characters (default 512)
+  --samples N        words to sample at the end (default 8)
+  --temperature X    sampling temperature (default 0.8)
+  --json             print one JSON object per line instead of text; the last
+                     line is {"event":"final", "validationLoss", "bigramLoss",
+                     "stepsPerSecond", "peakBytes", "wallSeconds", "samples", ...}
+  -h, --help         show this help
+
+Memory: "peak" is the buffer pool's peakBytes over the training steps (after
+start-up); the bytes allocated after step 10 and after the last step must be
+equal, or the loop leaks GPU buffers (the run then exits with status 1).
+`;
+
+/** The parsed flags. */
+export interface TinyGptArgs {
+  steps: number;
+  batch: number;
+  context: number;
+  layers: number;
+  dim: number;
+  heads: number;
+  lr: number;
+  warmup: number;
+  amp: boolean;
+  checkpoint: boolean;
+  seed: number;
+  logEvery: number;
+  evalWindows: number;
+  samples: number;
+  temperature: number;
+  json: boolean;
+}
+
+/** A bad flag value (parseArgs itself throws TypeErrors for unknown flags). */
+export class UsageError extends Error {}
+
+/** The flags in `args`, or null for --help. */
+export function parseTinyGptArgs(args: string[]): TinyGptArgs | null {
+  const text = (d: string) => ({ type: "string" as const, default: d });
+  const flag = { type: "boolean" as const, default: false };
+  const { values: v } = parseArgs({
+    args,
+    strict: true,
+    allowPositionals: false,
+    options: {
+      steps: text("300"),
+      batch: text("32"),
+      context: text("32"),
+      layers: text("2"),
+      dim: text("64"),
+      heads: text("4"),
+      lr: text("3e-3"),
+      warmup: text("20"),
+      amp: flag,
+      fp16: flag,
+      checkpoint: flag,
+      seed: text("0"),
+      "log-every": text("50"),
+      "eval-windows": text("512"),
+      samples: text("8"),
+      temperature: text("0.8"),
+      json: flag,
+      help: { ...flag, short: "h" },
+    },
+  });
+  if (v.help) return null;
+  const int = (name: string, value: string, min: number): number => {
+    const n = Number(value);
+    if (value.trim() === "" || !Number.isInteger(n) || n < min) {
+      throw new UsageError(`--${name} must be an integer >= ${min}, not "${value}".`);
+    }
+    return n;
+  };
+  const positive = (name: string, value: string): number => {
+    const x = Number(value);
+    if (value.trim() === "" || !Number.isFinite(x) || x <= 0) {
+      throw new UsageError(`--${name} must be a number > 0, not "${value}".`);
+    }
+    return x;
+  };
+  const parsed: TinyGptArgs = {
+    steps: int("steps", v.steps, 1),
+    batch: int("batch", v.batch, 1),
+    context: int("context", v.context, 2),
+    layers: int("layers", v.layers, 1),
+    dim: int("dim", v.dim, 1),
+    heads: int("heads", v.heads, 1),
+    lr: positive("lr", v.lr),
+    warmup: int("warmup", v.warmup, 0),
+    amp: v.amp || v.fp16,
+    checkpoint: v.checkpoint,
+    seed: int("seed", v.seed, 0),
+    logEvery: int("log-every", v["log-every"], 1),
+    evalWindows: int("eval-windows", v["eval-windows"], 1),
+    samples: int("samples", v.samples, 1),
+    temperature: positive("temperature", v.temperature),
+    json: v.json,
+  };
+  if (parsed.dim % parsed.heads !== 0) {
+    throw new UsageError(`--heads (${parsed.heads}) must divide --dim (${parsed.dim}).`);
+  }
+  return parsed;
+}
