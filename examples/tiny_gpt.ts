@@ -70,7 +70,7 @@ async function validationLoss(
   return nats / (windows.count * cfg.context);
 }
 
-/** Samples `count` words at `temperature`, all at once; syncs once per generated character. */
+/** Samples `cfg.samples` words at `cfg.temperature`, all at once; syncs once per character. */
 async function sampleWords(
   model: TinyGpt,
   vocab: string[],
@@ -81,7 +81,7 @@ async function sampleWords(
   const newline = vocab.indexOf(NEWLINE);
   const seqs = Array.from({ length: cfg.samples }, () => [newline]);
   const done = seqs.map(() => false);
-  for (let t = 1; t < cfg.context && done.includes(false); t++) {
+  for (let t = 1; t <= cfg.context && done.includes(false); t++) {
     const ids = seqs.flat();
     const logits = noGrad(() =>
       tidy(() =>

@@ -43,7 +43,16 @@ export interface TinyGptConfig {
   seed?: number;
 }
 
-/** Token and position embeddings, `layers` pre-LN blocks, a final LayerNorm and a linear head. */
+/**
+ * Token and position embeddings, `layers` pre-LN blocks, a final LayerNorm and a linear head.
+ *
+ * @example
+ * ```ts ignore
+ * const model = new TinyGpt({ vocab: 27, context: 32, layers: 2, dim: 64, heads: 4 });
+ * model.blocks.checkpoint = 2; // optional: recompute each block in backward
+ * const loss = crossEntropy(model.forward(ids), targets); // ids: i32 [batch, 32]
+ * ```
+ */
 export class TinyGpt extends Module {
   /** The sizes it was built with. */
   readonly config: TinyGptConfig;

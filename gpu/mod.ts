@@ -68,3 +68,5 @@ export { dropout } from "./ops/dropout.ts";
 export { embedding } from "./ops/embedding.ts";
 export { crossEntropyPerRow } from "./ops/cross_entropy.ts";
 export { hashU32, RandomGenerator, type RandomRange, randomU32, randomUniform } from "./random.ts";
+export { causalSoftmax, type CausalSoftmaxOptions } from "./ops/causal_softmax.ts";
+export { permute } from "./ops/permute.ts";

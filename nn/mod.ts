@@ -47,3 +47,10 @@ export {
 export { crossEntropy, type CrossEntropyOptions, mseLoss, type Reduction } from "./losses.ts";
 // The optimizers are amp's fused ones (fp32 masters, GPU-side skip), under PyTorch's names.
 export { AdamW, FusedAdam as Adam, FusedSGD as SGD } from "../amp/optimizers.ts";
+export {
+  causalAttention,
+  type CausalAttentionOptions,
+  CausalSelfAttention,
+  type CausalSelfAttentionOptions,
+} from "./attention.ts";
+export { TransformerBlock, type TransformerBlockOptions } from "./transformer_block.ts";

@@ -1,0 +1,161 @@
+/**
+ * Causal (lower-triangular) softmax over the last axis of scores shaped
+ * [..., T, T], and its backward rule. Row i of each T×T matrix reads only
+ * columns j ≤ i; the masked entries (j > i) get probability 0 and gradient 0
+ * and are never read, so they may hold anything. An optional scale s is fused
+ * in (softmax(s·x), as attention's 1/√d), saving a pass over the scores.
+ *
+ * Short rows run one per thread, long rows one per workgroup (as the plain
+ * softmax does); either way the max, the sum of exponentials and the backward
+ * dot product are f32 whatever the storage dtype.
+ */
+import { type DType, wgslEnables } from "../dtype.ts";
+import { defineKernel, f32Bits } from "../kernel.ts";
+import { Tensor } from "../tensor.ts";
+import { grid1d, WGSL_GRID_BUILTINS, WGSL_WORKGROUP_INDEX } from "./grid.ts";
+import { REDUCE_THREADS, WGSL_LOWEST, WGSL_WORKGROUP_REDUCE } from "./wgsl_math.ts";
+
+// `valid` columns (0..=i) are visible to row i; the rest of the row is masked.
+const VISIBLE = `for (var j = lid; j < valid; j += ${REDUCE_THREADS}u)`;
+const ALL = `for (var j = lid; j < p.cols; j += ${REDUCE_THREADS}u)`;
+const ROW = `let row = ${WGSL_WORKGROUP_INDEX};
+  if (row >= p.rows) { return; }
+  let base = row * p.cols;
+  let valid = row % p.cols + 1u;
+  let s = bitcast<f32>(p.scale);`;
+
+/**
+ * How rows map to threads: `"workgroup"` reduces each row with a workgroup
+ * (long rows), `"thread"` gives each thread a whole row and needs no barrier.
+ */
+export type CausalSoftmaxLayout = "workgroup" | "thread";
+
+/** Rows at most this long run one per thread (see {@link causalSoftmaxLayout}). */
+export const THREAD_ROW_MAX = 64;
+
+/**
+ * The layout for rows of `cols` entries. NOTE: attention rows are short (T ≤ a
+ * few hundred) and there are B·H·T of them; a workgroup of 64 threads per
+ * 32-entry row spent its time in barriers (24 ms for [128, 32, 32] on the CPU
+ * adapter, against about 1 ms with a thread per row), so short rows go one per thread.
+ */
+export function causalSoftmaxLayout(cols: number): CausalSoftmaxLayout {
+  return cols <= THREAD_ROW_MAX ? "thread" : "workgroup";
+}
+
+const THREAD_ROW = `let row = ${WGSL_WORKGROUP_INDEX} * ${REDUCE_THREADS}u + lid;
+  if (row >= p.rows) { return; }
+  let base = row * p.cols;
+  let valid = row % p.cols + 1u;
+  let s = bitcast<f32>(p.scale);`;
+
+function forwardBody(layout: CausalSoftmaxLayout, dtype: DType): string {
+  if (layout === "thread") {
+    return `${THREAD_ROW}
+  var m = ${WGSL_LOWEST};
+  for (var j = 0u; j < valid; j++) { m = max(m, s * f32(x[base + j])); }
+  var total = 0.0;
+  for (var j = 0u; j < valid; j++) { total += exp(s * f32(x[base + j]) - m); }
+  let inv = 1.0 / total;
+  for (var j = 0u; j < valid; j++) { y[base + j] = ${dtype}(exp(s * f32(x[base + j]) - m) * inv); }
+  for (var j = valid; j < p.cols; j++) { y[base + j] = ${dtype}(0.0); }`;
+  }
+  return `${ROW}
+  var m = ${WGSL_LOWEST};
+  ${VISIBLE} { m = max(m, s * f32(x[base + j])); }
+  m = reduce_max(m, lid);
+  var total = 0.0;
+  ${VISIBLE} { total += exp(s * f32(x[base + j]) - m); }
+  total = reduce_sum(total, lid);
+  let inv = 1.0 / total;
+  ${ALL} {
+    var v = 0.0;
+    if (j < valid) { v = exp(s * f32(x[base + j]) - m) * inv; }
+    y[base + j] = ${dtype}(v);
+  }`;
+}
+
+function backwardBody(layout: CausalSoftmaxLayout, dtype: DType): string {
+  if (layout === "thread") {
+    return `${THREAD_ROW}
+  var d = 0.0;
+  for (var j = 0u; j < valid; j++) { d += f32(dy[base + j]) * f32(y[base + j]); }
+  for (var j = 0u; j < valid; j++) {
+    dx[base + j] = ${dtype}(s * f32(y[base + j]) * (f32(dy[base + j]) - d));
+  }
+  for (var j = valid; j < p.cols; j++) { dx[base + j] = ${dtype}(0.0); }`;
+  }
+  return `${ROW}
+  var d = 0.0;
+  ${VISIBLE} { d += f32(dy[base + j]) * f32(y[base + j]); }
+  d = reduce_sum(d, lid);
+  ${ALL} {
+    var v = 0.0;
+    if (j < valid) { v = s * f32(y[base + j]) * (f32(dy[base + j]) - d); }
+    dx[base + j] = ${dtype}(v);
+  }`;
+}
+
+type Config = { dtype: DType; layout: CausalSoftmaxLayout };
+
+/** y = causal softmax of s·x, row by row. */
+export const causalSoftmaxForwardKernel = defineKernel<Config>({
+  name: "causal_softmax_forward",
+  wgsl: ({ dtype, layout }) =>
+    `${wgslEnables(dtype)}
+struct Params { rows: u32, cols: u32, scale: u32 }
+@group(0) @binding(0) var<storage, read> x: array<${dtype}>;
+@group(0) @binding(1) var<storage, read_write> y: array<${dtype}>;
+@group(0) @binding(2) var<uniform> p: Params;
+${layout === "workgroup" ? WGSL_WORKGROUP_REDUCE : ""}
+@compute @workgroup_size(${REDUCE_THREADS})
+fn main(${WGSL_GRID_BUILTINS}) {
+  ${forwardBody(layout, dtype)}
+}`,
+});
+
+/** dx = s · y · (dy − Σ_{j ≤ i} dy·y) on visible entries, 0 on masked ones. */
+export const causalSoftmaxBackwardKernel = defineKernel<Config>({
+  name: "causal_softmax_backward",
+  wgsl: ({ dtype, layout }) =>
+    `${wgslEnables(dtype)}
+struct Params { rows: u32, cols: u32, scale: u32 }
+@group(0) @binding(0) var<storage, read> y: array<${dtype}>;
+@group(0) @binding(1) var<storage, read> dy: array<${dtype}>;
+@group(0) @binding(2) var<storage, read_write> dx: array<${dtype}>;
+@group(0) @binding(3) var<uniform> p: Params;
+${layout === "workgroup" ? WGSL_WORKGROUP_REDUCE : ""}
+@compute @workgroup_size(${REDUCE_THREADS})
+fn main(${WGSL_GRID_BUILTINS}) {
+  ${backwardBody(layout, dtype)}
+}`,
+});
+
+/** Rows (every row of every T×T matrix), T, the layout and the dispatch grid. */
+function rowsOf(t: Tensor) {
+  const cols = t.shape.at(-1) ?? 1;
+  const rows = cols === 0 ? 0 : t.size / cols;
+  const layout = causalSoftmaxLayout(cols);
+  const grid = grid1d(layout === "thread" ? Math.ceil(rows / REDUCE_THREADS) : rows);
+  return { rows, cols, config: { dtype: t.dtype, layout }, grid };
+}
+
+/** y = causal softmax of `scale`·x over the last axis (no autograd). */
+export function launchCausalSoftmax(x: Tensor, scale: number): Tensor {
+  const y = Tensor.empty(x.shape, x.dtype, x.gpu);
+  const { rows, cols, config, grid } = rowsOf(x);
+  if (rows === 0) return y;
+  const kernel = x.gpu.kernel(causalSoftmaxForwardKernel, config);
+  x.gpu.dispatch(kernel, [x.buffer, y.buffer], [rows, cols, f32Bits(scale)], grid);
+  return y;
+}
+
+/** dx from the forward output `y` and upstream `dy` (no autograd). */
+export function launchCausalSoftmaxBackward(y: Tensor, dy: Tensor, scale: number): Tensor {
+  const dx = Tensor.empty(y.shape, y.dtype, y.gpu);
+  const { rows, cols, config, grid } = rowsOf(y);
+  if (rows === 0) return dx;
+  const kernel = y.gpu.kernel(causalSoftmaxBackwardKernel, config);
+  y.gpu.dispatch(kernel, [y.buffer, dy.buffer, dx.buffer], [rows, cols, f32Bits(scale)], grid);
+  return dx;
+}

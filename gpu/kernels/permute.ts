@@ -1,0 +1,74 @@
+/**
+ * Axis permutation as a contiguous copy, for tensors of rank ≤ 4. The kernel
+ * sees every tensor as 4-D (leading extents of 1) and gathers: output element
+ * (c0, c1, c2, c3) reads input element Σ c_k · stride_k, where stride_k is
+ * the input stride of the axis that output axis k takes. Shapes and strides
+ * are uniforms, so one pipeline per dtype serves every permutation.
+ */
+import { type DType, wgslEnables } from "../dtype.ts";
+import { defineKernel } from "../kernel.ts";
+import type { Shape } from "../shape.ts";
+import { Tensor } from "../tensor.ts";
+import { grid1d, WGSL_GRID_BUILTINS, WGSL_WORKGROUP_INDEX } from "./grid.ts";
+
+const WORKGROUP = 256;
+
+/** The most axes a permutation handles. */
+export const PERMUTE_MAX_RANK = 4;
+
+/** y[c0, c1, c2, c3] = x[c0·s0 + c1·s1 + c2·s2 + c3·s3]. */
+export const permuteKernel = defineKernel<{ dtype: DType }>({
+  name: "permute",
+  wgsl: ({ dtype }) =>
+    `${wgslEnables(dtype)}
+struct Params { n: u32, d1: u32, d2: u32, d3: u32, s0: u32, s1: u32, s2: u32, s3: u32 }
+@group(0) @binding(0) var<storage, read> x: array<${dtype}>;
+@group(0) @binding(1) var<storage, read_write> y: array<${dtype}>;
+@group(0) @binding(2) var<uniform> p: Params;
+@compute @workgroup_size(${WORKGROUP})
+fn main(${WGSL_GRID_BUILTINS}) {
+  let i = ${WGSL_WORKGROUP_INDEX} * ${WORKGROUP}u + lid;
+  if (i >= p.n) { return; }
+  let c3 = i % p.d3;
+  var t = i / p.d3;
+  let c2 = t % p.d2;
+  t = t / p.d2;
+  let c1 = t % p.d1;
+  let c0 = t / p.d1;
+  y[i] = x[c0 * p.s0 + c1 * p.s1 + c2 * p.s2 + c3 * p.s3];
+}`,
+});
+
+/** Row-major strides of `shape`. */
+function stridesOf(shape: Shape): number[] {
+  const strides = new Array<number>(shape.length);
+  let s = 1;
+  for (let d = shape.length - 1; d >= 0; d--) {
+    strides[d] = s;
+    s *= shape[d];
+  }
+  return strides;
+}
+
+/**
+ * A contiguous copy of `x` with its axes in `order` (output axis k is input
+ * axis order[k]); `order` must already be a valid permutation of rank ≤ 4.
+ * No autograd.
+ */
+export function launchPermute(x: Tensor, order: readonly number[]): Tensor {
+  const outShape = order.map((a) => x.shape[a]);
+  const y = Tensor.empty(outShape, x.dtype, x.gpu);
+  if (y.size === 0) return y;
+  const inStrides = stridesOf(x.shape);
+  const pad = PERMUTE_MAX_RANK - order.length;
+  const dims = [...new Array(pad).fill(1), ...outShape];
+  const strides = [...new Array(pad).fill(0), ...order.map((a) => inStrides[a])];
+  const kernel = x.gpu.kernel(permuteKernel, { dtype: x.dtype });
+  x.gpu.dispatch(
+    kernel,
+    [x.buffer, y.buffer],
+    [y.size, dims[1], dims[2], dims[3], ...strides],
+    grid1d(Math.ceil(y.size / WORKGROUP)),
+  );
+  return y;
+}

@@ -1,0 +1,56 @@
+/** Differentiable causal softmax for attention scores [..., T, T] (f32 math inside). */
+import { record } from "../autograd.ts";
+import { autocastInputs } from "../autocast_hook.ts";
+import { launchCausalSoftmax, launchCausalSoftmaxBackward } from "../kernels/causal_softmax.ts";
+import type { Tensor } from "../tensor.ts";
+
+/** Options of {@link causalSoftmax}. */
+export interface CausalSoftmaxOptions {
+  /** Multiplies the scores before the softmax, fused in the kernel (default 1; attention uses 1/√d). */
+  scale?: number;
+}
+
+/**
+ * Softmax of `scale`·x over the last axis with a causal mask: `x` is [..., T, T]
+ * and row i of every T×T matrix sees only columns j ≤ i. Masked entries come
+ * out as exactly 0 (and get gradient 0); they are never read, so they need
+ * not be filled with −∞. The max, the sum of exponentials and the backward
+ * dot product are f32; the output has x's dtype.
+ *
+ * Under autocast the op is named `"causal_softmax"`, which is on no default
+ * list: f16 scores stay f16 (f32 math inside, as LayerNorm does), which keeps
+ * the saved [..., T, T] probabilities at half the bytes. Put it on the deny
+ * list (`customAutocastLists({ deny: ["causal_softmax"] })`) for f32 output.
+ *
+ * Saved for backward: the output y (the rule is dx = s·y·(dy − Σ dy·y)).
+ *
+ * @example
+ * ```ts ignore
+ * const scores = matmul(q, k, { transB: true });                   // [B·H, T, T]
+ * const probs = causalSoftmax(scores, { scale: 1 / Math.sqrt(d) }); // row i: columns 0..i
+ * ```
+ */
+export function causalSoftmax(x0: Tensor, options: CausalSoftmaxOptions = {}): Tensor {
+  const [x] = autocastInputs("causal_softmax", [x0]);
+  const scale = options.scale ?? 1;
+  if (x.dtype === "i32") {
+    throw new TypeError(`causalSoftmax: needs f32 or f16 scores, got ${x.describe()}.`);
+  }
+  if (x.rank < 2 || x.shape.at(-1) !== x.shape.at(-2)) {
+    throw new RangeError(
+      `causalSoftmax: scores ${x.describe()} must be [..., T, T] (square in the last two axes); ` +
+        "compute them as matmul(q, k, { transB: true }) with q and k both [batch, T, d].",
+    );
+  }
+  if (!Number.isFinite(scale)) {
+    throw new RangeError(`causalSoftmax: scale must be a finite number, got ${scale}.`);
+  }
+  const y = launchCausalSoftmax(x, scale);
+  return record(
+    "causal_softmax",
+    [x],
+    y,
+    (g, [sy]) => [launchCausalSoftmaxBackward(sy, g, scale)],
+    [y],
+  );
+}

@@ -1,0 +1,79 @@
+/** The pre-LayerNorm decoder block of GPT-2: causal self-attention and an MLP, each residual. */
+import { add, gelu } from "../gpu/ops/elementwise.ts";
+import type { Tensor } from "../gpu/tensor.ts";
+import { CausalSelfAttention } from "./attention.ts";
+import { generatorOf, type ParameterOptions } from "./init.ts";
+import { Linear } from "./linear.ts";
+import { Module } from "./module.ts";
+import { LayerNorm } from "./normalization.ts";
+
+/** Options of {@link TransformerBlock}. */
+export interface TransformerBlockOptions extends ParameterOptions {
+  /** Hidden size of the MLP as a multiple of the model size (default 4). */
+  mlpRatio?: number;
+}
+
+/**
+ * x ← x + attention(norm1(x)); x ← x + fc2(gelu(fc1(norm2(x)))), with x
+ * [B, T, C]. Under autocast the projections run in f16 while the residual
+ * stream keeps the dtype it came in with (f32 from an fp32 embedding), and
+ * LayerNorm keeps f32 statistics. Parameters: `norm1.*`, `attention.*`,
+ * `norm2.*`, `fc1.*`, `fc2.*`.
+ *
+ * Every intermediate is disposed as soon as it is consumed (the tape keeps
+ * what backward needs), so the block works as a checkpointed segment too:
+ * `new Checkpointed(block)` or a `Sequential` of blocks with `checkpoint` set.
+ *
+ * @example
+ * ```ts ignore
+ * const block = new TransformerBlock(64, 4, { seed: 1 });
+ * const y = block.forward(x); // x: [batch, T, 64] → [batch, T, 64]
+ * ```
+ */
+export class TransformerBlock extends Module {
+  /** LayerNorm before the attention. */
+  readonly norm1: LayerNorm;
+  /** Causal multi-head self-attention. */
+  readonly attention: CausalSelfAttention;
+  /** LayerNorm before the MLP. */
+  readonly norm2: LayerNorm;
+  /** MLP expansion, C → ratio·C. */
+  readonly fc1: Linear;
+  /** MLP projection back, ratio·C → C. */
+  readonly fc2: Linear;
+
+  /** A block over `dim` features with `heads` attention heads. */
+  constructor(dim: number, heads: number, options: TransformerBlockOptions = {}) {
+    super();
+    const hidden = Math.round((options.mlpRatio ?? 4) * dim);
+    if (!(hidden > 0)) {
+      throw new RangeError(`TransformerBlock: mlpRatio must be positive, got ${options.mlpRatio}.`);
+    }
+    const init = { ...options, seed: generatorOf(options.seed) };
+    this.norm1 = this.registerModule("norm1", new LayerNorm(dim, { gpu: options.gpu }));
+    this.attention = this.registerModule("attention", new CausalSelfAttention(dim, heads, init));
+    this.norm2 = this.registerModule("norm2", new LayerNorm(dim, { gpu: options.gpu }));
+    this.fc1 = this.registerModule("fc1", new Linear(dim, hidden, init));
+    this.fc2 = this.registerModule("fc2", new Linear(hidden, dim, init));
+  }
+
+  /** x [B, T, C] → [B, T, C]. */
+  forward(x: Tensor): Tensor {
+    const n1 = this.norm1.forward(x);
+    const a = this.attention.forward(n1);
+    n1.dispose();
+    const x1 = add(x, a);
+    a.dispose();
+    const n2 = this.norm2.forward(x1);
+    const h = this.fc1.forward(n2);
+    n2.dispose();
+    const act = gelu(h);
+    h.dispose();
+    const m = this.fc2.forward(act);
+    act.dispose();
+    const y = add(x1, m);
+    x1.dispose();
+    m.dispose();
+    return y;
+  }
+}

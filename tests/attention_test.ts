@@ -1,0 +1,199 @@
+import assert from "node:assert/strict";
+import {
+  autocast,
+  causalAttention,
+  CausalSelfAttention,
+  type Module,
+  mul,
+  noGrad,
+  sum,
+  Tensor,
+  tidy,
+  TransformerBlock,
+} from "../mod.ts";
+import { GPU_TEST } from "./_gpu.ts";
+import { gradcheck } from "./_gradcheck.ts";
+import { dot, quantize, uniform } from "./_reference.ts";
+import { assertClose, TOL } from "./_assert.ts";
+import { causalAttention64 } from "./_attention_reference.ts";
+
+// Odd sizes (T not a multiple of any tile, T > 32), one head, one token, one batch.
+const DIMS = [
+  { b: 2, t: 5, h: 3, d: 4 },
+  { b: 1, t: 1, h: 1, d: 8 },
+  { b: 2, t: 37, h: 2, d: 8 },
+  { b: 3, t: 16, h: 4, d: 16 },
+];
+
+// f16: q·kᵀ is stored in f16 (relative half-ulp 4.9e-4 on scores up to ~4, so up to 2e-3
+// absolute before the softmax), the probabilities are stored in f16 again, and the output
+// sums T of them times v; 5e-3 covers that chain with room for f32 accumulation.
+const ATTENTION_TOL = { f32: TOL.f32, f16: { atol: 5e-3, rtol: 5e-3 } };
+
+Deno.test({
+  name: "causalAttention: matches f64 multi-head causal attention, f32 and f16",
+  ...GPU_TEST,
+  async fn() {
+    for (const dims of DIMS) {
+      for (const dtype of ["f32", "f16"] as const) {
+        const { b, t, h, d } = dims, n = b * t * h * d, shape = [b, t, h * d];
+        const [q, k, v] = [1, 2, 3].map((s) => quantize(uniform(n, s + n, -2, 2), dtype));
+        const y = tidy(() =>
+          causalAttention(
+            Tensor.from(q, shape, { dtype }),
+            Tensor.from(k, shape, { dtype }),
+            Tensor.from(v, shape, { dtype }),
+            { heads: h },
+          )
+        );
+        assert.deepEqual(y.shape, shape);
+        assert.equal(y.dtype, dtype);
+        const label = `${dtype} ${JSON.stringify(dims)}`;
+        assertClose(await y.read(), causalAttention64(q, k, v, dims), ATTENTION_TOL[dtype], label);
+        y.dispose();
+      }
+    }
+  },
+});
+
+Deno.test({
+  name: "causalAttention: gradients of q, k and v agree with finite differences",
+  ...GPU_TEST,
+  async fn() {
+    const [b, t, c] = [2, 6, 8];
+    const w = Tensor.from(uniform(b * t * c, 1), [b, t, c]);
+    for (const heads of [1, 2]) {
+      await gradcheck(
+        `causalAttention ${heads} heads`,
+        ([q, k, v]) => sum(mul(causalAttention(q, k, v, { heads }), w)),
+        [2, 3, 4].map((s) => uniform(b * t * c, s, -1.5, 1.5)),
+        [[b, t, c], [b, t, c], [b, t, c]],
+      );
+    }
+    w.dispose();
+  },
+});
+
+/** y = x·Wᵀ + bias in f64 for x [rows, in] and W [out, in]. */
+function linear64(x: ArrayLike<number>, w: ArrayLike<number>, bias: ArrayLike<number>) {
+  const out = bias.length, inF = w.length / out, rows = x.length / inF;
+  const y = new Float64Array(rows * out);
+  for (let r = 0; r < rows; r++) {
+    for (let o = 0; o < out; o++) {
+      let s = bias[o];
+      for (let i = 0; i < inF; i++) s += x[r * inF + i] * w[o * inF + i];
+      y[r * out + o] = s;
+    }
+  }
+  return y;
+}
+
+Deno.test({
+  name: "CausalSelfAttention: projections, heads and output projection match f64",
+  ...GPU_TEST,
+  async fn() {
+    const [b, t, c, h] = [2, 7, 12, 3];
+    const layer = new CausalSelfAttention(c, h, { seed: 5 });
+    assert.deepEqual(
+      layer.namedParameters().map(([name]) => name),
+      ["query.weight", "query.bias", "key.weight", "key.bias", "value.weight", "value.bias"]
+        .concat(["output.weight", "output.bias"]),
+    );
+    const x = uniform(b * t * c, 6);
+    const y = tidy(() => layer.forward(Tensor.from(x, [b, t, c])));
+    const p = new Map<string, Float32Array>();
+    for (const [name, tensor] of layer.namedParameters()) p.set(name, await tensor.read());
+    const proj = (name: string, input: ArrayLike<number>) =>
+      linear64(input, p.get(`${name}.weight`)!, p.get(`${name}.bias`)!);
+    const a = causalAttention64(proj("query", x), proj("key", x), proj("value", x), {
+      b,
+      t,
+      h,
+      d: c / h,
+    });
+    assertClose(await y.read(), proj("output", a), TOL.f32, "attention layer");
+    y.dispose();
+    layer.dispose();
+    assert.throws(
+      () => new CausalSelfAttention(10, 3),
+      /CausalSelfAttention: heads \(3\) must be a positive integer that divides dim \(10\)/,
+    );
+  },
+});
+
+/**
+ * Finite differences for a module's parameters: the directional derivative of
+ * `f` along a random direction in parameter space against ⟨∇, v⟩ from backward.
+ */
+async function paramGradcheck(name: string, module: Module, f: () => Tensor, rtol = 2e-2) {
+  const eps = 1e-2, params = module.parameters();
+  const loss = tidy(f);
+  loss.backward();
+  loss.dispose();
+  const dirs = params.map((p, i) => uniform(p.size, 100 + i));
+  let analytic = 0;
+  for (let i = 0; i < params.length; i++) analytic += dot(await params[i].grad!.read(), dirs[i]);
+  const base = await Promise.all(params.map((p) => p.read()));
+  const set = (sign: number) =>
+    params.forEach((p, i) => {
+      const values = base[i].map((v, j) => v + sign * eps * dirs[i][j]);
+      p.writeBytes(new Uint8Array(values.buffer));
+    });
+  const at = async (sign: number) => {
+    set(sign);
+    return await noGrad(() => tidy(f)).item();
+  };
+  const numeric = ((await at(1)) - (await at(-1))) / (2 * eps);
+  set(0);
+  module.zeroGrad();
+  const err = Math.abs(analytic - numeric);
+  assert(
+    err <= rtol * Math.max(Math.abs(numeric), 1e-2),
+    `${name}: analytic directional derivative ${analytic} vs finite difference ${numeric}`,
+  );
+}
+
+Deno.test({
+  name: "CausalSelfAttention and TransformerBlock: parameter and input gradients agree with FD",
+  ...GPU_TEST,
+  async fn() {
+    const [b, t, c] = [2, 5, 8];
+    const w = Tensor.from(uniform(b * t * c, 7), [b, t, c]);
+    const x = Tensor.from(uniform(b * t * c, 8), [b, t, c]);
+    for (const layer of [new CausalSelfAttention(c, 2, { seed: 1 }), new TransformerBlock(c, 2)]) {
+      const label = layer.constructor.name;
+      await paramGradcheck(label, layer, () => sum(mul(layer.forward(x), w)));
+      await gradcheck(
+        `${label} input`,
+        ([xi]) => sum(mul(layer.forward(xi), w)),
+        [uniform(b * t * c, 9)],
+        [[b, t, c]],
+      );
+      layer.dispose();
+    }
+    w.dispose();
+    x.dispose();
+  },
+});
+
+Deno.test({
+  name: "TransformerBlock: under autocast the residual stream stays f32; bad shapes are errors",
+  ...GPU_TEST,
+  fn() {
+    const block = new TransformerBlock(8, 2, { seed: 3 });
+    tidy(() => {
+      const x = Tensor.from(uniform(2 * 3 * 8, 1), [2, 3, 8]);
+      assert.equal(autocast(() => block.forward(x)).dtype, "f32");
+      const q = Tensor.zeros([2, 3, 8]);
+      assert.throws(
+        () => causalAttention(q, Tensor.zeros([2, 4, 8]), q, { heads: 2 }),
+        /causalAttention: q, k and v must all be \[batch, T, features\]/,
+      );
+      assert.throws(
+        () => causalAttention(q, q, q, { heads: 3 }),
+        /causalAttention: heads \(3\) must be a positive integer that divides the 8 features/,
+      );
+    });
+    block.dispose();
+  },
+});
