@@ -6,15 +6,18 @@
  * and `mlp` (784-256-256-10 MLP, batch 128, fused Adam: training steps/s and
  * peak GPU memory in f32, AMP and AMP + checkpointing, and their ratios)
  * and `checkpoint` (a 32-block MLP where activations dominate: activation
- * memory and step time with √n segments and with a memory budget) and `soak`
+ * memory and step time with √n segments and with a memory budget), `tiny_gpt`
+ * (the example's transformer in f32, AMP and AMP + checkpointing) and `soak`
  * (20 × --steps AMP steps: GPU bytes and JS heap after warm-up and at the end).
  * Synthetic data, so it runs anywhere.
  *
  * @module
  */
 import { parseArgs } from "node:util";
+import { TinyGpt } from "./tiny_gpt_model.ts";
 import {
   Adam,
+  AdamW,
   AmpTrainer,
   crossEntropy,
   type FloatDType,
@@ -43,7 +46,7 @@ interface Result extends Record<string, unknown> {
 
 const HELP = `Usage: deno task bench [ENTRY...] [--steps N] [--repeats N]
 
-Entries: matmul, mlp, checkpoint, soak (default: all). Output: one JSON object per line on
+Entries: matmul, mlp, checkpoint, tiny_gpt, soak (default: all). Output: one JSON object per line on
 stdout; a table on stderr.
   --steps N     timed MLP training steps (default 100)
   --repeats N   timed matmuls per shape (default 10)
@@ -263,6 +266,59 @@ async function benchSoak(gpu: Gpu, steps: number): Promise<Result[]> {
   }];
 }
 
+/** The tiny transformer of examples/tiny_gpt.ts on synthetic tokens: f32, AMP, AMP + checkpointing. */
+async function benchTinyGpt(gpu: Gpu, steps: number): Promise<Result[]> {
+  const config = { vocab: 27, context: 32, layers: 2, dim: 64, heads: 4, seed: 1 };
+  const batch = 32, n = Math.max(2, Math.ceil(steps / 10));
+  const rng = new RandomGenerator(7);
+  const ids = Array.from(
+    rng.uniform(batch * (config.context + 1)),
+    (u) => Math.floor(u * config.vocab),
+  );
+  const inputs = ids.filter((_, i) => i % (config.context + 1) !== config.context);
+  const targets = ids.filter((_, i) => i % (config.context + 1) !== 0);
+  const results: Result[] = [];
+  for (const mode of ["f32", "amp", "amp+ckpt"] as const) {
+    const model = new TinyGpt(config);
+    if (mode === "amp+ckpt") model.blocks.checkpoint = config.layers;
+    const optimizer = new AdamW(model.parameters(), { lr: 1e-3 });
+    const trainer = new AmpTrainer(model, optimizer, { enabled: mode !== "f32" });
+    const x = Tensor.from(inputs, [batch, config.context], { dtype: "i32" });
+    const y = Tensor.from(targets, [batch * config.context], { dtype: "i32" });
+    const step = () => trainer.step(() => crossEntropy(model.forward(x), y)).dispose();
+    step();
+    await gpu.sync();
+    gpu.resetPeakMemory();
+    const seconds = await timed(gpu, n, step);
+    results.push({
+      bench: "tiny_gpt",
+      mode,
+      model:
+        `${config.layers} blocks, dim ${config.dim}, ${config.heads} heads, context ${config.context}`,
+      batch,
+      stepsPerSec: 1 / seconds,
+      peakBytes: gpu.memoryStats().peakBytes,
+    });
+    trainer.dispose();
+    optimizer.dispose();
+    model.dispose();
+    x.dispose();
+    y.dispose();
+  }
+  const [f32, amp, ckpt] = results;
+  results.push({
+    bench: "tiny_gpt",
+    mode: "ratios",
+    model: "amp/f32 and amp+ckpt/amp",
+    ampSpeedup: (amp.stepsPerSec as number) / (f32.stepsPerSec as number),
+    ampMemoryRatio: amp.peakBytes / f32.peakBytes,
+    checkpointMemoryRatio: ckpt.peakBytes / amp.peakBytes,
+    checkpointTimeOverhead: (amp.stepsPerSec as number) / (ckpt.stepsPerSec as number),
+    peakBytes: ckpt.peakBytes,
+  });
+  return results;
+}
+
 const ENTRIES: Record<
   string,
   (gpu: Gpu, o: { steps: number; repeats: number }) => Promise<Result[]>
@@ -270,6 +326,7 @@ const ENTRIES: Record<
   matmul: (gpu, o) => benchMatmul(gpu, o.repeats),
   mlp: (gpu, o) => benchMlp(gpu, o.steps),
   checkpoint: (gpu, o) => benchCheckpoint(gpu, o.steps),
+  tiny_gpt: (gpu, o) => benchTinyGpt(gpu, o.steps),
   soak: (gpu, o) => benchSoak(gpu, o.steps),
 };
 
@@ -310,6 +367,10 @@ async function main(): Promise<void> {
         ? `${(result.gflops as number).toFixed(2)} GFLOP/s`
         : "speedup" in result
         ? `×${(result.speedup as number).toFixed(2)} speed`
+        : "ampMemoryRatio" in result
+        ? `mem ×${(result.ampMemoryRatio as number).toFixed(2)} amp, ×${
+          (result.checkpointMemoryRatio as number).toFixed(2)
+        } ckpt`
         : "gpuFlat" in result
         ? `GPU ${result.gpuFlat ? "flat" : "GROWS"}, heap ${
           (((result.heapBytesAtEnd as number) - (result.heapBytesAfterWarmup as number)) / 2 ** 20)
