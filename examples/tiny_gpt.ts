@@ -27,6 +27,7 @@ import {
   tidy,
 } from "../mod.ts";
 import { TinyGpt } from "./tiny_gpt_model.ts";
+import { type PlotPoint, writeLossChart } from "./_plot.ts";
 import { parseTinyGptArgs, TINY_GPT_HELP, type TinyGptArgs, UsageError } from "./tiny_gpt_args.ts";
 import {
   bigramCrossEntropy,
@@ -181,6 +182,7 @@ async function main(): Promise<void> {
   const rng = new RandomGenerator(c.seed + 1);
   const inputs = new Int32Array(c.batch * c.context), targets = new Int32Array(c.batch * c.context);
   let lossSum = Tensor.zeros([]), lossCount = 0, lastLoss = NaN;
+  const plotPoints: PlotPoint[] = [];
   const allocated: number[] = [];
   gpu.resetPeakMemory();
   const trainStart = performance.now();
@@ -200,6 +202,10 @@ async function main(): Promise<void> {
     if (step === 10 || step === c.steps) allocated.push(gpu.memoryStats().allocatedBytes);
     if (step % c.logEvery === 0 || step === c.steps) {
       lastLoss = (await lossSum.item()) / lossCount; // the sync point
+      // Reading the scale is a sync too: only when a chart wants it.
+      if (c.plot) {
+        plotPoints.push({ step, loss: lastLoss, lossScale: await trainer.scaler.getScale() });
+      }
       const now = performance.now(), stepsPerSecond = lossCount / ((now - intervalStart) / 1000);
       emit(
         "step",
@@ -263,6 +269,10 @@ async function main(): Promise<void> {
       samples.join(", "),
     ].join("\n"),
   );
+  if (c.plot) {
+    await writeLossChart(c.plot, plotPoints, `tiny GPT, ${c.amp ? "AMP" : "f32"}`);
+    emit("plot", { path: c.plot }, `wrote ${c.plot}`);
+  }
   model.dispose();
   trainer.dispose();
   optimizer.dispose();

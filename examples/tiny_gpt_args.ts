@@ -44,6 +44,7 @@ Flags:
   --eval-windows N   validation windows of --context characters (default 512)
   --samples N        words to sample at the end (default 8)
   --temperature X    sampling temperature (default 0.8)
+  --plot PATH        write an SVG chart of training loss and loss scale to PATH
   --json             print one JSON object per line instead of text; the last
                      line is {"event":"final", "validationLoss", "bigramLoss",
                      "stepsPerSecond", "peakBytes", "wallSeconds", "samples", ...}
@@ -72,6 +73,7 @@ export interface TinyGptArgs {
   samples: number;
   temperature: number;
   json: boolean;
+  plot: string | undefined;
 }
 
 /** A bad flag value (parseArgs itself throws TypeErrors for unknown flags). */
@@ -103,6 +105,7 @@ export function parseTinyGptArgs(args: string[]): TinyGptArgs | null {
       samples: text("8"),
       temperature: text("0.8"),
       json: flag,
+      plot: { type: "string" },
       help: { ...flag, short: "h" },
     },
   });
@@ -138,6 +141,7 @@ export function parseTinyGptArgs(args: string[]): TinyGptArgs | null {
     samples: int("samples", v.samples, 1),
     temperature: positive("temperature", v.temperature),
     json: v.json,
+    plot: v.plot,
   };
   if (parsed.dim % parsed.heads !== 0) {
     throw new UsageError(`--heads (${parsed.heads}) must divide --dim (${parsed.dim}).`);
