@@ -6,13 +6,14 @@
  * here uses Web APIs only; file helpers are in the `./files` export.
  *
  * @example
- * ```ts ignore
- * import { initGpu, Tensor, matmul, sum } from "./mod.ts";
- * await initGpu();
+ * ```ts
+ * import { initGpu, matmul, sum, Tensor } from "./mod.ts";
+ * const gpu = await initGpu();
  * const a = Tensor.from([1, 2, 3, 4], [2, 2], { requiresGrad: true });
  * const loss = sum(matmul(a, a));
  * loss.backward();
  * console.log(await a.grad!.read());
+ * gpu.destroy(); // frees every buffer and the device
  * ```
  *
  * @module

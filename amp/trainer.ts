@@ -51,15 +51,22 @@ export interface AmpTrainerState {
  * Drives mixed-precision training of `model` with `optimizer`.
  *
  * @example
- * ```ts ignore
- * const trainer = new AmpTrainer(model, new AdamW(model.parameters(), { lr: 1e-3 }), {
- *   accumulationSteps: 4,
+ * ```ts
+ * import { AdamW, crossEntropy, initGpu, Linear, ReLU, Sequential, Tensor } from "../mod.ts";
+ * const gpu = await initGpu();
+ * const model = new Sequential(new Linear(4, 8, { seed: 1 }), new ReLU(), new Linear(8, 2, { seed: 2 }));
+ * const trainer = new AmpTrainer(model, new AdamW(model.parameters(), { lr: 1e-2 }), {
+ *   accumulationSteps: 2,
  *   maxGradNorm: 1,
  * });
- * for (const batch of batches) {
- *   const loss = trainer.step(() => crossEntropy(model.forward(batch.x), batch.labels));
+ * const x = Tensor.from([1, 2, 3, 4, 4, 3, 2, 1], [2, 4]);
+ * for (let i = 0; i < 4; i++) {
+ *   const loss = trainer.step(() => crossEntropy(model.forward(x), [0, 1]));
  *   loss.dispose(); // read it (a sync) only when logging
  * }
+ * console.assert(trainer.steps === 2); // two micro-batches per optimizer step
+ * trainer.dispose();
+ * gpu.destroy();
  * ```
  */
 export class AmpTrainer {

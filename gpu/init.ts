@@ -31,9 +31,10 @@ const NO_ADAPTER_HELP = "On a machine without a GPU, install the Vulkan CPU driv
  * default device for new tensors.
  *
  * @example
- * ```ts ignore
+ * ```ts
  * const gpu = await initGpu({ f16: "auto" });
  * console.log(gpu.adapterName, gpu.f16);
+ * gpu.destroy();
  * ```
  */
 export async function initGpu(options: InitGpuOptions = {}): Promise<Gpu> {
