@@ -150,6 +150,7 @@ export class Tensor {
    * Kernels use it for outputs they overwrite completely.
    */
   static empty(shape: Shape, dtype: DType = "f32", gpu: Gpu = getGpu()): Tensor {
+    assertValidShape("Tensor.empty", shape);
     if (dtype === "f16" && !gpu.f16) {
       throw new GpuError(
         `Cannot create an f16 tensor of shape ${shapeString(shape)}: f16 is off on this device ` +
