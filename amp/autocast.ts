@@ -5,7 +5,7 @@
  * (weights through their fp32 masters' working copies), f32-list ops get f32
  * inputs, and the rest follow the widest input.
  */
-import { type CastHook, currentCastHook, setCastHook } from "../gpu/autocast_hook.ts";
+import { type CastHook, setCastHook } from "../gpu/autocast_hook.ts";
 import { getGpu, type Gpu } from "../gpu/device.ts";
 import { cast } from "../gpu/ops/elementwise.ts";
 import type { Tensor } from "../gpu/tensor.ts";
@@ -69,11 +69,6 @@ export function autocast<T>(fn: () => T, options: AutocastOptions = {}): T {
     }
   }
   return withCastHook(hook, fn);
-}
-
-/** The autocast state now in force, to re-enter later (gradient checkpointing recomputes with it). */
-export function currentAutocast(): CastHook | null {
-  return currentCastHook();
 }
 
 /** Runs `fn` with `hook` (null: autocast off) in force, restoring the previous state after. */

@@ -15,13 +15,7 @@ export {
   type CustomListsOptions,
   DEFAULT_AUTOCAST_LISTS,
 } from "./policy.ts";
-export {
-  autocast,
-  autocastHook,
-  type AutocastOptions,
-  currentAutocast,
-  withCastHook,
-} from "./autocast.ts";
+export { autocast, autocastHook, type AutocastOptions, withCastHook } from "./autocast.ts";
 export { MasterWeights, readWorkingCopy, workingCopyOf } from "./master_weights.ts";
 export { clipGradNorm, type ClipResult } from "./clip.ts";
 export type { AmpOptimizer, StepSignals } from "./optimizer.ts";
