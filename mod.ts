@@ -1,9 +1,11 @@
 /**
  * halfstep: mixed-precision neural-network training on the GPU through
  * WebGPU, for Deno and the web: f16 kernels with f32 accumulation, an
- * autograd tape, layers, losses and state dicts, and (as the toolkit grows)
- * fp32 master weights, loss scaling and gradient checkpointing. Everything
- * here uses Web APIs only; file helpers are in the `./files` export.
+ * autograd tape, fp32 master weights, dynamic and static loss scaling,
+ * gradient accumulation and clipping, fused optimizers, gradient
+ * checkpointing, layers, losses and state dicts. Everything here uses Web
+ * APIs only, so it loads from any URL and in browsers; file helpers are in
+ * the `./files` export.
  *
  * @example
  * ```ts

@@ -4,9 +4,10 @@
  * step. Its loss must equal the same step run here from the local files.
  */
 import assert from "node:assert/strict";
-import { join, normalize } from "node:path";
+import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { AdamW, AmpTrainer, crossEntropy, Linear, ReLU, Sequential, Tensor } from "../mod.ts";
+import { serveDirectory } from "../examples/web/serve.ts";
 import { GPU_TEST } from "./_gpu.ts";
 
 const ROOT = fileURLToPath(new URL("..", import.meta.url));
@@ -39,17 +40,7 @@ Deno.test({
   name: "mod.ts imported by URL from a local HTTP server trains an AMP step like the local files",
   ...GPU_TEST,
   async fn() {
-    const server = Deno.serve({ hostname: "127.0.0.1", port: 0, onListen() {} }, async (req) => {
-      const path = normalize(join(ROOT, decodeURIComponent(new URL(req.url).pathname)));
-      if (!path.startsWith(ROOT)) return new Response("forbidden", { status: 403 });
-      try {
-        return new Response(await Deno.readFile(path), {
-          headers: { "content-type": "application/typescript" },
-        });
-      } catch {
-        return new Response("not found", { status: 404 });
-      }
-    });
+    const server = serveDirectory(ROOT);
     const dir = await Deno.makeTempDir();
     try {
       const url = `http://127.0.0.1:${server.addr.port}/mod.ts`;
