@@ -54,8 +54,16 @@ const warned = new WeakSet<Gpu>();
  * Without shader-f16 on the adapter it runs `fn` in f32 and says so once.
  *
  * @example
- * ```ts ignore
+ * ```ts
+ * import { autocast, crossEntropy, initGpu, Linear, Tensor, tidy } from "../mod.ts";
+ * const gpu = await initGpu({ matmulTiling: "default" });
+ * const model = new Linear(4, 3, { seed: 1 });
+ * const x = Tensor.from([1, 2, 3, 4, 4, 3, 2, 1], [2, 4]), labels = [2, 0];
+ * const logits = autocast(() => model.forward(x));
+ * console.assert(logits.dtype === (gpu.f16 ? "f16" : "f32")); // the matmul ran in f16
  * const loss = tidy(() => autocast(() => crossEntropy(model.forward(x), labels)));
+ * console.assert(loss.dtype === "f32"); // losses are f32
+ * gpu.destroy();
  * ```
  */
 export function autocast<T>(fn: () => T, options: AutocastOptions = {}): T {

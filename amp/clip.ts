@@ -25,10 +25,16 @@ export interface ClipResult {
  * Nothing waits for the GPU; read `totalNorm` only when you want to log it.
  *
  * @example
- * ```ts ignore
- * scaler.unscale(optimizer);
- * const { totalNorm } = clipGradNorm(model.parameters(), 1.0);
- * scaler.step(optimizer);
+ * ```ts
+ * import { clipGradNorm, initGpu, mul, sum, Tensor } from "../mod.ts";
+ * const gpu = await initGpu({ matmulTiling: "default" });
+ * const w = Tensor.from([3, 4], [2], { requiresGrad: true });
+ * sum(mul(w, w)).backward(); // grad 2w = [6, 8]: norm 10
+ * // In AMP training: scaler.unscale(optimizer), clip, then scaler.step(optimizer).
+ * const { totalNorm } = clipGradNorm([w], 1.0); // scales the gradients in place
+ * const [g0, g1] = await w.grad!.read();
+ * console.assert((await totalNorm.item()) === 10 && Math.abs(g0 - 0.6) < 1e-5 && g1 > 0.79);
+ * gpu.destroy();
  * ```
  */
 export function clipGradNorm(

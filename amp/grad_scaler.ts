@@ -116,16 +116,19 @@ function settingsOf(method: string, o: Partial<Settings>): Settings {
  * after another one's gradients were unscaled sees that one's overflow too.
  *
  * @example
- * ```ts ignore
+ * ```ts
+ * import { crossEntropy, FusedSGD, GradScaler, initGpu, Linear, Tensor } from "../mod.ts";
+ * const gpu = await initGpu({ matmulTiling: "default" });
+ * const model = new Linear(2, 2, { seed: 1 });
+ * const optimizer = new FusedSGD(model.parameters(), { lr: 0.1 });
  * const scaler = new GradScaler(); // or { lossScale: 1024 } for a static scale
- * for (const [x, y] of batches) {
- *   const loss = crossEntropy(model.forward(x), y);
- *   scaler.scale(loss).backward();
- *   scaler.step(optimizer); // unscales, checks, skips on inf/NaN: all on the GPU
- *   scaler.update();
- *   optimizer.zeroGrad();
- * }
- * if (await scaler.lastStepSkipped()) console.log("overflow"); // a sync point
+ * const loss = crossEntropy(model.forward(Tensor.from([1, 2, 3, 4], [2, 2])), [0, 1]);
+ * scaler.scale(loss).backward();
+ * scaler.step(optimizer); // unscales, checks, skips on inf/NaN: all on the GPU
+ * scaler.update();
+ * optimizer.zeroGrad();
+ * console.assert(!(await scaler.lastStepSkipped())); // a sync point
+ * gpu.destroy();
  * ```
  */
 export class GradScaler {

@@ -55,10 +55,11 @@ function checkStep(name: string, step: number): void {
  * `warmupSteps` to `minFactor` at `totalSteps`, and `minFactor` after.
  *
  * @example
- * ```ts ignore
+ * ```ts
+ * import { linearWarmupDecay } from "../mod.ts";
  * const f = linearWarmupDecay({ warmupSteps: 100, totalSteps: 1000 });
- * f(50); // 0.5
- * f(550); // 0.5
+ * console.assert(f(50) === 0.5 && f(100) === 1); // warming up
+ * console.assert(f(550) === 0.5 && f(1000) === 0); // decaying
  * ```
  */
 export function linearWarmupDecay(options: LinearWarmupDecayOptions): LrSchedule {
@@ -79,9 +80,11 @@ export function linearWarmupDecay(options: LinearWarmupDecayOptions): LrSchedule
  * `warmupSteps` to `minFactor` at `totalSteps`, `minFactor` after.
  *
  * @example
- * ```ts ignore
+ * ```ts
+ * import { cosineSchedule } from "../mod.ts";
  * const f = cosineSchedule({ warmupSteps: 10, totalSteps: 110 });
- * f(60); // 0.5
+ * console.assert(f(5) === 0.5 && f(10) === 1 && f(110) === 0);
+ * console.assert(Math.abs(f(60) - 0.5) < 1e-12); // halfway down the cosine
  * ```
  */
 export function cosineSchedule(options: CosineScheduleOptions): LrSchedule {
@@ -115,12 +118,18 @@ export interface LrGroups {
  * read from the scaler when you read it anyway (reading it is a sync).
  *
  * @example
- * ```ts ignore
- * const scheduler = new LrScheduler(optimizer, linearWarmupDecay({ warmupSteps: 100, totalSteps: 1000 }));
- * for (const batch of batches) {
- *   trainStep(batch); // ... optimizer.step(...)
+ * ```ts
+ * import { AdamW, initGpu, linearWarmupDecay, LrScheduler, Tensor } from "../mod.ts";
+ * const gpu = await initGpu({ matmulTiling: "default" });
+ * const optimizer = new AdamW([Tensor.zeros([4], { requiresGrad: true })], { lr: 1e-3 });
+ * const schedule = linearWarmupDecay({ warmupSteps: 100, totalSteps: 1000 });
+ * const scheduler = new LrScheduler(optimizer, schedule);
+ * for (let i = 0; i < 50; i++) {
+ *   optimizer.step(); // after backward (a parameter without a gradient is left alone)
  *   scheduler.step();
  * }
+ * console.assert(Math.abs(scheduler.lrs[0] - 5e-4) < 1e-12); // halfway through the warmup
+ * gpu.destroy();
  * ```
  */
 export class LrScheduler {

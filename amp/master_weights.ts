@@ -39,9 +39,17 @@ export function readWorkingCopy(master: Tensor): Tensor | undefined {
  * f16 working copies for a set of fp32 parameters.
  *
  * @example
- * ```ts ignore
- * const masters = new MasterWeights(model.parameters());
+ * ```ts
+ * import { FusedSGD, initGpu, MasterWeights, sum, Tensor, workingCopyOf } from "../mod.ts";
+ * const gpu = await initGpu({ matmulTiling: "default" });
+ * const w = Tensor.from([1, 2], [2], { requiresGrad: true }); // an fp32 master
+ * const masters = new MasterWeights([w]);
+ * const optimizer = new FusedSGD([w], { lr: 0.5 });
  * optimizer.setWorkingCopies(masters.copies); // the fused step refreshes them
+ * sum(w).backward();
+ * optimizer.step();
+ * console.assert((await workingCopyOf(w)!.read()).join() === "0.5,1.5"); // the f16 copy
+ * gpu.destroy();
  * ```
  */
 export class MasterWeights {

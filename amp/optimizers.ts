@@ -71,12 +71,18 @@ export interface SGDGroup extends Group {
  * g = Nesterov ? g + m·v : v; p −= lr·g; then the working copy is refreshed.
  *
  * @example
- * ```ts ignore
- * const opt = new FusedSGD(model.parameters(), { lr: 0.1, momentum: 0.9, nesterov: true });
- * opt.setWorkingCopies(masters.copies);
- * loss.backward();
- * opt.step({ foundInf, gradScale: clip.coefficient }); // skipped on the GPU when foundInf ≠ 0
+ * ```ts
+ * import { FusedSGD, initGpu, sum, Tensor } from "../mod.ts";
+ * const gpu = await initGpu({ matmulTiling: "default" });
+ * const w = Tensor.from([1, 2], [2], { requiresGrad: true });
+ * const opt = new FusedSGD([w], { lr: 0.1, momentum: 0.9, nesterov: true });
+ * sum(w).backward(); // grad [1, 1]
+ * opt.step({ foundInf: Tensor.from([1], [1]) }); // skipped on the GPU when foundInf ≠ 0
+ * console.assert((await w.read())[0] === 1);
+ * opt.step(); // v = g; p −= lr · (g + 0.9 · v)
  * opt.zeroGrad();
+ * console.assert(Math.abs((await w.read())[0] - 0.81) < 1e-6);
+ * gpu.destroy();
  * ```
  */
 export class FusedSGD extends FusedOptimizer<SGDGroup> {
@@ -156,13 +162,20 @@ const ADAM_KEYS = ["lr", "betas", "eps", "weightDecay", "biasCorrection", "decou
  * gradient).
  *
  * @example
- * ```ts ignore
+ * ```ts
+ * import { FusedAdam, initGpu, sum, Tensor } from "../mod.ts";
+ * const gpu = await initGpu({ matmulTiling: "default" });
+ * const weights = [Tensor.full([2, 2], 1, { requiresGrad: true })];
+ * const biasesAndNorms = [Tensor.zeros([2], { requiresGrad: true })];
  * const opt = new FusedAdam([
  *   { params: weights },
  *   { params: biasesAndNorms, weightDecay: 0 }, // the BERT recipe
  * ], { lr: 1e-3, weightDecay: 0.01, decoupledWeightDecay: true });
- * opt.step({ foundInf: scaler.foundInf });
+ * sum(weights[0]).backward();
+ * opt.step(); // under loss scaling: opt.step({ foundInf: scaler.foundInf })
  * const saved = await opt.stateDict(); // a sync point
+ * console.assert(saved.step === 1);
+ * gpu.destroy();
  * ```
  */
 export class FusedAdam extends FusedOptimizer<AdamGroup> {
@@ -267,8 +280,13 @@ export class FusedAdam extends FusedOptimizer<AdamGroup> {
  * weight decay of 0.01.
  *
  * @example
- * ```ts ignore
+ * ```ts
+ * import { AdamW, initGpu, Linear } from "../mod.ts";
+ * const gpu = await initGpu({ matmulTiling: "default" });
+ * const model = new Linear(4, 2, { seed: 1 });
  * const opt = new AdamW(model.parameters(), { lr: 3e-4 });
+ * console.assert(opt.groups[0].weightDecay === 0.01);
+ * gpu.destroy();
  * ```
  */
 export class AdamW extends FusedAdam {

@@ -180,9 +180,15 @@ export interface BackwardOptions {
  * backward through the same graph is an error. Does not wait for the GPU.
  *
  * @example
- * ```ts ignore
- * const loss = mean(square(sub(predict(x), y)));
+ * ```ts
+ * import { backward, initGpu, mean, mul, square, sub, Tensor } from "../mod.ts";
+ * const gpu = await initGpu({ matmulTiling: "default" });
+ * const w = Tensor.from([1, 1], [2], { requiresGrad: true });
+ * const x = Tensor.from([1, 2], [2]), y = Tensor.zeros([2]);
+ * const loss = mean(square(sub(mul(w, x), y)));
  * backward(loss); // or loss.backward()
+ * console.assert((await w.grad!.read()).join() === "1,4"); // (w·x − y) · x
+ * gpu.destroy();
  * ```
  */
 export function backward(output: Tensor, options: BackwardOptions = {}): void {

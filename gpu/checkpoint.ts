@@ -28,8 +28,14 @@ export function isRecomputing(): boolean {
  * `fn` must be deterministic in its tensor inputs and return one tensor.
  *
  * @example
- * ```ts ignore
- * const h = checkpoint((x) => block.forward(x), input);
+ * ```ts
+ * import { checkpoint, initGpu, relu, scale, sum, Tensor } from "../mod.ts";
+ * const gpu = await initGpu({ matmulTiling: "default" });
+ * const input = Tensor.from([-1, 2], [2], { requiresGrad: true });
+ * const h = checkpoint((x) => scale(relu(x), 3), input); // relu(x) is not kept
+ * sum(h).backward(); // runs the region again, then backpropagates through it
+ * console.assert((await input.grad!.read()).join() === "0,3");
+ * gpu.destroy();
  * ```
  */
 export function checkpoint(fn: (...inputs: Tensor[]) => Tensor, ...inputs: Tensor[]): Tensor {

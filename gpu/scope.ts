@@ -30,8 +30,16 @@ export function keep<T extends ScopedResource>(resource: T): T {
  * (a tensor, or an array or plain object of tensors). `fn` must be synchronous.
  *
  * @example
- * ```ts ignore
- * const loss = tidy(() => mse(model(x), y)); // intermediates freed here
+ * ```ts
+ * import { initGpu, mul, sum, Tensor, tidy } from "../mod.ts";
+ * const gpu = await initGpu({ matmulTiling: "default" });
+ * const x = Tensor.from([1, 2, 3], [3]);
+ * const total = tidy(() => {
+ *   const squares = mul(x, x); // freed when tidy returns
+ *   return sum(squares); // kept: it is the result
+ * });
+ * console.assert((await total.item()) === 14);
+ * gpu.destroy();
  * ```
  */
 export function tidy<T>(fn: () => T): T {

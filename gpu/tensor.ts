@@ -104,8 +104,12 @@ export class Tensor {
    * `shape`; values are converted to `options.dtype` on the CPU.
    *
    * @example
-   * ```ts ignore
+   * ```ts
+   * import { initGpu, Tensor } from "../mod.ts";
+   * const gpu = await initGpu({ matmulTiling: "default" });
    * const x = Tensor.from([1, 2, 3, 4], [2, 2], { dtype: "f16" });
+   * console.assert((await x.read())[3] === 4); // read() returns f32 values
+   * gpu.destroy();
    * ```
    */
   static from(data: TensorData, shape: Shape, options: TensorOptions = {}): Tensor {

@@ -64,8 +64,15 @@ function mergeHeads(o: Tensor, b: number, heads: number): Tensor {
  * under autocast, f32 accumulation); the softmax is f32 math inside.
  *
  * @example
- * ```ts ignore
- * const y = causalAttention(q, k, v, { heads: 4 }); // q, k, v: [batch, T, 64] → [batch, T, 64]
+ * ```ts
+ * import { causalAttention, initGpu, Tensor } from "../mod.ts";
+ * const gpu = await initGpu({ matmulTiling: "default" });
+ * const q = Tensor.zeros([1, 3, 4]), k = Tensor.zeros([1, 3, 4]); // [batch, T, C]
+ * const v = Tensor.from([1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12], [1, 3, 4]);
+ * const y = causalAttention(q, k, v, { heads: 2 }); // [batch, T, C]: two heads of size 2
+ * const out = await y.read();
+ * console.assert(out.slice(0, 4).join() === "1,2,3,4"); // query 0 sees only key 0
+ * gpu.destroy();
  * ```
  */
 export function causalAttention(
@@ -122,9 +129,14 @@ export interface CausalSelfAttentionOptions extends ParameterOptions {
  * three weights are exactly the rows of a fused one.
  *
  * @example
- * ```ts ignore
- * const attention = new CausalSelfAttention(64, 4, { seed: 1 });
- * const y = attention.forward(x); // x: [batch, T, 64] → [batch, T, 64]
+ * ```ts
+ * import { CausalSelfAttention, initGpu, Tensor } from "../mod.ts";
+ * const gpu = await initGpu({ matmulTiling: "default" });
+ * const attention = new CausalSelfAttention(8, 2, { seed: 1 });
+ * const x = Tensor.from(Array.from({ length: 24 }, (_, i) => i / 24), [1, 3, 8]);
+ * const y = attention.forward(x); // x: [batch, T, 8] → [batch, T, 8]
+ * console.assert(y.shape.join() === "1,3,8");
+ * gpu.destroy();
  * ```
  */
 export class CausalSelfAttention extends Module {

@@ -181,9 +181,16 @@ export function runCheckpointed(
  * for one extra forward pass. Returns the output and the plan it used.
  *
  * @example
- * ```ts ignore
+ * ```ts
+ * import { checkpointSequential, initGpu, Linear, ReLU, Sequential, sum, Tensor } from "../mod.ts";
+ * const gpu = await initGpu({ matmulTiling: "default" });
+ * const layers = [new Linear(4, 4, { seed: 1 }), new ReLU(), new Linear(4, 4), new ReLU()];
+ * const model = new Sequential(...layers);
+ * const x = Tensor.from([1, 2, 3, 4, 4, 3, 2, 1], [2, 4]);
  * const { output, plan } = checkpointSequential(model.layers, "auto", x);
- * console.log(plan.segments.length, plan.estimatedPeakBytes);
+ * sum(output).backward(); // each segment runs again, then backpropagates
+ * console.assert(plan.segments.join(" ") === "0,2 2,4"); // √4 = 2 segments of 2 layers
+ * gpu.destroy();
  * ```
  */
 export function checkpointSequential(

@@ -42,8 +42,19 @@ export interface CheckpointParts {
  * @param extra Any JSON-safe value, returned by {@link loadCheckpoint}.
  * @returns When the file is in place.
  * @example
- * ```ts ignore
- * await saveCheckpoint("run.safetensors", { model, optimizer, trainer }, { epoch: 3 });
+ * ```ts
+ * import { AdamW, AmpTrainer, initGpu, Linear } from "../mod.ts";
+ * import { saveCheckpoint } from "./files.ts";
+ * const gpu = await initGpu({ matmulTiling: "default" });
+ * const dir = await Deno.makeTempDir(), path = `${dir}/run.safetensors`;
+ * const model = new Linear(4, 2, { seed: 1 });
+ * const optimizer = new AdamW(model.parameters());
+ * const trainer = new AmpTrainer(model, optimizer);
+ * await saveCheckpoint(path, { model, optimizer, trainer }, { epoch: 3 });
+ * console.assert((await Deno.stat(path)).isFile);
+ * await Deno.remove(dir, { recursive: true });
+ * trainer.dispose();
+ * gpu.destroy();
  * ```
  */
 export async function saveCheckpoint(
@@ -94,8 +105,19 @@ export async function saveCheckpoint(
  * @param parts Model, optimizer and trainer to restore (the same kinds as saved).
  * @returns The `extra` value given to {@link saveCheckpoint}.
  * @example
- * ```ts ignore
- * const { epoch } = await loadCheckpoint("run.safetensors", { model, optimizer, trainer }) as { epoch: number };
+ * ```ts
+ * import { AdamW, initGpu, Linear } from "../mod.ts";
+ * import { loadCheckpoint, saveCheckpoint } from "./files.ts";
+ * const gpu = await initGpu({ matmulTiling: "default" });
+ * const dir = await Deno.makeTempDir(), path = `${dir}/run.safetensors`;
+ * const model = new Linear(4, 2, { seed: 1 }), optimizer = new AdamW(model.parameters());
+ * await saveCheckpoint(path, { model, optimizer }, { epoch: 3 });
+ * const resumed = new Linear(4, 2, { seed: 2 });
+ * const parts = { model: resumed, optimizer: new AdamW(resumed.parameters()) };
+ * const { epoch } = await loadCheckpoint(path, parts) as { epoch: number };
+ * console.assert(epoch === 3 && (await resumed.bias!.read())[0] === (await model.bias!.read())[0]);
+ * await Deno.remove(dir, { recursive: true });
+ * gpu.destroy();
  * ```
  */
 export async function loadCheckpoint(path: string, parts: CheckpointParts): Promise<unknown> {

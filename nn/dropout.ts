@@ -12,8 +12,15 @@ import { Module } from "./module.ts";
  * regenerated exactly.
  *
  * @example
- * ```ts ignore
- * const drop = new Dropout(0.1, { seed: 7 });
+ * ```ts
+ * import { Dropout, initGpu, Tensor } from "../mod.ts";
+ * const gpu = await initGpu({ matmulTiling: "default" });
+ * const drop = new Dropout(0.5, { seed: 7 });
+ * const x = Tensor.full([8], 1);
+ * const y = drop.forward(x); // training mode: each element 0 or 1 / (1 − p)
+ * console.assert((await y.read()).every((v) => v === 0 || v === 2));
+ * console.assert(drop.eval().forward(x) === x); // eval mode: the input itself
+ * gpu.destroy();
  * ```
  */
 export class Dropout extends Module {

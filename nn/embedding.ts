@@ -9,9 +9,13 @@ import { Module } from "./module.ts";
  * PyTorch; `forward(ids)` looks up i32 ids.
  *
  * @example
- * ```ts ignore
+ * ```ts
+ * import { Embedding, initGpu, Tensor } from "../mod.ts";
+ * const gpu = await initGpu({ matmulTiling: "default" });
  * const emb = new Embedding(27, 64, { seed: 3 });
  * const x = emb.forward(Tensor.from([1, 2, 3], [3], { dtype: "i32" })); // [3, 64]
+ * console.assert(x.shape.join() === "3,64");
+ * gpu.destroy();
  * ```
  */
 export class Embedding extends Module {

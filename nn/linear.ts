@@ -18,9 +18,14 @@ export interface LinearLayerOptions extends ParameterOptions {
  * from a seeded generator.
  *
  * @example
- * ```ts ignore
- * const layer = new Linear(784, 256, { seed: 1, activation: "relu" });
- * const h = layer.forward(x); // [batch, 256]
+ * ```ts
+ * import { initGpu, Linear, Tensor } from "../mod.ts";
+ * const gpu = await initGpu({ matmulTiling: "default" });
+ * const layer = new Linear(4, 3, { seed: 1, activation: "relu" });
+ * const x = Tensor.from([1, 2, 3, 4, -4, -3, -2, -1], [2, 4]);
+ * const h = layer.forward(x); // [batch, 3]
+ * console.assert(h.shape.join() === "2,3" && (await h.read()).every((v) => v >= 0));
+ * gpu.destroy();
  * ```
  */
 export class Linear extends Module {

@@ -29,8 +29,13 @@ function reduce(losses: Tensor, reduction: Reduction): Tensor {
  * smoothing as in PyTorch.
  *
  * @example
- * ```ts ignore
- * const loss = crossEntropy(model.forward(x), [3, 1, 0], { labelSmoothing: 0.1 });
+ * ```ts
+ * import { crossEntropy, initGpu, Tensor } from "../mod.ts";
+ * const gpu = await initGpu({ matmulTiling: "default" });
+ * const logits = Tensor.zeros([3, 4]); // e.g. model.forward(x): [rows, classes]
+ * const loss = crossEntropy(logits, [3, 1, 0], { labelSmoothing: 0.1 });
+ * console.assert(Math.abs((await loss.item()) - Math.log(4)) < 1e-5); // uniform: ln 4
+ * gpu.destroy();
  * ```
  */
 export function crossEntropy(
@@ -53,8 +58,13 @@ export function crossEntropy(
  * Mean squared error between `input` and `target` (same shape), in f32.
  *
  * @example
- * ```ts ignore
- * const loss = mseLoss(model.forward(x), y);
+ * ```ts
+ * import { initGpu, mseLoss, Tensor } from "../mod.ts";
+ * const gpu = await initGpu({ matmulTiling: "default" });
+ * const prediction = Tensor.from([1, 2, 3], [3]), y = Tensor.from([1, 2, 6], [3]);
+ * const loss = mseLoss(prediction, y); // (0 + 0 + 9) / 3
+ * console.assert(Math.abs((await loss.item()) - 3) < 1e-6);
+ * gpu.destroy();
  * ```
  */
 export function mseLoss(

@@ -20,9 +20,15 @@ export interface LayerNormLayerOptions {
  * input gives f16 output. Scale (ones) and shift (zeros) are fp32.
  *
  * @example
- * ```ts ignore
- * const norm = new LayerNorm(512);
- * const y = norm.forward(x); // x: [batch, tokens, 512]
+ * ```ts
+ * import { initGpu, LayerNorm, Tensor } from "../mod.ts";
+ * const gpu = await initGpu({ matmulTiling: "default" });
+ * const norm = new LayerNorm(4);
+ * const x = Tensor.from([1, 2, 3, 4, 5, 5, 5, 5], [1, 2, 4]); // [batch, tokens, 4]
+ * const y = norm.forward(x);
+ * const [first, , , last, constant] = await y.read();
+ * console.assert(Math.abs(first + last) < 1e-5 && constant === 0);
+ * gpu.destroy();
  * ```
  */
 export class LayerNorm extends Module {
@@ -64,9 +70,15 @@ export interface BatchNormLayerOptions extends LayerNormLayerOptions {
  * 0.1, unbiased variance); eval mode uses the running statistics.
  *
  * @example
- * ```ts ignore
- * const bn = new BatchNorm(256, { momentum: 0.05 });
- * const y = bn.forward(h); // h: [batch, 256]
+ * ```ts
+ * import { BatchNorm, initGpu, Tensor } from "../mod.ts";
+ * const gpu = await initGpu({ matmulTiling: "default" });
+ * const bn = new BatchNorm(2, { momentum: 0.05 });
+ * const h = Tensor.from([1, 10, 3, 30], [2, 2]); // [batch, 2]
+ * const y = bn.forward(h); // batch statistics; the running ones move 5% of the way
+ * const [runningMean] = await bn.runningMean.read();
+ * console.assert(Math.abs(runningMean - 0.1) < 1e-6 && y.shape.join() === "2,2");
+ * gpu.destroy();
  * ```
  */
 export class BatchNorm extends Module {

@@ -43,8 +43,16 @@ function rethrow(err: unknown, message: string): never {
  * @returns When the file is durably in place.
  * @throws the underlying error (same class), its message naming `path`.
  * @example
- * ```ts ignore
- * await saveSafetensors("model.safetensors", { "fc1.weight": w, "fc1.bias": b }, { step: "1000" });
+ * ```ts
+ * import { initGpu, Tensor } from "../mod.ts";
+ * import { loadSafetensors, saveSafetensors } from "./files.ts";
+ * const gpu = await initGpu({ matmulTiling: "default" });
+ * const dir = await Deno.makeTempDir(), path = `${dir}/model.safetensors`;
+ * const w = Tensor.from([1, 2, 3, 4], [2, 2]), b = Tensor.zeros([2]);
+ * await saveSafetensors(path, { "fc1.weight": w, "fc1.bias": b }, { step: "1000" });
+ * console.assert((await loadSafetensors(path)).metadata.step === "1000");
+ * await Deno.remove(dir, { recursive: true });
+ * gpu.destroy();
  * ```
  */
 export async function saveSafetensors(
@@ -110,9 +118,17 @@ async function syncDirectory(path: string): Promise<void> {
  * @throws {SafetensorsError} for a malformed file, or the file system's error
  * (same class), the message naming `path` either way.
  * @example
- * ```ts ignore
- * const { entries, metadata } = await loadSafetensors("model.safetensors");
+ * ```ts
+ * import { entryToTensor, initGpu, Tensor } from "../mod.ts";
+ * import { loadSafetensors, saveSafetensors } from "./files.ts";
+ * const gpu = await initGpu({ matmulTiling: "default" });
+ * const dir = await Deno.makeTempDir(), path = `${dir}/model.safetensors`;
+ * await saveSafetensors(path, { "fc1.weight": Tensor.from([1, 2, 3, 4], [2, 2]) });
+ * const { entries, metadata } = await loadSafetensors(path);
  * const w = entryToTensor(entries.get("fc1.weight")!);
+ * console.assert((await w.read()).join() === "1,2,3,4" && Object.keys(metadata).length === 0);
+ * await Deno.remove(dir, { recursive: true });
+ * gpu.destroy();
  * ```
  */
 export async function loadSafetensors(
@@ -143,8 +159,17 @@ export async function loadSafetensors(
  * @param metadata Optional string → string map stored in the header.
  * @returns When the file is in place.
  * @example
- * ```ts ignore
- * await saveModule("mlp.safetensors", model);
+ * ```ts
+ * import { initGpu, Linear } from "../mod.ts";
+ * import { loadSafetensors, saveModule } from "./files.ts";
+ * const gpu = await initGpu({ matmulTiling: "default" });
+ * const dir = await Deno.makeTempDir(), path = `${dir}/mlp.safetensors`;
+ * const model = new Linear(4, 2, { seed: 1 });
+ * await saveModule(path, model);
+ * const { entries } = await loadSafetensors(path);
+ * console.assert([...entries.keys()].sort().join() === "bias,weight");
+ * await Deno.remove(dir, { recursive: true });
+ * gpu.destroy();
  * ```
  */
 export async function saveModule(
@@ -165,8 +190,18 @@ export async function saveModule(
  * @param module The model to fill.
  * @returns The file's metadata.
  * @example
- * ```ts ignore
- * await loadModule("mlp.safetensors", model);
+ * ```ts
+ * import { initGpu, Linear } from "../mod.ts";
+ * import { loadModule, saveModule } from "./files.ts";
+ * const gpu = await initGpu({ matmulTiling: "default" });
+ * const dir = await Deno.makeTempDir(), path = `${dir}/mlp.safetensors`;
+ * const model = new Linear(4, 2, { seed: 1 }), copy = new Linear(4, 2, { seed: 2 });
+ * await saveModule(path, model, { epoch: "3" });
+ * const metadata = await loadModule(path, copy);
+ * const same = (await copy.weight.read()).join() === (await model.weight.read()).join();
+ * console.assert(same && metadata.epoch === "3");
+ * await Deno.remove(dir, { recursive: true });
+ * gpu.destroy();
  * ```
  */
 export async function loadModule(path: string, module: Module): Promise<Record<string, string>> {

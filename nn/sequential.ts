@@ -15,10 +15,15 @@ import { Module } from "./module.ts";
  * gradient checkpointing without rewriting the forward pass.
  *
  * @example
- * ```ts ignore
- * const mlp = new Sequential(new Linear(784, 256), new ReLU(), new Linear(256, 10));
+ * ```ts
+ * import { initGpu, Linear, ReLU, Sequential, Tensor } from "../mod.ts";
+ * const gpu = await initGpu({ matmulTiling: "default" });
+ * const mlp = new Sequential(new Linear(4, 8, { seed: 1 }), new ReLU(), new Linear(8, 2));
  * mlp.checkpoint = "auto"; // ≈ √n checkpointed segments while training
- * const logits = mlp.forward(x);
+ * const logits = mlp.forward(Tensor.from([1, 2, 3, 4], [1, 4]));
+ * console.assert(logits.shape.join() === "1,2" && mlp.lastCheckpointPlan !== null);
+ * console.assert(mlp.namedParameters()[0][0] === "0.weight");
+ * gpu.destroy();
  * ```
  */
 export class Sequential extends Module {

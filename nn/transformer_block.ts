@@ -25,9 +25,14 @@ export interface TransformerBlockOptions extends ParameterOptions {
  * `new Checkpointed(block)` or a `Sequential` of blocks with `checkpoint` set.
  *
  * @example
- * ```ts ignore
- * const block = new TransformerBlock(64, 4, { seed: 1 });
- * const y = block.forward(x); // x: [batch, T, 64] → [batch, T, 64]
+ * ```ts
+ * import { initGpu, Tensor, TransformerBlock } from "../mod.ts";
+ * const gpu = await initGpu({ matmulTiling: "default" });
+ * const block = new TransformerBlock(8, 2, { seed: 1 });
+ * const x = Tensor.from(Array.from({ length: 24 }, (_, i) => i / 24), [1, 3, 8]);
+ * const y = block.forward(x); // x: [batch, T, 8] → [batch, T, 8]
+ * console.assert(y.shape.join() === "1,3,8");
+ * gpu.destroy();
  * ```
  */
 export class TransformerBlock extends Module {

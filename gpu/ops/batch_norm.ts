@@ -111,13 +111,19 @@ function checkOptions(
  * the forward used (f32 [C]), so later running-stat updates cannot change it.
  *
  * @example
- * ```ts ignore
- * const c = 16;
+ * ```ts
+ * import { batchNorm, initGpu, Tensor } from "../../mod.ts";
+ * const gpu = await initGpu({ matmulTiling: "default" });
+ * const c = 2;
+ * const x = Tensor.from([1, 10, 3, 30], [2, c]); // [N, C]
  * const weight = Tensor.full([c], 1, { requiresGrad: true });
  * const bias = Tensor.zeros([c], { requiresGrad: true });
  * const runningMean = Tensor.zeros([c]), runningVar = Tensor.full([c], 1);
  * const y = batchNorm(x, { weight, bias, runningMean, runningVar, training: true });
  * const z = batchNorm(x, { weight, bias, runningMean, runningVar, training: false });
+ * const [m0, m1] = await runningMean.read(); // 0.9 · 0 + 0.1 · batch mean
+ * console.assert(Math.abs(m0 - 0.2) < 1e-6 && Math.abs(m1 - 2) < 1e-6 && y.size === z.size);
+ * gpu.destroy();
  * ```
  */
 export function batchNorm(x: Tensor, options: BatchNormOptions): Tensor {

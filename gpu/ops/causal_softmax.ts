@@ -25,9 +25,16 @@ export interface CausalSoftmaxOptions {
  * Saved for backward: the output y (the rule is dx = s·y·(dy − Σ dy·y)).
  *
  * @example
- * ```ts ignore
- * const scores = matmul(q, k, { transB: true });                   // [B·H, T, T]
+ * ```ts
+ * import { causalSoftmax, initGpu, matmul, Tensor } from "../../mod.ts";
+ * const gpu = await initGpu({ matmulTiling: "default" });
+ * const d = 2;
+ * const q = Tensor.from([1, 0, 0, 1], [1, 2, d]), k = q; // [B·H, T, D]
+ * const scores = matmul(q, k, { transB: true }); // [B·H, T, T]
  * const probs = causalSoftmax(scores, { scale: 1 / Math.sqrt(d) }); // row i: columns 0..i
+ * const [p00, p01] = await probs.read();
+ * console.assert(p00 === 1 && p01 === 0);
+ * gpu.destroy();
  * ```
  */
 export function causalSoftmax(x0: Tensor, options: CausalSoftmaxOptions = {}): Tensor {

@@ -11,9 +11,14 @@ import type { Tensor } from "../tensor.ts";
  * again with the same range reproduces it bit for bit.
  *
  * @example
- * ```ts ignore
+ * ```ts
+ * import { dropout, initGpu, RandomGenerator, Tensor } from "../../mod.ts";
+ * const gpu = await initGpu({ matmulTiling: "default" });
+ * const x = Tensor.full([8], 1);
  * const rng = new RandomGenerator(0);
- * const y = dropout(x, 0.1, rng.take(x.size));
+ * const y = dropout(x, 0.5, rng.take(x.size)); // kept values are scaled by 1 / (1 − p)
+ * console.assert((await y.read()).every((v) => v === 0 || v === 2));
+ * gpu.destroy();
  * ```
  */
 export function dropout(x: Tensor, p: number, range: RandomRange): Tensor {

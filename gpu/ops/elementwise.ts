@@ -42,8 +42,14 @@ function binary(
  * a + b. `b` may be broadcast into `a`'s shape (e.g. a bias of shape [N] added to [M, N]).
  *
  * @example
- * ```ts ignore
- * const y = add(x, bias); // x: [M, N], bias: [N]
+ * ```ts
+ * import { add, initGpu, Tensor } from "../../mod.ts";
+ * const gpu = await initGpu({ matmulTiling: "default" });
+ * const x = Tensor.from([1, 2, 3, 4], [2, 2]); // [M, N]
+ * const bias = Tensor.from([10, 20], [2]); // [N]
+ * const y = add(x, bias);
+ * console.assert((await y.read()).join() === "11,22,13,24");
+ * gpu.destroy();
  * ```
  */
 export function add(a0: Tensor, b0: Tensor): Tensor {

@@ -8,9 +8,14 @@ import type { Tensor } from "../tensor.ts";
  * has shape [...ids.shape, dim]. Ids outside [0, vocab) are a clear error.
  *
  * @example
- * ```ts ignore
+ * ```ts
+ * import { embedding, initGpu, Tensor } from "../../mod.ts";
+ * const gpu = await initGpu({ matmulTiling: "default" });
+ * const table = Tensor.from([0, 0, 1, 1, 2, 2, 3, 3, 4, 4], [5, 2]); // [vocab, dim]
  * const ids = Tensor.from([3, 1, 4], [3], { dtype: "i32" });
  * const vectors = embedding(table, ids); // [3, dim]
+ * console.assert((await vectors.read()).join() === "3,3,1,1,4,4");
+ * gpu.destroy();
  * ```
  */
 export function embedding(table: Tensor, ids: Tensor): Tensor {

@@ -67,10 +67,16 @@ function checkInputs(x: Tensor, weight: Tensor | null, bias: Tensor | null, eps:
  * or when the graph is dropped.
  *
  * @example
- * ```ts ignore
- * const w = Tensor.full([512], 1, { requiresGrad: true });
- * const b = Tensor.zeros([512], { requiresGrad: true });
- * const y = layerNorm(x, { weight: w, bias: b }); // x: f16 [batch, tokens, 512] -> y: f16, same shape
+ * ```ts
+ * import { initGpu, layerNorm, Tensor } from "../../mod.ts";
+ * const gpu = await initGpu({ matmulTiling: "default" });
+ * const data = [1, 2, 3, 4, 5, 5, 5, 5];
+ * const x = Tensor.from(data, [1, 2, 4], { dtype: "f16" }); // [batch, tokens, 4]
+ * const w = Tensor.full([4], 1, { requiresGrad: true });
+ * const b = Tensor.zeros([4], { requiresGrad: true });
+ * const y = layerNorm(x, { weight: w, bias: b }); // y: f16, same shape
+ * console.assert(y.dtype === "f16" && (await y.read())[4] === 0); // a constant row → 0
+ * gpu.destroy();
  * ```
  */
 export function layerNorm(x: Tensor, options: LayerNormOptions = {}): Tensor {

@@ -116,9 +116,16 @@ function matmulGrads(
  * an operand as transposed without copying it.
  *
  * @example
- * ```ts ignore
- * const c = matmul(a, b);                    // [M, K]·[K, N]
- * const s = matmul(q, k, { transB: true });  // [B, T, D]·[B, T, D]ᵀ
+ * ```ts
+ * import { initGpu, matmul, Tensor } from "../../mod.ts";
+ * const gpu = await initGpu({ matmulTiling: "default" });
+ * const a = Tensor.from([1, 2, 3, 4], [2, 2]), b = Tensor.from([5, 6, 7, 8], [2, 2]);
+ * const c = matmul(a, b); // [M, K]·[K, N]
+ * console.assert((await c.read()).join() === "19,22,43,50");
+ * const q = Tensor.from([1, 0, 0, 1, 1, 1], [1, 3, 2]), k = q;
+ * const s = matmul(q, k, { transB: true }); // [B, T, D]·[B, T, D]ᵀ → [B, T, T]
+ * console.assert(s.shape.join() === "1,3,3");
+ * gpu.destroy();
  * ```
  */
 export function matmul(a0: Tensor, b0: Tensor, options: MatmulOptions = {}): Tensor {
@@ -148,8 +155,15 @@ export interface LinearOptions {
  * layout); `options.bias` is [out] in f32 or x's dtype.
  *
  * @example
- * ```ts ignore
+ * ```ts
+ * import { initGpu, linear, Tensor } from "../../mod.ts";
+ * const gpu = await initGpu({ matmulTiling: "default" });
+ * const x = Tensor.from([1, 2], [1, 2]); // [N, in]
+ * const w1 = Tensor.from([1, 1, -1, -1], [2, 2]); // [out, in]
+ * const b1 = Tensor.from([0.5, 0.5], [2]);
  * const h = linear(x, w1, { bias: b1, activation: "relu" });
+ * console.assert((await h.read()).join() === "3.5,0");
+ * gpu.destroy();
  * ```
  */
 export function linear(x0: Tensor, weight0: Tensor, options: LinearOptions = {}): Tensor {

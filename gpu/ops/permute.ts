@@ -35,8 +35,14 @@ function resolveOrder(x: Tensor, order: readonly number[]): number[] {
  * permuted back by the inverse order; nothing is saved for backward.
  *
  * @example
- * ```ts ignore
+ * ```ts
+ * import { initGpu, permute, reshape, Tensor } from "../../mod.ts";
+ * const gpu = await initGpu({ matmulTiling: "default" });
+ * const [b, t, h, d] = [1, 2, 2, 1];
+ * const q = Tensor.from([1, 2, 3, 4], [b, t, h * d]);
  * const heads = permute(reshape(q, [b, t, h, d]), [0, 2, 1, 3]); // [B, H, T, D]
+ * console.assert((await heads.read()).join() === "1,3,2,4");
+ * gpu.destroy();
  * ```
  */
 export function permute(x: Tensor, order: readonly number[]): Tensor {

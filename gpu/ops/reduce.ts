@@ -52,9 +52,14 @@ function reduceWithGrad(op: "sum" | "mean", x0: Tensor, options: ReduceOptions):
  * result has the input's dtype.
  *
  * @example
- * ```ts ignore
- * const total = sum(x);                 // shape []
- * const perRow = sum(x, { axis: -1 });  // [M, N] -> [M]
+ * ```ts
+ * import { initGpu, sum, Tensor } from "../../mod.ts";
+ * const gpu = await initGpu({ matmulTiling: "default" });
+ * const x = Tensor.from([1, 2, 3, 4, 5, 6], [2, 3]);
+ * const total = sum(x); // shape []
+ * const perRow = sum(x, { axis: -1 }); // [M, N] -> [M]
+ * console.assert((await total.item()) === 21 && (await perRow.read()).join() === "6,15");
+ * gpu.destroy();
  * ```
  */
 export function sum(x: Tensor, options: ReduceOptions = {}): Tensor {

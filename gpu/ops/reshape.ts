@@ -8,8 +8,13 @@ import type { Tensor } from "../tensor.ts";
  * -1 and is inferred.
  *
  * @example
- * ```ts ignore
- * const flat = reshape(images, [-1, 784]);
+ * ```ts
+ * import { initGpu, reshape, Tensor } from "../../mod.ts";
+ * const gpu = await initGpu({ matmulTiling: "default" });
+ * const images = Tensor.zeros([2, 28, 28]);
+ * const flat = reshape(images, [-1, 784]); // the same memory, no copy
+ * console.assert(flat.shape.join() === "2,784" && flat.sharesMemoryWith(images));
+ * gpu.destroy();
  * ```
  */
 export function reshape(x: Tensor, shape: Shape): Tensor {

@@ -24,8 +24,14 @@ function softmaxOp(kind: SoftmaxKind, x0: Tensor, axis: number): Tensor {
  * Softmax over the last axis: exp(x − max) / Σ exp(x − max), in f32.
  *
  * @example
- * ```ts ignore
+ * ```ts
+ * import { initGpu, softmax, sum, Tensor } from "../../mod.ts";
+ * const gpu = await initGpu({ matmulTiling: "default" });
+ * const logits = Tensor.from([1, 2, 3, 0, 0, 0], [2, 3]);
  * const probs = softmax(logits); // rows sum to 1
+ * const rowSums = await sum(probs, { axis: -1 }).read();
+ * console.assert(rowSums.every((r) => Math.abs(r - 1) < 1e-6));
+ * gpu.destroy();
  * ```
  */
 export function softmax(x: Tensor, axis = -1): Tensor {
