@@ -5,12 +5,10 @@
  */
 import assert from "node:assert/strict";
 import { join } from "node:path";
-import { fileURLToPath } from "node:url";
 import { AdamW, AmpTrainer, crossEntropy, Linear, ReLU, Sequential, Tensor } from "../mod.ts";
 import { serveDirectory } from "../examples/web/serve.ts";
+import { ROOT } from "./_bundle.ts";
 import { GPU_TEST } from "./_gpu.ts";
-
-const ROOT = fileURLToPath(new URL("..", import.meta.url));
 
 /** One AMP step of a fixed model; the same source runs in both processes. */
 const STEP = `
