@@ -7,6 +7,11 @@
  * APIs only, so it loads from any URL and in browsers; file helpers are in
  * the `./files` export.
  *
+ * This entry point holds what training code calls. The layers' own entry
+ * points add their internals: `./gpu` (kernels as data, the pipeline cache,
+ * the buffer pool, command batching, the op registry, the runtime state and
+ * the cast-hook seam), `./optim`, `./nn` and `./amp`.
+ *
  * @example
  * ```ts
  * import { initGpu, matmul, sum, Tensor } from "./mod.ts";
@@ -20,6 +25,147 @@
  *
  * @module
  */
-export * from "./gpu/mod.ts";
-export * from "./amp/mod.ts";
-export * from "./nn/mod.ts";
+
+// gpu/: the device, tensors, the tape and the ops.
+export { initGpu, type InitGpuOptions } from "./gpu/init.ts";
+export { type F16Mode, Gpu, type MatmulTiling } from "./gpu/device.ts";
+export type { MemoryStats } from "./gpu/buffer_pool.ts";
+export {
+  DTypeError,
+  GpuError,
+  HalfstepError,
+  ShapeError,
+  StateError,
+  ValueError,
+} from "./gpu/errors.ts";
+export type { DType, FloatDType } from "./gpu/dtype.ts";
+export type { Shape } from "./gpu/shape.ts";
+export { Tensor, type TensorData, type TensorOptions } from "./gpu/tensor.ts";
+export { keep, tidy } from "./gpu/scope.ts";
+export {
+  backward,
+  type BackwardOptions,
+  enableGrad,
+  isGradEnabled,
+  noGrad,
+} from "./gpu/autograd.ts";
+export { checkpoint } from "./gpu/checkpoint.ts";
+export { RandomGenerator, type RandomRange } from "./gpu/random.ts";
+export {
+  add,
+  addScalar,
+  cast,
+  div,
+  exp,
+  gelu,
+  log,
+  mul,
+  neg,
+  relu,
+  scale,
+  sqrt,
+  square,
+  sub,
+} from "./gpu/ops/elementwise.ts";
+export { linear, type LinearOptions, matmul, type MatmulOptions } from "./gpu/ops/matmul.ts";
+export { max, mean, type ReduceOptions, sum } from "./gpu/ops/reduce.ts";
+export { logSoftmax, softmax } from "./gpu/ops/softmax.ts";
+export { causalSoftmax, type CausalSoftmaxOptions } from "./gpu/ops/causal_softmax.ts";
+export { reshape } from "./gpu/ops/reshape.ts";
+export { permute } from "./gpu/ops/permute.ts";
+export { addInPlace } from "./gpu/ops/in_place.ts";
+export { layerNorm, type LayerNormOptions } from "./gpu/ops/layer_norm.ts";
+export { batchNorm, type BatchNormOptions } from "./gpu/ops/batch_norm.ts";
+export { dropout } from "./gpu/ops/dropout.ts";
+export { embedding } from "./gpu/ops/embedding.ts";
+
+// optim/: optimizers, schedules, clipping.
+export type {
+  Group,
+  Optimizer,
+  OptimizerStateDict,
+  ParamGroup,
+  StepSignals,
+  WorkingCopies,
+} from "./optim/mod.ts";
+export {
+  Adam,
+  type AdamGroup,
+  type AdamOptions,
+  type AdamParamGroup,
+  AdamW,
+  clipGradNorm,
+  type ClipResult,
+  cosineSchedule,
+  type CosineScheduleOptions,
+  linearWarmupDecay,
+  type LinearWarmupDecayOptions,
+  type LrSchedule,
+  LrScheduler,
+  SGD,
+  type SGDGroup,
+  type SGDOptions,
+  type SGDParamGroup,
+} from "./optim/mod.ts";
+
+// nn/: modules, layers, losses, checkpointing of layer sequences, safetensors.
+export {
+  BatchNorm,
+  BatchNorm1d,
+  BatchNorm2d,
+  type BatchNormLayerOptions,
+  causalAttention,
+  type CausalAttentionOptions,
+  CausalSelfAttention,
+  type CausalSelfAttentionOptions,
+  Checkpointed,
+  type CheckpointPlan,
+  checkpointSequential,
+  crossEntropy,
+  type CrossEntropyOptions,
+  decodeSafetensors,
+  Dropout,
+  Embedding,
+  encodeSafetensors,
+  GELU,
+  type HostTensor,
+  type InitSource,
+  LayerNorm,
+  type LayerNormLayerOptions,
+  Linear,
+  type LinearLayerOptions,
+  Module,
+  mseLoss,
+  type ParameterOptions,
+  planCheckpointSegments,
+  type Reduction,
+  ReLU,
+  type SafetensorsEntry,
+  SafetensorsError,
+  type SafetensorsSpec,
+  type SegmentSpec,
+  Sequential,
+  type StateValue,
+  TransformerBlock,
+  type TransformerBlockOptions,
+} from "./nn/mod.ts";
+
+// amp/: autocast, master weights, loss scaling, the trainer.
+export {
+  AmpTrainer,
+  type AmpTrainerOptions,
+  type AmpTrainerState,
+  autocast,
+  type AutocastLists,
+  type AutocastOptions,
+  type CastPolicy,
+  castPolicyOf,
+  customAutocastLists,
+  type CustomListsOptions,
+  DEFAULT_AUTOCAST_LISTS,
+  GradScaler,
+  type GradScalerOptions,
+  type GradScalerState,
+  type HasParameters,
+  MasterWeights,
+} from "./amp/mod.ts";

@@ -1,15 +1,18 @@
 /**
  * autocast: run ops in f16 or f32 as the policy lists say, like
- * `torch.autocast`. Inside `autocast(fn)`, every op asks the installed hook
- * how to cast its float inputs: f16-list ops (matmul, linear) get f16 inputs
- * (weights through their fp32 masters' working copies), f32-list ops get f32
- * inputs, and the rest follow the widest input.
+ * `torch.autocast`. Inside `autocast(fn)`, every op that consults autocast
+ * asks the installed hook how to cast its float inputs: f16-list ops
+ * (matmul, linear) get f16 inputs (an fp32 master weight through its working
+ * copy, when `masterWeights` has one), f32-list ops get f32 inputs, and the
+ * rest follow the widest input.
  */
-import { type CastHook, setCastHook } from "../gpu/autocast_hook.ts";
+import type { CastHook } from "../gpu/autocast_hook.ts";
 import { getGpu, type Gpu } from "../gpu/device.ts";
 import { cast } from "../gpu/ops/elementwise.ts";
+import { warnOnce, withState } from "../gpu/runtime_state.ts";
 import type { Tensor } from "../gpu/tensor.ts";
-import { readWorkingCopy } from "./master_weights.ts";
+import { fail, ValueError } from "../gpu/errors.ts";
+import type { MasterWeights } from "./master_weights.ts";
 import { type AutocastLists, castPolicyOf, DEFAULT_AUTOCAST_LISTS } from "./policy.ts";
 
 /** Options of {@link autocast}. */
@@ -18,6 +21,11 @@ export interface AutocastOptions {
   enabled?: boolean;
   /** The op lists (default {@link DEFAULT_AUTOCAST_LISTS}; see `customAutocastLists`). */
   lists?: AutocastLists;
+  /**
+   * fp32 masters whose f16 working copies f16 ops read instead of casting
+   * the master on every use (`AmpTrainer` passes its own).
+   */
+  masterWeights?: MasterWeights | null;
   /** The device (default: the one `initGpu()` made); without shader-f16 autocast runs f32. */
   gpu?: Gpu;
 }
@@ -26,17 +34,16 @@ function isFloat(t: Tensor): boolean {
   return t.dtype === "f32" || t.dtype === "f16";
 }
 
-function toF16(t: Tensor): Tensor {
-  if (t.dtype !== "f32") return t;
-  return readWorkingCopy(t) ?? cast(t, "f16");
-}
-
 function toF32(t: Tensor): Tensor {
   return t.dtype === "f16" ? cast(t, "f32") : t;
 }
 
-/** The cast hook for `lists`. */
-export function autocastHook(lists: AutocastLists): CastHook {
+/** The cast hook for `lists`, reading working copies from `masters` where they exist. */
+export function autocastHook(lists: AutocastLists, masters: MasterWeights | null = null): CastHook {
+  const toF16 = (t: Tensor) => {
+    if (t.dtype !== "f32") return t;
+    return masters?.readWorkingCopy(t) ?? cast(t, "f16");
+  };
   return (op, inputs) => {
     const policy = castPolicyOf(op, lists);
     if (policy === "f16") return inputs.map(toF16);
@@ -46,8 +53,6 @@ export function autocastHook(lists: AutocastLists): CastHook {
     return mixed ? inputs.map(toF32) : [...inputs];
   };
 }
-
-const warned = new WeakSet<Gpu>();
 
 /**
  * Runs `fn` with automatic mixed precision. Synchronous, like `tidy`.
@@ -70,25 +75,15 @@ export function autocast<T>(fn: () => T, options: AutocastOptions = {}): T {
   let hook: CastHook | null = null;
   if (options.enabled ?? true) {
     const gpu = options.gpu ?? getGpu();
-    if (gpu.f16) hook = autocastHook(options.lists ?? DEFAULT_AUTOCAST_LISTS);
-    else if (!warned.has(gpu)) {
-      warned.add(gpu);
-      console.warn("[halfstep] autocast: the adapter has no shader-f16; running in f32.");
-    }
+    if (gpu.f16) {
+      hook = autocastHook(options.lists ?? DEFAULT_AUTOCAST_LISTS, options.masterWeights ?? null);
+    } else warnOnce("autocast: the adapter has no shader-f16; running in f32.");
   }
-  return withCastHook(hook, fn);
-}
-
-/** Runs `fn` with `hook` (null: autocast off) in force, restoring the previous state after. */
-export function withCastHook<T>(hook: CastHook | null, fn: () => T): T {
-  const previous = setCastHook(hook);
-  try {
+  return withState({ castHook: hook }, () => {
     const result = fn();
     if (result instanceof Promise) {
-      throw new TypeError("autocast: fn returned a Promise; autocast regions must be synchronous.");
+      fail(ValueError, "autocast", "fn returned a Promise; autocast regions must be synchronous.");
     }
     return result;
-  } finally {
-    setCastHook(previous);
-  }
+  });
 }

@@ -5,11 +5,12 @@
  */
 import { getGpu, type Gpu } from "../gpu/device.ts";
 import { record } from "../gpu/autograd.ts";
+import { DTypeError, fail, StateError, ValueError } from "../gpu/errors.ts";
 import { launchBinary } from "../gpu/kernels/elementwise.ts";
 import { untracked } from "../gpu/scope.ts";
 import { Tensor } from "../gpu/tensor.ts";
 import { COUNTER, launchScaleUpdate, launchUnscale, UPDATE_MODE } from "./kernels/grad_scaler.ts";
-import type { AmpOptimizer, StepSignals } from "./optimizer.ts";
+import type { Optimizer, StepSignals } from "../optim/optimizer.ts";
 
 const F32_MAX = 3.4028234663852886e38;
 const F32_MIN_NORMAL = 2 ** -126;
@@ -30,7 +31,7 @@ export interface GradScalerOptions {
   minScale?: number;
   /** Ceiling of the dynamic scale (default 2^24, as apex); growing never reaches inf anyway. */
   maxScale?: number;
-  /** The seeds' `--loss_scale`: 0 or absent = dynamic, a power of two = static (never changes). */
+  /** apex's `--loss_scale`: 0 or absent = dynamic, a power of two = static (never changes). */
   lossScale?: number;
   /** False makes every method a pass-through (default true). */
   enabled?: boolean;
@@ -55,20 +56,23 @@ export interface GradScalerState {
 type Settings = GradScalerState["options"];
 type Stage = "unscaled" | "stepped";
 
-function fail(method: string, message: string): never {
-  throw new RangeError(`GradScaler.${method}: ${message}`);
-}
+/** The `where` of an error raised by `method`. */
+const at = (method: string) => `GradScaler.${method}`;
 
 function checkScale(method: string, name: string, x: unknown): number {
   if (typeof x !== "number" || !(x >= F32_MIN_NORMAL && x <= F32_MAX)) {
-    fail(method, `${name} must be a positive finite f32 number (2^-126 to 3.4e38), not ${x}.`);
+    fail(
+      ValueError,
+      at(method),
+      `${name} must be a positive finite f32 number (2^-126 to 3.4e38), not ${x}.`,
+    );
   }
   return x;
 }
 
 function checkCount(method: string, name: string, x: unknown, min: number): number {
   if (typeof x !== "number" || !Number.isInteger(x) || x < min || x >= 2 ** 31) {
-    fail(method, `${name} must be an integer ≥ ${min}, not ${x}.`);
+    fail(ValueError, at(method), `${name} must be an integer ≥ ${min}, not ${x}.`);
   }
   return x;
 }
@@ -86,20 +90,36 @@ function settingsOf(method: string, o: Partial<Settings>): Settings {
     enabled: o.enabled ?? true,
   };
   if (typeof s.growthFactor !== "number" || !(s.growthFactor > 1 && s.growthFactor <= F32_MAX)) {
-    fail(method, `growthFactor must be a finite number > 1, not ${s.growthFactor}.`);
+    fail(
+      ValueError,
+      at(method),
+      `growthFactor must be a finite number > 1, not ${s.growthFactor}.`,
+    );
   }
   if (typeof s.backoffFactor !== "number" || !(s.backoffFactor > 0 && s.backoffFactor < 1)) {
-    fail(method, `backoffFactor must be in (0, 1), not ${s.backoffFactor}.`);
+    fail(ValueError, at(method), `backoffFactor must be in (0, 1), not ${s.backoffFactor}.`);
   }
-  if (s.minScale > s.maxScale) fail(method, `minScale ${s.minScale} > maxScale ${s.maxScale}.`);
+  if (s.minScale > s.maxScale) {
+    fail(ValueError, at(method), `minScale ${s.minScale} > maxScale ${s.maxScale}.`);
+  }
   if (s.initScale < s.minScale || s.initScale > s.maxScale) {
-    fail(method, `initScale ${s.initScale} is outside [${s.minScale}, ${s.maxScale}] (min/max).`);
+    fail(
+      ValueError,
+      at(method),
+      `initScale ${s.initScale} is outside [${s.minScale}, ${s.maxScale}] (min/max).`,
+    );
   }
   const ls = s.lossScale;
   if (ls !== 0 && !(checkScale(method, "lossScale", ls) && 2 ** Math.round(Math.log2(ls)) === ls)) {
-    fail(method, `lossScale must be 0 (dynamic) or a power of two (static), not ${ls}.`);
+    fail(
+      ValueError,
+      at(method),
+      `lossScale must be 0 (dynamic) or a power of two (static), not ${ls}.`,
+    );
   }
-  if (typeof s.enabled !== "boolean") fail(method, `enabled must be a boolean, not ${s.enabled}.`);
+  if (typeof s.enabled !== "boolean") {
+    fail(ValueError, at(method), `enabled must be a boolean, not ${s.enabled}.`);
+  }
   return s;
 }
 
@@ -117,10 +137,10 @@ function settingsOf(method: string, o: Partial<Settings>): Settings {
  *
  * @example
  * ```ts
- * import { crossEntropy, FusedSGD, GradScaler, initGpu, Linear, Tensor } from "../mod.ts";
+ * import { crossEntropy, SGD, GradScaler, initGpu, Linear, Tensor } from "../mod.ts";
  * const gpu = await initGpu({ matmulTiling: "default" });
  * const model = new Linear(2, 2, { seed: 1 });
- * const optimizer = new FusedSGD(model.parameters(), { lr: 0.1 });
+ * const optimizer = new SGD(model.parameters(), { lr: 0.1 });
  * const scaler = new GradScaler(); // or { lossScale: 1024 } for a static scale
  * const loss = crossEntropy(model.forward(Tensor.from([1, 2, 3, 4], [2, 2])), [0, 1]);
  * scaler.scale(loss).backward();
@@ -138,14 +158,18 @@ export class GradScaler {
   #scale: Tensor;
   #foundInf: Tensor;
   #counters: Tensor;
-  #stages = new Map<AmpOptimizer, Stage>();
+  #stages = new Map<Optimizer, Stage>();
   #disposed = false;
 
   /** A scaler with PyTorch's defaults; see {@link GradScalerOptions}. */
   constructor(options: GradScalerOptions = {}) {
     const { gpu, ...rest } = options;
     if (rest.lossScale && options.initScale !== undefined && options.initScale !== rest.lossScale) {
-      fail("constructor", "initScale and lossScale differ; give lossScale alone (static).");
+      fail(
+        ValueError,
+        at("constructor"),
+        "initScale and lossScale differ; give lossScale alone (static).",
+      );
     }
     this.#s = settingsOf("constructor", rest);
     this.gpu = gpu ?? getGpu();
@@ -177,13 +201,21 @@ export class GradScaler {
     if (!this.enabled) return loss;
     this.#live("scale");
     if (loss.dtype !== "f32" || loss.gpu !== this.gpu) {
-      fail("scale", `loss ${loss.describe()} must be f32 on the scaler's device; cast it.`);
+      fail(
+        DTypeError,
+        at("scale"),
+        `loss ${loss.describe()} must be f32 on the scaler's device; cast it.`,
+      );
     }
     const all = (t: Tensor) => ({ mid: t.size, inner: 1 }); // every element reads scale[0]
     const y = launchBinary("mul", loss, this.#scale, all(loss));
-    return record("GradScaler.scale", [loss], y, (g, [s]) => [
-      launchBinary("mul", g, s, all(g)),
-    ], [this.#scale]);
+    return record({
+      op: "loss_scale",
+      inputs: [loss],
+      output: y,
+      save: [this.#scale],
+      backward: (g, [s]) => [launchBinary("mul", g, s, all(g))],
+    });
   }
 
   /**
@@ -191,16 +223,20 @@ export class GradScaler {
    * inf/NaN in {@link GradScaler.foundInf}. Call it before clipping; at most
    * once per optimizer between `update()`s. No sync.
    */
-  unscale(optimizer: AmpOptimizer): void {
+  unscale(optimizer: Optimizer): void {
     if (!this.enabled) return;
     this.#live("unscale");
     const stage = this.#stages.get(optimizer);
     if (stage === "unscaled") {
       const what = "unscale() has already been called on this optimizer since the last update()";
-      fail("unscale", `${what}. Call step() and update() before unscaling again.`);
+      fail(StateError, at("unscale"), `${what}. Call step() and update() before unscaling again.`);
     }
     if (stage === "stepped") {
-      fail("unscale", "unscale() is being called after step(); call update() first.");
+      fail(
+        StateError,
+        at("unscale"),
+        "unscale() is being called after step(); call update() first.",
+      );
     }
     const seen = new Set<GPUBuffer>(); // a gradient shared by two params is unscaled once
     for (const p of optimizer.params) {
@@ -208,7 +244,11 @@ export class GradScaler {
       if (!g || seen.has(g.buffer)) continue;
       seen.add(g.buffer);
       if (g.gpu !== this.gpu) {
-        fail("unscale", `a gradient ${g.describe()} lives on another device than the scaler.`);
+        fail(
+          ValueError,
+          at("unscale"),
+          `a gradient ${g.describe()} lives on another device than the scaler.`,
+        );
       }
       launchUnscale(g, this.#scale, this.#foundInf);
     }
@@ -221,13 +261,13 @@ export class GradScaler {
    * optimizer between `update()`s. `signals.gradScale` is passed on
    * (e.g. a clip coefficient). No sync.
    */
-  step(optimizer: AmpOptimizer, signals: { gradScale?: Tensor } = {}): void {
+  step(optimizer: Optimizer, signals: { gradScale?: Tensor } = {}): void {
     const gradScale = signals.gradScale;
     if (!this.enabled) return gradScale ? optimizer.step({ gradScale }) : optimizer.step();
     this.#live("step");
     if (this.#stages.get(optimizer) === "stepped") {
       const what = "step() has already been called on this optimizer since the last update()";
-      fail("step", `${what}. Call update() once per iteration, after step().`);
+      fail(StateError, at("step"), `${what}. Call update() once per iteration, after step().`);
     }
     if (!this.#stages.has(optimizer)) this.unscale(optimizer);
     const out: StepSignals = { foundInf: this.#foundInf };
@@ -249,10 +289,18 @@ export class GradScaler {
     if (newScale !== undefined) {
       checkScale("update", "newScale", newScale);
       if (s.lossScale) {
-        fail("update", `newScale cannot change the static lossScale ${s.lossScale}.`);
+        fail(
+          ValueError,
+          at("update"),
+          `newScale cannot change the static lossScale ${s.lossScale}.`,
+        );
       }
     } else if (!stepped) {
-      fail("update", "no unscale() or step() since the last update(); call step() first.");
+      fail(
+        StateError,
+        at("update"),
+        "no unscale() or step() since the last update(); call step() first.",
+      );
     }
     let mode: number = s.lossScale ? UPDATE_MODE.static : UPDATE_MODE.dynamic;
     if (newScale !== undefined) mode = UPDATE_MODE.set;
@@ -302,23 +350,43 @@ export class GradScaler {
   loadStateDict(state: GradScalerState): void {
     this.#live("loadStateDict");
     if (typeof state !== "object" || state === null || typeof state.options !== "object") {
-      fail("loadStateDict", "state must be an object from stateDict() with an options field.");
+      fail(
+        ValueError,
+        at("loadStateDict"),
+        "state must be an object from stateDict() with an options field.",
+      );
     }
     const s = settingsOf("loadStateDict", state.options);
     if (s.enabled !== this.enabled) {
-      fail("loadStateDict", `the state has enabled=${s.enabled}, this scaler the opposite.`);
+      fail(
+        ValueError,
+        at("loadStateDict"),
+        `the state has enabled=${s.enabled}, this scaler the opposite.`,
+      );
     }
     const scale = checkScale("loadStateDict", "scale", state.scale);
     if (s.lossScale && scale !== s.lossScale) {
-      fail("loadStateDict", `scale ${scale} differs from the static lossScale ${s.lossScale}.`);
+      fail(
+        ValueError,
+        at("loadStateDict"),
+        `scale ${scale} differs from the static lossScale ${s.lossScale}.`,
+      );
     }
     const tracker = checkCount("loadStateDict", "growthTracker", state.growthTracker, 0);
     if (tracker >= s.growthInterval) {
-      fail("loadStateDict", `growthTracker ${tracker} must be below ${s.growthInterval}.`);
+      fail(
+        ValueError,
+        at("loadStateDict"),
+        `growthTracker ${tracker} must be below ${s.growthInterval}.`,
+      );
     }
     const left = checkCount("loadStateDict", "hysteresisLeft", state.hysteresisLeft, 0);
     if (left > s.hysteresis) {
-      fail("loadStateDict", `hysteresisLeft ${left} exceeds hysteresis ${s.hysteresis}.`);
+      fail(
+        ValueError,
+        at("loadStateDict"),
+        `hysteresisLeft ${left} exceeds hysteresis ${s.hysteresis}.`,
+      );
     }
     const skipped = checkCount("loadStateDict", "skippedSteps", state.skippedSteps, 0);
     this.#s = s;
@@ -340,7 +408,9 @@ export class GradScaler {
   }
 
   #live(method: string): this {
-    if (this.#disposed) fail(method, "this GradScaler was disposed; create a new one.");
+    if (this.#disposed) {
+      fail(StateError, at(method), "this GradScaler was disposed; create a new one.");
+    }
     return this;
   }
 }

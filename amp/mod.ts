@@ -1,9 +1,11 @@
 /**
- * Automatic mixed precision: the autocast policy as data (f16, f32 and
- * promote op lists; custom allow/deny lists), `autocast()`, fp32 master
- * weights with f16 working copies, dynamic and static loss scaling
- * (`GradScaler`, decided on the GPU), clipping by global norm on the GPU,
- * the optimizer interface, and `AmpTrainer`, which runs the whole step.
+ * Automatic mixed precision, the top of the library: the autocast policy as
+ * data (f16, f32 and promote op lists from the op registry; custom allow and
+ * deny lists), `autocast()`, fp32 master weights with f16 working copies,
+ * dynamic and static loss scaling decided on the GPU (`GradScaler`, which
+ * drives any optimizer), and `AmpTrainer`, which runs the whole step: autocast
+ * forward, scaled backward, accumulation, unscale, clipping, the optimizer
+ * step and the scale update. Saving a whole training run lives in `files.ts`.
  *
  * @module
  */
@@ -15,33 +17,8 @@ export {
   type CustomListsOptions,
   DEFAULT_AUTOCAST_LISTS,
 } from "./policy.ts";
-export { autocast, autocastHook, type AutocastOptions, withCastHook } from "./autocast.ts";
-export { MasterWeights, readWorkingCopy, workingCopyOf } from "./master_weights.ts";
-export { clipGradNorm, type ClipResult } from "./clip.ts";
-export type { AmpOptimizer, StepSignals } from "./optimizer.ts";
-export {
-  type AdamGroup,
-  type AdamParamGroup,
-  AdamW,
-  FusedAdam,
-  type FusedAdamOptions,
-  FusedSGD,
-  type FusedSGDOptions,
-  type Group,
-  type OptimizerStateDict,
-  type ParamGroup,
-  type SGDGroup,
-  type SGDParamGroup,
-} from "./optimizers.ts";
-export {
-  cosineSchedule,
-  type CosineScheduleOptions,
-  linearWarmupDecay,
-  type LinearWarmupDecayOptions,
-  type LrGroups,
-  type LrSchedule,
-  LrScheduler,
-} from "./lr_schedule.ts";
+export { autocast, autocastHook, type AutocastOptions } from "./autocast.ts";
+export { MasterWeights } from "./master_weights.ts";
 export { GradScaler, type GradScalerOptions, type GradScalerState } from "./grad_scaler.ts";
 export {
   AmpTrainer,

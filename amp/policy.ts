@@ -1,61 +1,65 @@
 /**
  * The autocast policy as data: which ops run in f16, which must stay f32, and
- * which follow the widest input. Users move ops with custom allow and deny
- * lists, as with Paddle's `AutoMixedPrecisionLists`.
+ * which follow the widest input. The defaults come from the op registry
+ * (each op's line names its class); users move ops with custom allow and
+ * deny lists, as with Paddle's `AutoMixedPrecisionLists`. Every name is
+ * checked against the registry: a typo, or an op that never consults
+ * autocast, is an error that lists the valid names.
  */
+import { fail, ValueError } from "../gpu/errors.ts";
+import {
+  AUTOCAST_OP_NAMES,
+  type AutocastClass,
+  type AutocastOpName,
+  autocastOpName,
+  OPS,
+} from "../gpu/op_registry.ts";
 
 /** Where an op runs under autocast. */
-export type CastPolicy = "f16" | "f32" | "promote";
+export type CastPolicy = AutocastClass;
 
-/** The three op lists. */
+/** The three op lists; together they hold every op that consults autocast exactly once. */
 export interface AutocastLists {
   /** Ops that run in f16 (their inputs are cast down): the matmul family. */
-  readonly f16: ReadonlySet<string>;
+  readonly f16: ReadonlySet<AutocastOpName>;
   /**
-   * Ops that must run in f32 (inputs cast up): reductions, exp/log/pow,
-   * softmax, losses. LayerNorm and BatchNorm are on no list: they take f16
-   * input as it is and keep their statistics (BatchNorm: all its arithmetic)
-   * and parameters in f32 inside the kernel.
+   * Ops that must run in f32 (inputs cast up): exp/log, reductions, softmax,
+   * losses, BatchNorm. LayerNorm follows its input (f16 activations in and
+   * out, f32 statistics and fp32 parameters inside the kernel).
    */
-  readonly f32: ReadonlySet<string>;
-  /** Ops that run in the widest dtype among their inputs. */
-  readonly promote: ReadonlySet<string>;
+  readonly f32: ReadonlySet<AutocastOpName>;
+  /** Ops that run in the widest dtype among their float inputs. */
+  readonly promote: ReadonlySet<AutocastOpName>;
 }
 
-/** The default lists, following PyTorch's and Paddle's choices. */
+function listOf(cls: AutocastClass): Set<AutocastOpName> {
+  return new Set(AUTOCAST_OP_NAMES.filter((op) => OPS[op].autocast === cls));
+}
+
+/** The default lists, from the op registry (PyTorch's and Paddle's choices). */
 export const DEFAULT_AUTOCAST_LISTS: AutocastLists = {
-  f16: new Set(["matmul", "linear"]),
-  f32: new Set([
-    "sum",
-    "mean",
-    "exp",
-    "log",
-    "sqrt",
-    "square",
-    "softmax",
-    "log_softmax",
-    "cross_entropy",
-    "mse_loss",
-  ]),
-  promote: new Set(["add", "sub", "mul", "div", "relu", "gelu", "neg", "scale", "add_scalar"]),
+  f16: listOf("f16"),
+  f32: listOf("f32"),
+  promote: listOf("promote"),
 };
 
 /** Custom lists: `allow` moves ops to f16, `deny` moves them to f32. */
 export interface CustomListsOptions {
   /** Ops to run in f16. */
-  allow?: readonly string[];
+  allow?: readonly AutocastOpName[];
   /** Ops to keep in f32. */
-  deny?: readonly string[];
+  deny?: readonly AutocastOpName[];
 }
 
 /**
  * Lists with ops moved between them. An op named in both `allow` and `deny`
- * is an error, as in Paddle.
+ * is an error, as in Paddle; so is a name that is not a registered op that
+ * consults autocast (the message lists the valid names).
  *
  * @example
  * ```ts
  * import { customAutocastLists } from "./policy.ts";
- * const lists = customAutocastLists({ deny: ["matmul"] });
+ * const lists = customAutocastLists({ deny: ["matmul", "layer_norm"] });
  * console.assert(lists.f32.has("matmul") && !lists.f16.has("matmul"));
  * ```
  */
@@ -63,12 +67,15 @@ export function customAutocastLists(
   options: CustomListsOptions = {},
   base: AutocastLists = DEFAULT_AUTOCAST_LISTS,
 ): AutocastLists {
-  const allow = options.allow ?? [], deny = options.deny ?? [];
+  const where = "customAutocastLists";
+  const allow = (options.allow ?? []).map((op) => autocastOpName(op, where));
+  const deny = (options.deny ?? []).map((op) => autocastOpName(op, where));
   const both = allow.filter((op) => deny.includes(op));
   if (both.length > 0) {
-    throw new RangeError(
-      `customAutocastLists: ${both.join(", ")} cannot be in both allow and deny lists; ` +
-        "keep each op in one of them.",
+    fail(
+      ValueError,
+      where,
+      `${both.join(", ")} cannot be in both allow and deny lists; keep each op in one of them.`,
     );
   }
   const f16 = new Set(base.f16), f32 = new Set(base.f32), promote = new Set(base.promote);
@@ -85,12 +92,13 @@ export function customAutocastLists(
   return { f16, f32, promote };
 }
 
-/** Where `op` runs under `lists`; ops on no list follow their inputs ("promote"). */
+/** Where `op` runs under `lists`. An unknown name is an error. */
 export function castPolicyOf(
-  op: string,
+  op: AutocastOpName,
   lists: AutocastLists = DEFAULT_AUTOCAST_LISTS,
 ): CastPolicy {
-  if (lists.f16.has(op)) return "f16";
-  if (lists.f32.has(op)) return "f32";
+  const name = autocastOpName(op, "castPolicyOf");
+  if (lists.f16.has(name)) return "f16";
+  if (lists.f32.has(name)) return "f32";
   return "promote";
 }

@@ -5,21 +5,22 @@
  * global norm, the fused optimizer step (skipped on the GPU on overflow) and
  * the scale update. Nothing in it reads back to the CPU.
  */
+import { fail, ValueError } from "../gpu/errors.ts";
 import { scale } from "../gpu/ops/elementwise.ts";
 import { tidy } from "../gpu/scope.ts";
 import type { Tensor } from "../gpu/tensor.ts";
+import { clipGradNorm } from "../optim/clip.ts";
+import type { Optimizer } from "../optim/optimizer.ts";
 import { autocast } from "./autocast.ts";
-import { clipGradNorm } from "./clip.ts";
 import { GradScaler, type GradScalerOptions, type GradScalerState } from "./grad_scaler.ts";
 import { MasterWeights } from "./master_weights.ts";
-import type { AmpOptimizer } from "./optimizer.ts";
 import type { AutocastLists } from "./policy.ts";
 
 /** Options of {@link AmpTrainer}. */
 export interface AmpTrainerOptions {
   /** Run f16 autocast with loss scaling (default true); false trains in plain f32. */
   enabled?: boolean;
-  /** The seeds' `--loss_scale`: 0 = dynamic (default), a power of two = static. */
+  /** apex's `--loss_scale`: 0 = dynamic (default), a power of two = static. */
   lossScale?: number;
   /** Micro-batches per optimizer step (default 1). */
   accumulationSteps?: number;
@@ -77,21 +78,23 @@ export class AmpTrainer {
   /** Micro-batches per optimizer step. */
   readonly accumulationSteps: number;
   #model: HasParameters;
-  #optimizer: AmpOptimizer;
+  #optimizer: Optimizer;
   #options: AmpTrainerOptions;
   #microStep = 0;
   #steps = 0;
 
   /** Sets up master weights, the scaler and autocast for `model` and `optimizer`. */
-  constructor(model: HasParameters, optimizer: AmpOptimizer, options: AmpTrainerOptions = {}) {
+  constructor(model: HasParameters, optimizer: Optimizer, options: AmpTrainerOptions = {}) {
     const accumulation = options.accumulationSteps ?? 1;
     if (!Number.isInteger(accumulation) || accumulation < 1) {
-      throw new RangeError(
-        `AmpTrainer: accumulationSteps must be a positive integer, got ${accumulation}.`,
+      fail(
+        ValueError,
+        "AmpTrainer",
+        `accumulationSteps must be a positive integer, got ${accumulation}.`,
       );
     }
     if (options.maxGradNorm !== undefined && !(options.maxGradNorm > 0)) {
-      throw new RangeError(`AmpTrainer: maxGradNorm must be positive, got ${options.maxGradNorm}.`);
+      fail(ValueError, "AmpTrainer", `maxGradNorm must be positive, got ${options.maxGradNorm}.`);
     }
     const enabled = options.enabled ?? true;
     this.#model = model;
@@ -100,7 +103,7 @@ export class AmpTrainer {
     this.accumulationSteps = accumulation;
     const params = model.parameters();
     this.masters = enabled && params[0]?.gpu.f16 ? new MasterWeights(params) : null;
-    if (this.masters) optimizer.setWorkingCopies(this.masters.copies);
+    if (this.masters) optimizer.setWorkingCopies(this.masters);
     this.scaler = new GradScaler({
       ...options.scaler,
       lossScale: options.lossScale ?? 0,
@@ -123,9 +126,7 @@ export class AmpTrainer {
    * unscaled loss; dispose it (reading it is a sync point).
    */
   step(computeLoss: () => Tensor): Tensor {
-    const loss = tidy(() =>
-      autocast(computeLoss, { enabled: this.masters !== null, lists: this.#options.lists })
-    );
+    const loss = tidy(() => this.autocast(computeLoss));
     const scaled = tidy(() => {
       const divided = this.accumulationSteps === 1 ? loss : scale(loss, 1 / this.accumulationSteps);
       return this.scaler.scale(divided);
@@ -134,6 +135,19 @@ export class AmpTrainer {
     if (scaled !== loss) scaled.dispose(); // a disabled scaler hands the loss back as it is
     if (++this.#microStep === this.accumulationSteps) this.#finishStep();
     return loss;
+  }
+
+  /**
+   * Runs `fn` under this trainer's autocast: its lists, reading the working
+   * copies of its master weights (plain f32 when AMP is off). Use it for
+   * evaluation with the trainer's precision.
+   */
+  autocast<T>(fn: () => T): T {
+    return autocast(fn, {
+      enabled: this.masters !== null,
+      lists: this.#options.lists,
+      masterWeights: this.masters,
+    });
   }
 
   #finishStep(): void {
@@ -170,8 +184,10 @@ export class AmpTrainer {
       !Number.isInteger(state.microStep) || state.microStep < 0 ||
       state.microStep >= this.accumulationSteps
     ) {
-      throw new RangeError(
-        `AmpTrainer.loadStateDict: microStep ${state.microStep} is outside [0, ${this.accumulationSteps}).`,
+      fail(
+        ValueError,
+        "AmpTrainer.loadStateDict",
+        `microStep ${state.microStep} is outside [0, ${this.accumulationSteps}).`,
       );
     }
     this.scaler.loadStateDict(state.scaler);

@@ -30,7 +30,7 @@ import {
   Tensor,
   tidy,
 } from "../mod.ts";
-import { loadCheckpoint, saveCheckpoint } from "../nn/files.ts";
+import { loadTrainingState, saveTrainingState } from "../files.ts";
 import { type PlotPoint, writeLossChart } from "./_plot.ts";
 import { Progress } from "./_progress.ts";
 import {
@@ -351,7 +351,7 @@ async function main(): Promise<void> {
   };
   let firstEpoch = 1, resumedStep = 0;
   if (cfg.resume) {
-    const saved = await loadCheckpoint(cfg.resume, { model, optimizer, trainer }).catch((e) => {
+    const saved = await loadTrainingState(cfg.resume, { model, optimizer, trainer }).catch((e) => {
       console.error(`mnist: cannot resume: ${e instanceof Error ? e.message : e}`);
       Deno.exit(1);
     }) as {
@@ -463,7 +463,7 @@ async function main(): Promise<void> {
     );
     if (cfg.save) {
       const state = { epoch, step, shuffler: shuffler.state(), run: runShape };
-      await saveCheckpoint(cfg.save, { model, optimizer, trainer }, state);
+      await saveTrainingState(cfg.save, { model, optimizer, trainer }, state);
       emit("save", { path: cfg.save, epoch, step }, `saved ${cfg.save} (epoch ${epoch})`);
     }
   }

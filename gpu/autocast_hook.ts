@@ -1,37 +1,23 @@
 /**
  * The seam through which automatic mixed precision reaches the ops. `gpu/`
- * knows nothing of policies: each op hands its float inputs to
- * `autocastInputs(op, inputs)`, which returns them unchanged unless a hook
- * is installed (the `amp` module installs one inside `autocast()`).
+ * knows nothing of policies: each op that consults autocast hands its inputs
+ * to `autocastInputs(op, inputs)`, which returns them unchanged unless a hook
+ * is installed in the runtime state (amp's `autocast()` installs one).
  */
+import type { AutocastOpName } from "./op_registry.ts";
+import { runtime, withState } from "./runtime_state.ts";
 import type { Tensor } from "./tensor.ts";
 
-/** Returns the inputs an op should use, cast as the active policy says. */
-export type CastHook = (op: string, inputs: readonly Tensor[]) => Tensor[];
-
-let hook: CastHook | null = null;
-
-/** Installs `next` (null: none) and returns the hook that was active, to restore later. */
-export function setCastHook(next: CastHook | null): CastHook | null {
-  const previous = hook;
-  hook = next;
-  return previous;
-}
-
-/** The hook now active, or null. */
-export function currentCastHook(): CastHook | null {
-  return hook;
-}
+/**
+ * Returns the inputs an op should use, cast as the active policy says. It is
+ * given every tensor input (i32 ids included) and must return them in order.
+ */
+export type CastHook = (op: AutocastOpName, inputs: readonly Tensor[]) => Tensor[];
 
 /** The inputs of `op` as the active autocast policy wants them (unchanged without one). */
-export function autocastInputs(op: string, inputs: readonly Tensor[]): readonly Tensor[] {
+export function autocastInputs(op: AutocastOpName, inputs: readonly Tensor[]): readonly Tensor[] {
+  const hook = runtime.castHook;
   if (hook === null) return inputs;
   // The hook's own casts must not be autocast again.
-  const active = hook;
-  hook = null;
-  try {
-    return active(op, inputs);
-  } finally {
-    hook = active;
-  }
+  return withState({ castHook: null }, () => hook(op, inputs));
 }

@@ -6,8 +6,10 @@
  * handles (`Tensor.share`) and released as soon as the rule has run, so
  * memory falls during the backward pass.
  */
-import { GpuError } from "./device.ts";
+import { DTypeError, fail, ShapeError, StateError } from "./errors.ts";
 import { launchAccumulate, launchCopy } from "./kernels/elementwise.ts";
+import type { OpName } from "./op_registry.ts";
+import { runtime, withState } from "./runtime_state.ts";
 import { Tensor } from "./tensor.ts";
 import { untracked } from "./scope.ts";
 import { sameShape } from "./shape.ts";
@@ -34,8 +36,8 @@ export class GradNode {
   #holders = 1;
   /** A node for `op`; {@link record} makes these. */
   constructor(
-    /** The op's name, for errors. */
-    readonly op: string,
+    /** The op's registry name, for errors. */
+    readonly op: OpName,
     /** The op's inputs, in the order the rule returns their gradients. */
     readonly inputs: readonly Tensor[],
     /** The output this node produced. */
@@ -51,8 +53,10 @@ export class GradNode {
   apply(gradOutput: Tensor): (Tensor | null)[] {
     const saved = this.#saved;
     if (saved === null) {
-      throw new GpuError(
-        `backward: the saved activations of '${this.op}' were freed, by an earlier backward() ` +
+      fail(
+        StateError,
+        "backward",
+        `the saved activations of '${this.op}' were freed, by an earlier backward() ` +
           "or because every tensor of the graph was disposed. Run the forward pass again.",
       );
     }
@@ -60,6 +64,36 @@ export class GradNode {
       return this.rule(gradOutput, saved, this.inputs.map((t) => t.requiresGrad));
     } finally {
       this.release();
+    }
+  }
+
+  /**
+   * Backpropagates from `output`, the tensor this node produced (what
+   * `Tensor.backward` calls; see {@link backward}).
+   */
+  backpropagate(output: Tensor, options: BackwardOptions): void {
+    const given = options.gradient;
+    if (given && (given.dtype !== output.dtype || !sameShape(given.shape, output.shape))) {
+      fail(
+        given.dtype !== output.dtype ? DTypeError : ShapeError,
+        "backward",
+        `gradient ${given.describe()} must match output ${output.describe()}.`,
+      );
+    }
+    if (!given && output.size !== 1) {
+      fail(
+        ShapeError,
+        "backward",
+        `output ${output.describe()} is not a single value; pass options.gradient ` +
+          "or reduce it first (e.g. with mean()).",
+      );
+    }
+    const seed = given ??
+      untracked(() => Tensor.full(output.shape, 1, { dtype: output.dtype, gpu: output.gpu }));
+    try {
+      runBackward(this, seed);
+    } finally {
+      if (!given) seed.dispose();
     }
   }
 
@@ -89,11 +123,9 @@ export class GradNode {
   }
 }
 
-let gradEnabled = true;
-
 /** True unless inside {@link noGrad}. */
 export function isGradEnabled(): boolean {
-  return gradEnabled;
+  return runtime.gradEnabled;
 }
 
 /**
@@ -101,42 +133,56 @@ export function isGradEnabled(): boolean {
  * updates). Ops inside produce tensors with `requiresGrad` false.
  */
 export function noGrad<T>(fn: () => T): T {
-  return withGradMode(false, fn);
+  return withState({ gradEnabled: false }, fn);
 }
 
-/** Runs `fn` with recording on, even inside `noGrad` (gradient checkpointing recomputes this way). */
+/** Runs `fn` with recording on, even inside `noGrad`. */
 export function enableGrad<T>(fn: () => T): T {
-  return withGradMode(true, fn);
+  return withState({ gradEnabled: true }, fn);
 }
 
-function withGradMode<T>(enabled: boolean, fn: () => T): T {
-  const before = gradEnabled;
-  gradEnabled = enabled;
-  try {
-    return fn();
-  } finally {
-    gradEnabled = before;
-  }
+/** What {@link record} puts on the tape (the shape of TensorFlow.js's `GradConfig`). */
+export interface RecordSpec {
+  /** The op's registry name. */
+  op: OpName;
+  /** The op's tensor inputs, in the order `backward` returns their gradients. */
+  inputs: readonly Tensor[];
+  /** The tensor the op produced; it becomes the node's output. */
+  output: Tensor;
+  /** Tensors the rule needs later, kept alive by shared handles (default none). */
+  save?: readonly Tensor[];
+  /** The gradient rule. */
+  backward: BackwardRule;
+  /**
+   * Record whenever grad mode is on, even when no input requires grad (a
+   * checkpointed region may hold parameters that do). Default false.
+   */
+  always?: boolean;
 }
 
 /**
- * Records `op` on the tape when any input needs a gradient (or, with
- * `always`, whenever grad mode is on: a checkpointed region may hold
- * parameters that do). `save` lists the tensors the rule needs later; they
- * are kept alive by shared handles.
+ * Records an op on the tape when grad mode is on and any input needs a
+ * gradient (or `always`), and returns its output. The saved tensors are held
+ * by shared handles until the rule has run or the graph is dropped.
+ *
+ * @example
+ * ```ts
+ * import { initGpu, record, Tensor } from "./mod.ts";
+ * const gpu = await initGpu({ matmulTiling: "default" });
+ * const x = Tensor.from([1, 2], [2], { requiresGrad: true });
+ * const y = x.share(); // an op's output (here: the identity, as a view)
+ * record({ op: "reshape", inputs: [x], output: y, backward: (g) => [g.share()] });
+ * y.backward({ gradient: Tensor.from([3, 4], [2]) });
+ * console.assert((await x.grad!.read()).join() === "3,4");
+ * gpu.destroy();
+ * ```
  */
-export function record(
-  op: string,
-  inputs: readonly Tensor[],
-  output: Tensor,
-  rule: BackwardRule,
-  save: readonly Tensor[] = [],
-  options: { always?: boolean } = {},
-): Tensor {
-  if (gradEnabled && (options.always || inputs.some((t) => t.requiresGrad))) {
-    const saved = untracked(() => save.map((t) => t.share()));
+export function record(spec: RecordSpec): Tensor {
+  const { op, inputs, output } = spec;
+  if (runtime.gradEnabled && (spec.always || inputs.some((t) => t.requiresGrad))) {
+    const saved = untracked(() => (spec.save ?? []).map((t) => t.share()));
     output.requiresGrad = true;
-    output.gradFn = new GradNode(op, inputs, output, rule, saved);
+    output.gradFn = new GradNode(op, inputs, output, spec.backward, saved);
     for (const input of inputs) input.gradFn?.hold();
   }
   return output;
@@ -178,6 +224,7 @@ export interface BackwardOptions {
  * has `requiresGrad`, accumulating (+=) into their `.grad`. Records nothing on
  * the tape, and frees the graph's saved activations as it goes: a second
  * backward through the same graph is an error. Does not wait for the GPU.
+ * The same as `output.backward(options)`.
  *
  * @example
  * ```ts
@@ -192,78 +239,65 @@ export interface BackwardOptions {
  * ```
  */
 export function backward(output: Tensor, options: BackwardOptions = {}): void {
-  if (!output.gradFn) {
-    throw new GpuError(
-      `backward: tensor ${output.describe()} does not require grad; ` +
-        "none of the inputs it was computed from has requiresGrad set.",
-    );
-  }
-  const given = options.gradient;
-  if (given && (given.dtype !== output.dtype || !sameShape(given.shape, output.shape))) {
-    throw new TypeError(
-      `backward: gradient ${given.describe()} must match output ${output.describe()}.`,
-    );
-  }
-  if (!given && output.size !== 1) {
-    throw new TypeError(
-      `backward: output ${output.describe()} is not a single value; pass options.gradient ` +
-        "or reduce it first (e.g. with mean()).",
-    );
-  }
-  const seed = given ??
-    untracked(() => Tensor.full(output.shape, 1, { dtype: output.dtype, gpu: output.gpu }));
-  try {
-    runBackward(output, seed);
-  } finally {
-    if (!given) seed.dispose();
-  }
+  output.backward(options);
 }
 
-/** The backward pass proper; `gradOutput` stays owned by the caller. */
-function runBackward(output: Tensor, gradOutput: Tensor): void {
-  const pending = new Map<Tensor, Tensor>([[output, gradOutput]]);
-  untracked(() =>
-    noGrad(() => {
-      for (const node of reverseTopologicalOrder(output.gradFn!)) {
-        const grad = pending.get(node.output);
-        pending.delete(node.output);
-        if (!grad) {
-          node.release();
-          continue;
-        }
-        const inputGrads = node.apply(grad);
-        const given = new Set<Tensor>();
-        node.inputs.forEach((input, i) => {
-          let g = inputGrads[i];
-          if (!g || !input.requiresGrad) return;
-          checkGradient(node.op, input, g);
-          // A rule may pass its incoming gradient straight through, or return one
-          // tensor for several inputs; every destination must own its buffer.
-          if (g.sharesMemoryWith(grad) || given.has(g)) g = launchCopy(g);
-          given.add(g);
-          const target = input.gradFn ? pending.get(input) : input.grad;
-          if (target) {
-            launchAccumulate(target, g);
-            g.dispose();
-          } else if (input.gradFn) {
-            pending.set(input, g);
-          } else {
-            input.grad = g;
-          }
-        });
-        for (const g of inputGrads) if (g && g !== grad && !given.has(g)) g.dispose();
-        if (grad !== gradOutput) grad.dispose();
+/** The backward pass proper from `root`'s output; `gradOutput` stays owned by the caller. */
+function runBackward(root: GradNode, gradOutput: Tensor): void {
+  const pending = new Map<Tensor, Tensor>([[root.output, gradOutput]]);
+  withState({ tracking: false, gradEnabled: false }, () => {
+    for (const node of reverseTopologicalOrder(root)) {
+      const grad = pending.get(node.output);
+      pending.delete(node.output);
+      if (!grad) {
+        node.release();
+        continue;
       }
-    })
-  );
+      const inputGrads = node.apply(grad);
+      const given = new Set<Tensor>();
+      node.inputs.forEach((input, i) => {
+        let g = inputGrads[i];
+        if (!g || !input.requiresGrad) return;
+        checkGradient(node.op, input, g);
+        // A rule may pass its incoming gradient straight through, or return one
+        // tensor for several inputs; every destination must own its buffer.
+        if (g.sharesMemoryWith(grad) || given.has(g)) g = launchCopy(g);
+        given.add(g);
+        const target = input.gradFn ? pending.get(input) : input.grad;
+        if (target) {
+          launchAccumulate(target, g);
+          g.dispose();
+        } else if (input.gradFn) {
+          pending.set(input, g);
+        } else {
+          input.grad = g;
+        }
+      });
+      for (const g of inputGrads) if (g && g !== grad && !given.has(g)) g.dispose();
+      if (grad !== gradOutput) grad.dispose();
+    }
+  });
   for (const g of pending.values()) if (g !== gradOutput) g.dispose();
 }
 
-function checkGradient(op: string, input: Tensor, grad: Tensor): void {
+function checkGradient(op: OpName, input: Tensor, grad: Tensor): void {
   if (grad.dtype !== input.dtype || !sameShape(grad.shape, input.shape)) {
-    throw new GpuError(
-      `backward: the rule of '${op}' returned a gradient ${grad.describe()} for an input ` +
+    fail(
+      grad.dtype !== input.dtype ? DTypeError : ShapeError,
+      "backward",
+      `the rule of '${op}' returned a gradient ${grad.describe()} for an input ` +
         `${input.describe()}; gradients must match their input's shape and dtype.`,
     );
+  }
+}
+
+/**
+ * Frees the `.grad` of every tensor in `tensors` and sets it to null (what
+ * `Module.zeroGrad` and every optimizer's `zeroGrad` do).
+ */
+export function zeroGrad(tensors: Iterable<Tensor>): void {
+  for (const t of tensors) {
+    t.grad?.dispose();
+    t.grad = null;
   }
 }

@@ -1,23 +1,22 @@
 /**
  * Gradient checkpointing (Chen et al. 2016): run a region without keeping
  * its intermediate activations, and recompute them during backward. Only the
- * region's inputs are saved. The recompute re-enters the autocast state of
- * the first run, replays the same random numbers (dropout masks), and tells
- * BatchNorm not to update its running statistics a second time.
+ * region's inputs are saved. The recompute runs under the runtime modes of
+ * the first run (the same autocast hook), replays the same random numbers
+ * (dropout masks), and is flagged as a recompute so BatchNorm does not update
+ * its running statistics a second time.
  */
-import { backward, enableGrad, noGrad, record } from "./autograd.ts";
-import { currentCastHook, setCastHook } from "./autocast_hook.ts";
-import { GpuError } from "./device.ts";
+import { backward, noGrad, record } from "./autograd.ts";
+import { fail, StateError } from "./errors.ts";
 import { RandomTape } from "./random.ts";
+import { currentModes, runtime, withState } from "./runtime_state.ts";
+import { keep, tidy, untracked } from "./scope.ts";
 import { sameShape } from "./shape.ts";
-import { keep, tidy, tracked, untracked } from "./scope.ts";
 import type { Tensor } from "./tensor.ts";
-
-let recomputing = 0;
 
 /** True while a checkpointed region is being recomputed (BatchNorm then leaves its statistics alone). */
 export function isRecomputing(): boolean {
-  return recomputing > 0;
+  return runtime.recomputing;
 }
 
 /**
@@ -39,16 +38,22 @@ export function isRecomputing(): boolean {
  * ```
  */
 export function checkpoint(fn: (...inputs: Tensor[]) => Tensor, ...inputs: Tensor[]): Tensor {
-  const hook = currentCastHook();
+  const firstRun = currentModes();
   const randomness = new RandomTape();
   // First run: no tape, and every intermediate freed as soon as fn returns.
-  const output = randomness.record(() => tidy(() => noGrad(() => fn(...inputs))));
+  const output = withState(
+    { randomTape: randomness },
+    () => tidy(() => noGrad(() => fn(...inputs))),
+  );
   const shape = output.shape, dtype = output.dtype;
-  return record(
-    "checkpoint",
+  return record({
+    op: "checkpoint",
     inputs,
     output,
-    (g, saved) => {
+    save: inputs,
+    // Parameters inside fn may need gradients even if no input does.
+    always: true,
+    backward: (g, saved) => {
       // Fresh leaves that share the saved inputs' memory collect their gradients.
       const leaves = untracked(() =>
         saved.map((t, i) => {
@@ -57,19 +62,24 @@ export function checkpoint(fn: (...inputs: Tensor[]) => Tensor, ...inputs: Tenso
           return leaf;
         })
       );
-      const previousHook = setCastHook(hook);
-      recomputing++;
+      // The first run's modes (autocast hook included), on the tape, tracked by a
+      // tidy scope of its own so intermediates go as soon as the tape has used them.
+      const recompute = {
+        ...firstRun,
+        gradEnabled: true,
+        recomputing: true,
+        tracking: true,
+        randomTape: randomness.startReplay(),
+      };
       try {
-        // Backward rules run untracked; the recompute needs its tidy scope back
-        // so its intermediates go as soon as the tape has used them.
-        const again = tracked(() =>
-          keep(randomness.replay(() => tidy(() => enableGrad(() => fn(...leaves)))))
-        );
+        const again = withState(recompute, () => keep(tidy(() => fn(...leaves))));
         if (again.dtype !== dtype || !sameShape(again.shape, shape)) {
           const first = `${dtype} [${shape.join(", ")}]`;
           again.dispose();
-          throw new GpuError(
-            `checkpoint: the recomputed output is ${again.describe()} but the first run gave ${first}; ` +
+          fail(
+            StateError,
+            "checkpoint",
+            `the recomputed output is ${again.describe()} but the first run gave ${first}; ` +
               "a checkpointed function must compute the same thing every time it runs.",
           );
         }
@@ -77,12 +87,8 @@ export function checkpoint(fn: (...inputs: Tensor[]) => Tensor, ...inputs: Tenso
         again.dispose();
         return leaves.map((leaf) => leaf.grad);
       } finally {
-        recomputing--;
-        setCastHook(previousHook);
         for (const leaf of leaves) leaf.dispose(); // their .grad handles live on
       }
     },
-    inputs,
-    { always: true },
-  ); // parameters inside fn may need gradients even if no input does
+  });
 }

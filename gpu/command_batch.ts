@@ -51,32 +51,34 @@ export class CommandBatch {
   }
 
   /**
-   * Records one dispatch. `buffers` are bound at bindings 0..n-1 and the
-   * uniform words at binding n; `workgroups` is the dispatch grid.
+   * Records one dispatch of `kernel`: `buffers` are bound at bindings 0..n-1
+   * in order and, when the kernel has uniforms, `words` (u32) at binding n;
+   * `workgroups` is the dispatch grid.
    */
   dispatch(
     kernel: CompiledKernel,
     buffers: readonly GPUBuffer[],
-    uniforms: readonly number[],
+    words: readonly number[],
     workgroups: readonly [number, number?, number?],
   ): void {
-    const bytes = Math.max(uniforms.length, 1) * 4;
-    let offset = Math.ceil(this.#arenaCursor / this.#align) * this.#align;
-    if (offset + bytes > ARENA_BYTES) {
-      this.flush();
-      offset = 0;
-    }
-    this.#arenaData.set(uniforms, offset / 4);
-    this.#arenaCursor = offset + bytes;
-
     const entries: GPUBindGroupEntry[] = buffers.map((buffer, binding) => ({
       binding,
       resource: { buffer },
     }));
-    entries.push({
-      binding: buffers.length,
-      resource: { buffer: this.#arena, offset, size: bytes },
-    });
+    if (kernel.uniforms.length > 0) {
+      const bytes = words.length * 4;
+      let offset = Math.ceil(this.#arenaCursor / this.#align) * this.#align;
+      if (offset + bytes > ARENA_BYTES) {
+        this.flush();
+        offset = 0;
+      }
+      this.#arenaData.set(words, offset / 4);
+      this.#arenaCursor = offset + bytes;
+      entries.push({
+        binding: buffers.length,
+        resource: { buffer: this.#arena, offset, size: bytes },
+      });
+    }
     const bindGroup = this.#device.createBindGroup({ layout: kernel.layout, entries });
     const pass = this.#openPass();
     pass.setPipeline(kernel.pipeline);

@@ -5,11 +5,16 @@
 import { BufferPool, type MemoryStats, POOL_USAGE } from "./buffer_pool.ts";
 import { CommandBatch } from "./command_batch.ts";
 import {
+  bindingValues,
   type CompiledKernel,
+  type DispatchBuffers,
+  type DispatchUniforms,
   type KernelConfig,
   type KernelDefinition,
   PipelineCache,
 } from "./kernel.ts";
+import { fail, GpuError, StateError } from "./errors.ts";
+import { runtime } from "./runtime_state.ts";
 
 /** How to treat f16: use it when the adapter has it, insist on it, or never use it. */
 export type F16Mode = "auto" | "require" | "off";
@@ -36,12 +41,6 @@ export interface MatmulTiling extends Record<string, string | number | boolean> 
   tk: number;
 }
 
-/** A clear error from the GPU layer (lost device, out of memory, failed kernel). */
-export class GpuError extends Error {
-  /** Always `"GpuError"`. */
-  override name = "GpuError";
-}
-
 /** Handles to a WebGPU device and the toolkit state bound to it. */
 export class Gpu {
   /** The WebGPU device. */
@@ -50,7 +49,7 @@ export class Gpu {
   readonly adapterInfo: GPUAdapterInfo;
   /** True when f16 tensors and kernels are available. */
   readonly f16: boolean;
-  /** True to print generated WGSL as it compiles (the `AMP_DEBUG` switch). */
+  /** True to print generated WGSL as it compiles (the `HALFSTEP_DEBUG` switch). */
   readonly debug: boolean;
   /** Size-class buffer pool; see {@link Gpu.memoryStats}. */
   readonly pool: BufferPool;
@@ -109,20 +108,27 @@ export class Gpu {
     this.pool.resetPeak();
   }
 
-  /** The compiled pipeline of `definition` for `config`. */
-  kernel<C extends KernelConfig>(definition: KernelDefinition<C>, config: C): CompiledKernel {
+  /** The compiled pipeline of `definition` for `config` (compiled on first use). */
+  kernel<C extends KernelConfig, B extends string, U extends string>(
+    definition: KernelDefinition<C, B, U>,
+    config: C,
+  ): CompiledKernel<B, U> {
     return this.pipelines.get(definition, config);
   }
 
-  /** Records a dispatch of `kernel` (see {@link CommandBatch.dispatch}). */
-  dispatch(
-    kernel: CompiledKernel,
-    buffers: readonly GPUBuffer[],
-    uniforms: readonly number[],
+  /**
+   * Records a dispatch of `kernel` with its buffers and uniform values given
+   * by name (see `defineKernel`); `workgroups` is the grid. No sync.
+   */
+  dispatch<B extends string, U extends string>(
+    kernel: CompiledKernel<B, U>,
+    buffers: DispatchBuffers<B>,
+    uniforms: DispatchUniforms<U>,
     workgroups: readonly [number, number?, number?],
   ): void {
     this.throwIfFailed();
-    this.batch.dispatch(kernel, buffers, uniforms, workgroups);
+    const values = bindingValues(kernel, buffers, uniforms);
+    this.batch.dispatch(kernel as CompiledKernel, values.buffers, values.words, workgroups);
   }
 
   /** Submits recorded work without waiting for it. */
@@ -153,7 +159,7 @@ export class Gpu {
   throwIfFailed(): void {
     if (this.#failure) throw this.#failure;
     if (this.#destroyed) {
-      throw new GpuError("This Gpu was destroyed; create a new one with initGpu().");
+      fail(StateError, "Gpu", "this device was destroyed; create a new one with initGpu().");
     }
   }
 
@@ -165,7 +171,7 @@ export class Gpu {
     this.pool.destroyAll();
     this.batch.destroy();
     this.device.destroy();
-    if (defaultGpu === this) defaultGpu = null;
+    if (runtime.defaultGpu === this) runtime.defaultGpu = null;
   }
 
   #fail(message: string): void {
@@ -176,8 +182,10 @@ export class Gpu {
     this.throwIfFailed();
     const limit = this.device.limits.maxStorageBufferBindingSize;
     if (bytes > limit) {
-      throw new GpuError(
-        `Cannot allocate ${label}: ${bytes} bytes exceeds this adapter's ` +
+      fail(
+        GpuError,
+        "Gpu",
+        `cannot allocate ${label}: ${bytes} bytes exceeds this adapter's ` +
           `maxStorageBufferBindingSize of ${limit} bytes. Use smaller tensors (split the batch).`,
       );
     }
@@ -199,17 +207,20 @@ export class Gpu {
   }
 }
 
-let defaultGpu: Gpu | null = null;
-
 /** Makes `gpu` the device that new tensors use by default. */
 export function setDefaultGpu(gpu: Gpu): void {
-  defaultGpu = gpu;
+  runtime.defaultGpu = gpu;
 }
 
 /** The default device; throws a clear error when `initGpu()` has not run. */
 export function getGpu(): Gpu {
-  if (!defaultGpu) {
-    throw new GpuError("No GPU device yet: call `await initGpu()` before creating tensors.");
+  const gpu = runtime.defaultGpu;
+  if (!gpu) {
+    fail(
+      StateError,
+      "getGpu",
+      "no GPU device yet: call `await initGpu()` before creating tensors.",
+    );
   }
-  return defaultGpu;
+  return gpu;
 }

@@ -1,6 +1,8 @@
 /** Device acquisition: `initGpu()` is the first call of every program. */
-import { type F16Mode, Gpu, GpuError, type MatmulTiling, setDefaultGpu } from "./device.ts";
+import { type F16Mode, Gpu, type MatmulTiling, setDefaultGpu } from "./device.ts";
+import { fail, GpuError, ValueError } from "./errors.ts";
 import { DEFAULT_TILING, tuneMatmul } from "./matmul_tuning.ts";
+import { warnOnce } from "./runtime_state.ts";
 
 /** Options for {@link initGpu}. */
 export interface InitGpuOptions {
@@ -9,7 +11,10 @@ export interface InitGpuOptions {
    * back to f32 and say so once. `"require"`: fail without it. `"off"`: f32 only.
    */
   f16?: F16Mode;
-  /** Print generated WGSL as kernels compile (default: the `AMP_DEBUG` environment variable). */
+  /**
+   * Print generated WGSL as kernels compile (default: the `HALFSTEP_DEBUG`
+   * environment variable, or its older name `AMP_DEBUG`, set to 1).
+   */
   debug?: boolean;
   /**
    * The matmul tiling: `"tune"` (default) runs a short measured search once
@@ -40,20 +45,26 @@ const NO_ADAPTER_HELP = "On a machine without a GPU, install the Vulkan CPU driv
 export async function initGpu(options: InitGpuOptions = {}): Promise<Gpu> {
   const mode = options.f16 ?? "auto";
   if (!["auto", "require", "off"].includes(mode)) {
-    throw new TypeError(`initGpu: f16 must be "auto", "require" or "off", not ${String(mode)}.`);
+    fail(ValueError, "initGpu", `f16 must be "auto", "require" or "off", not ${String(mode)}.`);
   }
   if (typeof navigator === "undefined" || !navigator.gpu) {
-    throw new GpuError("WebGPU is not available in this runtime (navigator.gpu is missing).");
+    fail(
+      GpuError,
+      "initGpu",
+      "WebGPU is not available in this runtime (navigator.gpu is missing).",
+    );
   }
   const adapter = await navigator.gpu.requestAdapter({
     powerPreference: options.powerPreference,
   });
-  if (!adapter) throw new GpuError(`No WebGPU adapter was found. ${NO_ADAPTER_HELP}`);
+  if (!adapter) fail(GpuError, "initGpu", `no WebGPU adapter was found. ${NO_ADAPTER_HELP}`);
 
   const hasF16 = adapter.features.has("shader-f16");
   if (mode === "require" && !hasF16) {
-    throw new GpuError(
-      `initGpu: f16 was required but the adapter (${adapter.info.description}) has no ` +
+    fail(
+      GpuError,
+      "initGpu",
+      `f16 was required but the adapter (${adapter.info.description}) has no ` +
         "shader-f16. Use f16: 'auto' to fall back to f32.",
     );
   }
@@ -85,21 +96,16 @@ export async function initGpu(options: InitGpuOptions = {}): Promise<Gpu> {
   return gpu;
 }
 
-const warned = new Set<string>();
-function warnOnce(message: string): void {
-  if (warned.has(message)) return;
-  warned.add(message);
-  console.warn(`[halfstep] ${message}`);
-}
-
-/** `AMP_DEBUG=1`, read only where the runtime grants it without a prompt. */
+/** The debug switch: `HALFSTEP_DEBUG=1` (or `AMP_DEBUG=1`), read only where the runtime grants it without a prompt. */
 function debugFromEnvironment(): boolean {
   // deno-lint-ignore no-explicit-any
   const deno = (globalThis as any).Deno;
-  try {
-    const state = deno?.permissions?.querySync?.({ name: "env", variable: "AMP_DEBUG" })?.state;
-    return state === "granted" && ["1", "true"].includes(deno.env.get("AMP_DEBUG") ?? "");
-  } catch {
-    return false;
-  }
+  return ["HALFSTEP_DEBUG", "AMP_DEBUG"].some((variable) => {
+    try {
+      const state = deno?.permissions?.querySync?.({ name: "env", variable })?.state;
+      return state === "granted" && ["1", "true"].includes(deno.env.get(variable) ?? "");
+    } catch {
+      return false;
+    }
+  });
 }

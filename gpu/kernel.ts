@@ -1,38 +1,121 @@
 /**
- * Kernels as data: a definition turns a small config (dtype, tile sizes,
- * epilogue, ...) into WGSL. Pipelines are cached under a key derived from that
- * same config, so a key can never disagree with the code it names. Sizes that
- * vary per call go in a uniform buffer of u32 words, never in the config.
+ * Kernels as data. A definition declares, as a function of a small config
+ * (dtype, tile sizes, epilogue, ...), its storage bindings (name, element
+ * type, access) and its uniform fields (name, scalar type), and writes the
+ * WGSL that follows them. From that one declaration come both the WGSL header
+ * (`enable f16;`, the `Params` struct, every `@binding` line) and, at
+ * dispatch, the bind group: buffers and uniforms are passed by name, so the
+ * two can never disagree.
+ *
+ * Pipelines are cached under a key derived from the same config, so a key
+ * can never disagree with the code it names. Sizes that vary per call go in
+ * the uniforms, never in the config.
  */
+import { type DType, wgslEnables } from "./dtype.ts";
+import { fail, ValueError } from "./errors.ts";
 
 /** A config is a flat record of primitives (it becomes part of the cache key). */
 export type KernelConfig = Readonly<Record<string, string | number | boolean>>;
 
-/** One kernel family: WGSL as a function of its config. */
-export interface KernelDefinition<C extends KernelConfig> {
-  /** Family name, shown in errors and debug output. */
+/** What a storage binding's array holds, as WGSL spells it. */
+export type ElementType = DType | "u32" | "atomic<u32>" | `vec${2 | 4}<${"f32" | "f16"}>`;
+
+/** One storage binding of a kernel: `var<storage, read|read_write> name: array<type>`. */
+export interface Binding<N extends string = string> {
+  /** The WGSL variable, and the key of its tensor at dispatch. */
+  readonly name: N;
+  /** Element type of the array. */
+  readonly type: ElementType;
+  /** Written by the kernel (bound `read_write`); default read-only. */
+  readonly write?: boolean;
+}
+
+/** The scalar type of a uniform field. `f32` fields are given as numbers and stored as their bits. */
+export type UniformType = "u32" | "i32" | "f32";
+
+/** The uniform fields of a kernel, in declaration order: name → scalar type. */
+export type UniformFields<U extends string> = Readonly<Record<U, UniformType>>;
+
+/** What a kernel family declares. */
+export interface KernelSpec<C extends KernelConfig, B extends string, U extends string> {
+  /** Family name, shown in errors, debug output and the cache key. */
   readonly name: string;
-  /** The WGSL source for `config`; entry point `main`, bind group 0. */
+  /** The storage bindings for `config`, in binding order (0, 1, ...). */
+  bindings(config: C): readonly Binding<B>[];
+  /** Uniform fields, read in WGSL as `p.<name>` (none: the kernel binds no uniform). */
+  readonly uniforms: UniformFields<U>;
+  /** The WGSL after the generated header: helpers, workgroup variables and `main`. */
+  source(config: C): string;
+}
+
+/** A kernel family: its declaration plus the complete WGSL for a config. */
+export interface KernelDefinition<C extends KernelConfig, B extends string, U extends string>
+  extends KernelSpec<C, B, U> {
+  /** The whole WGSL for `config`: generated header, then {@link KernelSpec.source}. */
   wgsl(config: C): string;
 }
 
-/** Defines a kernel family (an identity helper that fixes the config type). */
-export function defineKernel<C extends KernelConfig>(
-  definition: KernelDefinition<C>,
-): KernelDefinition<C> {
-  return definition;
+/** The WGSL header a declaration produces: enables, `Params`, bindings, uniform. */
+function header(bindings: readonly Binding[], uniforms: UniformFields<string>): string {
+  const fields = Object.entries(uniforms).map(([name, type]) => `${name}: ${type}`);
+  const lines = bindings.map((b, i) =>
+    `@group(0) @binding(${i}) var<storage, ${b.write ? "read_write" : "read"}> ${b.name}: ` +
+    `array<${b.type}>;`
+  );
+  if (fields.length > 0) {
+    lines.unshift(`struct Params { ${fields.join(", ")} }`);
+    lines.push(`@group(0) @binding(${bindings.length}) var<uniform> p: Params;`);
+  }
+  const f16 = bindings.some((b) => b.type.includes("f16"));
+  return `${wgslEnables(f16 ? "f16" : "f32")}${lines.join("\n")}\n`;
+}
+
+/**
+ * Defines a kernel family from its declaration.
+ *
+ * @example
+ * ```ts
+ * import { defineKernel } from "./kernel.ts";
+ * const axpy = defineKernel({
+ *   name: "axpy",
+ *   bindings: (c: { dtype: "f32" | "f16" }) => [
+ *     { name: "x", type: c.dtype },
+ *     { name: "y", type: c.dtype, write: true },
+ *   ],
+ *   uniforms: { n: "u32", alpha: "f32" },
+ *   source: (c) => `@compute @workgroup_size(64)
+ * fn main(@builtin(global_invocation_id) id: vec3<u32>) {
+ *   if (id.x < p.n) { y[id.x] = ${c.dtype}(p.alpha * f32(x[id.x]) + f32(y[id.x])); }
+ * }`,
+ * });
+ * console.assert(axpy.wgsl({ dtype: "f16" }).startsWith("enable f16;"));
+ * // Dispatch by name: gpu.dispatch(gpu.kernel(axpy, { dtype }), { x, y }, { n, alpha: 2 }, [groups]).
+ * ```
+ */
+export function defineKernel<C extends KernelConfig, B extends string, U extends string>(
+  spec: KernelSpec<C, B, U>,
+): KernelDefinition<C, B, U> {
+  return {
+    ...spec,
+    wgsl: (config) => header(spec.bindings(config), spec.uniforms) + spec.source(config),
+  };
+}
+
+/** `[binding]` when `on`, else nothing: for bindings a config may leave out. */
+export function optional<B extends string>(on: boolean, binding: Binding<B>): Binding<B>[] {
+  return on ? [binding] : [];
 }
 
 /** The pipeline cache key for `config` of `definition`: name plus sorted config entries. */
 export function kernelKey<C extends KernelConfig>(
-  definition: KernelDefinition<C>,
+  definition: { readonly name: string },
   config: C,
 ): string {
   const entries = Object.keys(config).sort().map((k) => `${k}=${config[k]}`);
   return `${definition.name}{${entries.join(",")}}`;
 }
 
-/** The bits of an f32 as a u32 uniform word (kernels `bitcast<f32>` it back). */
+/** The bits of an f32 as a u32 word. */
 export function f32Bits(x: number): number {
   F32[0] = x;
   return U32[0];
@@ -40,14 +123,58 @@ export function f32Bits(x: number): number {
 const F32 = new Float32Array(1);
 const U32 = new Uint32Array(F32.buffer);
 
-/** A compiled kernel ready to dispatch. */
-export interface CompiledKernel {
+/** A compiled kernel ready to dispatch, with the binding order and uniform layout of its config. */
+export interface CompiledKernel<B extends string = string, U extends string = string> {
   /** The cache key (see {@link kernelKey}). */
   readonly key: string;
   /** The compute pipeline. */
   readonly pipeline: GPUComputePipeline;
-  /** Its bind group 0 layout. */
+  /** Its bind group 0 layout, made from the declaration. */
   readonly layout: GPUBindGroupLayout;
+  /** Storage bindings in binding order. */
+  readonly bindings: readonly Binding<B>[];
+  /** Uniform fields in declaration order. */
+  readonly uniforms: readonly (readonly [U, UniformType])[];
+}
+
+/** Buffers of one dispatch, by binding name (a config's optional bindings may be left out). */
+export type DispatchBuffers<B extends string> = {
+  readonly [K in B]?: { readonly buffer: GPUBuffer };
+};
+
+/** Uniform values of one dispatch, by field name. */
+export type DispatchUniforms<U extends string> = { readonly [K in U]: number };
+
+/**
+ * The bind-group inputs of one dispatch of `kernel`: its buffers in binding
+ * order and its uniform words. Throws, naming the kernel, on a missing or
+ * unknown buffer and on a uniform value its type cannot hold.
+ */
+export function bindingValues<B extends string, U extends string>(
+  kernel: CompiledKernel<B, U>,
+  buffers: DispatchBuffers<B>,
+  uniforms: DispatchUniforms<U>,
+): { buffers: GPUBuffer[]; words: number[] } {
+  const list = kernel.bindings.map((b) => {
+    const t = buffers[b.name];
+    if (!t) fail(ValueError, kernel.key, `no buffer given for binding '${b.name}'.`);
+    return t.buffer;
+  });
+  const given = Object.keys(buffers).filter((name) => buffers[name as B] !== undefined);
+  if (given.length !== list.length) {
+    const known = new Set<string>(kernel.bindings.map((b) => b.name));
+    const extra = given.filter((name) => !known.has(name));
+    fail(ValueError, kernel.key, `unknown bindings ${extra.join(", ")} (it has ${[...known]}).`);
+  }
+  const words = kernel.uniforms.map(([name, type]) => {
+    const v = uniforms[name];
+    if (type === "f32") return f32Bits(v);
+    const ok = Number.isInteger(v) &&
+      (type === "u32" ? v >= 0 && v < 2 ** 32 : v >= -(2 ** 31) && v < 2 ** 31);
+    if (!ok) fail(ValueError, kernel.key, `uniform ${name} (${type}) cannot hold ${v}.`);
+    return v >>> 0;
+  });
+  return { buffers: list, words };
 }
 
 /** Compiles pipelines on first use and keeps them for the life of the device. */
@@ -63,20 +190,38 @@ export class PipelineCache {
   }
 
   /** The pipeline for `config`, compiling it the first time. */
-  get<C extends KernelConfig>(definition: KernelDefinition<C>, config: C): CompiledKernel {
+  get<C extends KernelConfig, B extends string, U extends string>(
+    definition: KernelDefinition<C, B, U>,
+    config: C,
+  ): CompiledKernel<B, U> {
     const key = kernelKey(definition, config);
-    let compiled = this.#pipelines.get(key);
+    let compiled = this.#pipelines.get(key) as CompiledKernel<B, U> | undefined;
     if (!compiled) {
+      const bindings = definition.bindings(config);
+      const uniforms = Object.entries(definition.uniforms) as [U, UniformType][];
       const code = definition.wgsl(config);
       this.#onCompile(key, code);
+      const entries: GPUBindGroupLayoutEntry[] = bindings.map((b, binding) => ({
+        binding,
+        visibility: GPUShaderStage.COMPUTE,
+        buffer: { type: b.write ? "storage" : "read-only-storage" },
+      }));
+      if (uniforms.length > 0) {
+        entries.push({
+          binding: bindings.length,
+          visibility: GPUShaderStage.COMPUTE,
+          buffer: { type: "uniform" },
+        });
+      }
+      const layout = this.#device.createBindGroupLayout({ label: key, entries });
       const module = this.#device.createShaderModule({ label: key, code });
       const pipeline = this.#device.createComputePipeline({
         label: key,
-        layout: "auto",
+        layout: this.#device.createPipelineLayout({ label: key, bindGroupLayouts: [layout] }),
         compute: { module, entryPoint: "main" },
       });
-      compiled = { key, pipeline, layout: pipeline.getBindGroupLayout(0) };
-      this.#pipelines.set(key, compiled);
+      compiled = { key, pipeline, layout, bindings, uniforms };
+      this.#pipelines.set(key, compiled as CompiledKernel);
     }
     return compiled;
   }

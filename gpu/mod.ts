@@ -1,6 +1,10 @@
 /**
- * The GPU runtime: device acquisition, buffer pool and memory statistics,
- * kernels, command batching, tensors and the autograd tape.
+ * The GPU runtime, whole: device acquisition, buffer pool and memory
+ * statistics, kernels as data and the pipeline cache, command batching,
+ * tensors, the op registry, the runtime state, the autograd tape and
+ * checkpoint recompute, and the ops. The root `mod.ts` re-exports what
+ * training code calls; this entry point (`./gpu`) adds the internals for
+ * people writing kernels and ops.
  *
  * `await t.read()`, `await t.item()` and `await gpu.sync()` are the only calls
  * that wait for the GPU; everything else records work and returns at once.
@@ -8,22 +12,67 @@
  * @module
  */
 export { initGpu, type InitGpuOptions } from "./init.ts";
-export { type F16Mode, getGpu, Gpu, GpuError, type MatmulTiling, setDefaultGpu } from "./device.ts";
+export { type F16Mode, getGpu, Gpu, type MatmulTiling, setDefaultGpu } from "./device.ts";
+export {
+  DTypeError,
+  fail,
+  GpuError,
+  HalfstepError,
+  type HalfstepErrorClass,
+  ShapeError,
+  StateError,
+  ValueError,
+} from "./errors.ts";
+export {
+  AUTOCAST_OP_NAMES,
+  type AutocastClass,
+  type AutocastOpName,
+  autocastOpName,
+  isOpName,
+  OP_NAMES,
+  type OpInfo,
+  type OpName,
+  OPS,
+} from "./op_registry.ts";
+export {
+  currentModes,
+  runtime,
+  type RuntimeModes,
+  type RuntimeState,
+  warnOnce,
+  withState,
+} from "./runtime_state.ts";
 export { BufferPool, type MemoryStats } from "./buffer_pool.ts";
 export { type BatchCounters, CommandBatch } from "./command_batch.ts";
 export {
+  type Binding,
   type CompiledKernel,
   defineKernel,
+  type DispatchBuffers,
+  type DispatchUniforms,
+  type ElementType,
+  f32Bits,
   type KernelConfig,
   type KernelDefinition,
   kernelKey,
+  type KernelSpec,
+  optional,
   PipelineCache,
+  type UniformFields,
+  type UniformType,
 } from "./kernel.ts";
-export { bytesPerElement, type DType, DTYPES, type FloatDType } from "./dtype.ts";
+export {
+  assertDType,
+  bytesPerElement,
+  type DType,
+  DTYPES,
+  type FloatDType,
+  TENSOR_DTYPES,
+} from "./dtype.ts";
 export { type Shape, shapeString, sizeOf } from "./shape.ts";
 export { type IndexRange, Tensor, type TensorData, type TensorOptions } from "./tensor.ts";
-export { keep, type ScopedResource, tidy, untracked } from "./scope.ts";
-export { autocastInputs, type CastHook, currentCastHook, setCastHook } from "./autocast_hook.ts";
+export { keep, type ScopedResource, tidy, tracked, untracked } from "./scope.ts";
+export { autocastInputs, type CastHook } from "./autocast_hook.ts";
 export {
   backward,
   type BackwardOptions,
@@ -33,6 +82,7 @@ export {
   isGradEnabled,
   noGrad,
   record,
+  type RecordSpec,
 } from "./autograd.ts";
 export {
   MATMUL_CANDIDATES,
@@ -67,6 +117,13 @@ export { batchNorm, type BatchNormOptions } from "./ops/batch_norm.ts";
 export { dropout } from "./ops/dropout.ts";
 export { embedding } from "./ops/embedding.ts";
 export { crossEntropyPerRow } from "./ops/cross_entropy.ts";
-export { hashU32, RandomGenerator, type RandomRange, randomU32, randomUniform } from "./random.ts";
+export {
+  hashU32,
+  RandomGenerator,
+  type RandomRange,
+  RandomTape,
+  randomU32,
+  randomUniform,
+} from "./random.ts";
 export { causalSoftmax, type CausalSoftmaxOptions } from "./ops/causal_softmax.ts";
 export { permute } from "./ops/permute.ts";

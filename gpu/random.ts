@@ -5,6 +5,8 @@
  * checkpointed recompute) regenerates it exactly from the same key and
  * offset. The mixing function is two rounds of the "lowbias32" integer hash.
  */
+import { fail, StateError, ValueError } from "./errors.ts";
+import { runtime } from "./runtime_state.ts";
 
 /** One round of the lowbias32 hash (u32 → u32). */
 export function hashU32(value: number): number {
@@ -78,8 +80,10 @@ export class RandomGenerator {
   /** A stream for `seed`, starting at `offset` (0 for a fresh one). */
   constructor(seed: number, offset = 0) {
     if (!Number.isSafeInteger(seed) || seed < 0 || !Number.isSafeInteger(offset) || offset < 0) {
-      throw new RangeError(
-        `RandomGenerator: seed (${seed}) and offset (${offset}) must be non-negative integers.`,
+      fail(
+        ValueError,
+        "RandomGenerator",
+        `seed (${seed}) and offset (${offset}) must be non-negative integers.`,
       );
     }
     this.seed = seed;
@@ -88,7 +92,8 @@ export class RandomGenerator {
 
   /** Reserves `count` consecutive numbers (they never straddle two keys). */
   take(count: number): RandomRange {
-    const replayed = randomTape?.answer(this, count);
+    const tape = runtime.randomTape;
+    const replayed = tape?.answer(this, count);
     if (replayed) return replayed;
     let start = this.offset;
     const within = start % COUNTERS_PER_KEY;
@@ -98,7 +103,7 @@ export class RandomGenerator {
       key: this.#keyFor(Math.floor(start / COUNTERS_PER_KEY)),
       counter: start % COUNTERS_PER_KEY,
     };
-    randomTape?.noteDraw(this, count, range);
+    tape?.noteDraw(this, count, range);
     return range;
   }
 
@@ -139,21 +144,19 @@ export class RandomGenerator {
  * The random ranges drawn while a region ran, in order, so that a recompute
  * of the region (gradient checkpointing) draws exactly the same numbers —
  * the same dropout masks — without moving any generator forward again.
+ * Install it as the runtime's `randomTape` (see `withState`): it records
+ * draws until {@link RandomTape.startReplay}, then answers them in order.
  */
 export class RandomTape {
   #draws: { generator: RandomGenerator; count: number; range: RandomRange }[] = [];
   #next = 0;
   #replaying = false;
 
-  /** Runs `fn`, recording every draw of every generator. */
-  record<T>(fn: () => T): T {
-    return this.#with(false, fn);
-  }
-
-  /** Runs `fn`, answering its draws from the recording, in order. */
-  replay<T>(fn: () => T): T {
+  /** From now on, answer draws from the recording, from its first draw. Returns this. */
+  startReplay(): this {
+    this.#replaying = true;
     this.#next = 0;
-    return this.#with(true, fn);
+    return this;
   }
 
   /** A draw while recording. @internal */
@@ -166,24 +169,13 @@ export class RandomTape {
     if (!this.#replaying) return undefined;
     const draw = this.#draws[this.#next++];
     if (!draw || draw.generator !== generator || draw.count !== count) {
-      throw new RangeError(
-        "RandomTape: the recomputed region drew different random numbers than the first run " +
+      fail(
+        StateError,
+        "RandomTape",
+        "the recomputed region drew different random numbers than the first run " +
           `(draw ${this.#next}: ${count} numbers); it must run the same ops in the same order.`,
       );
     }
     return draw.range;
   }
-
-  #with<T>(replaying: boolean, fn: () => T): T {
-    const previous = randomTape;
-    randomTape = this;
-    this.#replaying = replaying;
-    try {
-      return fn();
-    } finally {
-      randomTape = previous;
-    }
-  }
 }
-
-let randomTape: RandomTape | null = null;

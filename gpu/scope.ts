@@ -4,6 +4,7 @@
  * returns, except the tensors it returns (or passes to `keep`). Memory the
  * autograd tape still needs survives: the tape holds its own reference.
  */
+import { runtime, withState } from "./runtime_state.ts";
 
 /** What a scope tracks: anything with an idempotent `dispose()`. */
 export interface ScopedResource {
@@ -11,17 +12,14 @@ export interface ScopedResource {
   dispose(): void;
 }
 
-const scopes: Set<ScopedResource>[] = [];
-let suspended = 0;
-
 /** Registers a new resource with the innermost open scope, if any. */
 export function track(resource: ScopedResource): void {
-  if (suspended === 0) scopes.at(-1)?.add(resource);
+  if (runtime.tracking) runtime.scopes.at(-1)?.add(resource);
 }
 
 /** Takes `resource` out of every open scope so it outlives them. Returns it. */
 export function keep<T extends ScopedResource>(resource: T): T {
-  for (const scope of scopes) scope.delete(resource);
+  for (const scope of runtime.scopes) scope.delete(resource);
   return resource;
 }
 
@@ -44,6 +42,7 @@ export function keep<T extends ScopedResource>(resource: T): T {
  */
 export function tidy<T>(fn: () => T): T {
   const scope = new Set<ScopedResource>();
+  const scopes = runtime.scopes;
   scopes.push(scope);
   let result: T;
   try {
@@ -63,12 +62,7 @@ export function tidy<T>(fn: () => T): T {
 
 /** Runs `fn` with tracking switched off: what it creates belongs to the caller. */
 export function untracked<T>(fn: () => T): T {
-  suspended++;
-  try {
-    return fn();
-  } finally {
-    suspended--;
-  }
+  return withState({ tracking: false }, fn);
 }
 
 /**
@@ -76,13 +70,7 @@ export function untracked<T>(fn: () => T): T {
  * recomputes a region needs its own `tidy` scopes to work).
  */
 export function tracked<T>(fn: () => T): T {
-  const before = suspended;
-  suspended = 0;
-  try {
-    return fn();
-  } finally {
-    suspended = before;
-  }
+  return withState({ tracking: true }, fn);
 }
 
 function* resourcesIn(value: unknown): Generator<ScopedResource> {

@@ -2,11 +2,14 @@
  * Tensor: a shape, a dtype and a GPU buffer from the pool. Reading values back
  * (`read`, `item`) is the only thing that waits for the GPU.
  */
-import { bytesPerElement, type DType } from "./dtype.ts";
-import { getGpu, type Gpu, GpuError } from "./device.ts";
+import { assertDType, bytesPerElement, type DType } from "./dtype.ts";
+import { getGpu, type Gpu } from "./device.ts";
+import { DTypeError, fail, ShapeError, StateError, ValueError } from "./errors.ts";
 import { assertValidShape, sameShape, type Shape, shapeString, sizeOf } from "./shape.ts";
 import { track } from "./scope.ts";
-import { backward, type BackwardOptions, type GradNode } from "./autograd.ts";
+// Types only: the tape's nodes carry the backward pass, so this file needs no
+// runtime import of autograd.ts (which imports Tensor).
+import type { BackwardOptions, GradNode } from "./autograd.ts";
 
 /** Host data a tensor can be made from: Float32Array, Float16Array, Float64Array, number[]... */
 export type TensorData = ArrayLike<number>;
@@ -51,10 +54,10 @@ function checkIndices(data: TensorData, shape: Shape): void {
   for (let i = 0; i < data.length; i++) {
     const v = data[i];
     if (!Number.isInteger(v) || v < -(2 ** 31) || v >= 2 ** 31) {
-      throw new RangeError(
-        `Tensor.from: element ${i} (${v}) of an i32 tensor ${
-          shapeString(shape)
-        } is not a 32-bit integer.`,
+      fail(
+        ValueError,
+        "Tensor.from",
+        `element ${i} (${v}) of an i32 tensor ${shapeString(shape)} is not a 32-bit integer.`,
       );
     }
   }
@@ -114,17 +117,20 @@ export class Tensor {
    */
   static from(data: TensorData, shape: Shape, options: TensorOptions = {}): Tensor {
     const dtype = options.dtype ?? "f32";
+    assertDType("Tensor.from", dtype);
     assertValidShape("Tensor.from", shape);
     const size = sizeOf(shape);
     if (data.length !== size) {
-      throw new RangeError(
-        `Tensor.from: data has ${data.length} values but shape ${shapeString(shape)} ` +
+      fail(
+        ShapeError,
+        "Tensor.from",
+        `data has ${data.length} values but shape ${shapeString(shape)} ` +
           `(${dtype}) needs ${size}. Pass data whose length is the product of the shape.`,
       );
     }
     if (dtype === "i32") checkIndices(data, shape);
     if (dtype === "i32" && options.requiresGrad) {
-      throw new TypeError(`Tensor.from: an i32 tensor ${shapeString(shape)} cannot require grad.`);
+      fail(DTypeError, "Tensor.from", `an i32 tensor ${shapeString(shape)} cannot require grad.`);
     }
     const t = Tensor.empty(shape, dtype, options.gpu);
     if (dtype === "i32") t.#indexRange = indexRange(data);
@@ -154,10 +160,13 @@ export class Tensor {
    * Kernels use it for outputs they overwrite completely.
    */
   static empty(shape: Shape, dtype: DType = "f32", gpu: Gpu = getGpu()): Tensor {
+    assertDType("Tensor.empty", dtype);
     assertValidShape("Tensor.empty", shape);
     if (dtype === "f16" && !gpu.f16) {
-      throw new GpuError(
-        `Cannot create an f16 tensor of shape ${shapeString(shape)}: f16 is off on this device ` +
+      fail(
+        DTypeError,
+        "Tensor",
+        `cannot create an f16 tensor of shape ${shapeString(shape)}: f16 is off on this device ` +
           "(the adapter has no shader-f16, or initGpu({ f16: 'off' }) was used). Use f32.",
       );
     }
@@ -222,8 +231,10 @@ export class Tensor {
   writeBytes(bytes: Uint8Array): void {
     const expected = this.size * bytesPerElement(this.dtype);
     if (bytes.byteLength !== expected) {
-      throw new RangeError(
-        `Tensor.writeBytes: ${bytes.byteLength} bytes given for ${this.describe()}, which holds ${expected}.`,
+      fail(
+        ShapeError,
+        "Tensor.writeBytes",
+        `${bytes.byteLength} bytes given for ${this.describe()}, which holds ${expected}.`,
       );
     }
     const padded = new Uint8Array(bufferBytes(this.size, this.dtype));
@@ -234,8 +245,10 @@ export class Tensor {
   /** Overwrites the contents with those of `source` (same shape and dtype), on the GPU. */
   copyFrom(source: Tensor): void {
     if (source.dtype !== this.dtype || !sameShape(source.shape, this.shape)) {
-      throw new TypeError(
-        `Tensor.copyFrom: source ${source.describe()} does not match ${this.describe()}.`,
+      fail(
+        source.dtype !== this.dtype ? DTypeError : ShapeError,
+        "Tensor.copyFrom",
+        `source ${source.describe()} does not match ${this.describe()}.`,
       );
     }
     this.gpu.batch.copy(
@@ -248,8 +261,10 @@ export class Tensor {
   /** The single value of a one-element tensor. **A sync point**, like `read()`. */
   async item(): Promise<number> {
     if (this.size !== 1) {
-      throw new RangeError(
-        `Tensor.item: tensor ${this.describe()} has ${this.size} elements; item() needs exactly 1.`,
+      fail(
+        ShapeError,
+        "Tensor.item",
+        `tensor ${this.describe()} has ${this.size} elements; item() needs exactly 1.`,
       );
     }
     return (await this.read())[0];
@@ -262,9 +277,7 @@ export class Tensor {
    */
   share(shape: Shape = this.shape): Tensor {
     if (sizeOf(shape) !== this.size) {
-      throw new RangeError(
-        `Tensor.share: cannot view ${this.describe()} as ${shapeString(shape)}.`,
-      );
+      fail(ShapeError, "Tensor.share", `cannot view ${this.describe()} as ${shapeString(shape)}.`);
     }
     return new Tensor(this.gpu, shape, this.dtype, this.#live("share").retain());
   }
@@ -274,7 +287,15 @@ export class Tensor {
    * requires grad (see {@link backward}). Does not wait for the GPU.
    */
   backward(options: BackwardOptions = {}): void {
-    backward(this, options);
+    if (!this.gradFn) {
+      fail(
+        StateError,
+        "backward",
+        `tensor ${this.describe()} does not require grad; ` +
+          "none of the inputs it was computed from has requiresGrad set.",
+      );
+    }
+    this.gradFn.backpropagate(this, options);
   }
 
   /** True when both handles view the same GPU memory (see {@link Tensor.share}). */
@@ -294,8 +315,10 @@ export class Tensor {
 
   #live(what: string): Storage {
     if (this.#storage === null) {
-      throw new GpuError(
-        `Cannot ${what} tensor ${this.describe()}: it was disposed. ` +
+      fail(
+        StateError,
+        "Tensor",
+        `cannot ${what} tensor ${this.describe()}: it was disposed. ` +
           "Keep it alive (return it from tidy() or call keep()) until you are done with it.",
       );
     }

@@ -2,10 +2,10 @@
  * Neural-network building blocks: the `Module` base with named parameters,
  * buffers and state dicts; layers (Linear, activations, Dropout, Embedding,
  * LayerNorm, BatchNorm in fp32, Sequential, Checkpointed); gradient
- * checkpointing of layer sequences; losses; the optimizers (SGD, Adam, AdamW:
- * amp's fused ones); the functional layer ops; and the safetensors format.
- * Reading and writing files lives apart, in `nn/files.ts` (the `./files`
- * export), so this module runs in browsers too.
+ * checkpointing of layer sequences; losses; the functional layer ops; and the
+ * safetensors format. Reading and writing files lives apart, in `files.ts`
+ * (the `./files` export), so this module runs in browsers too. Optimizers are
+ * in `optim/`.
  *
  * @module
  */
@@ -45,8 +45,6 @@ export {
   tensorToEntry,
 } from "./safetensors.ts";
 export { crossEntropy, type CrossEntropyOptions, mseLoss, type Reduction } from "./losses.ts";
-// The optimizers are amp's fused ones (fp32 masters, GPU-side skip), under PyTorch's names.
-export { AdamW, FusedAdam as Adam, FusedSGD as SGD } from "../amp/optimizers.ts";
 export {
   causalAttention,
   type CausalAttentionOptions,

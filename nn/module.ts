@@ -3,6 +3,7 @@
  * tensors), named buffers (state such as running statistics) and named child
  * modules; names join with dots (`layers.0.weight`), as in PyTorch.
  */
+import { zeroGrad } from "../gpu/autograd.ts";
 import { bytesPerElement, type DType } from "../gpu/dtype.ts";
 import { sameShape, type Shape, shapeString } from "../gpu/shape.ts";
 import type { Tensor } from "../gpu/tensor.ts";
@@ -128,10 +129,7 @@ export abstract class Module {
 
   /** Frees every parameter's gradient (call after each optimizer step). */
   zeroGrad(): void {
-    for (const p of this.parameters()) {
-      p.grad?.dispose();
-      p.grad = null;
-    }
+    zeroGrad(this.parameters());
   }
 
   /** Frees the GPU memory of every parameter, gradient and buffer. */

@@ -45,7 +45,7 @@ function rethrow(err: unknown, message: string): never {
  * @example
  * ```ts
  * import { initGpu, Tensor } from "../mod.ts";
- * import { loadSafetensors, saveSafetensors } from "./files.ts";
+ * import { loadSafetensors, saveSafetensors } from "../files.ts";
  * const gpu = await initGpu({ matmulTiling: "default" });
  * const dir = await Deno.makeTempDir(), path = `${dir}/model.safetensors`;
  * const w = Tensor.from([1, 2, 3, 4], [2, 2]), b = Tensor.zeros([2]);
@@ -119,8 +119,9 @@ async function syncDirectory(path: string): Promise<void> {
  * (same class), the message naming `path` either way.
  * @example
  * ```ts
- * import { entryToTensor, initGpu, Tensor } from "../mod.ts";
- * import { loadSafetensors, saveSafetensors } from "./files.ts";
+ * import { initGpu, Tensor } from "../mod.ts";
+ * import { entryToTensor } from "./mod.ts";
+ * import { loadSafetensors, saveSafetensors } from "../files.ts";
  * const gpu = await initGpu({ matmulTiling: "default" });
  * const dir = await Deno.makeTempDir(), path = `${dir}/model.safetensors`;
  * await saveSafetensors(path, { "fc1.weight": Tensor.from([1, 2, 3, 4], [2, 2]) });
@@ -161,7 +162,7 @@ export async function loadSafetensors(
  * @example
  * ```ts
  * import { initGpu, Linear } from "../mod.ts";
- * import { loadSafetensors, saveModule } from "./files.ts";
+ * import { loadSafetensors, saveModule } from "../files.ts";
  * const gpu = await initGpu({ matmulTiling: "default" });
  * const dir = await Deno.makeTempDir(), path = `${dir}/mlp.safetensors`;
  * const model = new Linear(4, 2, { seed: 1 });
@@ -192,7 +193,7 @@ export async function saveModule(
  * @example
  * ```ts
  * import { initGpu, Linear } from "../mod.ts";
- * import { loadModule, saveModule } from "./files.ts";
+ * import { loadModule, saveModule } from "../files.ts";
  * const gpu = await initGpu({ matmulTiling: "default" });
  * const dir = await Deno.makeTempDir(), path = `${dir}/mlp.safetensors`;
  * const model = new Linear(4, 2, { seed: 1 }), copy = new Linear(4, 2, { seed: 2 });

@@ -5,12 +5,12 @@
  */
 import assert from "node:assert/strict";
 import { Tensor } from "../gpu/mod.ts";
-import type { FusedAdam, FusedAdamOptions, FusedSGD, FusedSGDOptions } from "../amp/optimizers.ts";
+import type { Adam, AdamOptions, SGD, SGDOptions, WorkingCopies } from "../optim/mod.ts";
 import { gpu } from "./_gpu.ts";
 import { assertClose, TOL } from "./_assert.ts";
 import { quantize, uniform } from "./_reference.ts";
 
-export type Opt = FusedSGD | FusedAdam;
+export type Opt = SGD | Adam;
 export type GradDType = "f32" | "f16";
 
 // 1 element, a few, and one that is no multiple of the 1024-element workgroup span.
@@ -26,7 +26,7 @@ export interface Ref {
 }
 
 /** torch.optim.SGD, dampening 0, from its documentation. */
-export function sgdRef(p0: ArrayLike<number>, o: FusedSGDOptions): Ref {
+export function sgdRef(p0: ArrayLike<number>, o: SGDOptions): Ref {
   const p = Float64Array.from(p0), v = new Float64Array(p.length);
   const { momentum: m = 0, nesterov = false, weightDecay: wd = 0 } = o;
   return {
@@ -46,7 +46,7 @@ export function sgdRef(p0: ArrayLike<number>, o: FusedSGDOptions): Ref {
 }
 
 /** torch.optim.Adam / AdamW (apex FusedAdam's bias_correction switch), from their documentation. */
-export function adamRef(p0: ArrayLike<number>, o: FusedAdamOptions): Ref & { t: number } {
+export function adamRef(p0: ArrayLike<number>, o: AdamOptions): Ref & { t: number } {
   const p = Float64Array.from(p0), m = new Float64Array(p.length), v = new Float64Array(p.length);
   const { betas: [b1, b2] = [0.9, 0.999], eps = 1e-8, weightDecay: wd = 0 } = o;
   return {
@@ -69,11 +69,23 @@ export function adamRef(p0: ArrayLike<number>, o: FusedAdamOptions): Ref & { t: 
   };
 }
 
+/** Working copies held in a plain map (amp's MasterWeights is the real owner). */
+export class CopyMap extends Map<Tensor, Tensor> implements WorkingCopies {
+  /** The masters that have a copy. */
+  get masters(): Tensor[] {
+    return [...this.keys()];
+  }
+  /** The copy of `master`. */
+  copyOf(master: Tensor): Tensor | undefined {
+    return this.get(master);
+  }
+}
+
 /** Parameters of every size (f32 values in [-1, 1)) with f16 working copies when the adapter has f16. */
 export function setup(seed: number) {
   const init = SIZES.map((n, k) => quantize(uniform(n, seed + k), "f32"));
   const params = init.map((v) => Tensor.from(v, [v.length]));
-  const copies = new Map<Tensor, Tensor>();
+  const copies = new CopyMap();
   if (gpu.f16) {
     params.forEach((p, k) => copies.set(p, Tensor.from(init[k], p.shape, { dtype: "f16" })));
   }
@@ -98,7 +110,7 @@ export function setGrads(params: Tensor[], s: number, dtype: GradDType): Float64
 export async function check(
   what: string,
   params: Tensor[],
-  copies: Map<Tensor, Tensor>,
+  copies: CopyMap,
   refs: Ref[],
 ) {
   const masters = await Promise.all(params.map((p) => p.read()));
@@ -135,7 +147,7 @@ export async function matchesReference(
 }
 
 /** Everything a skipped step must leave alone, as plain data. */
-export async function snapshot(opt: Opt, params: Tensor[], copies: Map<Tensor, Tensor>) {
+export async function snapshot(opt: Opt, params: Tensor[], copies: CopyMap) {
   return {
     state: await opt.stateDict(),
     masters: await Promise.all(params.map((p) => p.read())),

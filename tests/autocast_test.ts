@@ -11,7 +11,7 @@ import {
   Tensor,
   tidy,
 } from "../mod.ts";
-import { clipGradNorm } from "../amp/clip.ts";
+import { clipGradNorm } from "../optim/clip.ts";
 import { MasterWeights } from "../amp/master_weights.ts";
 import { GPU_TEST } from "./_gpu.ts";
 import { matmul64, quantize, uniform } from "./_reference.ts";
@@ -60,20 +60,20 @@ Deno.test({
     const wv = uniform(3 * 4, 3);
     const w = Tensor.from(wv, [3, 4], { requiresGrad: true });
     const masters = new MasterWeights([w]);
-    const copy = masters.copies.get(w)!;
+    const copy = masters.copyOf(w)!;
     assert.equal(copy.dtype, "f16");
     assertClose(await copy.read(), quantize(wv, "f16"), { atol: 0, rtol: 0 }, "copy = f16(master)");
     // Prove the op reads the copy: make it differ from the master.
     copy.copyFrom(Tensor.full([3, 4], 1, { dtype: "f16" }));
     const x = Tensor.from(uniform(2 * 4, 4), [2, 4]);
-    const y = tidy(() => autocast(() => linear(x, w)));
+    const y = tidy(() => autocast(() => linear(x, w), { masterWeights: masters }));
     const xs = quantize(uniform(8, 4), "f16");
     const expected = [0, 1].flatMap((r) =>
       [0, 1, 2].map(() => xs.slice(r * 4, r * 4 + 4).reduce((a, b) => a + b, 0))
     );
     assertClose(await y.read(), expected, TOL.f16, "read from the copy");
     for (let micro = 0; micro < 2; micro++) {
-      const loss = tidy(() => autocast(() => sum(linear(x, w))));
+      const loss = tidy(() => autocast(() => sum(linear(x, w)), { masterWeights: masters }));
       loss.backward();
       loss.dispose();
     }

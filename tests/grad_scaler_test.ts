@@ -1,5 +1,5 @@
 import assert from "node:assert/strict";
-import type { AmpOptimizer, StepSignals } from "../amp/optimizer.ts";
+import type { Optimizer, StepSignals } from "../optim/optimizer.ts";
 import { GradScaler, type GradScalerOptions } from "../amp/grad_scaler.ts";
 import { launchCopy, launchUnary } from "../gpu/kernels/elementwise.ts";
 import { mul, sum, Tensor } from "../gpu/mod.ts";
@@ -38,7 +38,7 @@ class ReferenceScaler {
 }
 
 /** An optimizer that only records what it was given: a GPU copy of foundInf at step time. */
-class FakeOptimizer implements AmpOptimizer {
+class FakeOptimizer implements Optimizer {
   readonly params: Tensor[];
   seen: Tensor[] = [];
   signals: (StepSignals | undefined)[] = [];

@@ -2,16 +2,8 @@ import assert from "node:assert/strict";
 import { backward, noGrad, Tensor, tidy } from "../gpu/mod.ts";
 import { dropout } from "../gpu/ops/dropout.ts";
 import { RandomGenerator, randomUniform } from "../gpu/random.ts";
-import {
-  crossEntropy,
-  Dropout,
-  Embedding,
-  Linear,
-  mseLoss,
-  ReLU,
-  Sequential,
-  SGD,
-} from "../nn/mod.ts";
+import { crossEntropy, Dropout, Embedding, Linear, mseLoss, ReLU, Sequential } from "../nn/mod.ts";
+import { SGD } from "../optim/mod.ts";
 import { GPU_TEST } from "./_gpu.ts";
 import { gradcheck } from "./_gradcheck.ts";
 import { matmul64, quantize, softmax64, uniform } from "./_reference.ts";

@@ -1,14 +1,9 @@
 /** Optimizer state dicts (round trip, all-or-nothing loading) and every clear error. */
 import assert from "node:assert/strict";
 import { Tensor } from "../gpu/mod.ts";
-import {
-  AdamW,
-  FusedAdam,
-  FusedSGD,
-  type FusedSGDOptions,
-  type OptimizerStateDict,
-} from "../amp/optimizers.ts";
+import { Adam, AdamW, type OptimizerStateDict, SGD, type SGDOptions } from "../optim/mod.ts";
 import { GPU_TEST } from "./_gpu.ts";
+import { CopyMap } from "./_optimizer_reference.ts";
 import { type Opt, setGrads, setup } from "./_optimizer_reference.ts";
 
 Deno.test(
@@ -16,8 +11,8 @@ Deno.test(
   GPU_TEST,
   async () => {
     const makers: ((ps: Tensor[], lr: number) => Opt)[] = [
-      (ps, lr) => new FusedSGD(ps, { lr, momentum: 0.9, nesterov: true }),
-      (ps, lr) => new FusedAdam(ps, { lr, weightDecay: 0.01 }),
+      (ps, lr) => new SGD(ps, { lr, momentum: 0.9, nesterov: true }),
+      (ps, lr) => new Adam(ps, { lr, weightDecay: 0.01 }),
       (ps, lr) =>
         new AdamW([{ params: ps.slice(0, 2) }, { params: ps.slice(2), weightDecay: 0 }], { lr }),
     ];
@@ -49,9 +44,8 @@ Deno.test(
 
 Deno.test("bad options give clear errors", GPU_TEST, () => {
   const p = Tensor.from([1, 2], [2]), q = Tensor.from([3], [1]);
-  const sgd = (o: object, ps: unknown = [p]) => () =>
-    new FusedSGD(ps as Tensor[], o as FusedSGDOptions);
-  const adam = (o: object, ps: unknown = [p]) => () => new FusedAdam(ps as Tensor[], o);
+  const sgd = (o: object, ps: unknown = [p]) => () => new SGD(ps as Tensor[], o as SGDOptions);
+  const adam = (o: object, ps: unknown = [p]) => () => new Adam(ps as Tensor[], o);
   assert.throws(sgd({ lr: -1 }), /lr must be a finite number >= 0, got -1/);
   assert.throws(sgd({}), /lr must be a finite number >= 0, got undefined/);
   assert.throws(sgd({ lr: 0.1, momentum: 1 }), /momentum must be in \[0, 1\), got 1/);
@@ -81,13 +75,13 @@ Deno.test("bad options give clear errors", GPU_TEST, () => {
     /group 2: parameter f32 \[2\] appears twice/,
   );
 
-  const opt = new FusedAdam([p, q], { lr: 0.1 });
+  const opt = new Adam([p, q], { lr: 0.1 });
   assert.throws(
-    () => opt.setWorkingCopies(new Map([[p, Tensor.zeros([3])]])),
+    () => opt.setWorkingCopies(new CopyMap([[p, Tensor.zeros([3])]])),
     /the copy of f32 \[2\] is f32 \[3\]/,
   );
   assert.throws(
-    () => opt.setWorkingCopies(new Map([[Tensor.zeros([1]), q]])),
+    () => opt.setWorkingCopies(new CopyMap([[Tensor.zeros([1]), q]])),
     /is not a parameter/,
   );
   p.grad = Tensor.zeros([3]);
@@ -102,7 +96,7 @@ Deno.test("bad options give clear errors", GPU_TEST, () => {
   opt.groups[0].lr = -0.5;
   assert.throws(() => opt.step(), /group 0: lr must be a finite number >= 0, got -0.5/);
   opt.dispose();
-  assert.throws(() => opt.step(), /FusedAdam.step: the optimizer was disposed/);
+  assert.throws(() => opt.step(), /Adam.step: the optimizer was disposed/);
 });
 
 Deno.test(
@@ -110,7 +104,7 @@ Deno.test(
   GPU_TEST,
   async () => {
     const { params } = setup(51);
-    const opt = new FusedAdam(params, { lr: 0.1 });
+    const opt = new Adam(params, { lr: 0.1 });
     const before = await Promise.all(params.map((p) => p.read()));
     setGrads(params, 0, "f32");
     params[2].grad = Tensor.zeros([5]);
@@ -132,11 +126,11 @@ Deno.test(
   GPU_TEST,
   async () => {
     const { params } = setup(61);
-    const adam = new FusedAdam(params, { lr: 0.01 });
+    const adam = new Adam(params, { lr: 0.01 });
     setGrads(params, 0, "f32"), adam.step();
     const good = await adam.stateDict();
-    const sgdState = await new FusedSGD(params, { lr: 0.1, momentum: 0.9 }).stateDict();
-    const other = await new FusedAdam([Tensor.zeros([1]), Tensor.zeros([8]), Tensor.zeros([1031])])
+    const sgdState = await new SGD(params, { lr: 0.1, momentum: 0.9 }).stateDict();
+    const other = await new Adam([Tensor.zeros([1]), Tensor.zeros([8]), Tensor.zeros([1031])])
       .stateDict();
     const adamW = await new AdamW(params).stateDict();
     const edit = (f: (s: OptimizerStateDict) => void) => {
@@ -146,7 +140,7 @@ Deno.test(
     };
     const cases: [OptimizerStateDict, RegExp[]][] = [
       [sgdState, [
-        /kind is "FusedSGD", expected "FusedAdam"/,
+        /kind is "SGD", expected "Adam"/,
         /buffers \[momentumBuffer\], expected \[expAvg,expAvgSq\]/,
       ]],
       [other, [/parameter 1 \(f32 \[7\]\): saved shape \[8\]/]],
@@ -175,7 +169,7 @@ Deno.test(
       assert.throws(() => adam.loadStateDict(state), (e: Error) => {
         assert.match(
           e.message,
-          /FusedAdam.loadStateDict: the state dict does not match this optimizer; nothing was loaded/,
+          /Adam.loadStateDict: the state dict does not match this optimizer; nothing was loaded/,
         );
         for (const re of patterns) assert.match(e.message, re);
         return true;

@@ -1,13 +1,7 @@
 import assert from "node:assert/strict";
 import { Tensor } from "../gpu/mod.ts";
-import {
-  AdamW,
-  FusedAdam,
-  type FusedAdamOptions,
-  FusedSGD,
-  type FusedSGDOptions,
-} from "../amp/optimizers.ts";
-import { cosineSchedule, linearWarmupDecay, LrScheduler } from "../amp/lr_schedule.ts";
+import { Adam, type AdamOptions, AdamW, SGD, type SGDOptions } from "../optim/mod.ts";
+import { cosineSchedule, linearWarmupDecay, LrScheduler } from "../optim/lr_schedule.ts";
 import { gpu, GPU_TEST } from "./_gpu.ts";
 import {
   adamRef,
@@ -21,10 +15,10 @@ import {
 } from "./_optimizer_reference.ts";
 
 Deno.test(
-  "FusedSGD matches torch.optim.SGD: plain, momentum, Nesterov, weight decay",
+  "SGD matches torch.optim.SGD: plain, momentum, Nesterov, weight decay",
   GPU_TEST,
   async () => {
-    const configs: FusedSGDOptions[] = [
+    const configs: SGDOptions[] = [
       { lr: 0.1 },
       { lr: 0.05, momentum: 0.9 },
       { lr: 0.05, momentum: 0.9, nesterov: true },
@@ -35,7 +29,7 @@ Deno.test(
       for (const dtype of GRAD_DTYPES) {
         await matchesReference(
           JSON.stringify(o),
-          (ps) => new FusedSGD(ps, o),
+          (ps) => new SGD(ps, o),
           (p) => sgdRef(p, o),
           dtype,
         );
@@ -45,10 +39,10 @@ Deno.test(
 );
 
 Deno.test(
-  "FusedAdam / AdamW match torch.optim.Adam / AdamW, with and without bias correction",
+  "Adam / AdamW match torch.optim.Adam / AdamW, with and without bias correction",
   GPU_TEST,
   async () => {
-    const configs: FusedAdamOptions[] = [
+    const configs: AdamOptions[] = [
       { lr: 0.01 },
       { lr: 0.01, biasCorrection: false },
       { lr: 0.01, weightDecay: 0.05 }, // L2, added to the gradient
@@ -66,7 +60,7 @@ Deno.test(
       for (const dtype of GRAD_DTYPES) {
         await matchesReference(
           JSON.stringify(o),
-          (ps) => new FusedAdam(ps, o),
+          (ps) => new Adam(ps, o),
           (p) => adamRef(p, o),
           dtype,
         );
@@ -84,15 +78,15 @@ Deno.test(
 );
 
 Deno.test("gradScale multiplies the gradients inside the fused update", GPU_TEST, async () => {
-  const sgd: FusedSGDOptions = { lr: 0.05, momentum: 0.9, weightDecay: 0.01 };
-  const adam: FusedAdamOptions = { lr: 0.01, weightDecay: 0.05 };
+  const sgd: SGDOptions = { lr: 0.05, momentum: 0.9, weightDecay: 0.01 };
+  const adam: AdamOptions = { lr: 0.01, weightDecay: 0.05 };
   for (const gradScale of [0.25, 3]) {
-    await matchesReference("SGD", (ps) => new FusedSGD(ps, sgd), (p) => sgdRef(p, sgd), "f32", {
+    await matchesReference("SGD", (ps) => new SGD(ps, sgd), (p) => sgdRef(p, sgd), "f32", {
       gradScale,
     });
     await matchesReference(
       "Adam",
-      (ps) => new FusedAdam(ps, adam),
+      (ps) => new Adam(ps, adam),
       (p) => adamRef(p, adam),
       "f32",
       {
@@ -118,7 +112,7 @@ Deno.test("parameter groups: per-group lr and a no-decay group", GPU_TEST, async
   await matchesReference(
     "SGD groups",
     ([a, b, c]) =>
-      new FusedSGD([{ params: [a, c] }, { params: [b], weightDecay: 0, nesterov: true }], sgd),
+      new SGD([{ params: [a, c] }, { params: [b], weightDecay: 0, nesterov: true }], sgd),
     (p, k) => sgdRef(p, k === 1 ? { ...sgd, weightDecay: 0, nesterov: true } : sgd),
     "f32",
   );
@@ -181,7 +175,7 @@ Deno.test(
     const factors = [0, 0.5, 1, 0.8, 0.6, 0.4, 0.2, 0.2];
     const o = { lr: 0.1, momentum: 0.9 };
     const { init, params, copies } = setup(5);
-    const opt = new FusedSGD([{ params: params.slice(0, 2) }, {
+    const opt = new SGD([{ params: params.slice(0, 2) }, {
       params: params.slice(2),
       lr: 0.02,
     }], o);
@@ -210,12 +204,12 @@ Deno.test(
   "foundInf skips the step on the GPU: everything bit-identical, Adam's t does not advance",
   GPU_TEST,
   async () => {
-    const sgd: FusedSGDOptions = { lr: 0.05, momentum: 0.9, nesterov: true, weightDecay: 0.01 };
-    const adam: FusedAdamOptions = { lr: 0.01, weightDecay: 0.05 };
+    const sgd: SGDOptions = { lr: 0.05, momentum: 0.9, nesterov: true, weightDecay: 0.01 };
+    const adam: AdamOptions = { lr: 0.01, weightDecay: 0.05 };
     const cases = [
-      { make: (ps: Tensor[]) => new FusedSGD(ps, sgd), ref: (p: Float64Array) => sgdRef(p, sgd) },
+      { make: (ps: Tensor[]) => new SGD(ps, sgd), ref: (p: Float64Array) => sgdRef(p, sgd) },
       {
-        make: (ps: Tensor[]) => new FusedAdam(ps, adam),
+        make: (ps: Tensor[]) => new Adam(ps, adam),
         ref: (p: Float64Array) => adamRef(p, adam),
       },
       {
@@ -241,17 +235,17 @@ Deno.test(
         const { reads, dispatches } = gpu.batch.counters;
         opt.step({ foundInf });
         assert.equal(gpu.batch.counters.reads, reads, "step() must not read back");
-        const perStep = params.length + (opt instanceof FusedAdam ? 1 : 0); // + the step counter
+        const perStep = params.length + (opt instanceof Adam ? 1 : 0); // + the step counter
         assert.equal(gpu.batch.counters.dispatches - dispatches, perStep);
         assert.deepStrictEqual(await snapshot(opt, params, copies), before, `flag ${flag}`);
       }
-      if (opt instanceof FusedAdam) assert.equal(before.state.step, 2);
+      if (opt instanceof Adam) assert.equal(before.state.step, 2);
       // The next clean step is the reference's third: t = 3 in the bias correction.
       const grads = setGrads(params, 2, "f32");
       opt.step({ foundInf: Tensor.from([0], [1]) });
       refs.forEach((r, k) => r.step(grads[k]));
       await check(`${opt.constructor.name} after skipped steps`, params, copies, refs);
-      if (opt instanceof FusedAdam) assert.equal((await opt.stateDict()).step, 3);
+      if (opt instanceof Adam) assert.equal((await opt.stateDict()).step, 3);
       opt.dispose();
     }
   },

@@ -26,7 +26,7 @@ Deno.test({
       assert.equal(off.f16, false);
       assert.throws(
         () => Tensor.zeros([2, 3], { dtype: "f16", gpu: off }),
-        /Cannot create an f16 tensor of shape \[2, 3\]: f16 is off on this device/,
+        /cannot create an f16 tensor of shape \[2, 3\]: f16 is off on this device/,
       );
     } finally {
       off.destroy();
@@ -54,7 +54,7 @@ Deno.test({
     assert.throws(() => relu(t), /The GPU device was lost \(destroyed/);
     const third = await initGpu({ matmulTiling: "default", setDefault: false });
     third.destroy();
-    assert.throws(() => Tensor.zeros([1], { gpu: third }), /This Gpu was destroyed/);
+    assert.throws(() => Tensor.zeros([1], { gpu: third }), /this device was destroyed/);
   },
 });
 
@@ -68,7 +68,7 @@ Deno.test({
       () => Tensor.empty([limit / 2 + 1], "f32"),
       (e: Error) =>
         e instanceof GpuError &&
-        /Cannot allocate f32 tensor \[\d+\]: \d+ bytes exceeds/.test(e.message),
+        /cannot allocate f32 tensor \[\d+\]: \d+ bytes exceeds/.test(e.message),
     );
     assert.deepEqual(gpu.memoryStats(), before, "a failed allocation changes no statistics");
   },
@@ -115,8 +115,8 @@ Deno.test({
     t.dispose();
     t.dispose(); // idempotent
     assert.ok(t.disposed);
-    assert.throws(() => relu(t), /Cannot use tensor f16 \[3\]: it was disposed/);
-    await assert.rejects(t.read(), /Cannot read tensor f16 \[3\]: it was disposed/);
+    assert.throws(() => relu(t), /cannot use tensor f16 \[3\]: it was disposed/);
+    await assert.rejects(t.read(), /cannot read tensor f16 \[3\]: it was disposed/);
     assert.throws(
       () => Tensor.from([1, 2, 3], [2, 2]),
       /Tensor.from: data has 3 values but shape \[2, 2\] \(f32\) needs 4/,

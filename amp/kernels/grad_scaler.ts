@@ -6,7 +6,7 @@
  * Gradients are bound as `array<u32>` (an f16 word holds two halves), so the
  * kernels need no `shader-f16`.
  */
-import { defineKernel, f32Bits } from "../../gpu/kernel.ts";
+import { defineKernel } from "../../gpu/kernel.ts";
 import { grid1d, WGSL_GRID_BUILTINS, WGSL_WORKGROUP_INDEX } from "../../gpu/kernels/grid.ts";
 import type { Tensor } from "../../gpu/tensor.ts";
 
@@ -30,9 +30,16 @@ const WGSL_RECIPROCAL = `fn reciprocal(s: f32) -> f32 {
 }`;
 
 /** In place g ← g · (1/scale[0]); any non-finite input or product stores 1.0 in found[0]. */
-export const unscaleKernel = defineKernel<{ dtype: "f32" | "f16" }>({
+export const unscaleKernel = defineKernel({
   name: "grad_scaler_unscale",
-  wgsl: ({ dtype }) => {
+  // Gradients are bound as u32 words whatever their dtype: no shader-f16 needed.
+  bindings: (_: { dtype: "f32" | "f16" }) => [
+    { name: "grad", type: "u32", write: true },
+    { name: "scale", type: "f32" },
+    { name: "found", type: "atomic<u32>", write: true },
+  ],
+  uniforms: { n: "u32" },
+  source: ({ dtype }) => {
     // f32: one value per word. f16: two halves per word; the high half of the
     // last word is padding when n is odd and is never tested or changed.
     const body = dtype === "f32" ? `grad[w] = unscaled_f32(grad[w], inv);` : `let b = grad[w];
@@ -40,12 +47,7 @@ export const unscaleKernel = defineKernel<{ dtype: "f32" | "f16" }>({
       var hi = b >> 16u;
       if (2u * w + 1u < p.n) { hi = unscaled_f16(hi, inv); }
       grad[w] = lo | (hi << 16u);`;
-    return `struct Params { n: u32 }
-@group(0) @binding(0) var<storage, read_write> grad: array<u32>;
-@group(0) @binding(1) var<storage, read> scale: array<f32>;
-@group(0) @binding(2) var<storage, read_write> found: array<atomic<u32>>;
-@group(0) @binding(3) var<uniform> p: Params;
-var<private> bad: bool = false;
+    return `var<private> bad: bool = false;
 ${WGSL_RECIPROCAL}
 fn unscaled_f32(b: u32, inv: f32) -> u32 {
   if ((b & 0x7f800000u) == 0x7f800000u) { bad = true; return b; }
@@ -90,18 +92,26 @@ fn main(${WGSL_GRID_BUILTINS}) {
  * consecutive_hysteresis = false). Every mode records whether the step was
  * skipped and resets found_inf to 0.
  */
-export const scaleUpdateKernel = defineKernel<Record<string, never>>({
+export const scaleUpdateKernel = defineKernel({
   name: "grad_scaler_update",
-  wgsl: () =>
-    `struct Params {
-  mode: u32, stepped: u32, growth: u32, backoff: u32,
-  interval: u32, hysteresis: u32, min_scale: u32, max_scale: u32, new_scale: u32,
-}
-@group(0) @binding(0) var<storage, read_write> scale: array<f32>;
-@group(0) @binding(1) var<storage, read_write> found: array<u32>;
-@group(0) @binding(2) var<storage, read_write> counters: array<u32>;
-@group(0) @binding(3) var<uniform> p: Params;
-@compute @workgroup_size(1)
+  bindings: (_: Record<string, never>) => [
+    { name: "scale", type: "f32", write: true },
+    { name: "found", type: "u32", write: true },
+    { name: "counters", type: "u32", write: true },
+  ],
+  uniforms: {
+    mode: "u32",
+    stepped: "u32",
+    growth: "f32",
+    backoff: "f32",
+    interval: "u32",
+    hysteresis: "u32",
+    min_scale: "f32",
+    max_scale: "f32",
+    new_scale: "f32",
+  },
+  source: () =>
+    `@compute @workgroup_size(1)
 fn main() {
   let inf = (found[0] & 0x7fffffffu) != 0u; // any non-zero f32 (NaN included), from bits
   found[0] = 0u;
@@ -109,23 +119,23 @@ fn main() {
     counters[${COUNTER.lastSkipped}] = select(0u, 1u, inf);
     if (inf) { counters[${COUNTER.skippedSteps}] += 1u; }
   }
-  if (p.mode == ${UPDATE_MODE.set}u) { scale[0] = bitcast<f32>(p.new_scale); return; }
+  if (p.mode == ${UPDATE_MODE.set}u) { scale[0] = p.new_scale; return; }
   if (p.mode != ${UPDATE_MODE.dynamic}u || p.stepped == 0u) { return; }
   let s = scale[0];
   if (inf) {
     counters[${COUNTER.growthTracker}] = 0u;
     let left = max(counters[${COUNTER.hysteresisLeft}], 1u) - 1u;
     counters[${COUNTER.hysteresisLeft}] = left;
-    if (left == 0u) { scale[0] = max(s * bitcast<f32>(p.backoff), bitcast<f32>(p.min_scale)); }
+    if (left == 0u) { scale[0] = max(s * p.backoff, p.min_scale); }
     return;
   }
   let tracker = counters[${COUNTER.growthTracker}] + 1u;
   if (tracker < p.interval) { counters[${COUNTER.growthTracker}] = tracker; return; }
   counters[${COUNTER.growthTracker}] = 0u;
   counters[${COUNTER.hysteresisLeft}] = p.hysteresis;
-  let grown = s * bitcast<f32>(p.growth);
+  let grown = s * p.growth;
   // Never grow to inf: test the product's bits, then the ceiling.
-  if ((bitcast<u32>(grown) & 0x7f800000u) != 0x7f800000u && grown <= bitcast<f32>(p.max_scale)) {
+  if ((bitcast<u32>(grown) & 0x7f800000u) != 0x7f800000u && grown <= p.max_scale) {
     scale[0] = grown;
   }
 }`,
@@ -145,8 +155,8 @@ export function launchUnscale(grad: Tensor, scale: Tensor, foundInf: Tensor): vo
   const words = dtype === "f32" ? n : Math.ceil(n / 2);
   grad.gpu.dispatch(
     grad.gpu.kernel(unscaleKernel, { dtype }),
-    [grad.buffer, scale.buffer, foundInf.buffer],
-    [n],
+    { grad, scale, found: foundInf },
+    { n },
     grid1d(Math.ceil(words / (WORKGROUP * PER_THREAD))),
   );
 }
@@ -181,18 +191,18 @@ export function launchScaleUpdate(
   const gpu = state.scale.gpu;
   gpu.dispatch(
     gpu.kernel(scaleUpdateKernel, {}),
-    [state.scale.buffer, state.foundInf.buffer, state.counters.buffer],
-    [
-      u.mode,
-      u.stepped ? 1 : 0,
-      f32Bits(u.growth),
-      f32Bits(u.backoff),
-      u.interval,
-      u.hysteresis,
-      f32Bits(u.minScale),
-      f32Bits(u.maxScale),
-      f32Bits(u.newScale),
-    ],
+    { scale: state.scale, found: state.foundInf, counters: state.counters },
+    {
+      mode: u.mode,
+      stepped: u.stepped ? 1 : 0,
+      growth: u.growth,
+      backoff: u.backoff,
+      interval: u.interval,
+      hysteresis: u.hysteresis,
+      min_scale: u.minScale,
+      max_scale: u.maxScale,
+      new_scale: u.newScale,
+    },
     [1],
   );
 }

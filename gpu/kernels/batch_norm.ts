@@ -11,9 +11,8 @@
  * so a later update of the running statistics cannot change the gradient.
  */
 import type { DType } from "../dtype.ts";
-import { defineKernel, f32Bits, type KernelDefinition } from "../kernel.ts";
+import { defineKernel, optional } from "../kernel.ts";
 import { Tensor } from "../tensor.ts";
-import { type Binding, buffersFor, declareBindings, optionalBinding } from "./bindings.ts";
 import { grid1d, WGSL_GRID_BUILTINS, WGSL_WORKGROUP_INDEX } from "./grid.ts";
 import { REDUCE_THREADS, WGSL_WORKGROUP_REDUCE } from "./wgsl_math.ts";
 
@@ -31,41 +30,11 @@ export type BatchNormConfig = {
   bias: boolean;
 };
 
-const PARAMS = "n: u32, c: u32, s: u32, eps: u32, momentum: u32";
+const UNIFORMS = { n: "u32", c: "u32", s: "u32", eps: "f32", momentum: "f32" } as const;
 
-function declare(bindings: readonly Binding[]): string {
-  return `${declareBindings(bindings, PARAMS)}${WGSL_WORKGROUP_REDUCE}
+/** Reductions, and the index of element i (of N·S) of channel c in [N, C, S]. */
+const PRELUDE = `${WGSL_WORKGROUP_REDUCE}
 fn at(i: u32, c: u32) -> u32 { return ((i / p.s) * p.c + c) * p.s + i % p.s; }`;
-}
-
-const opt = optionalBinding;
-
-function forwardBindings(c: BatchNormConfig): Binding[] {
-  const running = !c.training || c.update;
-  return [
-    { name: "x", type: c.dtype },
-    ...opt(c.weight, { name: "w", type: "f32" }),
-    ...opt(c.bias, { name: "b", type: "f32" }),
-    ...opt(running, { name: "running_mean", type: "f32", write: c.update }),
-    ...opt(running, { name: "running_var", type: "f32", write: c.update }),
-    { name: "y", type: c.dtype, write: true },
-    { name: "mean", type: "f32", write: true },
-    { name: "rstd", type: "f32", write: true },
-  ];
-}
-
-function backwardBindings(c: BatchNormConfig): Binding[] {
-  return [
-    { name: "x", type: c.dtype },
-    { name: "g", type: c.dtype },
-    { name: "mean", type: "f32" },
-    { name: "rstd", type: "f32" },
-    ...opt(c.weight, { name: "w", type: "f32" }),
-    { name: "dx", type: c.dtype, write: true },
-    ...opt(c.weight, { name: "dw", type: "f32", write: true }),
-    ...opt(c.bias, { name: "db", type: "f32", write: true }),
-  ];
-}
 
 const LOOP = `for (var i = lid; i < count; i += ${REDUCE_THREADS}u)`;
 const START = `let c = ${WGSL_WORKGROUP_INDEX};
@@ -79,22 +48,36 @@ const BATCH_STATS = `var s = 0.0;
   var q = 0.0;
   ${LOOP} { let d = f32(x[at(i, c)]) - mu; q += d * d; }
   let v = reduce_sum(q, lid) / cnt;
-  let r = 1.0 / sqrt(v + bitcast<f32>(p.eps));`;
+  let r = 1.0 / sqrt(v + p.eps);`;
 
 const UPDATE = `if (lid == 0u) {
-    let m = bitcast<f32>(p.momentum);
+    let m = p.momentum;
     running_mean[c] = (1.0 - m) * running_mean[c] + m * mu;
     running_var[c] = (1.0 - m) * running_var[c] + m * v * (cnt / (cnt - 1.0));
   }`;
 
 const RUNNING_STATS = `let mu = running_mean[c];
-  let r = 1.0 / sqrt(running_var[c] + bitcast<f32>(p.eps));`;
+  let r = 1.0 / sqrt(running_var[c] + p.eps);`;
 
 /** Forward: statistics, running-stat update and y, one workgroup per channel. */
-export const batchNormForwardKernel: KernelDefinition<BatchNormConfig> = defineKernel({
+export const batchNormForwardKernel = defineKernel({
   name: "batch_norm_forward",
-  wgsl: (c) =>
-    `${declare(forwardBindings(c))}
+  bindings: (c: BatchNormConfig) => {
+    const running = !c.training || c.update;
+    return [
+      { name: "x", type: c.dtype },
+      ...optional(c.weight, { name: "w", type: "f32" }),
+      ...optional(c.bias, { name: "b", type: "f32" }),
+      ...optional(running, { name: "running_mean", type: "f32", write: c.update }),
+      ...optional(running, { name: "running_var", type: "f32", write: c.update }),
+      { name: "y", type: c.dtype, write: true },
+      { name: "mean", type: "f32", write: true },
+      { name: "rstd", type: "f32", write: true },
+    ];
+  },
+  uniforms: UNIFORMS,
+  source: (c) =>
+    `${PRELUDE}
 @compute @workgroup_size(${REDUCE_THREADS})
 fn main(${WGSL_GRID_BUILTINS}) {
   ${START}
@@ -113,10 +96,21 @@ fn main(${WGSL_GRID_BUILTINS}) {
  * Backward, one workgroup per channel. Training: dx = w·rstd·(g − mean(g) − x̂·mean(g·x̂));
  * eval: dx = g·w·rstd. dweight = Σ g·x̂ and dbias = Σ g in both modes.
  */
-export const batchNormBackwardKernel: KernelDefinition<BatchNormConfig> = defineKernel({
+export const batchNormBackwardKernel = defineKernel({
   name: "batch_norm_backward",
-  wgsl: (c) =>
-    `${declare(backwardBindings(c))}
+  bindings: (c: BatchNormConfig) => [
+    { name: "x", type: c.dtype },
+    { name: "g", type: c.dtype },
+    { name: "mean", type: "f32" },
+    { name: "rstd", type: "f32" },
+    ...optional(c.weight, { name: "w", type: "f32" }),
+    { name: "dx", type: c.dtype, write: true },
+    ...optional(c.weight, { name: "dw", type: "f32", write: true }),
+    ...optional(c.bias, { name: "db", type: "f32", write: true }),
+  ],
+  uniforms: UNIFORMS,
+  source: (c) =>
+    `${PRELUDE}
 @compute @workgroup_size(${REDUCE_THREADS})
 fn main(${WGSL_GRID_BUILTINS}) {
   ${START}
@@ -196,15 +190,17 @@ export function launchBatchNorm(
     y,
     mean,
     rstd,
-    running_mean: t.runningMean,
-    running_var: t.runningVar,
+    // Bound only where the config reads them (eval) or updates them.
+    ...((!config.training || config.update) &&
+      { running_mean: t.runningMean, running_var: t.runningVar }),
     ...(t.weight && { w: t.weight }),
     ...(t.bias && { b: t.bias }),
   };
+  const { eps, momentum } = options;
   x.gpu.dispatch(
     x.gpu.kernel(batchNormForwardKernel, config),
-    buffersFor(forwardBindings(config), tensors),
-    [view.n, view.c, view.s, f32Bits(options.eps), f32Bits(options.momentum)],
+    tensors,
+    { ...view, eps, momentum },
     grid1d(view.c),
   );
   return { y, mean, rstd };
@@ -244,8 +240,8 @@ export function launchBatchNormBackward(
   };
   x.gpu.dispatch(
     x.gpu.kernel(batchNormBackwardKernel, config),
-    buffersFor(backwardBindings(config), tensors),
-    [view.n, view.c, view.s, 0, 0],
+    tensors,
+    { ...view, eps: 0, momentum: 0 },
     grid1d(view.c),
   );
   return { dx, dw, db };

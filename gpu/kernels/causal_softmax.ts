@@ -9,8 +9,8 @@
  * softmax does); either way the max, the sum of exponentials and the backward
  * dot product are f32 whatever the storage dtype.
  */
-import { type DType, wgslEnables } from "../dtype.ts";
-import { defineKernel, f32Bits } from "../kernel.ts";
+import type { DType } from "../dtype.ts";
+import { defineKernel } from "../kernel.ts";
 import { Tensor } from "../tensor.ts";
 import { grid1d, WGSL_GRID_BUILTINS, WGSL_WORKGROUP_INDEX } from "./grid.ts";
 import { REDUCE_THREADS, WGSL_LOWEST, WGSL_WORKGROUP_REDUCE } from "./wgsl_math.ts";
@@ -22,7 +22,7 @@ const ROW = `let row = ${WGSL_WORKGROUP_INDEX};
   if (row >= p.rows) { return; }
   let base = row * p.cols;
   let valid = row % p.cols + 1u;
-  let s = bitcast<f32>(p.scale);`;
+  let s = p.scale;`;
 
 /**
  * How rows map to threads: `"workgroup"` reduces each row with a workgroup
@@ -47,7 +47,7 @@ const THREAD_ROW = `let row = ${WGSL_WORKGROUP_INDEX} * ${REDUCE_THREADS}u + lid
   if (row >= p.rows) { return; }
   let base = row * p.cols;
   let valid = row % p.cols + 1u;
-  let s = bitcast<f32>(p.scale);`;
+  let s = p.scale;`;
 
 function forwardBody(layout: CausalSoftmaxLayout, dtype: DType): string {
   if (layout === "thread") {
@@ -99,15 +99,15 @@ function backwardBody(layout: CausalSoftmaxLayout, dtype: DType): string {
 type Config = { dtype: DType; layout: CausalSoftmaxLayout };
 
 /** y = causal softmax of s·x, row by row. */
-export const causalSoftmaxForwardKernel = defineKernel<Config>({
+export const causalSoftmaxForwardKernel = defineKernel({
   name: "causal_softmax_forward",
-  wgsl: ({ dtype, layout }) =>
-    `${wgslEnables(dtype)}
-struct Params { rows: u32, cols: u32, scale: u32 }
-@group(0) @binding(0) var<storage, read> x: array<${dtype}>;
-@group(0) @binding(1) var<storage, read_write> y: array<${dtype}>;
-@group(0) @binding(2) var<uniform> p: Params;
-${layout === "workgroup" ? WGSL_WORKGROUP_REDUCE : ""}
+  bindings: (c: Config) => [
+    { name: "x", type: c.dtype },
+    { name: "y", type: c.dtype, write: true },
+  ],
+  uniforms: { rows: "u32", cols: "u32", scale: "f32" },
+  source: ({ dtype, layout }) =>
+    `${layout === "workgroup" ? WGSL_WORKGROUP_REDUCE : ""}
 @compute @workgroup_size(${REDUCE_THREADS})
 fn main(${WGSL_GRID_BUILTINS}) {
   ${forwardBody(layout, dtype)}
@@ -115,16 +115,16 @@ fn main(${WGSL_GRID_BUILTINS}) {
 });
 
 /** dx = s · y · (dy − Σ_{j ≤ i} dy·y) on visible entries, 0 on masked ones. */
-export const causalSoftmaxBackwardKernel = defineKernel<Config>({
+export const causalSoftmaxBackwardKernel = defineKernel({
   name: "causal_softmax_backward",
-  wgsl: ({ dtype, layout }) =>
-    `${wgslEnables(dtype)}
-struct Params { rows: u32, cols: u32, scale: u32 }
-@group(0) @binding(0) var<storage, read> y: array<${dtype}>;
-@group(0) @binding(1) var<storage, read> dy: array<${dtype}>;
-@group(0) @binding(2) var<storage, read_write> dx: array<${dtype}>;
-@group(0) @binding(3) var<uniform> p: Params;
-${layout === "workgroup" ? WGSL_WORKGROUP_REDUCE : ""}
+  bindings: (c: Config) => [
+    { name: "y", type: c.dtype },
+    { name: "dy", type: c.dtype },
+    { name: "dx", type: c.dtype, write: true },
+  ],
+  uniforms: { rows: "u32", cols: "u32", scale: "f32" },
+  source: ({ dtype, layout }) =>
+    `${layout === "workgroup" ? WGSL_WORKGROUP_REDUCE : ""}
 @compute @workgroup_size(${REDUCE_THREADS})
 fn main(${WGSL_GRID_BUILTINS}) {
   ${backwardBody(layout, dtype)}
@@ -146,7 +146,7 @@ export function launchCausalSoftmax(x: Tensor, scale: number): Tensor {
   const { rows, cols, config, grid } = rowsOf(x);
   if (rows === 0) return y;
   const kernel = x.gpu.kernel(causalSoftmaxForwardKernel, config);
-  x.gpu.dispatch(kernel, [x.buffer, y.buffer], [rows, cols, f32Bits(scale)], grid);
+  x.gpu.dispatch(kernel, { x, y }, { rows, cols, scale }, grid);
   return y;
 }
 
@@ -156,6 +156,6 @@ export function launchCausalSoftmaxBackward(y: Tensor, dy: Tensor, scale: number
   const { rows, cols, config, grid } = rowsOf(y);
   if (rows === 0) return dx;
   const kernel = y.gpu.kernel(causalSoftmaxBackwardKernel, config);
-  y.gpu.dispatch(kernel, [y.buffer, dy.buffer, dx.buffer], [rows, cols, f32Bits(scale)], grid);
+  y.gpu.dispatch(kernel, { y, dy, dx }, { rows, cols, scale }, grid);
   return dx;
 }

@@ -6,8 +6,8 @@
  * lse_r so the backward is one elementwise pass:
  *   dx[r, j] = g_r · (exp(x[r, j] − lse_r) − ((1 − ε)·[j = t_r] + ε / C)).
  */
-import { type DType, wgslEnables } from "../dtype.ts";
-import { defineKernel, f32Bits } from "../kernel.ts";
+import type { DType } from "../dtype.ts";
+import { defineKernel } from "../kernel.ts";
 import { Tensor } from "../tensor.ts";
 import { grid1d, WGSL_GRID_BUILTINS, WGSL_WORKGROUP_INDEX } from "./grid.ts";
 import { REDUCE_THREADS, WGSL_LOWEST, WGSL_WORKGROUP_REDUCE } from "./wgsl_math.ts";
@@ -16,17 +16,17 @@ const LOOP = `for (var j = lid; j < p.classes; j += ${REDUCE_THREADS}u)`;
 const WORKGROUP = 256;
 
 /** Per-row losses and log-sum-exps. */
-export const crossEntropyForwardKernel = defineKernel<{ dtype: DType }>({
+export const crossEntropyForwardKernel = defineKernel({
   name: "cross_entropy_forward",
-  wgsl: ({ dtype }) =>
-    `${wgslEnables(dtype)}
-struct Params { rows: u32, classes: u32, smoothing: u32 }
-@group(0) @binding(0) var<storage, read> x: array<${dtype}>;
-@group(0) @binding(1) var<storage, read> targets: array<i32>;
-@group(0) @binding(2) var<storage, read_write> loss: array<f32>;
-@group(0) @binding(3) var<storage, read_write> lse: array<f32>;
-@group(0) @binding(4) var<uniform> p: Params;
-${WGSL_WORKGROUP_REDUCE}
+  bindings: (c: { dtype: DType }) => [
+    { name: "x", type: c.dtype },
+    { name: "targets", type: "i32" },
+    { name: "loss", type: "f32", write: true },
+    { name: "lse", type: "f32", write: true },
+  ],
+  uniforms: { rows: "u32", classes: "u32", smoothing: "f32" },
+  source: () =>
+    `${WGSL_WORKGROUP_REDUCE}
 @compute @workgroup_size(${REDUCE_THREADS})
 fn main(${WGSL_GRID_BUILTINS}) {
   let row = ${WGSL_WORKGROUP_INDEX};
@@ -41,7 +41,7 @@ fn main(${WGSL_GRID_BUILTINS}) {
   ${LOOP} { s += exp(f32(x[base + j]) - m); }
   s = reduce_sum(s, lid);
   if (lid == 0u) {
-    let eps = bitcast<f32>(p.smoothing);
+    let eps = p.smoothing;
     let l = m + log(s);
     let target_logit = f32(x[base + u32(targets[row])]);
     loss[row] = (1.0 - eps) * (l - target_logit) + eps * (l - total / f32(p.classes));
@@ -51,23 +51,23 @@ fn main(${WGSL_GRID_BUILTINS}) {
 });
 
 /** dx from the per-row upstream gradient g (f32 [rows]). */
-export const crossEntropyBackwardKernel = defineKernel<{ dtype: DType }>({
+export const crossEntropyBackwardKernel = defineKernel({
   name: "cross_entropy_backward",
-  wgsl: ({ dtype }) =>
-    `${wgslEnables(dtype)}
-struct Params { rows: u32, classes: u32, smoothing: u32 }
-@group(0) @binding(0) var<storage, read> x: array<${dtype}>;
-@group(0) @binding(1) var<storage, read> targets: array<i32>;
-@group(0) @binding(2) var<storage, read> lse: array<f32>;
-@group(0) @binding(3) var<storage, read> g: array<f32>;
-@group(0) @binding(4) var<storage, read_write> dx: array<${dtype}>;
-@group(0) @binding(5) var<uniform> p: Params;
-@compute @workgroup_size(${WORKGROUP})
+  bindings: (c: { dtype: DType }) => [
+    { name: "x", type: c.dtype },
+    { name: "targets", type: "i32" },
+    { name: "lse", type: "f32" },
+    { name: "g", type: "f32" },
+    { name: "dx", type: c.dtype, write: true },
+  ],
+  uniforms: { rows: "u32", classes: "u32", smoothing: "f32" },
+  source: ({ dtype }) =>
+    `@compute @workgroup_size(${WORKGROUP})
 fn main(${WGSL_GRID_BUILTINS}) {
   let i = ${WGSL_WORKGROUP_INDEX} * ${WORKGROUP}u + lid;
   if (i >= p.rows * p.classes) { return; }
   let row = i / p.classes;
-  let eps = bitcast<f32>(p.smoothing);
+  let eps = p.smoothing;
   let hit = select(0.0, 1.0 - eps, u32(targets[row]) == i % p.classes);
   let q = hit + eps / f32(p.classes);
   dx[i] = ${dtype}(g[row] * (exp(f32(x[i]) - lse[row]) - q));
@@ -87,8 +87,8 @@ export function launchCrossEntropy(
   const kernel = logits.gpu.kernel(crossEntropyForwardKernel, { dtype: logits.dtype });
   logits.gpu.dispatch(
     kernel,
-    [logits.buffer, targets.buffer, loss.buffer, lse.buffer],
-    [rows, classes, f32Bits(smoothing)],
+    { x: logits, targets, loss, lse },
+    { rows, classes, smoothing },
     grid1d(rows),
   );
   return { loss, lse };
@@ -108,8 +108,8 @@ export function launchCrossEntropyBackward(
   const kernel = logits.gpu.kernel(crossEntropyBackwardKernel, { dtype: logits.dtype });
   logits.gpu.dispatch(
     kernel,
-    [logits.buffer, targets.buffer, lse.buffer, g.buffer, dx.buffer],
-    [rows, classes, f32Bits(smoothing)],
+    { x: logits, targets, lse, g, dx },
+    { rows, classes, smoothing },
     grid1d(Math.ceil((rows * classes) / WORKGROUP)),
   );
   return dx;

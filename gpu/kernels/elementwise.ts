@@ -4,8 +4,8 @@
  * whatever the storage dtype; the output dtype may differ from the input's,
  * which is how casts are made.
  */
-import { type DType, wgslEnables } from "../dtype.ts";
-import { defineKernel, f32Bits } from "../kernel.ts";
+import type { DType } from "../dtype.ts";
+import { defineKernel } from "../kernel.ts";
 import type { Shape } from "../shape.ts";
 import { Tensor } from "../tensor.ts";
 import { activationExpr, WGSL_MATH } from "./wgsl_math.ts";
@@ -61,11 +61,8 @@ export const SAME: Broadcast = { mid: 1, inner: 1 };
 
 const BROADCAST_INDEX = `fn source_index(i: u32, mid: u32, inner: u32) -> u32 {
   return (i / (mid * inner)) * inner + i % inner;
-}`;
-
-function header(...dtypes: DType[]): string {
-  return `${wgslEnables(...dtypes)}${WGSL_MATH}`;
 }
+`;
 
 function loop(body: string): string {
   return `let base = (${WGSL_WORKGROUP_INDEX} * ${WORKGROUP}u + lid) * ${PER_THREAD}u;
@@ -76,18 +73,18 @@ function loop(body: string): string {
   }`;
 }
 
-export const unaryKernel = defineKernel<{ op: UnaryOp; dtype: DType; out: DType }>({
+export const unaryKernel = defineKernel({
   name: "unary",
-  wgsl: ({ op, dtype, out }) =>
-    `${header(dtype, out)}
-struct Params { n: u32, s: u32, mid: u32, inner: u32 }
-${BROADCAST_INDEX}
-@group(0) @binding(0) var<storage, read> src: array<${dtype}>;
-@group(0) @binding(1) var<storage, read_write> dst: array<${out}>;
-@group(0) @binding(2) var<uniform> p: Params;
+  bindings: (c: { op: UnaryOp; dtype: DType; out: DType }) => [
+    { name: "src", type: c.dtype },
+    { name: "dst", type: c.out, write: true },
+  ],
+  uniforms: { n: "u32", s: "f32", mid: "u32", inner: "u32" },
+  source: ({ op, out }) =>
+    `${WGSL_MATH}${BROADCAST_INDEX}
 @compute @workgroup_size(${WORKGROUP})
 fn main(${WGSL_GRID_BUILTINS}) {
-  let s = bitcast<f32>(p.s);
+  let s = p.s;
   ${
       loop(
         `let x = f32(src[source_index(i, p.mid, p.inner)]);\n    dst[i] = ${out}(${
@@ -98,16 +95,16 @@ fn main(${WGSL_GRID_BUILTINS}) {
 }`,
 });
 
-export const binaryKernel = defineKernel<{ op: BinaryOp; a: DType; b: DType; out: DType }>({
+export const binaryKernel = defineKernel({
   name: "binary",
-  wgsl: ({ op, a, b, out }) =>
-    `${header(a, b, out)}
-struct Params { n: u32, mid: u32, inner: u32 }
-${BROADCAST_INDEX}
-@group(0) @binding(0) var<storage, read> lhs: array<${a}>;
-@group(0) @binding(1) var<storage, read> rhs: array<${b}>;
-@group(0) @binding(2) var<storage, read_write> dst: array<${out}>;
-@group(0) @binding(3) var<uniform> p: Params;
+  bindings: (c: { op: BinaryOp; a: DType; b: DType; out: DType }) => [
+    { name: "lhs", type: c.a },
+    { name: "rhs", type: c.b },
+    { name: "dst", type: c.out, write: true },
+  ],
+  uniforms: { n: "u32", mid: "u32", inner: "u32" },
+  source: ({ op, out }) =>
+    `${WGSL_MATH}${BROADCAST_INDEX}
 @compute @workgroup_size(${WORKGROUP})
 fn main(${WGSL_GRID_BUILTINS}) {
   ${
@@ -119,19 +116,17 @@ fn main(${WGSL_GRID_BUILTINS}) {
 }`,
 });
 
-export const accumulateKernel = defineKernel<{ dst: DType; src: DType }>({
+export const accumulateKernel = defineKernel({
   name: "accumulate",
-  wgsl: ({ dst, src }) =>
-    `${wgslEnables(dst, src)}
-struct Params { n: u32, alpha: u32, beta: u32 }
-@group(0) @binding(0) var<storage, read_write> acc: array<${dst}>;
-@group(0) @binding(1) var<storage, read> add: array<${src}>;
-@group(0) @binding(2) var<uniform> p: Params;
-@compute @workgroup_size(${WORKGROUP})
+  bindings: (c: { dst: DType; src: DType }) => [
+    { name: "acc", type: c.dst, write: true },
+    { name: "add", type: c.src },
+  ],
+  uniforms: { n: "u32", alpha: "f32", beta: "f32" },
+  source: ({ dst }) =>
+    `@compute @workgroup_size(${WORKGROUP})
 fn main(${WGSL_GRID_BUILTINS}) {
-  let alpha = bitcast<f32>(p.alpha);
-  let beta = bitcast<f32>(p.beta);
-  ${loop(`acc[i] = ${dst}(beta * f32(acc[i]) + alpha * f32(add[i]));`)}
+  ${loop(`acc[i] = ${dst}(p.beta * f32(acc[i]) + p.alpha * f32(add[i]));`)}
 }`,
 });
 
@@ -157,8 +152,8 @@ export function launchUnary(op: UnaryOp, src: Tensor, options: UnaryOptions = {}
   const n = dst.size;
   if (n === 0) return dst;
   const kernel = src.gpu.kernel(unaryKernel, { op, dtype: src.dtype, out });
-  const uniforms = [n, f32Bits(options.scalar ?? 0), broadcast.mid, broadcast.inner];
-  src.gpu.dispatch(kernel, [src.buffer, dst.buffer], uniforms, workgroupsFor(n));
+  const uniforms = { n, s: options.scalar ?? 0, mid: broadcast.mid, inner: broadcast.inner };
+  src.gpu.dispatch(kernel, { src, dst }, uniforms, workgroupsFor(n));
   return dst;
 }
 
@@ -176,8 +171,8 @@ export function launchBinary(
   const kernel = a.gpu.kernel(binaryKernel, { op, a: a.dtype, b: b.dtype, out });
   a.gpu.dispatch(
     kernel,
-    [a.buffer, b.buffer, dst.buffer],
-    [n, broadcast.mid, broadcast.inner],
+    { lhs: a, rhs: b, dst },
+    { n, mid: broadcast.mid, inner: broadcast.inner },
     workgroupsFor(n),
   );
   return dst;
@@ -188,12 +183,7 @@ export function launchAccumulate(dst: Tensor, src: Tensor, alpha = 1, beta = 1):
   const n = dst.size;
   if (n === 0) return;
   const kernel = dst.gpu.kernel(accumulateKernel, { dst: dst.dtype, src: src.dtype });
-  dst.gpu.dispatch(
-    kernel,
-    [dst.buffer, src.buffer],
-    [n, f32Bits(alpha), f32Bits(beta)],
-    workgroupsFor(n),
-  );
+  dst.gpu.dispatch(kernel, { acc: dst, add: src }, { n, alpha, beta }, workgroupsFor(n));
 }
 
 /** A copy of `t` in a new buffer, in stream order (no autograd). */

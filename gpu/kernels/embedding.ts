@@ -4,7 +4,7 @@
  * element of the table gradient by scanning the ids: O(vocab · dim · ids),
  * fine for the character- and class-sized tables it serves today.
  */
-import { type DType, wgslEnables } from "../dtype.ts";
+import type { DType } from "../dtype.ts";
 import { defineKernel } from "../kernel.ts";
 import type { Shape } from "../shape.ts";
 import { Tensor } from "../tensor.ts";
@@ -13,16 +13,16 @@ import { grid1d, WGSL_GRID_BUILTINS, WGSL_WORKGROUP_INDEX } from "./grid.ts";
 const WORKGROUP = 256;
 
 /** out[r, d] = table[ids[r], d]. */
-export const gatherKernel = defineKernel<{ dtype: DType }>({
+export const gatherKernel = defineKernel({
   name: "embedding_gather",
-  wgsl: ({ dtype }) =>
-    `${wgslEnables(dtype)}
-struct Params { n: u32, dim: u32 }
-@group(0) @binding(0) var<storage, read> table: array<${dtype}>;
-@group(0) @binding(1) var<storage, read> ids: array<i32>;
-@group(0) @binding(2) var<storage, read_write> out: array<${dtype}>;
-@group(0) @binding(3) var<uniform> p: Params;
-@compute @workgroup_size(${WORKGROUP})
+  bindings: (c: { dtype: DType }) => [
+    { name: "table", type: c.dtype },
+    { name: "ids", type: "i32" },
+    { name: "out", type: c.dtype, write: true },
+  ],
+  uniforms: { n: "u32", dim: "u32" },
+  source: () =>
+    `@compute @workgroup_size(${WORKGROUP})
 fn main(${WGSL_GRID_BUILTINS}) {
   let i = ${WGSL_WORKGROUP_INDEX} * ${WORKGROUP}u + lid;
   if (i >= p.n * p.dim) { return; }
@@ -32,16 +32,16 @@ fn main(${WGSL_GRID_BUILTINS}) {
 });
 
 /** grad[v, d] = Σ over r with ids[r] = v of g[r, d], in f32. */
-export const scatterAddKernel = defineKernel<{ dtype: DType; out: DType }>({
+export const scatterAddKernel = defineKernel({
   name: "embedding_scatter_add",
-  wgsl: ({ dtype, out }) =>
-    `${wgslEnables(dtype, out)}
-struct Params { n: u32, dim: u32, vocab: u32 }
-@group(0) @binding(0) var<storage, read> g: array<${dtype}>;
-@group(0) @binding(1) var<storage, read> ids: array<i32>;
-@group(0) @binding(2) var<storage, read_write> grad: array<${out}>;
-@group(0) @binding(3) var<uniform> p: Params;
-@compute @workgroup_size(${WORKGROUP})
+  bindings: (c: { dtype: DType; out: DType }) => [
+    { name: "g", type: c.dtype },
+    { name: "ids", type: "i32" },
+    { name: "grad", type: c.out, write: true },
+  ],
+  uniforms: { n: "u32", dim: "u32", vocab: "u32" },
+  source: ({ out }) =>
+    `@compute @workgroup_size(${WORKGROUP})
 fn main(${WGSL_GRID_BUILTINS}) {
   let i = ${WGSL_WORKGROUP_INDEX} * ${WORKGROUP}u + lid;
   if (i >= p.vocab * p.dim) { return; }
@@ -64,8 +64,8 @@ export function launchGather(table: Tensor, ids: Tensor): Tensor {
   const kernel = table.gpu.kernel(gatherKernel, { dtype: table.dtype });
   table.gpu.dispatch(
     kernel,
-    [table.buffer, ids.buffer, out.buffer],
-    [ids.size, dim],
+    { table, ids, out },
+    { n: ids.size, dim },
     grid1d(Math.ceil(total / WORKGROUP)),
   );
   return out;
@@ -79,8 +79,8 @@ export function launchScatterAdd(g: Tensor, ids: Tensor, tableShape: Shape, out:
   const kernel = g.gpu.kernel(scatterAddKernel, { dtype: g.dtype, out });
   g.gpu.dispatch(
     kernel,
-    [g.buffer, ids.buffer, grad.buffer],
-    [ids.size, dim, vocab],
+    { g, ids, grad },
+    { n: ids.size, dim, vocab },
     grid1d(Math.ceil((vocab * dim) / WORKGROUP)),
   );
   return grad;

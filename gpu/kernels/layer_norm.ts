@@ -10,9 +10,8 @@
  * dweight = Σ_rows g·x̂ and dbias = Σ_rows g (f32).
  */
 import type { DType } from "../dtype.ts";
-import { defineKernel, f32Bits, type KernelDefinition } from "../kernel.ts";
+import { defineKernel, optional } from "../kernel.ts";
 import { Tensor } from "../tensor.ts";
-import { type Binding, buffersFor, declareBindings, optionalBinding } from "./bindings.ts";
 import { grid1d, WGSL_GRID_BUILTINS, WGSL_WORKGROUP_INDEX } from "./grid.ts";
 import { REDUCE_THREADS, WGSL_WORKGROUP_REDUCE } from "./wgsl_math.ts";
 
@@ -26,45 +25,6 @@ export type LayerNormConfig = {
   bias: boolean;
 };
 
-function declare(bindings: readonly Binding[], params: string): string {
-  return `${declareBindings(bindings, params)}${WGSL_WORKGROUP_REDUCE}`;
-}
-
-const opt = optionalBinding;
-
-function forwardBindings(c: LayerNormConfig): Binding[] {
-  return [
-    { name: "x", type: c.dtype },
-    ...opt(c.weight, { name: "w", type: "f32" }),
-    ...opt(c.bias, { name: "b", type: "f32" }),
-    { name: "y", type: c.dtype, write: true },
-    { name: "mean", type: "f32", write: true },
-    { name: "rstd", type: "f32", write: true },
-  ];
-}
-
-function dxBindings(c: LayerNormConfig): Binding[] {
-  return [
-    { name: "x", type: c.dtype },
-    ...opt(c.weight, { name: "w", type: "f32" }),
-    { name: "g", type: c.dtype },
-    { name: "mean", type: "f32" },
-    { name: "rstd", type: "f32" },
-    { name: "dx", type: c.dtype, write: true },
-  ];
-}
-
-function paramBindings(c: LayerNormConfig): Binding[] {
-  return [
-    { name: "x", type: c.dtype },
-    { name: "g", type: c.dtype },
-    { name: "mean", type: "f32" },
-    { name: "rstd", type: "f32" },
-    ...opt(c.weight, { name: "dw", type: "f32", write: true }),
-    ...opt(c.bias, { name: "db", type: "f32", write: true }),
-  ];
-}
-
 const ROW_LOOP = `for (var j = lid; j < p.cols; j += ${REDUCE_THREADS}u)`;
 const ROW_START = `let row = ${WGSL_WORKGROUP_INDEX};
   if (row >= p.rows) { return; }
@@ -72,10 +32,19 @@ const ROW_START = `let row = ${WGSL_WORKGROUP_INDEX};
   let n = f32(p.cols);`;
 
 /** Forward: y, mean and rstd, one workgroup per row. */
-export const layerNormForwardKernel: KernelDefinition<LayerNormConfig> = defineKernel({
+export const layerNormForwardKernel = defineKernel({
   name: "layer_norm_forward",
-  wgsl: (c) =>
-    `${declare(forwardBindings(c), "rows: u32, cols: u32, eps: u32")}
+  bindings: (c: LayerNormConfig) => [
+    { name: "x", type: c.dtype },
+    ...optional(c.weight, { name: "w", type: "f32" }),
+    ...optional(c.bias, { name: "b", type: "f32" }),
+    { name: "y", type: c.dtype, write: true },
+    { name: "mean", type: "f32", write: true },
+    { name: "rstd", type: "f32", write: true },
+  ],
+  uniforms: { rows: "u32", cols: "u32", eps: "f32" },
+  source: (c) =>
+    `${WGSL_WORKGROUP_REDUCE}
 @compute @workgroup_size(${REDUCE_THREADS})
 fn main(${WGSL_GRID_BUILTINS}) {
   ${ROW_START}
@@ -84,7 +53,7 @@ fn main(${WGSL_GRID_BUILTINS}) {
   let mu = reduce_sum(s, lid) / n;
   var q = 0.0;
   ${ROW_LOOP} { let d = f32(x[base + j]) - mu; q += d * d; }
-  let r = 1.0 / sqrt(reduce_sum(q, lid) / n + bitcast<f32>(p.eps));
+  let r = 1.0 / sqrt(reduce_sum(q, lid) / n + p.eps);
   ${ROW_LOOP} {
     let v = (f32(x[base + j]) - mu) * r${c.weight ? " * w[j]" : ""}${c.bias ? " + b[j]" : ""};
     y[base + j] = ${c.dtype}(v);
@@ -94,10 +63,19 @@ fn main(${WGSL_GRID_BUILTINS}) {
 });
 
 /** dx = rstd · (g·w − mean(g·w) − x̂ · mean(g·w·x̂)), one workgroup per row. */
-export const layerNormBackwardKernel: KernelDefinition<LayerNormConfig> = defineKernel({
+export const layerNormBackwardKernel = defineKernel({
   name: "layer_norm_backward",
-  wgsl: (c) =>
-    `${declare(dxBindings(c), "rows: u32, cols: u32")}
+  bindings: (c: LayerNormConfig) => [
+    { name: "x", type: c.dtype },
+    ...optional(c.weight, { name: "w", type: "f32" }),
+    { name: "g", type: c.dtype },
+    { name: "mean", type: "f32" },
+    { name: "rstd", type: "f32" },
+    { name: "dx", type: c.dtype, write: true },
+  ],
+  uniforms: { rows: "u32", cols: "u32" },
+  source: (c) =>
+    `${WGSL_WORKGROUP_REDUCE}
 @compute @workgroup_size(${REDUCE_THREADS})
 fn main(${WGSL_GRID_BUILTINS}) {
   ${ROW_START}
@@ -124,10 +102,19 @@ fn main(${WGSL_GRID_BUILTINS}) {
 // and exact in f32, but not coalesced on real GPUs; a tiled two-stage column
 // reduction would be the faster choice for large row counts.
 /** dweight = Σ_rows g·x̂ and dbias = Σ_rows g, one workgroup per column. */
-export const layerNormParamGradKernel: KernelDefinition<LayerNormConfig> = defineKernel({
+export const layerNormParamGradKernel = defineKernel({
   name: "layer_norm_param_grad",
-  wgsl: (c) =>
-    `${declare(paramBindings(c), "rows: u32, cols: u32")}
+  bindings: (c: LayerNormConfig) => [
+    { name: "x", type: c.dtype },
+    { name: "g", type: c.dtype },
+    { name: "mean", type: "f32" },
+    { name: "rstd", type: "f32" },
+    ...optional(c.weight, { name: "dw", type: "f32", write: true }),
+    ...optional(c.bias, { name: "db", type: "f32", write: true }),
+  ],
+  uniforms: { rows: "u32", cols: "u32" },
+  source: (c) =>
+    `${WGSL_WORKGROUP_REDUCE}
 @compute @workgroup_size(${REDUCE_THREADS})
 fn main(${WGSL_GRID_BUILTINS}) {
   let col = ${WGSL_WORKGROUP_INDEX};
@@ -166,12 +153,7 @@ export function launchLayerNorm(
   const config = { dtype: x.dtype, weight: weight !== null, bias: bias !== null };
   const kernel = x.gpu.kernel(layerNormForwardKernel, config);
   const tensors = { x, y, mean, rstd, ...(weight && { w: weight }), ...(bias && { b: bias }) };
-  x.gpu.dispatch(
-    kernel,
-    buffersFor(forwardBindings(config), tensors),
-    [rows, cols, f32Bits(eps)],
-    grid1d(rows),
-  );
+  x.gpu.dispatch(kernel, tensors, { rows, cols, eps }, grid1d(rows));
   return { y, mean, rstd };
 }
 
@@ -189,7 +171,7 @@ export function launchLayerNormBackward(
   const config = { dtype: x.dtype, weight: weight !== null, bias: false };
   const kernel = x.gpu.kernel(layerNormBackwardKernel, config);
   const tensors = { x, g, mean, rstd, dx, ...(weight && { w: weight }) };
-  x.gpu.dispatch(kernel, buffersFor(dxBindings(config), tensors), [rows, cols], grid1d(rows));
+  x.gpu.dispatch(kernel, tensors, { rows, cols }, grid1d(rows));
   return dx;
 }
 
@@ -211,6 +193,6 @@ export function launchLayerNormParamGrads(
   const config = { dtype: x.dtype, weight: want.weight, bias: want.bias };
   const kernel = x.gpu.kernel(layerNormParamGradKernel, config);
   const tensors = { x, g, mean, rstd, ...(dw && { dw }), ...(db && { db }) };
-  x.gpu.dispatch(kernel, buffersFor(paramBindings(config), tensors), [rows, cols], grid1d(cols));
+  x.gpu.dispatch(kernel, tensors, { rows, cols }, grid1d(cols));
   return { dw, db };
 }

@@ -10,9 +10,9 @@
  * - `shared`: the workgroup stages (TM·WGY)×TK and TK×(TN·WGX) tiles in
  *   workgroup memory. The usual winner on real GPUs.
  */
-import { type DType, wgslEnables } from "../dtype.ts";
+import type { DType } from "../dtype.ts";
 import type { MatmulTiling } from "../device.ts";
-import { defineKernel } from "../kernel.ts";
+import { defineKernel, optional } from "../kernel.ts";
 import type { Tensor } from "../tensor.ts";
 import { type Activation, activationExpr, WGSL_MATH } from "./wgsl_math.ts";
 
@@ -28,24 +28,19 @@ export type MatmulConfig = MatmulTiling & {
   activation: Activation;
 };
 
-// Uniform words: sizes, then element strides (batch, row, column) of A, B and C.
-const PARAMS = `struct Params {
-  m: u32, n: u32, k: u32,
-  a_batch: u32, a_row: u32, a_col: u32,
-  b_batch: u32, b_row: u32, b_col: u32,
-  c_batch: u32,
-}`;
-
-function bindings(c: MatmulConfig): string {
-  const bias = c.bias === "none"
-    ? ""
-    : `@group(0) @binding(3) var<storage, read> bias: array<${c.bias}>;\n`;
-  const uniform = c.bias === "none" ? 3 : 4;
-  return `@group(0) @binding(0) var<storage, read> a: array<${c.dtype}>;
-@group(0) @binding(1) var<storage, read> b: array<${c.dtype}>;
-@group(0) @binding(2) var<storage, read_write> c: array<${c.out}>;
-${bias}@group(0) @binding(${uniform}) var<uniform> p: Params;`;
-}
+// Sizes, then element strides (batch, row, column) of A, B and C.
+const UNIFORMS = {
+  m: "u32",
+  n: "u32",
+  k: "u32",
+  a_batch: "u32",
+  a_row: "u32",
+  a_col: "u32",
+  b_batch: "u32",
+  b_row: "u32",
+  b_col: "u32",
+  c_batch: "u32",
+} as const;
 
 /** Stores acc[i][j] to C at (row(i), col(j)) through bias and activation, skipping edges. */
 function epilogue(c: MatmulConfig, row: (i: number) => string, col: (j: number) => string): string {
@@ -96,9 +91,7 @@ function registerWgsl(c: MatmulConfig): string {
   );
   const aLoads = range(tm).map((i) => `let a${i} = f32(a[ao${i} + k * p.a_col]);`);
   const bLoads = range(tn).map((j) => `let b${j} = f32(b[bo${j} + k * p.b_row]);`);
-  return `${wgslEnables(c.dtype, c.out, c.bias === "none" ? "f32" : c.bias)}${WGSL_MATH}
-${PARAMS}
-${bindings(c)}
+  return `${WGSL_MATH}
 @compute @workgroup_size(${wgx}, ${wgy})
 fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>,
         @builtin(local_invocation_id) lid: vec3<u32>) {
@@ -125,9 +118,7 @@ function sharedWgsl(c: MatmulConfig): string {
   const bm = tm * wgy, bn = tn * wgx, threads = wgx * wgy;
   // Each thread's rows and columns are strided by the workgroup extent so
   // neighbouring threads read neighbouring shared-memory words.
-  return `${wgslEnables(c.dtype, c.out, c.bias === "none" ? "f32" : c.bias)}${WGSL_MATH}
-${PARAMS}
-${bindings(c)}
+  return `${WGSL_MATH}
 var<workgroup> tile_a: array<f32, ${bm * tk}>; // [tk][bm]
 var<workgroup> tile_b: array<f32, ${tk * bn}>; // [tk][bn]
 @compute @workgroup_size(${wgx}, ${wgy})
@@ -173,9 +164,16 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 
 /** The matmul kernel family. */
-export const matmulKernel = defineKernel<MatmulConfig>({
+export const matmulKernel = defineKernel({
   name: "matmul",
-  wgsl: (c) => (c.variant === "shared" ? sharedWgsl(c) : registerWgsl(c)),
+  bindings: (c: MatmulConfig) => [
+    { name: "a", type: c.dtype },
+    { name: "b", type: c.dtype },
+    { name: "c", type: c.out, write: true },
+    ...optional(c.bias !== "none", { name: "bias", type: c.bias as DType }),
+  ],
+  uniforms: UNIFORMS,
+  source: (c) => (c.variant === "shared" ? sharedWgsl(c) : registerWgsl(c)),
 });
 
 /** How one operand is laid out in memory: element strides per batch, row and column. */
@@ -218,24 +216,23 @@ export function dispatchMatmul(
     activation: epilogue.activation ?? "none",
   };
   const kernel = gpu.kernel(matmulKernel, config);
-  const buffers = [a.buffer, b.buffer, c.buffer];
-  if (epilogue.bias) buffers.push(epilogue.bias.buffer);
   const rowsPerGroup = tiling.tm * tiling.wgy, colsPerGroup = tiling.tn * tiling.wgx;
+  const { a: la, b: lb } = problem;
   gpu.dispatch(
     kernel,
-    buffers,
-    [
+    { a, b, c, ...(epilogue.bias && { bias: epilogue.bias }) },
+    {
       m,
       n,
       k,
-      problem.a.batch,
-      problem.a.row,
-      problem.a.col,
-      problem.b.batch,
-      problem.b.row,
-      problem.b.col,
-      m * n,
-    ],
+      a_batch: la.batch,
+      a_row: la.row,
+      a_col: la.col,
+      b_batch: lb.batch,
+      b_row: lb.row,
+      b_col: lb.col,
+      c_batch: m * n,
+    },
     [Math.ceil(n / colsPerGroup), Math.ceil(m / rowsPerGroup), batch],
   );
 }

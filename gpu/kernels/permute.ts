@@ -5,7 +5,7 @@
  * the input stride of the axis that output axis k takes. Shapes and strides
  * are uniforms, so one pipeline per dtype serves every permutation.
  */
-import { type DType, wgslEnables } from "../dtype.ts";
+import type { DType } from "../dtype.ts";
 import { defineKernel } from "../kernel.ts";
 import type { Shape } from "../shape.ts";
 import { Tensor } from "../tensor.ts";
@@ -17,15 +17,24 @@ const WORKGROUP = 256;
 export const PERMUTE_MAX_RANK = 4;
 
 /** y[c0, c1, c2, c3] = x[c0·s0 + c1·s1 + c2·s2 + c3·s3]. */
-export const permuteKernel = defineKernel<{ dtype: DType }>({
+export const permuteKernel = defineKernel({
   name: "permute",
-  wgsl: ({ dtype }) =>
-    `${wgslEnables(dtype)}
-struct Params { n: u32, d1: u32, d2: u32, d3: u32, s0: u32, s1: u32, s2: u32, s3: u32 }
-@group(0) @binding(0) var<storage, read> x: array<${dtype}>;
-@group(0) @binding(1) var<storage, read_write> y: array<${dtype}>;
-@group(0) @binding(2) var<uniform> p: Params;
-@compute @workgroup_size(${WORKGROUP})
+  bindings: (c: { dtype: DType }) => [
+    { name: "x", type: c.dtype },
+    { name: "y", type: c.dtype, write: true },
+  ],
+  uniforms: {
+    n: "u32",
+    d1: "u32",
+    d2: "u32",
+    d3: "u32",
+    s0: "u32",
+    s1: "u32",
+    s2: "u32",
+    s3: "u32",
+  },
+  source: () =>
+    `@compute @workgroup_size(${WORKGROUP})
 fn main(${WGSL_GRID_BUILTINS}) {
   let i = ${WGSL_WORKGROUP_INDEX} * ${WORKGROUP}u + lid;
   if (i >= p.n) { return; }
@@ -64,10 +73,11 @@ export function launchPermute(x: Tensor, order: readonly number[]): Tensor {
   const dims = [...new Array(pad).fill(1), ...outShape];
   const strides = [...new Array(pad).fill(0), ...order.map((a) => inStrides[a])];
   const kernel = x.gpu.kernel(permuteKernel, { dtype: x.dtype });
+  const [s0, s1, s2, s3] = strides;
   x.gpu.dispatch(
     kernel,
-    [x.buffer, y.buffer],
-    [y.size, dims[1], dims[2], dims[3], ...strides],
+    { x, y },
+    { n: y.size, d1: dims[1], d2: dims[2], d3: dims[3], s0, s1, s2, s3 },
     grid1d(Math.ceil(y.size / WORKGROUP)),
   );
   return y;

@@ -3,8 +3,8 @@
  * the output as [outer, inner]; one workgroup per output element strides over
  * the axis and combines in workgroup memory. Accumulation is f32 always.
  */
-import { type DType, wgslEnables } from "../dtype.ts";
-import { defineKernel, f32Bits } from "../kernel.ts";
+import type { DType } from "../dtype.ts";
+import { defineKernel } from "../kernel.ts";
 import type { Shape } from "../shape.ts";
 import { Tensor } from "../tensor.ts";
 import { grid1d, WGSL_GRID_BUILTINS, WGSL_WORKGROUP_INDEX } from "./grid.ts";
@@ -20,15 +20,15 @@ export interface ReduceView {
   inner: number;
 }
 
-export const reduceKernel = defineKernel<{ op: ReduceOp; dtype: DType; out: DType }>({
+export const reduceKernel = defineKernel({
   name: "reduce",
-  wgsl: ({ op, dtype, out }) =>
-    `${wgslEnables(dtype, out)}
-struct Params { outer: u32, axis: u32, inner: u32, scale: u32 }
-@group(0) @binding(0) var<storage, read> src: array<${dtype}>;
-@group(0) @binding(1) var<storage, read_write> dst: array<${out}>;
-@group(0) @binding(2) var<uniform> p: Params;
-${WGSL_WORKGROUP_REDUCE}
+  bindings: (c: { op: ReduceOp; dtype: DType; out: DType }) => [
+    { name: "src", type: c.dtype },
+    { name: "dst", type: c.out, write: true },
+  ],
+  uniforms: { outer: "u32", axis: "u32", inner: "u32", scale: "f32" },
+  source: ({ op, out }) =>
+    `${WGSL_WORKGROUP_REDUCE}
 @compute @workgroup_size(${REDUCE_THREADS})
 fn main(${WGSL_GRID_BUILTINS}) {
   let o = ${WGSL_WORKGROUP_INDEX};
@@ -40,7 +40,7 @@ fn main(${WGSL_GRID_BUILTINS}) {
     acc = ${op === "sum" ? "acc + v" : "max(acc, v)"};
   }
   let total = reduce_${op}(acc, lid);
-  if (lid == 0u) { dst[o] = ${out}(total${op === "sum" ? " * bitcast<f32>(p.scale)" : ""}); }
+  if (lid == 0u) { dst[o] = ${out}(total${op === "sum" ? " * p.scale" : ""}); }
 }`,
 });
 
@@ -61,8 +61,8 @@ export function launchReduce(
   const kernel = src.gpu.kernel(reduceKernel, { op, dtype: src.dtype, out: dst.dtype });
   src.gpu.dispatch(
     kernel,
-    [src.buffer, dst.buffer],
-    [view.outer, view.axis, view.inner, f32Bits(options.scale ?? 1)],
+    { src, dst },
+    { outer: view.outer, axis: view.axis, inner: view.inner, scale: options.scale ?? 1 },
     grid1d(outputs),
   );
   return dst;

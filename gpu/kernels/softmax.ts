@@ -3,7 +3,7 @@
  * workgroup per row; the max, the sum of exponentials and the backward dot
  * products are f32 whatever the storage dtype.
  */
-import { type DType, wgslEnables } from "../dtype.ts";
+import type { DType } from "../dtype.ts";
 import { defineKernel } from "../kernel.ts";
 import { Tensor } from "../tensor.ts";
 import { grid1d, WGSL_GRID_BUILTINS, WGSL_WORKGROUP_INDEX } from "./grid.ts";
@@ -14,21 +14,29 @@ export type SoftmaxKind = "softmax" | "log_softmax";
 
 const LOOP = `for (var j = lid; j < p.cols; j += ${REDUCE_THREADS}u)`;
 
-export const softmaxForwardKernel = defineKernel<{ kind: SoftmaxKind; dtype: DType }>({
-  name: "softmax_forward",
-  wgsl: ({ kind, dtype }) =>
-    `${wgslEnables(dtype)}
-struct Params { rows: u32, cols: u32 }
-@group(0) @binding(0) var<storage, read> x: array<${dtype}>;
-@group(0) @binding(1) var<storage, read_write> y: array<${dtype}>;
-@group(0) @binding(2) var<uniform> p: Params;
-${WGSL_WORKGROUP_REDUCE}
+/** One workgroup per row: the reduction helpers, the entry point and the row's base index. */
+function rowKernel(body: string): string {
+  return `${WGSL_WORKGROUP_REDUCE}
 @compute @workgroup_size(${REDUCE_THREADS})
 fn main(${WGSL_GRID_BUILTINS}) {
   let row = ${WGSL_WORKGROUP_INDEX};
   if (row >= p.rows) { return; }
   let base = row * p.cols;
-  var m = ${WGSL_LOWEST};
+  ${body}
+}`;
+}
+
+type Config = { kind: SoftmaxKind; dtype: DType };
+
+export const softmaxForwardKernel = defineKernel({
+  name: "softmax_forward",
+  bindings: (c: Config) => [
+    { name: "x", type: c.dtype },
+    { name: "y", type: c.dtype, write: true },
+  ],
+  uniforms: { rows: "u32", cols: "u32" },
+  source: ({ kind, dtype }) =>
+    rowKernel(`var m = ${WGSL_LOWEST};
   ${LOOP} { m = max(m, f32(x[base + j])); }
   m = reduce_max(m, lid);
   var s = 0.0;
@@ -38,36 +46,28 @@ fn main(${WGSL_GRID_BUILTINS}) {
       kind === "softmax"
         ? `let inv = 1.0 / s;\n  ${LOOP} { y[base + j] = ${dtype}(exp(f32(x[base + j]) - m) * inv); }`
         : `let shift = m + log(s);\n  ${LOOP} { y[base + j] = ${dtype}(f32(x[base + j]) - shift); }`
-    }
-}`,
+    }`),
 });
 
 // softmax:     dx = y · (dy − Σ dy·y)
 // log-softmax: dx = dy − exp(y) · Σ dy
-export const softmaxBackwardKernel = defineKernel<{ kind: SoftmaxKind; dtype: DType }>({
+export const softmaxBackwardKernel = defineKernel({
   name: "softmax_backward",
-  wgsl: ({ kind, dtype }) =>
-    `${wgslEnables(dtype)}
-struct Params { rows: u32, cols: u32 }
-@group(0) @binding(0) var<storage, read> y: array<${dtype}>;
-@group(0) @binding(1) var<storage, read> dy: array<${dtype}>;
-@group(0) @binding(2) var<storage, read_write> dx: array<${dtype}>;
-@group(0) @binding(3) var<uniform> p: Params;
-${WGSL_WORKGROUP_REDUCE}
-@compute @workgroup_size(${REDUCE_THREADS})
-fn main(${WGSL_GRID_BUILTINS}) {
-  let row = ${WGSL_WORKGROUP_INDEX};
-  if (row >= p.rows) { return; }
-  let base = row * p.cols;
-  var d = 0.0;
+  bindings: (c: Config) => [
+    { name: "y", type: c.dtype },
+    { name: "dy", type: c.dtype },
+    { name: "dx", type: c.dtype, write: true },
+  ],
+  uniforms: { rows: "u32", cols: "u32" },
+  source: ({ kind, dtype }) =>
+    rowKernel(`var d = 0.0;
   ${LOOP} { d += f32(dy[base + j])${kind === "softmax" ? " * f32(y[base + j])" : ""}; }
   d = reduce_sum(d, lid);
   ${LOOP} {
     let yj = f32(y[base + j]);
     let gj = f32(dy[base + j]);
     dx[base + j] = ${dtype}(${kind === "softmax" ? "yj * (gj - d)" : "gj - exp(yj) * d"});
-  }
-}`,
+  }`),
 });
 
 /** A tensor as rows over its last axis. */
@@ -82,7 +82,7 @@ export function launchSoftmax(kind: SoftmaxKind, x: Tensor): Tensor {
   const { rows, cols } = rowsOf(x);
   if (rows === 0) return y;
   const kernel = x.gpu.kernel(softmaxForwardKernel, { kind, dtype: x.dtype });
-  x.gpu.dispatch(kernel, [x.buffer, y.buffer], [rows, cols], grid1d(rows));
+  x.gpu.dispatch(kernel, { x, y }, { rows, cols }, grid1d(rows));
   return y;
 }
 
@@ -92,6 +92,6 @@ export function launchSoftmaxBackward(kind: SoftmaxKind, y: Tensor, dy: Tensor):
   const { rows, cols } = rowsOf(y);
   if (rows === 0) return dx;
   const kernel = y.gpu.kernel(softmaxBackwardKernel, { kind, dtype: y.dtype });
-  y.gpu.dispatch(kernel, [y.buffer, dy.buffer, dx.buffer], [rows, cols], grid1d(rows));
+  y.gpu.dispatch(kernel, { y, dy, dx }, { rows, cols }, grid1d(rows));
   return dx;
 }

@@ -5,6 +5,7 @@
  * GPU: nothing here reads back to the CPU.
  */
 import { isGradEnabled, record } from "../autograd.ts";
+import { autocastInputs } from "../autocast_hook.ts";
 import { isRecomputing } from "../checkpoint.ts";
 import {
   type BatchNormView,
@@ -126,7 +127,9 @@ function checkOptions(
  * gpu.destroy();
  * ```
  */
-export function batchNorm(x: Tensor, options: BatchNormOptions): Tensor {
+export function batchNorm(x0: Tensor, options: BatchNormOptions): Tensor {
+  // On the f32 list by default: under autocast an f16 input is cast up.
+  const [x] = autocastInputs("batch_norm", [x0]);
   const { runningMean, runningVar } = options;
   const weight = options.weight ?? null, bias = options.bias ?? null;
   const view = viewOf(x);
@@ -151,15 +154,21 @@ export function batchNorm(x: Tensor, options: BatchNormOptions): Tensor {
   const inputs = [x, ...(weight ? [weight] : []), ...(bias ? [bias] : [])];
   const saved = [x, mean, rstd, ...(weight ? [weight] : [])];
   try {
-    return record("batch_norm", inputs, y, (g, [sx, sMean, sRstd, sWeight]) => {
-      const { dx, dw, db } = launchBatchNormBackward(
-        sx,
-        view,
-        { g, mean: sMean, rstd: sRstd, weight: sWeight ?? null },
-        { training, bias: bias !== null },
-      );
-      return [dx, ...(weight ? [dw] : []), ...(bias ? [db] : [])];
-    }, saved);
+    return record({
+      op: "batch_norm",
+      inputs,
+      output: y,
+      save: saved,
+      backward: (g, [sx, sMean, sRstd, sWeight]) => {
+        const { dx, dw, db } = launchBatchNormBackward(
+          sx,
+          view,
+          { g, mean: sMean, rstd: sRstd, weight: sWeight ?? null },
+          { training, bias: bias !== null },
+        );
+        return [dx, ...(weight ? [dw] : []), ...(bias ? [db] : [])];
+      },
+    });
   } finally {
     // record() holds its own shared handles; ours go now (see layer_norm.ts).
     mean.dispose();

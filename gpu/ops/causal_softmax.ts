@@ -53,11 +53,11 @@ export function causalSoftmax(x0: Tensor, options: CausalSoftmaxOptions = {}): T
     throw new RangeError(`causalSoftmax: scale must be a finite number, got ${scale}.`);
   }
   const y = launchCausalSoftmax(x, scale);
-  return record(
-    "causal_softmax",
-    [x],
-    y,
-    (g, [sy]) => [launchCausalSoftmaxBackward(sy, g, scale)],
-    [y],
-  );
+  return record({
+    op: "causal_softmax",
+    inputs: [x],
+    output: y,
+    save: [y],
+    backward: (g, [sy]) => [launchCausalSoftmaxBackward(sy, g, scale)],
+  });
 }

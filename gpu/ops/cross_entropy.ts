@@ -27,13 +27,13 @@ export function crossEntropyPerRow(logits0: Tensor, targets: Tensor, smoothing =
   }
   assertIdsInRange("crossEntropy", targets, logits.shape[1]);
   const { loss, lse } = launchCrossEntropy(logits, targets, smoothing);
-  record(
-    "cross_entropy",
-    [logits],
-    loss,
-    (g, [x, t, l]) => [launchCrossEntropyBackward(x, t, l, g, smoothing)],
-    [logits, targets, lse],
-  );
+  record({
+    op: "cross_entropy",
+    inputs: [logits],
+    output: loss,
+    save: [logits, targets, lse],
+    backward: (g, [x, t, l]) => [launchCrossEntropyBackward(x, t, l, g, smoothing)],
+  });
   lse.dispose(); // the tape holds its own handle when it needs one
   return loss;
 }

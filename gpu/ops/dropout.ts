@@ -1,5 +1,7 @@
 /** Differentiable dropout whose mask is regenerated, never stored. */
 import { record } from "../autograd.ts";
+import { autocastInputs } from "../autocast_hook.ts";
+import { fail, ValueError } from "../errors.ts";
 import { launchDropout } from "../kernels/dropout.ts";
 import type { RandomRange } from "../random.ts";
 import type { Tensor } from "../tensor.ts";
@@ -21,10 +23,16 @@ import type { Tensor } from "../tensor.ts";
  * gpu.destroy();
  * ```
  */
-export function dropout(x: Tensor, p: number, range: RandomRange): Tensor {
+export function dropout(x0: Tensor, p: number, range: RandomRange): Tensor {
   if (!(p >= 0 && p < 1)) {
-    throw new RangeError(`dropout: p must be in [0, 1), got ${p} (input ${x.describe()}).`);
+    fail(ValueError, "dropout", `p must be in [0, 1), got ${p} (input ${x0.describe()}).`);
   }
+  const [x] = autocastInputs("dropout", [x0]);
   const y = launchDropout(x, p, range);
-  return record("dropout", [x], y, (g) => [launchDropout(g, p, range)]);
+  return record({
+    op: "dropout",
+    inputs: [x],
+    output: y,
+    backward: (g) => [launchDropout(g, p, range)],
+  });
 }

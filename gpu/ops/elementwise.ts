@@ -4,7 +4,7 @@
  * over the repeated axes.
  */
 import { record } from "../autograd.ts";
-import type { DType } from "../dtype.ts";
+import { assertDType, type DType } from "../dtype.ts";
 import {
   type BinaryOp,
   type Broadcast,
@@ -15,6 +15,7 @@ import {
 import { launchReduce } from "../kernels/reduce.ts";
 import type { Tensor } from "../tensor.ts";
 import { autocastInputs } from "../autocast_hook.ts";
+import type { AutocastOpName } from "../op_registry.ts";
 import { broadcastInto, isSame, reductionOf } from "./broadcast.ts";
 import { assertSameDtype, assertSameGpu } from "./checks.ts";
 
@@ -27,7 +28,7 @@ function reduceToOperand(g: Tensor, operand: Tensor, b: Broadcast, scale = 1): T
 
 /** Casts the operands as autocast says, checks them, and runs the kernel. */
 function binary(
-  op: BinaryOp,
+  op: BinaryOp & AutocastOpName,
   a0: Tensor,
   b0: Tensor,
 ): { a: Tensor; b: Tensor; y: Tensor; bc: Broadcast } {
@@ -54,50 +55,64 @@ function binary(
  */
 export function add(a0: Tensor, b0: Tensor): Tensor {
   const { a, b, y, bc } = binary("add", a0, b0);
-  return record(
-    "add",
-    [a, b],
-    y,
-    (g, _, needs) => [g, needs[1] ? reduceToOperand(g, b, bc) : null],
-  );
+  return record({
+    op: "add",
+    inputs: [a, b],
+    output: y,
+    backward: (g, _, needs) => [g, needs[1] ? reduceToOperand(g, b, bc) : null],
+  });
 }
 
 /** a − b, with `b` broadcast into `a`'s shape. */
 export function sub(a0: Tensor, b0: Tensor): Tensor {
   const { a, b, y, bc } = binary("sub", a0, b0);
-  return record("sub", [a, b], y, (g, _, needs) => [
-    g,
-    needs[1] ? reduceToOperand(g, b, bc, -1) : null,
-  ]);
+  return record({
+    op: "sub",
+    inputs: [a, b],
+    output: y,
+    backward: (g, _, needs) => [g, needs[1] ? reduceToOperand(g, b, bc, -1) : null],
+  });
 }
 
 /** a · b elementwise, with `b` broadcast into `a`'s shape. */
 export function mul(a0: Tensor, b0: Tensor): Tensor {
   const { a, b, y, bc } = binary("mul", a0, b0);
-  return record("mul", [a, b], y, (g, [sa, sb], needs) => {
-    const ga = needs[0] ? launchBinary("mul", g, sb, bc) : null;
-    if (!needs[1]) return [ga, null];
-    const gab = launchBinary("mul", g, sa);
-    const gb = reduceToOperand(gab, sb, bc);
-    if (gb !== gab) gab.dispose();
-    return [ga, gb];
-  }, [a, b]);
+  return record({
+    op: "mul",
+    inputs: [a, b],
+    output: y,
+    save: [a, b],
+    backward: (g, [sa, sb], needs) => {
+      const ga = needs[0] ? launchBinary("mul", g, sb, bc) : null;
+      if (!needs[1]) return [ga, null];
+      const gab = launchBinary("mul", g, sa);
+      const gb = reduceToOperand(gab, sb, bc);
+      if (gb !== gab) gab.dispose();
+      return [ga, gb];
+    },
+  });
 }
 
 /** a / b elementwise, with `b` broadcast into `a`'s shape. */
 export function div(a0: Tensor, b0: Tensor): Tensor {
   const { a, b, y, bc } = binary("div", a0, b0);
   // d/da = 1/b; d/db = −a/b² = −y/b.
-  return record("div", [a, b], y, (g, [sb, sy], needs) => {
-    const ga = needs[0] ? launchBinary("div", g, sb, bc) : null;
-    if (!needs[1]) return [ga, null];
-    const gy = launchBinary("mul", g, sy);
-    const gyb = launchBinary("div", gy, sb, bc);
-    gy.dispose();
-    const gb = reduceToOperand(gyb, sb, bc, -1);
-    if (gb !== gyb) gyb.dispose();
-    return [ga, gb];
-  }, [b, y]);
+  return record({
+    op: "div",
+    inputs: [a, b],
+    output: y,
+    save: [b, y],
+    backward: (g, [sb, sy], needs) => {
+      const ga = needs[0] ? launchBinary("div", g, sb, bc) : null;
+      if (!needs[1]) return [ga, null];
+      const gy = launchBinary("mul", g, sy);
+      const gyb = launchBinary("div", gy, sb, bc);
+      gy.dispose();
+      const gb = reduceToOperand(gyb, sb, bc, -1);
+      if (gb !== gyb) gyb.dispose();
+      return [ga, gb];
+    },
+  });
 }
 
 /**
@@ -135,7 +150,13 @@ function unary(op: keyof typeof UNARY_GRADS, x0: Tensor, s = 0): Tensor {
   const y = launchUnary(op, x, { scalar: s });
   const { saves, grad } = UNARY_GRADS[op];
   const save = saves === "x" ? [x] : saves === "y" ? [y] : [];
-  return record(op, [x], y, (g, [saved]) => [grad(g, saved, s)], save);
+  return record({
+    op,
+    inputs: [x],
+    output: y,
+    save,
+    backward: (g, [saved]) => [grad(g, saved, s)],
+  });
 }
 
 /** −x. */
@@ -177,11 +198,12 @@ export function gelu(x: Tensor): Tensor {
 
 /** `x` converted to `dtype` (a copy even when the dtype is unchanged); the gradient casts back. */
 export function cast(x: Tensor, dtype: DType): Tensor {
+  assertDType("cast", dtype);
   const y = launchUnary("identity", x, { out: dtype });
-  return record(
-    "cast",
-    [x],
-    y,
-    (g) => [g.dtype === x.dtype ? g : launchUnary("identity", g, { out: x.dtype })],
-  );
+  return record({
+    op: "cast",
+    inputs: [x],
+    output: y,
+    backward: (g) => [g.dtype === x.dtype ? g : launchUnary("identity", g, { out: x.dtype })],
+  });
 }

@@ -1,5 +1,6 @@
 /** Differentiable embedding lookup. */
 import { record } from "../autograd.ts";
+import { autocastInputs } from "../autocast_hook.ts";
 import { launchGather, launchScatterAdd } from "../kernels/embedding.ts";
 import type { Tensor } from "../tensor.ts";
 
@@ -18,7 +19,8 @@ import type { Tensor } from "../tensor.ts";
  * gpu.destroy();
  * ```
  */
-export function embedding(table: Tensor, ids: Tensor): Tensor {
+export function embedding(table0: Tensor, ids: Tensor): Tensor {
+  const [table] = autocastInputs("embedding", [table0, ids]);
   if (table.rank !== 2 || ids.dtype !== "i32") {
     throw new TypeError(
       `embedding: needs a table [vocab, dim] and i32 ids; got table ${table.describe()} ` +
@@ -27,13 +29,13 @@ export function embedding(table: Tensor, ids: Tensor): Tensor {
   }
   assertIdsInRange("embedding", ids, table.shape[0]);
   const out = launchGather(table, ids);
-  return record(
-    "embedding",
-    [table],
-    out,
-    (g, [savedIds]) => [launchScatterAdd(g, savedIds, table.shape, table.dtype)],
-    [ids],
-  );
+  return record({
+    op: "embedding",
+    inputs: [table],
+    output: out,
+    save: [ids],
+    backward: (g, [savedIds]) => [launchScatterAdd(g, savedIds, table.shape, table.dtype)],
+  });
 }
 
 /** Throws unless the host-known range of `ids` lies in [0, count). */

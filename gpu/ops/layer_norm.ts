@@ -3,6 +3,7 @@
  * kernels, f32 statistics and f32 affine parameters whatever x's dtype.
  */
 import { record } from "../autograd.ts";
+import { autocastInputs } from "../autocast_hook.ts";
 import {
   launchLayerNorm,
   launchLayerNormBackward,
@@ -79,7 +80,9 @@ function checkInputs(x: Tensor, weight: Tensor | null, bias: Tensor | null, eps:
  * gpu.destroy();
  * ```
  */
-export function layerNorm(x: Tensor, options: LayerNormOptions = {}): Tensor {
+export function layerNorm(x0: Tensor, options: LayerNormOptions = {}): Tensor {
+  // Only the activation is autocast: the affine parameters stay fp32.
+  const [x] = autocastInputs("layer_norm", [x0]);
   const eps = options.eps ?? 1e-5;
   const weight = options.weight ?? null, bias = options.bias ?? null;
   checkInputs(x, weight, bias, eps);
@@ -89,11 +92,17 @@ export function layerNorm(x: Tensor, options: LayerNormOptions = {}): Tensor {
   const want = { weight: weight?.requiresGrad ?? false, bias: bias?.requiresGrad ?? false };
   const saved = [x, mean, rstd, ...(weight ? [weight] : [])];
   try {
-    return record("layer_norm", inputs, y, (g, [sx, sMean, sRstd, sWeight]) => {
-      const dx = needDx ? launchLayerNormBackward(sx, sWeight ?? null, g, sMean, sRstd) : null;
-      const { dw, db } = launchLayerNormParamGrads(sx, g, sMean, sRstd, want);
-      return [dx, ...(weight ? [dw] : []), ...(bias ? [db] : [])];
-    }, saved);
+    return record({
+      op: "layer_norm",
+      inputs,
+      output: y,
+      save: saved,
+      backward: (g, [sx, sMean, sRstd, sWeight]) => {
+        const dx = needDx ? launchLayerNormBackward(sx, sWeight ?? null, g, sMean, sRstd) : null;
+        const { dw, db } = launchLayerNormParamGrads(sx, g, sMean, sRstd, want);
+        return [dx, ...(weight ? [dw] : []), ...(bias ? [db] : [])];
+      },
+    });
   } finally {
     // record() keeps its own shared handles of what it saves; ours go now, so
     // the statistics live exactly as long as the tape node (or not at all).

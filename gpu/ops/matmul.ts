@@ -132,13 +132,13 @@ export function matmul(a0: Tensor, b0: Tensor, options: MatmulOptions = {}): Ten
   const [a, b] = autocastInputs("matmul", [a0, b0]);
   const transA = options.transA ?? false, transB = options.transB ?? false;
   const c = product(a, b, transA, transB);
-  return record(
-    "matmul",
-    [a, b],
-    c,
-    (g, [sa, sb], needs) => matmulGrads(sa, sb, g, transA, transB, needs),
-    [a, b],
-  );
+  return record({
+    op: "matmul",
+    inputs: [a, b],
+    output: c,
+    save: [a, b],
+    backward: (g, [sa, sb], needs) => matmulGrads(sa, sb, g, transA, transB, needs),
+  });
 }
 
 /** Options of {@link linear}. */
@@ -193,25 +193,32 @@ export function linear(x0: Tensor, weight0: Tensor, options: LinearOptions = {})
   dispatchMatmul(resolved.problem, x2, weight, y, { bias: bias ?? undefined, activation });
   x2.dispose();
   const inputs = bias ? [x, weight, bias] : [x, weight];
-  return record("linear", inputs, y, (g, [sx, sw, sy], needs) => {
-    // ReLU's gradient from its output: y > 0 exactly where the pre-activation is.
-    const gPre = activation === "relu" ? launchBinary("relu_grad", g, sy) : g;
-    const g2 = gPre.share([rows, outFeatures]), xs = sx.share([rows, inFeatures]);
-    let gx: Tensor | null = null;
-    if (needs[0]) {
-      const flat = product(g2, sw, false, false);
-      gx = flat.share(x.shape);
-      flat.dispose();
-    }
-    const gw = needs[1] ? product(g2, xs, true, false) : null;
-    const gb = bias && needs[2]
-      ? launchReduce("sum", g2, { outer: 1, axis: rows, inner: outFeatures }, bias.shape, {
-        out: bias.dtype,
-      })
-      : null;
-    g2.dispose();
-    xs.dispose();
-    if (gPre !== g) gPre.dispose();
-    return bias ? [gx, gw, gb] : [gx, gw];
-  }, activation === "relu" ? [x, weight, y] : [x, weight]);
+  const save = activation === "relu" ? [x, weight, y] : [x, weight];
+  return record({
+    op: "linear",
+    inputs,
+    output: y,
+    save,
+    backward: (g, [sx, sw, sy], needs) => {
+      // ReLU's gradient from its output: y > 0 exactly where the pre-activation is.
+      const gPre = activation === "relu" ? launchBinary("relu_grad", g, sy) : g;
+      const g2 = gPre.share([rows, outFeatures]), xs = sx.share([rows, inFeatures]);
+      let gx: Tensor | null = null;
+      if (needs[0]) {
+        const flat = product(g2, sw, false, false);
+        gx = flat.share(x.shape);
+        flat.dispose();
+      }
+      const gw = needs[1] ? product(g2, xs, true, false) : null;
+      const gb = bias && needs[2]
+        ? launchReduce("sum", g2, { outer: 1, axis: rows, inner: outFeatures }, bias.shape, {
+          out: bias.dtype,
+        })
+        : null;
+      g2.dispose();
+      xs.dispose();
+      if (gPre !== g) gPre.dispose();
+      return bias ? [gx, gw, gb] : [gx, gw];
+    },
+  });
 }

@@ -46,12 +46,17 @@ function resolveOrder(x: Tensor, order: readonly number[]): number[] {
  * ```
  */
 export function permute(x: Tensor, order: readonly number[]): Tensor {
-  // NOTE: no autocastInputs: a permutation moves values and never changes their dtype,
-  // like reshape.
+  // A permutation moves values and never changes their dtype: it does not
+  // consult autocast (see the op registry).
   const resolved = resolveOrder(x, order);
   const identity = resolved.every((a, k) => a === k);
   const y = identity ? x.share() : launchPermute(x, resolved);
   const inverse = new Array<number>(resolved.length);
   resolved.forEach((a, k) => (inverse[a] = k));
-  return record("permute", [x], y, (g) => [identity ? g.share() : launchPermute(g, inverse)]);
+  return record({
+    op: "permute",
+    inputs: [x],
+    output: y,
+    backward: (g) => [identity ? g.share() : launchPermute(g, inverse)],
+  });
 }

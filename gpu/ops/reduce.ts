@@ -1,6 +1,7 @@
 /** Differentiable reductions: sum and mean over one axis or all; max (no gradient). */
 import { isGradEnabled, record } from "../autograd.ts";
 import { autocastInputs } from "../autocast_hook.ts";
+import { fail, StateError } from "../errors.ts";
 import { launchUnary } from "../kernels/elementwise.ts";
 import { launchReduce, type ReduceOp, type ReduceView } from "../kernels/reduce.ts";
 import { normalizeAxis, type Shape, sizeOf } from "../shape.ts";
@@ -39,12 +40,17 @@ function reduceWithGrad(op: "sum" | "mean", x0: Tensor, options: ReduceOptions):
   const scale = op === "mean" ? 1 / Math.max(view.axis, 1) : 1;
   const y = launchReduce("sum", x, view, shape, { scale });
   // The gradient repeats along the reduced axis (times 1/n for a mean).
-  return record(op, [x], y, (g) => [
-    launchUnary("scale", g, {
-      scalar: scale,
-      expand: { shape: x.shape, broadcast: { mid: view.axis, inner: view.inner } },
-    }),
-  ]);
+  return record({
+    op,
+    inputs: [x],
+    output: y,
+    backward: (g) => [
+      launchUnary("scale", g, {
+        scalar: scale,
+        expand: { shape: x.shape, broadcast: { mid: view.axis, inner: view.inner } },
+      }),
+    ],
+  });
 }
 
 /**
@@ -72,10 +78,13 @@ export function mean(x: Tensor, options: ReduceOptions = {}): Tensor {
 }
 
 /** Maximum over `options.axis`, or of every element. Has no gradient: use it under `noGrad`. */
-export function max(x: Tensor, options: ReduceOptions = {}): Tensor {
+export function max(x0: Tensor, options: ReduceOptions = {}): Tensor {
+  const [x] = autocastInputs("max", [x0]);
   if (isGradEnabled() && x.requiresGrad) {
-    throw new TypeError(
-      `max: input ${x.describe()} requires grad but max has no gradient rule; ` +
+    fail(
+      StateError,
+      "max",
+      `input ${x.describe()} requires grad but max has no gradient rule; ` +
         "call it inside noGrad() (e.g. for metrics).",
     );
   }

@@ -30,5 +30,5 @@ export function reshape(x: Tensor, shape: Shape): Tensor {
     );
   }
   const y = x.share(resolved);
-  return record("reshape", [x], y, (g) => [g.share(x.shape)]);
+  return record({ op: "reshape", inputs: [x], output: y, backward: (g) => [g.share(x.shape)] });
 }

@@ -17,7 +17,13 @@ function softmaxOp(kind: SoftmaxKind, x0: Tensor, axis: number): Tensor {
   const [x] = autocastInputs(kind, [x0]);
   checkAxis(kind, x, axis);
   const y = launchSoftmax(kind, x);
-  return record(kind, [x], y, (g, [sy]) => [launchSoftmaxBackward(kind, sy, g)], [y]);
+  return record({
+    op: kind,
+    inputs: [x],
+    output: y,
+    save: [y],
+    backward: (g, [sy]) => [launchSoftmaxBackward(kind, sy, g)],
+  });
 }
 
 /**

@@ -7,12 +7,10 @@
  *
  * Bindings, in order: master, gradient, found_inf (read as u32 bits, so a NaN
  * or -0 flag is handled without float compares), grad_scale, then the
- * kernel's state buffers, then the working copy (when present), then the
- * uniform words.
+ * kernel's state buffers, then the working copy (when present).
  */
 import type { DType } from "../../gpu/dtype.ts";
-import { wgslEnables } from "../../gpu/dtype.ts";
-import { type CompiledKernel, defineKernel, f32Bits } from "../../gpu/kernel.ts";
+import { type Binding, defineKernel, type DispatchUniforms, optional } from "../../gpu/kernel.ts";
 import { grid1d, WGSL_GRID_BUILTINS, WGSL_WORKGROUP_INDEX } from "../../gpu/kernels/grid.ts";
 import type { Tensor } from "../../gpu/tensor.ts";
 
@@ -24,26 +22,19 @@ const F16_MAX = "65504.0";
 /** What every update kernel is specialised on: gradient and working-copy dtypes. */
 type UpdateConfig = { grad: DType; copy: DType | "none" };
 
-/** Declares storage bindings 0..n-1 in order, then the uniform `p` at binding n. */
-function bindings(
-  decls: readonly (readonly [name: string, access: "read" | "read_write", type: string])[],
-): string {
-  const lines = decls.map(([name, access, type], i) =>
-    `@group(0) @binding(${i}) var<storage, ${access}> ${name}: array<${type}>;`
-  );
-  lines.push(`@group(0) @binding(${decls.length}) var<uniform> p: Params;`);
-  return lines.join("\n");
-}
-
-function updateBindings(config: UpdateConfig, state: string[]): string {
-  return bindings([
-    ["param", "read_write", "f32"],
-    ["grad", "read", config.grad],
-    ["found_inf", "read", "u32"],
-    ["grad_scale", "read", "f32"],
-    ...state.map((name) => [name, "read_write", name === "step" ? "u32" : "f32"] as const),
-    ...(config.copy === "none" ? [] : [["copy", "read_write", config.copy] as const]),
-  ]);
+/** The bindings every update has, around the kernel's own fp32 (or u32 step) state buffers. */
+function updateBindings<S extends string>(
+  c: UpdateConfig,
+  state: readonly Binding<S>[],
+): Binding<"param" | "grad" | "found_inf" | "grad_scale" | S | "copy">[] {
+  return [
+    { name: "param", type: "f32", write: true },
+    { name: "grad", type: c.grad },
+    { name: "found_inf", type: "u32" },
+    { name: "grad_scale", type: "f32" },
+    ...state,
+    ...optional(c.copy !== "none", { name: "copy", type: c.copy as DType, write: true }),
+  ];
 }
 
 /** Skip test on the flag's bits: any value but ±0 skips (NaN included). */
@@ -75,22 +66,20 @@ function elementLoop(body: string, copy: UpdateConfig["copy"]): string {
 export type SgdKernelConfig = UpdateConfig & { momentum: boolean; nesterov: boolean };
 
 /** torch.optim.SGD (dampening 0): g += wd·w; v = m·v + g; g = nesterov ? g + m·v : v; w -= lr·g. */
-export const sgdKernel = defineKernel<SgdKernelConfig>({
+export const sgdKernel = defineKernel({
   name: "fused_sgd",
-  wgsl: (c) =>
-    `${wgslEnables(c.grad as DType, c.copy === "none" ? "f32" : c.copy)}
-struct Params { n: u32, lr: u32, wd: u32, momentum: u32 }
-${updateBindings(c, c.momentum ? ["velocity"] : [])}
-@compute @workgroup_size(${WORKGROUP})
+  bindings: (c: SgdKernelConfig) =>
+    updateBindings(c, optional(c.momentum, { name: "velocity", type: "f32", write: true })),
+  uniforms: { n: "u32", lr: "f32", wd: "f32", momentum: "f32" },
+  source: (c) =>
+    `@compute @workgroup_size(${WORKGROUP})
 fn main(${WGSL_GRID_BUILTINS}) {
   ${SKIP}
   let scale = grad_scale[0];
-  let lr = bitcast<f32>(p.lr);
-  let wd = bitcast<f32>(p.wd);
-  let m = bitcast<f32>(p.momentum);
+  let m = p.momentum;
   ${
       elementLoop(
-        `g = g + wd * w;
+        `g = g + p.wd * w;
     ${
           c.momentum
             ? `let v = m * velocity[i] + g;
@@ -98,7 +87,7 @@ fn main(${WGSL_GRID_BUILTINS}) {
     ${c.nesterov ? "g = g + m * v;" : "g = v;"}`
             : ""
         }
-    w = w - lr * g;`,
+    w = w - p.lr * g;`,
         c.copy,
       )
     }
@@ -119,7 +108,8 @@ const ONE_MINUS_POW = `fn one_minus_pow(ln_beta: f32, t: f32) -> f32 {
   var s = 1.0;
 ${[10, 9, 8, 7, 6, 5, 4, 3, 2].map((k) => `  s = 1.0 + s * x / ${k}.0;`).join("\n")}
   return -x * s;
-}`;
+}
+`;
 
 /**
  * torch.optim.Adam / AdamW: g += wd·w (Adam) or w *= 1 − lr·wd (AdamW);
@@ -127,60 +117,65 @@ ${[10, 9, 8, 7, 6, 5, 4, 3, 2].map((k) => `  s = 1.0 + s * x / ${k}.0;`).join("\
  * with bcᵢ = 1 − βᵢᵗ when bias correction is on (else 1), t read from the
  * optimizer's step counter.
  */
-export const adamKernel = defineKernel<AdamKernelConfig>({
+export const adamKernel = defineKernel({
   name: "fused_adam",
-  wgsl: (c) =>
-    `${wgslEnables(c.grad as DType, c.copy === "none" ? "f32" : c.copy)}
-struct Params {
-  n: u32, lr: u32, wd: u32, decay: u32, beta1: u32, one_minus_beta1: u32,
-  beta2: u32, one_minus_beta2: u32, eps: u32, ln_beta1: u32, ln_beta2: u32,
-}
-${updateBindings(c, ["step", "exp_avg", "exp_avg_sq"])}
-${ONE_MINUS_POW}
+  bindings: (c: AdamKernelConfig) =>
+    updateBindings(c, [
+      { name: "step", type: "u32" },
+      { name: "exp_avg", type: "f32", write: true },
+      { name: "exp_avg_sq", type: "f32", write: true },
+    ]),
+  uniforms: {
+    n: "u32",
+    lr: "f32",
+    wd: "f32",
+    decay: "f32",
+    beta1: "f32",
+    one_minus_beta1: "f32",
+    beta2: "f32",
+    one_minus_beta2: "f32",
+    eps: "f32",
+    ln_beta1: "f32",
+    ln_beta2: "f32",
+  },
+  source: (c) =>
+    `${ONE_MINUS_POW}
 @compute @workgroup_size(${WORKGROUP})
 fn main(${WGSL_GRID_BUILTINS}) {
   ${SKIP}
   let scale = grad_scale[0];
   let t = f32(step[0]);
-  let bc1 = ${c.biasCorrection ? "one_minus_pow(bitcast<f32>(p.ln_beta1), t)" : "1.0"};
-  let bc2 = ${c.biasCorrection ? "one_minus_pow(bitcast<f32>(p.ln_beta2), t)" : "1.0"};
-  let step_size = bitcast<f32>(p.lr) / bc1;
+  let bc1 = ${c.biasCorrection ? "one_minus_pow(p.ln_beta1, t)" : "1.0"};
+  let bc2 = ${c.biasCorrection ? "one_minus_pow(p.ln_beta2, t)" : "1.0"};
+  let step_size = p.lr / bc1;
   let bc2_sqrt = sqrt(bc2);
-  let wd = bitcast<f32>(p.wd);
-  let decay = bitcast<f32>(p.decay);
-  let beta1 = bitcast<f32>(p.beta1);
-  let beta2 = bitcast<f32>(p.beta2);
-  let omb1 = bitcast<f32>(p.one_minus_beta1);
-  let omb2 = bitcast<f32>(p.one_minus_beta2);
-  let eps = bitcast<f32>(p.eps);
   ${
       elementLoop(
-        `${c.decoupled ? "w = w * decay;" : "g = g + wd * w;"}
-    let m = beta1 * exp_avg[i] + omb1 * g;
-    let v = beta2 * exp_avg_sq[i] + omb2 * g * g;
+        `${c.decoupled ? "w = w * p.decay;" : "g = g + p.wd * w;"}
+    let m = p.beta1 * exp_avg[i] + p.one_minus_beta1 * g;
+    let v = p.beta2 * exp_avg_sq[i] + p.one_minus_beta2 * g * g;
     exp_avg[i] = m;
     exp_avg_sq[i] = v;
-    w = w - step_size * m / (sqrt(v) / bc2_sqrt + eps);`,
+    w = w - step_size * m / (sqrt(v) / bc2_sqrt + p.eps);`,
         c.copy,
       )
     }
 }`,
 });
 
-/**
- * Advances a u32 [1] step counter unless the step is skipped. It reads its
- * (unused) uniform word because layout "auto" drops unreferenced bindings and
- * every dispatch binds a uniform slice.
- */
-export const stepCountKernel = defineKernel<{ kind: "u32" }>({
+/** Advances a u32 [1] step counter unless the step is skipped. */
+export const stepCountKernel = defineKernel({
   name: "optimizer_step_count",
-  wgsl: () =>
-    `struct Params { unused: u32 }
-${bindings([["found_inf", "read", "u32"], ["step", "read_write", "u32"]])}
-@compute @workgroup_size(1)
+  bindings: (_: Record<string, never>) => [
+    { name: "found_inf", type: "u32" },
+    { name: "step", type: "u32", write: true },
+  ],
+  uniforms: {},
+  source: () =>
+    `@compute @workgroup_size(1)
 fn main() {
   ${SKIP}
-  step[0] = step[0] + 1u + 0u * p.unused;
+  step[0] = step[0] + 1u;
 }`,
 });
 
@@ -198,23 +193,20 @@ export interface UpdateBuffers {
   copy?: Tensor | undefined;
 }
 
-function dispatchUpdate(
-  compiled: CompiledKernel,
-  b: UpdateBuffers,
-  state: readonly Tensor[],
-  uniforms: number[],
-): void {
-  const n = b.param.size;
-  if (n === 0) return;
-  const gpu = b.param.gpu;
-  const buffers = [b.param, b.grad, b.foundInf, b.gradScale, ...state];
-  if (b.copy) buffers.push(b.copy);
-  gpu.dispatch(
-    compiled,
-    buffers.map((t) => t.buffer),
-    [n, ...uniforms.map(f32Bits)],
-    grid1d(Math.ceil(n / (WORKGROUP * PER_THREAD))),
-  );
+/** The grid of one update of `n` elements. */
+function updateGrid(n: number): [number, number] {
+  return grid1d(Math.ceil(n / (WORKGROUP * PER_THREAD)));
+}
+
+/** The buffers every update binds, by name. */
+function commonBuffers(b: UpdateBuffers) {
+  return {
+    param: b.param,
+    grad: b.grad,
+    found_inf: b.foundInf,
+    grad_scale: b.gradScale,
+    ...(b.copy && { copy: b.copy }),
+  };
 }
 
 /** Hyper-parameters of one SGD update. */
@@ -233,11 +225,15 @@ export function launchSgdUpdate(b: UpdateBuffers, velocity: Tensor | null, h: Sg
     momentum: velocity !== null,
     nesterov: velocity !== null && h.nesterov,
   };
-  dispatchUpdate(b.param.gpu.kernel(sgdKernel, config), b, velocity ? [velocity] : [], [
-    h.lr,
-    h.weightDecay,
-    h.momentum,
-  ]);
+  const n = b.param.size;
+  if (n === 0) return;
+  const gpu = b.param.gpu;
+  gpu.dispatch(
+    gpu.kernel(sgdKernel, config),
+    { ...commonBuffers(b), ...(velocity && { velocity }) },
+    { n, lr: h.lr, wd: h.weightDecay, momentum: h.momentum },
+    updateGrid(n),
+  );
 }
 
 /** Hyper-parameters of one Adam update. */
@@ -267,27 +263,34 @@ export function launchAdamUpdate(
     decoupled: h.decoupled,
     biasCorrection: h.biasCorrection,
   };
+  const n = b.param.size;
+  if (n === 0) return;
   const [beta1, beta2] = h.betas;
   // Scalars derived from hyper-parameters are computed in f64 here, then rounded once.
-  const compiled = b.param.gpu.kernel(adamKernel, config);
-  dispatchUpdate(compiled, b, [state.step, state.expAvg, state.expAvgSq], [
-    h.lr,
-    h.weightDecay,
-    1 - h.lr * h.weightDecay,
+  const uniforms: DispatchUniforms<keyof typeof adamKernel.uniforms> = {
+    n,
+    lr: h.lr,
+    wd: h.weightDecay,
+    decay: 1 - h.lr * h.weightDecay,
     beta1,
-    1 - beta1,
+    one_minus_beta1: 1 - beta1,
     beta2,
-    1 - beta2,
-    h.eps,
-    lnBeta(beta1),
-    lnBeta(beta2),
-  ]);
+    one_minus_beta2: 1 - beta2,
+    eps: h.eps,
+    ln_beta1: lnBeta(beta1),
+    ln_beta2: lnBeta(beta2),
+  };
+  const gpu = b.param.gpu;
+  gpu.dispatch(
+    gpu.kernel(adamKernel, config),
+    { ...commonBuffers(b), step: state.step, exp_avg: state.expAvg, exp_avg_sq: state.expAvgSq },
+    uniforms,
+    updateGrid(n),
+  );
 }
 
 /** step += 1 on the GPU unless `foundInf` is non-zero. */
 export function launchStepCount(step: Tensor, foundInf: Tensor): void {
   const gpu = step.gpu;
-  gpu.dispatch(gpu.kernel(stepCountKernel, { kind: "u32" }), [foundInf.buffer, step.buffer], [0], [
-    1,
-  ]);
+  gpu.dispatch(gpu.kernel(stepCountKernel, {}), { found_inf: foundInf, step }, {}, [1]);
 }

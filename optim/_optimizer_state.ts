@@ -10,17 +10,20 @@ export type HyperValue = number | boolean | readonly number[];
 
 /** An optimizer's state as plain data (see `stateDict()`); parameters are named by their index in `params`. */
 export interface OptimizerStateDict {
-  /** The optimizer class: "FusedSGD" or "FusedAdam". */
+  /** The optimizer class: "SGD" or "Adam" (files from halfstep 0.1 say "FusedSGD", "FusedAdam"). */
   kind: string;
-  /** Optimizer-wide switches (FusedAdam: biasCorrection, decoupledWeightDecay); must match on load. */
+  /** Optimizer-wide switches (Adam: biasCorrection, decoupledWeightDecay); must match on load. */
   settings: Record<string, boolean>;
-  /** FusedAdam: the number of steps taken that were not skipped (Adam's t). */
+  /** Adam: the number of steps taken that were not skipped (Adam's t). */
   step?: number;
   /** Per group: the indices of its parameters and its hyper-parameters (restored on load). */
   groups: { params: number[]; hyper: Record<string, HyperValue> }[];
   /** Per parameter, in `params` order: its shape and fp32 state buffers by name. */
   state: { param: number; shape: number[]; buffers: Record<string, Float32Array> }[];
 }
+
+/** Kinds written by halfstep 0.1, before the optimizers lost their "Fused" prefix. */
+const LEGACY_KINDS: Readonly<Record<string, string>> = { FusedSGD: "SGD", FusedAdam: "Adam" };
 
 /** Validation message helpers. */
 export const need = {
@@ -42,7 +45,7 @@ export interface StateOwner {
 export function stateDictErrors(s: OptimizerStateDict, me: StateOwner): string[] {
   if (typeof s !== "object" || s === null) return ["it is not an object"];
   const errors: string[] = [];
-  if (s.kind !== me.kind) {
+  if (s.kind !== me.kind && LEGACY_KINDS[s.kind] !== me.kind) {
     errors.push(`kind is ${JSON.stringify(s.kind)}, expected "${me.kind}"`);
   }
   const settings = me.settings;
@@ -117,11 +120,4 @@ export function unknownKeys(obj: object, known: string[], where: string, errors:
 export function cloneHyper(g: object): Record<string, HyperValue> {
   const entries = Object.entries(g).filter(([k]) => k !== "params");
   return Object.fromEntries(entries.map(([k, v]) => [k, Array.isArray(v) ? [...v] : v]));
-}
-
-/** Throws one RangeError listing every problem, if there are any. */
-export function fail(headline: string, errors: readonly string[]): void {
-  if (errors.length === 0) return;
-  const list = errors.length === 1 ? `: ${errors[0]}.` : `:\n  - ${errors.join("\n  - ")}`;
-  throw new RangeError(`${headline}${list}`);
 }

@@ -1,17 +1,19 @@
 /**
- * The machinery {@link FusedSGD} and {@link FusedAdam} share: parameter groups
- * and their validation, per-parameter fp32 state buffers, working copies, the
- * default step signals, and state dicts that load all-or-nothing.
+ * The machinery `SGD` and `Adam` share: parameter groups and their
+ * validation, per-parameter fp32 state buffers, working copies, the default
+ * step signals, and state dicts that load all-or-nothing.
  * @internal
  */
+import { zeroGrad } from "../gpu/autograd.ts";
+import { DTypeError, fail, StateError, ValueError } from "../gpu/errors.ts";
 import { untracked } from "../gpu/scope.ts";
 import { sameShape } from "../gpu/shape.ts";
 import { Tensor } from "../gpu/tensor.ts";
-import type { UpdateBuffers } from "./kernels/optimizer_kernels.ts";
-import type { AmpOptimizer, StepSignals } from "./optimizer.ts";
+import type { UpdateBuffers } from "./kernels/update.ts";
+import type { Optimizer, StepSignals, WorkingCopies } from "./optimizer.ts";
 import {
   cloneHyper,
-  fail,
+  need,
   type OptimizerStateDict,
   sameKeys,
   stateDictErrors,
@@ -40,14 +42,43 @@ export interface Group {
   weightDecay: number;
 }
 
+/** Problems with the hyper-parameters every group has (lr, weight decay). */
+export function commonChecks(h: { lr: number; weightDecay: number }): string[] {
+  const errors: string[] = [];
+  if (!need.nonNegative(h.lr)) errors.push(`lr must be a finite number >= 0, got ${h.lr}`);
+  if (!need.nonNegative(h.weightDecay)) {
+    errors.push(`weightDecay must be a finite number >= 0, got ${h.weightDecay}`);
+  }
+  return errors;
+}
+
+/**
+ * Throws on option keys `kind` does not know, and on `fused: false`:
+ * halfstep's optimizers always run as one fused kernel per parameter, so
+ * `fused: true` (PyTorch's spelling) is accepted and is the only choice.
+ */
+export function checkOptionKeys(kind: string, options: object, known: string[]): void {
+  const given = (options ?? {}) as Record<string, unknown>;
+  const errors = Object.keys(given).filter((k) => !known.includes(k) && k !== "fused").map((k) =>
+    `unknown option ${k} (known: ${known}, fused)`
+  );
+  if ("fused" in given && given.fused !== true && given.fused !== undefined) {
+    errors.push(
+      `fused must be true (or left out), not ${given.fused}: the update always runs as one ` +
+        "fused kernel per parameter",
+    );
+  }
+  fail(ValueError, `${kind}: invalid options`, errors);
+}
+
 /** The shared half of the fused optimizers. */
-export abstract class FusedOptimizer<G extends Group> implements AmpOptimizer {
+export abstract class FusedOptimizer<G extends Group> implements Optimizer {
   /** Every parameter, group by group. */
   readonly params: readonly Tensor[];
   /** The parameter groups with their hyper-parameters. */
   readonly groups: readonly G[];
   #state = new Map<Tensor, Record<string, Tensor>>();
-  #copies = new Map<Tensor, Tensor>();
+  #copies: WorkingCopies | null = null;
   #constants: { zero: Tensor; one: Tensor } | null = null;
   #disposed = false;
 
@@ -58,11 +89,11 @@ export abstract class FusedOptimizer<G extends Group> implements AmpOptimizer {
     defaults: Omit<G, "params">,
   ) {
     if (!Array.isArray(params)) {
-      throw new TypeError(`${kind}: params must be an array of tensors or of parameter groups.`);
+      fail(ValueError, kind, "params must be an array of tensors or of parameter groups.");
     }
     const given = params as readonly (Tensor | ParamGroup)[];
     if (given.length === 0) {
-      throw new RangeError(`${kind}: got an empty parameter list; pass Tensor[] or ParamGroup[].`);
+      fail(ValueError, kind, "got an empty parameter list; pass Tensor[] or ParamGroup[].");
     }
     const raw: readonly ParamGroup[] = given.every((x) => x instanceof Tensor)
       ? [{ params: given as Tensor[] }]
@@ -96,7 +127,7 @@ export abstract class FusedOptimizer<G extends Group> implements AmpOptimizer {
       errors.push(...this.checkHyper(group).map((e) => where + e));
       return group;
     });
-    fail(`${kind}: invalid options`, errors);
+    fail(ValueError, `${kind}: invalid options`, errors);
     this.params = this.groups.flatMap((g) => g.params);
   }
 
@@ -110,7 +141,7 @@ export abstract class FusedOptimizer<G extends Group> implements AmpOptimizer {
   protected settings(): Record<string, boolean> {
     return {};
   }
-  /** Runs before the updates of a step that has work (FusedAdam: advance t). */
+  /** Runs before the updates of a step that has work (Adam: advance t). */
   protected beforeUpdates(_foundInf: Tensor): void {}
 
   /** (Re)allocates zeroed state for every parameter whose buffers do not match its group. */
@@ -136,7 +167,7 @@ export abstract class FusedOptimizer<G extends Group> implements AmpOptimizer {
    */
   step(signals: StepSignals = {}): void {
     this.live("step");
-    fail(`${this.kind}.step: invalid hyper-parameters`, this.#groupErrors());
+    fail(ValueError, `${this.kind}.step: invalid hyper-parameters`, this.#groupErrors());
     const foundInf = this.#signal(signals.foundInf, "foundInf");
     const gradScale = this.#signal(signals.gradScale, "gradScale");
     const work: [Tensor, G][] = [];
@@ -149,54 +180,60 @@ export abstract class FusedOptimizer<G extends Group> implements AmpOptimizer {
           errors.push(
             `the gradient of ${p.describe()} is ${g.disposed ? "disposed" : g.describe()}`,
           );
-        } else if ([p, this.#copies.get(p)].some((t) => t && g.sharesMemoryWith(t))) {
+        } else if ([p, this.#copies?.copyOf(p)].some((t) => t && g.sharesMemoryWith(t))) {
           errors.push(`the gradient of ${p.describe()} shares memory with it or its working copy`);
         }
         work.push([p, group]);
       }
     }
     fail(
+      ValueError,
       `${this.kind}.step: gradients must be live f32/f16 tensors shaped like their parameter`,
       errors,
     );
     if (work.length === 0) return;
     this.beforeUpdates(foundInf);
     for (const [param, group] of work) {
-      const b = { param, grad: param.grad!, foundInf, gradScale, copy: this.#copies.get(param) };
+      const copy = this.#copies?.copyOf(param);
+      const b = { param, grad: param.grad!, foundInf, gradScale, copy };
       this.update(b, this.#state.get(param)!, group);
     }
   }
 
   /** Frees every gradient. */
   zeroGrad(): void {
-    for (const p of this.params) {
-      p.grad?.dispose();
-      p.grad = null;
-    }
+    zeroGrad(this.params);
   }
 
   /**
    * Registers working copies (master → f16 copy, same shape; f32 is accepted
-   * too), replacing any earlier registration. Each non-skipped update writes
-   * the new master value into its copy; the caller fills copies initially.
+   * too), replacing any earlier registration (null: none). The optimizer
+   * keeps a reference to `copies` (amp's `MasterWeights`), which stays their
+   * only owner. Each non-skipped update writes the new master value into its
+   * copy; the owner fills the copies initially.
    */
-  setWorkingCopies(copies: ReadonlyMap<Tensor, Tensor>): void {
+  setWorkingCopies(copies: WorkingCopies | null): void {
     this.live("setWorkingCopies");
     const errors: string[] = [];
     const mine = new Set(this.params);
-    for (const [master, copy] of copies) {
+    for (const master of copies?.masters ?? []) {
+      const copy = copies!.copyOf(master);
       if (!mine.has(master)) {
         errors.push(`${master.describe()} is not a parameter of this optimizer`);
-      } else if (copy.disposed || copy.dtype === "i32" || !sameShape(copy.shape, master.shape)) {
+      } else if (
+        !copy || copy.disposed || copy.dtype === "i32" || !sameShape(copy.shape, master.shape)
+      ) {
         errors.push(
-          `the copy of ${master.describe()} is ${copy.disposed ? "disposed" : copy.describe()}`,
+          `the copy of ${master.describe()} is ${
+            !copy || copy.disposed ? "missing or disposed" : copy.describe()
+          }`,
         );
       } else if (copy.sharesMemoryWith(master)) {
         errors.push(`the copy of ${master.describe()} is the master`);
       }
     }
-    fail(`${this.kind}.setWorkingCopies: invalid working copies`, errors);
-    this.#copies = new Map(copies);
+    fail(ValueError, `${this.kind}.setWorkingCopies: invalid working copies`, errors);
+    this.#copies = copies;
   }
 
   /**
@@ -227,11 +264,11 @@ export abstract class FusedOptimizer<G extends Group> implements AmpOptimizer {
     };
   }
 
-  /** FusedAdam: reads its step count. */
+  /** Adam: reads its step count. */
   protected readExtra(): Promise<{ step?: number }> {
     return Promise.resolve({});
   }
-  /** FusedAdam: checks / loads its step count. */
+  /** Adam: checks / loads its step count. */
   protected checkExtra(_state: OptimizerStateDict): string[] {
     return [];
   }
@@ -256,6 +293,7 @@ export abstract class FusedOptimizer<G extends Group> implements AmpOptimizer {
     });
     if (typeof state === "object" && state !== null) errors.push(...this.checkExtra(state));
     fail(
+      ValueError,
       `${this.kind}.loadStateDict: the state dict does not match this optimizer; nothing was loaded`,
       errors,
     );
@@ -281,7 +319,7 @@ export abstract class FusedOptimizer<G extends Group> implements AmpOptimizer {
 
   /** Throws when used after dispose(). */
   protected live(what: string): void {
-    if (this.#disposed) throw new Error(`${this.kind}.${what}: the optimizer was disposed.`);
+    if (this.#disposed) fail(StateError, `${this.kind}.${what}`, "the optimizer was disposed.");
   }
 
   #groupErrors(): string[] {
@@ -298,8 +336,10 @@ export abstract class FusedOptimizer<G extends Group> implements AmpOptimizer {
       return name === "foundInf" ? this.#constants.zero : this.#constants.one;
     }
     if (t.disposed || t.dtype !== "f32" || t.size !== 1) {
-      throw new TypeError(
-        `${this.kind}.step: signals.${name} must be a live f32 tensor of one element, got ` +
+      fail(
+        DTypeError,
+        `${this.kind}.step`,
+        `signals.${name} must be a live f32 tensor of one element, got ` +
           `${t.disposed ? "a disposed tensor" : t.describe()}.`,
       );
     }

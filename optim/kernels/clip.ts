@@ -4,8 +4,8 @@
  * turns the partials into the global norm and the clip coefficient
  * min(1, maxNorm / (norm + 1e-6)); gradients are scaled by reading it.
  */
-import { type DType, wgslEnables } from "../../gpu/dtype.ts";
-import { defineKernel, f32Bits } from "../../gpu/kernel.ts";
+import type { DType } from "../../gpu/dtype.ts";
+import { defineKernel } from "../../gpu/kernel.ts";
 import { grid1d, WGSL_GRID_BUILTINS, WGSL_WORKGROUP_INDEX } from "../../gpu/kernels/grid.ts";
 import { REDUCE_THREADS, WGSL_WORKGROUP_REDUCE } from "../../gpu/kernels/wgsl_math.ts";
 import type { Tensor } from "../../gpu/tensor.ts";
@@ -13,15 +13,15 @@ import type { Tensor } from "../../gpu/tensor.ts";
 const WORKGROUP = 256;
 
 /** partials[slot] = Σ g² (one workgroup). */
-export const sumSquaresKernel = defineKernel<{ dtype: DType }>({
+export const sumSquaresKernel = defineKernel({
   name: "clip_sum_squares",
-  wgsl: ({ dtype }) =>
-    `${wgslEnables(dtype)}
-struct Params { n: u32, slot: u32 }
-@group(0) @binding(0) var<storage, read> g: array<${dtype}>;
-@group(0) @binding(1) var<storage, read_write> partials: array<f32>;
-@group(0) @binding(2) var<uniform> p: Params;
-${WGSL_WORKGROUP_REDUCE}
+  bindings: (c: { dtype: DType }) => [
+    { name: "g", type: c.dtype },
+    { name: "partials", type: "f32", write: true },
+  ],
+  uniforms: { n: "u32", slot: "u32" },
+  source: () =>
+    `${WGSL_WORKGROUP_REDUCE}
 @compute @workgroup_size(${REDUCE_THREADS})
 fn main(@builtin(local_invocation_index) lid: u32) {
   var acc = 0.0;
@@ -32,33 +32,34 @@ fn main(@builtin(local_invocation_index) lid: u32) {
 });
 
 /** norm[0] = √Σ partials; coef[0] = min(1, maxNorm / (norm + 1e-6)). */
-export const clipCoefficientKernel = defineKernel<Record<string, never>>({
+export const clipCoefficientKernel = defineKernel({
   name: "clip_coefficient",
-  wgsl: () =>
-    `struct Params { count: u32, max_norm: u32 }
-@group(0) @binding(0) var<storage, read> partials: array<f32>;
-@group(0) @binding(1) var<storage, read_write> norm: array<f32>;
-@group(0) @binding(2) var<storage, read_write> coef: array<f32>;
-@group(0) @binding(3) var<uniform> p: Params;
-@compute @workgroup_size(1)
+  bindings: (_: Record<string, never>) => [
+    { name: "partials", type: "f32" },
+    { name: "norm", type: "f32", write: true },
+    { name: "coef", type: "f32", write: true },
+  ],
+  uniforms: { count: "u32", max_norm: "f32" },
+  source: () =>
+    `@compute @workgroup_size(1)
 fn main() {
   var total = 0.0;
   for (var i = 0u; i < p.count; i++) { total += partials[i]; }
   norm[0] = sqrt(total);
-  coef[0] = min(1.0, bitcast<f32>(p.max_norm) / (sqrt(total) + 1e-6));
+  coef[0] = min(1.0, p.max_norm / (sqrt(total) + 1e-6));
 }`,
 });
 
 /** g *= coef[0] in place. */
-export const scaleByCoefficientKernel = defineKernel<{ dtype: DType }>({
+export const scaleByCoefficientKernel = defineKernel({
   name: "clip_scale",
-  wgsl: ({ dtype }) =>
-    `${wgslEnables(dtype)}
-struct Params { n: u32 }
-@group(0) @binding(0) var<storage, read_write> g: array<${dtype}>;
-@group(0) @binding(1) var<storage, read> coef: array<f32>;
-@group(0) @binding(2) var<uniform> p: Params;
-@compute @workgroup_size(${WORKGROUP})
+  bindings: (c: { dtype: DType }) => [
+    { name: "g", type: c.dtype, write: true },
+    { name: "coef", type: "f32" },
+  ],
+  uniforms: { n: "u32" },
+  source: ({ dtype }) =>
+    `@compute @workgroup_size(${WORKGROUP})
 fn main(${WGSL_GRID_BUILTINS}) {
   let i = ${WGSL_WORKGROUP_INDEX} * ${WORKGROUP}u + lid;
   if (i >= p.n) { return; }
@@ -69,7 +70,7 @@ fn main(${WGSL_GRID_BUILTINS}) {
 /** Writes Σ g² of `grad` into `partials[slot]`. */
 export function launchSumSquares(grad: Tensor, partials: Tensor, slot: number): void {
   const kernel = grad.gpu.kernel(sumSquaresKernel, { dtype: grad.dtype });
-  grad.gpu.dispatch(kernel, [grad.buffer, partials.buffer], [grad.size, slot], [1]);
+  grad.gpu.dispatch(kernel, { g: grad, partials }, { n: grad.size, slot }, [1]);
 }
 
 /** Fills `norm` and `coef` (f32 [1] each) from the first `count` partials. */
@@ -81,12 +82,7 @@ export function launchClipCoefficient(
   coef: Tensor,
 ): void {
   const kernel = norm.gpu.kernel(clipCoefficientKernel, {});
-  norm.gpu.dispatch(
-    kernel,
-    [partials.buffer, norm.buffer, coef.buffer],
-    [count, f32Bits(maxNorm)],
-    [1],
-  );
+  norm.gpu.dispatch(kernel, { partials, norm, coef }, { count, max_norm: maxNorm }, [1]);
 }
 
 /** Multiplies `grad` in place by `coef[0]`. */
@@ -95,8 +91,8 @@ export function launchScaleByCoefficient(grad: Tensor, coef: Tensor): void {
   const kernel = grad.gpu.kernel(scaleByCoefficientKernel, { dtype: grad.dtype });
   grad.gpu.dispatch(
     kernel,
-    [grad.buffer, coef.buffer],
-    [grad.size],
+    { g: grad, coef },
+    { n: grad.size },
     grid1d(Math.ceil(grad.size / WORKGROUP)),
   );
 }

@@ -1,21 +1,28 @@
 /**
- * Training checkpoints: model, optimizer and AMP state in one safetensors
- * file, written atomically. Tensors hold the model's parameters and buffers
+ * Training-state files: model, optimizer and AMP state in one safetensors
+ * file, written atomically, so a killed run can be resumed exactly. (In
+ * halfstep "checkpoint" means gradient checkpointing, the recompute; a saved
+ * run is a training state.) Tensors hold the model's parameters and buffers
  * (`model.<name>`), gradients accumulated so far in an unfinished effective
  * batch (`grad.<name>`), and the optimizer's fp32 state (`optimizer.<param>.<buffer>`);
  * the header's metadata holds the rest as JSON (optimizer hyper-parameters
  * and step count, the loss scaler and accumulation counters, user data).
  * Resuming from it continues a run exactly.
  */
-import type { OptimizerStateDict } from "../amp/_optimizer_state.ts";
-import type { AmpTrainer, AmpTrainerState } from "../amp/trainer.ts";
-import type { Module } from "./module.ts";
-import { entryToTensor, type SafetensorsEntry } from "./safetensors.ts";
-import { loadSafetensors, saveSafetensors } from "./safetensors_file.ts";
-import { Tensor } from "../gpu/tensor.ts";
+import { fail, ValueError } from "../gpu/errors.ts";
 import { untracked } from "../gpu/scope.ts";
+import { Tensor } from "../gpu/tensor.ts";
+import type { Module } from "../nn/module.ts";
+import { entryToTensor, type SafetensorsEntry } from "../nn/safetensors.ts";
+import { loadSafetensors, saveSafetensors } from "../nn/safetensors_file.ts";
+import type { OptimizerStateDict } from "../optim/_optimizer_state.ts";
+import type { AmpTrainer, AmpTrainerState } from "./trainer.ts";
 
-/** An optimizer whose state can be saved (the fused optimizers). */
+/** The format id in the header's metadata (0.1 wrote "halfstep-checkpoint-1", still read). */
+const FORMAT = "halfstep-training-state-1";
+const FORMATS_READ = [FORMAT, "halfstep-checkpoint-1"];
+
+/** An optimizer whose state can be saved (`SGD`, `Adam`, `AdamW`). */
 export interface SavableOptimizer {
   /** Its state as plain data (a sync point). */
   stateDict(): Promise<OptimizerStateDict>;
@@ -23,8 +30,8 @@ export interface SavableOptimizer {
   loadStateDict(state: OptimizerStateDict): void;
 }
 
-/** What a checkpoint holds; only `model` is required. */
-export interface CheckpointParts {
+/** What a training state holds; only `model` is required. */
+export interface TrainingStateParts {
   /** The model. */
   model: Module;
   /** Its optimizer. */
@@ -39,27 +46,27 @@ export interface CheckpointParts {
  *
  * @param path Destination file.
  * @param parts Model, optimizer and trainer to save.
- * @param extra Any JSON-safe value, returned by {@link loadCheckpoint}.
+ * @param extra Any JSON-safe value, returned by {@link loadTrainingState}.
  * @returns When the file is in place.
  * @example
  * ```ts
  * import { AdamW, AmpTrainer, initGpu, Linear } from "../mod.ts";
- * import { saveCheckpoint } from "./files.ts";
+ * import { saveTrainingState } from "../files.ts";
  * const gpu = await initGpu({ matmulTiling: "default" });
  * const dir = await Deno.makeTempDir(), path = `${dir}/run.safetensors`;
  * const model = new Linear(4, 2, { seed: 1 });
  * const optimizer = new AdamW(model.parameters());
  * const trainer = new AmpTrainer(model, optimizer);
- * await saveCheckpoint(path, { model, optimizer, trainer }, { epoch: 3 });
+ * await saveTrainingState(path, { model, optimizer, trainer }, { epoch: 3 });
  * console.assert((await Deno.stat(path)).isFile);
  * await Deno.remove(dir, { recursive: true });
  * trainer.dispose();
  * gpu.destroy();
  * ```
  */
-export async function saveCheckpoint(
+export async function saveTrainingState(
   path: string,
-  parts: CheckpointParts,
+  parts: TrainingStateParts,
   extra: unknown = null,
 ): Promise<void> {
   const tensors = new Map<string, Tensor>();
@@ -69,7 +76,7 @@ export async function saveCheckpoint(
     if (p.grad) tensors.set(`grad.${name}`, p.grad);
   }
   const metadata: Record<string, string> = {
-    format: "halfstep-checkpoint-1",
+    format: FORMAT,
     extra: JSON.stringify(extra),
   };
   const temporary: Tensor[] = [];
@@ -97,37 +104,39 @@ export async function saveCheckpoint(
 }
 
 /**
- * Loads a checkpoint into `parts`: the model first (checked completely
+ * Loads a training state into `parts`: the model first (checked completely
  * before anything is written), then the optimizer and the trainer, each
  * all-or-nothing. A truncated, corrupt or mismatched file is a clear error.
  *
  * @param path The file.
  * @param parts Model, optimizer and trainer to restore (the same kinds as saved).
- * @returns The `extra` value given to {@link saveCheckpoint}.
+ * @returns The `extra` value given to {@link saveTrainingState}.
  * @example
  * ```ts
  * import { AdamW, initGpu, Linear } from "../mod.ts";
- * import { loadCheckpoint, saveCheckpoint } from "./files.ts";
+ * import { loadTrainingState, saveTrainingState } from "../files.ts";
  * const gpu = await initGpu({ matmulTiling: "default" });
  * const dir = await Deno.makeTempDir(), path = `${dir}/run.safetensors`;
  * const model = new Linear(4, 2, { seed: 1 }), optimizer = new AdamW(model.parameters());
- * await saveCheckpoint(path, { model, optimizer }, { epoch: 3 });
+ * await saveTrainingState(path, { model, optimizer }, { epoch: 3 });
  * const resumed = new Linear(4, 2, { seed: 2 });
  * const parts = { model: resumed, optimizer: new AdamW(resumed.parameters()) };
- * const { epoch } = await loadCheckpoint(path, parts) as { epoch: number };
+ * const { epoch } = await loadTrainingState(path, parts) as { epoch: number };
  * console.assert(epoch === 3 && (await resumed.bias!.read())[0] === (await model.bias!.read())[0]);
  * await Deno.remove(dir, { recursive: true });
  * gpu.destroy();
  * ```
  */
-export async function loadCheckpoint(path: string, parts: CheckpointParts): Promise<unknown> {
+export async function loadTrainingState(
+  path: string,
+  parts: TrainingStateParts,
+): Promise<unknown> {
   const { entries, metadata } = await loadSafetensors(path);
-  const fail = (why: string): never => {
-    throw new RangeError(`loadCheckpoint: "${path}": ${why}`);
-  };
-  if (metadata.format !== "halfstep-checkpoint-1") fail("not a halfstep training checkpoint");
-  if (parts.optimizer && !metadata.optimizer) fail("it holds no optimizer state");
-  if (parts.trainer && !metadata.trainer) fail("it holds no AMP trainer state");
+  const where = `loadTrainingState: "${path}"`;
+  const reject = (why: string): never => fail(ValueError, where, why);
+  if (!FORMATS_READ.includes(metadata.format)) reject("not a halfstep training-state file");
+  if (parts.optimizer && !metadata.optimizer) reject("it holds no optimizer state");
+  if (parts.trainer && !metadata.trainer) reject("it holds no AMP trainer state");
   const model = new Map<string, SafetensorsEntry>();
   for (const [name, entry] of entries) {
     if (name.startsWith("model.")) model.set(name.slice(6), entry);
@@ -135,7 +144,7 @@ export async function loadCheckpoint(path: string, parts: CheckpointParts): Prom
   try {
     parts.model.loadStateDict(model);
   } catch (e) {
-    fail((e as Error).message);
+    reject((e as Error).message);
   }
   if (parts.optimizer) {
     const skeleton = JSON.parse(metadata.optimizer) as Omit<OptimizerStateDict, "state"> & {
@@ -146,7 +155,7 @@ export async function loadCheckpoint(path: string, parts: CheckpointParts): Prom
       state: skeleton.state.map((s) => ({
         ...s,
         buffers: Object.fromEntries(
-          s.buffers.map((b) => [b, f32Values(entries.get(`optimizer.${s.param}.${b}`), fail)]),
+          s.buffers.map((b) => [b, f32Values(entries.get(`optimizer.${s.param}.${b}`), reject)]),
         ),
       })),
     };

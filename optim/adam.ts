@@ -1,126 +1,27 @@
 /**
- * Fused optimizers over fp32 master weights: one kernel per parameter tensor
- * reads the gradient (f32 or f16), the fp32 state and the step signals, and
- * writes the new master and its f16 working copy. A step with `foundInf` set
- * is skipped on the GPU (masters, copies, moments and Adam's step count stay
- * bit-identical); nothing reads back to the CPU.
+ * Adam and AdamW over fp32 master weights as one fused kernel per parameter
+ * tensor, with fp32 moments whatever the gradient dtype. A step with
+ * `foundInf` set is skipped on the GPU (masters, copies, moments and the step
+ * count t stay bit-identical); nothing reads back to the CPU.
  *
- * Learning rates: every group's `lr` (and `weightDecay`) may be assigned
- * between steps, `optimizer.groups[i].lr = 1e-4`; {@link LrScheduler} does
- * exactly that. Other hyper-parameters are fixed at construction (or
- * restored by `loadStateDict`).
+ * Every group's `lr` (and `weightDecay`) may be assigned between steps,
+ * `optimizer.groups[i].lr = 1e-4`, which is what `LrScheduler` does. Other
+ * hyper-parameters are fixed at construction (or restored by `loadStateDict`).
  */
+import { fail, ValueError } from "../gpu/errors.ts";
 import { untracked } from "../gpu/scope.ts";
 import { Tensor } from "../gpu/tensor.ts";
-import { FusedOptimizer, type Group, type ParamGroup } from "./_fused_optimizer.ts";
-import { fail, need, type OptimizerStateDict } from "./_optimizer_state.ts";
 import {
-  launchAdamUpdate,
-  launchSgdUpdate,
-  launchStepCount,
-  type UpdateBuffers,
-} from "./kernels/optimizer_kernels.ts";
+  checkOptionKeys,
+  commonChecks,
+  FusedOptimizer,
+  type Group,
+  type ParamGroup,
+} from "./_fused_optimizer.ts";
+import { need, type OptimizerStateDict } from "./_optimizer_state.ts";
+import { launchAdamUpdate, launchStepCount, type UpdateBuffers } from "./kernels/update.ts";
 
-export type { Group, OptimizerStateDict, ParamGroup };
-
-function commonChecks(h: { lr: number; weightDecay: number }): string[] {
-  const errors: string[] = [];
-  if (!need.nonNegative(h.lr)) errors.push(`lr must be a finite number >= 0, got ${h.lr}`);
-  if (!need.nonNegative(h.weightDecay)) {
-    errors.push(`weightDecay must be a finite number >= 0, got ${h.weightDecay}`);
-  }
-  return errors;
-}
-
-function checkOptionKeys(kind: string, options: object, known: string[]): void {
-  const unknown = Object.keys(options ?? {}).filter((k) => !known.includes(k));
-  fail(`${kind}: invalid options`, unknown.map((k) => `unknown option ${k} (known: ${known})`));
-}
-
-/** A parameter group of {@link FusedSGD}. */
-export interface SGDParamGroup extends ParamGroup {
-  /** Momentum of this group (default: the optimizer's). */
-  momentum?: number;
-  /** Nesterov momentum for this group (default: the optimizer's). */
-  nesterov?: boolean;
-}
-
-/** Options of {@link FusedSGD}: the defaults of every group. */
-export interface FusedSGDOptions {
-  /** Learning rate, >= 0. */
-  lr: number;
-  /** Momentum factor in [0, 1) (default 0: plain SGD, no state). */
-  momentum?: number;
-  /** Nesterov momentum (default false; needs momentum > 0). */
-  nesterov?: boolean;
-  /** L2 weight decay added to the gradient (default 0). */
-  weightDecay?: number;
-}
-
-/** A {@link FusedSGD} group as the optimizer keeps it. */
-export interface SGDGroup extends Group {
-  /** Momentum factor. */
-  readonly momentum: number;
-  /** Nesterov momentum. */
-  readonly nesterov: boolean;
-}
-
-/**
- * torch.optim.SGD (dampening 0) as one fused kernel per parameter:
- * g = scale·∇ + wd·p; v = m·v + g (v starts at 0, so the first v is g);
- * g = Nesterov ? g + m·v : v; p −= lr·g; then the working copy is refreshed.
- *
- * @example
- * ```ts
- * import { FusedSGD, initGpu, sum, Tensor } from "../mod.ts";
- * const gpu = await initGpu({ matmulTiling: "default" });
- * const w = Tensor.from([1, 2], [2], { requiresGrad: true });
- * const opt = new FusedSGD([w], { lr: 0.1, momentum: 0.9, nesterov: true });
- * sum(w).backward(); // grad [1, 1]
- * opt.step({ foundInf: Tensor.from([1], [1]) }); // skipped on the GPU when foundInf ≠ 0
- * console.assert((await w.read())[0] === 1);
- * opt.step(); // v = g; p −= lr · (g + 0.9 · v)
- * opt.zeroGrad();
- * console.assert(Math.abs((await w.read())[0] - 0.81) < 1e-6);
- * gpu.destroy();
- * ```
- */
-export class FusedSGD extends FusedOptimizer<SGDGroup> {
-  /** An optimizer over `params` (tensors, or groups overriding `options`). */
-  constructor(params: readonly Tensor[] | readonly SGDParamGroup[], options: FusedSGDOptions) {
-    checkOptionKeys("FusedSGD", options, ["lr", "momentum", "nesterov", "weightDecay"]);
-    super("FusedSGD", params, {
-      lr: options?.lr,
-      weightDecay: options?.weightDecay ?? 0,
-      momentum: options?.momentum ?? 0,
-      nesterov: options?.nesterov ?? false,
-    });
-    this.allocateState();
-  }
-
-  /** @internal */
-  protected checkHyper(h: Omit<SGDGroup, "params">): string[] {
-    const errors = commonChecks(h);
-    if (!need.unit(h.momentum)) errors.push(`momentum must be in [0, 1), got ${h.momentum}`);
-    if (typeof h.nesterov !== "boolean") errors.push(`nesterov must be a boolean`);
-    else if (h.nesterov && !(h.momentum > 0)) {
-      errors.push(`nesterov needs momentum > 0 (got momentum ${h.momentum})`);
-    }
-    return errors;
-  }
-
-  /** @internal */
-  protected stateNames(h: Omit<SGDGroup, "params">): string[] {
-    return h.momentum > 0 ? ["momentumBuffer"] : [];
-  }
-
-  /** @internal */
-  protected update(b: UpdateBuffers, state: Record<string, Tensor>, g: SGDGroup): void {
-    launchSgdUpdate(b, g.momentum > 0 ? state.momentumBuffer : null, g);
-  }
-}
-
-/** A parameter group of {@link FusedAdam}. */
+/** A parameter group of {@link Adam}. */
 export interface AdamParamGroup extends ParamGroup {
   /** (β₁, β₂) of this group (default: the optimizer's). */
   betas?: readonly [number, number];
@@ -128,8 +29,10 @@ export interface AdamParamGroup extends ParamGroup {
   eps?: number;
 }
 
-/** Options of {@link FusedAdam}. */
-export interface FusedAdamOptions {
+/** Options of {@link Adam}. */
+export interface AdamOptions {
+  /** PyTorch's `fused=True`: accepted, and always so (one kernel per parameter). */
+  fused?: true;
   /** Learning rate, >= 0 (default 1e-3). */
   lr?: number;
   /** Moment decay rates (β₁, β₂), each in [0, 1) (default [0.9, 0.999]). */
@@ -138,13 +41,13 @@ export interface FusedAdamOptions {
   eps?: number;
   /** Weight decay (default 0; AdamW: 0.01). */
   weightDecay?: number;
-  /** Divide the moments by 1 − βᵗ, as apex FusedAdam's `bias_correction` (default true). */
+  /** Divide the moments by 1 − βᵗ, as apex Adam's `bias_correction` (default true). */
   biasCorrection?: boolean;
   /** Decoupled weight decay p −= lr·wd·p (AdamW) instead of L2 added to the gradient (default false). */
   decoupledWeightDecay?: boolean;
 }
 
-/** A {@link FusedAdam} group as the optimizer keeps it. */
+/** A {@link Adam} group as the optimizer keeps it. */
 export interface AdamGroup extends Group {
   /** (β₁, β₂). */
   readonly betas: readonly [number, number];
@@ -163,11 +66,11 @@ const ADAM_KEYS = ["lr", "betas", "eps", "weightDecay", "biasCorrection", "decou
  *
  * @example
  * ```ts
- * import { FusedAdam, initGpu, sum, Tensor } from "../mod.ts";
+ * import { Adam, initGpu, sum, Tensor } from "../mod.ts";
  * const gpu = await initGpu({ matmulTiling: "default" });
  * const weights = [Tensor.full([2, 2], 1, { requiresGrad: true })];
  * const biasesAndNorms = [Tensor.zeros([2], { requiresGrad: true })];
- * const opt = new FusedAdam([
+ * const opt = new Adam([
  *   { params: weights },
  *   { params: biasesAndNorms, weightDecay: 0 }, // the BERT recipe
  * ], { lr: 1e-3, weightDecay: 0.01, decoupledWeightDecay: true });
@@ -178,7 +81,7 @@ const ADAM_KEYS = ["lr", "betas", "eps", "weightDecay", "biasCorrection", "decou
  * gpu.destroy();
  * ```
  */
-export class FusedAdam extends FusedOptimizer<AdamGroup> {
+export class Adam extends FusedOptimizer<AdamGroup> {
   /** Whether the moments are bias-corrected. */
   readonly biasCorrection: boolean;
   /** Whether weight decay is decoupled (AdamW). */
@@ -188,10 +91,10 @@ export class FusedAdam extends FusedOptimizer<AdamGroup> {
   /** An optimizer over `params` (tensors, or groups overriding `options`). */
   constructor(
     params: readonly Tensor[] | readonly AdamParamGroup[],
-    options: FusedAdamOptions = {},
+    options: AdamOptions = {},
   ) {
-    checkOptionKeys("FusedAdam", options, ADAM_KEYS);
-    super("FusedAdam", params, {
+    checkOptionKeys("Adam", options, ADAM_KEYS);
+    super("Adam", params, {
       lr: options.lr ?? 1e-3,
       weightDecay: options.weightDecay ?? 0,
       betas: options.betas ?? [0.9, 0.999],
@@ -200,7 +103,8 @@ export class FusedAdam extends FusedOptimizer<AdamGroup> {
     const { biasCorrection = true, decoupledWeightDecay = false } = options;
     const flags = { biasCorrection, decoupledWeightDecay };
     fail(
-      "FusedAdam: invalid options",
+      ValueError,
+      "Adam: invalid options",
       Object.entries(flags).filter(([, v]) => typeof v !== "boolean").map(([k]) =>
         `${k} must be a boolean`
       ),
@@ -276,7 +180,7 @@ export class FusedAdam extends FusedOptimizer<AdamGroup> {
 }
 
 /**
- * AdamW: {@link FusedAdam} with decoupled weight decay and PyTorch's default
+ * AdamW: {@link Adam} with decoupled weight decay and PyTorch's default
  * weight decay of 0.01.
  *
  * @example
@@ -289,11 +193,11 @@ export class FusedAdam extends FusedOptimizer<AdamGroup> {
  * gpu.destroy();
  * ```
  */
-export class AdamW extends FusedAdam {
+export class AdamW extends Adam {
   /** An AdamW optimizer over `params`. */
   constructor(
     params: readonly Tensor[] | readonly AdamParamGroup[],
-    options: FusedAdamOptions = {},
+    options: AdamOptions = {},
   ) {
     super(params, { weightDecay: 0.01, decoupledWeightDecay: true, ...options });
   }

@@ -1,0 +1,28 @@
+/**
+ * File access for models and training runs, with Deno's file APIs (the rest
+ * of halfstep uses Web APIs only, so `mod.ts` loads from any URL and in
+ * browsers): safetensors files, whole modules, and training states (model,
+ * optimizer and AMP state) that resume a run exactly. Every write is atomic.
+ *
+ * @example
+ * ```ts
+ * import { initGpu, Linear } from "./mod.ts";
+ * import { loadModule, saveModule } from "./files.ts";
+ * const gpu = await initGpu({ matmulTiling: "default" });
+ * const dir = await Deno.makeTempDir(), path = `${dir}/linear.safetensors`;
+ * await saveModule(path, new Linear(4, 2, { seed: 1 }));
+ * const copy = new Linear(4, 2, { seed: 2 });
+ * await loadModule(path, copy); // names, shapes and dtypes are checked first
+ * await Deno.remove(dir, { recursive: true });
+ * gpu.destroy();
+ * ```
+ *
+ * @module
+ */
+export { loadModule, loadSafetensors, saveModule, saveSafetensors } from "./nn/safetensors_file.ts";
+export {
+  loadTrainingState,
+  type SavableOptimizer,
+  saveTrainingState,
+  type TrainingStateParts,
+} from "./amp/training_state_file.ts";

@@ -1,0 +1,25 @@
+/**
+ * Optimizers and what surrounds them: `SGD`, `Adam` and `AdamW` as one fused
+ * kernel per parameter (fp32 masters and state, f16 working copies written
+ * in the same kernel, a GPU-side skip when a step overflowed), parameter
+ * groups and state dicts, learning-rate schedules, and clipping by global
+ * norm on the GPU. Nothing here knows about loss scaling: amp's `GradScaler`
+ * drives any {@link Optimizer} through its step signals.
+ *
+ * @module
+ */
+export type { Optimizer, StepSignals, WorkingCopies } from "./optimizer.ts";
+export type { Group, ParamGroup } from "./_fused_optimizer.ts";
+export type { HyperValue, OptimizerStateDict } from "./_optimizer_state.ts";
+export { SGD, type SGDGroup, type SGDOptions, type SGDParamGroup } from "./sgd.ts";
+export { Adam, type AdamGroup, type AdamOptions, type AdamParamGroup, AdamW } from "./adam.ts";
+export { clipGradNorm, type ClipResult } from "./clip.ts";
+export {
+  cosineSchedule,
+  type CosineScheduleOptions,
+  linearWarmupDecay,
+  type LinearWarmupDecayOptions,
+  type LrGroups,
+  type LrSchedule,
+  LrScheduler,
+} from "./lr_schedule.ts";
