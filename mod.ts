@@ -167,5 +167,6 @@ export {
   type GradScalerOptions,
   type GradScalerState,
   type HasParameters,
+  isStaticLossScale,
   MasterWeights,
 } from "./amp/mod.ts";

@@ -59,6 +59,22 @@ type Stage = "unscaled" | "stepped";
 /** The `where` of an error raised by `method`. */
 const at = (method: string) => `GradScaler.${method}`;
 
+/**
+ * True when `x` can be a static loss scale: a power of two that is a normal
+ * f32 number (2^-126 to 2^127). Powers of two scale and unscale gradients
+ * without rounding. (0 means dynamic scaling; see {@link GradScalerOptions}.)
+ *
+ * @example
+ * ```ts
+ * import { isStaticLossScale } from "./grad_scaler.ts";
+ * console.assert(isStaticLossScale(1024) && !isStaticLossScale(1000) && !isStaticLossScale(0));
+ * ```
+ */
+export function isStaticLossScale(x: unknown): boolean {
+  return typeof x === "number" && x >= F32_MIN_NORMAL && x <= F32_MAX &&
+    2 ** Math.round(Math.log2(x)) === x;
+}
+
 function checkScale(method: string, name: string, x: unknown): number {
   if (typeof x !== "number" || !(x >= F32_MIN_NORMAL && x <= F32_MAX)) {
     fail(
@@ -110,7 +126,7 @@ function settingsOf(method: string, o: Partial<Settings>): Settings {
     );
   }
   const ls = s.lossScale;
-  if (ls !== 0 && !(checkScale(method, "lossScale", ls) && 2 ** Math.round(Math.log2(ls)) === ls)) {
+  if (ls !== 0 && !(checkScale(method, "lossScale", ls) && isStaticLossScale(ls))) {
     fail(
       ValueError,
       at(method),

@@ -19,7 +19,12 @@ export {
 } from "./policy.ts";
 export { autocast, autocastHook, type AutocastOptions } from "./autocast.ts";
 export { MasterWeights } from "./master_weights.ts";
-export { GradScaler, type GradScalerOptions, type GradScalerState } from "./grad_scaler.ts";
+export {
+  GradScaler,
+  type GradScalerOptions,
+  type GradScalerState,
+  isStaticLossScale,
+} from "./grad_scaler.ts";
 export {
   AmpTrainer,
   type AmpTrainerOptions,

@@ -15,7 +15,7 @@ import { Tensor } from "../gpu/tensor.ts";
 import type { Module } from "../nn/module.ts";
 import { entryToTensor, type SafetensorsEntry } from "../nn/safetensors.ts";
 import { loadSafetensors, saveSafetensors } from "../nn/safetensors_file.ts";
-import type { OptimizerStateDict } from "../optim/_optimizer_state.ts";
+import type { OptimizerStateDict } from "../optim/mod.ts";
 import type { AmpTrainer, AmpTrainerState } from "./trainer.ts";
 
 /** The format id in the header's metadata (0.1 wrote "halfstep-checkpoint-1", still read). */

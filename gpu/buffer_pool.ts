@@ -6,6 +6,7 @@
  * two up to 1 MiB, then multiples of 1 MiB, which bounds waste at 2x for small
  * buffers and to under 1 MiB for large ones.
  */
+import { StateError } from "./errors.ts";
 
 /** Memory figures a user can read at any time (no GPU sync). */
 export interface MemoryStats {
@@ -63,7 +64,7 @@ export class BufferPool {
   /** Returns a buffer for reuse. Releasing a buffer twice is a bug and throws. */
   release(buffer: GPUBuffer): void {
     if (!this.#inUse.delete(buffer)) {
-      throw new Error("BufferPool.release: buffer is not in use (released twice?).");
+      throw new StateError("BufferPool.release: buffer is not in use (released twice?).");
     }
     this.#allocated -= buffer.size;
     let list = this.#free.get(buffer.size);

@@ -4,6 +4,7 @@
  * returns, except the tensors it returns (or passes to `keep`). Memory the
  * autograd tape still needs survives: the tape holds its own reference.
  */
+import { ValueError } from "./errors.ts";
 import { runtime, withState } from "./runtime_state.ts";
 
 /** What a scope tracks: anything with an idempotent `dispose()`. */
@@ -48,7 +49,9 @@ export function tidy<T>(fn: () => T): T {
   try {
     result = fn();
     if (result instanceof Promise) {
-      throw new TypeError("tidy: fn returned a Promise; tidy only supports synchronous functions.");
+      throw new ValueError(
+        "tidy: fn returned a Promise; tidy only supports synchronous functions.",
+      );
     }
   } finally {
     scopes.pop();

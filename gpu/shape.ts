@@ -1,4 +1,5 @@
 /** A tensor's extents, outermost first (row-major). */
+import { ShapeError } from "./errors.ts";
 export type Shape = readonly number[];
 
 /** Number of elements in a tensor of this shape (1 for a scalar `[]`). */
@@ -17,7 +18,7 @@ export function shapeString(shape: Shape): string {
 export function assertValidShape(op: string, shape: Shape): void {
   for (const d of shape) {
     if (!Number.isInteger(d) || d < 0) {
-      throw new RangeError(
+      throw new ShapeError(
         `${op}: shape ${
           shapeString(shape)
         } is invalid; every extent must be a non-negative integer.`,
@@ -35,7 +36,7 @@ export function sameShape(a: Shape, b: Shape): boolean {
 export function normalizeAxis(op: string, axis: number, rank: number): number {
   const a = axis < 0 ? axis + rank : axis;
   if (!Number.isInteger(a) || a < 0 || a >= Math.max(rank, 1)) {
-    throw new RangeError(`${op}: axis ${axis} is out of range for a tensor of rank ${rank}.`);
+    throw new ShapeError(`${op}: axis ${axis} is out of range for a tensor of rank ${rank}.`);
   }
   return a;
 }

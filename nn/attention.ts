@@ -17,6 +17,7 @@
  * has consumed them, so the forward pass never holds scores and probs at once
  * longer than one op.
  */
+import { ShapeError, ValueError } from "../gpu/errors.ts";
 import { causalSoftmax } from "../gpu/ops/causal_softmax.ts";
 import { matmul } from "../gpu/ops/matmul.ts";
 import { permute } from "../gpu/ops/permute.ts";
@@ -85,13 +86,13 @@ export function causalAttention(
   const c = q.shape[2];
   const same = [k, v].every((t) => t.rank === 3 && t.shape.every((e, i) => e === q.shape[i]));
   if (q.rank !== 3 || !same) {
-    throw new RangeError(
+    throw new ShapeError(
       `causalAttention: q, k and v must all be [batch, T, features]; got ${q.describe()}, ` +
         `${k.describe()} and ${v.describe()}.`,
     );
   }
   if (!Number.isInteger(heads) || heads < 1 || c % heads !== 0) {
-    throw new RangeError(
+    throw new ShapeError(
       `causalAttention: heads (${heads}) must be a positive integer that divides the ` +
         `${c} features of ${q.describe()}.`,
     );
@@ -155,7 +156,7 @@ export class CausalSelfAttention extends Module {
   constructor(dim: number, heads: number, options: CausalSelfAttentionOptions = {}) {
     super();
     if (!Number.isInteger(heads) || heads < 1 || dim % heads !== 0) {
-      throw new RangeError(
+      throw new ValueError(
         `CausalSelfAttention: heads (${heads}) must be a positive integer that divides dim (${dim}).`,
       );
     }

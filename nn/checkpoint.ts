@@ -4,6 +4,7 @@
  * segments (√n of them by default, or as many as a memory budget needs) and
  * checkpoints each, as PyTorch's `checkpoint_sequential` does.
  */
+import { ValueError } from "../gpu/errors.ts";
 import { noGrad } from "../gpu/autograd.ts";
 import { bytesPerElement } from "../gpu/dtype.ts";
 import { checkpoint } from "../gpu/checkpoint.ts";
@@ -130,7 +131,7 @@ export function planCheckpointSegments(
   spec: SegmentSpec,
 ): CheckpointPlan {
   const n = layers.length;
-  if (n === 0) throw new RangeError("checkpointSequential: no layers given.");
+  if (n === 0) throw new ValueError("checkpointSequential: no layers given.");
   const sizes = activationBytes(layers, input);
   const inputBytes = input.size * bytesPerElement(input.dtype);
   const plainPeakBytes = sizes.reduce((a, b) => a + b, inputBytes);
@@ -141,14 +142,14 @@ export function planCheckpointSegments(
   if (spec === "auto") return { ...planFor(Math.sqrt(n)), fits: true };
   if (typeof spec === "number") {
     if (!Number.isInteger(spec) || spec < 1) {
-      throw new RangeError(
+      throw new ValueError(
         `checkpointSequential: segments must be a positive integer or "auto", got ${spec}.`,
       );
     }
     return { ...planFor(spec), fits: true };
   }
   if (!(spec.budgetBytes > 0)) {
-    throw new RangeError(
+    throw new ValueError(
       `checkpointSequential: budgetBytes must be positive, got ${spec.budgetBytes}.`,
     );
   }

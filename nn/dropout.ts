@@ -1,4 +1,5 @@
 /** The Dropout layer. */
+import { ValueError } from "../gpu/errors.ts";
 import { dropout } from "../gpu/ops/dropout.ts";
 import type { RandomGenerator } from "../gpu/random.ts";
 import type { Tensor } from "../gpu/tensor.ts";
@@ -32,7 +33,7 @@ export class Dropout extends Module {
   /** A dropout layer with drop probability `p`. */
   constructor(p = 0.5, options: { seed?: number | RandomGenerator } = {}) {
     super();
-    if (!(p >= 0 && p < 1)) throw new RangeError(`Dropout: p must be in [0, 1), got ${p}.`);
+    if (!(p >= 0 && p < 1)) throw new ValueError(`Dropout: p must be in [0, 1), got ${p}.`);
     this.p = p;
     this.generator = generatorOf(options.seed);
   }

@@ -1,4 +1,5 @@
 /** The fully connected layer. */
+import { ValueError } from "../gpu/errors.ts";
 import { linear } from "../gpu/ops/matmul.ts";
 import type { Tensor } from "../gpu/tensor.ts";
 import { generatorOf, type ParameterOptions, uniformTensor } from "./init.ts";
@@ -43,7 +44,7 @@ export class Linear extends Module {
       !(Number.isInteger(inFeatures) && inFeatures > 0 && Number.isInteger(outFeatures) &&
         outFeatures > 0)
     ) {
-      throw new RangeError(
+      throw new ValueError(
         `Linear: features must be positive integers, got ${inFeatures} → ${outFeatures}.`,
       );
     }

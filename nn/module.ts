@@ -3,6 +3,7 @@
  * tensors), named buffers (state such as running statistics) and named child
  * modules; names join with dots (`layers.0.weight`), as in PyTorch.
  */
+import { ValueError } from "../gpu/errors.ts";
 import { zeroGrad } from "../gpu/autograd.ts";
 import { bytesPerElement, type DType } from "../gpu/dtype.ts";
 import { sameShape, type Shape, shapeString } from "../gpu/shape.ts";
@@ -115,7 +116,7 @@ export abstract class Module {
       }
     }
     if (problems.length > 0) {
-      throw new RangeError(
+      throw new ValueError(
         `loadStateDict: the state does not fit this ${this.constructor.name} ` +
           `(nothing was changed):\n  ${problems.join("\n  ")}`,
       );
@@ -149,10 +150,10 @@ export abstract class Module {
 
   #checkName(name: string): void {
     if (!name || name.includes(".")) {
-      throw new RangeError(`Module: name '${name}' must be non-empty and contain no dot.`);
+      throw new ValueError(`Module: name '${name}' must be non-empty and contain no dot.`);
     }
     if (this.#parameters.has(name) || this.#buffers.has(name) || this.#children.has(name)) {
-      throw new RangeError(
+      throw new ValueError(
         `Module: '${name}' is already registered on this ${this.constructor.name}.`,
       );
     }

@@ -1,4 +1,5 @@
 /** Normalisation layers. Their parameters and statistics are always fp32. */
+import { ShapeError } from "../gpu/errors.ts";
 import { batchNorm } from "../gpu/ops/batch_norm.ts";
 import { layerNorm } from "../gpu/ops/layer_norm.ts";
 import type { Gpu } from "../gpu/device.ts";
@@ -134,7 +135,7 @@ export class BatchNorm1d extends BatchNorm {
   /** Checks the rank, then normalises. */
   override forward(x: Tensor): Tensor {
     if (x.rank !== 2 && x.rank !== 3) {
-      throw new RangeError(`BatchNorm1d: input ${x.describe()} must be [N, C] or [N, C, L].`);
+      throw new ShapeError(`BatchNorm1d: input ${x.describe()} must be [N, C] or [N, C, L].`);
     }
     return super.forward(x);
   }
@@ -145,7 +146,7 @@ export class BatchNorm2d extends BatchNorm {
   /** Checks the rank, then normalises. */
   override forward(x: Tensor): Tensor {
     if (x.rank !== 4) {
-      throw new RangeError(`BatchNorm2d: input ${x.describe()} must be [N, C, H, W].`);
+      throw new ShapeError(`BatchNorm2d: input ${x.describe()} must be [N, C, H, W].`);
     }
     return super.forward(x);
   }

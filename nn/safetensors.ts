@@ -9,6 +9,7 @@
  * little-endian data buffer; offsets are relative to the data buffer, which
  * the tensors cover exactly, without holes or overlaps.
  */
+import { HalfstepError } from "../gpu/errors.ts";
 import { bytesPerElement, type DType } from "../gpu/dtype.ts";
 import type { Gpu } from "../gpu/device.ts";
 import { shapeString, sizeOf } from "../gpu/shape.ts";
@@ -33,7 +34,7 @@ export interface SafetensorsSpec {
 }
 
 /** A file or entry that breaks the safetensors format; the message says what and where. */
-export class SafetensorsError extends Error {
+export class SafetensorsError extends HalfstepError {
   /**
    * A format error.
    *
@@ -63,26 +64,23 @@ const OTHER_DTYPES = new Set("BOOL U8 I8 F8_E5M2 F8_E4M3 I16 U16 BF16 U32 F64 I6
  */
 const ORDER: Record<DType, number> = { f32: 0, i32: 1, f16: 2 };
 
-function fail(message: string): never {
-  throw new SafetensorsError(message);
-}
 
 /** Throws unless `shape` is an array of non-negative safe integers with a safe byte size. */
 function checkShape(where: string, shape: unknown, dtype: DType): number {
   if (
     !Array.isArray(shape) || !shape.every((d) => Number.isSafeInteger(d) && (d as number) >= 0)
   ) {
-    fail(`${where}: shape ${JSON.stringify(shape)} must be an array of non-negative integers.`);
+    throw new SafetensorsError(`${where}: shape ${JSON.stringify(shape)} must be an array of non-negative integers.`);
   }
   const bytes = sizeOf(shape as number[]) * bytesPerElement(dtype);
-  if (!Number.isSafeInteger(bytes)) fail(`${where}: shape ${shapeString(shape)} is too large.`);
+  if (!Number.isSafeInteger(bytes)) throw new SafetensorsError(`${where}: shape ${shapeString(shape)} is too large.`);
   return bytes;
 }
 
 /** `Object.hasOwn`, not `in`: `"toString" in FILE_DTYPE` is true. */
 function checkDType(where: string, dtype: unknown): void {
   if (!Object.hasOwn(FILE_DTYPE, String(dtype))) {
-    fail(`${where}: dtype ${String(dtype)} is not f32, f16 or i32.`);
+    throw new SafetensorsError(`${where}: dtype ${String(dtype)} is not f32, f16 or i32.`);
   }
 }
 
@@ -90,7 +88,7 @@ function checkEntry(where: string, e: SafetensorsEntry): void {
   checkDType(where, e.dtype);
   const bytes = checkShape(where, e.shape, e.dtype);
   if (!(e.data instanceof Uint8Array) || e.data.byteLength !== bytes) {
-    fail(
+    throw new SafetensorsError(
       `${where}: a ${e.dtype} tensor ${shapeString(e.shape)} needs ${bytes} bytes of data ` +
         `but has ${e.data instanceof Uint8Array ? e.data.byteLength : "no Uint8Array"}.`,
     );
@@ -115,7 +113,7 @@ export function encodeSafetensorsHeader(
     const keys = Object.keys(metadata).sort();
     for (const k of keys) {
       if (typeof metadata[k] !== "string") {
-        fail(`encodeSafetensors: metadata "${k}" must be a string, got ${typeof metadata[k]}.`);
+        throw new SafetensorsError(`encodeSafetensors: metadata "${k}" must be a string, got ${typeof metadata[k]}.`);
       }
     }
     header[METADATA_KEY] = Object.fromEntries(keys.map((k) => [k, metadata[k]]));
@@ -123,7 +121,7 @@ export function encodeSafetensorsHeader(
   const sizes = new Map<string, number>();
   for (const [name, { dtype, shape }] of specs) {
     const where = `encodeSafetensors: tensor "${name}"`;
-    if (name === METADATA_KEY) fail(`${where}: the name is reserved for metadata; rename it.`);
+    if (name === METADATA_KEY) throw new SafetensorsError(`${where}: the name is reserved for metadata; rename it.`);
     checkDType(where, dtype);
     sizes.set(name, checkShape(where, shape, dtype));
   }
@@ -202,12 +200,12 @@ export function decodeSafetensors(
   bytes: Uint8Array,
 ): { entries: Map<string, SafetensorsEntry>; metadata: Record<string, string> } {
   const length = bytes.byteLength;
-  if (length < 8) fail(`The file is ${length} bytes, shorter than the 8-byte header length.`);
+  if (length < 8) throw new SafetensorsError(`The file is ${length} bytes, shorter than the 8-byte header length.`);
   const n = new DataView(bytes.buffer, bytes.byteOffset, 8).getBigUint64(0, true);
-  if (n > BigInt(MAX_HEADER_BYTES)) fail(`The header length ${n} exceeds 100 MB; corrupt file?`);
+  if (n > BigInt(MAX_HEADER_BYTES)) throw new SafetensorsError(`The header length ${n} exceeds 100 MB; corrupt file?`);
   const headerEnd = 8 + Number(n);
   if (headerEnd > length) {
-    fail(`The file is truncated: the header needs ${n} bytes but only ${length - 8} follow.`);
+    throw new SafetensorsError(`The file is truncated: the header needs ${n} bytes but only ${length - 8} follow.`);
   }
   let header: unknown;
   try {
@@ -217,35 +215,35 @@ export function decodeSafetensors(
   } catch (err) {
     throw new SafetensorsError(`The header is not valid UTF-8 JSON: ${err}`, { cause: err });
   }
-  if (!isObject(header)) fail("The header must be a JSON object of tensor name → info.");
+  if (!isObject(header)) throw new SafetensorsError("The header must be a JSON object of tensor name → info.");
   const data = bytes.subarray(headerEnd);
   let metadata: Record<string, string> = {};
   const infos: { name: string; dtype: DType; shape: number[]; begin: number; end: number }[] = [];
   for (const [name, info] of Object.entries(header)) {
     if (name === METADATA_KEY) {
       if (!isObject(info) || !Object.values(info).every((v) => typeof v === "string")) {
-        fail(`"${METADATA_KEY}" must be an object of string values.`);
+        throw new SafetensorsError(`"${METADATA_KEY}" must be an object of string values.`);
       }
       metadata = Object.fromEntries(Object.entries(info as Record<string, string>));
       continue;
     }
     const where = `Tensor "${name}"`;
-    if (!isObject(info)) fail(`${where}: its header entry must be an object.`);
+    if (!isObject(info)) throw new SafetensorsError(`${where}: its header entry must be an object.`);
     const { dtype, shape, data_offsets: offsets } = info;
-    if (typeof dtype !== "string") fail(`${where}: dtype ${JSON.stringify(dtype)} is missing.`);
-    if (OTHER_DTYPES.has(dtype)) fail(`${where}: dtype ${dtype} is not supported (F32, F16, I32).`);
-    if (!Object.hasOwn(OUR_DTYPE, dtype)) fail(`${where}: unknown dtype ${JSON.stringify(dtype)}.`);
+    if (typeof dtype !== "string") throw new SafetensorsError(`${where}: dtype ${JSON.stringify(dtype)} is missing.`);
+    if (OTHER_DTYPES.has(dtype)) throw new SafetensorsError(`${where}: dtype ${dtype} is not supported (F32, F16, I32).`);
+    if (!Object.hasOwn(OUR_DTYPE, dtype)) throw new SafetensorsError(`${where}: unknown dtype ${JSON.stringify(dtype)}.`);
     const ours = OUR_DTYPE[dtype];
     const size = checkShape(where, shape, ours);
     if (
       !Array.isArray(offsets) || offsets.length !== 2 ||
       !offsets.every((o) => Number.isSafeInteger(o) && (o as number) >= 0)
     ) {
-      fail(`${where}: data_offsets ${JSON.stringify(offsets)} must be [begin, end] integers.`);
+      throw new SafetensorsError(`${where}: data_offsets ${JSON.stringify(offsets)} must be [begin, end] integers.`);
     }
     const [begin, end] = offsets as number[];
     if (end - begin !== size) {
-      fail(
+      throw new SafetensorsError(
         `${where}: data_offsets [${begin}, ${end}] span ${end - begin} bytes but a ${dtype} ` +
           `tensor ${shapeString(shape as number[])} needs ${size}.`,
       );
@@ -255,12 +253,12 @@ export function decodeSafetensors(
   infos.sort((a, b) => a.begin - b.begin || a.end - b.end);
   let cursor = 0, previous = "the start of the data buffer";
   for (const { name, begin, end } of infos) {
-    if (begin < cursor) fail(`Tensor "${name}" [${begin}, ${end}) overlaps ${previous}.`);
+    if (begin < cursor) throw new SafetensorsError(`Tensor "${name}" [${begin}, ${end}) overlaps ${previous}.`);
     if (begin > cursor) {
-      fail(`The data buffer has a hole of ${begin - cursor} bytes before tensor "${name}".`);
+      throw new SafetensorsError(`The data buffer has a hole of ${begin - cursor} bytes before tensor "${name}".`);
     }
     if (end > data.byteLength) {
-      fail(
+      throw new SafetensorsError(
         `The file is truncated: tensor "${name}" ends at data byte ${end} of ${data.byteLength}.`,
       );
     }
@@ -268,7 +266,7 @@ export function decodeSafetensors(
     previous = `tensor "${name}" (which ends at ${end})`;
   }
   if (cursor !== data.byteLength) {
-    fail(`The data buffer has ${data.byteLength - cursor} unused bytes after the last tensor.`);
+    throw new SafetensorsError(`The data buffer has ${data.byteLength - cursor} unused bytes after the last tensor.`);
   }
   const entries = new Map<string, SafetensorsEntry>();
   for (const { name, dtype, shape, begin, end } of infos) {

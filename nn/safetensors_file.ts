@@ -2,6 +2,7 @@
  * Saving and loading safetensors files with Deno's file APIs. The format
  * itself (pure Web APIs, usable in browsers) is in `safetensors.ts`.
  */
+import { ValueError } from "../gpu/errors.ts";
 import type { Tensor } from "../gpu/tensor.ts";
 import type { Module } from "./module.ts";
 import {
@@ -210,7 +211,7 @@ export async function loadModule(path: string, module: Module): Promise<Record<s
   try {
     module.loadStateDict(entries);
   } catch (err) {
-    throw new RangeError(`loadModule: "${path}": ${(err as Error).message}`, { cause: err });
+    throw new ValueError(`loadModule: "${path}": ${(err as Error).message}`, { cause: err });
   }
   return metadata;
 }

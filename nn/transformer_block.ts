@@ -1,4 +1,5 @@
 /** The pre-LayerNorm decoder block of GPT-2: causal self-attention and an MLP, each residual. */
+import { ValueError } from "../gpu/errors.ts";
 import { add, gelu } from "../gpu/ops/elementwise.ts";
 import type { Tensor } from "../gpu/tensor.ts";
 import { CausalSelfAttention } from "./attention.ts";
@@ -52,7 +53,7 @@ export class TransformerBlock extends Module {
     super();
     const hidden = Math.round((options.mlpRatio ?? 4) * dim);
     if (!(hidden > 0)) {
-      throw new RangeError(`TransformerBlock: mlpRatio must be positive, got ${options.mlpRatio}.`);
+      throw new ValueError(`TransformerBlock: mlpRatio must be positive, got ${options.mlpRatio}.`);
     }
     const init = { ...options, seed: generatorOf(options.seed) };
     this.norm1 = this.registerModule("norm1", new LayerNorm(dim, { gpu: options.gpu }));

@@ -1,4 +1,5 @@
 /** Clipping by global norm, computed in f32 on the GPU with no readback. */
+import { ValueError } from "../gpu/errors.ts";
 import { noGrad } from "../gpu/autograd.ts";
 import { untracked } from "../gpu/scope.ts";
 import { Tensor } from "../gpu/tensor.ts";
@@ -43,11 +44,11 @@ export function clipGradNorm(
   options: { inPlace?: boolean } = {},
 ): ClipResult {
   if (!(maxNorm > 0) || !Number.isFinite(maxNorm)) {
-    throw new RangeError(`clipGradNorm: maxNorm must be a positive finite number, got ${maxNorm}.`);
+    throw new ValueError(`clipGradNorm: maxNorm must be a positive finite number, got ${maxNorm}.`);
   }
   const grads = params.map((p) => p.grad).filter((g): g is Tensor => g !== null);
   const gpu = params[0]?.gpu;
-  if (!gpu) throw new RangeError("clipGradNorm: no parameters given.");
+  if (!gpu) throw new ValueError("clipGradNorm: no parameters given.");
   return untracked(() =>
     noGrad(() => {
       const partials = Tensor.empty([Math.max(grads.length, 1)], "f32", gpu); // every slot is written

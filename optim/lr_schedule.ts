@@ -4,6 +4,7 @@
  * here runs on the CPU: a new learning rate is just a different uniform word
  * in the next fused update, so scheduling costs no GPU work and no sync.
  */
+import { ValueError } from "../gpu/errors.ts";
 
 /** A schedule: the factor in [0, 1] the base learning rate is multiplied by at `step` (0, 1, 2, ...). */
 export type LrSchedule = (step: number) => number;
@@ -30,21 +31,21 @@ export interface CosineScheduleOptions {
 
 function checkOptions(name: string, warmup: number, total: number, minFactor: number): void {
   if (!Number.isInteger(warmup) || warmup < 0) {
-    throw new RangeError(`${name}: warmupSteps must be an integer >= 0, got ${warmup}.`);
+    throw new ValueError(`${name}: warmupSteps must be an integer >= 0, got ${warmup}.`);
   }
   if (!Number.isInteger(total) || total < 1 || total < warmup) {
-    throw new RangeError(
+    throw new ValueError(
       `${name}: totalSteps must be an integer >= 1 and >= warmupSteps (${warmup}), got ${total}.`,
     );
   }
   if (!(minFactor >= 0 && minFactor <= 1)) {
-    throw new RangeError(`${name}: minFactor must be in [0, 1], got ${minFactor}.`);
+    throw new ValueError(`${name}: minFactor must be in [0, 1], got ${minFactor}.`);
   }
 }
 
 function checkStep(name: string, step: number): void {
   if (!(step >= 0) || !Number.isFinite(step)) {
-    throw new RangeError(`${name}: step must be a finite number >= 0, got ${step}.`);
+    throw new ValueError(`${name}: step must be a finite number >= 0, got ${step}.`);
   }
 }
 
@@ -142,7 +143,7 @@ export class LrScheduler {
   /** A scheduler for `optimizer`'s groups (their current lr becomes the base). */
   constructor(optimizer: LrGroups, schedule: LrSchedule) {
     if (typeof schedule !== "function") {
-      throw new TypeError("LrScheduler: schedule must be a function (step) => factor.");
+      throw new ValueError("LrScheduler: schedule must be a function (step) => factor.");
     }
     this.#optimizer = optimizer;
     this.#schedule = schedule;
@@ -163,7 +164,7 @@ export class LrScheduler {
   /** Advances the schedule by one step, or jumps to `step` when given; sets every group's lr. */
   step(step?: number): void {
     if (step !== undefined && (!Number.isInteger(step) || step < 0)) {
-      throw new RangeError(`LrScheduler.step: step must be an integer >= 0, got ${step}.`);
+      throw new ValueError(`LrScheduler.step: step must be an integer >= 0, got ${step}.`);
     }
     this.#step = step ?? this.#step + 1;
     this.#apply();
@@ -172,7 +173,7 @@ export class LrScheduler {
   #apply(): void {
     const factor = this.#schedule(this.#step);
     if (!(factor >= 0) || !Number.isFinite(factor)) {
-      throw new RangeError(
+      throw new ValueError(
         `LrScheduler: the schedule returned ${factor} at step ${this.#step}; factors must be finite and >= 0.`,
       );
     }

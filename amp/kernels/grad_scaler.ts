@@ -6,6 +6,7 @@
  * Gradients are bound as `array<u32>` (an f16 word holds two halves), so the
  * kernels need no `shader-f16`.
  */
+import { DTypeError } from "../../gpu/errors.ts";
 import { defineKernel } from "../../gpu/kernel.ts";
 import { grid1d, WGSL_GRID_BUILTINS, WGSL_WORKGROUP_INDEX } from "../../gpu/kernels/grid.ts";
 import type { Tensor } from "../../gpu/tensor.ts";
@@ -150,7 +151,7 @@ export function launchUnscale(grad: Tensor, scale: Tensor, foundInf: Tensor): vo
   if (n === 0) return;
   const dtype = grad.dtype;
   if (dtype !== "f32" && dtype !== "f16") {
-    throw new TypeError(`GradScaler.unscale: gradient ${grad.describe()} is not f32 or f16.`);
+    throw new DTypeError(`GradScaler.unscale: gradient ${grad.describe()} is not f32 or f16.`);
   }
   const words = dtype === "f32" ? n : Math.ceil(n / 2);
   grad.gpu.dispatch(

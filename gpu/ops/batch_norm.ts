@@ -4,6 +4,7 @@
  * f16 (the output then is too). Running statistics are updated in place on the
  * GPU: nothing here reads back to the CPU.
  */
+import { DTypeError, ShapeError, StateError, ValueError } from "../errors.ts";
 import { isGradEnabled, record } from "../autograd.ts";
 import { autocastInputs } from "../autocast_hook.ts";
 import { isRecomputing } from "../checkpoint.ts";
@@ -41,10 +42,10 @@ export interface BatchNormOptions {
 
 function viewOf(x: Tensor): BatchNormView {
   if (x.dtype !== "f32" && x.dtype !== "f16") {
-    throw new TypeError(`batchNorm: input ${x.describe()} must be f32 or f16.`);
+    throw new DTypeError(`batchNorm: input ${x.describe()} must be f32 or f16.`);
   }
   if (x.rank < 2 || x.rank > 4) {
-    throw new RangeError(
+    throw new ShapeError(
       `batchNorm: input ${x.describe()} must be [N, C], [N, C, L] or [N, C, H, W] ` +
         "(channels on axis 1).",
     );
@@ -56,20 +57,20 @@ function viewOf(x: Tensor): BatchNormView {
 function checkVector(name: string, t: Tensor | null, x: Tensor, c: number): void {
   if (t === null) return;
   if (t.dtype !== "f32") {
-    throw new TypeError(
+    throw new DTypeError(
       `batchNorm: ${name} is ${t.describe()}, but BatchNorm keeps its parameters and ` +
         `statistics in fp32 (also for an f16 input, here ${x.describe()}). ` +
         `Make ${name} an f32 tensor of shape ${shapeString([c])}.`,
     );
   }
   if (!sameShape(t.shape, [c])) {
-    throw new RangeError(
+    throw new ShapeError(
       `batchNorm: ${name} is ${t.describe()}, but input ${x.describe()} has ${c} channels ` +
         `(axis 1): it must have shape ${shapeString([c])}.`,
     );
   }
   if (t.gpu !== x.gpu) {
-    throw new Error(
+    throw new ValueError(
       `batchNorm: ${name} ${t.describe()} and input ${x.describe()} are on ` +
         "different devices.",
     );
@@ -84,13 +85,13 @@ function checkOptions(
 ): void {
   const momentum = o.momentum ?? 0.1, eps = o.eps ?? 1e-5;
   if (!(momentum >= 0 && momentum <= 1)) {
-    throw new RangeError(`batchNorm: momentum must be in [0, 1], got ${momentum}.`);
+    throw new ValueError(`batchNorm: momentum must be in [0, 1], got ${momentum}.`);
   }
   if (!(eps >= 0) || !Number.isFinite(eps)) {
-    throw new RangeError(`batchNorm: eps must be a finite number ≥ 0, got ${eps}.`);
+    throw new ValueError(`batchNorm: eps must be a finite number ≥ 0, got ${eps}.`);
   }
   if (training && view.n * view.s <= 1 && view.c > 0) {
-    throw new RangeError(
+    throw new ShapeError(
       `batchNorm: expected more than 1 value per channel when training, got input ` +
         `${x.describe()} (${view.n * view.s} per channel). Use a larger batch or eval mode.`,
     );
@@ -143,7 +144,7 @@ export function batchNorm(x0: Tensor, options: BatchNormOptions): Tensor {
   checkVector("runningVar", runningVar, x, view.c);
   checkOptions(x, view, training, options);
   if (update && isGradEnabled() && (runningMean.requiresGrad || runningVar.requiresGrad)) {
-    throw new TypeError(
+    throw new StateError(
       "batchNorm: runningMean and runningVar are updated in place and must not require grad " +
         `(got ${runningMean.describe()} requiresGrad ${runningMean.requiresGrad}, ` +
         `${runningVar.describe()} requiresGrad ${runningVar.requiresGrad}).`,

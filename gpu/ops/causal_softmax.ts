@@ -1,4 +1,5 @@
 /** Differentiable causal softmax for attention scores [..., T, T] (f32 math inside). */
+import { DTypeError, ShapeError, ValueError } from "../errors.ts";
 import { record } from "../autograd.ts";
 import { autocastInputs } from "../autocast_hook.ts";
 import { launchCausalSoftmax, launchCausalSoftmaxBackward } from "../kernels/causal_softmax.ts";
@@ -41,16 +42,16 @@ export function causalSoftmax(x0: Tensor, options: CausalSoftmaxOptions = {}): T
   const [x] = autocastInputs("causal_softmax", [x0]);
   const scale = options.scale ?? 1;
   if (x.dtype === "i32") {
-    throw new TypeError(`causalSoftmax: needs f32 or f16 scores, got ${x.describe()}.`);
+    throw new DTypeError(`causalSoftmax: needs f32 or f16 scores, got ${x.describe()}.`);
   }
   if (x.rank < 2 || x.shape.at(-1) !== x.shape.at(-2)) {
-    throw new RangeError(
+    throw new ShapeError(
       `causalSoftmax: scores ${x.describe()} must be [..., T, T] (square in the last two axes); ` +
         "compute them as matmul(q, k, { transB: true }) with q and k both [batch, T, d].",
     );
   }
   if (!Number.isFinite(scale)) {
-    throw new RangeError(`causalSoftmax: scale must be a finite number, got ${scale}.`);
+    throw new ValueError(`causalSoftmax: scale must be a finite number, got ${scale}.`);
   }
   const y = launchCausalSoftmax(x, scale);
   return record({

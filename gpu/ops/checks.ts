@@ -1,10 +1,11 @@
 /** Input checks shared by ops; every message names the op, the shapes and the dtypes. */
+import { DTypeError, ValueError } from "../errors.ts";
 import type { Tensor } from "../tensor.ts";
 
 /** Throws unless `a` and `b` have the same dtype. */
 export function assertSameDtype(op: string, a: Tensor, b: Tensor): void {
   if (a.dtype !== b.dtype) {
-    throw new TypeError(
+    throw new DTypeError(
       `${op}: dtypes differ (${a.describe()} and ${b.describe()}). ` +
         "Cast one operand with cast(x, dtype) first, or run under autocast.",
     );
@@ -14,7 +15,7 @@ export function assertSameDtype(op: string, a: Tensor, b: Tensor): void {
 /** Throws unless `a` and `b` live on the same device. */
 export function assertSameGpu(op: string, a: Tensor, b: Tensor): void {
   if (a.gpu !== b.gpu) {
-    throw new Error(
+    throw new ValueError(
       `${op}: operands ${a.describe()} and ${b.describe()} are on different devices.`,
     );
   }

@@ -1,4 +1,5 @@
 /** Differentiable per-row cross-entropy from logits (f32 math inside). */
+import { ShapeError, ValueError } from "../errors.ts";
 import { record } from "../autograd.ts";
 import { autocastInputs } from "../autocast_hook.ts";
 import { launchCrossEntropy, launchCrossEntropyBackward } from "../kernels/cross_entropy.ts";
@@ -17,13 +18,13 @@ export function crossEntropyPerRow(logits0: Tensor, targets: Tensor, smoothing =
     logits.rank !== 2 || targets.dtype !== "i32" || targets.rank !== 1 ||
     targets.shape[0] !== logits.shape[0]
   ) {
-    throw new TypeError(
+    throw new ShapeError(
       `crossEntropy: needs logits [rows, classes] and i32 targets [rows]; got logits ` +
         `${logits.describe()} and targets ${targets.describe()}.`,
     );
   }
   if (!(smoothing >= 0 && smoothing < 1)) {
-    throw new RangeError(`crossEntropy: label smoothing must be in [0, 1), got ${smoothing}.`);
+    throw new ValueError(`crossEntropy: label smoothing must be in [0, 1), got ${smoothing}.`);
   }
   assertIdsInRange("crossEntropy", targets, logits.shape[1]);
   const { loss, lse } = launchCrossEntropy(logits, targets, smoothing);

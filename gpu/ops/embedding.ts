@@ -1,4 +1,5 @@
 /** Differentiable embedding lookup. */
+import { DTypeError, ValueError } from "../errors.ts";
 import { record } from "../autograd.ts";
 import { autocastInputs } from "../autocast_hook.ts";
 import { launchGather, launchScatterAdd } from "../kernels/embedding.ts";
@@ -22,7 +23,7 @@ import type { Tensor } from "../tensor.ts";
 export function embedding(table0: Tensor, ids: Tensor): Tensor {
   const [table] = autocastInputs("embedding", [table0, ids]);
   if (table.rank !== 2 || ids.dtype !== "i32") {
-    throw new TypeError(
+    throw new DTypeError(
       `embedding: needs a table [vocab, dim] and i32 ids; got table ${table.describe()} ` +
         `and ids ${ids.describe()}. Make ids with Tensor.from(values, shape, { dtype: "i32" }).`,
     );
@@ -42,12 +43,12 @@ export function embedding(table0: Tensor, ids: Tensor): Tensor {
 export function assertIdsInRange(op: string, ids: Tensor, count: number): void {
   const range = ids.indexRange;
   if (!range) {
-    throw new RangeError(
+    throw new ValueError(
       `${op}: ids ${ids.describe()} have no known range; create them with Tensor.from(..., { dtype: "i32" }).`,
     );
   }
   if (ids.size > 0 && (range.min < 0 || range.max >= count)) {
-    throw new RangeError(
+    throw new ValueError(
       `${op}: ids ${ids.describe()} range over [${range.min}, ${range.max}] but must lie in ` +
         `[0, ${count - 1}] (${count} classes or rows).`,
     );

@@ -1,4 +1,5 @@
 /** In-place updates for optimizers and gradient bookkeeping (never recorded on the tape). */
+import { ShapeError, StateError } from "../errors.ts";
 import { isGradEnabled } from "../autograd.ts";
 import { launchAccumulate, launchCopy } from "../kernels/elementwise.ts";
 import { sameShape } from "../shape.ts";
@@ -28,12 +29,12 @@ export function addInPlace(
   options: { alpha?: number; beta?: number } = {},
 ): void {
   if (!sameShape(dst.shape, src.shape)) {
-    throw new RangeError(
+    throw new ShapeError(
       `addInPlace: shapes differ (${dst.describe()} += ${src.describe()}); they must match.`,
     );
   }
   if (dst.requiresGrad && isGradEnabled()) {
-    throw new TypeError(
+    throw new StateError(
       `addInPlace: ${dst.describe()} requires grad; an in-place update would silently corrupt ` +
         "the tape. Do optimizer updates inside noGrad().",
     );

@@ -2,6 +2,7 @@
  * Differentiable LayerNorm over the last axis: fused forward and backward
  * kernels, f32 statistics and f32 affine parameters whatever x's dtype.
  */
+import { DTypeError, ShapeError, ValueError } from "../errors.ts";
 import { record } from "../autograd.ts";
 import { autocastInputs } from "../autocast_hook.ts";
 import {
@@ -25,14 +26,14 @@ export interface LayerNormOptions {
 function checkParameter(name: string, p: Tensor | null, x: Tensor, cols: number): void {
   if (p === null) return;
   if (p.dtype !== "f32" || !sameShape(p.shape, [cols])) {
-    throw new TypeError(
+    throw new DTypeError(
       `layerNorm: ${name} must be f32 ${shapeString([cols])} (LayerNorm keeps its affine ` +
         `parameters in fp32; the size is the last axis of the input) for input ${x.describe()}, ` +
         `got ${p.describe()}. Create it with Tensor.from(..., [${cols}], { dtype: "f32" }).`,
     );
   }
   if (p.gpu !== x.gpu) {
-    throw new Error(
+    throw new ValueError(
       `layerNorm: ${name} ${p.describe()} and input ${x.describe()} are on ` +
         "different devices.",
     );
@@ -41,15 +42,15 @@ function checkParameter(name: string, p: Tensor | null, x: Tensor, cols: number)
 
 function checkInputs(x: Tensor, weight: Tensor | null, bias: Tensor | null, eps: number): number {
   if (x.dtype !== "f32" && x.dtype !== "f16") {
-    throw new TypeError(`layerNorm: input ${x.describe()} must be f32 or f16.`);
+    throw new DTypeError(`layerNorm: input ${x.describe()} must be f32 or f16.`);
   }
   if (x.rank === 0) {
-    throw new RangeError(
+    throw new ShapeError(
       `layerNorm: input ${x.describe()} is a scalar; it needs at least one axis to normalise.`,
     );
   }
   if (!(eps >= 0) || !Number.isFinite(eps)) {
-    throw new RangeError(`layerNorm: eps must be a finite number ≥ 0, got ${eps}.`);
+    throw new ValueError(`layerNorm: eps must be a finite number ≥ 0, got ${eps}.`);
   }
   const cols = x.shape[x.rank - 1];
   checkParameter("weight", weight, x, cols);

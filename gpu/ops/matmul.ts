@@ -2,6 +2,7 @@
  * Differentiable matmul and the fused linear layer op. Backward reuses the
  * same kernel with transposed operand strides: dA = G·op(B)ᵀ, dB = op(A)ᵀ·G.
  */
+import { ShapeError } from "../errors.ts";
 import { record } from "../autograd.ts";
 import { launchBinary } from "../kernels/elementwise.ts";
 import { dispatchMatmul, type MatmulProblem } from "../kernels/matmul.ts";
@@ -72,7 +73,7 @@ function product(a: Tensor, b: Tensor, transA: boolean, transB: boolean): Tensor
  */
 function sharedRightGrad(a: Tensor, g: Tensor, transA: boolean, transB: boolean): Tensor {
   if (transA) {
-    throw new RangeError(
+    throw new ShapeError(
       `matmul backward: a transposed batched A (${a.describe()}) with a shared B is not ` +
         "supported; make B batched or store A untransposed.",
     );
@@ -184,7 +185,7 @@ export function linear(x0: Tensor, weight0: Tensor, options: LinearOptions = {})
   const outFeatures = resolved.problem.n;
   if (bias && (bias.rank !== 1 || bias.shape[0] !== outFeatures)) {
     x2.dispose();
-    throw new RangeError(
+    throw new ShapeError(
       `linear: bias ${bias.describe()} must have shape [${outFeatures}] to match ` +
         `weight ${weight.describe()}.`,
     );

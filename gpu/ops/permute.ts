@@ -1,4 +1,5 @@
 /** Differentiable axis permutation (a contiguous copy), for tensors of rank ≤ 4. */
+import { ShapeError } from "../errors.ts";
 import { record } from "../autograd.ts";
 import { launchPermute, PERMUTE_MAX_RANK } from "../kernels/permute.ts";
 import { shapeString } from "../shape.ts";
@@ -8,7 +9,7 @@ import type { Tensor } from "../tensor.ts";
 function resolveOrder(x: Tensor, order: readonly number[]): number[] {
   const rank = x.rank;
   if (rank > PERMUTE_MAX_RANK) {
-    throw new RangeError(
+    throw new ShapeError(
       `permute: ${x.describe()} has rank ${rank}; at most ${PERMUTE_MAX_RANK} axes are supported. ` +
         "Merge neighbouring axes that stay together with reshape() first.",
     );
@@ -19,7 +20,7 @@ function resolveOrder(x: Tensor, order: readonly number[]): number[] {
     order.length !== rank || seen.size !== rank ||
     resolved.some((a) => !Number.isInteger(a) || a < 0 || a >= rank)
   ) {
-    throw new RangeError(
+    throw new ShapeError(
       `permute: order ${shapeString(order)} is not a permutation of the ${rank} axes of ` +
         `${x.describe()}; give each axis 0..${rank - 1} exactly once.`,
     );

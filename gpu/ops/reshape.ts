@@ -1,4 +1,5 @@
 /** Reshape: a new handle to the same GPU memory with another shape (no copy). */
+import { ShapeError } from "../errors.ts";
 import { record } from "../autograd.ts";
 import { assertValidShape, type Shape, shapeString, sizeOf } from "../shape.ts";
 import type { Tensor } from "../tensor.ts";
@@ -25,7 +26,7 @@ export function reshape(x: Tensor, shape: Shape): Tensor {
     : shape;
   assertValidShape("reshape", resolved);
   if (inferred > 1 || sizeOf(resolved) !== x.size) {
-    throw new RangeError(
+    throw new ShapeError(
       `reshape: cannot view ${x.describe()} (${x.size} elements) as ${shapeString(shape)}.`,
     );
   }

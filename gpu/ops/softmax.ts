@@ -1,4 +1,5 @@
 /** Differentiable softmax and log-softmax over the last axis (f32 math inside). */
+import { ShapeError } from "../errors.ts";
 import { record } from "../autograd.ts";
 import { autocastInputs } from "../autocast_hook.ts";
 import { launchSoftmax, launchSoftmaxBackward, type SoftmaxKind } from "../kernels/softmax.ts";
@@ -6,7 +7,7 @@ import type { Tensor } from "../tensor.ts";
 
 function checkAxis(op: string, x: Tensor, axis: number): void {
   if (axis !== -1 && axis !== x.rank - 1) {
-    throw new RangeError(
+    throw new ShapeError(
       `${op}: only the last axis is supported (got axis ${axis} for ${x.describe()}). ` +
         "Move the axis last first.",
     );
