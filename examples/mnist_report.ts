@@ -1,0 +1,128 @@
+/**
+ * What `mnist.ts` prints at the start and at the end of a run: the `start`
+ * event, the `--plot` chart and the `final` event, as text or (with --json)
+ * one JSON object a line.
+ *
+ * @module
+ */
+import type { Run, Tally } from "./mnist.ts";
+import { writeLossChart } from "./_plot.ts";
+
+const mib = (bytes: number): string => `${(bytes / 2 ** 20).toFixed(2)} MiB`;
+
+/** The `start` event: the adapter, the data and the run's settings. */
+export function reportStart(
+  run: Pick<Run, "cfg" | "emit" | "gpu" | "train" | "test" | "batch" | "stepsPerEpoch">,
+  seconds: { loadSeconds: number; initSeconds: number },
+): void {
+  const { cfg, gpu, train, test, batch, stepsPerEpoch } = run;
+  const { loadSeconds, initSeconds } = seconds;
+  run.emit(
+    "start",
+    {
+      adapter: gpu.adapterName,
+      f16: gpu.f16,
+      matmulTiling: gpu.matmulTiling,
+      trainCount: train.count,
+      testCount: test.count,
+      ...cfg,
+      batch,
+      stepsPerEpoch,
+      loadSeconds,
+      initSeconds,
+    },
+    [
+      `adapter: ${gpu.adapterName} (matmul tiling ${JSON.stringify(gpu.matmulTiling)})`,
+      `MNIST: ${train.count} train / ${test.count} test images (loaded in ${
+        loadSeconds.toFixed(2)
+      } s); GPU ready in ${initSeconds.toFixed(2)} s`,
+      `MLP 784-256-256-10, ${
+        cfg.amp ? "AMP (f16 + loss scaling)" : "f32"
+      }, ${cfg.optimizer} lr ${cfg.lr}` +
+      `${cfg.optimizer === "sgd" ? ` momentum ${cfg.momentum}` : ""}, batch ${batch}${
+        cfg.accum > 1 ? ` × ${cfg.accum} accumulated` : ""
+      }, ` +
+      `${cfg.epochs} epoch(s) × ${stepsPerEpoch} steps, seed ${cfg.seed}`,
+    ].join("\n"),
+  );
+}
+
+/** Writes the `--plot` chart of the logged losses and loss scales. */
+async function plot(run: Run, tally: Tally): Promise<void> {
+  const { cfg } = run;
+  if (!cfg.plot) return;
+  const title = `MNIST MLP, ${cfg.amp ? "AMP" : "f32"}, ${cfg.optimizer}`;
+  await writeLossChart(cfg.plot, tally.plotPoints, title);
+  run.emit("plot", { path: cfg.plot }, `wrote ${cfg.plot}`);
+}
+
+/**
+ * Writes `--plot`, then the `final` event (the last line): test accuracy,
+ * loss scale, speed, GPU memory and work. Reads the loss scaler (sync points,
+ * once at the end).
+ */
+export async function report(run: Run, tally: Tally, started: number): Promise<void> {
+  const { cfg, gpu, trainer } = run;
+  const { step, lastLoss, testAccuracy, trainSeconds, trainPeak, evalPeak } = tally;
+  const lossScale = await trainer.scaler.getScale();
+  const skippedSteps = await trainer.scaler.skippedSteps();
+  const memory = gpu.memoryStats();
+  const peakBytes = Math.max(trainPeak, evalPeak, memory.peakBytes);
+  const wallSeconds = (performance.now() - started) / 1000;
+  const stepsPerSecond = step / trainSeconds;
+  const flopsPerStep = 6 * run.batch * (784 * 256 + 256 * 256 + 256 * 10); // fwd 2·, bwd 4·
+  // Live GPU memory between steps (for information; tests/memory_test.ts checks it stays flat).
+  const allocated10 = tally.allocatedAfter.get(10) ?? null;
+  const allocated200 = tally.allocatedAfter.get(200) ?? null;
+  const allocatedLast = tally.allocatedAfter.get(step) ?? null;
+  const counters = gpu.batch.counters;
+  await plot(run, tally); // before `final`, which is the last line
+  run.emit(
+    "final",
+    {
+      lossScale,
+      skippedSteps,
+      optimizerSteps: trainer.steps,
+      amp: trainer.masters !== null,
+      testAccuracy,
+      steps: step,
+      epochs: cfg.epochs,
+      finalLoss: lastLoss,
+      peakBytes,
+      trainPeakBytes: trainPeak,
+      evalPeakBytes: evalPeak,
+      allocatedBytes: memory.allocatedBytes,
+      reservedBytes: memory.reservedBytes,
+      allocatedAfterStep10: allocated10,
+      allocatedAfterStep200: allocated200,
+      allocatedAfterLastStep: allocatedLast,
+      trainSeconds,
+      stepsPerSecond,
+      gflops: (flopsPerStep * stepsPerSecond) / 1e9,
+      wallSeconds,
+      dispatches: counters.dispatches,
+      submits: counters.submits,
+      reads: counters.reads,
+      adapter: gpu.adapterName,
+    },
+    [
+      `test accuracy: ${(testAccuracy * 100).toFixed(2)}% after ${step} steps (final loss ${
+        lastLoss.toFixed(4)
+      })`,
+      `loss scale: ${lossScale}${
+        trainer.masters ? "" : " (AMP off)"
+      }, skipped steps: ${skippedSteps}`,
+      `training: ${trainSeconds.toFixed(1)} s, ${stepsPerSecond.toFixed(2)} steps/s, ${
+        ((flopsPerStep * stepsPerSecond) / 1e9).toFixed(2)
+      } GFLOP/s effective; wall time ${wallSeconds.toFixed(1)} s`,
+      `GPU memory: peak ${mib(peakBytes)} (training ${mib(trainPeak)}, evaluation ${
+        mib(evalPeak)
+      }), allocated now ${mib(memory.allocatedBytes)}, ` +
+      `reserved ${mib(memory.reservedBytes)}`,
+      `allocated between steps: after step 10 ${allocated10 ?? "n/a"} B, after step 200 ${
+        allocated200 ?? "n/a"
+      } B, after step ${step} ${allocatedLast} B`,
+      `GPU work: ${counters.dispatches} dispatches, ${counters.submits} submits, ${counters.reads} reads`,
+    ].join("\n"),
+  );
+}
