@@ -13,7 +13,7 @@ import { warnOnce, withState } from "../gpu/runtime_state.ts";
 import type { Tensor } from "../gpu/tensor.ts";
 import { fail, ValueError } from "../gpu/errors.ts";
 import type { MasterWeights } from "./master_weights.ts";
-import { type AutocastLists, castPolicyOf, DEFAULT_AUTOCAST_LISTS } from "./policy.ts";
+import { type AutocastLists, DEFAULT_AUTOCAST_LISTS, policyIn } from "./policy.ts";
 
 /** Options of {@link autocast}. */
 export interface AutocastOptions {
@@ -45,7 +45,7 @@ export function autocastHook(lists: AutocastLists, masters: MasterWeights | null
     return masters?.readWorkingCopy(t) ?? cast(t, "f16");
   };
   return (op, inputs) => {
-    const policy = castPolicyOf(op, lists);
+    const policy = policyIn(lists, op);
     if (policy === "f16") return inputs.map(toF16);
     if (policy === "f32") return inputs.map(toF32);
     const floats = inputs.filter(isFloat);

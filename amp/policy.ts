@@ -97,8 +97,12 @@ export function castPolicyOf(
   op: AutocastOpName,
   lists: AutocastLists = DEFAULT_AUTOCAST_LISTS,
 ): CastPolicy {
-  const name = autocastOpName(op, "castPolicyOf");
-  if (lists.f16.has(name)) return "f16";
-  if (lists.f32.has(name)) return "f32";
+  return policyIn(lists, autocastOpName(op, "castPolicyOf"));
+}
+
+/** Where the (already checked) `op` runs under `lists`: what the cast hook asks for every op. */
+export function policyIn(lists: AutocastLists, op: AutocastOpName): CastPolicy {
+  if (lists.f16.has(op)) return "f16";
+  if (lists.f32.has(op)) return "f32";
   return "promote";
 }

@@ -155,25 +155,34 @@ export function bindingValues<B extends string, U extends string>(
   buffers: DispatchBuffers<B>,
   uniforms: DispatchUniforms<U>,
 ): { buffers: GPUBuffer[]; words: number[] } {
-  const list = kernel.bindings.map((b) => {
-    const t = buffers[b.name];
-    if (!t) fail(ValueError, kernel.key, `no buffer given for binding '${b.name}'.`);
-    return t.buffer;
-  });
-  const given = Object.keys(buffers).filter((name) => buffers[name as B] !== undefined);
-  if (given.length !== list.length) {
-    const known = new Set<string>(kernel.bindings.map((b) => b.name));
-    const extra = given.filter((name) => !known.has(name));
+  // Plain loops: this runs for every dispatch, so it allocates only its two results.
+  const bindings = kernel.bindings;
+  const list = new Array<GPUBuffer>(bindings.length);
+  for (let i = 0; i < bindings.length; i++) {
+    const t = buffers[bindings[i].name];
+    if (!t) fail(ValueError, kernel.key, `no buffer given for binding '${bindings[i].name}'.`);
+    list[i] = t.buffer;
+  }
+  let given = 0;
+  for (const name in buffers) if (buffers[name] !== undefined) given++;
+  if (given !== list.length) {
+    const known = new Set<string>(bindings.map((b) => b.name));
+    const extra = Object.keys(buffers).filter((name) => !known.has(name));
     fail(ValueError, kernel.key, `unknown bindings ${extra.join(", ")} (it has ${[...known]}).`);
   }
-  const words = kernel.uniforms.map(([name, type]) => {
+  const fields = kernel.uniforms;
+  const words = new Array<number>(fields.length);
+  for (let i = 0; i < fields.length; i++) {
+    const [name, type] = fields[i];
     const v = uniforms[name];
-    if (type === "f32") return f32Bits(v);
-    const ok = Number.isInteger(v) &&
-      (type === "u32" ? v >= 0 && v < 2 ** 32 : v >= -(2 ** 31) && v < 2 ** 31);
+    if (type === "f32") {
+      words[i] = f32Bits(v);
+      continue;
+    }
+    const ok = type === "u32" ? v >>> 0 === v : (v | 0) === v;
     if (!ok) fail(ValueError, kernel.key, `uniform ${name} (${type}) cannot hold ${v}.`);
-    return v >>> 0;
-  });
+    words[i] = v >>> 0;
+  }
   return { buffers: list, words };
 }
 

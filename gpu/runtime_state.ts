@@ -69,12 +69,14 @@ export function currentModes(): RuntimeModes {
  * ```
  */
 export function withState<T>(modes: Partial<RuntimeModes>, fn: () => T): T {
-  const previous = currentModes();
+  // Ops call this several times each: save and restore only the modes given.
+  const keys = Object.keys(modes) as (keyof RuntimeModes)[];
+  const previous = keys.map((key) => runtime[key]);
   Object.assign(runtime, modes);
   try {
     return fn();
   } finally {
-    Object.assign(runtime, previous);
+    keys.forEach((key, i) => ((runtime as Record<keyof RuntimeModes, unknown>)[key] = previous[i]));
   }
 }
 

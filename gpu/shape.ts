@@ -1,5 +1,6 @@
-/** A tensor's extents, outermost first (row-major). */
 import { ShapeError } from "./errors.ts";
+
+/** A tensor's extents, outermost first (row-major). */
 export type Shape = readonly number[];
 
 /** Number of elements in a tensor of this shape (1 for a scalar `[]`). */

@@ -64,16 +64,19 @@ const OTHER_DTYPES = new Set("BOOL U8 I8 F8_E5M2 F8_E4M3 I16 U16 BF16 U32 F64 I6
  */
 const ORDER: Record<DType, number> = { f32: 0, i32: 1, f16: 2 };
 
-
 /** Throws unless `shape` is an array of non-negative safe integers with a safe byte size. */
 function checkShape(where: string, shape: unknown, dtype: DType): number {
   if (
     !Array.isArray(shape) || !shape.every((d) => Number.isSafeInteger(d) && (d as number) >= 0)
   ) {
-    throw new SafetensorsError(`${where}: shape ${JSON.stringify(shape)} must be an array of non-negative integers.`);
+    throw new SafetensorsError(
+      `${where}: shape ${JSON.stringify(shape)} must be an array of non-negative integers.`,
+    );
   }
   const bytes = sizeOf(shape as number[]) * bytesPerElement(dtype);
-  if (!Number.isSafeInteger(bytes)) throw new SafetensorsError(`${where}: shape ${shapeString(shape)} is too large.`);
+  if (!Number.isSafeInteger(bytes)) {
+    throw new SafetensorsError(`${where}: shape ${shapeString(shape)} is too large.`);
+  }
   return bytes;
 }
 
@@ -113,7 +116,9 @@ export function encodeSafetensorsHeader(
     const keys = Object.keys(metadata).sort();
     for (const k of keys) {
       if (typeof metadata[k] !== "string") {
-        throw new SafetensorsError(`encodeSafetensors: metadata "${k}" must be a string, got ${typeof metadata[k]}.`);
+        throw new SafetensorsError(
+          `encodeSafetensors: metadata "${k}" must be a string, got ${typeof metadata[k]}.`,
+        );
       }
     }
     header[METADATA_KEY] = Object.fromEntries(keys.map((k) => [k, metadata[k]]));
@@ -121,7 +126,9 @@ export function encodeSafetensorsHeader(
   const sizes = new Map<string, number>();
   for (const [name, { dtype, shape }] of specs) {
     const where = `encodeSafetensors: tensor "${name}"`;
-    if (name === METADATA_KEY) throw new SafetensorsError(`${where}: the name is reserved for metadata; rename it.`);
+    if (name === METADATA_KEY) {
+      throw new SafetensorsError(`${where}: the name is reserved for metadata; rename it.`);
+    }
     checkDType(where, dtype);
     sizes.set(name, checkShape(where, shape, dtype));
   }
@@ -200,12 +207,20 @@ export function decodeSafetensors(
   bytes: Uint8Array,
 ): { entries: Map<string, SafetensorsEntry>; metadata: Record<string, string> } {
   const length = bytes.byteLength;
-  if (length < 8) throw new SafetensorsError(`The file is ${length} bytes, shorter than the 8-byte header length.`);
+  if (length < 8) {
+    throw new SafetensorsError(
+      `The file is ${length} bytes, shorter than the 8-byte header length.`,
+    );
+  }
   const n = new DataView(bytes.buffer, bytes.byteOffset, 8).getBigUint64(0, true);
-  if (n > BigInt(MAX_HEADER_BYTES)) throw new SafetensorsError(`The header length ${n} exceeds 100 MB; corrupt file?`);
+  if (n > BigInt(MAX_HEADER_BYTES)) {
+    throw new SafetensorsError(`The header length ${n} exceeds 100 MB; corrupt file?`);
+  }
   const headerEnd = 8 + Number(n);
   if (headerEnd > length) {
-    throw new SafetensorsError(`The file is truncated: the header needs ${n} bytes but only ${length - 8} follow.`);
+    throw new SafetensorsError(
+      `The file is truncated: the header needs ${n} bytes but only ${length - 8} follow.`,
+    );
   }
   let header: unknown;
   try {
@@ -215,7 +230,9 @@ export function decodeSafetensors(
   } catch (err) {
     throw new SafetensorsError(`The header is not valid UTF-8 JSON: ${err}`, { cause: err });
   }
-  if (!isObject(header)) throw new SafetensorsError("The header must be a JSON object of tensor name → info.");
+  if (!isObject(header)) {
+    throw new SafetensorsError("The header must be a JSON object of tensor name → info.");
+  }
   const data = bytes.subarray(headerEnd);
   let metadata: Record<string, string> = {};
   const infos: { name: string; dtype: DType; shape: number[]; begin: number; end: number }[] = [];
@@ -228,18 +245,28 @@ export function decodeSafetensors(
       continue;
     }
     const where = `Tensor "${name}"`;
-    if (!isObject(info)) throw new SafetensorsError(`${where}: its header entry must be an object.`);
+    if (!isObject(info)) {
+      throw new SafetensorsError(`${where}: its header entry must be an object.`);
+    }
     const { dtype, shape, data_offsets: offsets } = info;
-    if (typeof dtype !== "string") throw new SafetensorsError(`${where}: dtype ${JSON.stringify(dtype)} is missing.`);
-    if (OTHER_DTYPES.has(dtype)) throw new SafetensorsError(`${where}: dtype ${dtype} is not supported (F32, F16, I32).`);
-    if (!Object.hasOwn(OUR_DTYPE, dtype)) throw new SafetensorsError(`${where}: unknown dtype ${JSON.stringify(dtype)}.`);
+    if (typeof dtype !== "string") {
+      throw new SafetensorsError(`${where}: dtype ${JSON.stringify(dtype)} is missing.`);
+    }
+    if (OTHER_DTYPES.has(dtype)) {
+      throw new SafetensorsError(`${where}: dtype ${dtype} is not supported (F32, F16, I32).`);
+    }
+    if (!Object.hasOwn(OUR_DTYPE, dtype)) {
+      throw new SafetensorsError(`${where}: unknown dtype ${JSON.stringify(dtype)}.`);
+    }
     const ours = OUR_DTYPE[dtype];
     const size = checkShape(where, shape, ours);
     if (
       !Array.isArray(offsets) || offsets.length !== 2 ||
       !offsets.every((o) => Number.isSafeInteger(o) && (o as number) >= 0)
     ) {
-      throw new SafetensorsError(`${where}: data_offsets ${JSON.stringify(offsets)} must be [begin, end] integers.`);
+      throw new SafetensorsError(
+        `${where}: data_offsets ${JSON.stringify(offsets)} must be [begin, end] integers.`,
+      );
     }
     const [begin, end] = offsets as number[];
     if (end - begin !== size) {
@@ -253,9 +280,13 @@ export function decodeSafetensors(
   infos.sort((a, b) => a.begin - b.begin || a.end - b.end);
   let cursor = 0, previous = "the start of the data buffer";
   for (const { name, begin, end } of infos) {
-    if (begin < cursor) throw new SafetensorsError(`Tensor "${name}" [${begin}, ${end}) overlaps ${previous}.`);
+    if (begin < cursor) {
+      throw new SafetensorsError(`Tensor "${name}" [${begin}, ${end}) overlaps ${previous}.`);
+    }
     if (begin > cursor) {
-      throw new SafetensorsError(`The data buffer has a hole of ${begin - cursor} bytes before tensor "${name}".`);
+      throw new SafetensorsError(
+        `The data buffer has a hole of ${begin - cursor} bytes before tensor "${name}".`,
+      );
     }
     if (end > data.byteLength) {
       throw new SafetensorsError(
@@ -266,7 +297,9 @@ export function decodeSafetensors(
     previous = `tensor "${name}" (which ends at ${end})`;
   }
   if (cursor !== data.byteLength) {
-    throw new SafetensorsError(`The data buffer has ${data.byteLength - cursor} unused bytes after the last tensor.`);
+    throw new SafetensorsError(
+      `The data buffer has ${data.byteLength - cursor} unused bytes after the last tensor.`,
+    );
   }
   const entries = new Map<string, SafetensorsEntry>();
   for (const { name, dtype, shape, begin, end } of infos) {
