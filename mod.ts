@@ -28,7 +28,9 @@
 
 // gpu/: the device, tensors, the tape and the ops.
 export { initGpu, type InitGpuOptions } from "./gpu/init.ts";
-export { type F16Mode, Gpu, type MatmulTiling } from "./gpu/device.ts";
+export { type F16Mode, Gpu, type MatmulTiling, type ProfileOptions } from "./gpu/device.ts";
+export type { FlushPolicy } from "./gpu/command_batch.ts";
+export type { ProfileReport, ProfileRow } from "./gpu/profile_report.ts";
 export type { MemoryStats } from "./gpu/buffer_pool.ts";
 export {
   DTypeError,

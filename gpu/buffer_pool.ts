@@ -38,17 +38,25 @@ export type BufferFactory = (bytes: number, label: string) => GPUBuffer;
 
 /** Hands out GPU buffers by size class and keeps the statistics. */
 export class BufferPool {
+  /** Free buffers by size class, highest creation number first (so `pop()` gives the lowest). */
   #free = new Map<number, GPUBuffer[]>();
   #inUse = new Set<GPUBuffer>();
+  #serial = new WeakMap<GPUBuffer, number>();
+  #created = 0;
   #allocated = 0;
   #peak = 0;
   #reserved = 0;
   #count = 0;
   #create: BufferFactory;
+  #onDestroy: () => void;
 
-  /** A pool that creates its buffers with `create`. */
-  constructor(create: BufferFactory) {
+  /**
+   * A pool that creates its buffers with `create`; `onDestroy` runs after it
+   * destroys buffers (the command batch then forgets bind groups over them).
+   */
+  constructor(create: BufferFactory, onDestroy: () => void = () => {}) {
     this.#create = create;
+    this.#onDestroy = onDestroy;
   }
 
   /** A buffer of at least `bytes` bytes; `label` names it in errors. */
@@ -69,7 +77,13 @@ export class BufferPool {
     this.#allocated -= buffer.size;
     let list = this.#free.get(buffer.size);
     if (!list) this.#free.set(buffer.size, list = []);
-    list.push(buffer);
+    // NOTE: acquire hands out the free buffer created first, whatever order they
+    // were released in, so a loop that runs the same ops gets the same buffers
+    // in the same roles every step, and the command batch's cached bind groups hit.
+    const serial = this.#serial.get(buffer)!;
+    let i = list.length;
+    while (i > 0 && this.#serial.get(list[i - 1])! < serial) i--;
+    list.splice(i, 0, buffer);
   }
 
   /** Destroys every cached (unused) buffer, lowering `reservedBytes`. */
@@ -82,6 +96,7 @@ export class BufferPool {
       }
     }
     this.#free.clear();
+    this.#onDestroy();
   }
 
   /** Starts a new peak measurement from the current allocation. */
@@ -109,6 +124,7 @@ export class BufferPool {
 
   #createNew(size: number, label: string): GPUBuffer {
     const buffer = this.#create(size, label);
+    this.#serial.set(buffer, this.#created++);
     this.#reserved += size;
     this.#count++;
     return buffer;

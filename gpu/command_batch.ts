@@ -1,15 +1,37 @@
 /**
- * Command batching: every dispatch is recorded into one open compute pass of
- * one command encoder, and the whole batch is submitted at `flush()`. Nothing
- * here waits for the GPU except `read()`, the single sync point of the toolkit.
+ * Command batching: dispatches are recorded into an open compute pass of one
+ * command encoder and submitted together. Nothing here waits for the GPU
+ * except `read()`, the single sync point of the toolkit.
  *
- * Per-dispatch sizes live in a uniform arena: each dispatch gets its own
- * aligned slice, written with one `queue.writeBuffer` just before the submit.
- * Queue operations run in order, so the arena can be reused by the next batch.
+ * - **Keep the GPU busy.** The batch is submitted as soon as it holds enough
+ *   work ({@link FlushPolicy}: a dispatch count or an estimate of the bytes
+ *   and FLOPs recorded), so the GPU runs the first part of a training step
+ *   while JavaScript records the rest; reads still are the only waits.
+ * - **Little JavaScript per dispatch.** Uniform words go into an arena,
+ *   written with one `queue.writeBuffer` per submit (queue operations run in
+ *   order, so the next batch can reuse it); the uniform is bound with a
+ *   dynamic offset, so a bind group depends only on the storage buffers and
+ *   is cached: a training loop that sees the same shapes gets the same pooled
+ *   buffers back and reuses its bind groups.
+ * - **Profiling.** While a {@link DispatchProfiler} is attached, each dispatch
+ *   runs in a pass of its own that writes GPU timestamps.
  */
 import type { CompiledKernel } from "./kernel.ts";
+import type { DispatchCost, DispatchProfiler } from "./profiler.ts";
 
 const ARENA_BYTES = 256 * 1024;
+/**
+ * Bytes every uniform binding spans (kernels read at most 64 words): one size
+ * for all, so kernels that share a bind-group layout share bind groups too.
+ */
+const UNIFORM_BINDING_BYTES = 256;
+/**
+ * How many FLOPs cost as much time as moving one byte, to add both into one
+ * work estimate (an H100 through WebGPU: ~50 TFLOP/s of FMA, ~3.3 TB/s).
+ */
+const FLOPS_PER_BYTE = 16;
+/** Bind groups kept for reuse; the least recently used go first. */
+const BIND_GROUP_CACHE_SIZE = 4096;
 
 /** Counters for debugging and benchmarks. */
 export interface BatchCounters {
@@ -19,12 +41,30 @@ export interface BatchCounters {
   submits: number;
   /** Blocking reads (GPU syncs) since the device was created. */
   reads: number;
+  /** Dispatches whose bind group came from the cache. */
+  bindGroupHits: number;
+}
+
+/**
+ * When to submit the open batch without being asked: once it holds this many
+ * dispatches, or this much estimated work (bytes moved plus FLOPs / 16, as
+ * the launches report them). Infinity for both: only reads submit.
+ */
+export interface FlushPolicy {
+  /** Dispatches per submit (at most). */
+  maxDispatches: number;
+  /** Estimated work per submit: bytes + FLOPs / 16 of the recorded dispatches. */
+  maxWork: number;
 }
 
 /** Records dispatches and submits them in batches. */
 export class CommandBatch {
-  /** Dispatch, submit and read counts (for debugging and benchmarks). */
-  readonly counters: BatchCounters = { dispatches: 0, submits: 0, reads: 0 };
+  /** Dispatch, submit, read and bind-group-cache counts (for debugging and benchmarks). */
+  readonly counters: BatchCounters = { dispatches: 0, submits: 0, reads: 0, bindGroupHits: 0 };
+  /** When the batch submits by itself. */
+  flushPolicy: FlushPolicy;
+  /** Set while `gpu.profile()` runs. @internal */
+  profiler: DispatchProfiler | null = null;
   #device: GPUDevice;
   #align: number;
   #arena: GPUBuffer;
@@ -33,10 +73,16 @@ export class CommandBatch {
   #encoder: GPUCommandEncoder | null = null;
   #pass: GPUComputePassEncoder | null = null;
   #pending = 0;
+  #pendingWork = 0;
+  #ids = new WeakMap<object, number>();
+  #nextId = 1;
+  #bindGroups = new Map<string, GPUBindGroup>();
+  #offsets = [0];
 
   /** A batch recording onto `device`'s queue. */
-  constructor(device: GPUDevice) {
+  constructor(device: GPUDevice, flushPolicy: FlushPolicy) {
     this.#device = device;
+    this.flushPolicy = flushPolicy;
     this.#align = Math.max(device.limits.minUniformBufferOffsetAlignment, 16);
     this.#arena = device.createBuffer({
       label: "halfstep uniform arena",
@@ -53,39 +99,50 @@ export class CommandBatch {
   /**
    * Records one dispatch of `kernel`: `buffers` are bound at bindings 0..n-1
    * in order and, when the kernel has uniforms, `words` (u32) at binding n;
-   * `workgroups` is the dispatch grid.
+   * `workgroups` is the dispatch grid. `cost` feeds the flush policy and the
+   * profiler.
    */
   dispatch(
     kernel: CompiledKernel,
     buffers: readonly GPUBuffer[],
     words: readonly number[],
     workgroups: readonly [number, number?, number?],
+    cost: DispatchCost = {},
   ): void {
-    const entries: GPUBindGroupEntry[] = buffers.map((buffer, binding) => ({
-      binding,
-      resource: { buffer },
-    }));
+    const bindGroup = this.#bindGroup(kernel, buffers);
+    let offset = 0;
     if (kernel.uniforms.length > 0) {
       const bytes = words.length * 4;
-      let offset = Math.ceil(this.#arenaCursor / this.#align) * this.#align;
-      if (offset + bytes > ARENA_BYTES) {
+      offset = Math.ceil(this.#arenaCursor / this.#align) * this.#align;
+      if (offset + UNIFORM_BINDING_BYTES > ARENA_BYTES) {
         this.flush();
         offset = 0;
       }
       this.#arenaData.set(words, offset / 4);
       this.#arenaCursor = offset + bytes;
-      entries.push({
-        binding: buffers.length,
-        resource: { buffer: this.#arena, offset, size: bytes },
-      });
     }
-    const bindGroup = this.#device.createBindGroup({ layout: kernel.layout, entries });
-    const pass = this.#openPass();
+    const profiler = this.profiler;
+    if (profiler?.full) this.flush();
+    if (profiler) this.#closePass();
+    const pass = profiler
+      ? this.#openEncoder().beginComputePass(profiler.passFor({
+        family: kernel.key.slice(0, kernel.key.indexOf("{")),
+        key: kernel.key,
+        ...cost,
+      }))
+      : this.#openPass();
     pass.setPipeline(kernel.pipeline);
-    pass.setBindGroup(0, bindGroup);
+    if (kernel.uniforms.length > 0) {
+      this.#offsets[0] = offset;
+      pass.setBindGroup(0, bindGroup, this.#offsets);
+    } else pass.setBindGroup(0, bindGroup);
     pass.dispatchWorkgroups(workgroups[0], workgroups[1] ?? 1, workgroups[2] ?? 1);
+    if (profiler) pass.end();
     this.#pending++;
     this.counters.dispatches++;
+    this.#pendingWork += (cost.bytes ?? 0) + (cost.flops ?? 0) / FLOPS_PER_BYTE;
+    const policy = this.flushPolicy;
+    if (this.#pending >= policy.maxDispatches || this.#pendingWork >= policy.maxWork) this.flush();
   }
 
   /** Records a buffer-to-buffer copy in stream order. */
@@ -111,10 +168,13 @@ export class CommandBatch {
     if (this.#arenaCursor > 0) {
       this.#device.queue.writeBuffer(this.#arena, 0, this.#arenaData.buffer, 0, this.#arenaCursor);
     }
+    this.profiler?.beforeSubmit(this.#encoder);
     this.#device.queue.submit([this.#encoder.finish()]);
+    this.profiler?.afterSubmit(this.#device.queue);
     this.#encoder = null;
     this.#arenaCursor = 0;
     this.#pending = 0;
+    this.#pendingWork = 0;
     this.counters.submits++;
   }
 
@@ -140,9 +200,48 @@ export class CommandBatch {
     }
   }
 
+  /** Forgets every cached bind group (buffers were destroyed). */
+  clearBindGroups(): void {
+    this.#bindGroups.clear();
+  }
+
   /** Frees the arena (device teardown). */
   destroy(): void {
+    this.#bindGroups.clear();
     this.#arena.destroy();
+  }
+
+  /** The bind group of `kernel`'s layout over `buffers` (and the arena), cached. */
+  #bindGroup(kernel: CompiledKernel, buffers: readonly GPUBuffer[]): GPUBindGroup {
+    let key = `${this.#id(kernel.layout)}`;
+    for (const b of buffers) key += `,${this.#id(b)}`;
+    const cache = this.#bindGroups;
+    let group = cache.get(key);
+    if (group) {
+      cache.delete(key); // most recently used last
+      this.counters.bindGroupHits++;
+    } else {
+      const entries: GPUBindGroupEntry[] = buffers.map((buffer, binding) => ({
+        binding,
+        resource: { buffer },
+      }));
+      if (kernel.uniforms.length > 0) {
+        entries.push({
+          binding: buffers.length,
+          resource: { buffer: this.#arena, offset: 0, size: UNIFORM_BINDING_BYTES },
+        });
+      }
+      group = this.#device.createBindGroup({ layout: kernel.layout, entries });
+      if (cache.size >= BIND_GROUP_CACHE_SIZE) cache.delete(cache.keys().next().value!);
+    }
+    cache.set(key, group);
+    return group;
+  }
+
+  #id(object: object): number {
+    let id = this.#ids.get(object);
+    if (id === undefined) this.#ids.set(object, id = this.#nextId++);
+    return id;
   }
 
   #openEncoder(): GPUCommandEncoder {

@@ -3,7 +3,9 @@
  * the pipeline cache, the command batch and the chosen matmul tiling.
  */
 import { BufferPool, type MemoryStats, POOL_USAGE } from "./buffer_pool.ts";
-import { CommandBatch } from "./command_batch.ts";
+import { CommandBatch, type FlushPolicy } from "./command_batch.ts";
+import { boundBytes, type DispatchCost, DispatchProfiler, type ProfileTiming } from "./profiler.ts";
+import { type ProfileReport, profileReport } from "./profile_report.ts";
 import {
   bindingValues,
   type CompiledKernel,
@@ -13,7 +15,7 @@ import {
   type KernelDefinition,
   PipelineCache,
 } from "./kernel.ts";
-import { fail, GpuError, StateError } from "./errors.ts";
+import { fail, GpuError, StateError, ValueError } from "./errors.ts";
 import { runtime } from "./runtime_state.ts";
 
 /** How to treat f16: use it when the adapter has it, insist on it, or never use it. */
@@ -41,6 +43,17 @@ export interface MatmulTiling extends Record<string, string | number | boolean> 
   tk: number;
 }
 
+/** Options of {@link Gpu.profile}. */
+export interface ProfileOptions {
+  /** Print the table with `console.log` (default true). */
+  print?: boolean;
+  /**
+   * `"timestamp"`: GPU timestamps per dispatch (needs `timestamp-query`);
+   * `"wall"`: wall time per submit, split over its dispatches. Default: timestamps where available.
+   */
+  timing?: ProfileTiming;
+}
+
 /** Handles to a WebGPU device and the toolkit state bound to it. */
 export class Gpu {
   /** The WebGPU device. */
@@ -66,18 +79,26 @@ export class Gpu {
   constructor(
     device: GPUDevice,
     adapterInfo: GPUAdapterInfo,
-    options: { f16: boolean; debug: boolean; matmulTiling: MatmulTiling },
+    options: {
+      f16: boolean;
+      debug: boolean;
+      matmulTiling: MatmulTiling;
+      flushPolicy: FlushPolicy;
+    },
   ) {
     this.device = device;
     this.adapterInfo = adapterInfo;
     this.f16 = options.f16;
     this.debug = options.debug;
     this.matmulTiling = options.matmulTiling;
-    this.pool = new BufferPool((bytes, label) => this.#createBuffer(bytes, label));
+    this.pool = new BufferPool(
+      (bytes, label) => this.#createBuffer(bytes, label),
+      () => this.batch?.clearBindGroups(),
+    );
     this.pipelines = new PipelineCache(device, (key, wgsl) => {
       if (this.debug) console.error(`[halfstep] compiling ${key}\n${wgsl}`);
     });
-    this.batch = new CommandBatch(device);
+    this.batch = new CommandBatch(device, options.flushPolicy);
     device.lost.then((info) => {
       if (!this.#destroyed) {
         this.#fail(
@@ -125,10 +146,68 @@ export class Gpu {
     buffers: DispatchBuffers<B>,
     uniforms: DispatchUniforms<U>,
     workgroups: readonly [number, number?, number?],
+    cost: DispatchCost = {},
   ): void {
     this.throwIfFailed();
     const values = bindingValues(kernel, buffers, uniforms);
-    this.batch.dispatch(kernel as CompiledKernel, values.buffers, values.words, workgroups);
+    // Bytes default to the tensors bound: the flush policy and the profiler use them.
+    const bytes = cost.bytes ?? boundBytes(buffers);
+    this.batch.dispatch(kernel as CompiledKernel, values.buffers, values.words, workgroups, {
+      ...cost,
+      bytes,
+    });
+  }
+
+  /**
+   * Runs `fn` (sync or async) with every dispatch timed, and returns (and by
+   * default prints) a table of GPU time by kernel family and config, sorted
+   * by time: calls, total, mean, share, GB/s and TFLOP/s where known, as
+   * `torch.profiler`'s `key_averages()`. **A sync point**: it waits for the
+   * GPU at the end. While profiling, each dispatch runs in a compute pass of
+   * its own, which adds a little GPU time.
+   *
+   * @example
+   * ```ts
+   * import { initGpu, matmul, Tensor, tidy } from "../mod.ts";
+   * const gpu = await initGpu({ matmulTiling: "default" });
+   * const a = Tensor.full([64, 64], 1);
+   * const report = await gpu.profile(() => tidy(() => void matmul(a, a)), { print: false });
+   * console.assert(report.rows[0].kernel === "matmul" && report.rows[0].calls === 1);
+   * gpu.destroy();
+   * ```
+   */
+  async profile(fn: () => unknown, options: ProfileOptions = {}): Promise<ProfileReport> {
+    this.throwIfFailed();
+    if (this.batch.profiler) {
+      fail(StateError, "Gpu.profile", "a profile is already running; profiles do not nest.");
+    }
+    const hasTimestamps = this.device.features.has("timestamp-query");
+    const timing = options.timing ?? (hasTimestamps ? "timestamp" : "wall");
+    if (timing === "timestamp" && !hasTimestamps) {
+      fail(ValueError, "Gpu.profile", `the adapter (${this.adapterName}) has no timestamp-query.`);
+    }
+    this.batch.flush(); // earlier work is not part of the profile
+    const profiler = new DispatchProfiler(this.device, timing);
+    this.batch.profiler = profiler;
+    const started = performance.now();
+    let failure: unknown = null;
+    try {
+      await fn();
+    } catch (e) {
+      failure = e;
+    } finally {
+      this.batch.flush();
+      this.batch.profiler = null;
+    }
+    const records = await profiler.finish();
+    if (failure !== null) throw failure;
+    const report = profileReport(records, {
+      timing,
+      adapter: this.adapterName,
+      wallMs: performance.now() - started,
+    });
+    if (options.print ?? true) console.log(report.table());
+    return report;
   }
 
   /** Submits recorded work without waiting for it. */

@@ -30,6 +30,9 @@ export interface Binding<N extends string = string> {
   readonly write?: boolean;
 }
 
+/** The most uniform fields a kernel may declare (the command batch binds 256 bytes of them). */
+export const MAX_UNIFORMS = 64;
+
 /** The scalar type of a uniform field. `f32` fields are given as numbers and stored as their bits. */
 export type UniformType = "u32" | "i32" | "f32";
 
@@ -95,6 +98,14 @@ function header(bindings: readonly Binding[], uniforms: UniformFields<string>): 
 export function defineKernel<C extends KernelConfig, B extends string, U extends string>(
   spec: KernelSpec<C, B, U>,
 ): KernelDefinition<C, B, U> {
+  const words = Object.keys(spec.uniforms).length;
+  if (words > MAX_UNIFORMS) {
+    fail(
+      ValueError,
+      "defineKernel",
+      `${spec.name} declares ${words} uniforms; at most ${MAX_UNIFORMS}.`,
+    );
+  }
   return {
     ...spec,
     wgsl: (config) => header(spec.bindings(config), spec.uniforms) + spec.source(config),
@@ -189,6 +200,7 @@ export function bindingValues<B extends string, U extends string>(
 /** Compiles pipelines on first use and keeps them for the life of the device. */
 export class PipelineCache {
   #pipelines = new Map<string, CompiledKernel>();
+  #layouts = new Map<string, GPUBindGroupLayout>();
   #device: GPUDevice;
   #onCompile: (key: string, wgsl: string) => void;
 
@@ -210,19 +222,7 @@ export class PipelineCache {
       const uniforms = Object.entries(definition.uniforms) as [U, UniformType][];
       const code = definition.wgsl(config);
       this.#onCompile(key, code);
-      const entries: GPUBindGroupLayoutEntry[] = bindings.map((b, binding) => ({
-        binding,
-        visibility: GPUShaderStage.COMPUTE,
-        buffer: { type: b.write ? "storage" : "read-only-storage" },
-      }));
-      if (uniforms.length > 0) {
-        entries.push({
-          binding: bindings.length,
-          visibility: GPUShaderStage.COMPUTE,
-          buffer: { type: "uniform" },
-        });
-      }
-      const layout = this.#device.createBindGroupLayout({ label: key, entries });
+      const layout = this.#layout(bindings, uniforms.length > 0);
       const module = this.#device.createShaderModule({ label: key, code });
       const pipeline = this.#device.createComputePipeline({
         label: key,
@@ -238,5 +238,32 @@ export class PipelineCache {
   /** Number of distinct pipelines compiled so far. */
   get size(): number {
     return this.#pipelines.size;
+  }
+
+  /**
+   * The bind-group layout of a binding list, shared by every kernel with the
+   * same one (so they can share cached bind groups). The uniform, when there
+   * is one, is bound with a dynamic offset into the command batch's arena.
+   */
+  #layout(bindings: readonly Binding[], uniform: boolean): GPUBindGroupLayout {
+    const signature = bindings.map((b) => (b.write ? "w" : "r")).join("") + (uniform ? "u" : "");
+    let layout = this.#layouts.get(signature);
+    if (!layout) {
+      const entries: GPUBindGroupLayoutEntry[] = bindings.map((b, binding) => ({
+        binding,
+        visibility: GPUShaderStage.COMPUTE,
+        buffer: { type: b.write ? "storage" : "read-only-storage" },
+      }));
+      if (uniform) {
+        entries.push({
+          binding: bindings.length,
+          visibility: GPUShaderStage.COMPUTE,
+          buffer: { type: "uniform", hasDynamicOffset: true },
+        });
+      }
+      layout = this.#device.createBindGroupLayout({ label: `halfstep ${signature}`, entries });
+      this.#layouts.set(signature, layout);
+    }
+    return layout;
   }
 }

@@ -11,8 +11,17 @@
  *
  * @module
  */
-export { initGpu, type InitGpuOptions } from "./init.ts";
-export { type F16Mode, getGpu, Gpu, type MatmulTiling, setDefaultGpu } from "./device.ts";
+export { defaultFlushPolicy, initGpu, type InitGpuOptions } from "./init.ts";
+export {
+  type F16Mode,
+  getGpu,
+  Gpu,
+  type MatmulTiling,
+  type ProfileOptions,
+  setDefaultGpu,
+} from "./device.ts";
+export type { DispatchCost, ProfileTiming } from "./profiler.ts";
+export type { ProfileReport, ProfileRow } from "./profile_report.ts";
 export {
   DTypeError,
   fail,
@@ -43,7 +52,7 @@ export {
   withState,
 } from "./runtime_state.ts";
 export { BufferPool, type MemoryStats } from "./buffer_pool.ts";
-export { type BatchCounters, CommandBatch } from "./command_batch.ts";
+export { type BatchCounters, CommandBatch, type FlushPolicy } from "./command_batch.ts";
 export {
   type Binding,
   type CompiledKernel,

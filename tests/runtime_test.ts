@@ -142,24 +142,69 @@ Deno.test({
 });
 
 Deno.test({
-  name: "batching: ops record without submitting; read() is the one sync point",
+  name:
+    "batching: the batch submits every maxDispatches without waiting; read() is the one sync point",
   ...GPU_TEST,
   async fn() {
     const x = Tensor.from([1, 2, 3], [3]);
     await gpu.sync();
-    const { submits, dispatches, reads } = gpu.batch.counters;
-    const y = tidy(() => {
-      let h = x;
-      for (let i = 0; i < 50; i++) h = add(h, x);
-      return h;
-    });
-    assert.equal(gpu.batch.counters.submits, submits, "50 ops, no submit");
-    assert.equal(gpu.batch.counters.dispatches, dispatches + 50);
-    assert.deepEqual(Array.from(await y.read()), [51, 102, 153]);
-    assert.equal(gpu.batch.counters.submits, submits + 1, "one submit for the read");
-    assert.equal(gpu.batch.counters.reads, reads + 1);
+    const policy = gpu.batch.flushPolicy;
+    const chain = (n: number) =>
+      tidy(() => {
+        let h = x;
+        for (let i = 0; i < n; i++) h = add(h, x);
+        return h;
+      });
+    try {
+      // Only reads submit.
+      gpu.batch.flushPolicy = { maxDispatches: Infinity, maxWork: Infinity };
+      const before = { ...gpu.batch.counters };
+      const y = chain(50);
+      assert.equal(gpu.batch.counters.submits, before.submits, "50 ops, no submit");
+      assert.equal(gpu.batch.counters.dispatches, before.dispatches + 50);
+      assert.deepEqual(Array.from(await y.read()), [51, 102, 153]);
+      assert.equal(gpu.batch.counters.submits, before.submits + 1, "one submit for the read");
+      assert.equal(gpu.batch.counters.reads, before.reads + 1);
+      y.dispose();
+      // Submit every 16 dispatches: the GPU starts while the rest is recorded; no read happens.
+      gpu.batch.flushPolicy = { maxDispatches: 16, maxWork: Infinity };
+      const mid = { ...gpu.batch.counters };
+      const z = chain(50);
+      assert.equal(gpu.batch.counters.submits, mid.submits + 3, "submits after 16, 32 and 48");
+      assert.equal(gpu.batch.counters.reads, mid.reads, "no wait");
+      assert.deepEqual(Array.from(await z.read()), [51, 102, 153]);
+      z.dispose();
+    } finally {
+      gpu.batch.flushPolicy = policy;
+    }
     x.dispose();
-    y.dispose();
+  },
+});
+
+Deno.test({
+  name: "batching: a loop that repeats its shapes reuses its bind groups",
+  ...GPU_TEST,
+  async fn() {
+    const x = Tensor.from([1, 2, 3, 4], [2, 2], { requiresGrad: true });
+    const step = () => {
+      const loss = tidy(() => sum(relu(mul(add(x, x), x))));
+      loss.backward();
+      loss.dispose();
+      x.grad!.dispose();
+      x.grad = null;
+    };
+    step();
+    step();
+    const before = { ...gpu.batch.counters };
+    for (let i = 0; i < 5; i++) step();
+    const after = gpu.batch.counters;
+    assert.equal(
+      after.bindGroupHits - before.bindGroupHits,
+      after.dispatches - before.dispatches,
+      "every dispatch of a repeated step found its bind group",
+    );
+    await gpu.sync();
+    x.dispose();
   },
 });
 

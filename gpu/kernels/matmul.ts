@@ -234,5 +234,6 @@ export function dispatchMatmul(
       c_batch: m * n,
     },
     [Math.ceil(n / colsPerGroup), Math.ceil(m / rowsPerGroup), batch],
+    { flops: 2 * batch * m * n * k },
   );
 }
