@@ -20,7 +20,12 @@ export {
   type ProfileOptions,
   setDefaultGpu,
 } from "./device.ts";
-export type { DispatchCost, ProfileTiming } from "./profiler.ts";
+export {
+  type DispatchCost,
+  DispatchProfiler,
+  type DispatchRecord,
+  type ProfileTiming,
+} from "./profiler.ts";
 export type { ProfileReport, ProfileRow } from "./profile_report.ts";
 export {
   DTypeError,
