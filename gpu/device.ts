@@ -70,8 +70,13 @@ export class Gpu {
   readonly pipelines: PipelineCache;
   /** The open batch of commands. */
   readonly batch: CommandBatch;
-  /** Tiling used by every matmul; chosen by a measured search or by the user. */
+  /** The matmul tiling of classes not in {@link Gpu.matmulTilings} (the user's, or the default). */
   matmulTiling: MatmulTiling;
+  /**
+   * The tuned tiling of each matmul class, by class key (`"f16/nt/medium"`:
+   * dtype / orientation / size); `tuneMatmul` fills it, dispatch reads it.
+   */
+  readonly matmulTilings: Map<string, MatmulTiling> = new Map();
   #failure: GpuError | null = null;
   #destroyed = false;
 

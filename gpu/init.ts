@@ -18,8 +18,9 @@ export interface InitGpuOptions {
    */
   debug?: boolean;
   /**
-   * The matmul tiling: `"tune"` (default) runs a short measured search once
-   * per adapter and caches the winner; `"default"` skips it; or give a tiling.
+   * The matmul tilings: `"tune"` (default) measures the candidates per matmul
+   * class (dtype, orientation, size) once per adapter and caches the winners
+   * (see `tuneMatmul`); `"default"` skips it; or give one tiling for every class.
    */
   matmulTiling?: "tune" | "default" | MatmulTiling;
   /**
@@ -106,7 +107,7 @@ export async function initGpu(options: InitGpuOptions = {}): Promise<Gpu> {
       : checkFlushPolicy(flush),
   });
   if ((options.matmulTiling ?? "tune") === "tune") {
-    gpu.matmulTiling = (await tuneMatmul(gpu)).best;
+    await tuneMatmul(gpu);
     // The search's scratch buffers should not show up in the user's figures.
     gpu.pool.releaseCached();
     gpu.resetPeakMemory();

@@ -1,12 +1,23 @@
 /**
- * Picks the matmul tiling for an adapter by a short measured search. What is
- * fastest differs by adapter: on CPU adapters (lavapipe) large per-thread
- * register blocks win and shared-memory tiles lose; on real GPUs it is the
- * other way round. The winner is cached per adapter in `localStorage` when
- * the runtime offers it.
+ * Picks matmul tilings per adapter by measuring the kernels themselves. What
+ * is fastest differs by adapter (CPU adapters favour large per-thread
+ * register blocks, GPUs shared-memory tiles), by dtype, by orientation (a
+ * linear layer runs x·Wᵀ forward, g·W and gᵀ·x backward) and by size, so
+ * the tuner keeps one winner per matmul class: (storage dtype, orientation,
+ * size). Each candidate runs a representative problem of the class after a
+ * warm-up, timed with GPU timestamps where the adapter has them (else wall
+ * time over enough repeats that the ~11 ms wait does not dominate). Winners
+ * are cached per adapter and tuner version in `localStorage` when the runtime
+ * offers it; dispatch picks the winner of the class at hand.
  */
 import type { Gpu, MatmulTiling } from "./device.ts";
-import { dispatchMatmul } from "./kernels/matmul.ts";
+import { dispatchMatmul, type MatmulProblem } from "./kernels/matmul.ts";
+import {
+  type MatmulClass,
+  matmulClassKey,
+  type MatmulOrientation,
+  type MatmulSize,
+} from "./matmul_class.ts";
 import { Tensor } from "./tensor.ts";
 import { untracked } from "./scope.ts";
 
@@ -27,29 +38,66 @@ export const MATMUL_CANDIDATES: readonly MatmulTiling[] = [
 /** The tiling used before (or instead of) a search. */
 export const DEFAULT_TILING: MatmulTiling = MATMUL_CANDIDATES[0];
 
-/** One candidate's measured speed. */
+/** Bump when kernels or candidates change: cached winners of older versions are ignored. */
+const TUNER_VERSION = 2;
+
+/** One candidate's measured speed on a class's problem. */
 export interface TilingMeasurement {
   /** The candidate. */
   tiling: MatmulTiling;
-  /** Its speed on the tuning problem, in GFLOP/s. */
+  /** Its speed, in GFLOP/s. */
   gflops: number;
 }
 
-/** Result of a search: the winner and every measurement. */
-export interface TuningResult {
+/** A class's result: the winner and every measurement (none when the winner came from the cache). */
+export interface ClassTuning {
+  /** The class. */
+  class: MatmulClass;
   /** The fastest candidate. */
   best: MatmulTiling;
-  /** Every candidate's speed (empty when the winner came from the cache). */
+  /** Every candidate's speed (empty when cached). */
   measurements: TilingMeasurement[];
-  /** True when the winner was read from the per-adapter cache instead of measured. */
+  /** True when the winner was read from the per-adapter cache. */
   cached: boolean;
 }
 
-const SHAPE = { m: 256, n: 512, k: 512 };
-const REPEATS = 3;
+/** Options of {@link tuneMatmul}. */
+export interface TuneMatmulOptions {
+  /** Classes to tune (default: {@link defaultTuningClasses} for the adapter). */
+  classes?: readonly MatmulClass[];
+  /** Measure again even when the cache has a winner (default false). */
+  force?: boolean;
+}
+
+/**
+ * The classes `initGpu` tunes: every orientation of each dtype the device
+ * has, at medium size, and on GPUs small and large too (on CPU adapters a
+ * large problem takes seconds per candidate, and their winners agree with
+ * the medium ones).
+ */
+export function defaultTuningClasses(gpu: Gpu): MatmulClass[] {
+  const sizes: MatmulSize[] = gpu.adapterInfo.isFallbackAdapter
+    ? ["medium"]
+    : ["small", "medium", "large"];
+  const dtypes: ("f32" | "f16")[] = gpu.f16 ? ["f32", "f16"] : ["f32"];
+  const out: MatmulClass[] = [];
+  for (const dtype of dtypes) {
+    for (const orientation of ["nn", "nt", "tn"] as const) {
+      for (const size of sizes) out.push({ dtype, orientation, size });
+    }
+  }
+  return out;
+}
+
+/** A problem in the middle of each size class ([m, n, k]). */
+const REPRESENTATIVE: Record<MatmulSize, [number, number, number]> = {
+  small: [64, 128, 256], // 2^21 multiply-adds
+  medium: [256, 512, 256], // 2^25
+  large: [2048, 2048, 1024], // 2^32
+};
 
 function cacheKey(gpu: Gpu): string {
-  return `halfstep.matmulTiling.v1:${gpu.adapterName}`;
+  return `halfstep.matmulTuning.v${TUNER_VERSION}:${gpu.adapterName}`;
 }
 
 function storage(): Storage | null {
@@ -60,49 +108,121 @@ function storage(): Storage | null {
   }
 }
 
-/**
- * Times every candidate on a 256×512×512 f32 product and returns the fastest.
- * Uses the cached winner for this adapter unless `force` is set. Syncs with
- * the GPU a few times per candidate: call it once at start-up, never per step.
- */
-export async function tuneMatmul(gpu: Gpu, force = false): Promise<TuningResult> {
-  const store = storage();
-  const cached = force ? null : store?.getItem(cacheKey(gpu));
-  if (cached) {
-    const best = MATMUL_CANDIDATES.find((c) => JSON.stringify(c) === cached);
-    if (best) return { best, measurements: [], cached: true };
+function readCache(gpu: Gpu): Record<string, MatmulTiling> {
+  try {
+    const parsed = JSON.parse(storage()?.getItem(cacheKey(gpu)) ?? "{}");
+    const known = (t: unknown) =>
+      MATMUL_CANDIDATES.find((c) => JSON.stringify(c) === JSON.stringify(t));
+    return Object.fromEntries(
+      Object.entries(parsed).map(([k, t]) => [k, known(t)]).filter(([, t]) => t !== undefined),
+    ) as Record<string, MatmulTiling>;
+  } catch {
+    return {}; // a corrupt cache is measured again
   }
-  const { m, n, k } = SHAPE;
-  const [a, b, c] = untracked(() => [
-    Tensor.zeros([m, k], { gpu }),
-    Tensor.zeros([k, n], { gpu }),
-    Tensor.empty([m, n], "f32", gpu),
-  ]);
-  const problem = {
+}
+
+/** The problem of `c` with its operands laid out for the orientation. */
+function problemOf(c: MatmulClass): MatmulProblem {
+  const [m, n, k] = REPRESENTATIVE[c.size];
+  const transA = c.orientation === "tn", transB = c.orientation === "nt";
+  return {
     batch: 1,
     m,
     n,
     k,
-    a: { batch: 0, row: k, col: 1 },
-    b: { batch: 0, row: n, col: 1 },
+    a: { batch: 0, row: transA ? 1 : k, col: transA ? m : 1 },
+    b: { batch: 0, row: transB ? 1 : n, col: transB ? k : 1 },
   };
+}
+
+/** Seconds per run of `tiling` on `problem`: GPU timestamps, or wall time over enough repeats. */
+async function secondsPerRun(
+  gpu: Gpu,
+  problem: MatmulProblem,
+  operands: { a: Tensor; b: Tensor; c: Tensor },
+  tiling: MatmulTiling,
+): Promise<number> {
+  const run = () => dispatchMatmul(problem, operands.a, operands.b, operands.c, {}, tiling);
+  run(); // compile and warm up
+  await gpu.sync();
+  if (gpu.device.features.has("timestamp-query")) {
+    const report = await gpu.profile(() => {
+      for (let r = 0; r < 3; r++) run();
+    }, { print: false });
+    return report.gpuMs / 3 / 1000;
+  }
+  // Wall time: enough repeats that the sync (~11 ms in Deno) is a small part.
+  let repeats = 1;
+  for (;;) {
+    const start = performance.now();
+    for (let r = 0; r < repeats; r++) run();
+    await gpu.sync();
+    const ms = performance.now() - start;
+    if (ms >= 100 || repeats >= 256) return ms / repeats / 1000;
+    repeats *= 4;
+  }
+}
+
+/** Measures every candidate on `c`'s problem and returns the winner. */
+async function tuneClass(gpu: Gpu, c: MatmulClass): Promise<ClassTuning> {
+  const problem = problemOf(c);
+  const { m, n, k } = problem;
+  const dtype = c.dtype;
+  const operands = untracked(() => ({
+    a: Tensor.full([m * k], 0.5, { dtype, gpu }),
+    b: Tensor.full([k * n], 0.25, { dtype, gpu }),
+    c: Tensor.empty([m * n], dtype, gpu),
+  }));
   const measurements: TilingMeasurement[] = [];
   try {
     for (const tiling of MATMUL_CANDIDATES) {
-      dispatchMatmul(problem, a, b, c, {}, tiling); // compile and warm up
-      await gpu.sync();
-      const start = performance.now();
-      for (let r = 0; r < REPEATS; r++) dispatchMatmul(problem, a, b, c, {}, tiling);
-      await gpu.sync();
-      const seconds = (performance.now() - start) / 1000;
-      measurements.push({ tiling, gflops: (2 * m * n * k * REPEATS) / seconds / 1e9 });
+      const seconds = await secondsPerRun(gpu, problem, operands, tiling);
+      measurements.push({ tiling, gflops: (2 * m * n * k) / Math.max(seconds, 1e-12) / 1e9 });
     }
   } finally {
-    a.dispose();
-    b.dispose();
-    c.dispose();
+    for (const t of Object.values(operands)) t.dispose();
   }
   const best = measurements.reduce((x, y) => (y.gflops > x.gflops ? y : x)).tiling;
-  store?.setItem(cacheKey(gpu), JSON.stringify(best));
-  return { best, measurements, cached: false };
+  return { class: c, best, measurements, cached: false };
+}
+
+/**
+ * Tunes the matmul classes `options.classes` (default: those `initGpu` tunes)
+ * on `gpu`, records each winner in `gpu.matmulTilings` (which dispatch reads)
+ * and caches them per adapter. A class with a cached winner is not measured
+ * again unless `force` is set. Waits for the GPU many times: call it at
+ * start-up, never per step.
+ *
+ * @example
+ * ```ts
+ * import { initGpu, tuneMatmul } from "./mod.ts";
+ * const gpu = await initGpu({ matmulTiling: "default" });
+ * const [result] = await tuneMatmul(gpu, {
+ *   classes: [{ dtype: "f32", orientation: "nt", size: "small" }],
+ * });
+ * console.assert(gpu.matmulTilings.get("f32/nt/small") === result.best);
+ * gpu.destroy();
+ * ```
+ */
+export async function tuneMatmul(
+  gpu: Gpu,
+  options: TuneMatmulOptions = {},
+): Promise<ClassTuning[]> {
+  const cached = options.force ? {} : readCache(gpu);
+  const results: ClassTuning[] = [];
+  for (const c of options.classes ?? defaultTuningClasses(gpu)) {
+    const key = matmulClassKey(c);
+    const hit = cached[key];
+    const result = hit
+      ? { class: c, best: hit, measurements: [], cached: true }
+      : await tuneClass(gpu, c);
+    gpu.matmulTilings.set(key, result.best);
+    results.push(result);
+  }
+  const store = storage();
+  if (store) {
+    const all = { ...readCache(gpu), ...Object.fromEntries(gpu.matmulTilings) };
+    store.setItem(cacheKey(gpu), JSON.stringify(all));
+  }
+  return results;
 }

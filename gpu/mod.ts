@@ -99,11 +99,23 @@ export {
   type RecordSpec,
 } from "./autograd.ts";
 export {
+  type ClassTuning,
+  defaultTuningClasses,
   MATMUL_CANDIDATES,
   type TilingMeasurement,
   tuneMatmul,
-  type TuningResult,
+  type TuneMatmulOptions,
 } from "./matmul_tuning.ts";
+export {
+  classOf,
+  type MatmulClass,
+  matmulClassKey,
+  type MatmulOrientation,
+  type MatmulProblem,
+  type MatmulSize,
+  type OperandLayout,
+  tilingFor,
+} from "./matmul_class.ts";
 export {
   add,
   addScalar,

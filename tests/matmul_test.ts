@@ -2,15 +2,18 @@ import assert from "node:assert/strict";
 import {
   add,
   backward,
+  classOf,
   initGpu,
   linear,
   matmul,
   MATMUL_CANDIDATES,
+  matmulClassKey,
   mul,
   relu,
   sum,
   Tensor,
   tidy,
+  tilingFor,
   tuneMatmul,
 } from "../gpu/mod.ts";
 import { gpu, GPU_TEST } from "./_gpu.ts";
@@ -265,21 +268,49 @@ Deno.test({
 });
 
 Deno.test({
-  name: "matmul tuning: measures every candidate, caches the winner, and can be overridden",
+  name: "matmul tuning: measures every candidate per class, caches the winners, dispatch uses them",
   ...GPU_TEST,
   async fn() {
-    const result = await tuneMatmul(gpu, true);
-    assert.equal(result.cached, false);
-    assert.equal(result.measurements.length, MATMUL_CANDIDATES.length);
-    assert.ok(result.measurements.every((m) => m.gflops > 0));
-    const fastest = result.measurements.reduce((a, b) => (b.gflops > a.gflops ? b : a));
-    assert.equal(result.best, fastest.tiling);
-    const again = await tuneMatmul(gpu);
-    assert.equal(again.cached, true);
-    assert.deepEqual(again.best, result.best);
+    const classes = [
+      { dtype: "f32", orientation: "nt", size: "small" },
+      { dtype: "f32", orientation: "tn", size: "small" },
+    ] as const;
+    try {
+      const results = await tuneMatmul(gpu, { classes, force: true });
+      assert.equal(results.length, 2);
+      for (const result of results) {
+        assert.equal(result.cached, false);
+        assert.equal(result.measurements.length, MATMUL_CANDIDATES.length);
+        assert.ok(result.measurements.every((m) => m.gflops > 0));
+        const fastest = result.measurements.reduce((a, b) => (b.gflops > a.gflops ? b : a));
+        assert.equal(result.best, fastest.tiling);
+        assert.equal(gpu.matmulTilings.get(matmulClassKey(result.class)), result.best);
+      }
+      const again = await tuneMatmul(gpu, { classes });
+      assert.ok(again.every((r, i) => r.cached && r.best === results[i].best), "from the cache");
+      // Dispatch picks the class's winner: x·Wᵀ of a small linear layer is f32/nt/small.
+      const problem = {
+        batch: 1,
+        m: 8,
+        n: 16,
+        k: 32,
+        a: { batch: 0, row: 32, col: 1 },
+        b: { batch: 0, row: 1, col: 32 },
+      };
+      assert.deepEqual(classOf(problem, "f32"), classes[0]);
+      assert.equal(tilingFor(gpu, problem, "f32"), results[0].best);
+      // A class never tuned falls back to the device default.
+      assert.equal(
+        tilingFor(gpu, { ...problem, b: { batch: 0, row: 16, col: 1 } }, "f16"),
+        gpu.matmulTiling,
+      );
+    } finally {
+      gpu.matmulTilings.clear();
+    }
     const forced = MATMUL_CANDIDATES.at(-1)!;
     const other = await initGpu({ matmulTiling: forced, setDefault: false });
     assert.equal(other.matmulTiling, forced);
+    assert.equal(other.matmulTilings.size, 0, "a given tiling is used for every class");
     other.destroy();
   },
 });

@@ -13,6 +13,9 @@
 import type { DType } from "../dtype.ts";
 import type { MatmulTiling } from "../device.ts";
 import { defineKernel, optional } from "../kernel.ts";
+import { type MatmulProblem, tilingFor } from "../matmul_class.ts";
+
+export type { MatmulProblem, OperandLayout } from "../matmul_class.ts";
 import type { Tensor } from "../tensor.ts";
 import { type Activation, activationExpr, WGSL_MATH } from "./wgsl_math.ts";
 
@@ -176,26 +179,9 @@ export const matmulKernel = defineKernel({
   source: (c) => (c.variant === "shared" ? sharedWgsl(c) : registerWgsl(c)),
 });
 
-/** How one operand is laid out in memory: element strides per batch, row and column. */
-export interface OperandLayout {
-  batch: number;
-  row: number;
-  col: number;
-}
-
-/** A matmul problem, fully resolved to sizes and strides. */
-export interface MatmulProblem {
-  batch: number;
-  m: number;
-  n: number;
-  k: number;
-  a: OperandLayout;
-  b: OperandLayout;
-}
-
 /**
  * Records C = A·B for a resolved problem into `c` (contiguous [batch, m, n]).
- * `tiling` overrides the device's chosen tiling (the tuner uses it).
+ * `tiling` overrides the tiling tuned for the problem's class (the tuner uses it).
  */
 export function dispatchMatmul(
   problem: MatmulProblem,
@@ -203,7 +189,7 @@ export function dispatchMatmul(
   b: Tensor,
   c: Tensor,
   epilogue: { bias?: Tensor; activation?: Activation } = {},
-  tiling: MatmulTiling = a.gpu.matmulTiling,
+  tiling: MatmulTiling = tilingFor(a.gpu, problem, a.dtype),
 ): void {
   const { batch, m, n, k } = problem;
   if (batch * m * n === 0) return;

@@ -1,0 +1,77 @@
+/**
+ * Matmul classes: what the tuner picks a tiling for, and how dispatch finds
+ * the tiling of the problem at hand. A class is (storage dtype, orientation,
+ * size): a linear layer runs x·Wᵀ forward and g·W, gᵀ·x backward, and the
+ * best tiling differs between them and with the problem's size.
+ */
+import type { Gpu, MatmulTiling } from "./device.ts";
+import type { DType } from "./dtype.ts";
+
+/** A resolved matmul: sizes and each operand's element strides (batch, row, column). */
+export interface MatmulProblem {
+  /** Batch count. */
+  batch: number;
+  /** Rows of the result. */
+  m: number;
+  /** Columns of the result. */
+  n: number;
+  /** The inner size. */
+  k: number;
+  /** How A is laid out. */
+  a: OperandLayout;
+  /** How B is laid out. */
+  b: OperandLayout;
+}
+
+/** How one operand is laid out in memory: element strides per batch, row and column. */
+export interface OperandLayout {
+  /** Stride between batches (0: shared by every batch). */
+  batch: number;
+  /** Stride between rows of op(X). */
+  row: number;
+  /** Stride between columns of op(X). */
+  col: number;
+}
+
+/** Which operand is read transposed: A·B, A·Bᵀ, Aᵀ·B (Aᵀ·Bᵀ counts as Aᵀ·B). */
+export type MatmulOrientation = "nn" | "nt" | "tn";
+
+/** Size classes by multiply-adds (batch·m·n·k): < 2^22, < 2^28, and larger. */
+export type MatmulSize = "small" | "medium" | "large";
+
+/** A matmul class: what a tiling is chosen for. */
+export interface MatmulClass {
+  /** Storage dtype of A and B. */
+  dtype: "f32" | "f16";
+  /** Which operand is transposed. */
+  orientation: MatmulOrientation;
+  /** Size class. */
+  size: MatmulSize;
+}
+
+/** The class key of a problem (used by dispatch and the cache). */
+export function matmulClassKey(c: MatmulClass): string {
+  return `${c.dtype}/${c.orientation}/${c.size}`;
+}
+
+/** The class of `problem` with operands stored in `dtype`. */
+export function classOf(problem: MatmulProblem, dtype: DType): MatmulClass {
+  // A is read transposed when its row stride is 1 (and it is not a single column).
+  const transA = problem.a.row === 1 && problem.k > 1;
+  const transB = problem.b.col !== 1 && problem.n > 1;
+  const macs = problem.batch * problem.m * problem.n * problem.k;
+  return {
+    dtype: dtype === "f16" ? "f16" : "f32",
+    orientation: transA ? "tn" : transB ? "nt" : "nn",
+    size: macs < 2 ** 22 ? "small" : macs < 2 ** 28 ? "medium" : "large",
+  };
+}
+
+/** The tiling dispatch uses for `problem`: the tuned winner of its class, else the device default. */
+export function tilingFor(gpu: Gpu, problem: MatmulProblem, dtype: DType): MatmulTiling {
+  if (gpu.matmulTilings.size === 0) return gpu.matmulTiling;
+  const c = classOf(problem, dtype);
+  return gpu.matmulTilings.get(matmulClassKey(c)) ??
+    // A class not tuned (a large product on a CPU adapter): the medium winner is the nearest.
+    gpu.matmulTilings.get(matmulClassKey({ ...c, size: "medium" })) ?? gpu.matmulTiling;
+}
