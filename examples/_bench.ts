@@ -1,0 +1,78 @@
+/** What the benchmark entries share: the result record, options, timing and clean-up. */
+import type { Gpu } from "../mod.ts";
+
+/** One benchmark result line. */
+export interface Result extends Record<string, unknown> {
+  bench: string;
+  mode: string;
+  peakBytes: number;
+}
+
+/**
+ * Sizes of the real-size entries: `"real"` is the size the H100 figures were
+ * taken at; `"small"` runs on a CPU adapter in seconds; `"auto"` (default)
+ * is real on GPUs and small on CPU adapters.
+ */
+export type BenchSize = "auto" | "real" | "small";
+
+/** Options every entry gets. */
+export interface BenchOptions {
+  /** Timed training steps (entries scale it to their cost). */
+  steps: number;
+  /** Timed runs per kernel or op. */
+  repeats: number;
+  /** Size of the real-size entries (gpt, ops, matmul's large shapes). */
+  size: BenchSize;
+}
+
+/** `size` resolved for `gpu`. */
+export function resolveSize(gpu: Gpu, size: BenchSize): "real" | "small" {
+  if (size !== "auto") return size;
+  return gpu.adapterInfo.isFallbackAdapter ? "small" : "real";
+}
+
+/** Frees whatever a benchmark made. */
+export function disposeAll(...things: { dispose(): void }[]): void {
+  for (const thing of things) thing.dispose();
+}
+
+/** Runs `fn` `count` times between two GPU syncs and returns seconds per run. */
+export async function timed(gpu: Gpu, count: number, fn: () => void): Promise<number> {
+  fn(); // warm-up: compile pipelines, fill the pool
+  await gpu.sync();
+  const start = performance.now();
+  for (let i = 0; i < count; i++) fn();
+  await gpu.sync();
+  return (performance.now() - start) / 1000 / count;
+}
+
+/**
+ * GPU milliseconds per run of `fn` (`count` runs, after one warm-up), from
+ * the profiler's timestamps where the adapter has them, with the bytes and
+ * FLOPs the kernels reported; wall time per run where it has none.
+ */
+export async function gpuTimed(
+  gpu: Gpu,
+  count: number,
+  fn: () => void,
+): Promise<{ ms: number; bytes: number | null; flops: number | null; timing: string }> {
+  fn();
+  await gpu.sync();
+  if (!gpu.device.features.has("timestamp-query")) {
+    return { ms: (await timed(gpu, count, fn)) * 1000, bytes: null, flops: null, timing: "wall" };
+  }
+  const report = await gpu.profile(() => {
+    for (let i = 0; i < count; i++) fn();
+  }, { print: false });
+  // Kernels that report no FLOPs (a bias reduction beside a matmul) count as none.
+  const sum = (pick: (r: typeof report.rows[number]) => number | null) => {
+    const known = report.rows.map(pick).filter((x): x is number => x !== null && x > 0);
+    return known.length > 0 ? known.reduce((a, b) => a + b, 0) / count : null;
+  };
+  return {
+    ms: report.gpuMs / count,
+    bytes: sum((r) => r.bytes),
+    flops: sum((r) => r.flops),
+    timing: "timestamp",
+  };
+}

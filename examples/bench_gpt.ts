@@ -1,0 +1,109 @@
+/**
+ * The GPT benchmark at real size: nanoGPT's shakespeare-char model (6 layers,
+ * 6 heads, dim 384, context 256, batch 64, vocab 65) trained with AdamW on
+ * synthetic ids, in f32, AMP and AMP with every block checkpointed: ms/step,
+ * steps/s, peak bytes, the loss after the timed steps (a broken step shows),
+ * and the profiler's top kernels of one AMP step. `--size small` (the
+ * default on CPU adapters) shrinks it to run in seconds there.
+ */
+import { TinyGpt, type TinyGptConfig } from "./tiny_gpt_model.ts";
+import { AdamW, AmpTrainer, crossEntropy, type Gpu, RandomGenerator, Tensor } from "../mod.ts";
+import { type BenchOptions, disposeAll, resolveSize, type Result, timed } from "./_bench.ts";
+
+/** A GPT's sizes and its batch. */
+export type GptBenchConfig = Required<TinyGptConfig> & { batch: number };
+
+/** The sizes of each benchmark size. */
+export function gptConfig(size: "real" | "small"): GptBenchConfig {
+  return size === "real"
+    ? { vocab: 65, context: 256, layers: 6, dim: 384, heads: 6, batch: 64, seed: 1 }
+    : { vocab: 65, context: 64, layers: 2, dim: 128, heads: 4, batch: 8, seed: 1 };
+}
+
+/** Training FLOPs of one step: 6 per parameter per token, plus attention's two products. */
+export function gptFlopsPerStep(g: GptBenchConfig, parameters: number): number {
+  const tokens = g.batch * g.context;
+  const attention = 2 * 2 * g.layers * tokens * g.context * g.dim; // q·kᵀ and p·v, forward
+  return 6 * parameters * tokens + 3 * attention;
+}
+
+/** Synthetic ids: inputs [B, T] and next-token targets [B·T] (i32). */
+function syntheticBatch(g: GptBenchConfig): { x: Tensor; y: Tensor } {
+  const n = g.batch * g.context;
+  const ids = Array.from(
+    new RandomGenerator(7).uniform(n + g.batch),
+    (u) => Math.floor(u * g.vocab),
+  );
+  const inputs = ids.filter((_, i) => i % (g.context + 1) !== g.context).slice(0, n);
+  const targets = ids.filter((_, i) => i % (g.context + 1) !== 0).slice(0, n);
+  return {
+    x: Tensor.from(inputs, [g.batch, g.context], { dtype: "i32" }),
+    y: Tensor.from(targets, [n], { dtype: "i32" }),
+  };
+}
+
+/** The GPT step in f32, AMP and AMP + checkpointing. */
+export async function benchGpt(gpu: Gpu, o: BenchOptions): Promise<Result[]> {
+  const size = resolveSize(gpu, o.size);
+  const g = gptConfig(size);
+  const steps = Math.max(2, Math.ceil(o.steps / 10));
+  const { x, y } = syntheticBatch(g);
+  const label = `${g.layers} layers, ${g.heads} heads, dim ${g.dim}, context ${g.context}, ` +
+    `batch ${g.batch}, vocab ${g.vocab}`;
+  const results: Result[] = [];
+  for (const mode of ["f32", "amp", "amp+ckpt"] as const) {
+    const model = new TinyGpt(g);
+    if (mode === "amp+ckpt") model.blocks.checkpoint = g.layers;
+    const parameters = model.parameters().reduce((n, p) => n + p.size, 0);
+    const optimizer = new AdamW(model.parameters(), { lr: 1e-3 });
+    const trainer = new AmpTrainer(model, optimizer, { enabled: mode !== "f32", maxGradNorm: 1 });
+    let loss: Tensor | null = null;
+    const step = () => {
+      loss?.dispose();
+      loss = trainer.step(() => crossEntropy(model.forward(x), y));
+    };
+    step();
+    await gpu.sync();
+    gpu.resetPeakMemory();
+    const seconds = await timed(gpu, steps, step);
+    const finalLoss = await loss!.item();
+    let topKernels: { kernel: string; share: number; ms: number; config: string }[] = [];
+    if (mode === "amp") {
+      const report = await gpu.profile(step, { print: false });
+      console.error(report.table().split("\n").slice(0, 14).join("\n"));
+      topKernels = report.rows.slice(0, 8).map((r) => ({
+        kernel: r.kernel,
+        share: r.share,
+        ms: r.totalMs,
+        config: r.config,
+      }));
+    }
+    results.push({
+      bench: "gpt",
+      mode,
+      model: label,
+      size,
+      msPerStep: seconds * 1000,
+      stepsPerSec: 1 / seconds,
+      tflops: gptFlopsPerStep(g, parameters) / seconds / 1e12,
+      finalLoss,
+      peakBytes: gpu.memoryStats().peakBytes,
+      ...(topKernels.length > 0 && { topKernels }),
+    });
+    (loss as Tensor | null)?.dispose();
+    disposeAll(trainer, optimizer, model);
+  }
+  disposeAll(x, y);
+  const [f32, amp, ckpt] = results;
+  results.push({
+    bench: "gpt",
+    mode: "ratios",
+    model: "amp/f32 and amp+ckpt/amp",
+    size,
+    ampSpeedup: (amp.stepsPerSec as number) / (f32.stepsPerSec as number),
+    ampMemoryRatio: amp.peakBytes / f32.peakBytes,
+    checkpointMemoryRatio: ckpt.peakBytes / amp.peakBytes,
+    peakBytes: ckpt.peakBytes,
+  });
+  return results;
+}

@@ -1,0 +1,246 @@
+/**
+ * Training benchmarks: the MNIST-sized MLP (f32, AMP, AMP + checkpointing),
+ * a 32-block MLP whose memory is activations (checkpointing by √n segments
+ * and by a budget), the tiny transformer of examples/tiny_gpt.ts, and a soak
+ * run that must keep GPU memory and the JS heap flat.
+ */
+import { TinyGpt } from "./tiny_gpt_model.ts";
+import {
+  Adam,
+  AdamW,
+  AmpTrainer,
+  crossEntropy,
+  GELU,
+  type Gpu,
+  LayerNorm,
+  Linear,
+  mean,
+  type Module,
+  RandomGenerator,
+  type SegmentSpec,
+  Sequential,
+  square,
+  Tensor,
+} from "../mod.ts";
+import { disposeAll, type Result, timed } from "./_bench.ts";
+
+/** The 784-256-256-10 MLP the peers were measured on (ReLU fused into the matmuls). */
+function mnistMlp(rng: RandomGenerator): Sequential {
+  return new Sequential(
+    new Linear(784, 256, { seed: rng, activation: "relu" }),
+    new Linear(256, 256, { seed: rng, activation: "relu" }),
+    new Linear(256, 10, { seed: rng }),
+  );
+}
+
+export async function benchMlp(gpu: Gpu, steps: number): Promise<Result[]> {
+  const results: Result[] = [];
+  for (const mode of ["f32", "amp", "amp+ckpt"] as const) {
+    const batch = 128;
+    const rng = new RandomGenerator(2);
+    const model = mnistMlp(rng);
+    if (mode === "amp+ckpt") model.checkpoint = "auto";
+    const optimizer = new Adam(model.parameters(), { lr: 1e-3 });
+    const trainer = new AmpTrainer(model, optimizer, { enabled: mode !== "f32" });
+    const x = Tensor.from(rng.uniform(batch * 784), [batch, 784]);
+    const y = Tensor.from(Array.from({ length: batch }, (_, i) => i % 10), [batch], {
+      dtype: "i32",
+    });
+    const step = () => trainer.step(() => crossEntropy(model.forward(x), y)).dispose();
+    for (let i = 0; i < 3; i++) step();
+    await gpu.sync();
+    gpu.resetPeakMemory();
+    const before = { ...gpu.batch.counters };
+    const seconds = await timed(gpu, steps, step);
+    results.push({
+      bench: "mlp",
+      mode,
+      model: "784-256-256-10",
+      batch,
+      optimizer: "Adam (fused)",
+      stepsPerSec: 1 / seconds,
+      msPerStep: seconds * 1000,
+      dispatchesPerStep: (gpu.batch.counters.dispatches - before.dispatches) / (steps + 1),
+      peakBytes: gpu.memoryStats().peakBytes,
+    });
+    disposeAll(trainer, optimizer, model, x, y);
+  }
+  const [f32, amp] = results;
+  results.push({
+    bench: "mlp",
+    mode: "amp/f32",
+    model: "784-256-256-10",
+    speedup: (amp.stepsPerSec as number) / (f32.stepsPerSec as number),
+    memoryRatio: amp.peakBytes / f32.peakBytes,
+    peakBytes: amp.peakBytes,
+  });
+  return results;
+}
+
+/** One training step's time and peak memory for a 32-block MLP, with checkpointing as `spec` says. */
+async function deepStep(gpu: Gpu, spec: SegmentSpec | null, amp: boolean, steps: number) {
+  const rng = new RandomGenerator(3);
+  const layers: Module[] = [];
+  for (let i = 0; i < 32; i++) {
+    layers.push(new Linear(256, 256, { seed: rng }), new LayerNorm(256), new GELU());
+  }
+  const model = new Sequential(...layers);
+  model.checkpoint = spec;
+  const optimizer = new Adam(model.parameters(), { lr: 1e-4 });
+  const trainer = new AmpTrainer(model, optimizer, { enabled: amp });
+  const x = Tensor.from(rng.uniform(512 * 256, -1, 1), [512, 256]);
+  const step = () => trainer.step(() => mean(square(model.forward(x)))).dispose();
+  step();
+  await gpu.sync();
+  // Not activations: weights, optimizer state and working copies (allocated
+  // between steps) and the fp32 gradients that backward fills.
+  const gradientBytes = model.parameters().reduce((sum, p) => sum + p.size * 4, 0);
+  const base = gpu.memoryStats().allocatedBytes + gradientBytes;
+  gpu.resetPeakMemory();
+  const seconds = await timed(gpu, steps, step);
+  const activationPeak = gpu.memoryStats().peakBytes - base;
+  const result = {
+    stepsPerSec: 1 / seconds,
+    peakBytes: gpu.memoryStats().peakBytes,
+    activationPeakBytes: activationPeak,
+    plan: model.lastCheckpointPlan,
+  };
+  trainer.dispose();
+  optimizer.dispose();
+  model.dispose();
+  x.dispose();
+  return result;
+}
+
+export async function benchCheckpoint(gpu: Gpu, steps: number): Promise<Result[]> {
+  const n = Math.max(2, Math.ceil(steps / 20));
+  const plain = await deepStep(gpu, null, true, n);
+  const auto = await deepStep(gpu, "auto", true, n);
+  const budgetBytes = Math.round(plain.activationPeakBytes / 3);
+  const budget = await deepStep(gpu, { budgetBytes }, true, n);
+  const row = (mode: string, r: typeof plain): Result => ({
+    bench: "deep_mlp",
+    mode,
+    model: "32 × (Linear 256, LayerNorm, GELU), batch 512",
+    stepsPerSec: r.stepsPerSec,
+    peakBytes: r.peakBytes,
+    activationPeakBytes: r.activationPeakBytes,
+    segments: r.plan?.segments.length ?? 0,
+  });
+  return [
+    row("amp", plain),
+    row("amp+ckpt", auto),
+    {
+      ...row("amp+ckpt budget", budget),
+      budgetBytes,
+      estimatedPeakBytes: budget.plan?.estimatedPeakBytes,
+      withinBudget: budget.activationPeakBytes <= budgetBytes,
+    },
+    {
+      bench: "deep_mlp",
+      mode: "amp+ckpt/amp",
+      model: "32 × (Linear 256, LayerNorm, GELU), batch 512",
+      activationMemoryRatio: auto.activationPeakBytes / plain.activationPeakBytes,
+      stepTimeOverhead: plain.stepsPerSec / auto.stepsPerSec,
+      peakBytes: auto.peakBytes,
+    },
+  ];
+}
+
+/**
+ * A long AMP run of the MNIST-sized MLP: GPU bytes allocated and the JS heap
+ * after warm-up and at the end, which must stay flat (no leak through the
+ * pool, the tape or bind groups).
+ */
+export async function benchSoak(gpu: Gpu, steps: number): Promise<Result[]> {
+  const total = Math.max(steps * 20, 400), warmup = Math.min(100, total / 4);
+  const rng = new RandomGenerator(4);
+  const model = mnistMlp(rng);
+  const optimizer = new Adam(model.parameters(), { lr: 1e-3 });
+  const trainer = new AmpTrainer(model, optimizer);
+  const labels = Array.from({ length: 128 }, (_, i) => i % 10);
+  const pixels = rng.uniform(128 * 784);
+  const snapshot = () => {
+    (globalThis as { gc?: () => void }).gc?.();
+    return { gpuBytes: gpu.memoryStats().allocatedBytes, heapBytes: Deno.memoryUsage().heapUsed };
+  };
+  let start = snapshot();
+  const began = performance.now();
+  for (let i = 0; i < total; i++) {
+    // A fresh upload every step, as a data loader does.
+    trainer.step(() => crossEntropy(model.forward(Tensor.from(pixels, [128, 784])), labels))
+      .dispose();
+    if (i === warmup) {
+      await gpu.sync();
+      start = snapshot();
+    }
+  }
+  await gpu.sync();
+  const end = snapshot();
+  const seconds = (performance.now() - began) / 1000;
+  trainer.dispose();
+  optimizer.dispose();
+  model.dispose();
+  return [{
+    bench: "soak",
+    mode: "amp",
+    model: "784-256-256-10",
+    steps: total,
+    stepsPerSec: total / seconds,
+    gpuBytesAfterWarmup: start.gpuBytes,
+    gpuBytesAtEnd: end.gpuBytes,
+    heapBytesAfterWarmup: start.heapBytes,
+    heapBytesAtEnd: end.heapBytes,
+    gpuFlat: start.gpuBytes === end.gpuBytes,
+    peakBytes: gpu.memoryStats().peakBytes,
+  }];
+}
+
+/** The tiny transformer of examples/tiny_gpt.ts on synthetic tokens: f32, AMP, AMP + checkpointing. */
+export async function benchTinyGpt(gpu: Gpu, steps: number): Promise<Result[]> {
+  const config = { vocab: 27, context: 32, layers: 2, dim: 64, heads: 4, seed: 1 };
+  const batch = 32, n = Math.max(2, Math.ceil(steps / 10));
+  const rng = new RandomGenerator(7);
+  const ids = Array.from(
+    rng.uniform(batch * (config.context + 1)),
+    (u) => Math.floor(u * config.vocab),
+  );
+  const inputs = ids.filter((_, i) => i % (config.context + 1) !== config.context);
+  const targets = ids.filter((_, i) => i % (config.context + 1) !== 0);
+  const results: Result[] = [];
+  for (const mode of ["f32", "amp", "amp+ckpt"] as const) {
+    const model = new TinyGpt(config);
+    if (mode === "amp+ckpt") model.blocks.checkpoint = config.layers;
+    const optimizer = new AdamW(model.parameters(), { lr: 1e-3 });
+    const trainer = new AmpTrainer(model, optimizer, { enabled: mode !== "f32" });
+    const x = Tensor.from(inputs, [batch, config.context], { dtype: "i32" });
+    const y = Tensor.from(targets, [batch * config.context], { dtype: "i32" });
+    const step = () => trainer.step(() => crossEntropy(model.forward(x), y)).dispose();
+    step();
+    await gpu.sync();
+    gpu.resetPeakMemory();
+    const seconds = await timed(gpu, n, step);
+    results.push({
+      bench: "tiny_gpt",
+      mode,
+      model:
+        `${config.layers} blocks, dim ${config.dim}, ${config.heads} heads, context ${config.context}`,
+      batch,
+      stepsPerSec: 1 / seconds,
+      peakBytes: gpu.memoryStats().peakBytes,
+    });
+    disposeAll(trainer, optimizer, model, x, y);
+  }
+  const [f32, amp, ckpt] = results;
+  results.push({
+    bench: "tiny_gpt",
+    mode: "ratios",
+    model: "amp/f32 and amp+ckpt/amp",
+    ampSpeedup: (amp.stepsPerSec as number) / (f32.stepsPerSec as number),
+    ampMemoryRatio: amp.peakBytes / f32.peakBytes,
+    checkpointMemoryRatio: ckpt.peakBytes / amp.peakBytes,
+    checkpointTimeOverhead: (amp.stepsPerSec as number) / (ckpt.stepsPerSec as number),
+    peakBytes: ckpt.peakBytes,
+  });
+  return results;
+}
