@@ -32,6 +32,7 @@ import {
 import { loadTrainingState, saveTrainingState } from "../files.ts";
 import type { PlotPoint } from "./_plot.ts";
 import { Progress } from "./_progress.ts";
+import { profileFields, ProfileWindow } from "./_profile_window.ts";
 import { type MnistArgs, parseMnistArgsOrExit } from "./mnist_args.ts";
 import { gather, loadData, shuffle } from "./mnist_batches.ts";
 import { MNIST_CLASSES, MNIST_PIXELS, type MnistSplit } from "./mnist_data.ts";
@@ -57,6 +58,8 @@ export interface Run {
   scheduler: LrScheduler;
   /** Draws each epoch's data order; the saved training state holds its state. */
   shuffler: RandomGenerator;
+  /** The steps `--profile` times, if any. */
+  profile: ProfileWindow | null;
 }
 
 /** What the training loop tracks across epochs, from `step` on. */
@@ -172,6 +175,7 @@ async function trainEpoch(run: Run, tally: Tally, epoch: number, progress: Progr
   let intervalStart = performance.now(), intervalStep = tally.step;
   for (let s = 0; s < run.stepsPerEpoch; s++) {
     gather(train, order, s * batch, batch, pixels, labels);
+    run.profile?.before(tally.step + 1);
     // One micro-batch: forward under autocast (with --amp), scaled backward;
     // every --accum micro-batches the trainer unscales, checks for overflow,
     // steps the optimizer (skipped on the GPU on overflow) and updates the scale.
@@ -183,6 +187,11 @@ async function trainEpoch(run: Run, tally: Tally, epoch: number, progress: Progr
     loss.dispose();
     tally.lossCount++;
     const step = ++tally.step;
+    const report = await run.profile?.after(step);
+    if (report) {
+      const { first, last } = run.profile!;
+      run.emit("profile", profileFields(report, first, last), report.table());
+    }
     if (step === 10 || step === 200 || step === totalSteps) {
       tally.allocatedAfter.set(step, run.gpu.memoryStats().allocatedBytes);
     }
@@ -284,7 +293,8 @@ async function main(): Promise<void> {
   reportStart({ cfg, emit, gpu, train, test, ...sizes }, { loadSeconds, initSeconds });
   const parts = makeTrainer(cfg, Math.floor(sizes.totalSteps / cfg.accum));
   const shuffler = new RandomGenerator(cfg.seed + 1);
-  const run: Run = { cfg, emit, gpu, train, test, ...sizes, ...parts, shuffler };
+  const profile = cfg.profile ? new ProfileWindow(gpu, cfg.profile, sizes.totalSteps) : null;
+  const run: Run = { cfg, emit, gpu, train, test, ...sizes, ...parts, shuffler, profile };
   const from = await resumeOrStart(run);
   const progress = new Progress(!cfg.json);
   const tally = new Tally(from.step);

@@ -3,6 +3,7 @@
  *
  * @module
  */
+import { profileSteps } from "./_profile_window.ts";
 import { parseArgs } from "node:util";
 import { isStaticLossScale } from "../mod.ts";
 
@@ -44,6 +45,8 @@ Flags:
   --resume PATH    continue the run saved in PATH exactly where it stopped
                    (same flags as the saved run)
   --plot PATH      write an SVG chart of training loss and loss scale to PATH
+  --profile N      profile N training steps (from step 11) and print the GPU
+                   time of every kernel (HALFSTEP_PROFILE=N does the same)
   --json           print one JSON object per line instead of text; the last
                    line is {"event":"final", "testAccuracy", "steps", "peakBytes", ...}
   -h, --help       show this help
@@ -64,6 +67,8 @@ export interface MnistArgs {
   save: string | undefined;
   resume: string | undefined;
   plot: string | undefined;
+  /** Steps to profile (from --profile or HALFSTEP_PROFILE), if any. */
+  profile: number | undefined;
   momentum: number;
   amp: boolean;
   lossScale: number;
@@ -95,6 +100,7 @@ export function parseMnistArgs(args: string[]): MnistArgs | null {
       save: { type: "string" },
       resume: { type: "string" },
       plot: { type: "string" },
+      profile: { type: "string" },
       momentum: { type: "string", default: "0.9" },
       amp: { type: "boolean", default: false },
       fp16: { type: "boolean", default: false },
@@ -145,6 +151,9 @@ export function parseMnistArgs(args: string[]): MnistArgs | null {
     save: values.save,
     resume: values.resume,
     plot: values.plot,
+    profile: profileSteps(
+      values.profile === undefined ? undefined : int("profile", values.profile, 1),
+    ),
     momentum: real("momentum", values.momentum, (x) => x >= 0 && x < 1, "a number in [0, 1)"),
     amp: values.amp || values.fp16,
     lossScale: real(

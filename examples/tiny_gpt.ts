@@ -12,6 +12,7 @@
  *
  * @module
  */
+import { profileFields, ProfileWindow } from "./_profile_window.ts";
 import {
   AdamW,
   addInPlace,
@@ -58,6 +59,8 @@ export interface Run {
   model: TinyGpt;
   optimizer: AdamW;
   trainer: AmpTrainer;
+  /** The steps `--profile` times, if any. */
+  profile: ProfileWindow | null;
 }
 
 /** What training measured. */
@@ -119,6 +122,7 @@ async function train(run: Run): Promise<Training> {
   let intervalStart = trainStart;
   for (let step = 1; step <= c.steps; step++) {
     sampleBatch(run.corpus.train, c.context, rng, inputs, targets);
+    run.profile?.before(step);
     const loss = trainer.step(() =>
       crossEntropy(
         model.forward(Tensor.from(inputs, [c.batch, c.context], { dtype: "i32" })),
@@ -129,6 +133,11 @@ async function train(run: Run): Promise<Training> {
     noGrad(() => addInPlace(lossSum, loss));
     loss.dispose();
     lossCount++;
+    const report = await run.profile?.after(step);
+    if (report) {
+      const { first, last } = run.profile!;
+      run.emit("profile", profileFields(report, first, last), report.table());
+    }
     if (step % c.logEvery === 0 || step === c.steps) {
       lastLoss = (await lossSum.item()) / lossCount; // the sync point
       // Reading the scale is a sync too: only when a chart wants it.
@@ -233,7 +242,8 @@ async function main(): Promise<void> {
   reportStart({ cfg, emit, gpu, ...data, model }, setupSeconds);
   const optimizer = new AdamW(model.parameters(), { lr: cfg.lr, weightDecay: 0.01 });
   const trainer = new AmpTrainer(model, optimizer, { enabled: cfg.amp, maxGradNorm: 1 });
-  const run: Run = { cfg, emit, gpu, ...data, model, optimizer, trainer };
+  const profile = cfg.profile ? new ProfileWindow(gpu, cfg.profile, cfg.steps) : null;
+  const run: Run = { cfg, emit, gpu, ...data, model, optimizer, trainer, profile };
   const training = await train(run);
   const evalStart = performance.now();
   const validation = await evaluate(run);

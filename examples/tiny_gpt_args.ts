@@ -3,6 +3,7 @@
  *
  * @module
  */
+import { profileSteps } from "./_profile_window.ts";
 import { parseArgs } from "node:util";
 
 /** `tiny_gpt.ts --help`. */
@@ -45,6 +46,8 @@ Flags:
   --samples N        words to sample at the end (default 8)
   --temperature X    sampling temperature (default 0.8)
   --plot PATH        write an SVG chart of training loss and loss scale to PATH
+  --profile N        profile N training steps (from step 11) and print the GPU
+                     time of every kernel (HALFSTEP_PROFILE=N does the same)
   --json             print one JSON object per line instead of text; the last
                      line is {"event":"final", "validationLoss", "bigramLoss",
                      "stepsPerSecond", "peakBytes", "wallSeconds", "samples", ...}
@@ -73,6 +76,8 @@ export interface TinyGptArgs {
   temperature: number;
   json: boolean;
   plot: string | undefined;
+  /** Steps to profile (from --profile or HALFSTEP_PROFILE), if any. */
+  profile: number | undefined;
 }
 
 /** A bad flag value (parseArgs itself throws TypeErrors for unknown flags). */
@@ -105,6 +110,7 @@ export function parseTinyGptArgs(args: string[]): TinyGptArgs | null {
       temperature: text("0.8"),
       json: flag,
       plot: { type: "string" },
+      profile: { type: "string" },
       help: { ...flag, short: "h" },
     },
   });
@@ -141,6 +147,7 @@ export function parseTinyGptArgs(args: string[]): TinyGptArgs | null {
     temperature: positive("temperature", v.temperature),
     json: v.json,
     plot: v.plot,
+    profile: profileSteps(v.profile === undefined ? undefined : int("profile", v.profile, 1)),
   };
   if (parsed.dim % parsed.heads !== 0) {
     throw new UsageError(`--heads (${parsed.heads}) must divide --dim (${parsed.dim}).`);
