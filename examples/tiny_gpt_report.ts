@@ -11,7 +11,10 @@ import { writeLossChart } from "./_plot.ts";
 const mib = (bytes: number): string => `${(bytes / 2 ** 20).toFixed(2)} MiB`;
 
 /** The `start` event: the adapter, the data, the model and the run's settings. */
-export function reportStart(run: Omit<Run, "optimizer" | "trainer" | "profile">, setupSeconds: number): void {
+export function reportStart(
+  run: Omit<Run, "optimizer" | "trainer" | "profile">,
+  setupSeconds: number,
+): void {
   const { cfg: c, corpus, windows, bigram, gpu } = run;
   const parameters = run.model.parameters().reduce((n, p) => n + p.size, 0);
   run.emit(

@@ -12,12 +12,7 @@
  */
 import type { Gpu, MatmulTiling } from "./device.ts";
 import { dispatchMatmul, type MatmulProblem } from "./kernels/matmul.ts";
-import {
-  type MatmulClass,
-  matmulClassKey,
-  type MatmulOrientation,
-  type MatmulSize,
-} from "./matmul_class.ts";
+import { type MatmulClass, matmulClassKey, type MatmulSize } from "./matmul_class.ts";
 import { Tensor } from "./tensor.ts";
 import { untracked } from "./scope.ts";
 
