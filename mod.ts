@@ -136,6 +136,7 @@ export {
   type LayerNormLayerOptions,
   Linear,
   type LinearLayerOptions,
+  type LoadStateOptions,
   Module,
   mseLoss,
   type ParameterOptions,

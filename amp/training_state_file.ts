@@ -12,7 +12,7 @@
 import { fail, ValueError } from "../gpu/errors.ts";
 import { untracked } from "../gpu/scope.ts";
 import { Tensor } from "../gpu/tensor.ts";
-import type { Module } from "../nn/module.ts";
+import { type LoadStateOptions, type Module, nonFiniteCount } from "../nn/module.ts";
 import { entryToTensor, type SafetensorsEntry } from "../nn/safetensors.ts";
 import { loadSafetensors, saveSafetensors } from "../nn/safetensors_file.ts";
 import type { OptimizerStateDict } from "../optim/mod.ts";
@@ -110,6 +110,8 @@ export async function saveTrainingState(
  *
  * @param path The file.
  * @param parts Model, optimizer and trainer to restore (the same kinds as saved).
+ * @param options `{ allowNonFinite }` to load NaN / ±Inf values anyway (by
+ * default a value that is not finite is an error naming the tensor).
  * @returns The `extra` value given to {@link saveTrainingState}.
  * @example
  * ```ts
@@ -130,10 +132,23 @@ export async function saveTrainingState(
 export async function loadTrainingState(
   path: string,
   parts: TrainingStateParts,
+  options: LoadStateOptions = {},
 ): Promise<unknown> {
   const { entries, metadata } = await loadSafetensors(path);
   const where = `loadTrainingState: "${path}"`;
   const reject = (why: string): never => fail(ValueError, where, why);
+  if (!options.allowNonFinite) {
+    // Weights, gradients and optimizer moments alike, before anything is loaded.
+    const bad = [...entries].map(([name, e]) => [name, nonFiniteCount(e)] as const)
+      .filter(([, n]) => n > 0);
+    if (bad.length > 0) {
+      reject(
+        `${bad.map(([name, n]) => `${name} holds ${n} non-finite value(s)`).join("; ")} ` +
+          "(NaN or ±Inf: the run had diverged when it was saved); nothing was loaded. Pass " +
+          "{ allowNonFinite: true } to load it anyway.",
+      );
+    }
+  }
   if (!FORMATS_READ.includes(metadata.format)) reject("not a halfstep training-state file");
   if (parts.optimizer && !metadata.optimizer) reject("it holds no optimizer state");
   if (parts.trainer && !metadata.trainer) reject("it holds no AMP trainer state");

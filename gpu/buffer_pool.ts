@@ -6,7 +6,7 @@
  * two up to 1 MiB, then multiples of 1 MiB, which bounds waste at 2x for small
  * buffers and to under 1 MiB for large ones.
  */
-import { StateError } from "./errors.ts";
+import { fail, GpuError, StateError } from "./errors.ts";
 
 /** Memory figures a user can read at any time (no GPU sync). */
 export interface MemoryStats {
@@ -49,6 +49,11 @@ export class BufferPool {
   #count = 0;
   #create: BufferFactory;
   #onDestroy: () => void;
+  /**
+   * The most bytes the pool may hold (`reservedBytes`, buffers in use and
+   * cached alike); Infinity for no limit. See `initGpu({ memoryLimitBytes })`.
+   */
+  limitBytes = Infinity;
 
   /**
    * A pool that creates its buffers with `create`; `onDestroy` runs after it
@@ -123,6 +128,20 @@ export class BufferPool {
   }
 
   #createNew(size: number, label: string): GPUBuffer {
+    if (this.#reserved + size > this.limitBytes) {
+      this.releaseCached(); // cached buffers go first
+      if (this.#reserved + size > this.limitBytes) {
+        fail(
+          GpuError,
+          "memory",
+          `allocating ${label} (${size} bytes) would take GPU memory to ${
+            this.#reserved + size
+          } bytes, over the limit of ${this.limitBytes} (${this.#allocated} bytes in use now). ` +
+            "Lower the batch size, use AMP or gradient checkpointing, free tensors you no " +
+            "longer need (tidy, dispose), or raise initGpu({ memoryLimitBytes }).",
+        );
+      }
+    }
     const buffer = this.#create(size, label);
     this.#serial.set(buffer, this.#created++);
     this.#reserved += size;

@@ -78,11 +78,22 @@ export class CommandBatch {
   #nextId = 1;
   #bindGroups = new Map<string, GPUBindGroup>();
   #offsets = [0];
+  #kernels = new Set<CompiledKernel>();
+  #onSubmitError: (message: string, kernels: CompiledKernel[]) => void;
 
-  /** A batch recording onto `device`'s queue. */
-  constructor(device: GPUDevice, flushPolicy: FlushPolicy) {
+  /**
+   * A batch recording onto `device`'s queue. Every submit runs inside a
+   * validation error scope; `onSubmitError` hears of a submit that failed and
+   * the kernels it held (so a bad kernel breaks its batch, not the device).
+   */
+  constructor(
+    device: GPUDevice,
+    flushPolicy: FlushPolicy,
+    onSubmitError: (message: string, kernels: CompiledKernel[]) => void = () => {},
+  ) {
     this.#device = device;
     this.flushPolicy = flushPolicy;
+    this.#onSubmitError = onSubmitError;
     this.#align = Math.max(device.limits.minUniformBufferOffsetAlignment, 16);
     this.#arena = device.createBuffer({
       label: "halfstep uniform arena",
@@ -138,6 +149,7 @@ export class CommandBatch {
     } else pass.setBindGroup(0, bindGroup);
     pass.dispatchWorkgroups(workgroups[0], workgroups[1] ?? 1, workgroups[2] ?? 1);
     if (profiler) pass.end();
+    this.#kernels.add(kernel);
     this.#pending++;
     this.counters.dispatches++;
     this.#pendingWork += (cost.bytes ?? 0) + (cost.flops ?? 0) / FLOPS_PER_BYTE;
@@ -169,7 +181,13 @@ export class CommandBatch {
       this.#device.queue.writeBuffer(this.#arena, 0, this.#arenaData.buffer, 0, this.#arenaCursor);
     }
     this.profiler?.beforeSubmit(this.#encoder);
+    const kernels = [...this.#kernels];
+    this.#kernels.clear();
+    this.#device.pushErrorScope("validation");
     this.#device.queue.submit([this.#encoder.finish()]);
+    this.#device.popErrorScope().then((error) => {
+      if (error) this.#onSubmitError(error.message, kernels);
+    });
     this.profiler?.afterSubmit(this.#device.queue);
     this.#encoder = null;
     this.#arenaCursor = 0;

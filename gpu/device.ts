@@ -78,6 +78,10 @@ export class Gpu {
    */
   readonly matmulTilings: Map<string, MatmulTiling> = new Map();
   #failure: GpuError | null = null;
+  /** Errors of single ops (a kernel that failed to compile), thrown at the next sync point. */
+  #opErrors: GpuError[] = [];
+  /** Kernels dispatched at least once. */
+  #tried = new WeakSet<object>();
   #destroyed = false;
 
   /** Wraps a device; use {@link initGpu} rather than calling this yourself. */
@@ -103,7 +107,18 @@ export class Gpu {
     this.pipelines = new PipelineCache(device, (key, wgsl) => {
       if (this.debug) console.error(`[halfstep] compiling ${key}\n${wgsl}`);
     });
-    this.batch = new CommandBatch(device, options.flushPolicy);
+    this.batch = new CommandBatch(device, options.flushPolicy, (message, kernels) => {
+      // A submit failed validation (a kernel that did not compile): its ops have
+      // undefined outputs and the next sync point says so; the device stays usable.
+      const failed = kernels.map((k) => k.compiled).find((c) => c.state === "failed");
+      this.#opErrors.push(
+        failed?.state === "failed" ? failed.error : new GpuError(
+          `a submitted batch of ${kernels.length} kernels (${
+            kernels.map((k) => k.key).join(", ").slice(0, 200)
+          }) failed: ${message}. Their outputs are undefined; the device stays usable.`,
+        ),
+      );
+    });
     device.lost.then((info) => {
       if (!this.#destroyed) {
         this.#fail(
@@ -154,13 +169,23 @@ export class Gpu {
     cost: DispatchCost = {},
   ): void {
     this.throwIfFailed();
+    const status = kernel.compiled;
+    if (status.state === "failed") throw status.error;
     const values = bindingValues(kernel, buffers, uniforms);
     // Bytes default to the tensors bound: the flush policy and the profiler use them.
     const bytes = cost.bytes ?? boundBytes(buffers);
-    this.batch.dispatch(kernel as CompiledKernel, values.buffers, values.words, workgroups, {
-      ...cost,
-      bytes,
-    });
+    const record = () =>
+      this.batch.dispatch(kernel as CompiledKernel, values.buffers, values.words, workgroups, {
+        ...cost,
+        bytes,
+      });
+    if (status.state === "ok" || this.#tried.has(kernel)) return record();
+    // The first dispatch of a kernel not yet known to compile goes alone into
+    // its own submit, so a kernel that fails costs only its own op.
+    this.#tried.add(kernel);
+    this.batch.flush();
+    record();
+    this.batch.flush();
   }
 
   /**
@@ -229,6 +254,7 @@ export class Gpu {
     this.flush();
     await this.device.queue.onSubmittedWorkDone();
     this.throwIfFailed();
+    this.#throwOpError();
   }
 
   /** Reads a buffer back. A sync point (see {@link CommandBatch.read}). */
@@ -236,7 +262,15 @@ export class Gpu {
     this.throwIfFailed();
     const data = await this.batch.read(buffer, bytes);
     this.throwIfFailed();
+    this.#throwOpError();
     return data;
+  }
+
+  /** Throws (once) the first error a single op reported since the last sync point. */
+  #throwOpError(): void {
+    const error = this.#opErrors[0];
+    this.#opErrors.length = 0;
+    if (error) throw error;
   }
 
   /** Throws the first error the device reported (lost device, OOM, failed kernel). */

@@ -30,6 +30,15 @@ export interface InitGpuOptions {
    * or give the thresholds.
    */
   flush?: "auto" | "read" | FlushPolicy;
+  /**
+   * The most bytes of GPU memory the buffer pool may hold; beyond it an
+   * allocation is a clear error naming the request and the usage, instead of
+   * the process being killed for lack of host memory (CPU adapters keep GPU
+   * memory in host memory). Default: on CPU adapters half the machine's
+   * memory when the runtime can tell (`--allow-sys`), else 4 GiB; on GPUs no
+   * limit (the device reports its own out-of-memory errors).
+   */
+  memoryLimitBytes?: number;
   /** Make this the default device for new tensors (default true). */
   setDefault?: boolean;
   /** Passed to `requestAdapter`. */
@@ -106,6 +115,7 @@ export async function initGpu(options: InitGpuOptions = {}): Promise<Gpu> {
       ? { maxDispatches: Infinity, maxWork: Infinity }
       : checkFlushPolicy(flush),
   });
+  gpu.pool.limitBytes = memoryLimit(options.memoryLimitBytes, adapter.info);
   if ((options.matmulTiling ?? "tune") === "tune") {
     await tuneMatmul(gpu);
     // The search's scratch buffers should not show up in the user's figures.
@@ -128,6 +138,29 @@ export async function initGpu(options: InitGpuOptions = {}): Promise<Gpu> {
  */
 export function defaultFlushPolicy(_info: GPUAdapterInfo): FlushPolicy {
   return { maxDispatches: 32, maxWork: 256e6 };
+}
+
+const GIB = 2 ** 30;
+
+/** The memory limit: the user's, or the default for the adapter (see InitGpuOptions). */
+function memoryLimit(given: number | undefined, info: GPUAdapterInfo): number {
+  if (given !== undefined) {
+    if (!(given > 0)) {
+      fail(ValueError, "initGpu", `memoryLimitBytes must be a number > 0, not ${given}.`);
+    }
+    return given;
+  }
+  if (!info.isFallbackAdapter) return Infinity;
+  try {
+    // deno-lint-ignore no-explicit-any
+    const deno = (globalThis as any).Deno;
+    if (
+      deno?.permissions?.querySync?.({ name: "sys", kind: "systemMemoryInfo" })?.state === "granted"
+    ) {
+      return Math.floor(deno.systemMemoryInfo().total / 2);
+    }
+  } catch { /* not Deno, or no permission: the fixed default */ }
+  return 4 * GIB;
 }
 
 function checkFlushPolicy(policy: FlushPolicy): FlushPolicy {

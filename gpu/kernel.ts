@@ -12,7 +12,7 @@
  * the uniforms, never in the config.
  */
 import { type DType, wgslEnables } from "./dtype.ts";
-import { fail, ValueError } from "./errors.ts";
+import { fail, GpuError, ValueError } from "./errors.ts";
 
 /** A config is a flat record of primitives (it becomes part of the cache key). */
 export type KernelConfig = Readonly<Record<string, string | number | boolean>>;
@@ -146,6 +146,13 @@ export interface CompiledKernel<B extends string = string, U extends string = st
   readonly bindings: readonly Binding<B>[];
   /** Uniform fields in declaration order. */
   readonly uniforms: readonly (readonly [U, UniformType])[];
+  /**
+   * Whether the shader and pipeline compiled: `"pending"` until the device
+   * has said (asynchronously), then `"ok"` or the error. Until it is known,
+   * dispatches of this kernel are submitted on their own inside an error
+   * scope, so a kernel that fails breaks only its own op.
+   */
+  readonly compiled: { state: "pending" | "ok" } | { state: "failed"; error: GpuError };
 }
 
 /** Buffers of one dispatch, by binding name (a config's optional bindings may be left out). */
@@ -223,13 +230,33 @@ export class PipelineCache {
       const code = definition.wgsl(config);
       this.#onCompile(key, code);
       const layout = this.#layout(bindings, uniforms.length > 0);
+      this.#device.pushErrorScope("validation");
       const module = this.#device.createShaderModule({ label: key, code });
       const pipeline = this.#device.createComputePipeline({
         label: key,
         layout: this.#device.createPipelineLayout({ label: key, bindGroupLayouts: [layout] }),
         compute: { module, entryPoint: "main" },
       });
-      compiled = { key, pipeline, layout, bindings, uniforms };
+      const entry: { -readonly [K in keyof CompiledKernel<B, U>]: CompiledKernel<B, U>[K] } = {
+        key,
+        pipeline,
+        layout,
+        bindings,
+        uniforms,
+        compiled: { state: "pending" },
+      };
+      this.#device.popErrorScope().then((error) => {
+        entry.compiled = error
+          ? {
+            state: "failed",
+            error: new GpuError(
+              `kernel ${key} failed to compile: ${error.message}. Only ops that use it fail; ` +
+                "the device stays usable.",
+            ),
+          }
+          : { state: "ok" };
+      });
+      compiled = entry;
       this.#pipelines.set(key, compiled as CompiledKernel);
     }
     return compiled;

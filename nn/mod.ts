@@ -10,7 +10,13 @@
  * @module
  */
 export * from "./functional.ts";
-export { type HostTensor, Module, type StateValue } from "./module.ts";
+export {
+  type HostTensor,
+  type LoadStateOptions,
+  Module,
+  nonFiniteCount,
+  type StateValue,
+} from "./module.ts";
 export { type InitSource, type ParameterOptions } from "./init.ts";
 export { Linear, type LinearLayerOptions } from "./linear.ts";
 export { GELU, ReLU } from "./activation.ts";

@@ -19,6 +19,24 @@ export interface HostTensor {
   data: Uint8Array;
 }
 
+/** Options of `Module.loadStateDict` (and of the file loaders built on it). */
+export interface LoadStateOptions {
+  /** Load host data that holds NaN or ±Inf (default false: a clear error naming the tensor). */
+  allowNonFinite?: boolean;
+}
+
+/** How many NaN / ±Inf values float host data holds (0 for i32). */
+export function nonFiniteCount(t: HostTensor): number {
+  if (t.dtype === "i32") return 0;
+  const bytes = t.data.byteOffset % bytesPerElement(t.dtype) === 0 ? t.data : t.data.slice();
+  const values = t.dtype === "f32"
+    ? new Float32Array(bytes.buffer, bytes.byteOffset, bytes.byteLength / 4)
+    : new Float16Array(bytes.buffer, bytes.byteOffset, bytes.byteLength / 2);
+  let bad = 0;
+  for (let i = 0; i < values.length; i++) if (!Number.isFinite(values[i])) bad++;
+  return bad;
+}
+
 /** What `loadStateDict` accepts for each name: a tensor or host data. */
 export type StateValue = Tensor | HostTensor;
 
@@ -94,10 +112,14 @@ export abstract class Module {
 
   /**
    * Copies `state` into the module's parameters and buffers. Every name,
-   * shape and dtype is checked first and all mismatches are reported in one
-   * error; nothing is written unless everything matches.
+   * shape and dtype is checked first, and host data (from a file) must hold
+   * finite values unless `options.allowNonFinite`; all problems are reported
+   * in one error, and nothing is written unless everything passes.
    */
-  loadStateDict(state: ReadonlyMap<string, StateValue>): void {
+  loadStateDict(
+    state: ReadonlyMap<string, StateValue>,
+    options: LoadStateOptions = {},
+  ): void {
     const own = this.stateDict();
     const problems: string[] = [];
     for (const name of own.keys()) if (!state.has(name)) problems.push(`missing ${name}`);
@@ -113,6 +135,14 @@ export abstract class Module {
         isHost(value) && value.data.byteLength !== target.size * bytesPerElement(target.dtype)
       ) {
         problems.push(`${name}: ${value.data.byteLength} bytes do not fill ${target.describe()}`);
+      } else if (isHost(value) && !options.allowNonFinite) {
+        const bad = nonFiniteCount(value);
+        if (bad > 0) {
+          problems.push(
+            `${name} holds ${bad} non-finite value(s) (NaN or ±Inf); pass ` +
+              "{ allowNonFinite: true } to load it anyway",
+          );
+        }
       }
     }
     if (problems.length > 0) {

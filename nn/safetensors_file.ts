@@ -4,7 +4,7 @@
  */
 import { ValueError } from "../gpu/errors.ts";
 import type { Tensor } from "../gpu/tensor.ts";
-import type { Module } from "./module.ts";
+import type { LoadStateOptions, Module } from "./module.ts";
 import {
   decodeSafetensors,
   encodeSafetensorsHeader,
@@ -35,7 +35,8 @@ function rethrow(err: unknown, message: string): never {
  * Writes tensors to a safetensors file **atomically**: into
  * `${path}.tmp-<random>` in the same directory, fsync, close, then rename onto
  * `path`. On any error the temporary file is removed and a file already at
- * `path` is left untouched. **A sync point**: waits for the GPU once (all
+ * `path` is left untouched; temporaries a killed process left behind are
+ * removed by the next save to the same path. **A sync point**: waits for the GPU once (all
  * tensors are read back together) and holds their bytes in memory meanwhile.
  *
  * @param path Destination file.
@@ -70,7 +71,8 @@ export async function saveSafetensors(
   } catch (err) {
     rethrow(err, `saveSafetensors: cannot write "${path}"`);
   }
-  const temp = `${path}.tmp-${crypto.randomUUID()}`;
+  await removeStaleTemporaries(path);
+  const temp = `${path}${TEMP_INFIX}${crypto.randomUUID()}`;
   let file: Deno.FsFile | null = null;
   try {
     file = await Deno.open(temp, { write: true, createNew: true });
@@ -91,6 +93,29 @@ export async function saveSafetensors(
     rethrow(err, `saveSafetensors: cannot write "${path}" (left unchanged)`);
   }
   await syncDirectory(path);
+}
+
+/** Temporaries are `${path}.tmp-<uuid>`. */
+const TEMP_INFIX = ".tmp-";
+const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/;
+
+/**
+ * Best effort: removes temporaries of `path` that an earlier save left behind
+ * when its process was killed mid-write (a save that fails by itself removes
+ * its own). Two processes saving to the same path at once are not supported.
+ */
+async function removeStaleTemporaries(path: string): Promise<void> {
+  const slash = Math.max(path.lastIndexOf("/"), path.lastIndexOf("\\"));
+  const dir = slash < 0 ? "." : path.slice(0, slash + 1) || "/";
+  const prefix = path.slice(slash + 1) + TEMP_INFIX;
+  try {
+    for await (const entry of Deno.readDir(dir)) {
+      const suffix = entry.name.slice(prefix.length);
+      if (entry.isFile && entry.name.startsWith(prefix) && UUID.test(suffix)) {
+        await Deno.remove(`${slash < 0 ? "" : dir}${entry.name}`).catch(() => {});
+      }
+    }
+  } catch { /* no read permission for the folder: leave them */ }
 }
 
 /**
@@ -185,11 +210,13 @@ export async function saveModule(
 /**
  * Loads a safetensors file into a module. The whole file is read and checked
  * against the module (names, shapes, dtypes, sizes) before anything is
- * written, so a truncated, corrupt or mismatched file is a clear error and
- * leaves the module unchanged.
+ * written, so a truncated, corrupt or mismatched file — or one whose values
+ * hold NaN or ±Inf, unless `options.allowNonFinite` — is a clear error that
+ * names the tensor and leaves the module unchanged.
  *
  * @param path The file.
  * @param module The model to fill.
+ * @param options `{ allowNonFinite }` to load NaN / ±Inf values anyway.
  * @returns The file's metadata.
  * @example
  * ```ts
@@ -206,10 +233,14 @@ export async function saveModule(
  * gpu.destroy();
  * ```
  */
-export async function loadModule(path: string, module: Module): Promise<Record<string, string>> {
+export async function loadModule(
+  path: string,
+  module: Module,
+  options: LoadStateOptions = {},
+): Promise<Record<string, string>> {
   const { entries, metadata } = await loadSafetensors(path);
   try {
-    module.loadStateDict(entries);
+    module.loadStateDict(entries, options);
   } catch (err) {
     throw new ValueError(`loadModule: "${path}": ${(err as Error).message}`, { cause: err });
   }

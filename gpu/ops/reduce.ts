@@ -1,11 +1,11 @@
 /** Differentiable reductions: sum and mean over one axis or all; max (no gradient). */
 import { isGradEnabled, record } from "../autograd.ts";
 import { autocastInputs } from "../autocast_hook.ts";
-import { fail, StateError } from "../errors.ts";
+import { fail, ShapeError, StateError } from "../errors.ts";
 import { launchUnary } from "../kernels/elementwise.ts";
 import { launchReduce, type ReduceOp, type ReduceView } from "../kernels/reduce.ts";
 import { normalizeAxis, type Shape, sizeOf } from "../shape.ts";
-import type { Tensor } from "../tensor.ts";
+import { Tensor } from "../tensor.ts";
 
 /** Options of the reductions. */
 export interface ReduceOptions {
@@ -38,7 +38,11 @@ function reduceWithGrad(op: "sum" | "mean", x0: Tensor, options: ReduceOptions):
   const [x] = autocastInputs(op, [x0]);
   const { view, shape } = plan(op, x, options);
   const scale = op === "mean" ? 1 / Math.max(view.axis, 1) : 1;
-  const y = launchReduce("sum", x, view, shape, { scale });
+  // The mean of nothing is NaN, as in PyTorch (the sum of nothing is 0). WGSL
+  // may assume no NaN arises, so it is written from the host, not computed.
+  const y = op === "mean" && view.axis === 0
+    ? Tensor.full(shape, NaN, { dtype: x.dtype === "i32" ? "f32" : x.dtype, gpu: x.gpu })
+    : launchReduce("sum", x, view, shape, { scale });
   // The gradient repeats along the reduced axis (times 1/n for a mean).
   return record({
     op,
@@ -72,7 +76,10 @@ export function sum(x: Tensor, options: ReduceOptions = {}): Tensor {
   return reduceWithGrad("sum", x, options);
 }
 
-/** Mean over `options.axis`, or of every element (f32 accumulation). */
+/**
+ * Mean over `options.axis`, or of every element (f32 accumulation). The mean
+ * of nothing (an empty axis, an empty batch) is NaN, as in PyTorch.
+ */
 export function mean(x: Tensor, options: ReduceOptions = {}): Tensor {
   return reduceWithGrad("mean", x, options);
 }
@@ -89,5 +96,13 @@ export function max(x0: Tensor, options: ReduceOptions = {}): Tensor {
     );
   }
   const { view, shape } = plan("max", x, options);
+  if (view.axis === 0 && view.outer * view.inner > 0) {
+    fail(
+      ShapeError,
+      "max",
+      `${x.describe()} has no elements along the reduced axis; the max of nothing is ` +
+        "undefined (PyTorch raises too). Check for an empty batch first.",
+    );
+  }
   return launchReduce("max" satisfies ReduceOp, x, view, shape);
 }
