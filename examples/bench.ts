@@ -25,6 +25,7 @@
  */
 import { parseArgs } from "node:util";
 import { type Gpu, initGpu } from "../mod.ts";
+import { tilingNames } from "../gpu/mod.ts";
 import type { BenchOptions, BenchSize, Result } from "./_bench.ts";
 import { benchGpt } from "./bench_gpt.ts";
 import { benchMatmul } from "./bench_matmul.ts";
@@ -121,14 +122,11 @@ async function main(): Promise<void> {
     Deno.exit(2);
   }
   const gpu = await initGpu();
-  const tilings = Object.fromEntries(
-    [...gpu.matmulTilings].map(([c, t]) => [c, `${t.variant} ${t.tm}x${t.tn}/${t.wgx}x${t.wgy}`]),
-  );
   const context = {
     adapter: gpu.adapterName,
     deno: Deno.version.deno,
     f16: gpu.f16,
-    matmulTilings: tilings,
+    matmulTilings: tilingNames(gpu),
   };
   for (const name of positionals.length > 0 ? positionals : Object.keys(ENTRIES)) {
     for (const result of await ENTRIES[name](gpu, options)) {

@@ -33,10 +33,10 @@ import { loadTrainingState, saveTrainingState } from "../files.ts";
 import type { PlotPoint } from "./_plot.ts";
 import { Progress } from "./_progress.ts";
 import { profileFields, ProfileWindow } from "./_profile_window.ts";
-import { type MnistArgs, parseMnistArgsOrExit } from "./mnist_args.ts";
+import { checkRun, type MnistArgs, parseMnistArgsOrExit } from "./mnist_args.ts";
 import { gather, loadData, shuffle } from "./mnist_batches.ts";
 import { MNIST_CLASSES, MNIST_PIXELS, type MnistSplit } from "./mnist_data.ts";
-import { report, reportStart } from "./mnist_report.ts";
+import { report, reportStart, writePlot } from "./mnist_report.ts";
 
 /** Prints one event: a JSON line with --json, else `text`. */
 export type Emit = (event: string, fields: Record<string, unknown>, text: string) => void;
@@ -74,8 +74,14 @@ export class Tally {
   evalPeak = 0;
   /** Bytes allocated after steps 10, 200 and the last (for information). */
   allocatedAfter: Map<number, number> = new Map();
-  plotPoints: PlotPoint[] = [];
-  constructor(public step: number) {}
+  /** The whole run's chart (a resumed run starts with the points saved before). */
+  plotPoints: PlotPoint[];
+  /** The step this session started from (0, or where a resumed run stopped). */
+  readonly sessionStart: number;
+  constructor(public step: number, plotPoints: PlotPoint[] = []) {
+    this.sessionStart = step;
+    this.plotPoints = plotPoints;
+  }
 }
 
 /** The 784-256-256-10 MLP; ReLU fused into the first two matmuls. Linear's init is PyTorch's. */
@@ -105,7 +111,8 @@ function makeTrainer(cfg: MnistArgs, optimizerSteps: number) {
     optimizer,
     cfg.schedule === "cosine"
       ? cosineSchedule({
-        warmupSteps: Math.ceil(optimizerSteps * 0.02),
+        // 2% warmup, but never every step (a one-step run would have lr 0).
+        warmupSteps: Math.min(Math.ceil(optimizerSteps * 0.02), optimizerSteps - 1),
         totalSteps: optimizerSteps,
       })
       : () => 1,
@@ -134,9 +141,11 @@ function runShape(run: Run) {
  * `--resume`, epoch 1 and step 0. Exits with status 1 when the file cannot be
  * read and 2 when it was saved with other flags.
  */
-async function resumeOrStart(run: Run): Promise<{ epoch: number; step: number }> {
+async function resumeOrStart(
+  run: Run,
+): Promise<{ epoch: number; step: number; plotPoints: PlotPoint[] }> {
   const { cfg, model, optimizer, trainer } = run;
-  if (!cfg.resume) return { epoch: 1, step: 0 };
+  if (!cfg.resume) return { epoch: 1, step: 0, plotPoints: [] };
   const saved = await loadTrainingState(cfg.resume, { model, optimizer, trainer }).catch((e) => {
     console.error(`mnist: cannot resume: ${e instanceof Error ? e.message : e}`);
     Deno.exit(1);
@@ -145,6 +154,7 @@ async function resumeOrStart(run: Run): Promise<{ epoch: number; step: number }>
     step: number;
     shuffler: { seed: number; offset: number };
     run: ReturnType<typeof runShape>;
+    plotPoints?: PlotPoint[];
   };
   const shape = runShape(run);
   if (JSON.stringify(saved.run) !== JSON.stringify(shape)) {
@@ -156,12 +166,16 @@ async function resumeOrStart(run: Run): Promise<{ epoch: number; step: number }>
   }
   run.scheduler.step(trainer.steps); // the restored optimizer carries the lr it was saved with
   run.shuffler = new RandomGenerator(saved.shuffler.seed, saved.shuffler.offset);
+  const finished = saved.epoch >= cfg.epochs;
   run.emit(
     "resume",
-    { path: cfg.resume, epoch: saved.epoch, step: saved.step },
-    `resumed ${cfg.resume} after epoch ${saved.epoch} (step ${saved.step})`,
+    { path: cfg.resume, epoch: saved.epoch, step: saved.step, finished },
+    finished
+      ? `${cfg.resume} holds a finished run (${saved.epoch} of ${cfg.epochs} epochs, step ` +
+        `${saved.step}): nothing left to train; evaluating it`
+      : `resumed ${cfg.resume} after epoch ${saved.epoch} (step ${saved.step})`,
   );
-  return { epoch: saved.epoch + 1, step: saved.step };
+  return { epoch: saved.epoch + 1, step: saved.step, plotPoints: saved.plotPoints ?? [] };
 }
 
 /**
@@ -268,13 +282,56 @@ async function evaluate(run: Run, tally: Tally, epoch: number): Promise<void> {
   );
 }
 
-/** Saves the run after `epoch` to `--save`, atomically: model, optimizer, trainer, data order. */
-async function save(run: Run, epoch: number, step: number): Promise<void> {
+/**
+ * Runs one write of the run's outputs (the saved state, the chart). A failure
+ * is one clear line; then the run stops (exit status 1) or, with
+ * `--on-save-error continue`, goes on. The file it was writing is never left
+ * damaged (writes are atomic).
+ */
+async function writeOutput(run: Run, what: string, write: () => Promise<void>): Promise<boolean> {
+  try {
+    await write();
+    return true;
+  } catch (e) {
+    const why = e instanceof Error ? e.message : String(e);
+    const next = run.cfg.onSaveError === "stop"
+      ? "stopping (--on-save-error continue keeps training)"
+      : "training goes on";
+    run.emit("save_error", { what, error: why }, `mnist: writing ${what} failed: ${why}; ${next}`);
+    if (run.cfg.onSaveError === "stop") {
+      run.gpu.destroy();
+      Deno.exit(1);
+    }
+    return false;
+  }
+}
+
+/**
+ * After `epoch`: rewrites `--plot` and saves the run to `--save` (model,
+ * optimizer, trainer, data order, the chart's points), so a killed run
+ * leaves both.
+ */
+async function save(run: Run, tally: Tally, epoch: number): Promise<void> {
   const { cfg, model, optimizer, trainer } = run;
-  if (!cfg.save) return;
-  const state = { epoch, step, shuffler: run.shuffler.state(), run: runShape(run) };
-  await saveTrainingState(cfg.save, { model, optimizer, trainer }, state);
-  run.emit("save", { path: cfg.save, epoch, step }, `saved ${cfg.save} (epoch ${epoch})`);
+  const step = tally.step;
+  if (cfg.plot) await writeOutput(run, cfg.plot, () => writePlot(run, tally));
+  if (cfg.save) {
+    const state = {
+      epoch,
+      step,
+      shuffler: run.shuffler.state(),
+      run: runShape(run),
+      plotPoints: tally.plotPoints,
+    };
+    const saved = await writeOutput(
+      run,
+      cfg.save,
+      () => saveTrainingState(cfg.save!, { model, optimizer, trainer }, state),
+    );
+    if (saved) {
+      run.emit("save", { path: cfg.save, epoch, step }, `saved ${cfg.save} (epoch ${epoch})`);
+    }
+  }
 }
 
 async function main(): Promise<void> {
@@ -284,6 +341,10 @@ async function main(): Promise<void> {
   const emit: Emit = (event, fields, text) =>
     console.log(cfg.json ? JSON.stringify({ event, ...fields }) : text);
   const { train, test } = await loadData(cfg);
+  await checkRun(cfg, train.count).catch((e) => {
+    console.error(`mnist: ${e instanceof Error ? e.message : e} (see --help)`);
+    Deno.exit(2);
+  });
   const loadSeconds = (performance.now() - started) / 1000;
   const gpu = await initGpu();
   const initSeconds = (performance.now() - started) / 1000 - loadSeconds;
@@ -297,12 +358,13 @@ async function main(): Promise<void> {
   const run: Run = { cfg, emit, gpu, train, test, ...sizes, ...parts, shuffler, profile };
   const from = await resumeOrStart(run);
   const progress = new Progress(!cfg.json);
-  const tally = new Tally(from.step);
+  const tally = new Tally(from.step, from.plotPoints);
   for (let epoch = from.epoch; epoch <= cfg.epochs; epoch++) {
     await trainEpoch(run, tally, epoch, progress);
     await evaluate(run, tally, epoch);
-    await save(run, epoch, tally.step);
+    await save(run, tally, epoch);
   }
+  if (from.epoch > cfg.epochs) await evaluate(run, tally, cfg.epochs); // a finished run
   await report(run, tally, started);
   gpu.destroy();
 }

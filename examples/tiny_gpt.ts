@@ -12,6 +12,7 @@
  *
  * @module
  */
+import { checkOutputPath } from "./_cli.ts";
 import { profileFields, ProfileWindow } from "./_profile_window.ts";
 import {
   AdamW,
@@ -71,14 +72,18 @@ export interface Training {
   plotPoints: PlotPoint[];
 }
 
-/** The flags, or null after printing --help; exits with status 2 on a bad flag. */
-function parseFlags(args: string[]): TinyGptArgs | null {
+/**
+ * The flags, or null after printing --help; a bad flag, or a --plot path that
+ * cannot be written, is one line and exit status 2, before any training.
+ */
+async function parseFlags(args: string[]): Promise<TinyGptArgs | null> {
   let cfg: TinyGptArgs | null;
   try {
     cfg = parseTinyGptArgs(args);
+    if (cfg?.plot) await checkOutputPath("plot", cfg.plot);
   } catch (e) {
     if (!(e instanceof UsageError || e instanceof TypeError)) throw e;
-    console.error(`tiny_gpt: ${e.message}\nRun with --help for the flags.`);
+    console.error(`tiny_gpt: ${e.message} (see --help)`);
     Deno.exit(2);
   }
   if (cfg === null) console.log(TINY_GPT_HELP.trimEnd());
@@ -230,7 +235,7 @@ async function sampleWords(run: Run): Promise<string[]> {
 
 async function main(): Promise<void> {
   const started = performance.now();
-  const cfg = parseFlags(Deno.args);
+  const cfg = await parseFlags(Deno.args);
   if (cfg === null) return; // --help
   const emit: Emit = (event, fields, text) =>
     console.log(cfg.json ? JSON.stringify({ event, ...fields }) : text);

@@ -3,6 +3,7 @@
  *
  * @module
  */
+import { integerFlag, numberFlag, UsageError, withNegativeValues } from "./_cli.ts";
 import { profileSteps } from "./_profile_window.ts";
 import { parseArgs } from "node:util";
 
@@ -57,6 +58,25 @@ Memory: "peak" is the buffer pool's peakBytes over the training steps (after
 start-up). That the loop leaks no GPU memory is checked by tests/memory_test.ts.
 `;
 
+/** Flags that take a value (for negative values such as `--steps -3`). */
+const VALUE_FLAGS = [
+  "steps",
+  "batch",
+  "context",
+  "layers",
+  "dim",
+  "heads",
+  "lr",
+  "warmup",
+  "seed",
+  "log-every",
+  "eval-windows",
+  "samples",
+  "temperature",
+  "plot",
+  "profile",
+];
+
 /** The parsed flags. */
 export interface TinyGptArgs {
   steps: number;
@@ -80,15 +100,14 @@ export interface TinyGptArgs {
   profile: number | undefined;
 }
 
-/** A bad flag value (parseArgs itself throws TypeErrors for unknown flags). */
-export class UsageError extends Error {}
+export { UsageError };
 
 /** The flags in `args`, or null for --help. */
 export function parseTinyGptArgs(args: string[]): TinyGptArgs | null {
   const text = (d: string) => ({ type: "string" as const, default: d });
   const flag = { type: "boolean" as const, default: false };
   const { values: v } = parseArgs({
-    args,
+    args: withNegativeValues(args, VALUE_FLAGS),
     strict: true,
     allowPositionals: false,
     options: {
@@ -115,20 +134,9 @@ export function parseTinyGptArgs(args: string[]): TinyGptArgs | null {
     },
   });
   if (v.help) return null;
-  const int = (name: string, value: string, min: number): number => {
-    const n = Number(value);
-    if (value.trim() === "" || !Number.isInteger(n) || n < min) {
-      throw new UsageError(`--${name} must be an integer >= ${min}, not "${value}".`);
-    }
-    return n;
-  };
-  const positive = (name: string, value: string): number => {
-    const x = Number(value);
-    if (value.trim() === "" || !Number.isFinite(x) || x <= 0) {
-      throw new UsageError(`--${name} must be a number > 0, not "${value}".`);
-    }
-    return x;
-  };
+  const int = (name: string, value: string, min: number) => integerFlag(name, value, min);
+  const positive = (name: string, value: string) =>
+    numberFlag(name, value, (x) => x > 0, "a number > 0");
   const parsed: TinyGptArgs = {
     steps: int("steps", v.steps, 1),
     batch: int("batch", v.batch, 1),

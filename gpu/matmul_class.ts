@@ -75,3 +75,16 @@ export function tilingFor(gpu: Gpu, problem: MatmulProblem, dtype: DType): Matmu
     // A class not tuned (a large product on a CPU adapter): the medium winner is the nearest.
     gpu.matmulTilings.get(matmulClassKey({ ...c, size: "medium" })) ?? gpu.matmulTiling;
 }
+
+/** A tiling in a few characters, for logs: `"interleaved 8x8/8x4"` (per-thread block / workgroup). */
+export function tilingName(t: MatmulTiling): string {
+  return `${t.variant} ${t.tm}x${t.tn}/${t.wgx}x${t.wgy}${
+    t.variant === "shared" ? ` k${t.tk}` : ""
+  }`;
+}
+
+/** The tiling of every tuned class by class key, and the default's, as names (for logs). */
+export function tilingNames(gpu: Gpu): Record<string, string> {
+  const named = [...gpu.matmulTilings].map(([c, t]) => [c, tilingName(t)]);
+  return { default: tilingName(gpu.matmulTiling), ...Object.fromEntries(named) };
+}

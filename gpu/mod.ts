@@ -115,6 +115,8 @@ export {
   type MatmulSize,
   type OperandLayout,
   tilingFor,
+  tilingName,
+  tilingNames,
 } from "./matmul_class.ts";
 export {
   add,

@@ -1,0 +1,92 @@
+/**
+ * What the examples' command lines share: strict number parsing with a
+ * message that says what is allowed, negative values after a flag, and a
+ * check that an output path can be written before any training starts.
+ */
+
+/** A bad flag value; the example prints its message and exits with status 2. */
+export class UsageError extends Error {}
+
+const INTEGER = /^[+-]?\d+$/;
+const DECIMAL = /^[+-]?(\d+\.?\d*|\.\d+)(e[+-]?\d+)?$/i;
+
+/** An integer in [min, max] written in decimal digits (no "0x10", "1e9" or "2.0"). */
+export function integerFlag(flag: string, text: string, min: number, max = Infinity): number {
+  const n = Number(text);
+  if (!INTEGER.test(text.trim()) || !Number.isSafeInteger(n) || n < min || n > max) {
+    const range = max === Infinity ? `>= ${min}` : `from ${min} to ${max}`;
+    throw new UsageError(`--${flag} must be an integer ${range}, not "${text}".`);
+  }
+  return n;
+}
+
+/** A decimal number (1e-3 allowed, "0x10" not) for which `ok` holds; `want` says what is allowed. */
+export function numberFlag(
+  flag: string,
+  text: string,
+  ok: (x: number) => boolean,
+  want: string,
+): number {
+  const x = Number(text);
+  if (!DECIMAL.test(text.trim()) || !Number.isFinite(x) || !ok(x)) {
+    throw new UsageError(`--${flag} must be ${want}, not "${text}".`);
+  }
+  return x;
+}
+
+/** One of `names`. */
+export function choiceFlag<T extends string>(flag: string, text: string, names: readonly T[]): T {
+  if (!(names as readonly string[]).includes(text)) {
+    throw new UsageError(`--${flag} must be ${names.join(" or ")}, not "${text}".`);
+  }
+  return text as T;
+}
+
+/**
+ * `args` with `--flag -3` written as `--flag=-3` for the flags that take a
+ * value, so a negative number reaches the flag's own check (node's parseArgs
+ * would call it an ambiguous option).
+ */
+export function withNegativeValues(
+  args: readonly string[],
+  valueFlags: readonly string[],
+): string[] {
+  const out: string[] = [];
+  for (let i = 0; i < args.length; i++) {
+    const flag = args[i], next = args[i + 1];
+    if (valueFlags.includes(flag.replace(/^--/, "")) && next !== undefined && /^-\d/.test(next)) {
+      out.push(`${flag}=${next}`);
+      i++;
+    } else out.push(flag);
+  }
+  return out;
+}
+
+/**
+ * Throws a UsageError unless a file can be written at `path` (the value of
+ * `--flag`): write permission, an existing folder, not a folder itself, and
+ * a folder that accepts a new file (probed with a temporary file, removed at
+ * once). Run it before training, so a bad path costs no training time.
+ */
+export async function checkOutputPath(flag: string, path: string): Promise<void> {
+  const where = `--${flag} ${path}`;
+  const slash = path.lastIndexOf("/");
+  const dir = slash < 0 ? "." : path.slice(0, slash) || "/";
+  const permission = await Deno.permissions.query({ name: "write", path });
+  if (permission.state !== "granted") {
+    throw new UsageError(`${where}: no permission to write it; run with --allow-write.`);
+  }
+  const stat = await Deno.stat(path).catch(() => null);
+  if (stat?.isDirectory) throw new UsageError(`${where}: it is a folder; give a file name.`);
+  const folder = await Deno.stat(dir).catch(() => null);
+  if (!folder?.isDirectory) {
+    throw new UsageError(`${where}: the folder "${dir}" does not exist; create it first.`);
+  }
+  try {
+    const probe = await Deno.makeTempFile({ dir, prefix: ".halfstep-write-check-" });
+    await Deno.remove(probe);
+  } catch (e) {
+    const why = e instanceof Error ? e.message : String(e);
+    throw new UsageError(`${where}: the folder "${dir}" cannot be written (${why}).`);
+  }
+}

@@ -1,0 +1,187 @@
+/**
+ * The examples as a user runs them, in subprocesses: a bad flag or an output
+ * path that cannot be written is one line and exit status 2 before anything
+ * trains; a finished run resumes to an honest report; a resumed run counts
+ * only its own steps and keeps the whole chart; a save that fails mid-run is
+ * one line, then the run stops or goes on as the user chose.
+ */
+import assert from "node:assert/strict";
+import { join } from "node:path";
+import { ROOT } from "./_bundle.ts";
+
+const MNIST = join(ROOT, "examples/mnist.ts"), TINY_GPT = join(ROOT, "examples/tiny_gpt.ts");
+const QUICK = ["--limit", "1024", "--epochs", "1"];
+
+interface Run {
+  code: number;
+  stdout: string;
+  stderr: string;
+}
+
+/** Runs a script with the README's permissions (`--allow-write` unless `write` is false). */
+async function run(script: string, args: string[], write = true): Promise<Run> {
+  const permissions = ["--allow-read", "--allow-env", ...(write ? ["--allow-write"] : [])];
+  const out = await new Deno.Command(Deno.execPath(), {
+    args: ["run", ...permissions, script, ...args],
+    env: { DENO_WEBGPU_BACKEND: "vulkan,metal,dx12", NO_COLOR: "1" },
+    stdout: "piped",
+    stderr: "piped",
+  }).output();
+  const text = (b: Uint8Array) => new TextDecoder().decode(b);
+  return { code: out.code, stdout: text(out.stdout), stderr: text(out.stderr) };
+}
+
+/** The JSON events a `--json` run printed. */
+function events(stdout: string): Record<string, unknown>[] {
+  return stdout.split("\n").filter((l) => l.startsWith("{")).map((l) => JSON.parse(l));
+}
+
+/** Asserts exit status 2 with one line of stderr matching `message`, and nothing trained. */
+function assertRefused(r: Run, message: RegExp, what: string): void {
+  assert.equal(r.code, 2, `${what}: exit status (stderr: ${r.stderr})`);
+  const lines = r.stderr.trim().split("\n").filter((l) => !l.includes("XDG_RUNTIME_DIR"));
+  assert.equal(lines.length, 1, `${what}: one line, got ${JSON.stringify(lines)}`);
+  assert.match(lines[0], message, what);
+  assert.equal(r.stdout.trim(), "", `${what}: nothing started`);
+}
+
+Deno.test("examples: every bad flag is one line and exit status 2, before any training", async () => {
+  const dir = await Deno.makeTempDir();
+  try {
+    const cases: [string[], RegExp][] = [
+      [
+        ["--batch", "99999999"],
+        /^mnist: --batch must be an integer from 1 to 60000, not "99999999"/,
+      ],
+      [["--batch", "0x10"], /--batch must be an integer from 1 to 60000, not "0x10"/],
+      [["--batch", "-3"], /--batch must be an integer from 1 to 60000, not "-3"/],
+      [["--epochs", "1e9"], /--epochs must be an integer from 1 to 1000, not "1e9"/],
+      [["--loss-scale", "8"], /--loss-scale needs --amp/],
+      [["--amp", "--loss-scale", "1000"], /--loss-scale must be 0 \(dynamic\) or a power of two/],
+      [["--momentum", "0.5"], /--momentum is for --optimizer sgd/],
+      [["--optimizer", "rmsprop"], /--optimizer must be sgd or adam, not "rmsprop"/],
+      [["--no-such-flag"], /^mnist: .*no-such-flag.* \(see --help\)$/],
+      [
+        ["--accum", "5", "--limit", "256", "--epochs", "1"],
+        /--accum 5 needs at least 5 batches, but 1 epoch\(s\) of 256 images in batches of 128 give 2/,
+      ],
+      [["--save", join(dir, "missing", "run.safetensors")], /folder ".*missing" does not exist/],
+      [["--plot", dir], /--plot .*: it is a folder; give a file name/],
+    ];
+    for (const [args, message] of cases) {
+      assertRefused(await run(MNIST, [...args, "--json"]), message, args.join(" "));
+    }
+    const noWrite = await run(MNIST, ["--save", join(dir, "run.safetensors"), "--json"], false);
+    assertRefused(noWrite, /no permission to write it; run with --allow-write/, "no --allow-write");
+    const gpt = await run(TINY_GPT, ["--plot", join(dir, "loss.svg"), "--json"], false);
+    assertRefused(gpt, /^tiny_gpt: --plot .*run with --allow-write/, "tiny_gpt --plot");
+    assertRefused(await run(TINY_GPT, ["--steps", "-3"]), /--steps must be an integer >= 1/, "-3");
+  } finally {
+    await Deno.remove(dir, { recursive: true });
+  }
+});
+
+/** The number of points of the loss line in an SVG chart written by --plot. */
+async function chartPoints(path: string): Promise<number> {
+  const svg = await Deno.readTextFile(path);
+  const d = svg.match(/<path d="(M[^"]*)"/)![1];
+  return (d.match(/[ML]/g) ?? []).length;
+}
+
+Deno.test("examples: a resumed run counts its own steps, keeps the chart, and a finished one reports honestly", async () => {
+  const dir = await Deno.makeTempDir();
+  try {
+    const state = join(dir, "run.safetensors"), chart = join(dir, "loss.svg");
+    const flags = ["--limit", "1024", "--epochs", "2", "--save", state, "--plot", chart, "--json"];
+    // Killed right after epoch 1 was saved: the state and the chart are on disk.
+    const killed = await afterFirstSave(flags, () => "kill");
+    assert.notEqual(killed.code, 0);
+    assert.equal(await chartPoints(chart), 1, "the chart is written after every epoch");
+    // Other flags cannot resume it.
+    const mismatch = await run(MNIST, [...flags, "--seed", "1", "--resume", state]);
+    assert.equal(mismatch.code, 2);
+    assert.match(mismatch.stderr, /Resume with the same flags/);
+    // Resumed: epoch 2 only, 8 steps of 128 images; the chart holds both epochs.
+    const resumed = await run(MNIST, [...flags, "--resume", state]);
+    assert.equal(resumed.code, 0, resumed.stderr);
+    const final = events(resumed.stdout).at(-1)!;
+    assert.equal(final.event, "final", "final is the last line, after plot");
+    assert.equal(final.steps, 16);
+    assert.equal(final.sessionSteps, 8, "steps/s counts this session's steps only");
+    assert.ok((final.stepsPerSecond as number) > 0);
+    assert.equal(await chartPoints(chart), 2, "both epochs' points are in the chart");
+    // Resuming the finished run: nothing to train, a real accuracy, no NaN and no Infinity.
+    const again = await run(MNIST, [...flags, "--resume", state]);
+    assert.equal(again.code, 0, again.stderr);
+    const report = events(again.stdout).at(-1)!;
+    assert.equal(report.testAccuracy, final.testAccuracy, "the same model evaluates the same");
+    assert.equal(report.sessionSteps, 0);
+    assert.equal(report.stepsPerSecond, null);
+    const text = await run(MNIST, flags.filter((f) => f !== "--json").concat("--resume", state));
+    assert.equal(text.code, 0, text.stderr);
+    assert.doesNotMatch(text.stdout, /NaN|Infinity/);
+    assert.match(text.stdout, /nothing left to train/);
+  } finally {
+    await Deno.remove(dir, { recursive: true });
+  }
+});
+
+/**
+ * Runs mnist; once epoch 1 has been saved, `then()` says what happens: the
+ * process is killed, or a path is removed so that the next save fails.
+ */
+async function afterFirstSave(args: string[], then: () => "kill" | string): Promise<Run> {
+  const child = new Deno.Command(Deno.execPath(), {
+    args: ["run", "--allow-read", "--allow-env", "--allow-write", MNIST, ...args],
+    env: { DENO_WEBGPU_BACKEND: "vulkan,metal,dx12", NO_COLOR: "1" },
+    stdout: "piped",
+    stderr: "piped",
+  }).spawn();
+  const stderr = new Response(child.stderr).text();
+  let stdout = "", acted = false;
+  for await (const chunk of child.stdout.pipeThrough(new TextDecoderStream())) {
+    stdout += chunk;
+    if (!acted && stdout.includes('"event":"save"')) {
+      acted = true;
+      const action = then();
+      if (action === "kill") child.kill("SIGKILL");
+      else await Deno.remove(action, { recursive: true }); // the next save has nowhere to go
+    }
+  }
+  const { code } = await child.status;
+  return { code, stdout, stderr: await stderr };
+}
+
+Deno.test("examples: a save that fails mid-run is one line; the run stops or goes on as asked", async () => {
+  const dir = await Deno.makeTempDir();
+  try {
+    for (const policy of ["stop", "continue"]) {
+      const out = join(dir, policy);
+      await Deno.mkdir(out);
+      const args = [
+        ...QUICK.slice(0, 2),
+        "--epochs",
+        "2",
+        "--save",
+        join(out, "run.safetensors"),
+        "--on-save-error",
+        policy,
+        "--json",
+      ];
+      const r = await afterFirstSave(args, () => out);
+      const all = events(r.stdout);
+      const failure = all.filter((e) => e.event === "save_error");
+      assert.equal(failure.length, 1, `${policy}: one report of the failed save`);
+      assert.match(String(failure[0].error), /run\.safetensors/);
+      if (policy === "stop") {
+        assert.equal(r.code, 1, r.stderr);
+        assert.equal(all.at(-1)!.event, "save_error", "nothing after the failure");
+      } else {
+        assert.equal(r.code, 0, r.stderr);
+        assert.equal(all.at(-1)!.event, "final", "training went on to the end");
+      }
+    }
+  } finally {
+    await Deno.remove(dir, { recursive: true });
+  }
+});
