@@ -76,3 +76,18 @@ export async function gpuTimed(
     timing: "timestamp",
   };
 }
+
+/**
+ * The host CPU: "AMD EPYC, 2 threads" where Linux's /proc/cpuinfo can be read
+ * (Deno lets only `--allow-all` read /proc), else just the thread count.
+ */
+export async function cpuName(): Promise<string> {
+  const threads = `${navigator.hardwareConcurrency} threads`;
+  try {
+    const info = await Deno.readTextFile("/proc/cpuinfo");
+    const model = info.match(/^model name\s*:\s*(.+)$/m)?.[1]?.trim();
+    return model ? `${model}, ${threads}` : threads;
+  } catch {
+    return `${threads} (run with -A to name the model)`;
+  }
+}

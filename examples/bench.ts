@@ -18,7 +18,8 @@
  * - `soak`: 20 × --steps AMP steps: GPU bytes and JS heap after warm-up and
  *   at the end.
  *
- * Synthetic data, so it runs anywhere. `--size small` (the default on CPU
+ * Synthetic data, so it runs anywhere. `--markdown` prints the figures as a
+ * Markdown table to paste into a README or an issue. `--size small` (the default on CPU
  * adapters) shrinks the real-size entries so they finish there.
  *
  * @module
@@ -26,7 +27,7 @@
 import { parseArgs } from "node:util";
 import { type Gpu, initGpu } from "../mod.ts";
 import { tilingNames } from "../gpu/mod.ts";
-import type { BenchOptions, BenchSize, Result } from "./_bench.ts";
+import { type BenchOptions, type BenchSize, cpuName, type Result } from "./_bench.ts";
 import { benchGpt } from "./bench_gpt.ts";
 import { benchMatmul } from "./bench_matmul.ts";
 import { benchOps } from "./bench_ops.ts";
@@ -38,6 +39,7 @@ Entries: matmul, mlp, checkpoint, tiny_gpt, gpt, ops, soak (default: all). Outpu
 per line on stdout; a table on stderr.
   --steps N     timed MLP training steps; other entries scale it to their cost (default 100)
   --repeats N   timed runs per kernel or op (default 10)
+  --markdown    print a Markdown table of the figures (with the machine) instead of JSON lines
   --size S      real: the GPT and matmuls at the size of the H100 figures; small: a GPT and
                 matmuls that finish in seconds on a CPU adapter; auto (default): real on GPUs,
                 small on CPU adapters
@@ -94,6 +96,7 @@ async function main(): Promise<void> {
       steps: { type: "string", default: "100" },
       repeats: { type: "string", default: "10" },
       size: { type: "string", default: "auto" },
+      markdown: { type: "boolean", default: false },
       help: { type: "boolean", short: "h", default: false },
     },
   });
@@ -122,22 +125,41 @@ async function main(): Promise<void> {
     Deno.exit(2);
   }
   const gpu = await initGpu();
+  const cpu = await cpuName();
   const context = {
     adapter: gpu.adapterName,
+    cpu,
     deno: Deno.version.deno,
     f16: gpu.f16,
     matmulTilings: tilingNames(gpu),
   };
+  const rows: string[] = [];
   for (const name of positionals.length > 0 ? positionals : Object.keys(ENTRIES)) {
     for (const result of await ENTRIES[name](gpu, options)) {
-      console.log(JSON.stringify({ ...result, ...context }));
+      if (!values.markdown) console.log(JSON.stringify({ ...result, ...context }));
       const shape = (result.op ?? result.shape ?? result.model) as string;
+      const peak = `${(result.peakBytes / 2 ** 20).toFixed(2)} MiB`;
+      rows.push(`| ${result.bench} | ${result.mode} | ${shape} | ${figureOf(result)} | ${peak} |`);
       console.error(
         `${result.bench.padEnd(8)} ${result.mode.padEnd(8)} ${shape.slice(0, 36).padEnd(36)} ${
           figureOf(result).padStart(24)
         }  peak ${(result.peakBytes / 2 ** 20).toFixed(2)} MiB`,
       );
     }
+  }
+  if (values.markdown) {
+    console.log(
+      [
+        `Measured on ${gpu.adapterName}${
+          cpu ? ` (CPU: ${cpu})` : ""
+        }, Deno ${Deno.version.deno}, ` +
+        `${new Date().toISOString().slice(0, 10)}:`,
+        "",
+        "| bench | mode | shape | figure | peak memory |",
+        "| --- | --- | --- | --- | --- |",
+        ...rows,
+      ].join("\n"),
+    );
   }
   gpu.destroy();
 }

@@ -60,6 +60,8 @@ export interface Run {
   shuffler: RandomGenerator;
   /** The steps `--profile` times, if any. */
   profile: ProfileWindow | null;
+  /** When the program started (performance.now()), for the time to the first accuracy. */
+  started: number;
 }
 
 /** What the training loop tracks across epochs, from `step` on. */
@@ -222,6 +224,7 @@ async function trainEpoch(run: Run, tally: Tally, epoch: number, progress: Progr
         (cfg.amp ? `  scale ${scale}` : "");
       if (progress.isBar) progress.update(step, totalSteps, `epoch ${epoch}  ${text}`);
       else {
+        const eta = progress.eta(step, totalSteps);
         run.emit(
           "step",
           {
@@ -232,7 +235,8 @@ async function trainEpoch(run: Run, tally: Tally, epoch: number, progress: Progr
             stepsPerSecond,
             lossScale: scale,
           },
-          `epoch ${epoch} step ${String(step).padStart(5)}/${totalSteps}  ${text}`,
+          `epoch ${epoch} step ${String(step).padStart(5)}/${totalSteps}  ${text}` +
+            (eta ? `  ${eta}` : ""),
         );
       }
       tally.lossSum.dispose();
@@ -273,12 +277,13 @@ async function evaluate(run: Run, tally: Tally, epoch: number): Promise<void> {
   tally.testAccuracy = correct / test.count;
   tally.evalPeak = Math.max(tally.evalPeak, gpu.memoryStats().peakBytes);
   gpu.resetPeakMemory();
-  const evalSeconds = (performance.now() - evalStart) / 1000;
+  const now = performance.now();
+  const evalSeconds = (now - evalStart) / 1000, secondsSinceStart = (now - run.started) / 1000;
   run.emit(
     "eval",
-    { epoch, step: tally.step, testAccuracy: tally.testAccuracy, evalSeconds },
+    { epoch, step: tally.step, testAccuracy: tally.testAccuracy, evalSeconds, secondsSinceStart },
     `epoch ${epoch}: test accuracy ${(tally.testAccuracy * 100).toFixed(2)}% ` +
-      `(evaluated in ${evalSeconds.toFixed(2)} s)`,
+      `(evaluated in ${evalSeconds.toFixed(2)} s; ${secondsSinceStart.toFixed(1)} s since start)`,
   );
 }
 
@@ -355,7 +360,18 @@ async function main(): Promise<void> {
   const parts = makeTrainer(cfg, Math.floor(sizes.totalSteps / cfg.accum));
   const shuffler = new RandomGenerator(cfg.seed + 1);
   const profile = cfg.profile ? new ProfileWindow(gpu, cfg.profile, sizes.totalSteps) : null;
-  const run: Run = { cfg, emit, gpu, train, test, ...sizes, ...parts, shuffler, profile };
+  const run: Run = {
+    cfg,
+    emit,
+    gpu,
+    train,
+    test,
+    ...sizes,
+    ...parts,
+    shuffler,
+    profile,
+    started,
+  };
   const from = await resumeOrStart(run);
   const progress = new Progress(!cfg.json);
   const tally = new Tally(from.step, from.plotPoints);
