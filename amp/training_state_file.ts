@@ -157,7 +157,7 @@ export async function loadTrainingState(
     if (name.startsWith("model.")) model.set(name.slice(6), entry);
   }
   try {
-    parts.model.loadStateDict(model);
+    parts.model.loadStateDict(model, options);
   } catch (e) {
     reject((e as Error).message);
   }

@@ -53,7 +53,7 @@ export class BufferPool {
    * The most bytes the pool may hold (`reservedBytes`, buffers in use and
    * cached alike); Infinity for no limit. See `initGpu({ memoryLimitBytes })`.
    */
-  limitBytes = Infinity;
+  limitBytes: number = Infinity;
 
   /**
    * A pool that creates its buffers with `create`; `onDestroy` runs after it

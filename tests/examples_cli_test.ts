@@ -76,6 +76,10 @@ Deno.test("examples: every bad flag is one line and exit status 2, before any tr
     const gpt = await run(TINY_GPT, ["--plot", join(dir, "loss.svg"), "--json"], false);
     assertRefused(gpt, /^tiny_gpt: --plot .*run with --allow-write/, "tiny_gpt --plot");
     assertRefused(await run(TINY_GPT, ["--steps", "-3"]), /--steps must be an integer >= 1/, "-3");
+    const help = await run(MNIST, ["--help"]);
+    assert.equal(help.code, 0);
+    assert.match(help.stdout, /with Adam \(default\) or SGD/);
+    assert.match(help.stdout, /the last\s+line is \{"event":"final"/);
   } finally {
     await Deno.remove(dir, { recursive: true });
   }

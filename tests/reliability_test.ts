@@ -7,6 +7,7 @@
  */
 import assert from "node:assert/strict";
 import {
+  Adam,
   add,
   cast,
   crossEntropy,
@@ -24,7 +25,13 @@ import {
   ValueError,
 } from "../mod.ts";
 import { defineKernel, type DType } from "../gpu/mod.ts";
-import { loadModule, saveModule, saveSafetensors } from "../files.ts";
+import {
+  loadModule,
+  loadTrainingState,
+  saveModule,
+  saveSafetensors,
+  saveTrainingState,
+} from "../files.ts";
 import { gpu, GPU_TEST } from "./_gpu.ts";
 
 Deno.test({
@@ -145,7 +152,21 @@ Deno.test({
       assert.deepEqual(await fresh.weight.read(), before, "nothing was loaded");
       await loadModule(path, fresh, { allowNonFinite: true });
       assert.ok(Number.isNaN((await fresh.weight.read())[1]));
-      for (const t of [model, fresh, bad]) t.dispose();
+      // A training state: weights, optimizer moments and gradients are all checked first.
+      const statePath = `${dir}/run.safetensors`;
+      const optimizer = new Adam(model.parameters());
+      await saveTrainingState(statePath, { model, optimizer });
+      const target = new Linear(3, 2, { seed: 3 }), targetOptimizer = new Adam(target.parameters());
+      const untouched = await target.bias!.read();
+      await assert.rejects(
+        loadTrainingState(statePath, { model: target, optimizer: targetOptimizer }),
+        /model\.weight holds 3 non-finite value\(s\).*nothing was loaded/,
+      );
+      assert.deepEqual(await target.bias!.read(), untouched);
+      await loadTrainingState(statePath, { model: target, optimizer: targetOptimizer }, {
+        allowNonFinite: true,
+      });
+      for (const t of [model, fresh, bad, target, optimizer, targetOptimizer]) t.dispose();
     } finally {
       await Deno.remove(dir, { recursive: true });
     }
