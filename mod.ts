@@ -60,6 +60,7 @@ export {
   div,
   exp,
   gelu,
+  type GeluOptions,
   log,
   mul,
   neg,

@@ -5,7 +5,9 @@
  * global norm, the fused optimizer step (skipped on the GPU on overflow) and
  * the scale update. Nothing in it reads back to the CPU.
  */
+import { getGpu } from "../gpu/device.ts";
 import { fail, ValueError } from "../gpu/errors.ts";
+import { warnOnce } from "../gpu/runtime_state.ts";
 import { scale } from "../gpu/ops/elementwise.ts";
 import { tidy } from "../gpu/scope.ts";
 import type { Tensor } from "../gpu/tensor.ts";
@@ -18,7 +20,10 @@ import type { AutocastLists } from "./policy.ts";
 
 /** Options of {@link AmpTrainer}. */
 export interface AmpTrainerOptions {
-  /** Run f16 autocast with loss scaling (default true); false trains in plain f32. */
+  /**
+   * Run f16 autocast with loss scaling (default true); false trains in plain
+   * f32. Without shader-f16 it is f32 with loss scaling off either way.
+   */
   enabled?: boolean;
   /** apex's `--loss_scale`: 0 = dynamic (default), a power of two = static. */
   lossScale?: number;
@@ -28,8 +33,14 @@ export interface AmpTrainerOptions {
   maxGradNorm?: number;
   /** Autocast op lists (default: the standard ones). */
   lists?: AutocastLists;
-  /** Further GradScaler options (growth interval, hysteresis, ...). */
-  scaler?: Omit<GradScalerOptions, "lossScale" | "enabled" | "gpu">;
+  /**
+   * Further GradScaler options (growth interval, hysteresis, ...). Its
+   * `enabled` defaults to whether f16 runs: without shader-f16 (or with
+   * `initGpu({ f16: "off" })`) training is f32 and loss scaling is off, as
+   * PyTorch's GradScaler turns itself off where autocast cannot run; give
+   * `enabled: true` to scale anyway.
+   */
+  scaler?: Omit<GradScalerOptions, "lossScale" | "gpu">;
 }
 
 /** A model: anything with fp32 parameters. */
@@ -102,13 +113,20 @@ export class AmpTrainer {
     this.#options = options;
     this.accumulationSteps = accumulation;
     const params = model.parameters();
-    this.masters = enabled && params[0]?.gpu.f16 ? new MasterWeights(params) : null;
+    const gpu = params[0]?.gpu ?? getGpu();
+    this.masters = enabled && gpu.f16 ? new MasterWeights(params) : null;
     if (this.masters) optimizer.setWorkingCopies(this.masters);
+    if (enabled && !gpu.f16 && options.scaler?.enabled === undefined) {
+      warnOnce(
+        "AmpTrainer: the adapter has no shader-f16 (or f16 is off), so training runs in f32 " +
+          "with loss scaling off (scale 1, no step skipped); pass scaler: { enabled: true } to scale anyway.",
+      );
+    }
     this.scaler = new GradScaler({
       ...options.scaler,
       lossScale: options.lossScale ?? 0,
-      enabled,
-      gpu: params[0]?.gpu,
+      enabled: options.scaler?.enabled ?? this.masters !== null,
+      gpu,
     });
   }
 

@@ -125,6 +125,7 @@ export {
   div,
   exp,
   gelu,
+  type GeluOptions,
   log,
   mul,
   neg,
@@ -144,7 +145,11 @@ export { layerNorm, type LayerNormOptions } from "./ops/layer_norm.ts";
 export { batchNorm, type BatchNormOptions } from "./ops/batch_norm.ts";
 export { dropout } from "./ops/dropout.ts";
 export { embedding } from "./ops/embedding.ts";
-export { crossEntropyPerRow } from "./ops/cross_entropy.ts";
+export {
+  type CrossEntropyPerRow,
+  crossEntropyPerRow,
+  type CrossEntropyRowOptions,
+} from "./ops/cross_entropy.ts";
 export {
   hashU32,
   RandomGenerator,

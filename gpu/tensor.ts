@@ -42,12 +42,20 @@ export function bufferBytes(size: number, dtype: DType): number {
   return Math.max(4, Math.ceil((size * bytesPerElement(dtype)) / 4) * 4);
 }
 
-/** Smallest and largest value of an index tensor. */
+/**
+ * Smallest and largest value of an index tensor, and the values next to them,
+ * so an op that allows one special id (cross-entropy's ignore index) can still
+ * check all the others.
+ */
 export interface IndexRange {
   /** Smallest value. */
   min: number;
   /** Largest value. */
   max: number;
+  /** Smallest value above `min` (Infinity when every value equals `min`). */
+  aboveMin: number;
+  /** Largest value below `max` (−Infinity when every value equals `max`). */
+  belowMax: number;
 }
 
 function checkIndices(data: TensorData, shape: Shape): void {
@@ -64,12 +72,15 @@ function checkIndices(data: TensorData, shape: Shape): void {
 }
 
 function indexRange(data: TensorData): IndexRange {
-  let min = Infinity, max = -Infinity;
+  let min = Infinity, max = -Infinity, aboveMin = Infinity, belowMax = -Infinity;
   for (let i = 0; i < data.length; i++) {
-    if (data[i] < min) min = data[i];
-    if (data[i] > max) max = data[i];
+    const v = data[i];
+    if (v < min) [aboveMin, min] = [min, v];
+    else if (v > min && v < aboveMin) aboveMin = v;
+    if (v > max) [belowMax, max] = [max, v];
+    else if (v < max && v > belowMax) belowMax = v;
   }
-  return { min, max };
+  return { min, max, aboveMin, belowMax };
 }
 
 /** An n-dimensional array of f32, f16 or i32 values on the GPU. */

@@ -1,5 +1,6 @@
 /** Activation layers. */
-import { gelu, relu } from "../gpu/ops/elementwise.ts";
+import { gelu, type GeluOptions, relu } from "../gpu/ops/elementwise.ts";
+import { ValueError } from "../gpu/errors.ts";
 import type { Tensor } from "../gpu/tensor.ts";
 import { Module } from "./module.ts";
 
@@ -11,10 +12,27 @@ export class ReLU extends Module {
   }
 }
 
-/** GELU (tanh approximation, f32 math inside). */
+/**
+ * GELU with f32 math inside, as `torch.nn.GELU(approximate=...)`: exact
+ * (erf) by default, `{ approximate: "tanh" }` for GPT-2's approximation.
+ */
 export class GELU extends Module {
+  /** `"none"` (exact) or `"tanh"`. */
+  readonly approximate: "none" | "tanh";
+
+  /** A GELU layer; the option is checked here, not at the first forward. */
+  constructor(options: GeluOptions = {}) {
+    super();
+    this.approximate = options.approximate ?? "none";
+    if (this.approximate !== "none" && this.approximate !== "tanh") {
+      throw new ValueError(
+        `GELU: approximate must be "none" or "tanh", not ${JSON.stringify(options.approximate)}.`,
+      );
+    }
+  }
+
   /** Applies GELU. */
   forward(x: Tensor): Tensor {
-    return gelu(x);
+    return gelu(x, { approximate: this.approximate });
   }
 }

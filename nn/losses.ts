@@ -1,18 +1,27 @@
 /** Loss functions. Both compute in f32 and return an f32 loss whatever the input dtype. */
 import { crossEntropyPerRow } from "../gpu/ops/cross_entropy.ts";
-import { cast, square, sub } from "../gpu/ops/elementwise.ts";
+import { cast, div, square, sub } from "../gpu/ops/elementwise.ts";
+import { fail, ValueError } from "../gpu/errors.ts";
 import { mean, sum } from "../gpu/ops/reduce.ts";
 import { Tensor } from "../gpu/tensor.ts";
 
 /** How per-element losses are combined. */
 export type Reduction = "mean" | "sum" | "none";
 
-/** Options of {@link crossEntropy}. */
+/** Options of {@link crossEntropy}; each named as its PyTorch counterpart says. */
 export interface CrossEntropyOptions {
-  /** "mean" (default), "sum" or "none" (per-row losses). */
+  /** "mean" (default), "sum" or "none" (per-row losses); PyTorch's `reduction`. */
   reduction?: Reduction;
-  /** Label smoothing ε in [0, 1) (default 0). */
+  /** Label smoothing ε in [0, 1] (default 0); PyTorch's `label_smoothing`. */
   labelSmoothing?: number;
+  /**
+   * Per-class weights [classes] (PyTorch's `weight`): host numbers or an f32
+   * tensor. With weights, "mean" divides by the summed weights of the kept
+   * rows' targets, as PyTorch does.
+   */
+  weight?: Tensor | ArrayLike<number>;
+  /** Rows with this target add nothing to the loss or gradient (default −100); PyTorch's `ignore_index`. */
+  ignoreIndex?: number;
 }
 
 function reduce(losses: Tensor, reduction: Reduction): Tensor {
@@ -22,18 +31,44 @@ function reduce(losses: Tensor, reduction: Reduction): Tensor {
   return out;
 }
 
+/** Whether some row may be ignored, judged from the targets' host-known range. */
+function mayIgnore(ids: Tensor, ignoreIndex: number): boolean {
+  const range = ids.indexRange;
+  return range === null || (ignoreIndex >= range.min && ignoreIndex <= range.max);
+}
+
+/** Σ losses / Σ target weights: PyTorch's "mean" with weights or ignored rows (NaN when all are ignored). */
+function weightedMean(losses: Tensor, targetWeights: Tensor): Tensor {
+  const total = sum(losses);
+  const count = sum(targetWeights);
+  const out = div(total, count);
+  total.dispose();
+  count.dispose();
+  return out;
+}
+
+/** Host numbers uploaded as a tensor on `gpu`, or the tensor itself. */
+function uploaded(
+  values: Tensor | ArrayLike<number>,
+  dtype: "f32" | "i32",
+  gpu: Tensor["gpu"],
+): Tensor {
+  return values instanceof Tensor ? values : Tensor.from(values, [values.length], { dtype, gpu });
+}
+
 /**
  * Cross-entropy from logits [rows, classes] against integer class ids
- * (`targets`: an i32 tensor, or host numbers uploaded here). Ids outside
- * [0, classes) are a clear error. Log-sum-exp in f32; optional label
- * smoothing as in PyTorch.
+ * (`targets`: an i32 tensor, or host numbers uploaded here), as
+ * `torch.nn.functional.cross_entropy`: class weights, an ignore index
+ * (−100 by default) and label smoothing. Ids outside [0, classes) other
+ * than the ignore index are a clear error. Log-sum-exp in f32.
  *
  * @example
  * ```ts
  * import { crossEntropy, initGpu, Tensor } from "../mod.ts";
  * const gpu = await initGpu({ matmulTiling: "default" });
  * const logits = Tensor.zeros([3, 4]); // e.g. model.forward(x): [rows, classes]
- * const loss = crossEntropy(logits, [3, 1, 0], { labelSmoothing: 0.1 });
+ * const loss = crossEntropy(logits, [3, 1, -100], { labelSmoothing: 0.1 }); // row 2 ignored
  * console.assert(Math.abs((await loss.item()) - Math.log(4)) < 1e-5); // uniform: ln 4
  * gpu.destroy();
  * ```
@@ -43,14 +78,36 @@ export function crossEntropy(
   targets: Tensor | ArrayLike<number>,
   options: CrossEntropyOptions = {},
 ): Tensor {
-  const ids = targets instanceof Tensor
-    ? targets
-    : Tensor.from(targets, [targets.length], { dtype: "i32", gpu: logits.gpu });
+  const reduction = options.reduction ?? "mean";
+  if (reduction !== "mean" && reduction !== "sum" && reduction !== "none") {
+    fail(
+      ValueError,
+      "crossEntropy",
+      `reduction must be "mean", "sum" or "none", not ${JSON.stringify(reduction)}.`,
+    );
+  }
+  const ignoreIndex = options.ignoreIndex ?? -100;
+  const ids = uploaded(targets, "i32", logits.gpu);
+  const weight = options.weight === undefined
+    ? undefined
+    : uploaded(options.weight, "f32", logits.gpu);
   try {
-    const losses = crossEntropyPerRow(logits, ids, options.labelSmoothing ?? 0);
-    return reduce(losses, options.reduction ?? "mean");
+    const { losses, targetWeights } = crossEntropyPerRow(logits, ids, {
+      weight,
+      ignoreIndex,
+      smoothing: options.labelSmoothing ?? 0,
+    });
+    if (reduction === "mean" && (weight || mayIgnore(ids, ignoreIndex))) {
+      const out = weightedMean(losses, targetWeights);
+      losses.dispose();
+      targetWeights.dispose();
+      return out;
+    }
+    targetWeights.dispose();
+    return reduce(losses, reduction);
   } finally {
     if (ids !== targets) ids.dispose();
+    if (weight !== options.weight) weight?.dispose();
   }
 }
 

@@ -46,6 +46,7 @@ export abstract class Module {
   training = true;
   #parameters = new Map<string, Tensor>();
   #buffers = new Map<string, Tensor>();
+  #optionalOnLoad = new Set<string>();
   #children = new Map<string, Module>();
 
   /** Computes the module's output. */
@@ -59,10 +60,19 @@ export abstract class Module {
     return tensor;
   }
 
-  /** Registers non-trained state (running statistics) under `name`. Returns it. */
-  protected registerBuffer(name: string, tensor: Tensor): Tensor {
+  /**
+   * Registers non-trained state (running statistics) under `name`. Returns it.
+   * With `optionalOnLoad`, a state dict that lacks it still loads (the buffer
+   * keeps its value), as PyTorch does for buffers added in a later version.
+   */
+  protected registerBuffer(
+    name: string,
+    tensor: Tensor,
+    options: { optionalOnLoad?: boolean } = {},
+  ): Tensor {
     this.#checkName(name);
     this.#buffers.set(name, tensor);
+    if (options.optionalOnLoad) this.#optionalOnLoad.add(name);
     return tensor;
   }
 
@@ -122,11 +132,29 @@ export abstract class Module {
   ): void {
     const own = this.stateDict();
     const problems: string[] = [];
-    for (const name of own.keys()) if (!state.has(name)) problems.push(`missing ${name}`);
+    const optional = new Set(
+      this.#collect((m) => {
+        const picked = new Map<string, Tensor>();
+        for (const name of m.#optionalOnLoad) picked.set(name, m.#buffers.get(name)!);
+        return picked;
+      }).map(([name]) => name),
+    );
+    for (const name of own.keys()) {
+      if (!state.has(name) && !optional.has(name)) problems.push(`missing ${name}`);
+    }
     for (const name of state.keys()) if (!own.has(name)) problems.push(`unexpected ${name}`);
+    const converted = new Map<string, StateValue>();
     for (const [name, target] of own) {
-      const value = state.get(name);
+      let value = state.get(name);
       if (!value) continue;
+      // Host floats of another width (an f16 or bf16 file into fp32 parameters) are
+      // converted, as PyTorch's load_state_dict copies with a cast.
+      if (
+        isHost(value) && value.dtype !== target.dtype && isFloat(value) && target.dtype !== "i32"
+      ) {
+        value = convertFloats(value, target.dtype);
+      }
+      converted.set(name, value);
       if (value.dtype !== target.dtype || !sameShape(value.shape, target.shape)) {
         problems.push(
           `${name}: expected ${target.describe()}, got ${value.dtype} ${shapeString(value.shape)}`,
@@ -152,7 +180,8 @@ export abstract class Module {
       );
     }
     for (const [name, target] of own) {
-      const value = state.get(name)!;
+      const value = converted.get(name);
+      if (!value) continue; // an optional buffer the state does not hold
       if (isHost(value)) target.writeBytes(value.data);
       else target.copyFrom(value);
     }
@@ -188,6 +217,20 @@ export abstract class Module {
       );
     }
   }
+}
+
+function isFloat(t: HostTensor): boolean {
+  return t.dtype === "f32" || t.dtype === "f16";
+}
+
+/** Host float data as `dtype` (f32 ↔ f16, rounding to nearest when narrowing). */
+function convertFloats(t: HostTensor, dtype: DType): HostTensor {
+  const bytes = t.data.slice(); // aligned copy
+  const source = t.dtype === "f32"
+    ? new Float32Array(bytes.buffer)
+    : new Float16Array(bytes.buffer);
+  const out = dtype === "f32" ? Float32Array.from(source) : Float16Array.from(source);
+  return { dtype, shape: t.shape, data: new Uint8Array(out.buffer) };
 }
 
 function isHost(value: StateValue): value is HostTensor {

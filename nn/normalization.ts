@@ -59,8 +59,12 @@ export class LayerNorm extends Module {
 
 /** Options of {@link BatchNorm}. */
 export interface BatchNormLayerOptions extends LayerNormLayerOptions {
-  /** Weight of each new batch statistic in the running average (default 0.1). */
-  momentum?: number;
+  /**
+   * Weight of each new batch statistic in the running average (default 0.1);
+   * `null` for the cumulative average over every batch seen (PyTorch's
+   * `momentum=None`).
+   */
+  momentum?: number | null;
 }
 
 /**
@@ -68,7 +72,11 @@ export interface BatchNormLayerOptions extends LayerNormLayerOptions {
  * kept in fp32 always: weight, bias, running mean and running variance are
  * f32, and so is the arithmetic when the input is f16. Training mode uses
  * batch statistics and updates the running ones (PyTorch's rule: momentum
- * 0.1, unbiased variance); eval mode uses the running statistics.
+ * 0.1, unbiased variance; `momentum: null` for the cumulative average);
+ * eval mode uses the running statistics. Its state dict is PyTorch's:
+ * `weight`, `bias`, `running_mean`, `running_var` and `num_batches_tracked`
+ * (the training batches seen, counted on the GPU; a state dict without it,
+ * as halfstep 0.1 wrote, loads and keeps the current count).
  *
  * @example
  * ```ts
@@ -91,8 +99,10 @@ export class BatchNorm extends Module {
   readonly runningMean: Tensor;
   /** Running unbiased variance [C] (a buffer). */
   readonly runningVar: Tensor;
-  /** Weight of each new batch statistic. */
-  momentum: number;
+  /** Training batches seen, i32 [] (a buffer; PyTorch's `num_batches_tracked`). */
+  readonly numBatchesTracked: Tensor;
+  /** Weight of each new batch statistic, or null for the cumulative average. */
+  momentum: number | null;
   /** Added to the variance. */
   readonly eps: number;
   /**
@@ -111,7 +121,12 @@ export class BatchNorm extends Module {
     this.bias = affine ? this.registerParameter("bias", Tensor.zeros([channels], { gpu })) : null;
     this.runningMean = this.registerBuffer("running_mean", Tensor.zeros([channels], { gpu }));
     this.runningVar = this.registerBuffer("running_var", Tensor.full([channels], 1, { gpu }));
-    this.momentum = options.momentum ?? 0.1;
+    this.numBatchesTracked = this.registerBuffer(
+      "num_batches_tracked",
+      Tensor.zeros([], { dtype: "i32", gpu }),
+      { optionalOnLoad: true },
+    );
+    this.momentum = options.momentum === undefined ? 0.1 : options.momentum;
     this.eps = options.eps ?? 1e-5;
   }
 
@@ -122,6 +137,7 @@ export class BatchNorm extends Module {
       bias: this.bias,
       runningMean: this.runningMean,
       runningVar: this.runningVar,
+      numBatchesTracked: this.numBatchesTracked,
       training: this.training,
       momentum: this.momentum,
       eps: this.eps,

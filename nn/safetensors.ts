@@ -51,9 +51,43 @@ export class SafetensorsError extends HalfstepError {
 const MAX_HEADER_BYTES = 100_000_000;
 const METADATA_KEY = "__metadata__";
 const FILE_DTYPE: Record<DType, string> = { f32: "F32", f16: "F16", i32: "I32" };
-const OUR_DTYPE: Record<string, DType> = { F32: "f32", F16: "f16", I32: "i32" };
+/**
+ * Dtypes halfstep reads, as what it holds them in: its own, plus what PyTorch
+ * writes into state dicts: BF16 (widened to f32, exactly) and I64 (narrowed
+ * to i32 when every value fits: `num_batches_tracked`).
+ */
+const READ_AS: Record<string, { ours: DType; bytes: number }> = {
+  F32: { ours: "f32", bytes: 4 },
+  F16: { ours: "f16", bytes: 2 },
+  I32: { ours: "i32", bytes: 4 },
+  BF16: { ours: "f32", bytes: 2 },
+  I64: { ours: "i32", bytes: 8 },
+};
 /** Dtypes of the format that halfstep cannot hold (so the error can say "not supported"). */
-const OTHER_DTYPES = new Set("BOOL U8 I8 F8_E5M2 F8_E4M3 I16 U16 BF16 U32 F64 I64 U64".split(" "));
+const OTHER_DTYPES = new Set("BOOL U8 I8 F8_E5M2 F8_E4M3 I16 U16 U32 F64 U64".split(" "));
+
+/** `data` in the file's dtype as bytes of the dtype halfstep holds it in. */
+function widen(where: string, fileDtype: string, data: Uint8Array): Uint8Array {
+  const view = new DataView(data.buffer, data.byteOffset, data.byteLength);
+  if (fileDtype === "BF16") {
+    // bfloat16 is the top half of an f32: shifting the bits up is exact.
+    const out = new Uint32Array(data.byteLength / 2);
+    for (let i = 0; i < out.length; i++) out[i] = view.getUint16(2 * i, true) << 16;
+    return new Uint8Array(out.buffer);
+  }
+  if (fileDtype === "I64") {
+    const out = new Int32Array(data.byteLength / 8);
+    for (let i = 0; i < out.length; i++) {
+      const v = view.getBigInt64(8 * i, true);
+      if (v < -(2n ** 31n) || v >= 2n ** 31n) {
+        throw new SafetensorsError(`${where}: I64 value ${v} does not fit the i32 it loads into.`);
+      }
+      out[i] = Number(v);
+    }
+    return new Uint8Array(out.buffer);
+  }
+  return data;
+}
 /**
  * Data order: descending alignment, then name. NOTE: this is the reference
  * implementation's order (`Reverse(dtype)`, then name), not plain name order:
@@ -65,7 +99,7 @@ const OTHER_DTYPES = new Set("BOOL U8 I8 F8_E5M2 F8_E4M3 I16 U16 BF16 U32 F64 I6
 const ORDER: Record<DType, number> = { f32: 0, i32: 1, f16: 2 };
 
 /** Throws unless `shape` is an array of non-negative safe integers with a safe byte size. */
-function checkShape(where: string, shape: unknown, dtype: DType): number {
+function checkShape(where: string, shape: unknown, dtype: DType, elementBytes?: number): number {
   if (
     !Array.isArray(shape) || !shape.every((d) => Number.isSafeInteger(d) && (d as number) >= 0)
   ) {
@@ -73,7 +107,7 @@ function checkShape(where: string, shape: unknown, dtype: DType): number {
       `${where}: shape ${JSON.stringify(shape)} must be an array of non-negative integers.`,
     );
   }
-  const bytes = sizeOf(shape as number[]) * bytesPerElement(dtype);
+  const bytes = sizeOf(shape as number[]) * (elementBytes ?? bytesPerElement(dtype));
   if (!Number.isSafeInteger(bytes)) {
     throw new SafetensorsError(`${where}: shape ${shapeString(shape)} is too large.`);
   }
@@ -189,7 +223,9 @@ function isObject(v: unknown): v is Record<string, unknown> {
 /**
  * Parses and validates safetensors bytes: header length, UTF-8, JSON, every
  * dtype, shape and offset, and that the tensors tile the data buffer exactly.
- * The returned `data` arrays are views into `bytes` (no copy).
+ * The returned `data` arrays are views into `bytes` (no copy), except for two
+ * dtypes PyTorch writes: BF16 comes back widened to f32 (exactly) and I64
+ * narrowed to i32 (an error if a value does not fit), as new arrays.
  *
  * @param bytes The whole file.
  * @returns The tensors by name and the `__metadata__` map (`{}` when absent).
@@ -235,7 +271,14 @@ export function decodeSafetensors(
   }
   const data = bytes.subarray(headerEnd);
   let metadata: Record<string, string> = {};
-  const infos: { name: string; dtype: DType; shape: number[]; begin: number; end: number }[] = [];
+  const infos: {
+    name: string;
+    fileDtype: string;
+    dtype: DType;
+    shape: number[];
+    begin: number;
+    end: number;
+  }[] = [];
   for (const [name, info] of Object.entries(header)) {
     if (name === METADATA_KEY) {
       if (!isObject(info) || !Object.values(info).every((v) => typeof v === "string")) {
@@ -253,13 +296,15 @@ export function decodeSafetensors(
       throw new SafetensorsError(`${where}: dtype ${JSON.stringify(dtype)} is missing.`);
     }
     if (OTHER_DTYPES.has(dtype)) {
-      throw new SafetensorsError(`${where}: dtype ${dtype} is not supported (F32, F16, I32).`);
+      throw new SafetensorsError(
+        `${where}: dtype ${dtype} is not supported (F32, F16, I32; BF16 and I64 are converted).`,
+      );
     }
-    if (!Object.hasOwn(OUR_DTYPE, dtype)) {
+    if (!Object.hasOwn(READ_AS, dtype)) {
       throw new SafetensorsError(`${where}: unknown dtype ${JSON.stringify(dtype)}.`);
     }
-    const ours = OUR_DTYPE[dtype];
-    const size = checkShape(where, shape, ours);
+    const ours = READ_AS[dtype].ours;
+    const size = checkShape(where, shape, ours, READ_AS[dtype].bytes);
     if (
       !Array.isArray(offsets) || offsets.length !== 2 ||
       !offsets.every((o) => Number.isSafeInteger(o) && (o as number) >= 0)
@@ -275,7 +320,7 @@ export function decodeSafetensors(
           `tensor ${shapeString(shape as number[])} needs ${size}.`,
       );
     }
-    infos.push({ name, dtype: ours, shape: shape as number[], begin, end });
+    infos.push({ name, fileDtype: dtype, dtype: ours, shape: shape as number[], begin, end });
   }
   infos.sort((a, b) => a.begin - b.begin || a.end - b.end);
   let cursor = 0, previous = "the start of the data buffer";
@@ -302,8 +347,9 @@ export function decodeSafetensors(
     );
   }
   const entries = new Map<string, SafetensorsEntry>();
-  for (const { name, dtype, shape, begin, end } of infos) {
-    entries.set(name, { dtype, shape, data: data.subarray(begin, end) });
+  for (const { name, fileDtype, dtype, shape, begin, end } of infos) {
+    const bytes = widen(`Tensor "${name}"`, fileDtype, data.subarray(begin, end));
+    entries.set(name, { dtype, shape, data: bytes });
   }
   return { entries, metadata };
 }

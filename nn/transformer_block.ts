@@ -12,6 +12,11 @@ import { LayerNorm } from "./normalization.ts";
 export interface TransformerBlockOptions extends ParameterOptions {
   /** Hidden size of the MLP as a multiple of the model size (default 4). */
   mlpRatio?: number;
+  /**
+   * GELU form of the MLP (default `"tanh"`, GPT-2's "gelu_new"; `"none"` is
+   * the exact erf form, PyTorch's default).
+   */
+  gelu?: "none" | "tanh";
 }
 
 /**
@@ -47,6 +52,8 @@ export class TransformerBlock extends Module {
   readonly fc1: Linear;
   /** MLP projection back, ratio·C → C. */
   readonly fc2: Linear;
+  /** GELU form of the MLP. */
+  readonly geluApproximate: "none" | "tanh";
 
   /** A block over `dim` features with `heads` attention heads. */
   constructor(dim: number, heads: number, options: TransformerBlockOptions = {}) {
@@ -54,6 +61,12 @@ export class TransformerBlock extends Module {
     const hidden = Math.round((options.mlpRatio ?? 4) * dim);
     if (!(hidden > 0)) {
       throw new ValueError(`TransformerBlock: mlpRatio must be positive, got ${options.mlpRatio}.`);
+    }
+    this.geluApproximate = options.gelu ?? "tanh";
+    if (this.geluApproximate !== "none" && this.geluApproximate !== "tanh") {
+      throw new ValueError(
+        `TransformerBlock: gelu must be "none" or "tanh", not ${JSON.stringify(options.gelu)}.`,
+      );
     }
     const init = { ...options, seed: generatorOf(options.seed) };
     this.norm1 = this.registerModule("norm1", new LayerNorm(dim, { gpu: options.gpu }));
@@ -73,7 +86,7 @@ export class TransformerBlock extends Module {
     const n2 = this.norm2.forward(x1);
     const h = this.fc1.forward(n2);
     n2.dispose();
-    const act = gelu(h);
+    const act = gelu(h, { approximate: this.geluApproximate });
     h.dispose();
     const m = this.fc2.forward(act);
     act.dispose();

@@ -60,6 +60,37 @@ export function matmul64(
   return c;
 }
 
+/**
+ * erf in f64: the Maclaurin series below |x| = 2.5 (terms fall below 1e-17
+ * before 60), the continued fraction for erfc beyond (converges fast there).
+ */
+export function erf64(x: number): number {
+  const a = Math.abs(x);
+  if (a < 2.5) {
+    let term = a;
+    let sum = a;
+    for (let n = 1; n < 80; n++) {
+      term *= -a * a / n;
+      sum += term / (2 * n + 1);
+    }
+    return Math.sign(x) * (2 / Math.sqrt(Math.PI)) * sum;
+  }
+  // erfc(a) = exp(-a²)/√π · 1/(a + (1/2)/(a + 1/(a + (3/2)/(a + 2/(a + …))))).
+  let f = a;
+  for (let k = 60; k >= 1; k--) f = a + (k / 2) / f;
+  const erfc = Math.exp(-a * a) / Math.sqrt(Math.PI) / f;
+  return Math.sign(x) * (1 - erfc);
+}
+
+/** Exact GELU, 0.5·x·(1 + erf(x/√2)), and its derivative Φ(x) + x·φ(x). */
+export function geluExact64(x: number): number {
+  return 0.5 * x * (1 + erf64(x / Math.SQRT2));
+}
+export function geluExactGrad64(x: number): number {
+  const cdf = 0.5 * (1 + erf64(x / Math.SQRT2));
+  return cdf + x * Math.exp(-0.5 * x * x) / Math.sqrt(2 * Math.PI);
+}
+
 /** GELU, tanh approximation, and its derivative. */
 export function gelu64(x: number): number {
   return 0.5 * x * (1 + Math.tanh(Math.sqrt(2 / Math.PI) * (x + 0.044715 * x ** 3)));
@@ -126,4 +157,54 @@ export function dot(a: ArrayLike<number>, b: ArrayLike<number>): number {
   let s = 0;
   for (let i = 0; i < a.length; i++) s += a[i] * b[i];
   return s;
+}
+
+/** Options of {@link crossEntropy64}, PyTorch's meaning. */
+export interface CrossEntropy64Options {
+  smoothing: number;
+  weight: ArrayLike<number> | null;
+  reduction: "mean" | "sum" | "none";
+  ignoreIndex?: number;
+}
+
+/**
+ * torch.nn.functional.cross_entropy in f64, from its definition: row r with
+ * target t loses −(1 − ε)·w_t·log p_t − (ε/C)·Σ_c w_c·log p_c (0 when t is
+ * the ignore index); "mean" divides by the kept rows' Σ w_t. `grad` is the
+ * gradient of the sum of the returned loss values.
+ */
+export function crossEntropy64(
+  x: ArrayLike<number>,
+  targets: number[],
+  classes: number,
+  o: CrossEntropy64Options,
+): { loss: number[]; grad: Float64Array } {
+  const logp = softmax64(x, classes, true);
+  const w = (c: number) => (o.weight ? o.weight[c] : 1);
+  const ignore = o.ignoreIndex ?? -100;
+  const losses: number[] = [];
+  const grad = new Float64Array(x.length);
+  let divisor = 0;
+  targets.forEach((t, r) => {
+    if (t === ignore) return void losses.push(0);
+    divisor += w(t);
+    let loss = -(1 - o.smoothing) * w(t) * logp[r * classes + t];
+    for (let c = 0; c < classes; c++) {
+      loss -= (o.smoothing / classes) * w(c) * logp[r * classes + c];
+    }
+    losses.push(loss);
+    for (let j = 0; j < classes; j++) {
+      // d/dx_j of −log p_c is p_j − [j = c].
+      const pj = Math.exp(logp[r * classes + j]);
+      let g = (1 - o.smoothing) * w(t) * (pj - (j === t ? 1 : 0));
+      for (let c = 0; c < classes; c++) {
+        g += (o.smoothing / classes) * w(c) * (pj - (j === c ? 1 : 0));
+      }
+      grad[r * classes + j] = g;
+    }
+  });
+  if (o.reduction === "none") return { loss: losses, grad };
+  const total = losses.reduce((a, b) => a + b, 0);
+  const scale = o.reduction === "mean" ? 1 / divisor : 1;
+  return { loss: [total * scale], grad: grad.map((g) => g * scale) };
 }

@@ -7,7 +7,9 @@ import assert from "node:assert/strict";
 import {
   AdamW,
   AmpTrainer,
+  type AmpTrainerOptions,
   crossEntropy,
+  initGpu,
   Linear,
   RandomGenerator,
   ReLU,
@@ -106,6 +108,54 @@ Deno.test({
     assert.deepEqual(await raw(model.parameters()), before);
     trainer.dispose();
     optimizer.dispose();
+  },
+});
+
+Deno.test({
+  name:
+    "AMP without shader-f16: f32 training with loss scaling off, said once; scaler.enabled opts in",
+  ...GPU_TEST,
+  async fn() {
+    const plain = await initGpu({ f16: "off", matmulTiling: "default", setDefault: false });
+    const warnings: string[] = [];
+    const warn = console.warn;
+    console.warn = (...args: unknown[]) => warnings.push(args.join(" "));
+    try {
+      const run = async (options: AmpTrainerOptions) => {
+        const rng = new RandomGenerator(4);
+        const model = new Sequential(
+          new Linear(FEATURES, 16, { seed: rng, gpu: plain }),
+          new ReLU(),
+          new Linear(16, CLASSES, { seed: rng, gpu: plain }),
+        );
+        const optimizer = new SGD(model.parameters(), { lr: 0.1 });
+        const trainer = new AmpTrainer(model, optimizer, options);
+        for (let i = 0; i < 3; i++) {
+          const b = batch(i, 16);
+          const x = Tensor.from(b.x, [16, FEATURES], { gpu: plain });
+          trainer.step(() => crossEntropy(model.forward(x), b.labels)).dispose();
+          x.dispose();
+        }
+        const state = { scaler: trainer.scaler, params: await raw(model.parameters()) };
+        const scale = await trainer.scaler.getScale();
+        trainer.dispose();
+        optimizer.dispose();
+        return { ...state, scale };
+      };
+      const amp = await run({});
+      assert.equal(amp.scaler.enabled, false);
+      assert.equal(amp.scale, 1);
+      await run({}); // a second trainer does not repeat the warning
+      const f32 = await run({ enabled: false });
+      assert.deepEqual(amp.params, f32.params, "AMP without f16 is exactly f32 training");
+      const forced = await run({ scaler: { enabled: true } });
+      assert.equal(forced.scaler.enabled, true);
+      assert.equal(forced.scale, 2 ** 16);
+    } finally {
+      console.warn = warn;
+      plain.destroy();
+    }
+    assert.equal(warnings.filter((w) => w.includes("loss scaling off")).length, 1, warnings.join());
   },
 });
 

@@ -10,6 +10,8 @@ import { assertClose, TOL, type Tolerance } from "./_assert.ts";
 interface Running64 {
   mean: Float64Array;
   var: Float64Array;
+  /** Training batches seen (PyTorch's num_batches_tracked). */
+  batches?: number;
 }
 
 /**
@@ -23,12 +25,15 @@ function batchNorm64(
   w: Float64Array,
   b: Float64Array,
   run: Running64,
-  o: { training: boolean; momentum: number; eps: number },
+  o: { training: boolean; momentum: number | null; eps: number },
 ) {
   const y = new Float64Array(x.length), dx = new Float64Array(x.length);
   const dw = new Float64Array(c), db = new Float64Array(c);
   const idx = (i: number, ch: number) => (Math.floor(i / s) * c + ch) * s + (i % s);
   const count = n * s;
+  if (o.training) run.batches = (run.batches ?? 0) + 1;
+  // momentum null: the cumulative average, factor 1 / batches seen (this one included).
+  const m = o.momentum ?? 1 / run.batches!;
   for (let ch = 0; ch < c; ch++) {
     const xs = Array.from({ length: count }, (_, i) => x[idx(i, ch)]);
     const gs = Array.from({ length: count }, (_, i) => g[idx(i, ch)]);
@@ -36,7 +41,6 @@ function batchNorm64(
     if (o.training) {
       mu = xs.reduce((a, v) => a + v, 0) / count;
       variance = xs.reduce((a, v) => a + (v - mu) ** 2, 0) / count;
-      const m = o.momentum;
       run.mean[ch] = (1 - m) * run.mean[ch] + m * mu;
       run.var[ch] = (1 - m) * run.var[ch] + m * variance * count / (count - 1);
     }
@@ -74,13 +78,14 @@ Deno.test({
   async fn() {
     for (const shape of SHAPES) {
       for (const dtype of ["f32", "f16"] as const) {
-        for (const momentum of dtype === "f32" ? [0.1, 0.35] : [0.1]) {
+        for (const momentum of dtype === "f32" ? [0.1, 0.35, null] : [0.1]) {
           const [n, c, s] = view(shape), size = n * c * s;
           const label = `${dtype} [${shape}] momentum ${momentum}`;
           const w = quantize(uniform(c, 1, 0.5, 1.5), "f32");
           const b = quantize(uniform(c, 2), "f32");
           const run: Running64 = { mean: uniform(c, 3, -0.2, 0.2), var: uniform(c, 4, 0.5, 2) };
           const rm = Tensor.from(run.mean, [c]), rv = Tensor.from(run.var, [c]);
+          const counter = Tensor.from([0], [], { dtype: "i32" });
           const tw = Tensor.from(w, [c], { requiresGrad: true });
           const tb = Tensor.from(b, [c], { requiresGrad: true });
           // Three training steps on different batches (shifted so the means differ), then eval.
@@ -96,6 +101,7 @@ Deno.test({
               runningVar: rv,
               training,
               momentum,
+              numBatchesTracked: counter,
             });
             const ref = batchNorm64(x, g, [n, c, s], w, b, run, { training, momentum, eps: 1e-5 });
             const what = `${label} step ${step} (${training ? "training" : "eval"})`;
@@ -112,6 +118,7 @@ Deno.test({
             for (const t of [tw, tb, tw.grad!, tb.grad!, rm, rv]) assert.equal(t.dtype, "f32");
             assertClose(await rm.read(), run.mean, STAT_TOL, `runningMean ${what}`);
             assertClose(await rv.read(), run.var, STAT_TOL, `runningVar ${what}`);
+            assert.equal((await counter.read())[0], run.batches, `numBatchesTracked ${what}`);
             for (const t of [tw, tb, tx]) {
               t.grad!.dispose();
               t.grad = null;
@@ -119,7 +126,7 @@ Deno.test({
             tx.dispose();
             y.dispose();
           }
-          for (const t of [tw, tb, rm, rv]) t.dispose();
+          for (const t of [tw, tb, rm, rv, counter]) t.dispose();
         }
       }
     }
@@ -248,6 +255,14 @@ Deno.test({
       assert.throws(
         () => batchNorm(x, { runningMean: v, runningVar: v, training: true, momentum: 2 }),
         /batchNorm: momentum must be in \[0, 1\]/,
+      );
+      assert.throws(
+        () => batchNorm(x, { runningMean: v, runningVar: v, training: true, momentum: null }),
+        /batchNorm: momentum null \(the cumulative average\) counts batches: give numBatchesTracked/,
+      );
+      assert.throws(
+        () => batchNorm(x, { runningMean: v, runningVar: v, ...run, numBatchesTracked: v }),
+        /batchNorm: numBatchesTracked must be an i32 tensor of one element, got f32 \[3\]/,
       );
       const needsGrad = Tensor.zeros([3], { requiresGrad: true });
       assert.throws(

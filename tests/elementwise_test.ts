@@ -20,7 +20,14 @@ import {
 } from "../gpu/mod.ts";
 import { GPU_TEST } from "./_gpu.ts";
 import { gradcheck } from "./_gradcheck.ts";
-import { gelu64, geluGrad64, quantize, uniform } from "./_reference.ts";
+import {
+  gelu64,
+  geluExact64,
+  geluExactGrad64,
+  geluGrad64,
+  quantize,
+  uniform,
+} from "./_reference.ts";
 import { assertClose, TOL } from "./_assert.ts";
 
 /** Each unary op with its f64 value and derivative, and the input range it is defined on. */
@@ -54,7 +61,15 @@ const UNARY = [
     lo: -2,
     hi: 2,
   },
-  { name: "gelu", op: gelu, f: gelu64, df: geluGrad64, lo: -5, hi: 5 },
+  { name: "gelu", op: gelu, f: geluExact64, df: geluExactGrad64, lo: -6, hi: 6 },
+  {
+    name: "gelu tanh",
+    op: (t: Tensor) => gelu(t, { approximate: "tanh" }),
+    f: gelu64,
+    df: geluGrad64,
+    lo: -5,
+    hi: 5,
+  },
 ];
 
 // 1, a size that is no multiple of the 1024-element workgroup span, and a large one.

@@ -127,6 +127,32 @@ Deno.test({
   },
 });
 
+Deno.test({
+  name: "layerNorm over one feature: y is the bias and dx exactly 0, bit for bit, f32 and f16",
+  ...GPU_TEST,
+  async fn() {
+    // The row mean must equal its one element exactly, or x − mean is a rounding
+    // residue that 1/sqrt(eps) magnifies (an NVIDIA GPU gave dx = −1.7e-5).
+    const rows = 129;
+    for (const dtype of ["f32", "f16"] as const) {
+      const x = quantize(uniform(rows, 5, -300, 300), dtype);
+      const tx = Tensor.from(x, [rows, 1], { dtype, requiresGrad: true });
+      const w = Tensor.from([1.5], [1], { requiresGrad: true });
+      const b = Tensor.from([0.25], [1], { requiresGrad: true });
+      const y = layerNorm(tx, { weight: w, bias: b });
+      assert.deepEqual(Array.from(await y.read()), new Array(rows).fill(0.25), `${dtype} y`);
+      y.backward({ gradient: Tensor.from(uniform(rows, 6), [rows, 1], { dtype }) });
+      const dx = await tx.grad!.read();
+      assert.ok(dx.every((v) => v === 0), `${dtype} dx has ${dx.find((v) => v !== 0)}`);
+      assert.equal((await w.grad!.read())[0], 0, "x̂ is 0, so dweight is 0");
+      for (const t of [tx, w, b]) {
+        t.grad?.dispose();
+        t.dispose();
+      }
+    }
+  },
+});
+
 /** LayerNorm composed from primitive ops (each with its own gradient rule). */
 function composedLayerNorm(x: Tensor, w: Tensor, b: Tensor, eps: number): Tensor {
   const centred = sub(x, mean(x, { axis: -1, keepDims: true }));

@@ -1,7 +1,7 @@
 import assert from "node:assert/strict";
 import { Tensor } from "../gpu/mod.ts";
 import { BatchNorm, LayerNorm, Linear, ReLU, Sequential } from "../nn/mod.ts";
-import { loadModule, saveModule } from "../nn/safetensors_file.ts";
+import { loadModule, saveModule, saveSafetensors } from "../nn/safetensors_file.ts";
 import { GPU_TEST } from "./_gpu.ts";
 
 function model(seed: number) {
@@ -31,6 +31,7 @@ Deno.test({
     const x = Tensor.from(Float32Array.from({ length: 24 }, (_, i) => Math.sin(i)), [4, 6]);
     a.layers[1].forward(a.layers[0].forward(x)).dispose();
     await saveModule(`${dir}/m.safetensors`, a, { note: "test" });
+    assert.equal((await a.layers[1].stateDict().get("num_batches_tracked")!.read())[0], 1);
     const b = model(7);
     assert.deepEqual(await loadModule(`${dir}/m.safetensors`, b), { note: "test" });
     assert.deepEqual(await snapshot(b), await snapshot(a));
@@ -40,6 +41,7 @@ Deno.test({
         "0.bias",
         "0.weight",
         "1.bias",
+        "1.num_batches_tracked",
         "1.running_mean",
         "1.running_var",
         "1.weight",
@@ -50,6 +52,50 @@ Deno.test({
       ],
     );
     await Deno.remove(dir, { recursive: true });
+  },
+});
+
+Deno.test({
+  name: "loadModule: a state dict without num_batches_tracked (halfstep 0.1) loads; floats of " +
+    "another width are converted as PyTorch's load_state_dict casts",
+  ...GPU_TEST,
+  async fn() {
+    const dir = await Deno.makeTempDir();
+    try {
+      const a = model(1);
+      const state = new Map(a.stateDict());
+      state.delete("1.num_batches_tracked");
+      await saveSafetensors(`${dir}/old.safetensors`, state);
+      const b = model(2);
+      const counter = b.stateDict().get("1.num_batches_tracked")!;
+      counter.writeBytes(new Uint8Array(new Int32Array([5]).buffer));
+      await loadModule(`${dir}/old.safetensors`, b);
+      assert.equal((await counter.read())[0], 5, "a missing counter keeps its value");
+      assert.deepEqual(
+        await b.stateDict().get("1.running_var")!.read(),
+        await a.stateDict().get("1.running_var")!.read(),
+      );
+      // The f16 layer 4 saved, then loaded into an f32 twin: widened exactly; back: rounded.
+      const wide = new Sequential(
+        new Linear(6, 5, { seed: 3 }),
+        new BatchNorm(5),
+        new ReLU(),
+        new LayerNorm(5),
+        new Linear(5, 3, { seed: 4 }),
+      );
+      await loadModule(`${dir}/old.safetensors`, wide);
+      const f16Weight = await a.stateDict().get("4.weight")!.read();
+      assert.equal(wide.stateDict().get("4.weight")!.dtype, "f32");
+      assert.deepEqual(await wide.stateDict().get("4.weight")!.read(), f16Weight);
+      await saveModule(`${dir}/wide.safetensors`, wide);
+      const narrow = model(5);
+      await loadModule(`${dir}/wide.safetensors`, narrow);
+      const w0 = await wide.stateDict().get("0.weight")!.read();
+      assert.deepEqual(await narrow.stateDict().get("0.weight")!.read(), w0);
+      for (const m of [a, b, wide, narrow]) m.dispose();
+    } finally {
+      await Deno.remove(dir, { recursive: true });
+    }
   },
 });
 

@@ -6,7 +6,7 @@ import { crossEntropy, Dropout, Embedding, Linear, mseLoss, ReLU, Sequential } f
 import { SGD } from "../optim/mod.ts";
 import { GPU_TEST } from "./_gpu.ts";
 import { gradcheck } from "./_gradcheck.ts";
-import { matmul64, quantize, softmax64, uniform } from "./_reference.ts";
+import { crossEntropy64, matmul64, quantize, uniform } from "./_reference.ts";
 import { assertClose, TOL } from "./_assert.ts";
 
 Deno.test("random: a generator is reproducible, never straddles keys, and saves its state", () => {
@@ -170,55 +170,59 @@ Deno.test({
   },
 });
 
-function crossEntropy64(x: Float64Array, t: number[], classes: number, eps: number) {
-  const logp = softmax64(x, classes, true);
-  const losses = t.map((target, r) => {
-    let meanLogp = 0;
-    for (let j = 0; j < classes; j++) meanLogp += logp[r * classes + j] / classes;
-    return -(1 - eps) * logp[r * classes + target] - eps * meanLogp;
-  });
-  const grad = new Float64Array(x.length);
-  t.forEach((target, r) => {
-    for (let j = 0; j < classes; j++) {
-      const q = (j === target ? 1 - eps : 0) + eps / classes;
-      grad[r * classes + j] = Math.exp(logp[r * classes + j]) - q;
-    }
-  });
-  return { losses, grad };
-}
-
 Deno.test({
-  name:
-    "crossEntropy: losses and gradients match f64 for mean/sum/none, smoothing, f32 and f16 logits",
+  name: "crossEntropy: losses and gradients match f64 with smoothing, class weights and " +
+    "ignored rows, for every reduction, f32 and f16 logits, odd shapes",
   ...GPU_TEST,
   async fn() {
-    const rows = 9, classes = 13;
-    const targets = Array.from({ length: rows }, (_, i) => (i * 5) % classes);
-    for (const dtype of ["f32", "f16"] as const) {
-      for (const eps of [0, 0.1]) {
-        for (const reduction of ["mean", "sum", "none"] as const) {
-          const x = quantize(uniform(rows * classes, 3, -8, 8), dtype);
-          const ref = crossEntropy64(x, targets, classes, eps);
-          const tx = Tensor.from(x, [rows, classes], { dtype, requiresGrad: true });
-          const loss = crossEntropy(tx, targets, { reduction, labelSmoothing: eps });
-          assert.equal(loss.dtype, "f32", "losses are f32");
-          const total = ref.losses.reduce((a, b) => a + b, 0);
-          const expected = reduction === "none"
-            ? ref.losses
-            : [reduction === "mean" ? total / rows : total];
-          const label = `${dtype} ε=${eps} ${reduction}`;
-          assertClose(await loss.read(), expected, TOL.f32, label);
-          backward(loss, reduction === "none" ? { gradient: Tensor.full([rows], 1) } : {});
-          const scale = reduction === "mean" ? 1 / rows : 1;
-          assertClose(
-            await tx.grad!.read(),
-            ref.grad.map((v) => v * scale),
-            TOL[dtype],
-            `${label} grad`,
-          );
+    // 300 classes: more than one pass of the 256-thread row reduction.
+    for (const [rows, classes] of [[9, 13], [5, 300], [1, 1]]) {
+      const targets = Array.from({ length: rows }, (_, i) => (i * 5) % classes);
+      if (rows > 2) targets[2] = -100; // ignored
+      const weight = Array.from(uniform(classes, 7, 0.2, 3));
+      for (const dtype of ["f32", "f16"] as const) {
+        for (const eps of [0, 0.1]) {
+          for (const weighted of [false, true]) {
+            for (const reduction of ["mean", "sum", "none"] as const) {
+              const x = quantize(uniform(rows * classes, 3, -8, 8), dtype);
+              const options = { smoothing: eps, weight: weighted ? weight : null, reduction };
+              const ref = crossEntropy64(x, targets, classes, options);
+              const tx = Tensor.from(x, [rows, classes], { dtype, requiresGrad: true });
+              const loss = crossEntropy(tx, targets, {
+                reduction,
+                labelSmoothing: eps,
+                ...(weighted && { weight }),
+              });
+              assert.equal(loss.dtype, "f32", "losses are f32");
+              const label =
+                `${rows}×${classes} ${dtype} ε=${eps} weighted=${weighted} ${reduction}`;
+              assertClose(await loss.read(), ref.loss, TOL.f32, label);
+              backward(loss, reduction === "none" ? { gradient: Tensor.full([rows], 1) } : {});
+              assertClose(await tx.grad!.read(), ref.grad, TOL[dtype], `${label} grad`);
+            }
+          }
         }
       }
     }
+  },
+});
+
+Deno.test({
+  name: "crossEntropy: every row ignored gives a NaN mean, a zero sum and a zero gradient",
+  ...GPU_TEST,
+  async fn() {
+    const x = Tensor.from(uniform(8, 1), [2, 4], { requiresGrad: true });
+    const [mean] = await crossEntropy(x, [-100, -100]).read();
+    assert.ok(Number.isNaN(mean), "PyTorch's mean over no kept rows is NaN");
+    const total = crossEntropy(x, [-1, -1], { ignoreIndex: -1, reduction: "sum" });
+    assert.equal(await total.item(), 0);
+    backward(total);
+    assert.deepEqual(Array.from(await x.grad!.read()), new Array(8).fill(0));
+    // An ignore index inside [0, classes) ignores that class's rows only.
+    const some = crossEntropy(x, [3, 1], { ignoreIndex: 3, reduction: "none" });
+    const [first, second] = await some.read();
+    assert.equal(first, 0);
+    assert.ok(second > 0);
   },
 });
 
@@ -230,6 +234,12 @@ Deno.test({
       "crossEntropy",
       ([x]) => crossEntropy(x, [1, 0, 3], { labelSmoothing: 0.2 }),
       [uniform(12, 1, -2, 2)],
+      [[3, 4]],
+    );
+    await gradcheck(
+      "crossEntropy weighted, ignored row",
+      ([x]) => crossEntropy(x, [1, -100, 3], { labelSmoothing: 0.2, weight: [0.5, 2, 1, 3] }),
+      [uniform(12, 4, -2, 2)],
       [[3, 4]],
     );
     await gradcheck("mseLoss", ([a, b]) => mseLoss(a, b), [uniform(10, 2), uniform(10, 3)], [
@@ -247,6 +257,22 @@ Deno.test({
         /needs logits \[rows, classes\] and i32 targets \[rows\]/,
       );
       assert.throws(() => crossEntropy(x, [0, 1.5, 2]), /element 1 \(1\.5\) of an i32 tensor/);
+      assert.throws(
+        () => crossEntropy(x, [-100, -5, 1]),
+        /range over \[-5, 1\] but must lie in \[0, 3\] \(or be the ignore index -100\)/,
+      );
+      assert.throws(
+        () => crossEntropy(x, [0, 1, 2], { weight: [1, 2, 3] }),
+        /crossEntropy: class weights must be f32 \[4\]/,
+      );
+      assert.throws(
+        () => crossEntropy(x, [0, 1, 2], { labelSmoothing: 1.5 }),
+        /label smoothing must be in \[0, 1\], got 1\.5/,
+      );
+      assert.throws(
+        () => crossEntropy(x, [0, 1, 2], { reduction: "avg" as "mean" }),
+        /reduction must be "mean", "sum" or "none"/,
+      );
     });
   },
 });

@@ -16,7 +16,7 @@ assert.equal(new Uint8Array(new Uint16Array([1]).buffer)[0], 1, "these tests ass
 
 const bytesOf = (a: Float32Array | Float16Array | Int32Array): Uint8Array =>
   new Uint8Array(a.buffer.slice(a.byteOffset, a.byteOffset + a.byteLength));
-/** f16 bit patterns as little-endian bytes (NaN payloads that no number conversion keeps). */
+/** 16-bit patterns (f16, bf16) as little-endian bytes (NaN payloads that no number conversion keeps). */
 const f16Bits = (bits: number[]): Uint8Array => new Uint8Array(new Uint16Array(bits).buffer);
 
 interface Case {
@@ -252,11 +252,16 @@ Deno.test("safetensors: truncated and corrupt files are rejected with clear erro
   rejects(huge, /header length \d+ exceeds 100 MB/);
   rejects(fileByHand("[]", new Uint8Array()), /must be a JSON object/);
 
+  const i64 = (v: bigint[]) => new Uint8Array(new BigInt64Array(v).buffer);
   const one = (info: Record<string, unknown>, data = f32(3)) =>
     fileByHand({ t: { dtype: "F32", shape: [3], data_offsets: [0, 12], ...info } }, data);
   rejects(one({ dtype: "F99" }), /Tensor "t": unknown dtype "F99"/);
   rejects(one({ dtype: "toString" }), /Tensor "t": unknown dtype "toString"/);
-  rejects(one({ dtype: "BF16" }), /Tensor "t": dtype BF16 is not supported/);
+  rejects(one({ dtype: "F64" }), /Tensor "t": dtype F64 is not supported/);
+  rejects(
+    one({ dtype: "I64", shape: [1], data_offsets: [0, 8] }, i64([2n ** 31n])),
+    /Tensor "t": I64 value 2147483648 does not fit the i32 it loads into/,
+  );
   rejects(one({ dtype: undefined }), /Tensor "t": dtype .* is missing/);
   for (const shape of [[-1], [1.5], "3", [null]]) {
     rejects(one({ shape }), /Tensor "t": shape .* must be an array of non-negative integers/);
@@ -356,3 +361,22 @@ Deno.test(
     }
   },
 );
+
+Deno.test("decodeSafetensors: PyTorch's BF16 widens to f32 and I64 narrows to i32, exactly", () => {
+  // bf16 bit patterns: 1, −2, the largest finite, the smallest subnormal, −0, +Inf, a NaN.
+  const bf16 = [0x3f80, 0xc000, 0x7f7f, 0x0001, 0x8000, 0x7f80, 0x7fc1];
+  const ids = [0n, -1n, 3n, 2n ** 31n - 1n, -(2n ** 31n)];
+  const file = fileByHand({
+    b: { dtype: "BF16", shape: [7], data_offsets: [0, 14] },
+    n: { dtype: "I64", shape: [5], data_offsets: [16, 56] },
+    pad: { dtype: "F16", shape: [1], data_offsets: [14, 16] },
+  }, new Uint8Array([...f16Bits(bf16), 0, 0, ...new Uint8Array(new BigInt64Array(ids).buffer)]));
+  const { entries } = decodeSafetensors(file);
+  const b = entries.get("b")!;
+  assert.deepEqual([b.dtype, b.shape], ["f32", [7]]);
+  const widened = new Uint32Array(b.data.slice().buffer);
+  assert.deepEqual(Array.from(widened), bf16.map((v) => (v << 16) >>> 0), "the bits, shifted up");
+  const n = entries.get("n")!;
+  assert.deepEqual([n.dtype, n.shape], ["i32", [5]]);
+  assert.deepEqual(Array.from(new Int32Array(n.data.slice().buffer)), ids.map(Number));
+});

@@ -11,6 +11,7 @@
  * so a later update of the running statistics cannot change the gradient.
  */
 import type { DType } from "../dtype.ts";
+import { fail, ValueError } from "../errors.ts";
 import { defineKernel, optional } from "../kernel.ts";
 import { Tensor } from "../tensor.ts";
 import { grid1d, WGSL_GRID_BUILTINS, WGSL_WORKGROUP_INDEX } from "./grid.ts";
@@ -24,13 +25,29 @@ export type BatchNormConfig = {
   training: boolean;
   /** Training only: update the running statistics in place. */
   update: boolean;
+  /**
+   * Training with update: the cumulative moving average (PyTorch's
+   * `momentum=None`): the factor is 1/(batches tracked + 1), read from the
+   * counter on the GPU, instead of the `momentum` uniform.
+   */
+  cumulative: boolean;
   /** A weight is bound (backward: and dweight is written). */
   weight: boolean;
   /** Forward: a bias is bound; backward: dbias is written. */
   bias: boolean;
 };
 
-const UNIFORMS = { n: "u32", c: "u32", s: "u32", eps: "f32", momentum: "f32" } as const;
+// inv_count is 1/(N·S) computed on the host: WGSL may divide approximately, and a
+// mean must equal its only element bit for bit.
+const UNIFORMS = {
+  n: "u32",
+  c: "u32",
+  s: "u32",
+  eps: "f32",
+  momentum: "f32",
+  inv_count: "f32",
+  bessel: "f32",
+} as const;
 
 /** Reductions, and the index of element i (of N·S) of channel c in [N, C, S]. */
 const PRELUDE = `${WGSL_WORKGROUP_REDUCE}
@@ -39,21 +56,20 @@ fn at(i: u32, c: u32) -> u32 { return ((i / p.s) * p.c + c) * p.s + i % p.s; }`;
 const LOOP = `for (var i = lid; i < count; i += ${REDUCE_THREADS}u)`;
 const START = `let c = ${WGSL_WORKGROUP_INDEX};
   if (c >= p.c) { return; }
-  let count = p.n * p.s;
-  let cnt = f32(count);`;
+  let count = p.n * p.s;`;
 
 const BATCH_STATS = `var s = 0.0;
   ${LOOP} { s += f32(x[at(i, c)]); }
-  let mu = reduce_sum(s, lid) / cnt;
+  let mu = reduce_sum(s, lid) * p.inv_count;
   var q = 0.0;
   ${LOOP} { let d = f32(x[at(i, c)]) - mu; q += d * d; }
-  let v = reduce_sum(q, lid) / cnt;
+  let v = reduce_sum(q, lid) * p.inv_count;
   let r = 1.0 / sqrt(v + p.eps);`;
 
+/** The running-statistics update; `m` is the factor of the new batch statistic. */
 const UPDATE = `if (lid == 0u) {
-    let m = p.momentum;
     running_mean[c] = (1.0 - m) * running_mean[c] + m * mu;
-    running_var[c] = (1.0 - m) * running_var[c] + m * v * (cnt / (cnt - 1.0));
+    running_var[c] = (1.0 - m) * running_var[c] + m * v * p.bessel;
   }`;
 
 const RUNNING_STATS = `let mu = running_mean[c];
@@ -70,6 +86,7 @@ export const batchNormForwardKernel = defineKernel({
       ...optional(c.bias, { name: "b", type: "f32" }),
       ...optional(running, { name: "running_mean", type: "f32", write: c.update }),
       ...optional(running, { name: "running_var", type: "f32", write: c.update }),
+      ...optional(c.update && c.cumulative, { name: "batches", type: "i32" }),
       { name: "y", type: c.dtype, write: true },
       { name: "mean", type: "f32", write: true },
       { name: "rstd", type: "f32", write: true },
@@ -82,7 +99,11 @@ export const batchNormForwardKernel = defineKernel({
 fn main(${WGSL_GRID_BUILTINS}) {
   ${START}
   ${c.training ? BATCH_STATS : RUNNING_STATS}
-  ${c.training && c.update ? UPDATE : ""}
+  ${
+      c.training && c.update
+        ? `let m = ${c.cumulative ? "1.0 / f32(batches[0] + 1)" : "p.momentum"};\n  ${UPDATE}`
+        : ""
+    }
   if (lid == 0u) { mean[c] = mu; rstd[c] = r; }
   let scale = r${c.weight ? " * w[c]" : ""};
   ${LOOP} {
@@ -128,8 +149,8 @@ fn main(${WGSL_GRID_BUILTINS}) {
   sgx = reduce_sum(sgx, lid);
   if (lid == 0u) {${c.weight ? " dw[c] = sgx;" : ""}${c.bias ? " db[c] = sg;" : ""} }
   let wr = r${c.weight ? " * w[c]" : ""};
-  let mg = sg / cnt;
-  let mgx = sgx / cnt;
+  let mg = sg * p.inv_count;
+  let mgx = sgx * p.inv_count;
   ${LOOP} {
     let k = at(i, c);
     let gv = f32(g[k]);
@@ -141,6 +162,24 @@ fn main(${WGSL_GRID_BUILTINS}) {
   }
 }`,
 });
+
+/** num_batches_tracked += 1 (BatchNorm's counter, i32 [], as PyTorch's int64 buffer). */
+export const countKernel = defineKernel({
+  name: "batch_norm_count",
+  bindings: (_: Record<string, never>) => [{ name: "batches", type: "i32", write: true }],
+  uniforms: {},
+  source: () =>
+    `@compute @workgroup_size(1)
+fn main() {
+  batches[0] = batches[0] + 1;
+}`,
+});
+
+/** 1/(N·S) and the Bessel correction N·S/(N·S − 1), in f64 on the host. */
+function counts(view: BatchNormView): { inv_count: number; bessel: number } {
+  const count = view.n * view.s;
+  return { inv_count: 1 / Math.max(count, 1), bessel: count > 1 ? count / (count - 1) : 1 };
+}
 
 /** The [N, C, S] view of a BatchNorm input of rank 2 to 4. */
 export interface BatchNormView {
@@ -162,6 +201,8 @@ export interface BatchNormTensors {
   runningMean: Tensor;
   /** f32 [C]; read in eval mode, updated in place when training with update. */
   runningVar: Tensor;
+  /** i32 []: batches seen in training, counted with every update (null: not counted). */
+  numBatchesTracked?: Tensor | null;
 }
 
 /**
@@ -172,37 +213,46 @@ export function launchBatchNorm(
   x: Tensor,
   view: BatchNormView,
   t: BatchNormTensors,
-  options: { training: boolean; update: boolean; momentum: number; eps: number },
+  options: { training: boolean; update: boolean; momentum: number | null; eps: number },
 ): { y: Tensor; mean: Tensor; rstd: Tensor } {
   const y = Tensor.empty(x.shape, x.dtype, x.gpu);
   const mean = Tensor.empty([view.c], "f32", x.gpu);
   const rstd = Tensor.empty([view.c], "f32", x.gpu);
   if (view.c === 0) return { y, mean, rstd };
+  const update = options.training && options.update;
   const config: BatchNormConfig = {
     dtype: x.dtype,
     training: options.training,
-    update: options.training && options.update,
+    update,
+    cumulative: update && options.momentum === null,
     weight: t.weight !== null,
     bias: t.bias !== null,
   };
+  if (config.cumulative && !t.numBatchesTracked) {
+    fail(ValueError, "batchNorm", "momentum null (a cumulative average) needs numBatchesTracked.");
+  }
   const tensors = {
     x,
     y,
     mean,
     rstd,
+    ...(config.cumulative && { batches: t.numBatchesTracked! }),
     // Bound only where the config reads them (eval) or updates them.
     ...((!config.training || config.update) &&
       { running_mean: t.runningMean, running_var: t.runningVar }),
     ...(t.weight && { w: t.weight }),
     ...(t.bias && { b: t.bias }),
   };
-  const { eps, momentum } = options;
   x.gpu.dispatch(
     x.gpu.kernel(batchNormForwardKernel, config),
     tensors,
-    { ...view, eps, momentum },
+    { ...view, ...counts(view), eps: options.eps, momentum: options.momentum ?? 0 },
     grid1d(view.c),
   );
+  // Counted after the update read it (one thread, ordered after the statistics).
+  if (update && t.numBatchesTracked) {
+    x.gpu.dispatch(x.gpu.kernel(countKernel, {}), { batches: t.numBatchesTracked }, {}, [1]);
+  }
   return { y, mean, rstd };
 }
 
@@ -224,6 +274,7 @@ export function launchBatchNormBackward(
     dtype: x.dtype,
     training: options.training,
     update: false,
+    cumulative: false,
     weight: dw !== null,
     bias: db !== null,
   };
@@ -241,7 +292,7 @@ export function launchBatchNormBackward(
   x.gpu.dispatch(
     x.gpu.kernel(batchNormBackwardKernel, config),
     tensors,
-    { ...view, eps: 0, momentum: 0 },
+    { ...view, ...counts(view), eps: 0, momentum: 0 },
     grid1d(view.c),
   );
   return { dx, dw, db };

@@ -8,7 +8,7 @@ import type { DType } from "../dtype.ts";
 import { defineKernel } from "../kernel.ts";
 import type { Shape } from "../shape.ts";
 import { Tensor } from "../tensor.ts";
-import { activationExpr, WGSL_MATH } from "./wgsl_math.ts";
+import { activationExpr, WGSL_ERF, WGSL_MATH } from "./wgsl_math.ts";
 import { grid1d, WGSL_GRID_BUILTINS, WGSL_WORKGROUP_INDEX } from "./grid.ts";
 
 const WORKGROUP = 256;
@@ -27,6 +27,7 @@ export const UNARY_OPS = {
   square: "x * x",
   relu: activationExpr("relu", "x"),
   gelu: activationExpr("gelu", "x"),
+  gelu_erf: "gelu_erf(x)",
 } as const;
 
 /** A unary op name. */
@@ -40,6 +41,7 @@ export const BINARY_OPS = {
   div: "a / b",
   relu_grad: "select(0.0, a, b > 0.0)",
   gelu_grad: `a * gelu_derivative(b)`,
+  gelu_erf_grad: `a * gelu_erf_derivative(b)`,
 } as const;
 
 /** A binary op name. */
@@ -81,7 +83,7 @@ export const unaryKernel = defineKernel({
   ],
   uniforms: { n: "u32", s: "f32", mid: "u32", inner: "u32" },
   source: ({ op, out }) =>
-    `${WGSL_MATH}${BROADCAST_INDEX}
+    `${WGSL_MATH}${op === "gelu_erf" ? WGSL_ERF : ""}${BROADCAST_INDEX}
 @compute @workgroup_size(${WORKGROUP})
 fn main(${WGSL_GRID_BUILTINS}) {
   let s = p.s;
@@ -104,7 +106,7 @@ export const binaryKernel = defineKernel({
   ],
   uniforms: { n: "u32", mid: "u32", inner: "u32" },
   source: ({ op, out }) =>
-    `${WGSL_MATH}${BROADCAST_INDEX}
+    `${WGSL_MATH}${op === "gelu_erf_grad" ? WGSL_ERF : ""}${BROADCAST_INDEX}
 @compute @workgroup_size(${WORKGROUP})
 fn main(${WGSL_GRID_BUILTINS}) {
   ${

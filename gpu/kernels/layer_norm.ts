@@ -8,6 +8,10 @@
  *
  * Backward: one workgroup per row for dx, and one workgroup per column for
  * dweight = Σ_rows g·x̂ and dbias = Σ_rows g (f32).
+ *
+ * Means multiply by 1/cols computed on the host instead of dividing in WGSL,
+ * which may divide approximately (2.5 ulp): a row of one element must have
+ * that element as its mean bit for bit, or its x̂ and dx are not exactly 0.
  */
 import type { DType } from "../dtype.ts";
 import { defineKernel, optional } from "../kernel.ts";
@@ -29,7 +33,7 @@ const ROW_LOOP = `for (var j = lid; j < p.cols; j += ${REDUCE_THREADS}u)`;
 const ROW_START = `let row = ${WGSL_WORKGROUP_INDEX};
   if (row >= p.rows) { return; }
   let base = row * p.cols;
-  let n = f32(p.cols);`;
+  let inv_n = p.inv_cols;`;
 
 /** Forward: y, mean and rstd, one workgroup per row. */
 export const layerNormForwardKernel = defineKernel({
@@ -42,7 +46,7 @@ export const layerNormForwardKernel = defineKernel({
     { name: "mean", type: "f32", write: true },
     { name: "rstd", type: "f32", write: true },
   ],
-  uniforms: { rows: "u32", cols: "u32", eps: "f32" },
+  uniforms: { rows: "u32", cols: "u32", inv_cols: "f32", eps: "f32" },
   source: (c) =>
     `${WGSL_WORKGROUP_REDUCE}
 @compute @workgroup_size(${REDUCE_THREADS})
@@ -50,10 +54,10 @@ fn main(${WGSL_GRID_BUILTINS}) {
   ${ROW_START}
   var s = 0.0;
   ${ROW_LOOP} { s += f32(x[base + j]); }
-  let mu = reduce_sum(s, lid) / n;
+  let mu = reduce_sum(s, lid) * inv_n;
   var q = 0.0;
   ${ROW_LOOP} { let d = f32(x[base + j]) - mu; q += d * d; }
-  let r = 1.0 / sqrt(reduce_sum(q, lid) / n + p.eps);
+  let r = 1.0 / sqrt(reduce_sum(q, lid) * inv_n + p.eps);
   ${ROW_LOOP} {
     let v = (f32(x[base + j]) - mu) * r${c.weight ? " * w[j]" : ""}${c.bias ? " + b[j]" : ""};
     y[base + j] = ${c.dtype}(v);
@@ -73,7 +77,7 @@ export const layerNormBackwardKernel = defineKernel({
     { name: "rstd", type: "f32" },
     { name: "dx", type: c.dtype, write: true },
   ],
-  uniforms: { rows: "u32", cols: "u32" },
+  uniforms: { rows: "u32", cols: "u32", inv_cols: "f32" },
   source: (c) =>
     `${WGSL_WORKGROUP_REDUCE}
 @compute @workgroup_size(${REDUCE_THREADS})
@@ -88,8 +92,8 @@ fn main(${WGSL_GRID_BUILTINS}) {
     s1 += gw;
     s2 += gw * (f32(x[base + j]) - mu) * r;
   }
-  let m1 = reduce_sum(s1, lid) / n;
-  let m2 = reduce_sum(s2, lid) / n;
+  let m1 = reduce_sum(s1, lid) * inv_n;
+  let m2 = reduce_sum(s2, lid) * inv_n;
   ${ROW_LOOP} {
     let gw = f32(g[base + j])${c.weight ? " * w[j]" : ""};
     let xh = (f32(x[base + j]) - mu) * r;
@@ -153,7 +157,7 @@ export function launchLayerNorm(
   const config = { dtype: x.dtype, weight: weight !== null, bias: bias !== null };
   const kernel = x.gpu.kernel(layerNormForwardKernel, config);
   const tensors = { x, y, mean, rstd, ...(weight && { w: weight }), ...(bias && { b: bias }) };
-  x.gpu.dispatch(kernel, tensors, { rows, cols, eps }, grid1d(rows));
+  x.gpu.dispatch(kernel, tensors, { rows, cols, inv_cols: 1 / cols, eps }, grid1d(rows));
   return { y, mean, rstd };
 }
 
@@ -171,7 +175,7 @@ export function launchLayerNormBackward(
   const config = { dtype: x.dtype, weight: weight !== null, bias: false };
   const kernel = x.gpu.kernel(layerNormBackwardKernel, config);
   const tensors = { x, g, mean, rstd, dx, ...(weight && { w: weight }) };
-  x.gpu.dispatch(kernel, tensors, { rows, cols }, grid1d(rows));
+  x.gpu.dispatch(kernel, tensors, { rows, cols, inv_cols: 1 / cols }, grid1d(rows));
   return dx;
 }
 

@@ -1,18 +1,79 @@
 /** WGSL helper functions shared by kernels (all f32 math). */
 
-const GELU_C = "0.7978845608028654"; // sqrt(2 / pi)
+const TWO_GELU_C = "1.5957691216057308"; // 2·sqrt(2 / pi)
 
 /**
- * `safe_tanh` (tanh clamped so it cannot overflow: tanh(±15) is ±1 in f32),
- * `gelu` (tanh form) and `gelu_derivative`.
+ * `gelu` (tanh form) and `gelu_derivative`. The tanh form is written as a
+ * sigmoid, 0.5·(1 + tanh u) = 1 / (1 + e^(−2u)), so its left tail does not
+ * cancel to a rounding residue; beyond |x| = 10 it has saturated in f32
+ * (GELU is −0 or x there, its derivative 0 or 1), which also keeps x³ from
+ * overflowing.
  */
-export const WGSL_MATH = `fn safe_tanh(v: f32) -> f32 { return tanh(clamp(v, -15.0, 15.0)); }
+export const WGSL_MATH = `fn gelu_exp(x: f32) -> f32 {
+  let c = clamp(x, -10.0, 10.0);
+  return exp(-${TWO_GELU_C} * (c + 0.044715 * c * c * c));
+}
 fn gelu(x: f32) -> f32 {
-  return 0.5 * x * (1.0 + safe_tanh(${GELU_C} * (x + 0.044715 * x * x * x)));
+  return select(x / (1.0 + gelu_exp(x)), -0.0, x < -10.0);
 }
 fn gelu_derivative(x: f32) -> f32 {
-  let t = safe_tanh(${GELU_C} * (x + 0.044715 * x * x * x));
-  return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * ${GELU_C} * (1.0 + 3.0 * 0.044715 * x * x);
+  let e = gelu_exp(x);
+  let s = 1.0 / (1.0 + e);
+  let c = clamp(x, -10.0, 10.0);
+  let d = s + c * ${TWO_GELU_C} * (1.0 + 3.0 * 0.044715 * c * c) * s * (e * s);
+  return select(select(d, 1.0, x > 10.0), 0.0, x < -10.0);
+}
+`;
+
+/**
+ * `erf_f32(x)`, accurate to a few f32 ulp over the whole line: for |x| < 0.5
+ * the odd Taylor series to x¹⁵ (truncation < 2e-10 relative), beyond it
+ * 1 − erfc(|x|) with the Chebyshev-fitted erfc of Numerical Recipes (§6.2,
+ * fractional error < 1.2e-7), which saturates to ±1 for |x| ≳ 4.
+ * `normal_cdf(x)` = Φ(x) takes the left tail from erfc directly, so
+ * 1 + erf(x/√2) never cancels: the exact GELU x·Φ(x) keeps its relative
+ * accuracy for large negative x, and so does its derivative Φ(x) + x·φ(x).
+ */
+export const WGSL_ERF = `fn erfc_tail(a: f32) -> f32 {
+  let t = 1.0 / (1.0 + 0.5 * a);
+  var p = 0.17087277;
+  p = -0.82215223 + t * p;
+  p = 1.48851587 + t * p;
+  p = -1.13520398 + t * p;
+  p = 0.27886807 + t * p;
+  p = -0.18628806 + t * p;
+  p = 0.09678418 + t * p;
+  p = 0.37409196 + t * p;
+  p = 1.00002368 + t * p;
+  p = -1.26551223 + t * p;
+  return t * exp(-a * a + p);
+}
+fn erf_f32(x: f32) -> f32 {
+  if (abs(x) < 0.5) {
+    let z = x * x;
+    var s = -1.0 / 75600.0;
+    s = 1.0 / 9360.0 + z * s;
+    s = -1.0 / 1320.0 + z * s;
+    s = 1.0 / 216.0 + z * s;
+    s = -1.0 / 42.0 + z * s;
+    s = 1.0 / 10.0 + z * s;
+    s = -1.0 / 3.0 + z * s;
+    s = 1.0 + z * s;
+    return 1.1283791670955126 * x * s;
+  }
+  return sign(x) * (1.0 - erfc_tail(abs(x)));
+}
+fn normal_cdf(x: f32) -> f32 {
+  let z = x * 0.7071067811865476;
+  if (abs(z) < 0.5) { return 0.5 + 0.5 * erf_f32(z); }
+  let tail = 0.5 * erfc_tail(abs(z));
+  return select(1.0 - tail, tail, z < 0.0);
+}
+fn gelu_erf(x: f32) -> f32 {
+  return x * normal_cdf(x);
+}
+fn gelu_erf_derivative(x: f32) -> f32 {
+  return normal_cdf(x) + x * exp(-0.5 * x * x) * 0.3989422804014327;
 }
 `;
 

@@ -28,8 +28,17 @@ export interface BatchNormOptions {
   runningVar: Tensor;
   /** Training mode normalises with batch statistics; eval mode with the running ones. */
   training: boolean;
-  /** Weight of the new batch statistic in the running average (default 0.1, as PyTorch). */
-  momentum?: number;
+  /**
+   * Weight of the new batch statistic in the running average (default 0.1, as
+   * PyTorch); `null`: the cumulative average, weight 1/(batches tracked + 1),
+   * as PyTorch's `momentum=None` (needs `numBatchesTracked`).
+   */
+  momentum?: number | null;
+  /**
+   * i32 []: training batches seen, counted on the GPU with every update of
+   * the running statistics (PyTorch's `num_batches_tracked`).
+   */
+  numBatchesTracked?: Tensor | null;
   /** Added to the variance before the square root (default 1e-5). */
   eps?: number;
   /**
@@ -83,9 +92,20 @@ function checkOptions(
   training: boolean,
   o: BatchNormOptions,
 ): void {
-  const momentum = o.momentum ?? 0.1, eps = o.eps ?? 1e-5;
-  if (!(momentum >= 0 && momentum <= 1)) {
-    throw new ValueError(`batchNorm: momentum must be in [0, 1], got ${momentum}.`);
+  const momentum = o.momentum === undefined ? 0.1 : o.momentum, eps = o.eps ?? 1e-5;
+  if (momentum !== null && !(momentum >= 0 && momentum <= 1)) {
+    throw new ValueError(`batchNorm: momentum must be in [0, 1] or null, got ${momentum}.`);
+  }
+  const counter = o.numBatchesTracked;
+  if (counter && (counter.dtype !== "i32" || counter.size !== 1)) {
+    throw new DTypeError(
+      `batchNorm: numBatchesTracked must be an i32 tensor of one element, got ${counter.describe()}.`,
+    );
+  }
+  if (momentum === null && !counter) {
+    throw new ValueError(
+      "batchNorm: momentum null (the cumulative average) counts batches: give numBatchesTracked.",
+    );
   }
   if (!(eps >= 0) || !Number.isFinite(eps)) {
     throw new ValueError(`batchNorm: eps must be a finite number ≥ 0, got ${eps}.`);
@@ -135,7 +155,8 @@ export function batchNorm(x0: Tensor, options: BatchNormOptions): Tensor {
   const weight = options.weight ?? null, bias = options.bias ?? null;
   const view = viewOf(x);
   const { training } = options;
-  const momentum = options.momentum ?? 0.1, eps = options.eps ?? 1e-5;
+  const momentum = options.momentum === undefined ? 0.1 : options.momentum;
+  const eps = options.eps ?? 1e-5;
   // A checkpointed recompute must not move the statistics a second time.
   const update = training && (options.updateRunningStats ?? true) && !isRecomputing();
   checkVector("weight", weight, x, view.c);
@@ -150,7 +171,8 @@ export function batchNorm(x0: Tensor, options: BatchNormOptions): Tensor {
         `${runningVar.describe()} requiresGrad ${runningVar.requiresGrad}).`,
     );
   }
-  const tensors = { weight, bias, runningMean, runningVar };
+  const numBatchesTracked = options.numBatchesTracked ?? null;
+  const tensors = { weight, bias, runningMean, runningVar, numBatchesTracked };
   const { y, mean, rstd } = launchBatchNorm(x, view, tensors, { training, update, momentum, eps });
   const inputs = [x, ...(weight ? [weight] : []), ...(bias ? [bias] : [])];
   const saved = [x, mean, rstd, ...(weight ? [weight] : [])];

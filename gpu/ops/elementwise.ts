@@ -5,6 +5,7 @@
  */
 import { record } from "../autograd.ts";
 import { assertDType, type DType } from "../dtype.ts";
+import { fail, ValueError } from "../errors.ts";
 import {
   type BinaryOp,
   type Broadcast,
@@ -143,12 +144,24 @@ const UNARY_GRADS: Record<Exclude<UnaryOp, "identity" | "abs">, UnaryGrad> = {
   square: { saves: "x", grad: (g, x) => mulScaled(g, x!, "mul", 2) },
   relu: { saves: "x", grad: (g, x) => launchBinary("relu_grad", g, x!) },
   gelu: { saves: "x", grad: (g, x) => launchBinary("gelu_grad", g, x!) },
+  gelu_erf: { saves: "x", grad: (g, x) => launchBinary("gelu_erf_grad", g, x!) },
 };
 
-function unary(op: keyof typeof UNARY_GRADS, x0: Tensor, s = 0): Tensor {
+type UnaryKernel = keyof typeof UNARY_GRADS;
+
+/**
+ * Records one unary op. `kernel` defaults to the op's own name; an op with
+ * variants (gelu's exact and tanh forms) names the variant it launches.
+ */
+function unary(
+  op: AutocastOpName,
+  x0: Tensor,
+  s = 0,
+  kernel: UnaryKernel = op as UnaryKernel,
+): Tensor {
   const [x] = autocastInputs(op, [x0]);
-  const y = launchUnary(op, x, { scalar: s });
-  const { saves, grad } = UNARY_GRADS[op];
+  const y = launchUnary(kernel, x, { scalar: s });
+  const { saves, grad } = UNARY_GRADS[kernel];
   const save = saves === "x" ? [x] : saves === "y" ? [y] : [];
   return record({
     op,
@@ -191,9 +204,40 @@ export function square(x: Tensor): Tensor {
 export function relu(x: Tensor): Tensor {
   return unary("relu", x);
 }
-/** GELU, tanh approximation, with f32 math inside whatever the dtype. */
-export function gelu(x: Tensor): Tensor {
-  return unary("gelu", x);
+/** Options of {@link gelu}. */
+export interface GeluOptions {
+  /**
+   * `"none"` (default, PyTorch's default): the exact 0.5·x·(1 + erf(x/√2));
+   * `"tanh"`: the tanh approximation (GPT-2's "gelu_new").
+   */
+  approximate?: "none" | "tanh";
+}
+
+/**
+ * GELU with f32 math inside whatever the dtype: exact (erf) by default, or
+ * the tanh approximation, as `torch.nn.functional.gelu(x, approximate=...)`.
+ *
+ * @example
+ * ```ts
+ * import { gelu, initGpu, Tensor } from "../../mod.ts";
+ * const gpu = await initGpu({ matmulTiling: "default" });
+ * const x = Tensor.from([-1, 0, 1], [3]);
+ * const [exact] = await gelu(x).read(); // 0.5·x·(1 + erf(x/√2)) = -0.158655...
+ * const [tanh] = await gelu(x, { approximate: "tanh" }).read(); // -0.158808...
+ * console.assert(Math.abs(exact + 0.158655) < 1e-5 && Math.abs(tanh + 0.158808) < 1e-5);
+ * gpu.destroy();
+ * ```
+ */
+export function gelu(x: Tensor, options: GeluOptions = {}): Tensor {
+  const approximate = options.approximate ?? "none";
+  if (approximate !== "none" && approximate !== "tanh") {
+    fail(
+      ValueError,
+      "gelu",
+      `approximate must be "none" or "tanh", not ${JSON.stringify(approximate)}.`,
+    );
+  }
+  return unary("gelu", x, 0, approximate === "tanh" ? "gelu" : "gelu_erf");
 }
 
 /** `x` converted to `dtype` (a copy even when the dtype is unchanged); the gradient casts back. */

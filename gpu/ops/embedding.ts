@@ -1,9 +1,10 @@
 /** Differentiable embedding lookup. */
-import { DTypeError, ValueError } from "../errors.ts";
+import { DTypeError } from "../errors.ts";
 import { record } from "../autograd.ts";
 import { autocastInputs } from "../autocast_hook.ts";
 import { launchGather, launchScatterAdd } from "../kernels/embedding.ts";
 import type { Tensor } from "../tensor.ts";
+import { assertIdsInRange } from "./ids_check.ts";
 
 /**
  * Rows of `table` ([vocab, dim]) selected by the i32 tensor `ids`; the result
@@ -37,20 +38,4 @@ export function embedding(table0: Tensor, ids: Tensor): Tensor {
     save: [ids],
     backward: (g, [savedIds]) => [launchScatterAdd(g, savedIds, table.shape, table.dtype)],
   });
-}
-
-/** Throws unless the host-known range of `ids` lies in [0, count). */
-export function assertIdsInRange(op: string, ids: Tensor, count: number): void {
-  const range = ids.indexRange;
-  if (!range) {
-    throw new ValueError(
-      `${op}: ids ${ids.describe()} have no known range; create them with Tensor.from(..., { dtype: "i32" }).`,
-    );
-  }
-  if (ids.size > 0 && (range.min < 0 || range.max >= count)) {
-    throw new ValueError(
-      `${op}: ids ${ids.describe()} range over [${range.min}, ${range.max}] but must lie in ` +
-        `[0, ${count - 1}] (${count} classes or rows).`,
-    );
-  }
 }
