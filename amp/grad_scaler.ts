@@ -17,13 +17,13 @@ const F32_MIN_NORMAL = 2 ** -126;
 
 /** Options of {@link GradScaler} (PyTorch's defaults, plus static mode, hysteresis and clamps). */
 export interface GradScalerOptions {
-  /** Starting scale of dynamic mode (default 2^16). */
+  /** Starting scale of dynamic mode (default 2^16; PyTorch's `init_scale`). */
   initScale?: number;
-  /** Multiplier after `growthInterval` clean steps in a row, > 1 (default 2). */
+  /** Multiplier after `growthInterval` clean steps in a row, > 1 (default 2; `growth_factor`). */
   growthFactor?: number;
-  /** Multiplier on overflow, in (0, 1) (default 0.5). */
+  /** Multiplier on overflow, in (0, 1) (default 0.5; `backoff_factor`). */
   backoffFactor?: number;
-  /** Clean steps in a row before growing, a positive integer (default 2000). */
+  /** Clean steps in a row before growing, a positive integer (default 2000; `growth_interval`). */
   growthInterval?: number;
   /** Overflows tolerated before backing off (DeepSpeed/Megatron; default 1: back off at once). */
   hysteresis?: number;
@@ -33,7 +33,7 @@ export interface GradScalerOptions {
   maxScale?: number;
   /** apex's `--loss_scale`: 0 or absent = dynamic, a power of two = static (never changes). */
   lossScale?: number;
-  /** False makes every method a pass-through (default true). */
+  /** False makes every method a pass-through (default true; PyTorch's `enabled`). */
   enabled?: boolean;
   /** The device (default: the one `initGpu()` made). */
   gpu?: Gpu;

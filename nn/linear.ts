@@ -7,7 +7,7 @@ import { Module } from "./module.ts";
 
 /** Options of {@link Linear}. */
 export interface LinearLayerOptions extends ParameterOptions {
-  /** Add a bias (default true). */
+  /** Add a bias (default true; PyTorch's `bias`). */
   bias?: boolean;
   /** Fuse a ReLU into the matmul epilogue (default "none"). */
   activation?: "none" | "relu";

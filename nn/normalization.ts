@@ -10,7 +10,7 @@ import { Module } from "./module.ts";
 export interface LayerNormLayerOptions {
   /** Added to the variance (default 1e-5). */
   eps?: number;
-  /** Learnable scale and shift (default true). */
+  /** Learnable scale and shift (default true; PyTorch's `elementwise_affine` / `affine`). */
   affine?: boolean;
   /** Device (default: the one `initGpu()` made). */
   gpu?: Gpu;
