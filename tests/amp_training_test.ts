@@ -19,6 +19,7 @@ import {
 } from "../mod.ts";
 import { loadTrainingState, saveTrainingState } from "../files.ts";
 import { GPU_TEST } from "./_gpu.ts";
+import { capturedWarnings } from "./_warnings.ts";
 
 /** The trainer's f16 working copies, master by master. */
 function workingCopies(trainer: AmpTrainer): Tensor[] {
@@ -117,10 +118,7 @@ Deno.test({
   ...GPU_TEST,
   async fn() {
     const plain = await initGpu({ f16: "off", matmulTiling: "default", setDefault: false });
-    const warnings: string[] = [];
-    const warn = console.warn;
-    console.warn = (...args: unknown[]) => warnings.push(args.join(" "));
-    try {
+    const warnings = await capturedWarnings(async () => {
       const run = async (options: AmpTrainerOptions) => {
         const rng = new RandomGenerator(4);
         const model = new Sequential(
@@ -151,10 +149,8 @@ Deno.test({
       const forced = await run({ scaler: { enabled: true } });
       assert.equal(forced.scaler.enabled, true);
       assert.equal(forced.scale, 2 ** 16);
-    } finally {
-      console.warn = warn;
-      plain.destroy();
-    }
+    });
+    plain.destroy();
     assert.equal(warnings.filter((w) => w.includes("loss scaling off")).length, 1, warnings.join());
   },
 });

@@ -1,4 +1,5 @@
 import assert from "node:assert/strict";
+import { capturedWarnings } from "./_warnings.ts";
 import {
   add,
   autocast,
@@ -90,18 +91,13 @@ Deno.test({
   ...GPU_TEST,
   async fn() {
     const plain = await initGpu({ f16: "off", matmulTiling: "default", setDefault: false });
-    const warnings: string[] = [];
-    const warn = console.warn;
-    console.warn = (...args: unknown[]) => warnings.push(args.join(" "));
-    try {
+    const warnings = await capturedWarnings(() => {
       const a = Tensor.zeros([2, 2], { gpu: plain });
       for (let i = 0; i < 2; i++) {
         tidy(() => autocast(() => assert.equal(matmul(a, a).dtype, "f32"), { gpu: plain }));
       }
-    } finally {
-      console.warn = warn;
-      plain.destroy();
-    }
+    });
+    plain.destroy();
     assert.equal(warnings.filter((w) => w.includes("no shader-f16")).length, 1);
   },
 });

@@ -4,6 +4,7 @@ import { unaryKernel } from "../gpu/kernels/elementwise.ts";
 import { kernelKey } from "../gpu/kernel.ts";
 import { sizeClass } from "../gpu/buffer_pool.ts";
 import { gpu, GPU_TEST } from "./_gpu.ts";
+import { capturedWarnings } from "./_warnings.ts";
 
 Deno.test({
   name: "device: the adapter's real limits are requested and f16 is on where the adapter has it",
@@ -257,11 +258,8 @@ Deno.test({
   name: "device: without shader-f16, 'auto' falls back to f32 and says so once; 'require' fails",
   ...GPU_TEST,
   async fn() {
-    const warnings: string[] = [];
-    const warn = console.warn;
-    console.warn = (...args: unknown[]) => warnings.push(args.join(" "));
-    try {
-      await withoutShaderF16(async () => {
+    const warnings = await capturedWarnings(() =>
+      withoutShaderF16(async () => {
         const options = { matmulTiling: "default", setDefault: false } as const;
         const a = await initGpu(options), b = await initGpu(options);
         assert.equal(a.f16, false);
@@ -272,10 +270,8 @@ Deno.test({
           initGpu({ ...options, f16: "require" }),
           /f16 was required but the adapter .* has no shader-f16/,
         );
-      });
-    } finally {
-      console.warn = warn;
-    }
+      })
+    );
     assert.equal(warnings.filter((w) => w.includes("no shader-f16")).length, 1);
   },
 });
