@@ -81,6 +81,17 @@ export { layerNorm, type LayerNormOptions } from "./gpu/ops/layer_norm.ts";
 export { batchNorm, type BatchNormOptions } from "./gpu/ops/batch_norm.ts";
 export { dropout } from "./gpu/ops/dropout.ts";
 export { embedding } from "./gpu/ops/embedding.ts";
+export { conv2d, type Conv2dOptions } from "./gpu/ops/conv2d.ts";
+export {
+  adaptiveAvgPool2d,
+  type AdaptiveSize2d,
+  avgPool2d,
+  type AvgPool2dOptions,
+  maxPool2d,
+  type MaxPool2dOptions,
+} from "./gpu/ops/pool2d.ts";
+export { flatten } from "./gpu/ops/flatten.ts";
+export type { Size2d } from "./gpu/ops/size2d.ts";
 
 // optim/: optimizers, schedules, clipping.
 export type {
@@ -113,6 +124,8 @@ export {
 
 // nn/: modules, layers, losses, checkpointing of layer sequences, safetensors.
 export {
+  AdaptiveAvgPool2d,
+  AvgPool2d,
   BatchNorm,
   BatchNorm1d,
   BatchNorm2d,
@@ -124,12 +137,15 @@ export {
   Checkpointed,
   type CheckpointPlan,
   checkpointSequential,
+  Conv2d,
+  type Conv2dLayerOptions,
   crossEntropy,
   type CrossEntropyOptions,
   decodeSafetensors,
   Dropout,
   Embedding,
   encodeSafetensors,
+  Flatten,
   GELU,
   type HostTensor,
   type InitSource,
@@ -138,6 +154,7 @@ export {
   Linear,
   type LinearLayerOptions,
   type LoadStateOptions,
+  MaxPool2d,
   Module,
   mseLoss,
   type ParameterOptions,

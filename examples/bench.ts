@@ -15,6 +15,8 @@
  *   and AMP + checkpointing, with the profiler's top kernels;
  * - `ops`: each op of that GPT's forward and backward at its shapes, f32 and
  *   f16: GPU ms, TFLOP/s or GB/s, and JavaScript µs per op recorded;
+ * - `cnn`: the MNIST CNN in f32, AMP and AMP + checkpointing, and conv2d
+ *   GFLOP/s at ResNet-like shapes (forward, and forward + backward);
  * - `soak`: 20 × --steps AMP steps: GPU bytes and JS heap after warm-up and
  *   at the end.
  *
@@ -28,6 +30,7 @@ import { parseArgs } from "node:util";
 import { type Gpu, initGpu } from "../mod.ts";
 import { tilingNames } from "../gpu/mod.ts";
 import { type BenchOptions, type BenchSize, cpuName, type Result } from "./_bench.ts";
+import { benchCnn } from "./bench_cnn.ts";
 import { benchGpt } from "./bench_gpt.ts";
 import { benchMatmul } from "./bench_matmul.ts";
 import { benchOps } from "./bench_ops.ts";
@@ -35,7 +38,7 @@ import { benchCheckpoint, benchMlp, benchSoak, benchTinyGpt } from "./bench_trai
 
 const HELP = `Usage: deno task bench [ENTRY...] [--steps N] [--repeats N] [--size auto|real|small]
 
-Entries: matmul, mlp, checkpoint, tiny_gpt, gpt, ops, soak (default: all). Output: one JSON object
+Entries: matmul, mlp, checkpoint, tiny_gpt, gpt, ops, cnn, soak (default: all). Output: one JSON object
 per line on stdout; a table on stderr.
   --steps N     timed MLP training steps; other entries scale it to their cost (default 100)
   --repeats N   timed runs per kernel or op (default 10)
@@ -52,12 +55,16 @@ const ENTRIES: Record<string, (gpu: Gpu, o: BenchOptions) => Promise<Result[]>> 
   tiny_gpt: (gpu, o) => benchTinyGpt(gpu, o.steps),
   gpt: benchGpt,
   ops: benchOps,
+  cnn: benchCnn,
   soak: (gpu, o) => benchSoak(gpu, o.steps),
 };
 
 /** The headline figure of a result, for the table on stderr. */
 function figureOf(result: Result): string {
   const n = (key: string) => result[key] as number;
+  if ("fwdBwdGflops" in result) {
+    return `${n("gflops").toFixed(2)} fwd, ${n("fwdBwdGflops").toFixed(2)} fwd+bwd GFLOP/s`;
+  }
   if ("gflops" in result) return `${n("gflops").toFixed(2)} GFLOP/s`;
   if ("fwdMs" in result) {
     const rate = "fwd_tflops" in result

@@ -1,5 +1,5 @@
 /**
- * Training benchmarks: the MNIST-sized MLP (f32, AMP, AMP + checkpointing),
+ * Training benchmarks: the MNIST MLP and CNN (f32, AMP, AMP + checkpointing),
  * a 32-block MLP whose memory is activations (checkpointing by √n segments
  * and by a budget), the tiny transformer of examples/tiny_gpt.ts, and a soak
  * run that must keep GPU memory and the JS heap flat.
@@ -23,26 +23,31 @@ import {
   Tensor,
 } from "../mod.ts";
 import { disposeAll, type Result, timed } from "./_bench.ts";
+import { mnistCnn, mnistMlp } from "./mnist_model.ts";
 
-/** The 784-256-256-10 MLP the peers were measured on (ReLU fused into the matmuls). */
-function mnistMlp(rng: RandomGenerator): Sequential {
-  return new Sequential(
-    new Linear(784, 256, { seed: rng, activation: "relu" }),
-    new Linear(256, 256, { seed: rng, activation: "relu" }),
-    new Linear(256, 10, { seed: rng }),
-  );
+/** A classifier to time: how to build it and the shape of its input batch. */
+interface ClassifierSpec {
+  bench: string;
+  model: string;
+  make(rng: RandomGenerator): Sequential;
+  /** The input batch's shape (batch first). */
+  input: number[];
 }
 
-export async function benchMlp(gpu: Gpu, steps: number): Promise<Result[]> {
+/**
+ * Steps/s and peak GPU memory of `spec`'s model trained with fused Adam on a
+ * synthetic batch, in f32, AMP and AMP + checkpointing, and AMP's ratios.
+ */
+async function benchClassifier(gpu: Gpu, steps: number, spec: ClassifierSpec): Promise<Result[]> {
   const results: Result[] = [];
+  const batch = spec.input[0], size = spec.input.reduce((a, b) => a * b, 1);
   for (const mode of ["f32", "amp", "amp+ckpt"] as const) {
-    const batch = 128;
     const rng = new RandomGenerator(2);
-    const model = mnistMlp(rng);
+    const model = spec.make(rng);
     if (mode === "amp+ckpt") model.checkpoint = "auto";
     const optimizer = new Adam(model.parameters(), { lr: 1e-3 });
     const trainer = new AmpTrainer(model, optimizer, { enabled: mode !== "f32" });
-    const x = Tensor.from(rng.uniform(batch * 784), [batch, 784]);
+    const x = Tensor.from(rng.uniform(size), spec.input);
     const y = Tensor.from(Array.from({ length: batch }, (_, i) => i % 10), [batch], {
       dtype: "i32",
     });
@@ -53,9 +58,9 @@ export async function benchMlp(gpu: Gpu, steps: number): Promise<Result[]> {
     const before = { ...gpu.batch.counters };
     const seconds = await timed(gpu, steps, step);
     results.push({
-      bench: "mlp",
+      bench: spec.bench,
       mode,
-      model: "784-256-256-10",
+      model: spec.model,
       batch,
       optimizer: "Adam (fused)",
       stepsPerSec: 1 / seconds,
@@ -67,14 +72,34 @@ export async function benchMlp(gpu: Gpu, steps: number): Promise<Result[]> {
   }
   const [f32, amp] = results;
   results.push({
-    bench: "mlp",
+    bench: spec.bench,
     mode: "amp/f32",
-    model: "784-256-256-10",
+    model: spec.model,
     speedup: (amp.stepsPerSec as number) / (f32.stepsPerSec as number),
     memoryRatio: amp.peakBytes / f32.peakBytes,
     peakBytes: amp.peakBytes,
   });
   return results;
+}
+
+/** The MNIST MLP the peers were measured on (784-256-256-10, batch 128). */
+export function benchMlp(gpu: Gpu, steps: number): Promise<Result[]> {
+  return benchClassifier(gpu, steps, {
+    bench: "mlp",
+    model: "784-256-256-10",
+    make: mnistMlp,
+    input: [128, 784],
+  });
+}
+
+/** The MNIST CNN of `mnist.ts --model cnn` (batch 128; BatchNorm stays fp32 under AMP). */
+export function benchCnnTraining(gpu: Gpu, steps: number): Promise<Result[]> {
+  return benchClassifier(gpu, steps, {
+    bench: "cnn",
+    model: "conv32-conv64 MNIST CNN",
+    make: mnistCnn,
+    input: [128, 1, 28, 28],
+  });
 }
 
 /** One training step's time and peak memory for a 32-block MLP, with checkpointing as `spec` says. */

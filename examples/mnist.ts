@@ -1,7 +1,9 @@
 /**
- * Trains a 784-256-256-10 MLP (Linear/ReLU/Linear/ReLU/Linear) on the real
- * MNIST data with Adam (default) or SGD (momentum optional), using only the
- * public API of `mod.ts`, and reports test accuracy, speed and GPU memory.
+ * Trains a 784-256-256-10 MLP (Linear/ReLU/Linear/ReLU/Linear), or with
+ * `--model cnn` a small CNN (two Conv2d/BatchNorm2d/ReLU/MaxPool2d blocks and
+ * a Linear), on the real MNIST data with Adam (default) or SGD (momentum
+ * optional), using only the public API of `mod.ts`, and reports test
+ * accuracy, speed and GPU memory.
  *
  *     XDG_RUNTIME_DIR=/tmp deno run -A examples/mnist.ts [--epochs 3] [--json] ...
  *
@@ -20,11 +22,10 @@ import {
   crossEntropy,
   type Gpu,
   initGpu,
-  Linear,
   LrScheduler,
   noGrad,
   RandomGenerator,
-  Sequential,
+  type Sequential,
   SGD,
   Tensor,
   tidy,
@@ -36,6 +37,7 @@ import { profileFields, ProfileWindow } from "./_profile_window.ts";
 import { checkRun, type MnistArgs, parseMnistArgsOrExit } from "./mnist_args.ts";
 import { gather, loadData, shuffle } from "./mnist_batches.ts";
 import { MNIST_CLASSES, MNIST_PIXELS, type MnistSplit } from "./mnist_data.ts";
+import { mnistInputShape, mnistModel } from "./mnist_model.ts";
 import { report, reportStart, writePlot } from "./mnist_report.ts";
 
 /** Prints one event: a JSON line with --json, else `text`. */
@@ -86,19 +88,9 @@ export class Tally {
   }
 }
 
-/** The 784-256-256-10 MLP; ReLU fused into the first two matmuls. Linear's init is PyTorch's. */
-function makeModel(seed: number): Sequential {
-  const rng = new RandomGenerator(seed);
-  return new Sequential(
-    new Linear(MNIST_PIXELS, 256, { seed: rng, activation: "relu" }),
-    new Linear(256, 256, { seed: rng, activation: "relu" }),
-    new Linear(256, MNIST_CLASSES, { seed: rng }),
-  );
-}
-
 /** The model, its optimizer, the AMP trainer and the learning-rate schedule. */
 function makeTrainer(cfg: MnistArgs, optimizerSteps: number) {
-  const model = makeModel(cfg.seed);
+  const model = mnistModel(cfg.model, cfg.seed);
   if (cfg.checkpoint) model.checkpoint = "auto";
   model.train();
   const optimizer = cfg.optimizer === "sgd"
@@ -126,6 +118,7 @@ function makeTrainer(cfg: MnistArgs, optimizerSteps: number) {
 function runShape(run: Run) {
   const { cfg } = run;
   return {
+    model: cfg.model,
     optimizer: cfg.optimizer,
     schedule: cfg.schedule,
     epochs: cfg.epochs, // the schedule spans them
@@ -196,7 +189,7 @@ async function trainEpoch(run: Run, tally: Tally, epoch: number, progress: Progr
     // every --accum micro-batches the trainer unscales, checks for overflow,
     // steps the optimizer (skipped on the GPU on overflow) and updates the scale.
     const loss = trainer.step(() =>
-      crossEntropy(model.forward(Tensor.from(pixels, [batch, MNIST_PIXELS])), labels)
+      crossEntropy(model.forward(Tensor.from(pixels, mnistInputShape(cfg.model, batch))), labels)
     );
     if (tally.step % cfg.accum === cfg.accum - 1) scheduler.step(); // after each optimizer step
     noGrad(() => addInPlace(tally.lossSum, loss));
@@ -263,7 +256,8 @@ async function evaluate(run: Run, tally: Tally, epoch: number): Promise<void> {
   for (let from = 0; from < test.count; from += batch) {
     const n = Math.min(batch, test.count - from);
     const x = test.images.subarray(from * MNIST_PIXELS, (from + n) * MNIST_PIXELS);
-    const logits = noGrad(() => tidy(() => model.forward(Tensor.from(x, [n, MNIST_PIXELS]))));
+    const shape = mnistInputShape(run.cfg.model, n);
+    const logits = noGrad(() => tidy(() => model.forward(Tensor.from(x, shape))));
     const values = await logits.read();
     logits.dispose();
     for (let i = 0; i < n; i++) {

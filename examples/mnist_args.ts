@@ -14,16 +14,21 @@ import {
   withNegativeValues,
 } from "./_cli.ts";
 import { profileSteps } from "./_profile_window.ts";
+import type { MnistModel } from "./mnist_model.ts";
 
 export { UsageError };
 
 /** `mnist.ts --help`. */
 export const MNIST_HELP =
-  `Train a 784-256-256-10 MLP on MNIST with Adam (default) or SGD on the GPU (WebGPU).
+  `Train a 784-256-256-10 MLP (or a small CNN) on MNIST with Adam (default) or SGD
+on the GPU (WebGPU).
 
 Usage: deno run -A examples/mnist.ts [flags]
 
 Flags:
+  --model NAME     mlp (default: 784-256-256-10) or cnn (Conv 3×3 32 → BatchNorm
+                   → ReLU → MaxPool 2 → Conv 3×3 64 → BatchNorm → ReLU →
+                   MaxPool 2 → Linear; BatchNorm stays fp32 under --amp)
   --epochs N       passes over the training set, 1 to 1000 (default 4)
   --batch N        examples per step, at most the training images (default
                    128); the last partial batch of an epoch is dropped so
@@ -76,6 +81,7 @@ information; tests/memory_test.ts checks that a training step leaks nothing.
 
 /** The parsed flags. */
 export interface MnistArgs {
+  model: MnistModel;
   epochs: number;
   batch: number;
   lr: number;
@@ -108,6 +114,7 @@ const TRAIN_IMAGES = 60000;
 
 /** Flags that take a value (for negative values such as `--batch -3`). */
 const VALUE_FLAGS = [
+  "model",
   "epochs",
   "batch",
   "lr",
@@ -135,6 +142,7 @@ export function parseMnistArgs(args: string[]): MnistArgs | null {
     strict: true,
     allowPositionals: false,
     options: {
+      model: { type: "string", default: "mlp" },
       epochs: { type: "string", default: "4" },
       batch: { type: "string", default: "128" },
       lr: { type: "string" },
@@ -170,6 +178,7 @@ export function parseMnistArgs(args: string[]): MnistArgs | null {
     throw new UsageError("--momentum is for --optimizer sgd; Adam keeps its own moments.");
   }
   return {
+    model: choiceFlag("model", values.model, ["mlp", "cnn"]),
     epochs: integerFlag("epochs", values.epochs, 1, MAX_EPOCHS),
     batch: integerFlag("batch", values.batch, 1, TRAIN_IMAGES),
     optimizer,

@@ -39,7 +39,7 @@ export function reportStart(
       `MNIST: ${train.count} train / ${test.count} test images (loaded in ${
         loadSeconds.toFixed(2)
       } s); GPU ready in ${initSeconds.toFixed(2)} s`,
-      `MLP 784-256-256-10, ${
+      `${MODEL_NAMES[cfg.model]}, ${
         cfg.amp ? "AMP (f16 + loss scaling)" : "f32"
       }, ${cfg.optimizer} lr ${cfg.lr}` +
       `${cfg.optimizer === "sgd" ? ` momentum ${cfg.momentum}` : ""}, batch ${batch}${
@@ -50,11 +50,17 @@ export function reportStart(
   );
 }
 
+/** How the start line names each model. */
+const MODEL_NAMES = {
+  mlp: "MLP 784-256-256-10",
+  cnn: "CNN conv32-conv64 (BatchNorm fp32)",
+};
+
 /** Writes the `--plot` chart of the logged losses and loss scales. */
 export async function writePlot(run: Run, tally: Tally): Promise<void> {
   const { cfg } = run;
   if (!cfg.plot) return;
-  const title = `MNIST MLP, ${cfg.amp ? "AMP" : "f32"}, ${cfg.optimizer}`;
+  const title = `MNIST ${cfg.model.toUpperCase()}, ${cfg.amp ? "AMP" : "f32"}, ${cfg.optimizer}`;
   await writeLossChart(cfg.plot, tally.plotPoints, title);
 }
 

@@ -145,6 +145,18 @@ export { layerNorm, type LayerNormOptions } from "./ops/layer_norm.ts";
 export { batchNorm, type BatchNormOptions } from "./ops/batch_norm.ts";
 export { dropout } from "./ops/dropout.ts";
 export { embedding } from "./ops/embedding.ts";
+export { conv2d, conv2dGeometry, type Conv2dOptions } from "./ops/conv2d.ts";
+export {
+  adaptiveAvgPool2d,
+  type AdaptiveSize2d,
+  avgPool2d,
+  type AvgPool2dOptions,
+  maxPool2d,
+  type MaxPool2dOptions,
+} from "./ops/pool2d.ts";
+export { flatten } from "./ops/flatten.ts";
+export type { Size2d } from "./ops/size2d.ts";
+export type { Conv2dGeometry } from "./kernels/conv2d.ts";
 export {
   type CrossEntropyPerRow,
   crossEntropyPerRow,

@@ -36,6 +36,7 @@ export const OPS = {
   // Products: f16 multiplies, f32 accumulation inside.
   matmul: { autocast: "f16" },
   linear: { autocast: "f16" },
+  conv2d: { autocast: "f16" },
   // Elementwise arithmetic follows its widest input.
   add: { autocast: "promote" },
   sub: { autocast: "promote" },
@@ -65,6 +66,10 @@ export const OPS = {
   batch_norm: { autocast: "f32" },
   dropout: { autocast: "promote" },
   embedding: { autocast: "promote" },
+  // Pooling moves or averages values: f16 in, f16 out (f32 sums inside).
+  max_pool2d: { autocast: "promote" },
+  avg_pool2d: { autocast: "promote" },
+  adaptive_avg_pool2d: { autocast: "promote" },
   // Structural ops: they never consult autocast.
   cast: { autocast: null },
   reshape: { autocast: null },

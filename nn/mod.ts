@@ -1,7 +1,7 @@
 /**
  * Neural-network building blocks: the `Module` base with named parameters,
  * buffers and state dicts; layers (Linear, activations, Dropout, Embedding,
- * LayerNorm, BatchNorm in fp32, Sequential, Checkpointed); gradient
+ * Conv2d, pooling, Flatten, LayerNorm, BatchNorm in fp32, Sequential, Checkpointed); gradient
  * checkpointing of layer sequences; losses; the functional layer ops; and the
  * safetensors format. Reading and writing files lives apart, in `files.ts`
  * (the `./files` export), so this module runs in browsers too. Optimizers are
@@ -22,6 +22,8 @@ export { Linear, type LinearLayerOptions } from "./linear.ts";
 export { GELU, ReLU } from "./activation.ts";
 export { Dropout } from "./dropout.ts";
 export { Embedding } from "./embedding.ts";
+export { Conv2d, type Conv2dLayerOptions } from "./conv.ts";
+export { AdaptiveAvgPool2d, AvgPool2d, Flatten, MaxPool2d } from "./pooling.ts";
 export { Sequential } from "./sequential.ts";
 export {
   activationBytes,

@@ -2,10 +2,23 @@
  * The device every test shares. A test that cannot get an adapter fails
  * loudly: CI installs lavapipe so that no GPU test is ever skipped.
  */
-import { initGpu } from "../gpu/mod.ts";
+import { initGpu, MATMUL_CANDIDATES, type MatmulTiling } from "../gpu/mod.ts";
 
 /** The shared device (f16 on when the adapter has it). */
 export const gpu = await initGpu({ f16: "auto", matmulTiling: "default" });
 
 /** Options for Deno.test: device state outlives single tests, by design. */
 export const GPU_TEST = { sanitizeResources: false, sanitizeOps: false } as const;
+
+/** Runs `fn` once with each matmul tiling candidate as the device's tiling, then restores it. */
+export async function withEachTiling(fn: (tiling: MatmulTiling) => Promise<void>): Promise<void> {
+  const chosen = gpu.matmulTiling;
+  try {
+    for (const tiling of MATMUL_CANDIDATES) {
+      gpu.matmulTiling = tiling;
+      await fn(tiling);
+    }
+  } finally {
+    gpu.matmulTiling = chosen;
+  }
+}

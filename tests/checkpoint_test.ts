@@ -2,12 +2,15 @@ import assert from "node:assert/strict";
 import {
   autocast,
   BatchNorm,
+  BatchNorm2d,
   checkpoint,
   checkpointSequential,
+  Conv2d,
   Dropout,
   GELU,
   LayerNorm,
   Linear,
+  MaxPool2d,
   mean,
   type Module,
   RandomGenerator,
@@ -50,8 +53,7 @@ const input = () =>
   Tensor.from(new RandomGenerator(9).uniform(BATCH * WIDTH, -1, 1), [BATCH, WIDTH]);
 
 /** One forward + backward; returns every parameter gradient and buffer, read back. */
-async function gradients(model: Sequential, amp: boolean): Promise<Float32Array[]> {
-  const x = input();
+async function gradients(model: Sequential, amp: boolean, x = input()): Promise<Float32Array[]> {
   const loss = tidy(() => autocast(() => mean(square(model.forward(x))), { enabled: amp }));
   loss.backward();
   loss.dispose();
@@ -100,6 +102,68 @@ Deno.test({
   },
 });
 
+/** Peak bytes of one forward + backward of a fresh `make()` with checkpointing `spec`. */
+async function peakOf(
+  make: () => Sequential,
+  input: () => Tensor,
+  spec: "auto" | null,
+): Promise<number> {
+  const model = make();
+  model.checkpoint = spec;
+  const x = input();
+  if (spec) tidy(() => void model.forward(x)); // plan once (measures layer outputs) before measuring
+  await gpu.sync();
+  const before = gpu.memoryStats().allocatedBytes;
+  gpu.resetPeakMemory();
+  const loss = tidy(() => mean(square(model.forward(x))));
+  loss.backward();
+  const peak = gpu.memoryStats().peakBytes - before;
+  loss.dispose();
+  model.dispose();
+  x.dispose();
+  return peak;
+}
+
+/** 8 blocks of Conv2d 3×3 → BatchNorm2d → ReLU on 16×16 images, then a max pool. */
+function convNet(): Sequential {
+  const init = new RandomGenerator(4);
+  const layers: Module[] = [];
+  for (let i = 0; i < 8; i++) {
+    const conv = new Conv2d(i === 0 ? 3 : 8, 8, 3, { padding: 1, seed: init });
+    layers.push(conv, new BatchNorm2d(8), new ReLU());
+  }
+  return new Sequential(...layers, new MaxPool2d(2));
+}
+
+const images = () =>
+  Tensor.from(new RandomGenerator(8).uniform(4 * 3 * 16 * 16, -1, 1), [4, 3, 16, 16]);
+
+Deno.test({
+  name: "checkpointing a CNN: bit-identical gradients, BatchNorm statistics moved once, lower peak",
+  ...GPU_TEST,
+  async fn() {
+    for (const amp of [false, true]) {
+      const plain = convNet(), checkpointed = convNet();
+      checkpointed.checkpoint = "auto";
+      for (let step = 0; step < 2; step++) {
+        // Gradients, running statistics and num_batches_tracked: equal bit for bit.
+        const expected = await gradients(plain, amp, images());
+        assert.deepEqual(await gradients(checkpointed, amp, images()), expected, `amp=${amp}`);
+      }
+      const counts = checkpointed.namedBuffers().filter(([name]) => name.endsWith("tracked"));
+      for (const [name, t] of counts) assert.equal((await t.read())[0], 2, name);
+      plain.dispose();
+      checkpointed.dispose();
+    }
+    const plainPeak = await peakOf(convNet, images, null);
+    const checkpointedPeak = await peakOf(convNet, images, "auto");
+    assert.ok(
+      checkpointedPeak < 0.75 * plainPeak,
+      `peak ${checkpointedPeak} vs plain ${plainPeak}`,
+    );
+  },
+});
+
 Deno.test({
   name: "checkpointing: peak memory of a deep model falls to at most half with √n segments",
   ...GPU_TEST,
@@ -110,23 +174,9 @@ Deno.test({
       for (let i = 0; i < 32; i++) layers.push(new Linear(64, 64, { seed: init }), new GELU());
       return new Sequential(...layers);
     };
-    const peaks: number[] = [];
-    for (const spec of [null, "auto"] as const) {
-      const model = make();
-      model.checkpoint = spec;
-      const x = Tensor.from(new RandomGenerator(6).uniform(512 * 64), [512, 64]);
-      if (spec) tidy(() => void model.forward(x)); // plan once (measures layer outputs) before measuring
-      await gpu.sync();
-      const before = gpu.memoryStats().allocatedBytes;
-      gpu.resetPeakMemory();
-      const loss = tidy(() => mean(square(model.forward(x))));
-      loss.backward();
-      peaks.push(gpu.memoryStats().peakBytes - before);
-      loss.dispose();
-      model.dispose();
-      x.dispose();
-    }
-    const [plain, checkpointed] = peaks;
+    const x = () => Tensor.from(new RandomGenerator(6).uniform(512 * 64), [512, 64]);
+    const plain = await peakOf(make, x, null);
+    const checkpointed = await peakOf(make, x, "auto");
     assert.ok(checkpointed <= plain / 2, `checkpointed peak ${checkpointed} vs plain ${plain}`);
   },
 });

@@ -16,7 +16,7 @@ import {
   tilingFor,
   tuneMatmul,
 } from "../gpu/mod.ts";
-import { gpu, GPU_TEST } from "./_gpu.ts";
+import { gpu, GPU_TEST, withEachTiling } from "./_gpu.ts";
 import { gradcheck } from "./_gradcheck.ts";
 import { matmul64, quantize, uniform } from "./_reference.ts";
 import { assertClose, TOL, type Tolerance } from "./_assert.ts";
@@ -59,23 +59,17 @@ Deno.test({
   name: "matmul: every tiling candidate, dtype, transpose and odd shape matches f64",
   ...GPU_TEST,
   async fn() {
-    const chosen = gpu.matmulTiling;
-    try {
-      for (const tiling of MATMUL_CANDIDATES) {
-        gpu.matmulTiling = tiling;
-        for (const dtype of ["f32", "f16"] as const) {
-          for (const [i, s] of SHAPES.entries()) {
-            for (const transA of [false, true]) {
-              for (const transB of [false, true]) {
-                await checkProduct(dtype, { batch: 1, ...s, transA, transB }, 10 * i);
-              }
+    await withEachTiling(async () => {
+      for (const dtype of ["f32", "f16"] as const) {
+        for (const [i, s] of SHAPES.entries()) {
+          for (const transA of [false, true]) {
+            for (const transB of [false, true]) {
+              await checkProduct(dtype, { batch: 1, ...s, transA, transB }, 10 * i);
             }
           }
         }
       }
-    } finally {
-      gpu.matmulTiling = chosen;
-    }
+    });
   },
 });
 

@@ -6,12 +6,15 @@
  */
 import assert from "node:assert/strict";
 import {
+  adaptiveAvgPool2d,
   add,
   addScalar,
   autocast,
+  avgPool2d,
   batchNorm,
   causalSoftmax,
   checkpoint,
+  conv2d,
   crossEntropy,
   customAutocastLists,
   div,
@@ -26,6 +29,7 @@ import {
   logSoftmax,
   matmul,
   max,
+  maxPool2d,
   mean,
   mul,
   neg,
@@ -59,6 +63,8 @@ const x = Tensor.from([0.5, 1, 1.5, 2, 2.5, 3], [2, 3], { requiresGrad: true });
 const w = Tensor.from([1, 0, 0, 0, 1, 0], [2, 3], { requiresGrad: true });
 const square2 = Tensor.from([1, 2, 3, 4], [2, 2]);
 const ids = Tensor.from([1, 0], [2], { dtype: "i32" });
+const image = Tensor.from([1, 2, 3, 4, 5, 6, 7, 8, 9], [1, 1, 3, 3], { requiresGrad: true });
+const kernel = Tensor.from([1, 0, 0, 1], [1, 1, 2, 2], { requiresGrad: true });
 const stats = () => ({ runningMean: Tensor.zeros([3]), runningVar: Tensor.full([3], 1) });
 
 /** One call of each op that consults autocast; the type makes the table complete. */
@@ -89,6 +95,10 @@ const DRIVERS: Record<AutocastOpName, () => unknown> = {
   batch_norm: () => batchNorm(x, { ...stats(), training: true }),
   dropout: () => dropout(x, 0.5, new RandomGenerator(1).take(x.size)),
   embedding: () => embedding(x, ids),
+  conv2d: () => conv2d(image, kernel),
+  max_pool2d: () => maxPool2d(image, { kernelSize: 2 }),
+  avg_pool2d: () => avgPool2d(image, { kernelSize: 2 }),
+  adaptive_avg_pool2d: () => adaptiveAvgPool2d(image, 1),
 };
 
 /** Runs `fn` under a hook that records the op names it is asked about (casting nothing). */

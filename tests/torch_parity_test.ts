@@ -5,8 +5,22 @@
  * halfstep.
  */
 import assert from "node:assert/strict";
-import { backward, gelu, Tensor } from "../gpu/mod.ts";
-import { BatchNorm, crossEntropy, Embedding, LayerNorm, Linear, Sequential } from "../nn/mod.ts";
+import { backward, gelu, mul, sum, Tensor } from "../gpu/mod.ts";
+import {
+  AdaptiveAvgPool2d,
+  AvgPool2d,
+  BatchNorm,
+  BatchNorm2d,
+  Conv2d,
+  crossEntropy,
+  Embedding,
+  Flatten,
+  LayerNorm,
+  Linear,
+  MaxPool2d,
+  ReLU,
+  Sequential,
+} from "../nn/mod.ts";
 import { loadModule, saveModule } from "../nn/safetensors_file.ts";
 import { GPU_TEST } from "./_gpu.ts";
 import { assertClose, TOL } from "./_assert.ts";
@@ -152,6 +166,53 @@ Deno.test({
     const { ids, output } = parity.sequential_eval;
     const y = model.forward(Tensor.from(ids, [ids.length], { dtype: "i32" }));
     assertClose(await y.read(), output, TOL.f32, "Sequential output");
+    model.dispose();
+  },
+});
+
+/** The halfstep twin of twin_model.py's cnn_model(). */
+function cnnTwin(): Sequential {
+  return new Sequential(
+    new Conv2d(2, 4, 3, { padding: 1 }),
+    new BatchNorm2d(4),
+    new ReLU(),
+    new MaxPool2d({ kernelSize: 3, stride: 2, padding: 1 }),
+    new Conv2d(4, 6, [3, 2], { padding: "same", dilation: [1, 2], groups: 2, bias: false }),
+    new AvgPool2d({ kernelSize: 2, stride: 1, padding: 1, countIncludePad: false }),
+    new Conv2d(6, 6, 3, { stride: 2, groups: 6 }),
+    new AdaptiveAvgPool2d(1),
+    new Flatten(),
+    new Linear(6, 3),
+  );
+}
+
+Deno.test({
+  name: "torch parity: a CNN (conv padding/groups/dilation/same, BatchNorm2d, pools) loaded " +
+    "from PyTorch gives its outputs, gradients and running statistics",
+  ...GPU_TEST,
+  async fn() {
+    const ref = parity.cnn;
+    const model = cnnTwin();
+    await loadModule(new URL("state_cnn.safetensors", FIXTURES).pathname, model);
+    const x = Tensor.from(ref.x, [2, 2, 9, 9], { requiresGrad: true });
+    const y = model.forward(x);
+    assertClose(await y.read(), ref.train_out, TOL.f32, "train-mode output");
+    backward(sum(mul(y, Tensor.from(ref.r, [2, 3]))));
+    assertClose(await x.grad!.read(), ref.dx, TOL.f32, "input gradient");
+    for (const [name, p] of model.namedParameters()) {
+      assertClose(await p.grad!.read(), ref.grads[name], TOL.f32, `${name} gradient`);
+    }
+    const state = model.stateDict();
+    for (const [name, values] of Object.entries(ref.running as Record<string, number[]>)) {
+      assertClose(await state.get(name)!.read(), values, TOL.f32, name);
+    }
+    model.eval();
+    assertClose(
+      await model.forward(Tensor.from(ref.x, [2, 2, 9, 9])).read(),
+      ref.eval_out,
+      TOL.f32,
+      "eval",
+    );
     model.dispose();
   },
 });

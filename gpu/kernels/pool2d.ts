@@ -1,0 +1,469 @@
+/**
+ * 2-D pooling over the last two axes of a contiguous [planes, H, W] view
+ * (NCHW: planes = N·C), one thread per output element forward and one per
+ * input element backward. Sums and comparisons run in f32; x, y, the
+ * gradients and dx are stored in the input's dtype.
+ *
+ * Backward is a gather, never a scatter: each input element walks the few
+ * output windows that can contain it (at most kh·kw of them; for adaptive
+ * pooling, the ones whose [start, end) ranges cover it) and adds their
+ * contributions in f32. Overlapping windows (stride < kernel) therefore sum
+ * without atomics, and the result does not depend on thread scheduling.
+ *
+ * Max pooling saves, per output element, the flat index (row · W + col) of
+ * the chosen element within its input plane as i32, or −1 for a window that
+ * holds padding only (possible with dilation); the backward compares it with
+ * each candidate input element. The choice follows PyTorch: the first
+ * maximum in row-major window order, except that a NaN wins over everything
+ * and a later NaN over an earlier one (`val > max || isnan(val)`).
+ */
+import type { DType } from "../dtype.ts";
+import { defineKernel, optional } from "../kernel.ts";
+import type { Shape } from "../shape.ts";
+import { Tensor } from "../tensor.ts";
+import { grid1d, WGSL_GRID_BUILTINS, WGSL_WORKGROUP_INDEX } from "./grid.ts";
+
+const WORKGROUP = 256;
+
+/** Where one pooling call reads and writes: sizes of the [planes, H, W] view and its windows. */
+export interface Pool2dGeometry {
+  /** The input's shape ([N, C, H, W] or [C, H, W]). */
+  readonly inputShape: Shape;
+  /** The output's shape (same rank, last two axes [oh, ow]). */
+  readonly outputShape: Shape;
+  /** N·C (or C): the number of independent planes. */
+  readonly planes: number;
+  /** Input height. */
+  readonly h: number;
+  /** Input width. */
+  readonly w: number;
+  /** Output height. */
+  readonly oh: number;
+  /** Output width. */
+  readonly ow: number;
+  /** Window [height, width] (unused by adaptive pooling). */
+  readonly kernel: readonly [number, number];
+  /** Step between windows [y, x] (unused by adaptive pooling). */
+  readonly stride: readonly [number, number];
+  /** Implicit padding on each side [y, x] (unused by adaptive pooling). */
+  readonly padding: readonly [number, number];
+  /** Spacing of window taps [y, x] (1 for average pooling). */
+  readonly dilation: readonly [number, number];
+}
+
+/** The window uniforms every fixed-window kernel declares. */
+const WINDOW_UNIFORMS = {
+  total: "u32",
+  h: "u32",
+  w: "u32",
+  oh: "u32",
+  ow: "u32",
+  kh: "u32",
+  kw: "u32",
+  sh: "u32",
+  sw: "u32",
+  ph: "u32",
+  pw: "u32",
+  dh: "u32",
+  dw: "u32",
+} as const;
+
+function windowUniforms(geo: Pool2dGeometry, total: number) {
+  return {
+    total,
+    h: geo.h,
+    w: geo.w,
+    oh: geo.oh,
+    ow: geo.ow,
+    kh: geo.kernel[0],
+    kw: geo.kernel[1],
+    sh: geo.stride[0],
+    sw: geo.stride[1],
+    ph: geo.padding[0],
+    pw: geo.padding[1],
+    dh: geo.dilation[0],
+    dw: geo.dilation[1],
+  };
+}
+
+/** The thread's element index `i`, returning when it is past `p.total`. */
+const THREAD_INDEX = `let i = ${WGSL_WORKGROUP_INDEX} * ${WORKGROUP}u + lid;
+  if (i >= p.total) { return; }`;
+
+/** Output coordinates (oy, ox) of thread `i`, its plane and the plane's input offset `base`. */
+const OUTPUT_COORDS = `let ox = i % p.ow;
+  let oy = (i / p.ow) % p.oh;
+  let base = (i / (p.ow * p.oh)) * p.h * p.w;
+  let y0 = i32(oy * p.sh) - i32(p.ph);
+  let x0 = i32(ox * p.sw) - i32(p.pw);`;
+
+/** Input coordinates (iy, ix) of thread `i` and the plane's output offset `obase`. */
+const INPUT_COORDS = `let ix = i % p.w;
+  let iy = (i / p.w) % p.h;
+  let obase = (i / (p.w * p.h)) * p.oh * p.ow;`;
+
+/**
+ * Loops over the output windows of a fixed-window pool that hold input
+ * (iy, ix) through tap (ky, kx), binding `oy`, `ox` and the output index `o`.
+ * A tap reaches at most one window, so no window is visited twice. With
+ * `disjoint` windows (stride ≥ kernel, no dilation: the usual MaxPool2d(2))
+ * an input lies in at most one window, found by one division per axis
+ * instead of a loop over the taps (4x faster on lavapipe).
+ */
+function forEachWindow(body: string, disjoint: boolean): string {
+  if (disjoint) {
+    return `{
+    let oy = (iy + p.ph) / p.sh;
+    let ox = (ix + p.pw) / p.sw;
+    if (iy + p.ph - oy * p.sh < p.kh && ix + p.pw - ox * p.sw < p.kw && oy < p.oh && ox < p.ow) {
+      let o = obase + oy * p.ow + ox;
+      ${body}
+    }
+  }`;
+  }
+  return `for (var ky = 0u; ky < p.kh; ky++) {
+    let ty = i32(iy + p.ph) - i32(ky * p.dh);
+    if (ty < 0 || u32(ty) % p.sh != 0u) { continue; }
+    let oy = u32(ty) / p.sh;
+    if (oy >= p.oh) { continue; }
+    for (var kx = 0u; kx < p.kw; kx++) {
+      let tx = i32(ix + p.pw) - i32(kx * p.dw);
+      if (tx < 0 || u32(tx) % p.sw != 0u) { continue; }
+      let ox = u32(tx) / p.sw;
+      if (ox >= p.ow) { continue; }
+      let o = obase + oy * p.ow + ox;
+      ${body}
+    }
+  }`;
+}
+
+/** Max pooling forward: y, and the argmax per output when `indices` is set. */
+export const maxPool2dKernel = defineKernel({
+  name: "max_pool2d",
+  bindings: (c: { dtype: DType; indices: boolean }) => [
+    { name: "x", type: c.dtype },
+    { name: "y", type: c.dtype, write: true },
+    ...optional(c.indices, { name: "idx", type: "i32", write: true }),
+  ],
+  uniforms: { ...WINDOW_UNIFORMS, neg_inf: "f32" },
+  source: ({ dtype, indices }) =>
+    `fn is_nan(v: f32) -> bool {
+  // Bit test: compilers may assume v != v is false.
+  return (bitcast<u32>(v) & 0x7fffffffu) > 0x7f800000u;
+}
+
+@compute @workgroup_size(${WORKGROUP})
+fn main(${WGSL_GRID_BUILTINS}) {
+  ${THREAD_INDEX}
+  ${OUTPUT_COORDS}
+  var best = 0.0;
+  var arg = -1;
+  var nan_seen = false;
+  for (var ky = 0u; ky < p.kh; ky++) {
+    let iy = y0 + i32(ky * p.dh);
+    if (iy < 0 || iy >= i32(p.h)) { continue; }
+    for (var kx = 0u; kx < p.kw; kx++) {
+      let ix = x0 + i32(kx * p.dw);
+      if (ix < 0 || ix >= i32(p.w)) { continue; }
+      let pos = iy * i32(p.w) + ix;
+      let v = f32(x[base + u32(pos)]);
+      let v_nan = is_nan(v);
+      if (v_nan || (!nan_seen && (arg < 0 || v > best))) {
+        best = v;
+        arg = pos;
+        nan_seen = nan_seen || v_nan;
+      }
+    }
+  }
+  // Copy the chosen element itself: exact in any dtype, NaN payload included.
+  if (arg >= 0) { y[i] = x[base + u32(arg)]; } else { y[i] = ${dtype}(p.neg_inf); }
+  ${indices ? "idx[i] = arg;" : ""}
+}`,
+});
+
+/** Max pooling backward: dx[i] = Σ g[o] over the windows o whose saved argmax is i. */
+export const maxPool2dBackwardKernel = defineKernel({
+  name: "max_pool2d_backward",
+  bindings: (c: { dtype: DType; disjoint: boolean }) => [
+    { name: "g", type: c.dtype },
+    { name: "idx", type: "i32" },
+    { name: "dx", type: c.dtype, write: true },
+  ],
+  uniforms: WINDOW_UNIFORMS,
+  source: ({ dtype, disjoint }) =>
+    `@compute @workgroup_size(${WORKGROUP})
+fn main(${WGSL_GRID_BUILTINS}) {
+  ${THREAD_INDEX}
+  ${INPUT_COORDS}
+  let here = i32(iy * p.w + ix);
+  var acc = 0.0;
+  ${forEachWindow("if (idx[o] == here) { acc += f32(g[o]); }", disjoint)}
+  dx[i] = ${dtype}(acc);
+}`,
+});
+
+/** The f32 sum of x over rows [ya, yb) and columns [xa, xb) of the plane at `base`. */
+const WGSL_WINDOW_SUM = `fn window_sum(base: u32, ya: u32, yb: u32, xa: u32, xb: u32) -> f32 {
+  var acc = 0.0;
+  for (var iy = ya; iy < yb; iy++) {
+    for (var ix = xa; ix < xb; ix++) { acc += f32(x[base + iy * p.w + ix]); }
+  }
+  return acc;
+}
+`;
+
+/**
+ * Average pooling forward. The divisor is kh·kw (multiplied as its host
+ * reciprocal `inv_area`) when `include_pad` is 1, else the number of
+ * non-padding elements of the window.
+ */
+export const avgPool2dKernel = defineKernel({
+  name: "avg_pool2d",
+  bindings: (c: { dtype: DType }) => [
+    { name: "x", type: c.dtype },
+    { name: "y", type: c.dtype, write: true },
+  ],
+  uniforms: { ...WINDOW_UNIFORMS, include_pad: "u32", inv_area: "f32" },
+  source: ({ dtype }) =>
+    `${WGSL_WINDOW_SUM}
+@compute @workgroup_size(${WORKGROUP})
+fn main(${WGSL_GRID_BUILTINS}) {
+  ${THREAD_INDEX}
+  ${OUTPUT_COORDS}
+  let ya = u32(max(y0, 0));
+  let yb = u32(min(y0 + i32(p.kh), i32(p.h)));
+  let xa = u32(max(x0, 0));
+  let xb = u32(min(x0 + i32(p.kw), i32(p.w)));
+  let acc = window_sum(base, ya, yb, xa, xb);
+  var v = acc * p.inv_area;
+  if (p.include_pad == 0u) { v = acc / f32((yb - ya) * (xb - xa)); }
+  y[i] = ${dtype}(v);
+}`,
+});
+
+/** Average pooling backward: dx[i] = Σ g[o] / divisor(o) over the windows o holding i. */
+export const avgPool2dBackwardKernel = defineKernel({
+  name: "avg_pool2d_backward",
+  bindings: (c: { dtype: DType; disjoint: boolean }) => [
+    { name: "g", type: c.dtype },
+    { name: "dx", type: c.dtype, write: true },
+  ],
+  uniforms: { ...WINDOW_UNIFORMS, include_pad: "u32", inv_area: "f32" },
+  source: ({ dtype, disjoint }) =>
+    `@compute @workgroup_size(${WORKGROUP})
+fn main(${WGSL_GRID_BUILTINS}) {
+  ${THREAD_INDEX}
+  ${INPUT_COORDS}
+  var acc = 0.0;
+  ${
+      forEachWindow(
+        `if (p.include_pad == 1u) {
+        acc += f32(g[o]) * p.inv_area;
+      } else {
+        let y0 = i32(oy * p.sh) - i32(p.ph);
+        let x0 = i32(ox * p.sw) - i32(p.pw);
+        let rows = min(y0 + i32(p.kh), i32(p.h)) - max(y0, 0);
+        let cols = min(x0 + i32(p.kw), i32(p.w)) - max(x0, 0);
+        acc += f32(g[o]) / f32(rows * cols);
+      }`,
+        disjoint,
+      )
+    }
+  dx[i] = ${dtype}(acc);
+}`,
+});
+
+/** PyTorch's adaptive window of output `o` of `n` over `size`: [⌊o·size/n⌋, ⌈(o+1)·size/n⌉). */
+const WGSL_ADAPTIVE = `fn win_start(o: u32, n: u32, size: u32) -> u32 { return (o * size) / n; }
+fn win_end(o: u32, n: u32, size: u32) -> u32 { return ((o + 1u) * size + n - 1u) / n; }
+`;
+
+const ADAPTIVE_UNIFORMS = { total: "u32", h: "u32", w: "u32", oh: "u32", ow: "u32" } as const;
+
+/** Adaptive average pooling forward: the mean of each output's adaptive window. */
+export const adaptiveAvgPool2dKernel = defineKernel({
+  name: "adaptive_avg_pool2d",
+  bindings: (c: { dtype: DType }) => [
+    { name: "x", type: c.dtype },
+    { name: "y", type: c.dtype, write: true },
+  ],
+  uniforms: ADAPTIVE_UNIFORMS,
+  source: ({ dtype }) =>
+    `${WGSL_ADAPTIVE}${WGSL_WINDOW_SUM}
+@compute @workgroup_size(${WORKGROUP})
+fn main(${WGSL_GRID_BUILTINS}) {
+  ${THREAD_INDEX}
+  let ox = i % p.ow;
+  let oy = (i / p.ow) % p.oh;
+  let base = (i / (p.ow * p.oh)) * p.h * p.w;
+  let ya = win_start(oy, p.oh, p.h);
+  let yb = win_end(oy, p.oh, p.h);
+  let xa = win_start(ox, p.ow, p.w);
+  let xb = win_end(ox, p.ow, p.w);
+  let acc = window_sum(base, ya, yb, xa, xb);
+  y[i] = ${dtype}(acc / f32((yb - ya) * (xb - xa)));
+}`,
+});
+
+/**
+ * Adaptive average pooling backward. Input row iy lies in the windows of
+ * output rows ⌊iy·oh/H⌋ … ⌈(iy+1)·oh/H⌉ − 1 (and likewise for columns);
+ * each is checked against its window, then adds g / window size.
+ */
+export const adaptiveAvgPool2dBackwardKernel = defineKernel({
+  name: "adaptive_avg_pool2d_backward",
+  bindings: (c: { dtype: DType }) => [
+    { name: "g", type: c.dtype },
+    { name: "dx", type: c.dtype, write: true },
+  ],
+  uniforms: ADAPTIVE_UNIFORMS,
+  source: ({ dtype }) =>
+    `${WGSL_ADAPTIVE}
+@compute @workgroup_size(${WORKGROUP})
+fn main(${WGSL_GRID_BUILTINS}) {
+  ${THREAD_INDEX}
+  ${INPUT_COORDS}
+  let oy_end = min(((iy + 1u) * p.oh + p.h - 1u) / p.h, p.oh);
+  let ox_end = min(((ix + 1u) * p.ow + p.w - 1u) / p.w, p.ow);
+  var acc = 0.0;
+  for (var oy = (iy * p.oh) / p.h; oy < oy_end; oy++) {
+    let ya = win_start(oy, p.oh, p.h);
+    let yb = win_end(oy, p.oh, p.h);
+    if (iy < ya || iy >= yb) { continue; }
+    for (var ox = (ix * p.ow) / p.w; ox < ox_end; ox++) {
+      let xa = win_start(ox, p.ow, p.w);
+      let xb = win_end(ox, p.ow, p.w);
+      if (ix < xa || ix >= xb) { continue; }
+      acc += f32(g[obase + oy * p.ow + ox]) / f32((yb - ya) * (xb - xa));
+    }
+  }
+  dx[i] = ${dtype}(acc);
+}`,
+});
+
+function groups(n: number): [number, number] {
+  return grid1d(Math.ceil(n / WORKGROUP));
+}
+
+/**
+ * A new tensor of `shape` (`like`'s dtype and device) filled by `dispatch`,
+ * one thread per element; nothing runs when it is empty.
+ */
+function perElement(
+  like: Tensor,
+  shape: Shape,
+  dispatch: (out: Tensor, total: number) => void,
+): Tensor {
+  const out = Tensor.empty(shape, like.dtype, like.gpu);
+  if (out.size > 0) dispatch(out, out.size);
+  return out;
+}
+
+/**
+ * Max pooling of `x` over `geo` (no autograd): y in x's dtype, and with
+ * `withIndices` the i32 argmax per output element (see the module docs).
+ */
+export function launchMaxPool2d(
+  x: Tensor,
+  geo: Pool2dGeometry,
+  withIndices: boolean,
+): { y: Tensor; indices: Tensor | null } {
+  const y = Tensor.empty(geo.outputShape, x.dtype, x.gpu);
+  const indices = withIndices ? Tensor.empty(geo.outputShape, "i32", x.gpu) : null;
+  const total = y.size;
+  if (total === 0) return { y, indices };
+  const kernel = x.gpu.kernel(maxPool2dKernel, { dtype: x.dtype, indices: withIndices });
+  x.gpu.dispatch(
+    kernel,
+    indices ? { x, y, idx: indices } : { x, y },
+    { ...windowUniforms(geo, total), neg_inf: -Infinity },
+    groups(total),
+  );
+  return { y, indices };
+}
+
+/** The input gradient of max pooling from `g` and the saved argmax `indices` (no autograd). */
+export function launchMaxPool2dBackward(g: Tensor, indices: Tensor, geo: Pool2dGeometry): Tensor {
+  const kernel = g.gpu.kernel(maxPool2dBackwardKernel, {
+    dtype: g.dtype,
+    disjoint: isDisjoint(geo),
+  });
+  return perElement(g, geo.inputShape, (dx, total) =>
+    g.gpu.dispatch(
+      kernel,
+      { g, idx: indices, dx },
+      windowUniforms(geo, total),
+      groups(total),
+    ));
+}
+
+/** Whether no two windows share an input element (and each is contiguous). */
+function isDisjoint(geo: Pool2dGeometry): boolean {
+  const [kh, kw] = geo.kernel, [sh, sw] = geo.stride, [dh, dw] = geo.dilation;
+  return dh === 1 && dw === 1 && sh >= kh && sw >= kw;
+}
+
+function avgUniforms(geo: Pool2dGeometry, total: number, countIncludePad: boolean) {
+  return {
+    ...windowUniforms(geo, total),
+    include_pad: countIncludePad ? 1 : 0,
+    inv_area: 1 / (geo.kernel[0] * geo.kernel[1]),
+  };
+}
+
+/** Average pooling of `x` over `geo` (no autograd), in x's dtype. */
+export function launchAvgPool2d(
+  x: Tensor,
+  geo: Pool2dGeometry,
+  countIncludePad: boolean,
+): Tensor {
+  const kernel = x.gpu.kernel(avgPool2dKernel, { dtype: x.dtype });
+  return perElement(
+    x,
+    geo.outputShape,
+    (y, total) =>
+      x.gpu.dispatch(kernel, { x, y }, avgUniforms(geo, total, countIncludePad), groups(total)),
+  );
+}
+
+/** The input gradient of average pooling from `g` (no autograd). */
+export function launchAvgPool2dBackward(
+  g: Tensor,
+  geo: Pool2dGeometry,
+  countIncludePad: boolean,
+): Tensor {
+  const kernel = g.gpu.kernel(avgPool2dBackwardKernel, {
+    dtype: g.dtype,
+    disjoint: isDisjoint(geo),
+  });
+  return perElement(
+    g,
+    geo.inputShape,
+    (dx, total) =>
+      g.gpu.dispatch(kernel, { g, dx }, avgUniforms(geo, total, countIncludePad), groups(total)),
+  );
+}
+
+function adaptiveUniforms(geo: Pool2dGeometry, total: number) {
+  return { total, h: geo.h, w: geo.w, oh: geo.oh, ow: geo.ow };
+}
+
+/** Adaptive average pooling of `x` to `geo`'s [oh, ow] (no autograd), in x's dtype. */
+export function launchAdaptiveAvgPool2d(x: Tensor, geo: Pool2dGeometry): Tensor {
+  const kernel = x.gpu.kernel(adaptiveAvgPool2dKernel, { dtype: x.dtype });
+  return perElement(
+    x,
+    geo.outputShape,
+    (y, total) => x.gpu.dispatch(kernel, { x, y }, adaptiveUniforms(geo, total), groups(total)),
+  );
+}
+
+/** The input gradient of adaptive average pooling from `g` (no autograd). */
+export function launchAdaptiveAvgPool2dBackward(g: Tensor, geo: Pool2dGeometry): Tensor {
+  const kernel = g.gpu.kernel(adaptiveAvgPool2dBackwardKernel, { dtype: g.dtype });
+  return perElement(
+    g,
+    geo.inputShape,
+    (dx, total) => g.gpu.dispatch(kernel, { g, dx }, adaptiveUniforms(geo, total), groups(total)),
+  );
+}

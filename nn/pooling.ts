@@ -1,0 +1,187 @@
+/**
+ * Pooling and flatten layers (NCHW, as PyTorch). They have no parameters;
+ * their options are checked in the constructor, not at the first forward.
+ */
+import { checkFlattenDims, flatten } from "../gpu/ops/flatten.ts";
+import {
+  adaptiveAvgPool2d,
+  type AdaptiveSize2d,
+  avgPool2d,
+  type AvgPool2dOptions,
+  maxPool2d,
+  type MaxPool2dOptions,
+  resolveAdaptiveSize,
+  resolvePool2dOptions,
+  type Size2d,
+} from "../gpu/ops/pool2d.ts";
+import type { Tensor } from "../gpu/tensor.ts";
+import { Module } from "./module.ts";
+
+/** `{ kernelSize: k }` for a bare size, else the options themselves. */
+function optionsOf<O extends { kernelSize: Size2d }>(arg: Size2d | O): O {
+  return typeof arg === "number" || Array.isArray(arg)
+    ? { kernelSize: arg as Size2d } as O
+    : arg as O;
+}
+
+/**
+ * 2-D max pooling (see {@link maxPool2d}), as `torch.nn.MaxPool2d` without
+ * `ceil_mode`. Give the kernel size alone (`new MaxPool2d(2)`) or every
+ * option (`new MaxPool2d({ kernelSize: 3, stride: 2, padding: 1 })`).
+ *
+ * @example
+ * ```ts
+ * import { MaxPool2d } from "./pooling.ts";
+ * import { initGpu, Tensor } from "../mod.ts";
+ * const gpu = await initGpu({ matmulTiling: "default" });
+ * const pool = new MaxPool2d(2);
+ * const x = Tensor.from([1, 2, 5, 3, 4, 0, 7, 1, 9, 8, 2, 6, 3, 3, 1, 2], [1, 1, 4, 4]);
+ * const y = pool.forward(x); // [1, 1, 2, 2]
+ * console.assert((await y.read()).join() === "4,7,9,6");
+ * gpu.destroy();
+ * ```
+ */
+export class MaxPool2d extends Module {
+  /** Window [height, width]. */
+  readonly kernelSize: readonly [number, number];
+  /** Step between windows [y, x]. */
+  readonly stride: readonly [number, number];
+  /** Implicit −∞ padding [y, x]. */
+  readonly padding: readonly [number, number];
+  /** Spacing between taps [y, x]. */
+  readonly dilation: readonly [number, number];
+
+  /** A max-pooling layer; throws a ValueError at once for invalid options. */
+  constructor(options: Size2d | MaxPool2dOptions) {
+    super();
+    const o = resolvePool2dOptions("MaxPool2d", optionsOf(options), "max");
+    this.kernelSize = o.kernelSize;
+    this.stride = o.stride;
+    this.padding = o.padding;
+    this.dilation = o.dilation;
+  }
+
+  /** Max-pools `x` ([N, C, H, W] or [C, H, W]). */
+  forward(x: Tensor): Tensor {
+    return maxPool2d(x, {
+      kernelSize: this.kernelSize,
+      stride: this.stride,
+      padding: this.padding,
+      dilation: this.dilation,
+    });
+  }
+}
+
+/**
+ * 2-D average pooling (see {@link avgPool2d}), as `torch.nn.AvgPool2d`
+ * without `ceil_mode` and `divisor_override`. Give the kernel size alone
+ * (`new AvgPool2d(2)`) or every option.
+ *
+ * @example
+ * ```ts
+ * import { AvgPool2d } from "./pooling.ts";
+ * import { initGpu, Tensor } from "../mod.ts";
+ * const gpu = await initGpu({ matmulTiling: "default" });
+ * const pool = new AvgPool2d({ kernelSize: 2, stride: 1 });
+ * const y = pool.forward(Tensor.from([1, 2, 3, 4, 5, 6, 7, 8, 9], [1, 1, 3, 3]));
+ * console.assert((await y.read()).join() === "3,4,6,7");
+ * gpu.destroy();
+ * ```
+ */
+export class AvgPool2d extends Module {
+  /** Window [height, width]. */
+  readonly kernelSize: readonly [number, number];
+  /** Step between windows [y, x]. */
+  readonly stride: readonly [number, number];
+  /** Implicit zero padding [y, x]. */
+  readonly padding: readonly [number, number];
+  /** Whether padding counts in the divisor. */
+  readonly countIncludePad: boolean;
+
+  /** An average-pooling layer; throws a ValueError at once for invalid options. */
+  constructor(options: Size2d | AvgPool2dOptions) {
+    super();
+    const o = resolvePool2dOptions("AvgPool2d", optionsOf(options), "avg");
+    this.kernelSize = o.kernelSize;
+    this.stride = o.stride;
+    this.padding = o.padding;
+    this.countIncludePad = o.countIncludePad;
+  }
+
+  /** Average-pools `x` ([N, C, H, W] or [C, H, W]). */
+  forward(x: Tensor): Tensor {
+    return avgPool2d(x, {
+      kernelSize: this.kernelSize,
+      stride: this.stride,
+      padding: this.padding,
+      countIncludePad: this.countIncludePad,
+    });
+  }
+}
+
+/**
+ * Adaptive average pooling to a fixed output size (see
+ * {@link adaptiveAvgPool2d}), as `torch.nn.AdaptiveAvgPool2d`;
+ * `new AdaptiveAvgPool2d(1)` is global average pooling.
+ *
+ * @example
+ * ```ts
+ * import { AdaptiveAvgPool2d } from "./pooling.ts";
+ * import { initGpu, Tensor } from "../mod.ts";
+ * const gpu = await initGpu({ matmulTiling: "default" });
+ * const gap = new AdaptiveAvgPool2d(1);
+ * const y = gap.forward(Tensor.from([1, 2, 3, 4, 10, 20, 30, 40], [1, 2, 2, 2]));
+ * console.assert(y.shape.join() === "1,2,1,1" && (await y.read()).join() === "2.5,25");
+ * gpu.destroy();
+ * ```
+ */
+export class AdaptiveAvgPool2d extends Module {
+  /** Output [height, width]; null keeps the input's size along that axis. */
+  readonly outputSize: readonly [number | null, number | null];
+
+  /** An adaptive average-pooling layer; throws a ValueError at once for an invalid size. */
+  constructor(outputSize: AdaptiveSize2d) {
+    super();
+    this.outputSize = resolveAdaptiveSize("AdaptiveAvgPool2d", outputSize);
+  }
+
+  /** Pools `x` ([N, C, H, W] or [C, H, W]) to the output size. */
+  forward(x: Tensor): Tensor {
+    return adaptiveAvgPool2d(x, this.outputSize);
+  }
+}
+
+/**
+ * Merges axes `startDim` … `endDim` into one (see {@link flatten}), as
+ * `torch.nn.Flatten`: by default [N, C, H, W] → [N, C·H·W], a view without
+ * a copy.
+ *
+ * @example
+ * ```ts
+ * import { Flatten } from "./pooling.ts";
+ * import { initGpu, Tensor } from "../mod.ts";
+ * const gpu = await initGpu({ matmulTiling: "default" });
+ * const y = new Flatten().forward(Tensor.zeros([2, 3, 4, 5]));
+ * console.assert(y.shape.join() === "2,60");
+ * gpu.destroy();
+ * ```
+ */
+export class Flatten extends Module {
+  /** First axis merged (negative counts from the end). */
+  readonly startDim: number;
+  /** Last axis merged, inclusive (negative counts from the end). */
+  readonly endDim: number;
+
+  /** A flatten layer; throws a ValueError at once unless both axes are integers. */
+  constructor(startDim = 1, endDim = -1) {
+    super();
+    checkFlattenDims("Flatten", startDim, endDim);
+    this.startDim = startDim;
+    this.endDim = endDim;
+  }
+
+  /** Flattens `x`. */
+  forward(x: Tensor): Tensor {
+    return flatten(x, this.startDim, this.endDim);
+  }
+}

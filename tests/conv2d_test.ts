@@ -1,0 +1,241 @@
+import assert from "node:assert/strict";
+import { mul, sum, Tensor, tidy } from "../gpu/mod.ts";
+import { conv2d, type Conv2dOptions } from "../gpu/ops/conv2d.ts";
+import { GPU_TEST, withEachTiling } from "./_gpu.ts";
+import { tilingName } from "../gpu/matmul_class.ts";
+import { gradcheck } from "./_gradcheck.ts";
+import { quantize, uniform } from "./_reference.ts";
+import { assertClose, TOL, type Tolerance } from "./_assert.ts";
+
+/** A convolution case: sizes and PyTorch-style options. */
+interface Case {
+  n: number;
+  c: number;
+  h: number;
+  w: number;
+  o: number;
+  k: [number, number];
+  stride?: [number, number];
+  padding?: [number, number] | "same";
+  dilation?: [number, number];
+  groups?: number;
+  bias?: boolean;
+  relu?: boolean;
+}
+
+/**
+ * conv2d in f64 from the definition, with its gradients for upstream `dy`:
+ * y[n, o, i, j] = b[o] + Σ_{c, u, v} x[n, g·C/G + c, i·s − p + u·d, j·s − p + v·d]·w[o, c, u, v].
+ */
+function conv2d64(
+  x: Float64Array,
+  wt: Float64Array,
+  b: Float64Array | null,
+  dy: Float64Array | null,
+  t: Case,
+) {
+  const [kh, kw] = t.k, [sh, sw] = t.stride ?? [1, 1], [dh, dw] = t.dilation ?? [1, 1];
+  const groups = t.groups ?? 1, cg = t.c / groups, og = t.o / groups;
+  const spanH = dh * (kh - 1) + 1, spanW = dw * (kw - 1) + 1;
+  const [ph, pw] = t.padding === "same"
+    ? [Math.floor((spanH - 1) / 2), Math.floor((spanW - 1) / 2)]
+    : t.padding ?? [0, 0];
+  const oh = t.padding === "same" ? t.h : Math.floor((t.h + 2 * ph - spanH) / sh) + 1;
+  const ow = t.padding === "same" ? t.w : Math.floor((t.w + 2 * pw - spanW) / sw) + 1;
+  const y = new Float64Array(t.n * t.o * oh * ow);
+  const dx = new Float64Array(x.length), dwt = new Float64Array(wt.length);
+  const db = new Float64Array(t.o);
+  const X = (n: number, c: number, i: number, j: number) => ((n * t.c + c) * t.h + i) * t.w + j;
+  const W = (o: number, c: number, u: number, v: number) => ((o * cg + c) * kh + u) * kw + v;
+  for (let n = 0; n < t.n; n++) {
+    for (let o = 0; o < t.o; o++) {
+      const g = Math.floor(o / og);
+      for (let i = 0; i < oh; i++) {
+        for (let j = 0; j < ow; j++) {
+          const at = ((n * t.o + o) * oh + i) * ow + j;
+          let s = b ? b[o] : 0;
+          const gy = dy ? dy[at] : 0;
+          db[o] += gy;
+          for (let c = 0; c < cg; c++) {
+            for (let u = 0; u < kh; u++) {
+              for (let v = 0; v < kw; v++) {
+                const ih = i * sh - ph + u * dh, iw = j * sw - pw + v * dw;
+                if (ih < 0 || ih >= t.h || iw < 0 || iw >= t.w) continue;
+                const xi = X(n, g * cg + c, ih, iw), wi = W(o, c, u, v);
+                s += x[xi] * wt[wi];
+                dx[xi] += gy * wt[wi];
+                dwt[wi] += gy * x[xi];
+              }
+            }
+          }
+          y[at] = s;
+        }
+      }
+    }
+  }
+  return { y, dx, dw: dwt, db, shape: [t.n, t.o, oh, ow] };
+}
+
+function optionsOf(t: Case, bias: Tensor | null): Conv2dOptions {
+  return {
+    stride: t.stride,
+    padding: t.padding,
+    dilation: t.dilation,
+    groups: t.groups,
+    bias,
+    activation: t.relu ? "relu" : "none",
+  };
+}
+
+// H, W of 1, 7, 9 and 33; kernels 1, 3, 5, 3×1 and an even 4; strides 1 and 2; dilation 2;
+// groups 2 and depthwise; padding 0, 1, 2 and "same"; both product orientations.
+const CASES: Case[] = [
+  { n: 2, c: 3, h: 7, w: 7, o: 4, k: [3, 3], padding: [1, 1], bias: true },
+  { n: 1, c: 2, h: 9, w: 7, o: 3, k: [5, 5], stride: [2, 2], padding: [2, 2] },
+  { n: 3, c: 4, h: 1, w: 1, o: 2, k: [1, 1], bias: true },
+  { n: 2, c: 4, h: 9, w: 9, o: 6, k: [3, 3], padding: [2, 2], dilation: [2, 2], groups: 2 },
+  { n: 2, c: 5, h: 9, w: 9, o: 5, k: [3, 3], stride: [2, 2], padding: [1, 1], groups: 5 },
+  { n: 1, c: 3, h: 7, w: 33, o: 2, k: [3, 1], padding: [1, 0], bias: true, relu: true },
+  { n: 2, c: 2, h: 7, w: 7, o: 3, k: [4, 4], padding: "same" },
+  { n: 1, c: 2, h: 9, w: 9, o: 2, k: [3, 3], padding: "same", dilation: [2, 2], stride: [1, 1] },
+  { n: 4, c: 8, h: 33, w: 33, o: 16, k: [3, 3], padding: [1, 1], bias: true, relu: true },
+  { n: 2, c: 6, h: 9, w: 7, o: 4, k: [3, 3], stride: [2, 1], groups: 2, bias: true },
+  // Fewer positions than channels: the products run untransposed (see transposeFor).
+  { n: 1, c: 2, h: 3, w: 3, o: 16, k: [3, 3], bias: true },
+  { n: 1, c: 16, h: 1, w: 2, o: 3, k: [1, 1], stride: [1, 2] },
+];
+
+// dweight and dbias are sums over every output position (up to 4356 terms of size ≤ ~3).
+const SUM_TOL: Record<"f32" | "f16", Tolerance> = {
+  f32: { atol: 1e-4, rtol: 1e-4 },
+  f16: { atol: 2e-2, rtol: 3e-3 },
+};
+
+const label = (t: Case) =>
+  `${t.n}×${t.c}×${t.h}×${t.w} → ${t.o}, k ${t.k}, s ${t.stride ?? 1}, p ${t.padding ?? 0}, ` +
+  `d ${t.dilation ?? 1}, g ${t.groups ?? 1}${t.bias ? ", bias" : ""}${t.relu ? ", relu" : ""}`;
+
+/** Runs case `t` in `dtype` forward and backward and checks everything against f64. */
+async function checkCase(t: Case, dtype: "f32" | "f16", tiling: string): Promise<void> {
+  const cg = t.c / (t.groups ?? 1);
+  const x = quantize(uniform(t.n * t.c * t.h * t.w, 1, -1, 1), dtype);
+  const w = quantize(uniform(t.o * cg * t.k[0] * t.k[1], 2, -0.5, 0.5), dtype);
+  const b = t.bias ? quantize(uniform(t.o, 3, -0.5, 0.5), "f32") : null;
+  const gy = quantize(uniform(conv2d64(x, w, b, null, t).y.length, 4), dtype);
+  // Under ReLU the upstream gradient passes only where y > 0.
+  const pre = conv2d64(x, w, b, null, t).y;
+  const ref = conv2d64(x, w, b, t.relu ? gy.map((g, i) => (pre[i] > 0 ? g : 0)) : gy, t);
+  const tx = Tensor.from(x, [t.n, t.c, t.h, t.w], { dtype, requiresGrad: true });
+  const tw = Tensor.from(w, [t.o, cg, ...t.k], { dtype, requiresGrad: true });
+  const tb = b ? Tensor.from(b, [t.o], { requiresGrad: true }) : null;
+  const y = conv2d(tx, tw, optionsOf(t, tb));
+  const what = `${label(t)} ${dtype} (${tiling})`;
+  assert.deepEqual(y.shape, ref.shape, what);
+  assert.equal(y.dtype, dtype);
+  assertClose(
+    await y.read(),
+    t.relu ? ref.y.map((v) => Math.max(v, 0)) : ref.y,
+    TOL[dtype],
+    `y ${what}`,
+  );
+  y.backward({ gradient: Tensor.from(gy, ref.shape, { dtype }) });
+  assertClose(await tx.grad!.read(), ref.dx, TOL[dtype], `dx ${what}`);
+  assertClose(await tw.grad!.read(), ref.dw, SUM_TOL[dtype], `dweight ${what}`);
+  if (tb) assertClose(await tb.grad!.read(), ref.db, SUM_TOL.f32, `dbias ${what}`);
+  for (const tensor of [tx, tw, tb, y]) {
+    tensor?.grad?.dispose();
+    tensor?.dispose();
+  }
+}
+
+Deno.test({
+  name: "conv2d: forward, dx, dweight and dbias match f64 at odd shapes, f32 and f16",
+  ...GPU_TEST,
+  async fn() {
+    for (const t of CASES) {
+      for (const dtype of ["f32", "f16"] as const) await checkCase(t, dtype, "default tiling");
+    }
+  },
+});
+
+Deno.test({
+  name: "conv2d: every matmul tiling candidate (register, interleaved, shared) computes the same",
+  ...GPU_TEST,
+  async fn() {
+    await withEachTiling(async (tiling) => {
+      for (const t of [CASES[1], CASES[4], CASES[9]]) await checkCase(t, "f32", tilingName(tiling));
+    });
+  },
+});
+
+Deno.test({
+  name: "conv2d: gradients agree with finite differences (stride, dilation, groups, bias)",
+  ...GPU_TEST,
+  async fn() {
+    const t: Case = {
+      n: 2,
+      c: 4,
+      h: 7,
+      w: 6,
+      o: 2,
+      k: [3, 2],
+      stride: [2, 1],
+      padding: [1, 1],
+      dilation: [1, 2],
+      groups: 2,
+    };
+    const weights = uniform(2 * 2 * 3 * 2 * 2 * 5 * 2, 9); // y's size for a fixed weighting
+    await gradcheck(
+      "conv2d",
+      ([x, w, b]) => {
+        const y = conv2d(x, w, { ...optionsOf(t, b) });
+        return sum(mul(y, Tensor.from(weights.slice(0, y.size), y.shape)));
+      },
+      [uniform(2 * 4 * 7 * 6, 1), uniform(2 * 2 * 3 * 2, 2), uniform(2, 3)],
+      [[2, 4, 7, 6], [2, 2, 3, 2], [2]],
+    );
+  },
+});
+
+Deno.test({
+  name: "conv2d: bad input is a clear error naming the op, the shapes and what to do",
+  ...GPU_TEST,
+  fn() {
+    tidy(() => {
+      const x = Tensor.zeros([1, 4, 5, 5]);
+      const w = Tensor.zeros([6, 2, 3, 3]);
+      assert.throws(
+        () => conv2d(x, Tensor.zeros([6, 3, 3, 3]), { groups: 3 }),
+        /conv2d: input channels 4 and output channels 6 must both divide by groups 3/,
+      );
+      assert.throws(
+        () => conv2d(x, w),
+        /conv2d: weight has 2 input channels per group but the input gives 4 \/ 1 groups = 4/,
+      );
+      assert.throws(
+        () => conv2d(x, Tensor.zeros([2, 4, 7, 7])),
+        /conv2d: the kernel spans 7×7 .* but the padded input is 5×5 .*pad more or use a smaller kernel/,
+      );
+      assert.throws(
+        () => conv2d(Tensor.zeros([4, 5, 5]), w, { groups: 2 }),
+        /conv2d: input must be \[N, C, H, W\] \(got input f32 \[4, 5, 5\].*add a batch axis/,
+      );
+      assert.throws(
+        () => conv2d(x, w, { groups: 2, stride: 0 }),
+        /conv2d: stride must be a positive integer or a pair \[height, width\] of them, got 0/,
+      );
+      assert.throws(
+        () => conv2d(x, w, { groups: 2, padding: "same", stride: 2 }),
+        /conv2d: padding "same" needs stride 1/,
+      );
+      assert.throws(
+        () => conv2d(x, w, { groups: 2, bias: Tensor.zeros([5]) }),
+        /conv2d: bias f32 \[5\] must be \[6\]/,
+      );
+      assert.throws(
+        () => conv2d(x, Tensor.zeros([6, 2, 3, 3], { dtype: "f16" }), { groups: 2 }),
+        /conv2d: dtypes differ/,
+      );
+    });
+  },
+});
