@@ -35,7 +35,7 @@ import type { PlotPoint } from "./_plot.ts";
 import { Progress } from "./_progress.ts";
 import { profileFields, ProfileWindow } from "./_profile_window.ts";
 import { checkRun, type MnistArgs, parseMnistArgsOrExit } from "./mnist_args.ts";
-import { gather, loadData, shuffle } from "./mnist_batches.ts";
+import { gather, loadData, randomShifts, shuffle } from "./mnist_batches.ts";
 import { MNIST_CLASSES, MNIST_PIXELS, type MnistSplit } from "./mnist_data.ts";
 import { mnistInputShape, mnistModel } from "./mnist_model.ts";
 import { report, reportStart, writePlot } from "./mnist_report.ts";
@@ -119,6 +119,7 @@ function runShape(run: Run) {
   const { cfg } = run;
   return {
     model: cfg.model,
+    shift: cfg.shift,
     optimizer: cfg.optimizer,
     schedule: cfg.schedule,
     epochs: cfg.epochs, // the schedule spans them
@@ -181,9 +182,10 @@ async function trainEpoch(run: Run, tally: Tally, epoch: number, progress: Progr
   const { cfg, train, batch, model, trainer, scheduler, totalSteps } = run;
   const pixels = new Float32Array(batch * MNIST_PIXELS), labels = new Int32Array(batch);
   const order = shuffle(train.count, run.shuffler);
+  const shifts = cfg.shift > 0 ? randomShifts(train.count, cfg.shift, run.shuffler) : null;
   let intervalStart = performance.now(), intervalStep = tally.step;
   for (let s = 0; s < run.stepsPerEpoch; s++) {
-    gather(train, order, s * batch, batch, pixels, labels);
+    gather(train, order, s * batch, batch, pixels, labels, shifts);
     run.profile?.before(tally.step + 1);
     // One micro-batch: forward under autocast (with --amp), scaled backward;
     // every --accum micro-batches the trainer unscales, checks for overflow,

@@ -29,6 +29,8 @@ Flags:
   --model NAME     mlp (default: 784-256-256-10) or cnn (Conv 3×3 32 → BatchNorm
                    → ReLU → MaxPool 2 → Conv 3×3 64 → BatchNorm → ReLU →
                    MaxPool 2 → Linear; BatchNorm stays fp32 under --amp)
+  --shift N        move each training image by a random 0..N pixels along each
+                   axis every epoch, 0 to 8 (default 2 for cnn, 0 for mlp)
   --epochs N       passes over the training set, 1 to 1000 (default 4)
   --batch N        examples per step, at most the training images (default
                    128); the last partial batch of an epoch is dropped so
@@ -82,6 +84,8 @@ information; tests/memory_test.ts checks that a training step leaks nothing.
 /** The parsed flags. */
 export interface MnistArgs {
   model: MnistModel;
+  /** Largest random translation of training images, in pixels (0: none). */
+  shift: number;
   epochs: number;
   batch: number;
   lr: number;
@@ -115,6 +119,7 @@ const TRAIN_IMAGES = 60000;
 /** Flags that take a value (for negative values such as `--batch -3`). */
 const VALUE_FLAGS = [
   "model",
+  "shift",
   "epochs",
   "batch",
   "lr",
@@ -143,6 +148,7 @@ export function parseMnistArgs(args: string[]): MnistArgs | null {
     allowPositionals: false,
     options: {
       model: { type: "string", default: "mlp" },
+      shift: { type: "string" },
       epochs: { type: "string", default: "4" },
       batch: { type: "string", default: "128" },
       lr: { type: "string" },
@@ -177,8 +183,10 @@ export function parseMnistArgs(args: string[]): MnistArgs | null {
   if (values.momentum !== undefined && optimizer !== "sgd") {
     throw new UsageError("--momentum is for --optimizer sgd; Adam keeps its own moments.");
   }
+  const model = choiceFlag("model", values.model, ["mlp", "cnn"]);
   return {
-    model: choiceFlag("model", values.model, ["mlp", "cnn"]),
+    model,
+    shift: integerFlag("shift", values.shift ?? (model === "cnn" ? "2" : "0"), 0, 8),
     epochs: integerFlag("epochs", values.epochs, 1, MAX_EPOCHS),
     batch: integerFlag("batch", values.batch, 1, TRAIN_IMAGES),
     optimizer,

@@ -31,8 +31,7 @@ function optionsOf<O extends { kernelSize: Size2d }>(arg: Size2d | O): O {
  *
  * @example
  * ```ts
- * import { MaxPool2d } from "./pooling.ts";
- * import { initGpu, Tensor } from "../mod.ts";
+ * import { initGpu, MaxPool2d, Tensor } from "../mod.ts";
  * const gpu = await initGpu({ matmulTiling: "default" });
  * const pool = new MaxPool2d(2);
  * const x = Tensor.from([1, 2, 5, 3, 4, 0, 7, 1, 9, 8, 2, 6, 3, 3, 1, 2], [1, 1, 4, 4]);
@@ -79,8 +78,7 @@ export class MaxPool2d extends Module {
  *
  * @example
  * ```ts
- * import { AvgPool2d } from "./pooling.ts";
- * import { initGpu, Tensor } from "../mod.ts";
+ * import { AvgPool2d, initGpu, Tensor } from "../mod.ts";
  * const gpu = await initGpu({ matmulTiling: "default" });
  * const pool = new AvgPool2d({ kernelSize: 2, stride: 1 });
  * const y = pool.forward(Tensor.from([1, 2, 3, 4, 5, 6, 7, 8, 9], [1, 1, 3, 3]));
@@ -126,8 +124,7 @@ export class AvgPool2d extends Module {
  *
  * @example
  * ```ts
- * import { AdaptiveAvgPool2d } from "./pooling.ts";
- * import { initGpu, Tensor } from "../mod.ts";
+ * import { AdaptiveAvgPool2d, initGpu, Tensor } from "../mod.ts";
  * const gpu = await initGpu({ matmulTiling: "default" });
  * const gap = new AdaptiveAvgPool2d(1);
  * const y = gap.forward(Tensor.from([1, 2, 3, 4, 10, 20, 30, 40], [1, 2, 2, 2]));
@@ -158,8 +155,7 @@ export class AdaptiveAvgPool2d extends Module {
  *
  * @example
  * ```ts
- * import { Flatten } from "./pooling.ts";
- * import { initGpu, Tensor } from "../mod.ts";
+ * import { Flatten, initGpu, Tensor } from "../mod.ts";
  * const gpu = await initGpu({ matmulTiling: "default" });
  * const y = new Flatten().forward(Tensor.zeros([2, 3, 4, 5]));
  * console.assert(y.shape.join() === "2,60");

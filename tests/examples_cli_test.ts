@@ -59,6 +59,8 @@ Deno.test("examples: every bad flag is one line and exit status 2, before any tr
       [["--loss-scale", "8"], /--loss-scale needs --amp/],
       [["--amp", "--loss-scale", "1000"], /--loss-scale must be 0 \(dynamic\) or a power of two/],
       [["--momentum", "0.5"], /--momentum is for --optimizer sgd/],
+      [["--model", "resnet"], /--model must be mlp or cnn, not "resnet"/],
+      [["--model", "cnn", "--shift", "9"], /--shift must be an integer from 0 to 8, not "9"/],
       [["--optimizer", "rmsprop"], /--optimizer must be sgd or adam, not "rmsprop"/],
       [["--no-such-flag"], /^mnist: .*no-such-flag.* \(see --help\)$/],
       [

@@ -14,6 +14,8 @@ import {
   parseIdxImages,
   parseIdxLabels,
 } from "../examples/mnist_data.ts";
+import { gather, randomShifts } from "../examples/mnist_batches.ts";
+import { RandomGenerator } from "../mod.ts";
 
 /** An IDX file: big-endian magic and extents, then `data`. */
 function idx(magic: number, dims: number[], data: Uint8Array): Uint8Array {
@@ -196,4 +198,25 @@ Deno.test("mnist: wrong dimensions, extra bytes and bad labels are rejected", ()
     () => parseIdxLabels(idx(IDX_LABELS_MAGIC, [3], ramp(3)), "n", { count: 60000 }),
     /3 labels, but 60000 were expected/,
   );
+});
+
+Deno.test("mnist: random shifts stay in range, repeat with the seed, and move pixels exactly", () => {
+  const shifts = randomShifts(5000, 2, new RandomGenerator(3));
+  assert.ok(shifts.every((s) => s >= -2 && s <= 2));
+  for (let v = -2; v <= 2; v++) assert.ok(shifts.includes(v), `shift ${v} is drawn`);
+  assert.deepEqual(randomShifts(50, 2, new RandomGenerator(3)), shifts.subarray(0, 100));
+  // One image whose pixel (y, x) holds y·28 + x, moved down 1 and left 2.
+  const image = Float32Array.from({ length: 784 }, (_, i) => i);
+  const split = { count: 1, images: image, labels: Uint8Array.from([7]) };
+  const pixels = new Float32Array(784), labels = new Int32Array(1);
+  gather(split, Uint32Array.of(0), 0, 1, pixels, labels, Int8Array.of(1, -2));
+  const background = (0 - 0.1307) / 0.3081;
+  for (let y = 0; y < 28; y++) {
+    for (let x = 0; x < 28; x++) {
+      const [sy, sx] = [y - 1, x + 2];
+      const expected = sy >= 0 && sx < 28 ? sy * 28 + sx : background;
+      assert.equal(pixels[y * 28 + x], Math.fround(expected), `pixel (${y}, ${x})`);
+    }
+  }
+  assert.equal(labels[0], 7);
 });

@@ -39,8 +39,7 @@ export function checkFlattenDims(where: string, startDim: number, endDim: number
  *
  * @example
  * ```ts
- * import { flatten } from "./flatten.ts";
- * import { initGpu, Tensor } from "../../mod.ts";
+ * import { flatten, initGpu, Tensor } from "../../mod.ts";
  * const gpu = await initGpu({ matmulTiling: "default" });
  * const images = Tensor.zeros([2, 3, 4, 5]); // [N, C, H, W]
  * const features = flatten(images); // [2, 60], the same memory

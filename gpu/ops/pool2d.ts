@@ -219,8 +219,7 @@ function windowGeometry(where: string, x: Tensor, o: ResolvedPool2dOptions): Poo
  *
  * @example
  * ```ts
- * import { maxPool2d } from "./pool2d.ts";
- * import { initGpu, Tensor } from "../../mod.ts";
+ * import { initGpu, maxPool2d, Tensor } from "../../mod.ts";
  * const gpu = await initGpu({ matmulTiling: "default" });
  * const x = Tensor.from([1, 2, 5, 3, 4, 0, 7, 1, 9, 8, 2, 6, 3, 3, 1, 2], [1, 1, 4, 4]);
  * const y = maxPool2d(x, { kernelSize: 2 }); // [1, 1, 2, 2]: the max of each 2×2 block
@@ -258,8 +257,7 @@ export function maxPool2d(x0: Tensor, options: MaxPool2dOptions): Tensor {
  *
  * @example
  * ```ts
- * import { avgPool2d } from "./pool2d.ts";
- * import { initGpu, Tensor } from "../../mod.ts";
+ * import { avgPool2d, initGpu, Tensor } from "../../mod.ts";
  * const gpu = await initGpu({ matmulTiling: "default" });
  * const x = Tensor.from([1, 2, 3, 4, 5, 6, 7, 8, 9], [1, 1, 3, 3]);
  * const y = avgPool2d(x, { kernelSize: 2, stride: 1 }); // [1, 1, 2, 2]
@@ -292,8 +290,7 @@ export function avgPool2d(x0: Tensor, options: AvgPool2dOptions): Tensor {
  *
  * @example
  * ```ts
- * import { adaptiveAvgPool2d } from "./pool2d.ts";
- * import { initGpu, Tensor } from "../../mod.ts";
+ * import { adaptiveAvgPool2d, initGpu, Tensor } from "../../mod.ts";
  * const gpu = await initGpu({ matmulTiling: "default" });
  * const x = Tensor.from([1, 2, 3, 4, 10, 20, 30, 40], [1, 2, 2, 2]); // [N, C, H, W]
  * const y = adaptiveAvgPool2d(x, 1); // global average pooling: [1, 2, 1, 1]
