@@ -76,6 +76,11 @@ export { logSoftmax, softmax } from "./gpu/ops/softmax.ts";
 export { causalSoftmax, type CausalSoftmaxOptions } from "./gpu/ops/causal_softmax.ts";
 export { reshape } from "./gpu/ops/reshape.ts";
 export { permute } from "./gpu/ops/permute.ts";
+export { narrow, split } from "./gpu/ops/narrow.ts";
+export {
+  fusedCausalAttention,
+  type FusedCausalAttentionOptions,
+} from "./gpu/ops/fused_attention.ts";
 export { addInPlace } from "./gpu/ops/in_place.ts";
 export { layerNorm, type LayerNormOptions } from "./gpu/ops/layer_norm.ts";
 export { batchNorm, type BatchNormOptions } from "./gpu/ops/batch_norm.ts";

@@ -3,15 +3,17 @@
  * 6 heads, dim 384, context 256, batch 64, vocab 65) trained with AdamW on
  * synthetic ids, in f32, AMP and AMP with every block checkpointed: ms/step,
  * steps/s, peak bytes, the loss after the timed steps (a broken step shows),
- * and the profiler's top kernels of one AMP step. `--size small` (the
- * default on CPU adapters) shrinks it to run in seconds there.
+ * and the profiler's top kernels of one AMP step. A fourth run, "amp
+ * unfused", is AMP with the reference attention (matmuls around a saved T×T
+ * softmax), for the fused op's time and memory. `--size small` (the default
+ * on CPU adapters) shrinks it to run in seconds there.
  */
 import { TinyGpt, type TinyGptConfig } from "./tiny_gpt_model.ts";
 import { AdamW, AmpTrainer, crossEntropy, type Gpu, RandomGenerator, Tensor } from "../mod.ts";
 import { type BenchOptions, disposeAll, resolveSize, type Result, timed } from "./_bench.ts";
 
 /** A GPT's sizes and its batch. */
-export type GptBenchConfig = Required<TinyGptConfig> & { batch: number };
+export type GptBenchConfig = Required<Omit<TinyGptConfig, "fusedAttention">> & { batch: number };
 
 /** The sizes of each benchmark size. */
 export function gptConfig(size: "real" | "small"): GptBenchConfig {
@@ -28,7 +30,7 @@ export function gptFlopsPerStep(g: GptBenchConfig, parameters: number): number {
 }
 
 /** Synthetic ids: inputs [B, T] and next-token targets [B·T] (i32). */
-function syntheticBatch(g: GptBenchConfig): { x: Tensor; y: Tensor } {
+export function syntheticBatch(g: GptBenchConfig): { x: Tensor; y: Tensor } {
   const n = g.batch * g.context;
   const ids = Array.from(
     new RandomGenerator(7).uniform(n + g.batch),
@@ -51,8 +53,8 @@ export async function benchGpt(gpu: Gpu, o: BenchOptions): Promise<Result[]> {
   const label = `${g.layers} layers, ${g.heads} heads, dim ${g.dim}, context ${g.context}, ` +
     `batch ${g.batch}, vocab ${g.vocab}`;
   const results: Result[] = [];
-  for (const mode of ["f32", "amp", "amp+ckpt"] as const) {
-    const model = new TinyGpt(g);
+  for (const mode of ["f32", "amp", "amp+ckpt", "amp unfused"] as const) {
+    const model = new TinyGpt({ ...g, fusedAttention: mode !== "amp unfused" });
     if (mode === "amp+ckpt") model.blocks.checkpoint = g.layers;
     const parameters = model.parameters().reduce((n, p) => n + p.size, 0);
     const optimizer = new AdamW(model.parameters(), { lr: 1e-3 });
@@ -94,15 +96,17 @@ export async function benchGpt(gpu: Gpu, o: BenchOptions): Promise<Result[]> {
     disposeAll(trainer, optimizer, model);
   }
   disposeAll(x, y);
-  const [f32, amp, ckpt] = results;
+  const [f32, amp, ckpt, unfused] = results;
   results.push({
     bench: "gpt",
     mode: "ratios",
-    model: "amp/f32 and amp+ckpt/amp",
+    model: "amp/f32, amp+ckpt/amp, and fused/unfused attention under amp",
     size,
     ampSpeedup: (amp.stepsPerSec as number) / (f32.stepsPerSec as number),
     ampMemoryRatio: amp.peakBytes / f32.peakBytes,
     checkpointMemoryRatio: ckpt.peakBytes / amp.peakBytes,
+    fusedAttentionSpeedup: (amp.stepsPerSec as number) / (unfused.stepsPerSec as number),
+    fusedAttentionMemoryRatio: amp.peakBytes / unfused.peakBytes,
     peakBytes: ckpt.peakBytes,
   });
   return results;

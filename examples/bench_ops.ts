@@ -6,6 +6,7 @@
  */
 import {
   add,
+  causalAttention,
   causalSoftmax,
   crossEntropy,
   embedding,
@@ -81,7 +82,8 @@ function opCases(size: "real" | "small", dtype: FloatDType): OpCase[] {
       inputs: () => [t16([rows, c]), f32([c], 1), f32([c])],
       forward: ([x, weight, bias]) => layerNorm(x, { weight, bias }),
     },
-    lin("q/k/v/out", c, c),
+    lin("qkv", c, 3 * c),
+    lin("out", c, c),
     lin("fc1", c, 4 * c),
     {
       name: "gelu",
@@ -114,6 +116,12 @@ function opCases(size: "real" | "small", dtype: FloatDType): OpCase[] {
       inputs: () => [t16([g.batch * h, t, t]), t16([g.batch * h, t, d])],
       forward: ([p, v]) => matmul(p, v),
     },
+    ...[true, false].map((fused): OpCase => ({
+      name: `attention (${fused ? "fused" : "unfused: permutes, matmuls, causal softmax"})`,
+      shape: `[${g.batch}, ${t}, ${c}]³, ${h} heads`,
+      inputs: () => [t16([g.batch, t, c]), t16([g.batch, t, c]), t16([g.batch, t, c])],
+      forward: ([q, k, v]) => causalAttention(q, k, v, { heads: h, fused }),
+    })),
     {
       name: "crossEntropy",
       shape: `[${rows}, ${g.vocab}]`,

@@ -233,11 +233,12 @@ export async function benchTinyGpt(gpu: Gpu, steps: number): Promise<Result[]> {
   const inputs = ids.filter((_, i) => i % (config.context + 1) !== config.context);
   const targets = ids.filter((_, i) => i % (config.context + 1) !== 0);
   const results: Result[] = [];
-  for (const mode of ["f32", "amp", "amp+ckpt"] as const) {
-    const model = new TinyGpt(config);
+  // "unfused": the reference attention (matmuls around a saved T×T softmax), for comparison.
+  for (const mode of ["f32", "amp", "amp+ckpt", "f32 unfused", "amp unfused"] as const) {
+    const model = new TinyGpt({ ...config, fusedAttention: !mode.endsWith("unfused") });
     if (mode === "amp+ckpt") model.blocks.checkpoint = config.layers;
     const optimizer = new AdamW(model.parameters(), { lr: 1e-3 });
-    const trainer = new AmpTrainer(model, optimizer, { enabled: mode !== "f32" });
+    const trainer = new AmpTrainer(model, optimizer, { enabled: !mode.startsWith("f32") });
     const x = Tensor.from(inputs, [batch, config.context], { dtype: "i32" });
     const y = Tensor.from(targets, [batch * config.context], { dtype: "i32" });
     const step = () => trainer.step(() => crossEntropy(model.forward(x), y)).dispose();
@@ -256,15 +257,19 @@ export async function benchTinyGpt(gpu: Gpu, steps: number): Promise<Result[]> {
     });
     disposeAll(trainer, optimizer, model, x, y);
   }
-  const [f32, amp, ckpt] = results;
+  const [f32, amp, ckpt, f32Unfused, ampUnfused] = results;
+  const speedup = (a: Result, b: Result) => (a.stepsPerSec as number) / (b.stepsPerSec as number);
   results.push({
     bench: "tiny_gpt",
     mode: "ratios",
-    model: "amp/f32 and amp+ckpt/amp",
+    model: "amp/f32, amp+ckpt/amp, and fused/unfused attention",
     ampSpeedup: (amp.stepsPerSec as number) / (f32.stepsPerSec as number),
     ampMemoryRatio: amp.peakBytes / f32.peakBytes,
     checkpointMemoryRatio: ckpt.peakBytes / amp.peakBytes,
     checkpointTimeOverhead: (amp.stepsPerSec as number) / (ckpt.stepsPerSec as number),
+    fusedAttentionSpeedupF32: speedup(f32, f32Unfused),
+    fusedAttentionSpeedupAmp: speedup(amp, ampUnfused),
+    fusedAttentionMemoryRatioAmp: amp.peakBytes / ampUnfused.peakBytes,
     peakBytes: ckpt.peakBytes,
   });
   return results;

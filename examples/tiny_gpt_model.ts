@@ -41,6 +41,8 @@ export interface TinyGptConfig {
   heads: number;
   /** Seed of every initial value (default 0). */
   seed?: number;
+  /** Fused attention (default true) or the reference path of matmuls and a saved softmax. */
+  fusedAttention?: boolean;
 }
 
 /**
@@ -81,7 +83,7 @@ export class TinyGpt extends Module {
     this.positions = this.registerModule("positions", new Embedding(context, dim, { seed }));
     const blocks = Array.from(
       { length: config.layers },
-      () => new TransformerBlock(dim, heads, { seed }),
+      () => new TransformerBlock(dim, heads, { seed, attention: { fused: config.fusedAttention } }),
     );
     this.blocks = this.registerModule("blocks", new Sequential(...blocks));
     this.norm = this.registerModule("norm", new LayerNorm(dim));

@@ -172,3 +172,5 @@ export {
 } from "./random.ts";
 export { causalSoftmax, type CausalSoftmaxOptions } from "./ops/causal_softmax.ts";
 export { permute } from "./ops/permute.ts";
+export { narrow, split } from "./ops/narrow.ts";
+export { fusedCausalAttention, type FusedCausalAttentionOptions } from "./ops/fused_attention.ts";

@@ -37,6 +37,8 @@ export const OPS = {
   matmul: { autocast: "f16" },
   linear: { autocast: "f16" },
   conv2d: { autocast: "f16" },
+  // Two products around an online softmax: f16 in and out, f32 statistics inside.
+  fused_attention: { autocast: "f16" },
   // Elementwise arithmetic follows its widest input.
   add: { autocast: "promote" },
   sub: { autocast: "promote" },
@@ -74,6 +76,7 @@ export const OPS = {
   cast: { autocast: null },
   reshape: { autocast: null },
   permute: { autocast: null },
+  narrow: { autocast: null },
   checkpoint: { autocast: null },
   loss_scale: { autocast: null },
 } as const satisfies Record<string, OpInfo>;

@@ -1,8 +1,11 @@
 /**
  * Causal multi-head self-attention: the functional core (`causalAttention`)
- * and the layer with its four projections (`CausalSelfAttention`).
+ * and the layer with its fused q/k/v projection (`CausalSelfAttention`).
  *
- * Memory layout, for x [B, T, C] with H heads of size D = C / H:
+ * By default the core is the fused op (`fusedCausalAttention`: no T×T matrix,
+ * memory linear in T). The reference path (`fused: false`), kept for tests
+ * and comparison, is built from matmuls and a causal softmax. Its memory
+ * layout, for x [B, T, C] with H heads of size D = C / H:
  *
  * ```
  * q, k, v      [B, T, C]    projections (Linear, f16 under autocast)
@@ -19,18 +22,33 @@
  */
 import { ShapeError, ValueError } from "../gpu/errors.ts";
 import { causalSoftmax } from "../gpu/ops/causal_softmax.ts";
+import { dropout } from "../gpu/ops/dropout.ts";
+import { fusedCausalAttention } from "../gpu/ops/fused_attention.ts";
 import { matmul } from "../gpu/ops/matmul.ts";
+import { split } from "../gpu/ops/narrow.ts";
 import { permute } from "../gpu/ops/permute.ts";
 import { reshape } from "../gpu/ops/reshape.ts";
+import type { RandomGenerator, RandomRange } from "../gpu/random.ts";
 import type { Tensor } from "../gpu/tensor.ts";
 import { generatorOf, type ParameterOptions } from "./init.ts";
 import { Linear } from "./linear.ts";
-import { Module } from "./module.ts";
+import { type HostTensor, isHostTensor, Module, type StateValue } from "./module.ts";
 
 /** Options of {@link causalAttention}. */
 export interface CausalAttentionOptions {
   /** Number of heads; must divide the feature size. */
   heads: number;
+  /**
+   * The fused op (default true: `fusedCausalAttention`, memory linear in T)
+   * or the reference path of matmuls and a saved T×T softmax (false).
+   */
+  fused?: boolean;
+  /**
+   * Dropout on the attention weights: probability `p` and a random range of
+   * batch·heads·T·T numbers. Both paths number the weights the same way, so
+   * the same range gives the same mask on either.
+   */
+  dropout?: { p: number; range: RandomRange };
 }
 
 /** [B, T, H·D] → [B·H, T, D] (a copy, unless H = 1, where the layouts agree). */
@@ -61,8 +79,9 @@ function mergeHeads(o: Tensor, b: number, heads: number): Tensor {
  * Causal multi-head attention of `q` over `k` and `v`, all [B, T, C] with C
  * split into `options.heads` heads of size D: for each batch and head,
  * softmax(q·kᵀ/√D) with query i seeing keys 0..i, times v; the heads are
- * concatenated back to [B, T, C]. The two products are batched matmuls (f16
- * under autocast, f32 accumulation); the softmax is f32 math inside.
+ * concatenated back to [B, T, C]. By default this is `fusedCausalAttention`;
+ * with `fused: false` the two products are batched matmuls (f16 under
+ * autocast, f32 accumulation) around a causal softmax (f32 math inside).
  *
  * @example
  * ```ts
@@ -82,6 +101,7 @@ export function causalAttention(
   v: Tensor,
   options: CausalAttentionOptions,
 ): Tensor {
+  if (options.fused ?? true) return fusedCausalAttention(q, k, v, options);
   const heads = options.heads;
   const c = q.shape[2];
   const same = [k, v].every((t) => t.rank === 3 && t.shape.every((e, i) => e === q.shape[i]));
@@ -102,8 +122,14 @@ export function causalAttention(
   const scores = matmul(qh, kh, { transB: true }); // [B·H, T, T]
   qh.dispose();
   kh.dispose();
-  const probs = causalSoftmax(scores, { scale: 1 / Math.sqrt(d) });
+  let probs = causalSoftmax(scores, { scale: 1 / Math.sqrt(d) });
   scores.dispose();
+  if (options.dropout && options.dropout.p > 0) {
+    // probs is [B·H, T, T] row-major: element (z, i, j) takes counter + (z·T + i)·T + j, as the fused op.
+    const kept = dropout(probs, options.dropout.p, options.dropout.range);
+    probs.dispose();
+    probs = kept;
+  }
   const vh = splitHeads(v, heads);
   const o = matmul(probs, vh); // [B·H, T, D]
   probs.dispose();
@@ -115,19 +141,24 @@ export function causalAttention(
 
 /** Options of {@link CausalSelfAttention}. */
 export interface CausalSelfAttentionOptions extends ParameterOptions {
-  /** Biases in the four projections (default true). */
+  /** Biases in the two projections (default true). */
   bias?: boolean;
+  /** The fused attention op (default true) or the reference path (false); see {@link causalAttention}. */
+  fused?: boolean;
+  /**
+   * Dropout probability on the attention weights in training mode (default
+   * 0; PyTorch's `dropout_p`, nanoGPT's `attn_dropout`). Masks come from the
+   * layer's `generator`, seeded from `seed`.
+   */
+  dropout?: number;
 }
 
 /**
- * Causal multi-head self-attention as in GPT: x [B, T, C] → query, key and
- * value projections (Linear C→C each), {@link causalAttention} over `heads`
- * heads, then the output projection (Linear C→C). Parameters are named
- * `query.*`, `key.*`, `value.*` and `output.*`.
- *
- * NOTE: q, k and v come from three projections rather than one fused
- * Linear(C, 3C) followed by a split: halfstep has no slicing op yet, and the
- * three weights are exactly the rows of a fused one.
+ * Causal multi-head self-attention as in GPT: x [B, T, C] → one fused
+ * projection to q, k and v (Linear C→3C, split into three [B, T, C]),
+ * {@link causalAttention} over `heads` heads, then the output projection
+ * (Linear C→C). Parameters are named `qkv.*` (rows: the query, key and value
+ * weights in that order, as nanoGPT's `c_attn`) and `output.*` (`c_proj`).
  *
  * @example
  * ```ts
@@ -143,14 +174,16 @@ export interface CausalSelfAttentionOptions extends ParameterOptions {
 export class CausalSelfAttention extends Module {
   /** Number of heads. */
   readonly heads: number;
-  /** Query projection. */
-  readonly query: Linear;
-  /** Key projection. */
-  readonly key: Linear;
-  /** Value projection. */
-  readonly value: Linear;
+  /** The query, key and value projections as one Linear C→3C. */
+  readonly qkv: Linear;
   /** Output projection. */
   readonly output: Linear;
+  /** Whether the fused attention op runs. */
+  readonly fused: boolean;
+  /** Dropout probability on the attention weights (training mode only). */
+  readonly dropout: number;
+  /** Where the attention-dropout masks come from. */
+  readonly generator: RandomGenerator;
 
   /** Attention over `dim` features in `heads` heads (`heads` must divide `dim`). */
   constructor(dim: number, heads: number, options: CausalSelfAttentionOptions = {}) {
@@ -160,20 +193,55 @@ export class CausalSelfAttention extends Module {
         `CausalSelfAttention: heads (${heads}) must be a positive integer that divides dim (${dim}).`,
       );
     }
+    const p = options.dropout ?? 0;
+    if (!(p >= 0 && p < 1)) {
+      throw new ValueError(`CausalSelfAttention: dropout must be in [0, 1), got ${p}.`);
+    }
     this.heads = heads;
-    // One generator for all four, so they start different and reproducible.
-    const init = { ...options, seed: generatorOf(options.seed) };
-    this.query = this.registerModule("query", new Linear(dim, dim, init));
-    this.key = this.registerModule("key", new Linear(dim, dim, init));
-    this.value = this.registerModule("value", new Linear(dim, dim, init));
+    this.fused = options.fused ?? true;
+    this.dropout = p;
+    // One generator for both projections and the masks, so everything is reproducible.
+    this.generator = generatorOf(options.seed);
+    const init = { ...options, seed: this.generator };
+    this.qkv = this.registerModule("qkv", new Linear(dim, 3 * dim, init));
     this.output = this.registerModule("output", new Linear(dim, dim, init));
+  }
+
+  /**
+   * Loads halfstep 0.1 files, whose attention had three projections: their
+   * `query`, `key` and `value` weights (and biases) are stacked by rows into
+   * `qkv`, exactly the fused projection's layout.
+   */
+  protected override upgradeState(state: Map<string, StateValue>, prefix: string): void {
+    for (const kind of ["weight", "bias"]) {
+      const parts = ["query", "key", "value"].map((p) => state.get(`${prefix}${p}.${kind}`));
+      const fused = `${prefix}qkv.${kind}`;
+      if (state.has(fused) || !parts.every((t) => t && isHostTensor(t))) continue;
+      const [q, k, v] = parts as HostTensor[];
+      const sameLayout = [k, v].every((t) =>
+        t.dtype === q.dtype && t.shape.length === q.shape.length &&
+        t.shape.every((e, i) => e === q.shape[i])
+      );
+      if (!sameLayout || q.shape.length === 0) continue; // left as is: the check names them
+      const data = new Uint8Array(3 * q.data.byteLength);
+      [q, k, v].forEach((t, i) => data.set(t.data, i * q.data.byteLength));
+      state.set(fused, { dtype: q.dtype, shape: [3 * q.shape[0], ...q.shape.slice(1)], data });
+      for (const p of ["query", "key", "value"]) state.delete(`${prefix}${p}.${kind}`);
+    }
   }
 
   /** x [B, T, C] → [B, T, C]; position i attends to positions 0..i. */
   forward(x: Tensor): Tensor {
-    const q = this.query.forward(x), k = this.key.forward(x), v = this.value.forward(x);
-    const a = causalAttention(q, k, v, { heads: this.heads });
-    for (const t of [q, k, v]) t.dispose();
+    const c = x.shape.at(-1) ?? 0;
+    const qkv = this.qkv.forward(x);
+    const [q, k, v] = split(qkv, [c, c, c], -1);
+    qkv.dispose();
+    const [b, t] = x.shape;
+    const dropout = this.training && this.dropout > 0
+      ? { p: this.dropout, range: this.generator.take(b * this.heads * t * t) }
+      : undefined;
+    const a = causalAttention(q, k, v, { heads: this.heads, fused: this.fused, dropout });
+    for (const u of [q, k, v]) u.dispose();
     const y = this.output.forward(a);
     a.dispose();
     return y;

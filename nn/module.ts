@@ -131,6 +131,7 @@ export abstract class Module {
     options: LoadStateOptions = {},
   ): void {
     const own = this.stateDict();
+    state = this.#upgraded(state);
     const problems: string[] = [];
     const optional = new Set(
       this.#collect((m) => {
@@ -150,7 +151,8 @@ export abstract class Module {
       // Host floats of another width (an f16 or bf16 file into fp32 parameters) are
       // converted, as PyTorch's load_state_dict copies with a cast.
       if (
-        isHost(value) && value.dtype !== target.dtype && isFloat(value) && target.dtype !== "i32"
+        isHostTensor(value) && value.dtype !== target.dtype && isFloat(value) &&
+        target.dtype !== "i32"
       ) {
         value = convertFloats(value, target.dtype);
       }
@@ -160,10 +162,10 @@ export abstract class Module {
           `${name}: expected ${target.describe()}, got ${value.dtype} ${shapeString(value.shape)}`,
         );
       } else if (
-        isHost(value) && value.data.byteLength !== target.size * bytesPerElement(target.dtype)
+        isHostTensor(value) && value.data.byteLength !== target.size * bytesPerElement(target.dtype)
       ) {
         problems.push(`${name}: ${value.data.byteLength} bytes do not fill ${target.describe()}`);
-      } else if (isHost(value) && !options.allowNonFinite) {
+      } else if (isHostTensor(value) && !options.allowNonFinite) {
         const bad = nonFiniteCount(value);
         if (bad > 0) {
           problems.push(
@@ -182,9 +184,28 @@ export abstract class Module {
     for (const [name, target] of own) {
       const value = converted.get(name);
       if (!value) continue; // an optional buffer the state does not hold
-      if (isHost(value)) target.writeBytes(value.data);
+      if (isHostTensor(value)) target.writeBytes(value.data);
       else target.copyFrom(value);
     }
+  }
+
+  /**
+   * Rewrites, in `state`, the entries an older version of this module saved
+   * under other names or layouts into today's (`prefix` is this module's
+   * dotted path, e.g. `"blocks.0.attention."`). `loadStateDict` calls it on
+   * every module before it checks anything. The default does nothing.
+   */
+  protected upgradeState(_state: Map<string, StateValue>, _prefix: string): void {}
+
+  /** `state` after every module's {@link upgradeState} (a copy; the caller's map is untouched). */
+  #upgraded(state: ReadonlyMap<string, StateValue>): Map<string, StateValue> {
+    const copy = new Map(state);
+    const visit = (m: Module, prefix: string) => {
+      m.upgradeState(copy, prefix);
+      for (const [name, child] of m.#children) visit(child, `${prefix}${name}.`);
+    };
+    visit(this, "");
+    return copy;
   }
 
   /** Frees every parameter's gradient (call after each optimizer step). */
@@ -233,6 +254,7 @@ function convertFloats(t: HostTensor, dtype: DType): HostTensor {
   return { dtype, shape: t.shape, data: new Uint8Array(out.buffer) };
 }
 
-function isHost(value: StateValue): value is HostTensor {
+/** True when `value` is host data (from a file), not a GPU tensor. */
+export function isHostTensor(value: StateValue): value is HostTensor {
   return (value as HostTensor).data instanceof Uint8Array;
 }

@@ -2,7 +2,7 @@
 import { ValueError } from "../gpu/errors.ts";
 import { add, gelu } from "../gpu/ops/elementwise.ts";
 import type { Tensor } from "../gpu/tensor.ts";
-import { CausalSelfAttention } from "./attention.ts";
+import { CausalSelfAttention, type CausalSelfAttentionOptions } from "./attention.ts";
 import { generatorOf, type ParameterOptions } from "./init.ts";
 import { Linear } from "./linear.ts";
 import { Module } from "./module.ts";
@@ -17,6 +17,11 @@ export interface TransformerBlockOptions extends ParameterOptions {
    * the exact erf form, PyTorch's default).
    */
   gelu?: "none" | "tanh";
+  /**
+   * The attention's options: `fused` (default true, the fused op) and
+   * `dropout` on the attention weights (default 0).
+   */
+  attention?: Pick<CausalSelfAttentionOptions, "fused" | "dropout">;
 }
 
 /**
@@ -70,7 +75,10 @@ export class TransformerBlock extends Module {
     }
     const init = { ...options, seed: generatorOf(options.seed) };
     this.norm1 = this.registerModule("norm1", new LayerNorm(dim, { gpu: options.gpu }));
-    this.attention = this.registerModule("attention", new CausalSelfAttention(dim, heads, init));
+    this.attention = this.registerModule(
+      "attention",
+      new CausalSelfAttention(dim, heads, { ...init, ...options.attention }),
+    );
     this.norm2 = this.registerModule("norm2", new LayerNorm(dim, { gpu: options.gpu }));
     this.fc1 = this.registerModule("fc1", new Linear(dim, hidden, init));
     this.fc2 = this.registerModule("fc2", new Linear(hidden, dim, init));

@@ -101,3 +101,66 @@ export function causalAttention64(
   }
   return out;
 }
+
+/** Dims of a multi-head attention reference call. */
+export interface AttentionDims {
+  b: number;
+  t: number;
+  h: number;
+  d: number;
+}
+
+/**
+ * Causal multi-head attention on [b, t, h·d] inputs with a weight factor per
+ * (batch·head z, query i, key j) applied after the softmax (dropout: 0 or
+ * 1/(1 − p); 1 without), and the gradients of q, k and v for upstream `g`,
+ * from the softmax's Jacobian (no shortcut of the fused kernels):
+ * o_i = Σ_j f_ij·p_ij·v_j; dv_j = Σ_i f_ij·p_ij·g_i; dp_ij = f_ij·g_i·v_j;
+ * ds_ij = p_ij·(dp_ij − Σ_j' p_ij'·dp_ij'); dq_i = Σ_j ds_ij·k_j/√d;
+ * dk_j = Σ_i ds_ij·q_i/√d.
+ */
+export function causalAttentionWithGrads64(
+  q: ArrayLike<number>,
+  k: ArrayLike<number>,
+  v: ArrayLike<number>,
+  g: ArrayLike<number>,
+  dims: AttentionDims,
+  factor: (z: number, i: number, j: number) => number = () => 1,
+): { o: Float64Array; dq: Float64Array; dk: Float64Array; dv: Float64Array } {
+  const { b, t, h, d } = dims, c = h * d, n = b * t * c, scale = 1 / Math.sqrt(d);
+  const [o, dq, dk, dv] = [0, 1, 2, 3].map(() => new Float64Array(n));
+  const at = (z: number, i: number, e: number) => (Math.floor(z / h) * t + i) * c + (z % h) * d + e;
+  const rowDot = (x: ArrayLike<number>, i: number, y: ArrayLike<number>, j: number, z: number) => {
+    let s = 0;
+    for (let e = 0; e < d; e++) s += x[at(z, i, e)] * y[at(z, j, e)];
+    return s;
+  };
+  for (let z = 0; z < b * h; z++) {
+    for (let i = 0; i < t; i++) {
+      const p = new Float64Array(i + 1), dp = new Float64Array(i + 1);
+      let m = -Infinity;
+      for (let j = 0; j <= i; j++) m = Math.max(m, p[j] = scale * rowDot(q, i, k, j, z));
+      let total = 0;
+      for (let j = 0; j <= i; j++) total += p[j] = Math.exp(p[j] - m);
+      let pdp = 0;
+      for (let j = 0; j <= i; j++) {
+        p[j] /= total;
+        const f = factor(z, i, j);
+        for (let e = 0; e < d; e++) {
+          o[at(z, i, e)] += f * p[j] * v[at(z, j, e)];
+          dv[at(z, j, e)] += f * p[j] * g[at(z, i, e)];
+        }
+        dp[j] = f * rowDot(g, i, v, j, z);
+        pdp += p[j] * dp[j];
+      }
+      for (let j = 0; j <= i; j++) {
+        const ds = p[j] * (dp[j] - pdp) * scale;
+        for (let e = 0; e < d; e++) {
+          dq[at(z, i, e)] += ds * k[at(z, j, e)];
+          dk[at(z, j, e)] += ds * q[at(z, i, e)];
+        }
+      }
+    }
+  }
+  return { o, dq, dk, dv };
+}

@@ -31,11 +31,14 @@ const DIMS = [
 const ATTENTION_TOL = { f32: TOL.f32, f16: { atol: 5e-3, rtol: 5e-3 } };
 
 Deno.test({
-  name: "causalAttention: matches f64 multi-head causal attention, f32 and f16",
+  name: "causalAttention: matches f64 multi-head causal attention, fused or not, f32 and f16",
   ...GPU_TEST,
   async fn() {
     for (const dims of DIMS) {
-      for (const dtype of ["f32", "f16"] as const) {
+      const cases = [true, false].flatMap((fused) =>
+        (["f32", "f16"] as const).map((dtype) => ({ fused, dtype }))
+      );
+      for (const { fused, dtype } of cases) {
         const { b, t, h, d } = dims, n = b * t * h * d, shape = [b, t, h * d];
         const [q, k, v] = [1, 2, 3].map((s) => quantize(uniform(n, s + n, -2, 2), dtype));
         const y = tidy(() =>
@@ -43,12 +46,12 @@ Deno.test({
             Tensor.from(q, shape, { dtype }),
             Tensor.from(k, shape, { dtype }),
             Tensor.from(v, shape, { dtype }),
-            { heads: h },
+            { heads: h, fused },
           )
         );
         assert.deepEqual(y.shape, shape);
         assert.equal(y.dtype, dtype);
-        const label = `${dtype} ${JSON.stringify(dims)}`;
+        const label = `${dtype} ${JSON.stringify(dims)} fused ${fused}`;
         assertClose(await y.read(), causalAttention64(q, k, v, dims), ATTENTION_TOL[dtype], label);
         y.dispose();
       }
@@ -57,15 +60,15 @@ Deno.test({
 });
 
 Deno.test({
-  name: "causalAttention: gradients of q, k and v agree with finite differences",
+  name: "causalAttention: gradients of q, k and v agree with finite differences, fused or not",
   ...GPU_TEST,
   async fn() {
     const [b, t, c] = [2, 6, 8];
     const w = Tensor.from(uniform(b * t * c, 1), [b, t, c]);
-    for (const heads of [1, 2]) {
+    for (const [heads, fused] of [[1, true], [2, true], [2, false]] as const) {
       await gradcheck(
-        `causalAttention ${heads} heads`,
-        ([q, k, v]) => sum(mul(causalAttention(q, k, v, { heads }), w)),
+        `causalAttention ${heads} heads, fused ${fused}`,
+        ([q, k, v]) => sum(mul(causalAttention(q, k, v, { heads, fused }), w)),
         [2, 3, 4].map((s) => uniform(b * t * c, s, -1.5, 1.5)),
         [[b, t, c], [b, t, c], [b, t, c]],
       );
@@ -96,8 +99,7 @@ Deno.test({
     const layer = new CausalSelfAttention(c, h, { seed: 5 });
     assert.deepEqual(
       layer.namedParameters().map(([name]) => name),
-      ["query.weight", "query.bias", "key.weight", "key.bias", "value.weight", "value.bias"]
-        .concat(["output.weight", "output.bias"]),
+      ["qkv.weight", "qkv.bias", "output.weight", "output.bias"],
     );
     const x = uniform(b * t * c, 6);
     const y = tidy(() => layer.forward(Tensor.from(x, [b, t, c])));
@@ -105,12 +107,15 @@ Deno.test({
     for (const [name, tensor] of layer.namedParameters()) p.set(name, await tensor.read());
     const proj = (name: string, input: ArrayLike<number>) =>
       linear64(input, p.get(`${name}.weight`)!, p.get(`${name}.bias`)!);
-    const a = causalAttention64(proj("query", x), proj("key", x), proj("value", x), {
-      b,
-      t,
-      h,
-      d: c / h,
-    });
+    // qkv's rows are the query, key and value weights in turn (nanoGPT's c_attn).
+    const qkv = proj("qkv", x);
+    const [q, k, v] = [0, 1, 2].map((part) =>
+      Float64Array.from(
+        { length: b * t * c },
+        (_, i) => qkv[Math.floor(i / c) * 3 * c + part * c + (i % c)],
+      )
+    );
+    const a = causalAttention64(q, k, v, { b, t, h, d: c / h });
     assertClose(await y.read(), proj("output", a), TOL.f32, "attention layer");
     y.dispose();
     layer.dispose();
@@ -185,15 +190,48 @@ Deno.test({
       const x = Tensor.from(uniform(2 * 3 * 8, 1), [2, 3, 8]);
       assert.equal(autocast(() => block.forward(x)).dtype, "f32");
       const q = Tensor.zeros([2, 3, 8]);
-      assert.throws(
-        () => causalAttention(q, Tensor.zeros([2, 4, 8]), q, { heads: 2 }),
-        /causalAttention: q, k and v must all be \[batch, T, features\]/,
-      );
-      assert.throws(
-        () => causalAttention(q, q, q, { heads: 3 }),
-        /causalAttention: heads \(3\) must be a positive integer that divides the 8 features/,
-      );
+      for (const fused of [true, false]) {
+        const op = fused ? "fusedCausalAttention" : "causalAttention";
+        assert.throws(
+          () => causalAttention(q, Tensor.zeros([2, 4, 8]), q, { heads: 2, fused }),
+          new RegExp(`${op}: q, k and v must all be \\[batch, T, `),
+        );
+        assert.throws(
+          () => causalAttention(q, q, q, { heads: 3, fused }),
+          new RegExp(`${op}: heads \\(3\\) must be a positive integer that divides the 8 features`),
+        );
+      }
     });
     block.dispose();
+  },
+});
+
+Deno.test({
+  name: "CausalSelfAttention: a halfstep 0.1 state (query, key, value) loads into qkv",
+  ...GPU_TEST,
+  async fn() {
+    const c = 6, source = new CausalSelfAttention(c, 2, { seed: 4 });
+    const host = (values: Float32Array, shape: number[]) => ({
+      dtype: "f32" as const,
+      shape,
+      data: new Uint8Array(values.slice().buffer),
+    });
+    const weight = await source.qkv.weight.read(), bias = await source.qkv.bias!.read();
+    const legacy = new Map<string, ReturnType<typeof host>>();
+    ["query", "key", "value"].forEach((name, i) => {
+      legacy.set(`${name}.weight`, host(weight.subarray(i * c * c, (i + 1) * c * c), [c, c]));
+      legacy.set(`${name}.bias`, host(bias.subarray(i * c, (i + 1) * c), [c]));
+    });
+    legacy.set("output.weight", host(await source.output.weight.read(), [c, c]));
+    legacy.set("output.bias", host(await source.output.bias!.read(), [c]));
+    const target = new CausalSelfAttention(c, 2, { seed: 9 });
+    target.loadStateDict(legacy);
+    assert.deepEqual(await target.qkv.weight.read(), weight);
+    assert.deepEqual(await target.qkv.bias!.read(), bias);
+    assert.equal(legacy.has("query.weight"), true, "the caller's map is not changed");
+    legacy.delete("value.bias");
+    assert.throws(() => target.loadStateDict(legacy), /missing qkv.bias/);
+    source.dispose();
+    target.dispose();
   },
 });

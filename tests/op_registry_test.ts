@@ -21,6 +21,7 @@ import {
   dropout,
   embedding,
   exp,
+  fusedCausalAttention,
   gelu,
   GradScaler,
   layerNorm,
@@ -32,6 +33,7 @@ import {
   maxPool2d,
   mean,
   mul,
+  narrow,
   neg,
   noGrad,
   permute,
@@ -62,6 +64,7 @@ import { gpu, GPU_TEST } from "./_gpu.ts";
 const x = Tensor.from([0.5, 1, 1.5, 2, 2.5, 3], [2, 3], { requiresGrad: true });
 const w = Tensor.from([1, 0, 0, 0, 1, 0], [2, 3], { requiresGrad: true });
 const square2 = Tensor.from([1, 2, 3, 4], [2, 2]);
+const sequence = reshape(x, [1, 2, 3]); // [batch, T, features]
 const ids = Tensor.from([1, 0], [2], { dtype: "i32" });
 const image = Tensor.from([1, 2, 3, 4, 5, 6, 7, 8, 9], [1, 1, 3, 3], { requiresGrad: true });
 const kernel = Tensor.from([1, 0, 0, 1], [1, 1, 2, 2], { requiresGrad: true });
@@ -96,6 +99,7 @@ const DRIVERS: Record<AutocastOpName, () => unknown> = {
   dropout: () => dropout(x, 0.5, new RandomGenerator(1).take(x.size)),
   embedding: () => embedding(x, ids),
   conv2d: () => conv2d(image, kernel),
+  fused_attention: () => fusedCausalAttention(sequence, sequence, sequence, { heads: 1 }),
   max_pool2d: () => maxPool2d(image, { kernelSize: 2 }),
   avg_pool2d: () => avgPool2d(image, { kernelSize: 2 }),
   adaptive_avg_pool2d: () => adaptiveAvgPool2d(image, 1),
@@ -134,6 +138,7 @@ Deno.test({
       cast: () => cast(x, "f32"),
       reshape: () => reshape(x, [3, 2]),
       permute: () => permute(x, [1, 0]),
+      narrow: () => narrow(x, 1, 1, 2),
       checkpoint: () => checkpoint((t) => reshape(t, [6]), x),
       loss_scale: () => scaler.scale(sum(x)),
     };

@@ -1,0 +1,309 @@
+/**
+ * Fused causal attention in the manner of FlashAttention: the T×T scores and
+ * probabilities are never written. q, k, v and the output are [B, T, H·D];
+ * head h of batch b is the column window h·D .. h·D+D of every row, so heads
+ * are split by strides inside the kernels and nothing is permuted.
+ *
+ * - Forward: one thread per query row i. It streams over keys 0..i in chunks,
+ *   keeping an online softmax (running max m and sum l, f32) and an f32
+ *   accumulator of D values, and writes the row's output and its
+ *   log-sum-exp L = m + log l (f32, [B·H, T]) for backward.
+ * - Backward, FlashAttention-2's way, in two passes with no atomics:
+ *   `dq` (a thread per query row) recomputes p_ij = exp(s_ij − L_i), forms
+ *   dq_i and writes δ_i = dO_i·O_i; `dkv` (a thread per key row j) walks the
+ *   queries i ≥ j and forms dk_j and dv_j from the same p_ij and δ_i.
+ *
+ * Dropout on the attention weights is a pure function of the random range:
+ * entry (z, i, j) of the virtual [B·H, T, T] matrix uses counter
+ * `counter + (z·T + i)·T + j`, so backward and a checkpoint recompute replay
+ * the same mask without storing it. With weights w = p·mask/(1 − p):
+ * o_i = Σ_j w_ij v_j (l is the undropped sum), and since Σ_j p_ij·dp_ij =
+ * dO_i·O_i still holds with the dropped weights, δ_i needs no change.
+ *
+ * All math is f32 whatever the storage dtype. Registers hold D values per row
+ * (two or three rows of them), so D is part of the config and at most
+ * {@link MAX_HEAD_SIZE}.
+ */
+import type { DType } from "../dtype.ts";
+import { type Binding, defineKernel } from "../kernel.ts";
+import { type RandomRange, WGSL_RANDOM } from "../random.ts";
+import { Tensor } from "../tensor.ts";
+import { grid1d, WGSL_GRID_BUILTINS, WGSL_WORKGROUP_INDEX } from "./grid.ts";
+import { WGSL_LOWEST } from "./wgsl_math.ts";
+
+/** The largest head size the kernels hold in registers. */
+export const MAX_HEAD_SIZE = 256;
+
+/** Keys scored at once before the running max is updated (one rescale per chunk). */
+const KEY_CHUNK = 16;
+
+/** Kernel config: storage dtype, head size, rows per workgroup, and whether dropout is on. */
+export type FlashAttentionConfig = {
+  dtype: DType;
+  headSize: number;
+  rows: number;
+  dropout: boolean;
+};
+
+const UNIFORMS = {
+  t: "u32",
+  bh: "u32",
+  heads: "u32",
+  blocks: "u32",
+  scale: "f32",
+  p: "f32",
+  keepScale: "f32",
+  key: "u32",
+  counter: "u32",
+} as const;
+
+/**
+ * Where this thread's row lives: z = b·H + h, the row index r (a query in
+ * forward and dq, a key in dkv), and the offset of head h in row 0 of batch b.
+ */
+function rowPrelude(c: FlashAttentionConfig): string {
+  return `let block = ${WGSL_WORKGROUP_INDEX} % p.blocks;
+  let z = ${WGSL_WORKGROUP_INDEX} / p.blocks;
+  let r = block * ${c.rows}u + lid;
+  if (z >= p.bh || r >= p.t) { return; }
+  let width = p.heads * ${c.headSize}u;
+  let head0 = (z / p.heads) * p.t * width + (z % p.heads) * ${c.headSize}u;`;
+}
+
+/** WGSL: the dropout factor of entry (z, i, j): 0, or 1/(1 − p) when kept; 1 without dropout. */
+function keepFactor(c: FlashAttentionConfig, i: string, j: string): string {
+  if (!c.dropout) return "1.0";
+  return `select(0.0, p.keepScale, random_uniform(p.key, p.counter + (z * p.t + ${i}) * p.t + ${j}) >= p.p)`;
+}
+
+function header(c: FlashAttentionConfig): string {
+  return `${c.dropout ? WGSL_RANDOM : ""}
+const D = ${c.headSize}u;
+@compute @workgroup_size(${c.rows})
+fn main(${WGSL_GRID_BUILTINS}) {
+  ${rowPrelude(c)}`;
+}
+
+/** Row statistics (log-sum-exp, δ) are f32; everything else has the storage dtype. */
+const STATISTICS = ["lse", "delta"];
+
+function bindingsOf<B extends string>(reads: B[], writes: B[], dtype: DType): Binding<B>[] {
+  const typeOf = (name: B) => STATISTICS.includes(name) ? "f32" : dtype;
+  return [
+    ...reads.map((name) => ({ name, type: typeOf(name) })),
+    ...writes.map((name) => ({ name, type: typeOf(name), write: true })),
+  ];
+}
+
+/** Forward: o and the log-sum-exp of each query row. */
+export const flashAttentionForwardKernel = defineKernel({
+  name: "flash_attention_forward",
+  bindings: (c: FlashAttentionConfig) => bindingsOf(["q", "k", "v"], ["o", "lse"], c.dtype),
+  uniforms: UNIFORMS,
+  source: (c) =>
+    `${header(c)}
+  let i = r;
+  let qi = head0 + i * width;
+  var qs: array<f32, D>;
+  var acc: array<f32, D>;
+  for (var e = 0u; e < D; e++) { qs[e] = f32(q[qi + e]) * p.scale; acc[e] = 0.0; }
+  var m = ${WGSL_LOWEST};
+  var l = 0.0;
+  var s: array<f32, ${KEY_CHUNK}>;
+  for (var j0 = 0u; j0 <= i; j0 += ${KEY_CHUNK}u) {
+    let count = min(${KEY_CHUNK}u, i + 1u - j0);
+    var chunkMax = m;
+    for (var jj = 0u; jj < count; jj++) {
+      let kj = head0 + (j0 + jj) * width;
+      var dot = 0.0;
+      for (var e = 0u; e < D; e++) { dot += qs[e] * f32(k[kj + e]); }
+      s[jj] = dot;
+      chunkMax = max(chunkMax, dot);
+    }
+    let rescale = exp(m - chunkMax);
+    m = chunkMax;
+    l *= rescale;
+    for (var e = 0u; e < D; e++) { acc[e] *= rescale; }
+    for (var jj = 0u; jj < count; jj++) {
+      let j = j0 + jj;
+      let pj = exp(s[jj] - m);
+      l += pj;
+      let w = pj * ${keepFactor(c, "i", "j")};
+      let vj = head0 + j * width;
+      for (var e = 0u; e < D; e++) { acc[e] += w * f32(v[vj + e]); }
+    }
+  }
+  let inv = 1.0 / l;
+  for (var e = 0u; e < D; e++) { o[qi + e] = ${c.dtype}(acc[e] * inv); }
+  lse[z * p.t + i] = m + log(l);
+}`,
+});
+
+/** Backward, per query row: dq and δ = dO·O. */
+export const flashAttentionDqKernel = defineKernel({
+  name: "flash_attention_dq",
+  bindings: (c: FlashAttentionConfig) =>
+    bindingsOf(["q", "k", "v", "o", "dout", "lse"], ["dq", "delta"], c.dtype),
+  uniforms: UNIFORMS,
+  source: (c) =>
+    `${header(c)}
+  let i = r;
+  let qi = head0 + i * width;
+  var qs: array<f32, D>;
+  var gi: array<f32, D>;
+  var acc: array<f32, D>;
+  var d = 0.0;
+  for (var e = 0u; e < D; e++) {
+    qs[e] = f32(q[qi + e]) * p.scale;
+    gi[e] = f32(dout[qi + e]);
+    d += gi[e] * f32(o[qi + e]);
+    acc[e] = 0.0;
+  }
+  let li = lse[z * p.t + i];
+  for (var j = 0u; j <= i; j++) {
+    let kj = head0 + j * width;
+    var s = 0.0;
+    var dp = 0.0;
+    for (var e = 0u; e < D; e++) {
+      s += qs[e] * f32(k[kj + e]);
+      dp += gi[e] * f32(v[kj + e]);
+    }
+    let ds = exp(s - li) * (dp * ${keepFactor(c, "i", "j")} - d);
+    for (var e = 0u; e < D; e++) { acc[e] += ds * f32(k[kj + e]); }
+  }
+  for (var e = 0u; e < D; e++) { dq[qi + e] = ${c.dtype}(acc[e] * p.scale); }
+  delta[z * p.t + i] = d;
+}`,
+});
+
+/** Backward, per key row: dk and dv (after {@link flashAttentionDqKernel} wrote δ). */
+export const flashAttentionDkvKernel = defineKernel({
+  name: "flash_attention_dkv",
+  bindings: (c: FlashAttentionConfig) =>
+    bindingsOf(["q", "k", "v", "dout", "lse", "delta"], ["dk", "dv"], c.dtype),
+  uniforms: UNIFORMS,
+  source: (c) =>
+    `${header(c)}
+  let j = r;
+  let kj = head0 + j * width;
+  var ks: array<f32, D>;
+  var vs: array<f32, D>;
+  var dks: array<f32, D>;
+  var dvs: array<f32, D>;
+  for (var e = 0u; e < D; e++) {
+    ks[e] = f32(k[kj + e]) * p.scale;
+    vs[e] = f32(v[kj + e]);
+    dks[e] = 0.0;
+    dvs[e] = 0.0;
+  }
+  for (var i = j; i < p.t; i++) {
+    let qi = head0 + i * width;
+    var s = 0.0;
+    var dp = 0.0;
+    for (var e = 0u; e < D; e++) {
+      s += f32(q[qi + e]) * ks[e];
+      dp += f32(dout[qi + e]) * vs[e];
+    }
+    let pij = exp(s - lse[z * p.t + i]);
+    let keep = ${keepFactor(c, "i", "j")};
+    let ds = pij * (dp * keep - delta[z * p.t + i]);
+    let w = pij * keep;
+    for (var e = 0u; e < D; e++) {
+      dvs[e] += w * f32(dout[qi + e]);
+      dks[e] += ds * f32(q[qi + e]);
+    }
+  }
+  for (var e = 0u; e < D; e++) {
+    dk[kj + e] = ${c.dtype}(dks[e] * p.scale);
+    dv[kj + e] = ${c.dtype}(dvs[e]);
+  }
+}`,
+});
+
+/** Sizes of one fused attention call. */
+export interface FlashAttentionShape {
+  /** Batch B. */
+  batch: number;
+  /** Sequence length T. */
+  t: number;
+  /** Heads H. */
+  heads: number;
+  /** Head size D. */
+  headSize: number;
+}
+
+/** Dropout of the attention weights: probability and the random range of B·H·T·T numbers. */
+export interface AttentionDropout {
+  /** Drop probability in [0, 1). */
+  p: number;
+  /** Where the mask's numbers come from. */
+  range: RandomRange;
+}
+
+/** Rows per workgroup: a thread per row, so short sequences get smaller workgroups. */
+function rowsPerWorkgroup(t: number): number {
+  return t <= 16 ? 16 : t <= 32 ? 32 : 64;
+}
+
+function setup(s: FlashAttentionShape, dtype: DType, dropout: AttentionDropout | null) {
+  const rows = rowsPerWorkgroup(s.t);
+  const blocks = Math.ceil(s.t / rows), bh = s.batch * s.heads;
+  const config = { dtype, headSize: s.headSize, rows, dropout: dropout !== null };
+  const uniforms = {
+    t: s.t,
+    heads: s.heads,
+    blocks,
+    bh,
+    scale: 1 / Math.sqrt(s.headSize),
+    p: dropout?.p ?? 0,
+    keepScale: dropout ? 1 / (1 - dropout.p) : 1,
+    key: dropout?.range.key ?? 0,
+    counter: dropout?.range.counter ?? 0,
+  };
+  return { config, uniforms, grid: grid1d(blocks * bh), empty: bh === 0 || s.t === 0 };
+}
+
+/** o [B, T, H·D] and lse [B·H, T] (f32) of causal attention (no autograd). */
+export function launchFlashAttention(
+  q: Tensor,
+  k: Tensor,
+  v: Tensor,
+  s: FlashAttentionShape,
+  dropout: AttentionDropout | null,
+): { o: Tensor; lse: Tensor } {
+  const o = Tensor.empty(q.shape, q.dtype, q.gpu);
+  const lse = Tensor.empty([s.batch * s.heads, s.t], "f32", q.gpu);
+  const { config, uniforms, grid, empty } = setup(s, q.dtype, dropout);
+  if (empty) return { o, lse };
+  const kernel = q.gpu.kernel(flashAttentionForwardKernel, config);
+  q.gpu.dispatch(kernel, { q, k, v, o, lse }, uniforms, grid);
+  return { o, lse };
+}
+
+/** dq, dk and dv from the saved inputs, output and log-sum-exp and the output's gradient. */
+export function launchFlashAttentionBackward(
+  saved: { q: Tensor; k: Tensor; v: Tensor; o: Tensor; lse: Tensor },
+  dout: Tensor,
+  s: FlashAttentionShape,
+  dropout: AttentionDropout | null,
+): [Tensor, Tensor, Tensor] {
+  const { q, k, v, o, lse } = saved, gpu = q.gpu;
+  const [dq, dk, dv] = [q, k, v].map((x) => Tensor.empty(x.shape, x.dtype, gpu));
+  const { config, uniforms, grid, empty } = setup(s, q.dtype, dropout);
+  if (empty) return [dq, dk, dv];
+  const delta = Tensor.empty(lse.shape, "f32", gpu);
+  gpu.dispatch(
+    gpu.kernel(flashAttentionDqKernel, config),
+    { q, k, v, o, dout, lse, dq, delta },
+    uniforms,
+    grid,
+  );
+  gpu.dispatch(
+    gpu.kernel(flashAttentionDkvKernel, config),
+    { q, k, v, dout, lse, delta, dk, dv },
+    uniforms,
+    grid,
+  );
+  delta.dispose();
+  return [dq, dk, dv];
+}

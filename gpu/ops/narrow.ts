@@ -1,0 +1,80 @@
+/** Slicing along one axis: `narrow` (one window) and `split` (consecutive windows). */
+import { record } from "../autograd.ts";
+import { fail, ShapeError } from "../errors.ts";
+import { launchNarrow, launchNarrowBackward } from "../kernels/narrow.ts";
+import { normalizeAxis } from "../shape.ts";
+import type { Tensor } from "../tensor.ts";
+
+/**
+ * Indices `start .. start + length` of `x` along `axis` (negative counts from
+ * the end), as a new contiguous tensor: PyTorch's `x.narrow(axis, start,
+ * length)`, except that the result is a copy, not a view. Its gradient is the
+ * upstream gradient placed in that window of a zero tensor of x's shape.
+ *
+ * @example
+ * ```ts
+ * import { initGpu, narrow, Tensor } from "../../mod.ts";
+ * const gpu = await initGpu({ matmulTiling: "default" });
+ * const x = Tensor.from([1, 2, 3, 4, 5, 6], [2, 3]);
+ * const y = narrow(x, -1, 1, 2); // columns 1 and 2 of each row
+ * console.assert((await y.read()).join() === "2,3,5,6");
+ * gpu.destroy();
+ * ```
+ */
+export function narrow(x: Tensor, axis: number, start: number, length: number): Tensor {
+  const a = normalizeAxis("narrow", axis, x.rank);
+  const extent = x.shape[a];
+  const whole = (n: number) => Number.isInteger(n) && n >= 0;
+  if (!whole(start) || !whole(length) || start + length > extent) {
+    fail(
+      ShapeError,
+      "narrow",
+      `the window start ${start}, length ${length} does not fit axis ${axis} (of extent ` +
+        `${extent}) of ${x.describe()}; start and length must be integers ≥ 0 with ` +
+        "start + length ≤ extent.",
+    );
+  }
+  const window = { axis: a, start, length };
+  const shape = x.shape;
+  return record({
+    op: "narrow",
+    inputs: [x],
+    output: launchNarrow(x, window),
+    backward: (g) => [launchNarrowBackward(g, shape, window)],
+  });
+}
+
+/**
+ * `x` cut along `axis` into consecutive pieces of the given `sizes` (they
+ * must add up to the axis's extent), as PyTorch's `torch.split(x, sizes,
+ * dim)` with a list: e.g. a fused projection's [B, T, 3C] output into q, k
+ * and v. Each piece is a copy (see {@link narrow}).
+ *
+ * @example
+ * ```ts
+ * import { initGpu, split, Tensor } from "../../mod.ts";
+ * const gpu = await initGpu({ matmulTiling: "default" });
+ * const qkv = Tensor.from([1, 2, 3, 4, 5, 6], [1, 1, 6]); // [B, T, 3C] with C = 2
+ * const [q, k, v] = split(qkv, [2, 2, 2], -1);
+ * console.assert((await k.read()).join() === "3,4" && v.shape.join() === "1,1,2");
+ * gpu.destroy();
+ * ```
+ */
+export function split(x: Tensor, sizes: readonly number[], axis = 0): Tensor[] {
+  const a = normalizeAxis("split", axis, x.rank);
+  const total = sizes.reduce((s, n) => s + n, 0);
+  if (!sizes.every((n) => Number.isInteger(n) && n >= 0) || total !== x.shape[a]) {
+    fail(
+      ShapeError,
+      "split",
+      `sizes [${sizes.join(", ")}] must be integers ≥ 0 adding up to ${x.shape[a]}, the extent ` +
+        `of axis ${axis} of ${x.describe()}.`,
+    );
+  }
+  let start = 0;
+  return sizes.map((n) => {
+    const piece = narrow(x, a, start, n);
+    start += n;
+    return piece;
+  });
+}

@@ -1,0 +1,245 @@
+import assert from "node:assert/strict";
+import {
+  autocast,
+  backward,
+  causalAttention,
+  CausalSelfAttention,
+  Checkpointed,
+  fusedCausalAttention,
+  mul,
+  RandomGenerator,
+  sum,
+  Tensor,
+  tidy,
+} from "../mod.ts";
+import { type RandomRange, randomUniform } from "../gpu/mod.ts";
+import { gpu, GPU_TEST } from "./_gpu.ts";
+import { assertClose, type Tolerance } from "./_assert.ts";
+import { quantize, uniform } from "./_reference.ts";
+import { type AttentionDims, causalAttentionWithGrads64 } from "./_attention_reference.ts";
+
+// The issue's odd sizes: T = 1, 7, 33, 129, 257 and D = 16, 32, 64, 128, plus H·D = 3·20
+// (not a multiple of any tile or vector width) and several batches.
+const DIMS: AttentionDims[] = [
+  { b: 2, t: 1, h: 2, d: 16 },
+  { b: 2, t: 7, h: 3, d: 32 },
+  { b: 1, t: 33, h: 2, d: 64 },
+  { b: 1, t: 129, h: 1, d: 128 },
+  { b: 1, t: 257, h: 2, d: 16 },
+  { b: 3, t: 33, h: 3, d: 20 },
+];
+
+// f32: sums of up to 257 products, with exp and a division; 2e-5 + 2e-4 relative keeps
+// a margin over f32 roundoff. f16: q, k, v, dout and the results are stored in f16
+// (half-ulp 4.9e-4 relative); the statistics are f32.
+const TOLERANCE: Record<"f32" | "f16", Tolerance> = {
+  f32: { atol: 2e-5, rtol: 2e-4 },
+  f16: { atol: 4e-3, rtol: 4e-3 },
+};
+
+type Inputs = { q: Float64Array; k: Float64Array; v: Float64Array; g: Float64Array };
+
+function inputsFor(dims: AttentionDims, dtype: "f32" | "f16", seed: number): Inputs {
+  const n = dims.b * dims.t * dims.h * dims.d;
+  const [q, k, v, g] = [1, 2, 3, 4].map((s) => quantize(uniform(n, seed + s * 7919, -2, 2), dtype));
+  return { q, k, v, g };
+}
+
+/** Output and the three gradients on the GPU, read back. */
+async function runOnGpu(
+  x: Inputs,
+  dims: AttentionDims,
+  dtype: "f32" | "f16",
+  options: { fused: boolean; dropout?: { p: number; range: RandomRange } },
+) {
+  const shape = [dims.b, dims.t, dims.h * dims.d];
+  const [q, k, v] = [x.q, x.k, x.v].map((a) =>
+    Tensor.from(a, shape, { dtype, requiresGrad: true })
+  );
+  const g = Tensor.from(x.g, shape, { dtype });
+  const o = causalAttention(q, k, v, { heads: dims.h, ...options });
+  assert.equal(o.dtype, dtype);
+  backward(o, { gradient: g });
+  const out = {
+    o: await o.read(),
+    dq: await q.grad!.read(),
+    dk: await k.grad!.read(),
+    dv: await v.grad!.read(),
+  };
+  for (const t of [q, k, v, g, o]) t.dispose();
+  return out;
+}
+
+function assertAllClose(
+  actual: Record<"o" | "dq" | "dk" | "dv", ArrayLike<number>>,
+  expected: Record<"o" | "dq" | "dk" | "dv", ArrayLike<number>>,
+  tol: Tolerance,
+  label: string,
+) {
+  for (const name of ["o", "dq", "dk", "dv"] as const) {
+    assertClose(actual[name], expected[name], tol, `${label} ${name}`);
+  }
+}
+
+/** The dropout factor of weight (z, i, j), from the mask's definition (see gpu/random.ts). */
+function dropoutFactor(p: number, range: RandomRange, t: number) {
+  return (z: number, i: number, j: number) =>
+    randomUniform(range.key, range.counter + (z * t + i) * t + j) >= p ? 1 / (1 - p) : 0;
+}
+
+Deno.test({
+  name: "fusedCausalAttention: output and dq, dk, dv match f64 at odd sizes, f32 and f16",
+  ...GPU_TEST,
+  async fn() {
+    for (const dims of DIMS) {
+      for (const dtype of ["f32", "f16"] as const) {
+        const x = inputsFor(dims, dtype, dims.t * 31 + dims.d);
+        const expected = causalAttentionWithGrads64(x.q, x.k, x.v, x.g, dims);
+        const actual = await runOnGpu(x, dims, dtype, { fused: true });
+        assertAllClose(actual, expected, TOLERANCE[dtype], `${dtype} ${JSON.stringify(dims)}`);
+      }
+    }
+  },
+});
+
+Deno.test({
+  name: "fusedCausalAttention: agrees with the unfused path, with and without dropout",
+  ...GPU_TEST,
+  async fn() {
+    const dims = { b: 2, t: 33, h: 3, d: 16 };
+    const range = new RandomGenerator(11).take(dims.b * dims.h * dims.t * dims.t);
+    for (const dropout of [undefined, { p: 0.3, range }]) {
+      const x = inputsFor(dims, "f32", 5);
+      const fused = await runOnGpu(x, dims, "f32", { fused: true, dropout });
+      const reference = await runOnGpu(x, dims, "f32", { fused: false, dropout });
+      assertAllClose(fused, reference, TOLERANCE.f32, `dropout ${dropout?.p ?? 0}`);
+    }
+  },
+});
+
+Deno.test({
+  name: "fusedCausalAttention: dropout matches f64 with the same mask and replays bit for bit",
+  ...GPU_TEST,
+  async fn() {
+    for (const dims of [{ b: 2, t: 7, h: 2, d: 16 }, { b: 1, t: 129, h: 2, d: 32 }]) {
+      for (const dtype of ["f32", "f16"] as const) {
+        const p = 0.25, range = new RandomGenerator(3).take(dims.b * dims.h * dims.t * dims.t);
+        const x = inputsFor(dims, dtype, 17);
+        const factor = dropoutFactor(p, range, dims.t);
+        const expected = causalAttentionWithGrads64(x.q, x.k, x.v, x.g, dims, factor);
+        const first = await runOnGpu(x, dims, dtype, { fused: true, dropout: { p, range } });
+        const again = await runOnGpu(x, dims, dtype, { fused: true, dropout: { p, range } });
+        const label = `${dtype} ${JSON.stringify(dims)} dropout`;
+        assertAllClose(first, expected, TOLERANCE[dtype], label);
+        for (const name of ["o", "dq", "dk", "dv"] as const) {
+          assert.deepEqual(again[name], first[name], `${label}: ${name} replays exactly`);
+        }
+      }
+    }
+  },
+});
+
+Deno.test({
+  name: "CausalSelfAttention: attention dropout under checkpoint recompute gives identical grads",
+  ...GPU_TEST,
+  async fn() {
+    const [b, t, c] = [2, 9, 16];
+    const x = Tensor.from(uniform(b * t * c, 41), [b, t, c]);
+    const w = Tensor.from(uniform(b * t * c, 42), [b, t, c]);
+    const grads = async (checkpointed: boolean) => {
+      const layer = new CausalSelfAttention(c, 4, { seed: 8, dropout: 0.3 });
+      const model = checkpointed ? new Checkpointed(layer) : layer;
+      const before = layer.generator.offset;
+      const loss = tidy(() => sum(mul(model.forward(x), w)));
+      loss.backward();
+      loss.dispose();
+      const out = await Promise.all(layer.parameters().map((p) => p.grad!.read()));
+      // One mask drawn per forward: the recompute replays it instead of drawing again.
+      assert.equal(layer.generator.offset - before, b * 4 * t * t);
+      layer.dispose();
+      return out;
+    };
+    const plain = await grads(false), recomputed = await grads(true);
+    plain.forEach((g, i) => assert.deepEqual(recomputed[i], g, `parameter ${i}`));
+    x.dispose();
+    w.dispose();
+  },
+});
+
+/** Bytes allocated at the peak of one forward + backward of attention over T tokens, above the inputs. */
+async function attentionPeak(t: number, fused: boolean): Promise<number> {
+  const shape = [1, t, 32];
+  const [q, k, v] = [1, 2, 3].map((s) =>
+    Tensor.from(uniform(t * 32, s), shape, { requiresGrad: true })
+  );
+  await gpu.sync();
+  const before = gpu.memoryStats().allocatedBytes;
+  gpu.resetPeakMemory();
+  const loss = tidy(() => sum(causalAttention(q, k, v, { heads: 2, fused })));
+  loss.backward();
+  await gpu.sync();
+  const peak = gpu.memoryStats().peakBytes - before;
+  for (const x of [loss, q, k, v]) x.dispose();
+  return peak;
+}
+
+Deno.test({
+  name: "fusedCausalAttention: memory grows linearly in T (the unfused path's grows as T²)",
+  ...GPU_TEST,
+  async fn() {
+    const [fused256, fused1024] = [await attentionPeak(256, true), await attentionPeak(1024, true)];
+    const [unfused256, unfused1024] = [
+      await attentionPeak(256, false),
+      await attentionPeak(1024, false),
+    ];
+    // 4x the tokens: linear memory is ~4x (pool size classes round up a little), T² is 16x.
+    assert.ok(fused1024 <= 5 * fused256, `fused: ${fused256} → ${fused1024} bytes`);
+    assert.ok(unfused1024 >= 12 * unfused256, `unfused: ${unfused256} → ${unfused1024} bytes`);
+    assert.ok(
+      fused1024 * 20 < unfused1024,
+      `at T = 1024: fused ${fused1024}, unfused ${unfused1024}`,
+    );
+  },
+});
+
+Deno.test({
+  name: "fusedCausalAttention: f16 under autocast; clear errors for bad shapes, dtypes, dropout",
+  ...GPU_TEST,
+  fn() {
+    tidy(() => {
+      const q = Tensor.zeros([2, 3, 8]);
+      assert.equal(autocast(() => fusedCausalAttention(q, q, q, { heads: 2 })).dtype, "f16");
+      assert.throws(
+        () => fusedCausalAttention(q, Tensor.zeros([2, 4, 8]), q, { heads: 2 }),
+        /fusedCausalAttention: q, k and v must all be \[batch, T, heads·headSize\]/,
+      );
+      assert.throws(
+        () => fusedCausalAttention(q, Tensor.zeros([2, 3, 8], { dtype: "f16" }), q, { heads: 2 }),
+        /fusedCausalAttention: q, k and v must share one float dtype/,
+      );
+      assert.throws(
+        () => fusedCausalAttention(q, q, q, { heads: 3 }),
+        /heads \(3\) must be a positive integer that divides the 8 features/,
+      );
+      const wide = Tensor.zeros([1, 2, 512]);
+      assert.throws(
+        () => fusedCausalAttention(wide, wide, wide, { heads: 1 }),
+        /head size 512 \(512 features \/ 1 heads\) is above the fused kernel's limit of 256/,
+      );
+      const range = { key: 1, counter: 0 };
+      assert.throws(
+        () => fusedCausalAttention(q, q, q, { heads: 2, dropout: { p: 1, range } }),
+        /dropout p must be in \[0, 1\), got 1/,
+      );
+      const late = { key: 1, counter: 2 ** 32 - 10 };
+      assert.throws(
+        () => fusedCausalAttention(q, q, q, { heads: 2, dropout: { p: 0.1, range: late } }),
+        /batch·heads·T·T = 36 weights .* at most 4294967296 fit/,
+      );
+      assert.throws(
+        () => new CausalSelfAttention(8, 2, { dropout: -0.1 }),
+        /CausalSelfAttention: dropout must be in \[0, 1\), got -0.1/,
+      );
+    });
+  },
+});
