@@ -19,7 +19,7 @@ import { quantize, uniform } from "./_reference.ts";
 import { type AttentionDims, causalAttentionWithGrads64 } from "./_attention_reference.ts";
 
 // The odd sizes: T = 1, 7, 33, 129, 257 and D = 16, 32, 64, 128, plus H·D = 3·20
-// (not a multiple of any tile or vector width) and several batches.
+// (not a multiple of any tile), D = 6 (no vec4 rows) and several batches.
 const DIMS: AttentionDims[] = [
   { b: 2, t: 1, h: 2, d: 16 },
   { b: 2, t: 7, h: 3, d: 32 },
@@ -27,6 +27,7 @@ const DIMS: AttentionDims[] = [
   { b: 1, t: 129, h: 1, d: 128 },
   { b: 1, t: 257, h: 2, d: 16 },
   { b: 3, t: 33, h: 3, d: 20 },
+  { b: 2, t: 9, h: 2, d: 6 }, // a head size that is no multiple of 4: the scalar kernels
 ];
 
 // f32: sums of up to 257 products, with exp and a division; 2e-5 + 2e-4 relative keeps

@@ -37,10 +37,14 @@ export const MAX_HEAD_SIZE = 256;
 /** Keys scored at once before the running max is updated (one rescale per chunk). */
 const KEY_CHUNK = 16;
 
-/** Kernel config: storage dtype, head size, rows per workgroup, and whether dropout is on. */
+/**
+ * Kernel config: storage dtype, head size, lanes (4 when the head size allows
+ * vec4 loads and math, else 1), rows per workgroup, and whether dropout is on.
+ */
 export type FlashAttentionConfig = {
   dtype: DType;
   headSize: number;
+  lanes: 1 | 4;
   rows: number;
   dropout: boolean;
 };
@@ -59,15 +63,16 @@ const UNIFORMS = {
 
 /**
  * Where this thread's row lives: z = b·H + h, the row index r (a query in
- * forward and dq, a key in dkv), and the offset of head h in row 0 of batch b.
+ * forward and dq, a key in dkv), and the offset of head h in row 0 of batch b
+ * (in elements of the bound arrays: vectors of `lanes` values).
  */
 function rowPrelude(c: FlashAttentionConfig): string {
   return `let block = ${WGSL_WORKGROUP_INDEX} % p.blocks;
   let z = ${WGSL_WORKGROUP_INDEX} / p.blocks;
   let r = block * ${c.rows}u + lid;
   if (z >= p.bh || r >= p.t) { return; }
-  let width = p.heads * ${c.headSize}u;
-  let head0 = (z / p.heads) * p.t * width + (z % p.heads) * ${c.headSize}u;`;
+  let width = p.heads * D;
+  let head0 = (z / p.heads) * p.t * width + (z % p.heads) * D;`;
 }
 
 /** WGSL: the dropout factor of entry (z, i, j): 0, or 1/(1 − p) when kept; 1 without dropout. */
@@ -76,9 +81,18 @@ function keepFactor(c: FlashAttentionConfig, i: string, j: string): string {
   return `select(0.0, p.keepScale, random_uniform(p.key, p.counter + (z * p.t + ${i}) * p.t + ${j}) >= p.p)`;
 }
 
+/**
+ * The aliases the bodies are written in: S, the stored element (a value or a
+ * vec4 of the dtype), F, its f32 form, and dotf, their dot product; D is the
+ * head size in S elements.
+ */
 function header(c: FlashAttentionConfig): string {
+  const vector = c.lanes === 4;
   return `${c.dropout ? WGSL_RANDOM : ""}
-const D = ${c.headSize}u;
+alias S = ${vector ? `vec4<${c.dtype}>` : c.dtype};
+alias F = ${vector ? "vec4<f32>" : "f32"};
+fn dotf(a: F, b: F) -> f32 { return ${vector ? "dot(a, b)" : "a * b"}; }
+const D = ${c.headSize / c.lanes}u;
 @compute @workgroup_size(${c.rows})
 fn main(${WGSL_GRID_BUILTINS}) {
   ${rowPrelude(c)}`;
@@ -87,8 +101,13 @@ fn main(${WGSL_GRID_BUILTINS}) {
 /** Row statistics (log-sum-exp, δ) are f32; everything else has the storage dtype. */
 const STATISTICS = ["lse", "delta"];
 
-function bindingsOf<B extends string>(reads: B[], writes: B[], dtype: DType): Binding<B>[] {
-  const typeOf = (name: B) => STATISTICS.includes(name) ? "f32" : dtype;
+function bindingsOf<B extends string>(
+  reads: B[],
+  writes: B[],
+  c: FlashAttentionConfig,
+): Binding<B>[] {
+  const stored = c.lanes === 4 ? `vec4<${c.dtype as "f32" | "f16"}>` as const : c.dtype;
+  const typeOf = (name: B) => STATISTICS.includes(name) ? "f32" : stored;
   return [
     ...reads.map((name) => ({ name, type: typeOf(name) })),
     ...writes.map((name) => ({ name, type: typeOf(name), write: true })),
@@ -98,15 +117,15 @@ function bindingsOf<B extends string>(reads: B[], writes: B[], dtype: DType): Bi
 /** Forward: o and the log-sum-exp of each query row. */
 export const flashAttentionForwardKernel = defineKernel({
   name: "flash_attention_forward",
-  bindings: (c: FlashAttentionConfig) => bindingsOf(["q", "k", "v"], ["o", "lse"], c.dtype),
+  bindings: (c: FlashAttentionConfig) => bindingsOf(["q", "k", "v"], ["o", "lse"], c),
   uniforms: UNIFORMS,
   source: (c) =>
     `${header(c)}
   let i = r;
   let qi = head0 + i * width;
-  var qs: array<f32, D>;
-  var acc: array<f32, D>;
-  for (var e = 0u; e < D; e++) { qs[e] = f32(q[qi + e]) * p.scale; acc[e] = 0.0; }
+  var qs: array<F, D>;
+  var acc: array<F, D>;
+  for (var e = 0u; e < D; e++) { qs[e] = F(q[qi + e]) * p.scale; acc[e] = F(0.0); }
   var m = ${WGSL_LOWEST};
   var l = 0.0;
   var s: array<f32, ${KEY_CHUNK}>;
@@ -116,7 +135,7 @@ export const flashAttentionForwardKernel = defineKernel({
     for (var jj = 0u; jj < count; jj++) {
       let kj = head0 + (j0 + jj) * width;
       var dot = 0.0;
-      for (var e = 0u; e < D; e++) { dot += qs[e] * f32(k[kj + e]); }
+      for (var e = 0u; e < D; e++) { dot += dotf(qs[e], F(k[kj + e])); }
       s[jj] = dot;
       chunkMax = max(chunkMax, dot);
     }
@@ -130,11 +149,11 @@ export const flashAttentionForwardKernel = defineKernel({
       l += pj;
       let w = pj * ${keepFactor(c, "i", "j")};
       let vj = head0 + j * width;
-      for (var e = 0u; e < D; e++) { acc[e] += w * f32(v[vj + e]); }
+      for (var e = 0u; e < D; e++) { acc[e] += w * F(v[vj + e]); }
     }
   }
   let inv = 1.0 / l;
-  for (var e = 0u; e < D; e++) { o[qi + e] = ${c.dtype}(acc[e] * inv); }
+  for (var e = 0u; e < D; e++) { o[qi + e] = S(acc[e] * inv); }
   lse[z * p.t + i] = m + log(l);
 }`,
 });
@@ -143,21 +162,21 @@ export const flashAttentionForwardKernel = defineKernel({
 export const flashAttentionDqKernel = defineKernel({
   name: "flash_attention_dq",
   bindings: (c: FlashAttentionConfig) =>
-    bindingsOf(["q", "k", "v", "o", "dout", "lse"], ["dq", "delta"], c.dtype),
+    bindingsOf(["q", "k", "v", "o", "dout", "lse"], ["dq", "delta"], c),
   uniforms: UNIFORMS,
   source: (c) =>
     `${header(c)}
   let i = r;
   let qi = head0 + i * width;
-  var qs: array<f32, D>;
-  var gi: array<f32, D>;
-  var acc: array<f32, D>;
+  var qs: array<F, D>;
+  var gi: array<F, D>;
+  var acc: array<F, D>;
   var d = 0.0;
   for (var e = 0u; e < D; e++) {
-    qs[e] = f32(q[qi + e]) * p.scale;
-    gi[e] = f32(dout[qi + e]);
-    d += gi[e] * f32(o[qi + e]);
-    acc[e] = 0.0;
+    qs[e] = F(q[qi + e]) * p.scale;
+    gi[e] = F(dout[qi + e]);
+    d += dotf(gi[e], F(o[qi + e]));
+    acc[e] = F(0.0);
   }
   let li = lse[z * p.t + i];
   for (var j = 0u; j <= i; j++) {
@@ -165,13 +184,13 @@ export const flashAttentionDqKernel = defineKernel({
     var s = 0.0;
     var dp = 0.0;
     for (var e = 0u; e < D; e++) {
-      s += qs[e] * f32(k[kj + e]);
-      dp += gi[e] * f32(v[kj + e]);
+      s += dotf(qs[e], F(k[kj + e]));
+      dp += dotf(gi[e], F(v[kj + e]));
     }
     let ds = exp(s - li) * (dp * ${keepFactor(c, "i", "j")} - d);
-    for (var e = 0u; e < D; e++) { acc[e] += ds * f32(k[kj + e]); }
+    for (var e = 0u; e < D; e++) { acc[e] += ds * F(k[kj + e]); }
   }
-  for (var e = 0u; e < D; e++) { dq[qi + e] = ${c.dtype}(acc[e] * p.scale); }
+  for (var e = 0u; e < D; e++) { dq[qi + e] = S(acc[e] * p.scale); }
   delta[z * p.t + i] = d;
 }`,
 });
@@ -180,42 +199,44 @@ export const flashAttentionDqKernel = defineKernel({
 export const flashAttentionDkvKernel = defineKernel({
   name: "flash_attention_dkv",
   bindings: (c: FlashAttentionConfig) =>
-    bindingsOf(["q", "k", "v", "dout", "lse", "delta"], ["dk", "dv"], c.dtype),
+    bindingsOf(["q", "k", "v", "dout", "lse", "delta"], ["dk", "dv"], c),
   uniforms: UNIFORMS,
   source: (c) =>
     `${header(c)}
   let j = r;
   let kj = head0 + j * width;
-  var ks: array<f32, D>;
-  var vs: array<f32, D>;
-  var dks: array<f32, D>;
-  var dvs: array<f32, D>;
+  var ks: array<F, D>;
+  var vs: array<F, D>;
+  var dks: array<F, D>;
+  var dvs: array<F, D>;
   for (var e = 0u; e < D; e++) {
-    ks[e] = f32(k[kj + e]) * p.scale;
-    vs[e] = f32(v[kj + e]);
-    dks[e] = 0.0;
-    dvs[e] = 0.0;
+    ks[e] = F(k[kj + e]) * p.scale;
+    vs[e] = F(v[kj + e]);
+    dks[e] = F(0.0);
+    dvs[e] = F(0.0);
   }
-  for (var i = j; i < p.t; i++) {
+  // Every thread of the workgroup walks the same queries (from the block's first key, the
+  // ones before its own masked), so each q and dout row is one load for the whole group.
+  for (var i = block * ${c.rows}u; i < p.t; i++) {
     let qi = head0 + i * width;
     var s = 0.0;
     var dp = 0.0;
     for (var e = 0u; e < D; e++) {
-      s += f32(q[qi + e]) * ks[e];
-      dp += f32(dout[qi + e]) * vs[e];
+      s += dotf(F(q[qi + e]), ks[e]);
+      dp += dotf(F(dout[qi + e]), vs[e]);
     }
-    let pij = exp(s - lse[z * p.t + i]);
+    let pij = select(0.0, exp(s - lse[z * p.t + i]), i >= j);
     let keep = ${keepFactor(c, "i", "j")};
     let ds = pij * (dp * keep - delta[z * p.t + i]);
     let w = pij * keep;
     for (var e = 0u; e < D; e++) {
-      dvs[e] += w * f32(dout[qi + e]);
-      dks[e] += ds * f32(q[qi + e]);
+      dvs[e] += w * F(dout[qi + e]);
+      dks[e] += ds * F(q[qi + e]);
     }
   }
   for (var e = 0u; e < D; e++) {
-    dk[kj + e] = ${c.dtype}(dks[e] * p.scale);
-    dv[kj + e] = ${c.dtype}(dvs[e]);
+    dk[kj + e] = S(dks[e] * p.scale);
+    dv[kj + e] = S(dvs[e]);
   }
 }`,
 });
@@ -248,7 +269,8 @@ function rowsPerWorkgroup(t: number): number {
 function setup(s: FlashAttentionShape, dtype: DType, dropout: AttentionDropout | null) {
   const rows = rowsPerWorkgroup(s.t);
   const blocks = Math.ceil(s.t / rows), bh = s.batch * s.heads;
-  const config = { dtype, headSize: s.headSize, rows, dropout: dropout !== null };
+  const lanes = s.headSize % 4 === 0 ? 4 : 1;
+  const config = { dtype, headSize: s.headSize, lanes, rows, dropout: dropout !== null } as const;
   const uniforms = {
     t: s.t,
     heads: s.heads,
