@@ -183,12 +183,14 @@ export const flashAttentionDqKernel = defineKernel({
     let kj = head0 + j * width;
     var s = 0.0;
     var dp = 0.0;
+    var krow: array<F, D>;
     for (var e = 0u; e < D; e++) {
-      s += dotf(qs[e], F(k[kj + e]));
+      krow[e] = F(k[kj + e]);
+      s += dotf(qs[e], krow[e]);
       dp += dotf(gi[e], F(v[kj + e]));
     }
     let ds = exp(s - li) * (dp * ${keepFactor(c, "i", "j")} - d);
-    for (var e = 0u; e < D; e++) { acc[e] += ds * F(k[kj + e]); }
+    for (var e = 0u; e < D; e++) { acc[e] += ds * krow[e]; }
   }
   for (var e = 0u; e < D; e++) { dq[qi + e] = S(acc[e] * p.scale); }
   delta[z * p.t + i] = d;
@@ -215,23 +217,25 @@ export const flashAttentionDkvKernel = defineKernel({
     dks[e] = F(0.0);
     dvs[e] = F(0.0);
   }
-  // Every thread of the workgroup walks the same queries (from the block's first key, the
-  // ones before its own masked), so each q and dout row is one load for the whole group.
-  for (var i = block * ${c.rows}u; i < p.t; i++) {
+  for (var i = j; i < p.t; i++) {
     let qi = head0 + i * width;
     var s = 0.0;
     var dp = 0.0;
+    var qrow: array<F, D>;
+    var grow: array<F, D>;
     for (var e = 0u; e < D; e++) {
-      s += dotf(F(q[qi + e]), ks[e]);
-      dp += dotf(F(dout[qi + e]), vs[e]);
+      qrow[e] = F(q[qi + e]);
+      grow[e] = F(dout[qi + e]);
+      s += dotf(qrow[e], ks[e]);
+      dp += dotf(grow[e], vs[e]);
     }
-    let pij = select(0.0, exp(s - lse[z * p.t + i]), i >= j);
+    let pij = exp(s - lse[z * p.t + i]);
     let keep = ${keepFactor(c, "i", "j")};
     let ds = pij * (dp * keep - delta[z * p.t + i]);
     let w = pij * keep;
     for (var e = 0u; e < D; e++) {
-      dvs[e] += w * F(dout[qi + e]);
-      dks[e] += ds * F(q[qi + e]);
+      dvs[e] += w * grow[e];
+      dks[e] += ds * qrow[e];
     }
   }
   for (var e = 0u; e < D; e++) {
