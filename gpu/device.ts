@@ -77,6 +77,11 @@ export class Gpu {
    * dtype / orientation / size); `tuneMatmul` fills it, dispatch reads it.
    */
   readonly matmulTilings: Map<string, MatmulTiling> = new Map();
+  /**
+   * Rows per workgroup of the fused attention kernels, by storage dtype;
+   * `tuneAttention` fills it (unset: 64).
+   */
+  readonly attentionRows: Map<string, number> = new Map();
   #failure: GpuError | null = null;
   /** Errors of single ops (a kernel that failed to compile), thrown at the next sync point. */
   #opErrors: GpuError[] = [];

@@ -3,6 +3,7 @@ import type { FlushPolicy } from "./command_batch.ts";
 import { type F16Mode, Gpu, type MatmulTiling, setDefaultGpu } from "./device.ts";
 import { fail, GpuError, ValueError } from "./errors.ts";
 import { DEFAULT_TILING, tuneMatmul } from "./matmul_tuning.ts";
+import { tuneAttention } from "./attention_tuning.ts";
 import { warnOnce } from "./runtime_state.ts";
 
 /** Options for {@link initGpu}. */
@@ -20,7 +21,9 @@ export interface InitGpuOptions {
   /**
    * The matmul tilings: `"tune"` (default) measures the candidates per matmul
    * class (dtype, orientation, size) once per adapter and caches the winners
-   * (see `tuneMatmul`); `"default"` skips it; or give one tiling for every class.
+   * (see `tuneMatmul`), and the fused attention kernels' rows per workgroup
+   * likewise (`tuneAttention`); `"default"` skips both; or give one tiling for
+   * every class (attention is then not tuned either).
    */
   matmulTiling?: "tune" | "default" | MatmulTiling;
   /**
@@ -118,6 +121,7 @@ export async function initGpu(options: InitGpuOptions = {}): Promise<Gpu> {
   gpu.pool.limitBytes = memoryLimit(options.memoryLimitBytes, adapter.info);
   if ((options.matmulTiling ?? "tune") === "tune") {
     await tuneMatmul(gpu);
+    await tuneAttention(gpu);
     // The search's scratch buffers should not show up in the user's figures.
     gpu.pool.releaseCached();
     gpu.resetPeakMemory();

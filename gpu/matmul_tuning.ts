@@ -15,6 +15,7 @@ import { dispatchMatmul, type MatmulProblem } from "./kernels/matmul.ts";
 import { type MatmulClass, matmulClassKey, type MatmulSize } from "./matmul_class.ts";
 import { Tensor } from "./tensor.ts";
 import { untracked } from "./scope.ts";
+import { secondsPerRun, tuningStorage } from "./kernel_timing.ts";
 
 /** The tilings the search tries, register blocks first. */
 export const MATMUL_CANDIDATES: readonly MatmulTiling[] = [
@@ -95,17 +96,9 @@ function cacheKey(gpu: Gpu): string {
   return `halfstep.matmulTuning.v${TUNER_VERSION}:${gpu.adapterName}`;
 }
 
-function storage(): Storage | null {
-  try {
-    return typeof localStorage === "undefined" ? null : localStorage;
-  } catch {
-    return null;
-  }
-}
-
 function readCache(gpu: Gpu): Record<string, MatmulTiling> {
   try {
-    const parsed = JSON.parse(storage()?.getItem(cacheKey(gpu)) ?? "{}");
+    const parsed = JSON.parse(tuningStorage()?.getItem(cacheKey(gpu)) ?? "{}");
     const known = (t: unknown) =>
       MATMUL_CANDIDATES.find((c) => JSON.stringify(c) === JSON.stringify(t));
     return Object.fromEntries(
@@ -130,34 +123,6 @@ function problemOf(c: MatmulClass): MatmulProblem {
   };
 }
 
-/** Seconds per run of `tiling` on `problem`: GPU timestamps, or wall time over enough repeats. */
-async function secondsPerRun(
-  gpu: Gpu,
-  problem: MatmulProblem,
-  operands: { a: Tensor; b: Tensor; c: Tensor },
-  tiling: MatmulTiling,
-): Promise<number> {
-  const run = () => dispatchMatmul(problem, operands.a, operands.b, operands.c, {}, tiling);
-  run(); // compile and warm up
-  await gpu.sync();
-  if (gpu.device.features.has("timestamp-query")) {
-    const report = await gpu.profile(() => {
-      for (let r = 0; r < 3; r++) run();
-    }, { print: false });
-    return report.gpuMs / 3 / 1000;
-  }
-  // Wall time: enough repeats that the sync (~11 ms in Deno) is a small part.
-  let repeats = 1;
-  for (;;) {
-    const start = performance.now();
-    for (let r = 0; r < repeats; r++) run();
-    await gpu.sync();
-    const ms = performance.now() - start;
-    if (ms >= 100 || repeats >= 256) return ms / repeats / 1000;
-    repeats *= 4;
-  }
-}
-
 /** Measures every candidate on `c`'s problem and returns the winner. */
 async function tuneClass(gpu: Gpu, c: MatmulClass): Promise<ClassTuning> {
   const problem = problemOf(c);
@@ -171,7 +136,8 @@ async function tuneClass(gpu: Gpu, c: MatmulClass): Promise<ClassTuning> {
   const measurements: TilingMeasurement[] = [];
   try {
     for (const tiling of MATMUL_CANDIDATES) {
-      const seconds = await secondsPerRun(gpu, problem, operands, tiling);
+      const run = () => dispatchMatmul(problem, operands.a, operands.b, operands.c, {}, tiling);
+      const seconds = await secondsPerRun(gpu, run);
       measurements.push({ tiling, gflops: (2 * m * n * k) / Math.max(seconds, 1e-12) / 1e9 });
     }
   } finally {
@@ -214,7 +180,7 @@ export async function tuneMatmul(
     gpu.matmulTilings.set(key, result.best);
     results.push(result);
   }
-  const store = storage();
+  const store = tuningStorage();
   if (store) {
     const all = { ...readCache(gpu), ...Object.fromEntries(gpu.matmulTilings) };
     store.setItem(cacheKey(gpu), JSON.stringify(all));

@@ -106,6 +106,7 @@ export {
   tuneMatmul,
   type TuneMatmulOptions,
 } from "./matmul_tuning.ts";
+export { type AttentionTuning, tuneAttention } from "./attention_tuning.ts";
 export {
   classOf,
   type MatmulClass,

@@ -12,7 +12,8 @@ import {
   Tensor,
   tidy,
 } from "../mod.ts";
-import { type RandomRange, randomUniform } from "../gpu/mod.ts";
+import { type RandomRange, randomUniform, tuneAttention } from "../gpu/mod.ts";
+import { ATTENTION_ROW_CANDIDATES } from "../gpu/kernels/flash_attention.ts";
 import { gpu, GPU_TEST } from "./_gpu.ts";
 import { assertClose, type Tolerance } from "./_assert.ts";
 import { quantize, uniform } from "./_reference.ts";
@@ -242,5 +243,36 @@ Deno.test({
         /CausalSelfAttention: dropout must be in \[0, 1\), got -0.1/,
       );
     });
+  },
+});
+
+Deno.test({
+  name:
+    "fusedCausalAttention: every rows-per-workgroup candidate gives the same bits; the tuner caches its pick",
+  ...GPU_TEST,
+  async fn() {
+    const dims = { b: 2, t: 70, h: 2, d: 16 };
+    const x = inputsFor(dims, "f32", 3);
+    try {
+      const results = [];
+      for (const rows of ATTENTION_ROW_CANDIDATES) {
+        gpu.attentionRows.set("f32", rows);
+        results.push(await runOnGpu(x, dims, "f32", { fused: true }));
+      }
+      for (const r of results.slice(1)) assert.deepEqual(r, results[0]);
+      const tuned = await tuneAttention(gpu, { force: true });
+      assert.equal(tuned.length, gpu.f16 ? 2 : 1);
+      for (const t of tuned) {
+        assert.equal(t.cached, false);
+        assert.deepEqual(t.measurements.map((m) => m.rows), [...ATTENTION_ROW_CANDIDATES]);
+        const fastest = t.measurements.reduce((a, b) => (b.ms < a.ms ? b : a));
+        assert.equal(t.best, fastest.rows);
+        assert.equal(gpu.attentionRows.get(t.dtype), t.best);
+      }
+      const again = await tuneAttention(gpu);
+      assert.ok(again.every((r, i) => r.cached && r.best === tuned[i].best), "from the cache");
+    } finally {
+      gpu.attentionRows.clear();
+    }
   },
 });

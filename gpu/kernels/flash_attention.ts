@@ -24,6 +24,7 @@
  * (two or three rows of them), so D is part of the config and at most
  * {@link MAX_HEAD_SIZE}.
  */
+import type { Gpu } from "../device.ts";
 import type { DType } from "../dtype.ts";
 import { type Binding, defineKernel } from "../kernel.ts";
 import { type RandomRange, WGSL_RANDOM } from "../random.ts";
@@ -255,6 +256,8 @@ export interface FlashAttentionShape {
   heads: number;
   /** Head size D. */
   headSize: number;
+  /** Rows per workgroup (default: the adapter's tuned count; the tuner sets it to time candidates). */
+  rows?: number;
 }
 
 /** Dropout of the attention weights: probability and the random range of B·H·T·T numbers. */
@@ -265,13 +268,24 @@ export interface AttentionDropout {
   range: RandomRange;
 }
 
-/** Rows per workgroup: a thread per row, so short sequences get smaller workgroups. */
-function rowsPerWorkgroup(t: number): number {
-  return t <= 16 ? 16 : t <= 32 ? 32 : 64;
+/** The rows-per-workgroup candidates (one thread per row); the tuner picks one per adapter and dtype. */
+export const ATTENTION_ROW_CANDIDATES = [16, 32, 64, 128] as const;
+
+/** Rows per workgroup before tuning (and where it was skipped). */
+export const DEFAULT_ATTENTION_ROWS = 64;
+
+/**
+ * Rows per workgroup for T rows: the adapter's tuned count, or less for short
+ * sequences (the smallest candidate that covers T), so few threads idle.
+ */
+function rowsPerWorkgroup(gpu: Gpu, dtype: DType, t: number): number {
+  const tuned = gpu.attentionRows.get(dtype) ?? DEFAULT_ATTENTION_ROWS;
+  const covering = ATTENTION_ROW_CANDIDATES.find((r) => r >= t) ?? tuned;
+  return Math.min(tuned, covering);
 }
 
-function setup(s: FlashAttentionShape, dtype: DType, dropout: AttentionDropout | null) {
-  const rows = rowsPerWorkgroup(s.t);
+function setup(gpu: Gpu, s: FlashAttentionShape, dtype: DType, dropout: AttentionDropout | null) {
+  const rows = s.rows ?? rowsPerWorkgroup(gpu, dtype, s.t);
   const blocks = Math.ceil(s.t / rows), bh = s.batch * s.heads;
   const lanes = s.headSize % 4 === 0 ? 4 : 1;
   const config = { dtype, headSize: s.headSize, lanes, rows, dropout: dropout !== null } as const;
@@ -299,7 +313,7 @@ export function launchFlashAttention(
 ): { o: Tensor; lse: Tensor } {
   const o = Tensor.empty(q.shape, q.dtype, q.gpu);
   const lse = Tensor.empty([s.batch * s.heads, s.t], "f32", q.gpu);
-  const { config, uniforms, grid, empty } = setup(s, q.dtype, dropout);
+  const { config, uniforms, grid, empty } = setup(q.gpu, s, q.dtype, dropout);
   if (empty) return { o, lse };
   const kernel = q.gpu.kernel(flashAttentionForwardKernel, config);
   q.gpu.dispatch(kernel, { q, k, v, o, lse }, uniforms, grid);
@@ -315,7 +329,7 @@ export function launchFlashAttentionBackward(
 ): [Tensor, Tensor, Tensor] {
   const { q, k, v, o, lse } = saved, gpu = q.gpu;
   const [dq, dk, dv] = [q, k, v].map((x) => Tensor.empty(x.shape, x.dtype, gpu));
-  const { config, uniforms, grid, empty } = setup(s, q.dtype, dropout);
+  const { config, uniforms, grid, empty } = setup(gpu, s, q.dtype, dropout);
   if (empty) return [dq, dk, dv];
   const delta = Tensor.empty(lse.shape, "f32", gpu);
   gpu.dispatch(

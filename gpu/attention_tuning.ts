@@ -1,0 +1,118 @@
+/**
+ * Picks the fused attention kernels' rows per workgroup per adapter and dtype
+ * by timing them, as the matmul tuner does for tilings: every candidate runs
+ * forward and backward on one representative problem (with GPU timestamps
+ * where the adapter has them), and the winner is cached per adapter in
+ * `localStorage` when the runtime offers it.
+ */
+import type { Gpu } from "./device.ts";
+import {
+  ATTENTION_ROW_CANDIDATES,
+  type FlashAttentionShape,
+  launchFlashAttention,
+  launchFlashAttentionBackward,
+} from "./kernels/flash_attention.ts";
+import { secondsPerRun, tuningStorage } from "./kernel_timing.ts";
+import { untracked } from "./scope.ts";
+import { Tensor } from "./tensor.ts";
+
+/** Bump when the kernels or candidates change: cached winners of older versions are ignored. */
+const TUNER_VERSION = 1;
+
+/** One dtype's result. */
+export interface AttentionTuning {
+  /** Storage dtype. */
+  dtype: "f32" | "f16";
+  /** The fastest rows per workgroup. */
+  best: number;
+  /** Milliseconds of forward + backward per candidate (empty when cached). */
+  measurements: { rows: number; ms: number }[];
+  /** True when the winner came from the per-adapter cache. */
+  cached: boolean;
+}
+
+function cacheKey(gpu: Gpu): string {
+  return `halfstep.attentionTuning.v${TUNER_VERSION}:${gpu.adapterName}`;
+}
+
+function readCache(gpu: Gpu): Record<string, number> {
+  try {
+    const parsed = JSON.parse(tuningStorage()?.getItem(cacheKey(gpu)) ?? "{}");
+    const known = Object.entries(parsed).filter(([, rows]) =>
+      (ATTENTION_ROW_CANDIDATES as readonly unknown[]).includes(rows)
+    );
+    return Object.fromEntries(known) as Record<string, number>;
+  } catch {
+    return {}; // a corrupt cache is measured again
+  }
+}
+
+/**
+ * The problem each candidate runs: 4 heads of 64 over T = 512 on GPUs, or
+ * T = 128 on CPU adapters (where T = 512 takes seconds per candidate).
+ */
+function problemFor(gpu: Gpu): FlashAttentionShape {
+  return { batch: 2, heads: 4, headSize: 64, t: gpu.adapterInfo.isFallbackAdapter ? 128 : 512 };
+}
+
+async function tuneDtype(gpu: Gpu, dtype: "f32" | "f16"): Promise<AttentionTuning> {
+  const shape = problemFor(gpu);
+  const dims = [shape.batch, shape.t, shape.heads * shape.headSize];
+  const [q, k, v, dout] = untracked(() =>
+    [0.5, 0.25, 1, 0.01].map((fill) => Tensor.full(dims, fill, { dtype, gpu }))
+  );
+  const measurements: { rows: number; ms: number }[] = [];
+  try {
+    for (const rows of ATTENTION_ROW_CANDIDATES) {
+      const s = { ...shape, rows };
+      const run = () =>
+        untracked(() => {
+          const { o, lse } = launchFlashAttention(q, k, v, s, null);
+          const grads = launchFlashAttentionBackward({ q, k, v, o, lse }, dout, s, null);
+          for (const t of [o, lse, ...grads]) t.dispose();
+        });
+      measurements.push({ rows, ms: (await secondsPerRun(gpu, run)) * 1000 });
+    }
+  } finally {
+    for (const t of [q, k, v, dout]) t.dispose();
+  }
+  const best = measurements.reduce((x, y) => (y.ms < x.ms ? y : x)).rows;
+  return { dtype, best, measurements, cached: false };
+}
+
+/**
+ * Times the fused attention kernels with each rows-per-workgroup candidate
+ * for every dtype the device has, records the winners in `gpu.attentionRows`
+ * (which the kernels read) and caches them per adapter. `initGpu` calls it
+ * unless told not to tune. Waits for the GPU many times: call it at start-up.
+ *
+ * @example
+ * ```ts
+ * import { initGpu, tuneAttention } from "./mod.ts";
+ * const gpu = await initGpu({ matmulTiling: "default" }); // no tuning at start-up
+ * const [f32] = await tuneAttention(gpu);
+ * console.assert(gpu.attentionRows.get("f32") === f32.best);
+ * gpu.destroy();
+ * ```
+ */
+export async function tuneAttention(
+  gpu: Gpu,
+  options: { force?: boolean } = {},
+): Promise<AttentionTuning[]> {
+  const cached = options.force ? {} : readCache(gpu);
+  const results: AttentionTuning[] = [];
+  for (const dtype of gpu.f16 ? (["f32", "f16"] as const) : (["f32"] as const)) {
+    const hit = cached[dtype];
+    const result = hit !== undefined
+      ? { dtype, best: hit, measurements: [], cached: true }
+      : await tuneDtype(gpu, dtype);
+    gpu.attentionRows.set(dtype, result.best);
+    results.push(result);
+  }
+  const store = tuningStorage();
+  if (store) {
+    const all = { ...readCache(gpu), ...Object.fromEntries(gpu.attentionRows) };
+    store.setItem(cacheKey(gpu), JSON.stringify(all));
+  }
+  return results;
+}

@@ -1,0 +1,39 @@
+/**
+ * What the kernel tuners share: timing a run of dispatches, and the
+ * per-adapter cache of their winners.
+ */
+import type { Gpu } from "./device.ts";
+
+/**
+ * Seconds per call of `run` (which records dispatches): GPU timestamps where
+ * the adapter has them, else wall time over enough repeats that the wait
+ * (~11 ms in Deno) is a small part. Runs it once first to compile and warm up.
+ */
+export async function secondsPerRun(gpu: Gpu, run: () => void): Promise<number> {
+  run();
+  await gpu.sync();
+  if (gpu.device.features.has("timestamp-query")) {
+    const report = await gpu.profile(() => {
+      for (let r = 0; r < 3; r++) run();
+    }, { print: false });
+    return report.gpuMs / 3 / 1000;
+  }
+  let repeats = 1;
+  for (;;) {
+    const start = performance.now();
+    for (let r = 0; r < repeats; r++) run();
+    await gpu.sync();
+    const ms = performance.now() - start;
+    if (ms >= 100 || repeats >= 256) return ms / repeats / 1000;
+    repeats *= 4;
+  }
+}
+
+/** `localStorage` where the runtime offers it (Deno, browsers), else null: winners are then not kept. */
+export function tuningStorage(): Storage | null {
+  try {
+    return typeof localStorage === "undefined" ? null : localStorage;
+  } catch {
+    return null;
+  }
+}
