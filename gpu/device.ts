@@ -78,6 +78,14 @@ export class Gpu {
    */
   readonly matmulTilings: Map<string, MatmulTiling> = new Map();
   /**
+   * Row kernels (softmax, LayerNorm, cross-entropy) give rows of at most this
+   * many entries one thread each, and longer rows a workgroup (see
+   * `gpu/kernels/row_layout.ts`). Default: 4096 on CPU adapters, where a
+   * thread per row was faster at every length measured (2–8x, up to 4096),
+   * and 64 on GPUs, where long rows need a workgroup's bandwidth.
+   */
+  threadRowMax: number;
+  /**
    * Rows per workgroup of the fused attention kernels, by storage dtype;
    * `tuneAttention` fills it (unset: 64).
    */
@@ -105,6 +113,7 @@ export class Gpu {
     this.f16 = options.f16;
     this.debug = options.debug;
     this.matmulTiling = options.matmulTiling;
+    this.threadRowMax = adapterInfo.isFallbackAdapter ? 4096 : 64;
     this.pool = new BufferPool(
       (bytes, label) => this.#createBuffer(bytes, label),
       () => this.batch?.clearBindGroups(),

@@ -22,3 +22,16 @@ export async function withEachTiling(fn: (tiling: MatmulTiling) => Promise<void>
     gpu.matmulTiling = chosen;
   }
 }
+
+/** Runs `fn` with every row kernel in each layout (a workgroup per row, then a thread per row), then restores. */
+export async function withEachRowLayout(fn: (layout: string) => Promise<void>): Promise<void> {
+  const chosen = gpu.threadRowMax;
+  try {
+    for (const [layout, max] of [["workgroup", 0], ["thread", Infinity]] as const) {
+      gpu.threadRowMax = max;
+      await fn(layout);
+    }
+  } finally {
+    gpu.threadRowMax = chosen;
+  }
+}

@@ -14,7 +14,7 @@ import {
   tidy,
 } from "../gpu/mod.ts";
 import { layerNorm } from "../gpu/ops/layer_norm.ts";
-import { gpu, GPU_TEST } from "./_gpu.ts";
+import { gpu, GPU_TEST, withEachRowLayout } from "./_gpu.ts";
 import { gradcheck } from "./_gradcheck.ts";
 import { quantize, uniform } from "./_reference.ts";
 import { assertClose, TOL, type Tolerance } from "./_assert.ts";
@@ -61,42 +61,44 @@ Deno.test({
   name: "layerNorm: forward and backward match f64, f32 and f16, odd shapes",
   ...GPU_TEST,
   async fn() {
-    for (const rows of [1, 7, 129]) {
-      for (const cols of [1, 5, 33, 1000]) {
-        for (const dtype of ["f32", "f16"] as const) {
-          const n = rows * cols, label = `${dtype} [${rows}, ${cols}]`;
-          const x = quantize(uniform(n, n + cols, -2, 3), dtype);
-          const g = quantize(uniform(n, 11), dtype);
-          const w = quantize(uniform(cols, 5, 0.5, 1.5), "f32");
-          const b = quantize(uniform(cols, 6), "f32");
-          const tx = Tensor.from(x, [rows, cols], { dtype, requiresGrad: true });
-          const tw = Tensor.from(w, [cols], { requiresGrad: true });
-          const tb = Tensor.from(b, [cols], { requiresGrad: true });
-          const y = layerNorm(tx, { weight: tw, bias: tb });
-          assert.equal(y.dtype, dtype);
-          const ref = layerNorm64(x, g, cols, w, b, 1e-5);
-          // f16: y and dx are stored in f16 (relative half-ulp 4.9e-4 of values up to ~4);
-          // TOL.f16 covers that. f32: f32 statistics and arithmetic, TOL.f32.
-          assertClose(await y.read(), ref.y, TOL[dtype], `y ${label}`);
-          y.backward({ gradient: Tensor.from(g, [rows, cols], { dtype }) });
-          assert.equal(tx.grad!.dtype, dtype);
-          assert.equal(tw.grad!.dtype, "f32");
-          assert.equal(tb.grad!.dtype, "f32");
-          assertClose(await tx.grad!.read(), ref.dx, TOL[dtype], `dx ${label}`);
-          assertClose(await tw.grad!.read(), ref.dw, PARAM_TOL, `dweight ${label}`);
-          assertClose(await tb.grad!.read(), ref.db, PARAM_TOL, `dbias ${label}`);
-          if (cols === 1) {
-            // A single value per row normalises to 0: y is the bias and dx is 0.
-            assertClose(await y.read(), new Float64Array(rows).fill(b[0]), TOL[dtype], label);
+    await withEachRowLayout(async () => {
+      for (const rows of [1, 7, 129]) {
+        for (const cols of [1, 5, 33, 1000]) {
+          for (const dtype of ["f32", "f16"] as const) {
+            const n = rows * cols, label = `${dtype} [${rows}, ${cols}]`;
+            const x = quantize(uniform(n, n + cols, -2, 3), dtype);
+            const g = quantize(uniform(n, 11), dtype);
+            const w = quantize(uniform(cols, 5, 0.5, 1.5), "f32");
+            const b = quantize(uniform(cols, 6), "f32");
+            const tx = Tensor.from(x, [rows, cols], { dtype, requiresGrad: true });
+            const tw = Tensor.from(w, [cols], { requiresGrad: true });
+            const tb = Tensor.from(b, [cols], { requiresGrad: true });
+            const y = layerNorm(tx, { weight: tw, bias: tb });
+            assert.equal(y.dtype, dtype);
+            const ref = layerNorm64(x, g, cols, w, b, 1e-5);
+            // f16: y and dx are stored in f16 (relative half-ulp 4.9e-4 of values up to ~4);
+            // TOL.f16 covers that. f32: f32 statistics and arithmetic, TOL.f32.
+            assertClose(await y.read(), ref.y, TOL[dtype], `y ${label}`);
+            y.backward({ gradient: Tensor.from(g, [rows, cols], { dtype }) });
+            assert.equal(tx.grad!.dtype, dtype);
+            assert.equal(tw.grad!.dtype, "f32");
+            assert.equal(tb.grad!.dtype, "f32");
+            assertClose(await tx.grad!.read(), ref.dx, TOL[dtype], `dx ${label}`);
+            assertClose(await tw.grad!.read(), ref.dw, PARAM_TOL, `dweight ${label}`);
+            assertClose(await tb.grad!.read(), ref.db, PARAM_TOL, `dbias ${label}`);
+            if (cols === 1) {
+              // A single value per row normalises to 0: y is the bias and dx is 0.
+              assertClose(await y.read(), new Float64Array(rows).fill(b[0]), TOL[dtype], label);
+            }
+            for (const t of [tx, tw, tb]) {
+              t.grad!.dispose();
+              t.dispose();
+            }
+            y.dispose();
           }
-          for (const t of [tx, tw, tb]) {
-            t.grad!.dispose();
-            t.dispose();
-          }
-          y.dispose();
         }
       }
-    }
+    });
   },
 });
 
@@ -131,25 +133,27 @@ Deno.test({
   name: "layerNorm over one feature: y is the bias and dx exactly 0, bit for bit, f32 and f16",
   ...GPU_TEST,
   async fn() {
-    // The row mean must equal its one element exactly, or x − mean is a rounding
-    // residue that 1/sqrt(eps) magnifies (an NVIDIA GPU gave dx = −1.7e-5).
-    const rows = 129;
-    for (const dtype of ["f32", "f16"] as const) {
-      const x = quantize(uniform(rows, 5, -300, 300), dtype);
-      const tx = Tensor.from(x, [rows, 1], { dtype, requiresGrad: true });
-      const w = Tensor.from([1.5], [1], { requiresGrad: true });
-      const b = Tensor.from([0.25], [1], { requiresGrad: true });
-      const y = layerNorm(tx, { weight: w, bias: b });
-      assert.deepEqual(Array.from(await y.read()), new Array(rows).fill(0.25), `${dtype} y`);
-      y.backward({ gradient: Tensor.from(uniform(rows, 6), [rows, 1], { dtype }) });
-      const dx = await tx.grad!.read();
-      assert.ok(dx.every((v) => v === 0), `${dtype} dx has ${dx.find((v) => v !== 0)}`);
-      assert.equal((await w.grad!.read())[0], 0, "x̂ is 0, so dweight is 0");
-      for (const t of [tx, w, b]) {
-        t.grad?.dispose();
-        t.dispose();
+    await withEachRowLayout(async () => {
+      // The row mean must equal its one element exactly, or x − mean is a rounding
+      // residue that 1/sqrt(eps) magnifies (an NVIDIA GPU gave dx = −1.7e-5).
+      const rows = 129;
+      for (const dtype of ["f32", "f16"] as const) {
+        const x = quantize(uniform(rows, 5, -300, 300), dtype);
+        const tx = Tensor.from(x, [rows, 1], { dtype, requiresGrad: true });
+        const w = Tensor.from([1.5], [1], { requiresGrad: true });
+        const b = Tensor.from([0.25], [1], { requiresGrad: true });
+        const y = layerNorm(tx, { weight: w, bias: b });
+        assert.deepEqual(Array.from(await y.read()), new Array(rows).fill(0.25), `${dtype} y`);
+        y.backward({ gradient: Tensor.from(uniform(rows, 6), [rows, 1], { dtype }) });
+        const dx = await tx.grad!.read();
+        assert.ok(dx.every((v) => v === 0), `${dtype} dx has ${dx.find((v) => v !== 0)}`);
+        assert.equal((await w.grad!.read())[0], 0, "x̂ is 0, so dweight is 0");
+        for (const t of [tx, w, b]) {
+          t.grad?.dispose();
+          t.dispose();
+        }
       }
-    }
+    });
   },
 });
 

@@ -4,7 +4,7 @@ import { dropout } from "../gpu/ops/dropout.ts";
 import { RandomGenerator, randomUniform } from "../gpu/random.ts";
 import { crossEntropy, Dropout, Embedding, Linear, mseLoss, ReLU, Sequential } from "../nn/mod.ts";
 import { SGD } from "../optim/mod.ts";
-import { GPU_TEST } from "./_gpu.ts";
+import { GPU_TEST, withEachRowLayout } from "./_gpu.ts";
 import { gradcheck } from "./_gradcheck.ts";
 import { crossEntropy64, matmul64, quantize, uniform } from "./_reference.ts";
 import { assertClose, TOL } from "./_assert.ts";
@@ -175,35 +175,37 @@ Deno.test({
     "ignored rows, for every reduction, f32 and f16 logits, odd shapes",
   ...GPU_TEST,
   async fn() {
-    // 300 classes: more than one pass of the 256-thread row reduction.
-    for (const [rows, classes] of [[9, 13], [5, 300], [1, 1]]) {
-      const targets = Array.from({ length: rows }, (_, i) => (i * 5) % classes);
-      if (rows > 2) targets[2] = -100; // ignored
-      const weight = Array.from(uniform(classes, 7, 0.2, 3));
-      for (const dtype of ["f32", "f16"] as const) {
-        for (const eps of [0, 0.1]) {
-          for (const weighted of [false, true]) {
-            for (const reduction of ["mean", "sum", "none"] as const) {
-              const x = quantize(uniform(rows * classes, 3, -8, 8), dtype);
-              const options = { smoothing: eps, weight: weighted ? weight : null, reduction };
-              const ref = crossEntropy64(x, targets, classes, options);
-              const tx = Tensor.from(x, [rows, classes], { dtype, requiresGrad: true });
-              const loss = crossEntropy(tx, targets, {
-                reduction,
-                labelSmoothing: eps,
-                ...(weighted && { weight }),
-              });
-              assert.equal(loss.dtype, "f32", "losses are f32");
-              const label =
-                `${rows}×${classes} ${dtype} ε=${eps} weighted=${weighted} ${reduction}`;
-              assertClose(await loss.read(), ref.loss, TOL.f32, label);
-              backward(loss, reduction === "none" ? { gradient: Tensor.full([rows], 1) } : {});
-              assertClose(await tx.grad!.read(), ref.grad, TOL[dtype], `${label} grad`);
+    await withEachRowLayout(async () => {
+      // 300 classes: more than one pass of the 256-thread row reduction.
+      for (const [rows, classes] of [[9, 13], [5, 300], [1, 1]]) {
+        const targets = Array.from({ length: rows }, (_, i) => (i * 5) % classes);
+        if (rows > 2) targets[2] = -100; // ignored
+        const weight = Array.from(uniform(classes, 7, 0.2, 3));
+        for (const dtype of ["f32", "f16"] as const) {
+          for (const eps of [0, 0.1]) {
+            for (const weighted of [false, true]) {
+              for (const reduction of ["mean", "sum", "none"] as const) {
+                const x = quantize(uniform(rows * classes, 3, -8, 8), dtype);
+                const options = { smoothing: eps, weight: weighted ? weight : null, reduction };
+                const ref = crossEntropy64(x, targets, classes, options);
+                const tx = Tensor.from(x, [rows, classes], { dtype, requiresGrad: true });
+                const loss = crossEntropy(tx, targets, {
+                  reduction,
+                  labelSmoothing: eps,
+                  ...(weighted && { weight }),
+                });
+                assert.equal(loss.dtype, "f32", "losses are f32");
+                const label =
+                  `${rows}×${classes} ${dtype} ε=${eps} weighted=${weighted} ${reduction}`;
+                assertClose(await loss.read(), ref.loss, TOL.f32, label);
+                backward(loss, reduction === "none" ? { gradient: Tensor.full([rows], 1) } : {});
+                assertClose(await tx.grad!.read(), ref.grad, TOL[dtype], `${label} grad`);
+              }
             }
           }
         }
       }
-    }
+    });
   },
 });
 

@@ -1,6 +1,6 @@
 import assert from "node:assert/strict";
 import { logSoftmax, max, mean, mul, noGrad, softmax, sum, Tensor, tidy } from "../gpu/mod.ts";
-import { GPU_TEST } from "./_gpu.ts";
+import { GPU_TEST, withEachRowLayout } from "./_gpu.ts";
 import { gradcheck } from "./_gradcheck.ts";
 import { quantize, reduceMax64, reduceSum64, softmax64, uniform } from "./_reference.ts";
 import { assertClose, TOL } from "./_assert.ts";
@@ -89,34 +89,36 @@ Deno.test({
   name: "softmax and log-softmax: forward and backward match f64, f32 and f16, odd row lengths",
   ...GPU_TEST,
   async fn() {
-    for (const [rows, cols] of [[1, 1], [5, 7], [3, 129], [2, 4099], [300, 10]]) {
-      for (const dtype of ["f32", "f16"] as const) {
-        for (const log of [false, true]) {
-          // Large logits: a naive exp would overflow; the max shift must keep it finite.
-          const x = quantize(uniform(rows * cols, cols, -30, 30), dtype);
-          const g = quantize(uniform(rows * cols, 2), dtype);
-          const tx = Tensor.from(x, [rows, cols], { dtype, requiresGrad: true });
-          const y = (log ? logSoftmax : softmax)(tx);
-          const ref = softmax64(x, cols, log);
-          const label = `${log ? "log_softmax" : "softmax"} ${dtype} [${rows}, ${cols}]`;
-          // log-softmax values reach −60; f16 stores them with a relative half-ulp.
-          assertClose(await y.read(), ref, TOL[dtype], label);
-          y.backward({ gradient: Tensor.from(g, [rows, cols], { dtype }) });
-          const dx = new Float64Array(rows * cols);
-          for (let r = 0; r < rows; r++) {
-            let d = 0;
-            for (let j = 0; j < cols; j++) d += g[r * cols + j] * (log ? 1 : ref[r * cols + j]);
-            for (let j = 0; j < cols; j++) {
-              const k = r * cols + j;
-              dx[k] = log ? g[k] - Math.exp(ref[k]) * d : ref[k] * (g[k] - d);
+    await withEachRowLayout(async () => {
+      for (const [rows, cols] of [[1, 1], [5, 7], [3, 129], [2, 4099], [300, 10]]) {
+        for (const dtype of ["f32", "f16"] as const) {
+          for (const log of [false, true]) {
+            // Large logits: a naive exp would overflow; the max shift must keep it finite.
+            const x = quantize(uniform(rows * cols, cols, -30, 30), dtype);
+            const g = quantize(uniform(rows * cols, 2), dtype);
+            const tx = Tensor.from(x, [rows, cols], { dtype, requiresGrad: true });
+            const y = (log ? logSoftmax : softmax)(tx);
+            const ref = softmax64(x, cols, log);
+            const label = `${log ? "log_softmax" : "softmax"} ${dtype} [${rows}, ${cols}]`;
+            // log-softmax values reach −60; f16 stores them with a relative half-ulp.
+            assertClose(await y.read(), ref, TOL[dtype], label);
+            y.backward({ gradient: Tensor.from(g, [rows, cols], { dtype }) });
+            const dx = new Float64Array(rows * cols);
+            for (let r = 0; r < rows; r++) {
+              let d = 0;
+              for (let j = 0; j < cols; j++) d += g[r * cols + j] * (log ? 1 : ref[r * cols + j]);
+              for (let j = 0; j < cols; j++) {
+                const k = r * cols + j;
+                dx[k] = log ? g[k] - Math.exp(ref[k]) * d : ref[k] * (g[k] - d);
+              }
             }
+            assertClose(await tx.grad!.read(), dx, TOL[dtype], `${label} grad`);
+            tx.grad!.dispose();
+            tx.dispose();
           }
-          assertClose(await tx.grad!.read(), dx, TOL[dtype], `${label} grad`);
-          tx.grad!.dispose();
-          tx.dispose();
         }
       }
-    }
+    });
   },
 });
 

@@ -12,7 +12,8 @@
 import type { DType } from "../dtype.ts";
 import { defineKernel } from "../kernel.ts";
 import { Tensor } from "../tensor.ts";
-import { grid1d, WGSL_GRID_BUILTINS, WGSL_WORKGROUP_INDEX } from "./grid.ts";
+import { WGSL_GRID_BUILTINS, WGSL_WORKGROUP_INDEX } from "./grid.ts";
+import { rowGrid, type RowLayout, rowLayout } from "./row_layout.ts";
 import { REDUCE_THREADS, WGSL_LOWEST, WGSL_WORKGROUP_REDUCE } from "./wgsl_math.ts";
 
 // `valid` columns (0..=i) are visible to row i; the rest of the row is masked.
@@ -24,32 +25,13 @@ const ROW = `let row = ${WGSL_WORKGROUP_INDEX};
   let valid = row % p.cols + 1u;
   let s = p.scale;`;
 
-/**
- * How rows map to threads: `"workgroup"` reduces each row with a workgroup
- * (long rows), `"thread"` gives each thread a whole row and needs no barrier.
- */
-export type CausalSoftmaxLayout = "workgroup" | "thread";
-
-/** Rows at most this long run one per thread (see {@link causalSoftmaxLayout}). */
-export const THREAD_ROW_MAX = 64;
-
-/**
- * The layout for rows of `cols` entries. NOTE: attention rows are short (T ≤ a
- * few hundred) and there are B·H·T of them; a workgroup of 64 threads per
- * 32-entry row spent its time in barriers (24 ms for [128, 32, 32] on the CPU
- * adapter, against about 1 ms with a thread per row), so short rows go one per thread.
- */
-export function causalSoftmaxLayout(cols: number): CausalSoftmaxLayout {
-  return cols <= THREAD_ROW_MAX ? "thread" : "workgroup";
-}
-
 const THREAD_ROW = `let row = ${WGSL_WORKGROUP_INDEX} * ${REDUCE_THREADS}u + lid;
   if (row >= p.rows) { return; }
   let base = row * p.cols;
   let valid = row % p.cols + 1u;
   let s = p.scale;`;
 
-function forwardBody(layout: CausalSoftmaxLayout, dtype: DType): string {
+function forwardBody(layout: RowLayout, dtype: DType): string {
   if (layout === "thread") {
     return `${THREAD_ROW}
   var m = ${WGSL_LOWEST};
@@ -75,7 +57,7 @@ function forwardBody(layout: CausalSoftmaxLayout, dtype: DType): string {
   }`;
 }
 
-function backwardBody(layout: CausalSoftmaxLayout, dtype: DType): string {
+function backwardBody(layout: RowLayout, dtype: DType): string {
   if (layout === "thread") {
     return `${THREAD_ROW}
   var d = 0.0;
@@ -96,7 +78,7 @@ function backwardBody(layout: CausalSoftmaxLayout, dtype: DType): string {
   }`;
 }
 
-type Config = { dtype: DType; layout: CausalSoftmaxLayout };
+type Config = { dtype: DType; layout: RowLayout };
 
 /** y = causal softmax of s·x, row by row. */
 export const causalSoftmaxForwardKernel = defineKernel({
@@ -135,8 +117,8 @@ fn main(${WGSL_GRID_BUILTINS}) {
 function rowsOf(t: Tensor) {
   const cols = t.shape.at(-1) ?? 1;
   const rows = cols === 0 ? 0 : t.size / cols;
-  const layout = causalSoftmaxLayout(cols);
-  const grid = grid1d(layout === "thread" ? Math.ceil(rows / REDUCE_THREADS) : rows);
+  const layout = rowLayout(t.gpu, cols);
+  const grid = rowGrid(layout, rows);
   return { rows, cols, config: { dtype: t.dtype, layout }, grid };
 }
 

@@ -15,9 +15,17 @@ import type { DType } from "../dtype.ts";
 import { defineKernel, optional } from "../kernel.ts";
 import { Tensor } from "../tensor.ts";
 import { grid1d, WGSL_GRID_BUILTINS, WGSL_WORKGROUP_INDEX } from "./grid.ts";
-import { REDUCE_THREADS, WGSL_LOWEST, WGSL_WORKGROUP_REDUCE } from "./wgsl_math.ts";
+import {
+  rowGrid,
+  type RowLayout,
+  rowLayout,
+  wgslRowIndex,
+  wgslRowLeader,
+  wgslRowLoop,
+  wgslRowReduce,
+} from "./row_layout.ts";
+import { REDUCE_THREADS, WGSL_LOWEST } from "./wgsl_math.ts";
 
-const LOOP = `for (var j = lid; j < p.classes; j += ${REDUCE_THREADS}u)`;
 const WORKGROUP = 256;
 
 /** Which variant to compile: the logits' dtype, and whether class weights are bound. */
@@ -36,10 +44,10 @@ function classWeight(c: CrossEntropyConfig, index: string): string {
   return c.weighted ? `weight[${index}]` : "1.0";
 }
 
-/** Per-row losses, target weights and the (lse, k) pair the backward needs. */
+/** Per-row losses, target weights and the (lse, k) pair the backward needs (rows laid out by length). */
 export const crossEntropyForwardKernel = defineKernel({
   name: "cross_entropy_forward",
-  bindings: (c: CrossEntropyConfig) => [
+  bindings: (c: CrossEntropyConfig & { layout: RowLayout }) => [
     { name: "x", type: c.dtype },
     { name: "targets", type: "i32" },
     ...optional(c.weighted, { name: "weight", type: "f32" }),
@@ -48,29 +56,29 @@ export const crossEntropyForwardKernel = defineKernel({
     { name: "stats", type: "f32", write: true },
   ],
   uniforms: UNIFORMS,
-  source: (c) =>
-    `${WGSL_WORKGROUP_REDUCE}
+  source: (c) => {
+    const loop = wgslRowLoop(c.layout, "p.classes");
+    return `${wgslRowReduce(c.layout)}
 @compute @workgroup_size(${REDUCE_THREADS})
 fn main(${WGSL_GRID_BUILTINS}) {
-  let row = ${WGSL_WORKGROUP_INDEX};
-  if (row >= p.rows) { return; }
+  ${wgslRowIndex(c.layout, "rows")}
   let base = row * p.classes;
   var m = ${WGSL_LOWEST};
   var w_total = 0.0;
-  ${LOOP} { m = max(m, f32(x[base + j])); w_total += ${classWeight(c, "j")}; }
+  ${loop} { m = max(m, f32(x[base + j])); w_total += ${classWeight(c, "j")}; }
   m = reduce_max(m, lid);
   w_total = reduce_sum(w_total, lid);
   // Σ w_c·(lse − x_c) = W·(lse − m) + Σ w_c·(m − x_c): two non-negative parts, no cancellation.
   var s = 0.0;
   var below_max = 0.0;
-  ${LOOP} {
+  ${loop} {
     let v = f32(x[base + j]);
     s += exp(v - m);
     below_max += ${classWeight(c, "j")} * (m - v);
   }
   s = reduce_sum(s, lid);
   below_max = reduce_sum(below_max, lid);
-  if (lid == 0u) {
+  if (${wgslRowLeader(c.layout)}) {
     let l = m + log(s);
     let t = targets[row];
     let kept = t != p.ignore_index;
@@ -82,7 +90,8 @@ fn main(${WGSL_GRID_BUILTINS}) {
     stats[2u * row] = l;
     stats[2u * row + 1u] = select(0.0, p.keep * w_t + p.per_class_smoothing * w_total, kept);
   }
-}`,
+}`;
+  },
 });
 
 /** dx from the per-row upstream gradient g (f32 [rows]). */
@@ -155,16 +164,17 @@ export function launchCrossEntropy(
   targets: Tensor,
   params: CrossEntropyParams,
 ): CrossEntropyRows {
-  const { rows, config, uniforms, weight } = launchConfig(logits, params);
+  const { rows, classes, config, uniforms, weight } = launchConfig(logits, params);
+  const layout = rowLayout(logits.gpu, classes);
   const loss = Tensor.empty([rows], "f32", logits.gpu);
   const targetWeight = Tensor.empty([rows], "f32", logits.gpu);
   const stats = Tensor.empty([rows, 2], "f32", logits.gpu);
   if (rows === 0) return { loss, targetWeight, stats };
   logits.gpu.dispatch(
-    logits.gpu.kernel(crossEntropyForwardKernel, config),
+    logits.gpu.kernel(crossEntropyForwardKernel, { ...config, layout }),
     { x: logits, targets, ...weight, loss, target_weight: targetWeight, stats },
     uniforms,
-    grid1d(rows),
+    rowGrid(layout, rows),
   );
   return { loss, targetWeight, stats };
 }

@@ -1,12 +1,13 @@
 /**
- * LayerNorm over the last axis. The input is viewed as [rows, cols]; one
- * workgroup per row computes the mean and the biased variance in f32 (two
+ * LayerNorm over the last axis. The input is viewed as [rows, cols]; each
+ * row (a workgroup per row, or a thread per short row: see row_layout.ts)
+ * gets its mean and biased variance in f32 (two
  * passes, so a large mean does not cancel the variance away), writes y in the
  * input's dtype and saves the per-row mean and rstd = 1/√(var + eps) (f32) for
  * the backward pass. Weight and bias are optional f32 vectors of length cols;
  * whether each is bound is part of the config.
  *
- * Backward: one workgroup per row for dx, and one workgroup per column for
+ * Backward: the same row layout for dx, and one workgroup per column for
  * dweight = Σ_rows g·x̂ and dbias = Σ_rows g (f32).
  *
  * Means multiply by 1/cols computed on the host instead of dividing in WGSL,
@@ -17,6 +18,15 @@ import type { DType } from "../dtype.ts";
 import { defineKernel, optional } from "../kernel.ts";
 import { Tensor } from "../tensor.ts";
 import { grid1d, WGSL_GRID_BUILTINS, WGSL_WORKGROUP_INDEX } from "./grid.ts";
+import {
+  rowGrid,
+  type RowLayout,
+  rowLayout,
+  wgslRowIndex,
+  wgslRowLeader,
+  wgslRowLoop,
+  wgslRowReduce,
+} from "./row_layout.ts";
 import { REDUCE_THREADS, WGSL_WORKGROUP_REDUCE } from "./wgsl_math.ts";
 
 /** Which optional vectors a kernel binds, and the storage dtype of x, y, dy and dx. */
@@ -29,16 +39,19 @@ export type LayerNormConfig = {
   bias: boolean;
 };
 
-const ROW_LOOP = `for (var j = lid; j < p.cols; j += ${REDUCE_THREADS}u)`;
-const ROW_START = `let row = ${WGSL_WORKGROUP_INDEX};
-  if (row >= p.rows) { return; }
+/** A row kernel's config: the above plus how rows map to threads. */
+type RowConfig = LayerNormConfig & { layout: RowLayout };
+
+function rowStart(layout: RowLayout): string {
+  return `${wgslRowIndex(layout, "rows")}
   let base = row * p.cols;
   let inv_n = p.inv_cols;`;
+}
 
 /** Forward: y, mean and rstd, one workgroup per row. */
 export const layerNormForwardKernel = defineKernel({
   name: "layer_norm_forward",
-  bindings: (c: LayerNormConfig) => [
+  bindings: (c: RowConfig) => [
     { name: "x", type: c.dtype },
     ...optional(c.weight, { name: "w", type: "f32" }),
     ...optional(c.bias, { name: "b", type: "f32" }),
@@ -47,29 +60,31 @@ export const layerNormForwardKernel = defineKernel({
     { name: "rstd", type: "f32", write: true },
   ],
   uniforms: { rows: "u32", cols: "u32", inv_cols: "f32", eps: "f32" },
-  source: (c) =>
-    `${WGSL_WORKGROUP_REDUCE}
+  source: (c) => {
+    const loop = wgslRowLoop(c.layout, "p.cols");
+    return `${wgslRowReduce(c.layout)}
 @compute @workgroup_size(${REDUCE_THREADS})
 fn main(${WGSL_GRID_BUILTINS}) {
-  ${ROW_START}
+  ${rowStart(c.layout)}
   var s = 0.0;
-  ${ROW_LOOP} { s += f32(x[base + j]); }
+  ${loop} { s += f32(x[base + j]); }
   let mu = reduce_sum(s, lid) * inv_n;
   var q = 0.0;
-  ${ROW_LOOP} { let d = f32(x[base + j]) - mu; q += d * d; }
+  ${loop} { let d = f32(x[base + j]) - mu; q += d * d; }
   let r = 1.0 / sqrt(reduce_sum(q, lid) * inv_n + p.eps);
-  ${ROW_LOOP} {
+  ${loop} {
     let v = (f32(x[base + j]) - mu) * r${c.weight ? " * w[j]" : ""}${c.bias ? " + b[j]" : ""};
     y[base + j] = ${c.dtype}(v);
   }
-  if (lid == 0u) { mean[row] = mu; rstd[row] = r; }
-}`,
+  if (${wgslRowLeader(c.layout)}) { mean[row] = mu; rstd[row] = r; }
+}`;
+  },
 });
 
 /** dx = rstd · (g·w − mean(g·w) − x̂ · mean(g·w·x̂)), one workgroup per row. */
 export const layerNormBackwardKernel = defineKernel({
   name: "layer_norm_backward",
-  bindings: (c: LayerNormConfig) => [
+  bindings: (c: RowConfig) => [
     { name: "x", type: c.dtype },
     ...optional(c.weight, { name: "w", type: "f32" }),
     { name: "g", type: c.dtype },
@@ -78,28 +93,30 @@ export const layerNormBackwardKernel = defineKernel({
     { name: "dx", type: c.dtype, write: true },
   ],
   uniforms: { rows: "u32", cols: "u32", inv_cols: "f32" },
-  source: (c) =>
-    `${WGSL_WORKGROUP_REDUCE}
+  source: (c) => {
+    const loop = wgslRowLoop(c.layout, "p.cols");
+    return `${wgslRowReduce(c.layout)}
 @compute @workgroup_size(${REDUCE_THREADS})
 fn main(${WGSL_GRID_BUILTINS}) {
-  ${ROW_START}
+  ${rowStart(c.layout)}
   let mu = mean[row];
   let r = rstd[row];
   var s1 = 0.0;
   var s2 = 0.0;
-  ${ROW_LOOP} {
+  ${loop} {
     let gw = f32(g[base + j])${c.weight ? " * w[j]" : ""};
     s1 += gw;
     s2 += gw * (f32(x[base + j]) - mu) * r;
   }
   let m1 = reduce_sum(s1, lid) * inv_n;
   let m2 = reduce_sum(s2, lid) * inv_n;
-  ${ROW_LOOP} {
+  ${loop} {
     let gw = f32(g[base + j])${c.weight ? " * w[j]" : ""};
     let xh = (f32(x[base + j]) - mu) * r;
     dx[base + j] = ${c.dtype}(r * (gw - m1 - xh * m2));
   }
-}`,
+}`;
+  },
 });
 
 // NOTE: one workgroup per column strides over rows with stride `cols`: simple
@@ -154,10 +171,12 @@ export function launchLayerNorm(
   const mean = Tensor.empty([rows], "f32", x.gpu);
   const rstd = Tensor.empty([rows], "f32", x.gpu);
   if (rows * cols === 0) return { y, mean, rstd };
-  const config = { dtype: x.dtype, weight: weight !== null, bias: bias !== null };
+  const layout = rowLayout(x.gpu, cols);
+  const config = { dtype: x.dtype, weight: weight !== null, bias: bias !== null, layout };
   const kernel = x.gpu.kernel(layerNormForwardKernel, config);
   const tensors = { x, y, mean, rstd, ...(weight && { w: weight }), ...(bias && { b: bias }) };
-  x.gpu.dispatch(kernel, tensors, { rows, cols, inv_cols: 1 / cols, eps }, grid1d(rows));
+  const uniforms = { rows, cols, inv_cols: 1 / cols, eps };
+  x.gpu.dispatch(kernel, tensors, uniforms, rowGrid(layout, rows));
   return { y, mean, rstd };
 }
 
@@ -172,10 +191,11 @@ export function launchLayerNormBackward(
   const { rows, cols } = rowsCols(x);
   const dx = Tensor.empty(x.shape, x.dtype, x.gpu);
   if (rows * cols === 0) return dx;
-  const config = { dtype: x.dtype, weight: weight !== null, bias: false };
+  const layout = rowLayout(x.gpu, cols);
+  const config = { dtype: x.dtype, weight: weight !== null, bias: false, layout };
   const kernel = x.gpu.kernel(layerNormBackwardKernel, config);
   const tensors = { x, g, mean, rstd, dx, ...(weight && { w: weight }) };
-  x.gpu.dispatch(kernel, tensors, { rows, cols, inv_cols: 1 / cols }, grid1d(rows));
+  x.gpu.dispatch(kernel, tensors, { rows, cols, inv_cols: 1 / cols }, rowGrid(layout, rows));
   return dx;
 }
 
