@@ -22,7 +22,7 @@ with add-one smoothing counted on the training stream, scored on the same
 validation characters. Losses are nats per character.
 
 Flags:
-  --steps N          optimizer steps (default 400: about 90 s on the CPU
+  --steps N          optimizer steps (default 400: about 40 s on the CPU
                      adapter with the other defaults)
   --batch N          sequences per step (default 32); also the evaluation batch
   --context N        characters per sequence, T (default 32)
