@@ -80,6 +80,7 @@ export { narrow, split } from "./gpu/ops/narrow.ts";
 export {
   fusedCausalAttention,
   type FusedCausalAttentionOptions,
+  fusedCausalAttentionPacked,
 } from "./gpu/ops/fused_attention.ts";
 export { addInPlace } from "./gpu/ops/in_place.ts";
 export { layerNorm, type LayerNormOptions } from "./gpu/ops/layer_norm.ts";

@@ -57,24 +57,26 @@ function problemFor(gpu: Gpu): FlashAttentionShape {
 
 async function tuneDtype(gpu: Gpu, dtype: "f32" | "f16"): Promise<AttentionTuning> {
   const shape = problemFor(gpu);
-  const dims = [shape.batch, shape.t, shape.heads * shape.headSize];
-  const [q, k, v, dout] = untracked(() =>
-    [0.5, 0.25, 1, 0.01].map((fill) => Tensor.full(dims, fill, { dtype, gpu }))
-  );
+  const c = shape.heads * shape.headSize;
+  // Packed q, k, v: the layout CausalSelfAttention runs.
+  const [qkv, dout] = untracked(() => [
+    Tensor.full([shape.batch, shape.t, 3 * c], 0.5, { dtype, gpu }),
+    Tensor.full([shape.batch, shape.t, c], 0.01, { dtype, gpu }),
+  ]);
   const measurements: { rows: number; ms: number }[] = [];
   try {
     for (const rows of ATTENTION_ROW_CANDIDATES) {
       const s = { ...shape, rows };
       const run = () =>
         untracked(() => {
-          const { o, lse } = launchFlashAttention(q, k, v, s, null);
-          const grads = launchFlashAttentionBackward({ q, k, v, o, lse }, dout, s, null);
+          const { o, lse } = launchFlashAttention({ qkv }, s, null);
+          const grads = launchFlashAttentionBackward({ inputs: { qkv }, o, lse }, dout, s, null);
           for (const t of [o, lse, ...grads]) t.dispose();
         });
       measurements.push({ rows, ms: (await secondsPerRun(gpu, run)) * 1000 });
     }
   } finally {
-    for (const t of [q, k, v, dout]) t.dispose();
+    for (const t of [qkv, dout]) t.dispose();
   }
   const best = measurements.reduce((x, y) => (y.ms < x.ms ? y : x)).rows;
   return { dtype, best, measurements, cached: false };

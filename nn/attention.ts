@@ -23,7 +23,7 @@
 import { ShapeError, ValueError } from "../gpu/errors.ts";
 import { causalSoftmax } from "../gpu/ops/causal_softmax.ts";
 import { dropout } from "../gpu/ops/dropout.ts";
-import { fusedCausalAttention } from "../gpu/ops/fused_attention.ts";
+import { fusedCausalAttention, fusedCausalAttentionPacked } from "../gpu/ops/fused_attention.ts";
 import { matmul } from "../gpu/ops/matmul.ts";
 import { split } from "../gpu/ops/narrow.ts";
 import { permute } from "../gpu/ops/permute.ts";
@@ -155,8 +155,9 @@ export interface CausalSelfAttentionOptions extends ParameterOptions {
 
 /**
  * Causal multi-head self-attention as in GPT: x [B, T, C] → one fused
- * projection to q, k and v (Linear C→3C, split into three [B, T, C]),
- * {@link causalAttention} over `heads` heads, then the output projection
+ * projection to q, k and v (Linear C→3C; the fused attention reads the three
+ * from its output by strides, the reference path `split`s it), attention
+ * over `heads` heads, then the output projection
  * (Linear C→C). Parameters are named `qkv.*` (rows: the query, key and value
  * weights in that order, as nanoGPT's `c_attn`) and `output.*` (`c_proj`).
  *
@@ -234,14 +235,20 @@ export class CausalSelfAttention extends Module {
   forward(x: Tensor): Tensor {
     const c = x.shape.at(-1) ?? 0;
     const qkv = this.qkv.forward(x);
-    const [q, k, v] = split(qkv, [c, c, c], -1);
-    qkv.dispose();
     const [b, t] = x.shape;
     const dropout = this.training && this.dropout > 0
       ? { p: this.dropout, range: this.generator.take(b * this.heads * t * t) }
       : undefined;
-    const a = causalAttention(q, k, v, { heads: this.heads, fused: this.fused, dropout });
-    for (const u of [q, k, v]) u.dispose();
+    let a: Tensor;
+    if (this.fused) {
+      // The fused op reads q, k and v from the projection's output by strides: no split.
+      a = fusedCausalAttentionPacked(qkv, { heads: this.heads, dropout });
+    } else {
+      const [q, k, v] = split(qkv, [c, c, c], -1);
+      a = causalAttention(q, k, v, { heads: this.heads, fused: false, dropout });
+      for (const u of [q, k, v]) u.dispose();
+    }
+    qkv.dispose();
     const y = this.output.forward(a);
     a.dispose();
     return y;

@@ -6,6 +6,7 @@ import {
   CausalSelfAttention,
   Checkpointed,
   fusedCausalAttention,
+  fusedCausalAttentionPacked,
   mul,
   RandomGenerator,
   sum,
@@ -274,5 +275,52 @@ Deno.test({
     } finally {
       gpu.attentionRows.clear();
     }
+  },
+});
+
+Deno.test({
+  name: "fusedCausalAttentionPacked: q, k, v side by side give the same bits as three tensors",
+  ...GPU_TEST,
+  async fn() {
+    for (
+      const [dims, dtype] of [[{ b: 2, t: 33, h: 3, d: 16 }, "f32"], [
+        { b: 1, t: 9, h: 2, d: 6 },
+        "f16",
+      ]] as const
+    ) {
+      const x = inputsFor(dims, dtype, 23), c = dims.h * dims.d, rows = dims.b * dims.t;
+      const separate = await runOnGpu(x, dims, dtype, { fused: true });
+      // Row r of qkv is q[r], k[r], v[r] one after another.
+      const packed = new Float64Array(rows * 3 * c);
+      [x.q, x.k, x.v].forEach((part, which) => {
+        for (let r = 0; r < rows; r++) {
+          packed.set(part.subarray(r * c, (r + 1) * c), r * 3 * c + which * c);
+        }
+      });
+      const qkv = Tensor.from(packed, [dims.b, dims.t, 3 * c], { dtype, requiresGrad: true });
+      const o = fusedCausalAttentionPacked(qkv, { heads: dims.h });
+      backward(o, { gradient: Tensor.from(x.g, o.shape, { dtype }) });
+      const label = `${dtype} ${JSON.stringify(dims)}`;
+      assert.deepEqual(await o.read(), separate.o, `${label} output`);
+      const d = await qkv.grad!.read();
+      (["dq", "dk", "dv"] as const).forEach((name, which) => {
+        const part = Float32Array.from(
+          { length: rows * c },
+          (_, i) => d[Math.floor(i / c) * 3 * c + which * c + (i % c)],
+        );
+        assert.deepEqual(part, separate[name], `${label} ${name}`);
+      });
+      for (const t of [qkv, o]) t.dispose();
+    }
+    tidy(() => {
+      assert.throws(
+        () => fusedCausalAttentionPacked(Tensor.zeros([2, 3, 8]), { heads: 2 }),
+        /fusedCausalAttentionPacked: qkv must be \[batch, T, 3·heads·headSize\]/,
+      );
+      assert.throws(
+        () => fusedCausalAttentionPacked(Tensor.zeros([2, 3, 12]), { heads: 3 }),
+        /fusedCausalAttentionPacked: heads \(3\) must be a positive integer that divides the 4 features/,
+      );
+    });
   },
 });

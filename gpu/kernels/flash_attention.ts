@@ -48,6 +48,8 @@ export type FlashAttentionConfig = {
   lanes: 1 | 4;
   rows: number;
   dropout: boolean;
+  /** q, k and v are one packed [B, T, 3C] tensor: the dk/dv pass writes both into one binding. */
+  packed: boolean;
 };
 
 const UNIFORMS = {
@@ -60,12 +62,19 @@ const UNIFORMS = {
   keepScale: "f32",
   key: "u32",
   counter: "u32",
+  inWidth: "u32",
+  qOff: "u32",
+  kOff: "u32",
+  vOff: "u32",
 } as const;
 
 /**
  * Where this thread's row lives: z = b·H + h, the row index r (a query in
- * forward and dq, a key in dkv), and the offset of head h in row 0 of batch b
- * (in elements of the bound arrays: vectors of `lanes` values).
+ * forward and dq, a key in dkv), and the offset of head h in row 0 of batch
+ * b: `head0` in o and dout ([B, T, C], rows of `width`), `in0` in q, k and v
+ * (rows of `p.inWidth`: C, or 3C when they are one packed tensor, each at its
+ * offset `p.qOff`, `p.kOff`, `p.vOff`). All in elements of the bound arrays
+ * (vectors of `lanes` values).
  */
 function rowPrelude(c: FlashAttentionConfig): string {
   return `let block = ${WGSL_WORKGROUP_INDEX} % p.blocks;
@@ -73,7 +82,8 @@ function rowPrelude(c: FlashAttentionConfig): string {
   let r = block * ${c.rows}u + lid;
   if (z >= p.bh || r >= p.t) { return; }
   let width = p.heads * D;
-  let head0 = (z / p.heads) * p.t * width + (z % p.heads) * D;`;
+  let head0 = (z / p.heads) * p.t * width + (z % p.heads) * D;
+  let in0 = (z / p.heads) * p.t * p.inWidth + (z % p.heads) * D;`;
 }
 
 /** WGSL: the dropout factor of entry (z, i, j): 0, or 1/(1 − p) when kept; 1 without dropout. */
@@ -123,7 +133,8 @@ export const flashAttentionForwardKernel = defineKernel({
   source: (c) =>
     `${header(c)}
   let i = r;
-  let qi = head0 + i * width;
+  let qi = in0 + i * p.inWidth + p.qOff;
+  let oi = head0 + i * width;
   var qs: array<F, D>;
   var acc: array<F, D>;
   for (var e = 0u; e < D; e++) { qs[e] = F(q[qi + e]) * p.scale; acc[e] = F(0.0); }
@@ -134,7 +145,7 @@ export const flashAttentionForwardKernel = defineKernel({
     let count = min(${KEY_CHUNK}u, i + 1u - j0);
     var chunkMax = m;
     for (var jj = 0u; jj < count; jj++) {
-      let kj = head0 + (j0 + jj) * width;
+      let kj = in0 + (j0 + jj) * p.inWidth + p.kOff;
       var dot = 0.0;
       for (var e = 0u; e < D; e++) { dot += dotf(qs[e], F(k[kj + e])); }
       s[jj] = dot;
@@ -149,12 +160,12 @@ export const flashAttentionForwardKernel = defineKernel({
       let pj = exp(s[jj] - m);
       l += pj;
       let w = pj * ${keepFactor(c, "i", "j")};
-      let vj = head0 + j * width;
+      let vj = in0 + j * p.inWidth + p.vOff;
       for (var e = 0u; e < D; e++) { acc[e] += w * F(v[vj + e]); }
     }
   }
   let inv = 1.0 / l;
-  for (var e = 0u; e < D; e++) { o[qi + e] = S(acc[e] * inv); }
+  for (var e = 0u; e < D; e++) { o[oi + e] = S(acc[e] * inv); }
   lse[z * p.t + i] = m + log(l);
 }`,
 });
@@ -168,27 +179,29 @@ export const flashAttentionDqKernel = defineKernel({
   source: (c) =>
     `${header(c)}
   let i = r;
-  let qi = head0 + i * width;
+  let qi = in0 + i * p.inWidth + p.qOff;
+  let oi = head0 + i * width;
   var qs: array<F, D>;
   var gi: array<F, D>;
   var acc: array<F, D>;
   var d = 0.0;
   for (var e = 0u; e < D; e++) {
     qs[e] = F(q[qi + e]) * p.scale;
-    gi[e] = F(dout[qi + e]);
-    d += dotf(gi[e], F(o[qi + e]));
+    gi[e] = F(dout[oi + e]);
+    d += dotf(gi[e], F(o[oi + e]));
     acc[e] = F(0.0);
   }
   let li = lse[z * p.t + i];
   for (var j = 0u; j <= i; j++) {
-    let kj = head0 + j * width;
+    let kj = in0 + j * p.inWidth + p.kOff;
+    let vj = in0 + j * p.inWidth + p.vOff;
     var s = 0.0;
     var dp = 0.0;
     var krow: array<F, D>;
     for (var e = 0u; e < D; e++) {
       krow[e] = F(k[kj + e]);
       s += dotf(qs[e], krow[e]);
-      dp += dotf(gi[e], F(v[kj + e]));
+      dp += dotf(gi[e], F(v[vj + e]));
     }
     let ds = exp(s - li) * (dp * ${keepFactor(c, "i", "j")} - d);
     for (var e = 0u; e < D; e++) { acc[e] += ds * krow[e]; }
@@ -202,31 +215,38 @@ export const flashAttentionDqKernel = defineKernel({
 export const flashAttentionDkvKernel = defineKernel({
   name: "flash_attention_dkv",
   bindings: (c: FlashAttentionConfig) =>
-    bindingsOf(["q", "k", "v", "dout", "lse", "delta"], ["dk", "dv"], c),
+    bindingsOf(
+      ["q", "k", "v", "dout", "lse", "delta"],
+      // WebGPU forbids two writable bindings of one buffer: packed gradients go through one.
+      c.packed ? ["dkv"] : ["dk", "dv"],
+      c,
+    ),
   uniforms: UNIFORMS,
   source: (c) =>
     `${header(c)}
   let j = r;
-  let kj = head0 + j * width;
+  let kj = in0 + j * p.inWidth + p.kOff;
+  let vj = in0 + j * p.inWidth + p.vOff;
   var ks: array<F, D>;
   var vs: array<F, D>;
   var dks: array<F, D>;
   var dvs: array<F, D>;
   for (var e = 0u; e < D; e++) {
     ks[e] = F(k[kj + e]) * p.scale;
-    vs[e] = F(v[kj + e]);
+    vs[e] = F(v[vj + e]);
     dks[e] = F(0.0);
     dvs[e] = F(0.0);
   }
   for (var i = j; i < p.t; i++) {
-    let qi = head0 + i * width;
+    let qi = in0 + i * p.inWidth + p.qOff;
+    let oi = head0 + i * width;
     var s = 0.0;
     var dp = 0.0;
     var qrow: array<F, D>;
     var grow: array<F, D>;
     for (var e = 0u; e < D; e++) {
       qrow[e] = F(q[qi + e]);
-      grow[e] = F(dout[qi + e]);
+      grow[e] = F(dout[oi + e]);
       s += dotf(qrow[e], ks[e]);
       dp += dotf(grow[e], vs[e]);
     }
@@ -240,8 +260,8 @@ export const flashAttentionDkvKernel = defineKernel({
     }
   }
   for (var e = 0u; e < D; e++) {
-    dk[kj + e] = S(dks[e] * p.scale);
-    dv[kj + e] = S(dvs[e]);
+    ${c.packed ? "dkv" : "dk"}[kj + e] = S(dks[e] * p.scale);
+    ${c.packed ? "dkv" : "dv"}[vj + e] = S(dvs[e]);
   }
 }`,
 });
@@ -284,11 +304,36 @@ function rowsPerWorkgroup(gpu: Gpu, dtype: DType, t: number): number {
   return Math.min(tuned, covering);
 }
 
-function setup(gpu: Gpu, s: FlashAttentionShape, dtype: DType, dropout: AttentionDropout | null) {
-  const rows = s.rows ?? rowsPerWorkgroup(gpu, dtype, s.t);
+/**
+ * Where q, k and v are: three [B, T, C] tensors, or one packed [B, T, 3C]
+ * tensor holding them side by side (a fused C→3C projection's output).
+ */
+export type AttentionInputs = { q: Tensor; k: Tensor; v: Tensor } | { qkv: Tensor };
+
+/** The three input bindings (one buffer thrice when packed: read-only aliasing is allowed). */
+function inputTensors(inputs: AttentionInputs): { q: Tensor; k: Tensor; v: Tensor } {
+  return "qkv" in inputs ? { q: inputs.qkv, k: inputs.qkv, v: inputs.qkv } : inputs;
+}
+
+function setup(
+  inputs: AttentionInputs,
+  s: FlashAttentionShape,
+  dropout: AttentionDropout | null,
+) {
+  const { q } = inputTensors(inputs), dtype = q.dtype;
+  const rows = s.rows ?? rowsPerWorkgroup(q.gpu, dtype, s.t);
   const blocks = Math.ceil(s.t / rows), bh = s.batch * s.heads;
   const lanes = s.headSize % 4 === 0 ? 4 : 1;
-  const config = { dtype, headSize: s.headSize, lanes, rows, dropout: dropout !== null } as const;
+  const packed = "qkv" in inputs;
+  const config = {
+    dtype,
+    headSize: s.headSize,
+    lanes,
+    rows,
+    dropout: dropout !== null,
+    packed,
+  } as const;
+  const c = (s.heads * s.headSize) / lanes; // C in bound elements
   const uniforms = {
     t: s.t,
     heads: s.heads,
@@ -299,38 +344,51 @@ function setup(gpu: Gpu, s: FlashAttentionShape, dtype: DType, dropout: Attentio
     keepScale: dropout ? 1 / (1 - dropout.p) : 1,
     key: dropout?.range.key ?? 0,
     counter: dropout?.range.counter ?? 0,
+    inWidth: packed ? 3 * c : c,
+    qOff: 0,
+    kOff: packed ? c : 0,
+    vOff: packed ? 2 * c : 0,
   };
   return { config, uniforms, grid: grid1d(blocks * bh), empty: bh === 0 || s.t === 0 };
 }
 
 /** o [B, T, H·D] and lse [B·H, T] (f32) of causal attention (no autograd). */
 export function launchFlashAttention(
-  q: Tensor,
-  k: Tensor,
-  v: Tensor,
+  inputs: AttentionInputs,
   s: FlashAttentionShape,
   dropout: AttentionDropout | null,
 ): { o: Tensor; lse: Tensor } {
-  const o = Tensor.empty(q.shape, q.dtype, q.gpu);
-  const lse = Tensor.empty([s.batch * s.heads, s.t], "f32", q.gpu);
-  const { config, uniforms, grid, empty } = setup(q.gpu, s, q.dtype, dropout);
+  const { q, k, v } = inputTensors(inputs), gpu = q.gpu;
+  const o = Tensor.empty([s.batch, s.t, s.heads * s.headSize], q.dtype, gpu);
+  const lse = Tensor.empty([s.batch * s.heads, s.t], "f32", gpu);
+  const { config, uniforms, grid, empty } = setup(inputs, s, dropout);
   if (empty) return { o, lse };
-  const kernel = q.gpu.kernel(flashAttentionForwardKernel, config);
-  q.gpu.dispatch(kernel, { q, k, v, o, lse }, uniforms, grid);
+  gpu.dispatch(
+    gpu.kernel(flashAttentionForwardKernel, config),
+    { q, k, v, o, lse },
+    uniforms,
+    grid,
+  );
   return { o, lse };
 }
 
-/** dq, dk and dv from the saved inputs, output and log-sum-exp and the output's gradient. */
+/**
+ * The gradients of the inputs, in their layout ([dq, dk, dv], or [dqkv] when
+ * packed), from the saved inputs, output and log-sum-exp and the output's
+ * gradient (no autograd).
+ */
 export function launchFlashAttentionBackward(
-  saved: { q: Tensor; k: Tensor; v: Tensor; o: Tensor; lse: Tensor },
+  saved: { inputs: AttentionInputs; o: Tensor; lse: Tensor },
   dout: Tensor,
   s: FlashAttentionShape,
   dropout: AttentionDropout | null,
-): [Tensor, Tensor, Tensor] {
-  const { q, k, v, o, lse } = saved, gpu = q.gpu;
-  const [dq, dk, dv] = [q, k, v].map((x) => Tensor.empty(x.shape, x.dtype, gpu));
-  const { config, uniforms, grid, empty } = setup(gpu, s, q.dtype, dropout);
-  if (empty) return [dq, dk, dv];
+): Tensor[] {
+  const { o, lse } = saved, { q, k, v } = inputTensors(saved.inputs), gpu = q.gpu;
+  const packed = "qkv" in saved.inputs;
+  const grads = (packed ? [q] : [q, k, v]).map((x) => Tensor.empty(x.shape, x.dtype, gpu));
+  const { config, uniforms, grid, empty } = setup(saved.inputs, s, dropout);
+  if (empty) return grads;
+  const [dq, dk, dv] = packed ? [grads[0], grads[0], grads[0]] : grads;
   const delta = Tensor.empty(lse.shape, "f32", gpu);
   gpu.dispatch(
     gpu.kernel(flashAttentionDqKernel, config),
@@ -340,10 +398,10 @@ export function launchFlashAttentionBackward(
   );
   gpu.dispatch(
     gpu.kernel(flashAttentionDkvKernel, config),
-    { q, k, v, dout, lse, delta, dk, dv },
+    { q, k, v, dout, lse, delta, ...(packed ? { dkv: dk } : { dk, dv }) },
     uniforms,
     grid,
   );
   delta.dispose();
-  return [dq, dk, dv];
+  return grads;
 }

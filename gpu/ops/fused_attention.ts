@@ -4,6 +4,8 @@ import { autocastInputs } from "../autocast_hook.ts";
 import { DTypeError, fail, ShapeError, ValueError } from "../errors.ts";
 import {
   type AttentionDropout,
+  type AttentionInputs,
+  type FlashAttentionShape,
   launchFlashAttention,
   launchFlashAttentionBackward,
   MAX_HEAD_SIZE,
@@ -59,22 +61,6 @@ export function fusedCausalAttention(
   options: FusedCausalAttentionOptions,
 ): Tensor {
   const [q, k, v] = autocastInputs("fused_attention", [q0, k0, v0]);
-  const shape = checkedShape(q, k, v, options.heads);
-  const dropout = checkedDropout(options.dropout, shape);
-  const { o, lse } = launchFlashAttention(q, k, v, shape, dropout);
-  const out = record({
-    op: "fused_attention",
-    inputs: [q, k, v],
-    output: o,
-    save: [q, k, v, o, lse],
-    backward: (g, [sq, sk, sv, so, slse]) =>
-      launchFlashAttentionBackward({ q: sq, k: sk, v: sv, o: so, lse: slse }, g, shape, dropout),
-  });
-  lse.dispose();
-  return out;
-}
-
-function checkedShape(q: Tensor, k: Tensor, v: Tensor, heads: number) {
   const where = "fusedCausalAttention";
   const same = [k, v].every((t) => t.rank === 3 && t.shape.every((e, i) => e === q.shape[i]));
   if (q.rank !== 3 || !same) {
@@ -93,13 +79,78 @@ function checkedShape(q: Tensor, k: Tensor, v: Tensor, heads: number) {
         `${v.describe()}. Cast them first (or run under autocast).`,
     );
   }
-  const [batch, t, c] = q.shape;
+  const shape = checkedShape(where, q, q.shape[2], options.heads);
+  return attention({ q, k, v }, [q, k, v], shape, checkedDropout(options.dropout, shape));
+}
+
+/**
+ * {@link fusedCausalAttention} of q, k and v given side by side in one
+ * [B, T, 3·H·D] tensor (q in the first third of each row, then k, then v), as
+ * a fused C→3C projection writes them: the kernels read each by strides and
+ * backward writes one [B, T, 3·H·D] gradient, so nothing is split or copied.
+ *
+ * @example
+ * ```ts
+ * import { fusedCausalAttentionPacked, initGpu, Tensor } from "../../mod.ts";
+ * const gpu = await initGpu({ matmulTiling: "default" });
+ * const qkv = Tensor.from(Array.from({ length: 24 }, (_, i) => i / 24), [1, 2, 12]); // C = 4
+ * const y = fusedCausalAttentionPacked(qkv, { heads: 2 }); // [batch, T, C]
+ * console.assert(y.shape.join() === "1,2,4");
+ * gpu.destroy();
+ * ```
+ */
+export function fusedCausalAttentionPacked(
+  qkv0: Tensor,
+  options: FusedCausalAttentionOptions,
+): Tensor {
+  const [qkv] = autocastInputs("fused_attention", [qkv0]);
+  const where = "fusedCausalAttentionPacked";
+  if (qkv.rank !== 3 || qkv.shape[2] % 3 !== 0) {
+    fail(
+      ShapeError,
+      where,
+      `qkv must be [batch, T, 3·heads·headSize] (q, k and v side by side); got ${qkv.describe()}.`,
+    );
+  }
+  if (qkv.dtype === "i32") {
+    fail(DTypeError, where, `qkv must be f32 or f16; got ${qkv.describe()}.`);
+  }
+  const shape = checkedShape(where, qkv, qkv.shape[2] / 3, options.heads);
+  return attention({ qkv }, [qkv], shape, checkedDropout(options.dropout, shape));
+}
+
+/** The differentiable op on checked inputs: one node; gradients come in the inputs' layout. */
+function attention(
+  inputs: AttentionInputs,
+  list: Tensor[],
+  shape: FlashAttentionShape,
+  dropout: AttentionDropout | null,
+): Tensor {
+  const { o, lse } = launchFlashAttention(inputs, shape, dropout);
+  const out = record({
+    op: "fused_attention",
+    inputs: list,
+    output: o,
+    save: [...list, o, lse],
+    backward: (g, saved) => {
+      const [sq, sk, sv] = saved, [so, slse] = saved.slice(-2);
+      const again: AttentionInputs = "qkv" in inputs ? { qkv: sq } : { q: sq, k: sk, v: sv };
+      return launchFlashAttentionBackward({ inputs: again, o: so, lse: slse }, g, shape, dropout);
+    },
+  });
+  lse.dispose();
+  return out;
+}
+
+/** The sizes, with a clear error for heads that do not divide the `c` features or a head too large. */
+function checkedShape(where: string, x: Tensor, c: number, heads: number): FlashAttentionShape {
+  const [batch, t] = x.shape;
   if (!Number.isInteger(heads) || heads < 1 || c % heads !== 0) {
     fail(
       ShapeError,
       where,
       `heads (${heads}) must be a positive integer that divides the ${c} features of ` +
-        `${q.describe()}.`,
+        `${x.describe()}.`,
     );
   }
   const headSize = c / heads;
