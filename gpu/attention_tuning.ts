@@ -12,7 +12,7 @@ import {
   launchFlashAttention,
   launchFlashAttentionBackward,
 } from "./kernels/flash_attention.ts";
-import { secondsPerRun, tuningStorage } from "./kernel_timing.ts";
+import { secondsPerRun, winnerCache } from "./kernel_timing.ts";
 import { untracked } from "./scope.ts";
 import { Tensor } from "./tensor.ts";
 
@@ -35,16 +35,14 @@ function cacheKey(gpu: Gpu): string {
   return `halfstep.attentionTuning.v${TUNER_VERSION}:${gpu.adapterName}`;
 }
 
-function readCache(gpu: Gpu): Record<string, number> {
-  try {
-    const parsed = JSON.parse(tuningStorage()?.getItem(cacheKey(gpu)) ?? "{}");
-    const known = Object.entries(parsed).filter(([, rows]) =>
-      (ATTENTION_ROW_CANDIDATES as readonly unknown[]).includes(rows)
-    );
-    return Object.fromEntries(known) as Record<string, number>;
-  } catch {
-    return {}; // a corrupt cache is measured again
-  }
+function cacheOf(gpu: Gpu) {
+  return winnerCache(
+    cacheKey(gpu),
+    (stored) =>
+      (ATTENTION_ROW_CANDIDATES as readonly unknown[]).includes(stored)
+        ? stored as number
+        : undefined,
+  );
 }
 
 /**
@@ -101,7 +99,8 @@ export async function tuneAttention(
   gpu: Gpu,
   options: { force?: boolean } = {},
 ): Promise<AttentionTuning[]> {
-  const cached = options.force ? {} : readCache(gpu);
+  const cache = cacheOf(gpu);
+  const cached = options.force ? {} : cache.read();
   const results: AttentionTuning[] = [];
   for (const dtype of gpu.f16 ? (["f32", "f16"] as const) : (["f32"] as const)) {
     const hit = cached[dtype];
@@ -111,10 +110,6 @@ export async function tuneAttention(
     gpu.attentionRows.set(dtype, result.best);
     results.push(result);
   }
-  const store = tuningStorage();
-  if (store) {
-    const all = { ...readCache(gpu), ...Object.fromEntries(gpu.attentionRows) };
-    store.setItem(cacheKey(gpu), JSON.stringify(all));
-  }
+  cache.write(gpu.attentionRows);
   return results;
 }

@@ -30,10 +30,35 @@ export async function secondsPerRun(gpu: Gpu, run: () => void): Promise<number> 
 }
 
 /** `localStorage` where the runtime offers it (Deno, browsers), else null: winners are then not kept. */
-export function tuningStorage(): Storage | null {
+function tuningStorage(): Storage | null {
   try {
     return typeof localStorage === "undefined" ? null : localStorage;
   } catch {
     return null;
   }
+}
+
+/**
+ * A tuner's winners for one adapter, kept in `localStorage` under `key` (which
+ * names the tuner, its version and the adapter). `known` maps a stored value
+ * back to a current candidate, or undefined: entries of older candidates, and
+ * a corrupt cache, are measured again.
+ */
+export function winnerCache<T>(key: string, known: (stored: unknown) => T | undefined) {
+  const read = (): Record<string, T> => {
+    try {
+      const parsed = JSON.parse(tuningStorage()?.getItem(key) ?? "{}");
+      const entries = Object.entries(parsed).map(([k, v]) => [k, known(v)] as const);
+      return Object.fromEntries(entries.filter(([, v]) => v !== undefined)) as Record<string, T>;
+    } catch {
+      return {};
+    }
+  };
+  return {
+    read,
+    /** Adds `winners` to what is stored (other keys are kept). */
+    write(winners: ReadonlyMap<string, T>): void {
+      tuningStorage()?.setItem(key, JSON.stringify({ ...read(), ...Object.fromEntries(winners) }));
+    },
+  };
 }

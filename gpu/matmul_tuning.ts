@@ -15,7 +15,7 @@ import { dispatchMatmul, type MatmulProblem } from "./kernels/matmul.ts";
 import { type MatmulClass, matmulClassKey, type MatmulSize } from "./matmul_class.ts";
 import { Tensor } from "./tensor.ts";
 import { untracked } from "./scope.ts";
-import { secondsPerRun, tuningStorage } from "./kernel_timing.ts";
+import { secondsPerRun, winnerCache } from "./kernel_timing.ts";
 
 /** The tilings the search tries, register blocks first. */
 export const MATMUL_CANDIDATES: readonly MatmulTiling[] = [
@@ -96,17 +96,11 @@ function cacheKey(gpu: Gpu): string {
   return `halfstep.matmulTuning.v${TUNER_VERSION}:${gpu.adapterName}`;
 }
 
-function readCache(gpu: Gpu): Record<string, MatmulTiling> {
-  try {
-    const parsed = JSON.parse(tuningStorage()?.getItem(cacheKey(gpu)) ?? "{}");
-    const known = (t: unknown) =>
-      MATMUL_CANDIDATES.find((c) => JSON.stringify(c) === JSON.stringify(t));
-    return Object.fromEntries(
-      Object.entries(parsed).map(([k, t]) => [k, known(t)]).filter(([, t]) => t !== undefined),
-    ) as Record<string, MatmulTiling>;
-  } catch {
-    return {}; // a corrupt cache is measured again
-  }
+function cacheOf(gpu: Gpu) {
+  return winnerCache(
+    cacheKey(gpu),
+    (stored) => MATMUL_CANDIDATES.find((c) => JSON.stringify(c) === JSON.stringify(stored)),
+  );
 }
 
 /** The problem of `c` with its operands laid out for the orientation. */
@@ -169,7 +163,8 @@ export async function tuneMatmul(
   gpu: Gpu,
   options: TuneMatmulOptions = {},
 ): Promise<ClassTuning[]> {
-  const cached = options.force ? {} : readCache(gpu);
+  const cache = cacheOf(gpu);
+  const cached = options.force ? {} : cache.read();
   const results: ClassTuning[] = [];
   for (const c of options.classes ?? defaultTuningClasses(gpu)) {
     const key = matmulClassKey(c);
@@ -180,10 +175,6 @@ export async function tuneMatmul(
     gpu.matmulTilings.set(key, result.best);
     results.push(result);
   }
-  const store = tuningStorage();
-  if (store) {
-    const all = { ...readCache(gpu), ...Object.fromEntries(gpu.matmulTilings) };
-    store.setItem(cacheKey(gpu), JSON.stringify(all));
-  }
+  cache.write(gpu.matmulTilings);
   return results;
 }
