@@ -7,6 +7,7 @@ import {
   launchClipCoefficient,
   launchScaleByCoefficient,
   launchSumSquares,
+  sumSquaresSlots,
 } from "./kernels/clip.ts";
 
 /** What {@link clipGradNorm} leaves on the GPU. */
@@ -51,10 +52,16 @@ export function clipGradNorm(
   if (!gpu) throw new ValueError("clipGradNorm: no parameters given.");
   return untracked(() =>
     noGrad(() => {
-      const partials = Tensor.empty([Math.max(grads.length, 1)], "f32", gpu); // every slot is written
-      grads.forEach((g, slot) => launchSumSquares(g, partials, slot));
+      const first: number[] = []; // each gradient's first slot
+      let slots = 0;
+      for (const g of grads) {
+        first.push(slots);
+        slots += sumSquaresSlots(g.size);
+      }
+      const partials = Tensor.empty([Math.max(slots, 1)], "f32", gpu); // every slot is written
+      grads.forEach((g, i) => launchSumSquares(g, partials, first[i]));
       const totalNorm = Tensor.empty([1], "f32", gpu), coefficient = Tensor.empty([1], "f32", gpu);
-      launchClipCoefficient(partials, grads.length, maxNorm, totalNorm, coefficient);
+      launchClipCoefficient(partials, slots, maxNorm, totalNorm, coefficient);
       partials.dispose();
       if (options.inPlace ?? true) {
         for (const g of grads) launchScaleByCoefficient(g, coefficient);

@@ -23,11 +23,16 @@ export async function withEachTiling(fn: (tiling: MatmulTiling) => Promise<void>
   }
 }
 
-/** Runs `fn` with every row kernel in each layout (a workgroup per row, then a thread per row), then restores. */
+/**
+ * Runs `fn` with every row kernel in each layout (a workgroup per row, then a
+ * thread per row up to 16384 entries), then restores. NOTE: not every row:
+ * lavapipe stops a shader invocation after 65535 loop iterations, so longer
+ * rows cannot run one per thread there.
+ */
 export async function withEachRowLayout(fn: (layout: string) => Promise<void>): Promise<void> {
   const chosen = gpu.threadRowMax;
   try {
-    for (const [layout, max] of [["workgroup", 0], ["thread", Infinity]] as const) {
+    for (const [layout, max] of [["workgroup", 0], ["thread", 16384]] as const) {
       gpu.threadRowMax = max;
       await fn(layout);
     }

@@ -142,3 +142,22 @@ Deno.test({
     assert.throws(() => clipGradNorm(params, 0), /maxNorm must be a positive finite number, got 0/);
   },
 });
+
+Deno.test({
+  name: "clipGradNorm: gradients of millions of elements count in full (a workgroup per chunk)",
+  ...GPU_TEST,
+  async fn() {
+    // 5,000,003 elements: past the ~4.2M a single workgroup summed before lavapipe's loop cap.
+    const sizes = [5_000_003, 600_001, 3];
+    const params = sizes.map((n, i) => {
+      const p = Tensor.zeros([1], { requiresGrad: true });
+      p.grad = Tensor.full([n], 0.25 * (i + 1));
+      return p;
+    });
+    const expected = Math.sqrt(sizes.reduce((s, n, i) => s + n * (0.25 * (i + 1)) ** 2, 0));
+    const { totalNorm, coefficient } = clipGradNorm(params, 1, { inPlace: false });
+    assertClose(await totalNorm.read(), [expected], { atol: 0, rtol: 1e-4 }, "norm");
+    assertClose(await coefficient.read(), [1 / (expected + 1e-6)], { atol: 0, rtol: 1e-4 }, "coef");
+    for (const p of params) p.dispose();
+  },
+});

@@ -8,6 +8,8 @@ import { assertClose, TOL } from "./_assert.ts";
 const CASES: { shape: number[]; axis?: number }[] = [
   { shape: [1] },
   { shape: [70001] }, // one long sum
+  { shape: [2, 300001], axis: 1 }, // longer than one chunk: two stages
+  { shape: [600001, 2], axis: 0 }, // the same down a strided axis
   { shape: [7, 129], axis: 1 },
   { shape: [7, 129], axis: 0 },
   { shape: [3, 33, 5], axis: 1 },
@@ -26,43 +28,45 @@ Deno.test({
   name: "sum, mean, max: forward and gradients match f64 along every axis, f32 and f16",
   ...GPU_TEST,
   async fn() {
-    for (const { shape, axis } of CASES) {
-      for (const dtype of ["f32", "f16"] as const) {
-        const n = shape.reduce((a, b) => a * b);
-        const x = quantize(uniform(n, n), dtype);
-        const v = view(shape, axis);
-        const label = `${dtype} [${shape}] axis ${axis}`;
-        // Sums of n terms of size ≤ 1 in f16 output: relative rounding of the result plus
-        // f32 accumulation over up to 70001 terms.
-        const tol = dtype === "f16" ? { atol: 5e-3, rtol: 2e-3 } : { atol: 1e-4, rtol: 1e-4 };
-        for (const op of ["sum", "mean"] as const) {
-          const tx = Tensor.from(x, shape, { dtype, requiresGrad: true });
-          const y = (op === "sum" ? sum : mean)(tx, { axis });
-          const s = op === "mean" ? 1 / v.axis : 1;
-          assertClose(await y.read(), reduceSum64(x, v, s), tol, `${op} ${label}`);
-          const g = quantize(uniform(y.size, 3), dtype);
-          y.backward({ gradient: Tensor.from(g, y.shape, { dtype }) });
-          const expected = new Float64Array(n);
-          for (let o = 0; o < v.outer; o++) {
-            for (let a = 0; a < v.axis; a++) {
-              for (let i = 0; i < v.inner; i++) {
-                expected[(o * v.axis + a) * v.inner + i] = g[o * v.inner + i] * s;
+    await withEachRowLayout(async () => {
+      for (const { shape, axis } of CASES) {
+        for (const dtype of ["f32", "f16"] as const) {
+          const n = shape.reduce((a, b) => a * b);
+          const x = quantize(uniform(n, n), dtype);
+          const v = view(shape, axis);
+          const label = `${dtype} [${shape}] axis ${axis}`;
+          // Sums of n terms of size ≤ 1 in f16 output: relative rounding of the result plus
+          // f32 accumulation over up to 600001 terms.
+          const tol = dtype === "f16" ? { atol: 5e-3, rtol: 2e-3 } : { atol: 1e-4, rtol: 1e-4 };
+          for (const op of ["sum", "mean"] as const) {
+            const tx = Tensor.from(x, shape, { dtype, requiresGrad: true });
+            const y = (op === "sum" ? sum : mean)(tx, { axis });
+            const s = op === "mean" ? 1 / v.axis : 1;
+            assertClose(await y.read(), reduceSum64(x, v, s), tol, `${op} ${label}`);
+            const g = quantize(uniform(y.size, 3), dtype);
+            y.backward({ gradient: Tensor.from(g, y.shape, { dtype }) });
+            const expected = new Float64Array(n);
+            for (let o = 0; o < v.outer; o++) {
+              for (let a = 0; a < v.axis; a++) {
+                for (let i = 0; i < v.inner; i++) {
+                  expected[(o * v.axis + a) * v.inner + i] = g[o * v.inner + i] * s;
+                }
               }
             }
+            assertClose(await tx.grad!.read(), expected, TOL[dtype], `${op} grad ${label}`);
+            tx.grad!.dispose();
+            tx.dispose();
           }
-          assertClose(await tx.grad!.read(), expected, TOL[dtype], `${op} grad ${label}`);
-          tx.grad!.dispose();
-          tx.dispose();
+          const tx = Tensor.from(x, shape, { dtype });
+          assertClose(
+            await max(tx, { axis }).read(),
+            reduceMax64(x, v),
+            { atol: 0, rtol: 0 },
+            `max ${label}`,
+          );
         }
-        const tx = Tensor.from(x, shape, { dtype });
-        assertClose(
-          await max(tx, { axis }).read(),
-          reduceMax64(x, v),
-          { atol: 0, rtol: 0 },
-          `max ${label}`,
-        );
       }
-    }
+    });
   },
 });
 
@@ -150,5 +154,21 @@ Deno.test({
         /softmax: only the last axis is supported \(got axis 0 for f32 \[2, 3\]\)/,
       );
     });
+  },
+});
+
+Deno.test({
+  name: "sum, mean, max over 5M elements count every element (lavapipe stops long loops)",
+  ...GPU_TEST,
+  async fn() {
+    const n = 5_000_003;
+    const x = Tensor.full([n], 0.5);
+    assert.equal(await sum(x).item(), n / 2); // exact: halves up to 2^24 are f32 integers
+    const ramp = Tensor.from(Float32Array.from({ length: n }, (_, i) => (i === n - 2 ? 7 : 1)), [
+      n,
+    ]);
+    assert.equal(await noGrad(() => max(ramp)).item(), 7, "the maximum sits near the end");
+    assert.equal(await mean(x).item(), 0.5);
+    for (const t of [x, ramp]) t.dispose();
   },
 });

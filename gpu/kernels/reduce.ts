@@ -1,14 +1,25 @@
 /**
  * Reductions along one axis. The input is viewed as [outer, axis, inner] and
- * the output as [outer, inner]; one workgroup per output element strides over
- * the axis and combines in workgroup memory. Accumulation is f32 always.
+ * the output as [outer, inner]. Each output element is a "row" in the sense
+ * of row_layout.ts: a workgroup strides over a long axis and combines in
+ * workgroup memory, a thread walks a short one alone (adjacent threads then
+ * read adjacent elements when inner > 1). Accumulation is f32 always.
  */
 import type { DType } from "../dtype.ts";
 import { defineKernel } from "../kernel.ts";
 import type { Shape } from "../shape.ts";
 import { Tensor } from "../tensor.ts";
-import { grid1d, WGSL_GRID_BUILTINS, WGSL_WORKGROUP_INDEX } from "./grid.ts";
-import { REDUCE_THREADS, WGSL_LOWEST, WGSL_WORKGROUP_REDUCE } from "./wgsl_math.ts";
+import { WGSL_GRID_BUILTINS } from "./grid.ts";
+import {
+  rowGrid,
+  type RowLayout,
+  rowLayout,
+  wgslRowIndex,
+  wgslRowLeader,
+  wgslRowLoop,
+  wgslRowReduce,
+} from "./row_layout.ts";
+import { REDUCE_THREADS, WGSL_LOWEST } from "./wgsl_math.ts";
 
 /** What a reduction computes. `sum` is multiplied by a scale (1/n gives a mean). */
 export type ReduceOp = "sum" | "max";
@@ -20,27 +31,48 @@ export interface ReduceView {
   inner: number;
 }
 
+/**
+ * The longest stretch of the axis one output's reduction walks. Longer axes
+ * are reduced in two stages: chunks into partial results, then the partials.
+ * NOTE: lavapipe stops a shader invocation after 65535 loop iterations in
+ * all, silently: a workgroup of 64 over one 5M-long axis summed only its
+ * first ~4.2M elements. Chunks also spread one long reduction over many
+ * workgroups on a GPU.
+ */
+export const REDUCE_CHUNK = REDUCE_THREADS * 4096;
+
 export const reduceKernel = defineKernel({
   name: "reduce",
-  bindings: (c: { op: ReduceOp; dtype: DType; out: DType }) => [
+  bindings: (c: { op: ReduceOp; dtype: DType; out: DType; layout: RowLayout }) => [
     { name: "src", type: c.dtype },
     { name: "dst", type: c.out, write: true },
   ],
-  uniforms: { outer: "u32", axis: "u32", inner: "u32", scale: "f32" },
-  source: ({ op, out }) =>
-    `${WGSL_WORKGROUP_REDUCE}
+  uniforms: {
+    outputs: "u32",
+    axis: "u32",
+    inner: "u32",
+    chunk: "u32",
+    chunks: "u32",
+    scale: "f32",
+  },
+  // Output `row` is (outer index, chunk, inner index); its chunk covers
+  // axis positions chunk·p.chunk .. min(+p.chunk, p.axis).
+  source: ({ op, out, layout }) =>
+    `${wgslRowReduce(layout)}
 @compute @workgroup_size(${REDUCE_THREADS})
 fn main(${WGSL_GRID_BUILTINS}) {
-  let o = ${WGSL_WORKGROUP_INDEX};
-  if (o >= p.outer * p.inner) { return; }
-  let base = (o / p.inner) * p.axis * p.inner + o % p.inner;
+  ${wgslRowIndex(layout, "outputs")}
+  let within = row / p.inner;
+  let first = (within % p.chunks) * p.chunk;
+  let count = min(p.chunk, p.axis - first);
+  let base = ((within / p.chunks) * p.axis + first) * p.inner + row % p.inner;
   var acc = ${op === "sum" ? "0.0" : WGSL_LOWEST};
-  for (var a = lid; a < p.axis; a += ${REDUCE_THREADS}u) {
-    let v = f32(src[base + a * p.inner]);
+  ${wgslRowLoop(layout, "count")} {
+    let v = f32(src[base + j * p.inner]);
     acc = ${op === "sum" ? "acc + v" : "max(acc, v)"};
   }
   let total = reduce_${op}(acc, lid);
-  if (lid == 0u) { dst[o] = ${out}(total${op === "sum" ? " * p.scale" : ""}); }
+  if (${wgslRowLeader(layout)}) { dst[row] = ${out}(total${op === "sum" ? " * p.scale" : ""}); }
 }`,
 });
 
@@ -55,15 +87,36 @@ export function launchReduce(
   shape: Shape,
   options: { scale?: number; out?: DType } = {},
 ): Tensor {
-  const dst = Tensor.empty(shape, options.out ?? src.dtype, src.gpu);
-  const outputs = view.outer * view.inner;
-  if (outputs === 0) return dst;
-  const kernel = src.gpu.kernel(reduceKernel, { op, dtype: src.dtype, out: dst.dtype });
+  const out = options.out ?? src.dtype;
+  if (view.outer * view.inner === 0) return Tensor.empty(shape, out, src.gpu);
+  if (view.axis <= REDUCE_CHUNK) return reduceChunks(op, src, view, 1, shape, out, options.scale);
+  // Two stages: f32 partials per chunk [outer, chunks, inner], then those.
+  const chunks = Math.ceil(view.axis / REDUCE_CHUNK);
+  const partials = reduceChunks(op, src, view, chunks, [view.outer * chunks * view.inner], "f32");
+  const dst = reduceChunks(op, partials, { ...view, axis: chunks }, 1, shape, out, options.scale);
+  partials.dispose();
+  return dst;
+}
+
+/** One dispatch: each output reduces one chunk of the axis (all of it when `chunks` is 1). */
+function reduceChunks(
+  op: ReduceOp,
+  src: Tensor,
+  view: ReduceView,
+  chunks: number,
+  shape: Shape,
+  out: DType,
+  scale = 1,
+): Tensor {
+  const dst = Tensor.empty(shape, out, src.gpu);
+  const chunk = Math.ceil(view.axis / chunks), outputs = view.outer * chunks * view.inner;
+  const layout = rowLayout(src.gpu, chunk);
+  const kernel = src.gpu.kernel(reduceKernel, { op, dtype: src.dtype, out, layout });
   src.gpu.dispatch(
     kernel,
     { src, dst },
-    { outer: view.outer, axis: view.axis, inner: view.inner, scale: options.scale ?? 1 },
-    grid1d(outputs),
+    { outputs, axis: view.axis, inner: view.inner, chunk, chunks, scale },
+    rowGrid(layout, outputs),
   );
   return dst;
 }

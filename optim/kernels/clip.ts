@@ -1,6 +1,7 @@
 /**
  * Kernels of clip-by-global-norm, all f32 and all on the GPU: each gradient's
- * sum of squares lands in its own slot of a partials buffer; one thread then
+ * sum of squares lands in its own slots of a partials buffer (one per chunk of
+ * {@link SUM_SQUARES_CHUNK} elements, each summed by one workgroup); one thread then
  * turns the partials into the global norm and the clip coefficient
  * min(1, maxNorm / (norm + 1e-6)); gradients are scaled by reading it.
  */
@@ -12,7 +13,15 @@ import type { Tensor } from "../../gpu/tensor.ts";
 
 const WORKGROUP = 256;
 
-/** partials[slot] = Σ g² (one workgroup). */
+/**
+ * Elements one workgroup sums: 4096 per thread. NOTE: lavapipe stops a shader
+ * invocation after 65535 loop iterations in all, silently, so one workgroup
+ * per gradient summed only the first ~4.2M elements of a larger one there; a
+ * chunk per workgroup also spreads a large gradient over the GPU.
+ */
+export const SUM_SQUARES_CHUNK = REDUCE_THREADS * 4096;
+
+/** partials[slot + chunk] = Σ g² over chunk `chunk` (a workgroup per chunk). */
 export const sumSquaresKernel = defineKernel({
   name: "clip_sum_squares",
   bindings: (c: { dtype: DType }) => [
@@ -23,11 +32,14 @@ export const sumSquaresKernel = defineKernel({
   source: () =>
     `${WGSL_WORKGROUP_REDUCE}
 @compute @workgroup_size(${REDUCE_THREADS})
-fn main(@builtin(local_invocation_index) lid: u32) {
+fn main(${WGSL_GRID_BUILTINS}) {
+  let chunk = ${WGSL_WORKGROUP_INDEX};
+  let start = chunk * ${SUM_SQUARES_CHUNK}u;
+  let stop = min(p.n, start + ${SUM_SQUARES_CHUNK}u);
   var acc = 0.0;
-  for (var i = lid; i < p.n; i += ${REDUCE_THREADS}u) { let v = f32(g[i]); acc += v * v; }
+  for (var i = start + lid; i < stop; i += ${REDUCE_THREADS}u) { let v = f32(g[i]); acc += v * v; }
   let total = reduce_sum(acc, lid);
-  if (lid == 0u) { partials[p.slot] = total; }
+  if (lid == 0u) { partials[p.slot + chunk] = total; }
 }`,
 });
 
@@ -67,10 +79,16 @@ fn main(${WGSL_GRID_BUILTINS}) {
 }`,
 });
 
-/** Writes Σ g² of `grad` into `partials[slot]`. */
+/** Slots of the partials buffer a gradient of `size` elements fills (at least one). */
+export function sumSquaresSlots(size: number): number {
+  return Math.max(1, Math.ceil(size / SUM_SQUARES_CHUNK));
+}
+
+/** Writes Σ g² of `grad`, chunk by chunk, into `partials[slot ..]` ({@link sumSquaresSlots} of them). */
 export function launchSumSquares(grad: Tensor, partials: Tensor, slot: number): void {
   const kernel = grad.gpu.kernel(sumSquaresKernel, { dtype: grad.dtype });
-  grad.gpu.dispatch(kernel, { g: grad, partials }, { n: grad.size, slot }, [1]);
+  const grid = grid1d(sumSquaresSlots(grad.size));
+  grad.gpu.dispatch(kernel, { g: grad, partials }, { n: grad.size, slot }, grid);
 }
 
 /** Fills `norm` and `coef` (f32 [1] each) from the first `count` partials. */
