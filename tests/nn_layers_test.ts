@@ -1,5 +1,5 @@
 import assert from "node:assert/strict";
-import { backward, noGrad, Tensor, tidy } from "../gpu/mod.ts";
+import { backward, embedding, noGrad, Tensor, tidy } from "../gpu/mod.ts";
 import { dropout } from "../gpu/ops/dropout.ts";
 import { RandomGenerator, randomUniform } from "../gpu/random.ts";
 import { crossEntropy, Dropout, Embedding, Linear, mseLoss, ReLU, Sequential } from "../nn/mod.ts";
@@ -346,5 +346,26 @@ Deno.test({
     assertClose(await p.read(), ref, TOL.f32, "momentum SGD");
     assert.throws(() => new SGD([p], { lr: 0.1, momentum: 1 }), /momentum must be in \[0, 1\)/);
     opt.dispose();
+  },
+});
+
+Deno.test({
+  name: "embedding: the gradient counts every one of 70001 ids (summed in passes on lavapipe)",
+  ...GPU_TEST,
+  async fn() {
+    const n = 70001, vocab = 5, dim = 3;
+    const table = Tensor.zeros([vocab, dim], { requiresGrad: true });
+    const ids = Tensor.from(Array.from({ length: n }, (_, i) => (i * 7) % vocab), [n], {
+      dtype: "i32",
+    });
+    backward(embedding(table, ids), { gradient: Tensor.full([n, dim], 1) });
+    const counts = Array.from(
+      { length: vocab },
+      (_, v) =>
+        Array.from({ length: n }, (_, i) => (i * 7) % vocab).filter((id) => id === v).length,
+    );
+    assert.deepEqual([...(await table.grad!.read())], counts.flatMap((c) => [c, c, c]));
+    table.dispose();
+    ids.dispose();
   },
 });

@@ -31,7 +31,14 @@ fn main(${WGSL_GRID_BUILTINS}) {
 }`,
 });
 
-/** grad[v, d] = Σ over r with ids[r] = v of g[r, d], in f32. */
+/**
+ * Ids one scatter-add dispatch walks. NOTE: lavapipe stops a shader
+ * invocation after 65535 loop iterations, silently, so a batch of more ids is
+ * summed in several dispatches, each adding to the last.
+ */
+const IDS_PER_PASS = 16384;
+
+/** grad[v, d] (+)= Σ over r in [first, first + count) with ids[r] = v of g[r, d], in f32. */
 export const scatterAddKernel = defineKernel({
   name: "embedding_scatter_add",
   bindings: (c: { dtype: DType; out: DType }) => [
@@ -39,7 +46,7 @@ export const scatterAddKernel = defineKernel({
     { name: "ids", type: "i32" },
     { name: "grad", type: c.out, write: true },
   ],
-  uniforms: { n: "u32", dim: "u32", vocab: "u32" },
+  uniforms: { first: "u32", count: "u32", dim: "u32", vocab: "u32", accumulate: "u32" },
   source: ({ out }) =>
     `@compute @workgroup_size(${WORKGROUP})
 fn main(${WGSL_GRID_BUILTINS}) {
@@ -47,8 +54,8 @@ fn main(${WGSL_GRID_BUILTINS}) {
   if (i >= p.vocab * p.dim) { return; }
   let v = i32(i / p.dim);
   let d = i % p.dim;
-  var acc = 0.0;
-  for (var r = 0u; r < p.n; r++) {
+  var acc = select(0.0, f32(grad[i]), p.accumulate != 0u);
+  for (var r = p.first; r < p.first + p.count; r++) {
     if (ids[r] == v) { acc += f32(g[r * p.dim + d]); }
   }
   grad[i] = ${out}(acc);
@@ -77,11 +84,21 @@ export function launchScatterAdd(g: Tensor, ids: Tensor, tableShape: Shape, out:
   const grad = Tensor.empty(tableShape, out, g.gpu);
   if (vocab * dim === 0) return grad;
   const kernel = g.gpu.kernel(scatterAddKernel, { dtype: g.dtype, out });
-  g.gpu.dispatch(
-    kernel,
-    { g, ids, grad },
-    { n: ids.size, dim, vocab },
-    grid1d(Math.ceil((vocab * dim) / WORKGROUP)),
-  );
+  const passes = Math.max(1, Math.ceil(ids.size / IDS_PER_PASS));
+  for (let pass = 0; pass < passes; pass++) {
+    const first = pass * IDS_PER_PASS;
+    g.gpu.dispatch(
+      kernel,
+      { g, ids, grad },
+      {
+        first,
+        count: Math.min(IDS_PER_PASS, ids.size - first),
+        dim,
+        vocab,
+        accumulate: pass > 0 ? 1 : 0,
+      },
+      grid1d(Math.ceil((vocab * dim) / WORKGROUP)),
+    );
+  }
   return grad;
 }
