@@ -20,7 +20,7 @@ import type { MatmulTiling } from "../device.ts";
 import type { DType } from "../dtype.ts";
 import { defineKernel, optional } from "../kernel.ts";
 import { Tensor } from "../tensor.ts";
-import { gemmGrid, type GemmIo, gemmWgsl, transposedIo } from "./gemm.ts";
+import { checkGemmLoops, gemmGrid, type GemmIo, gemmWgsl, transposedIo } from "./gemm.ts";
 import { launchReduce } from "./reduce.ts";
 
 /** Geometry of one convolution. */
@@ -339,6 +339,7 @@ function dispatchConv(
 ): void {
   const gpu = Object.values(buffers)[0]!.gpu;
   const { k } = d.size;
+  checkGemmLoops(gpu, k, d.tiling, `conv2d (${d.pass})`);
   const transposed = transposeFor(d.size);
   const [m, n] = transposed ? [d.size.n, d.size.m] : [d.size.m, d.size.n];
   const kernel = gpu.kernel(conv2dKernel, { ...d.tiling, ...config, pass: d.pass, transposed });

@@ -14,7 +14,8 @@
  * The generated kernel reads `p.m`, `p.n` and `p.k` from its uniforms and
  * calls the third dispatch dimension `z` (a batch, or a convolution group).
  */
-import type { MatmulTiling } from "../device.ts";
+import type { Gpu, MatmulTiling } from "../device.ts";
+import { checkLoopIterations } from "./loop_limit.ts";
 import { type Activation, activationExpr, WGSL_MATH } from "./wgsl_math.ts";
 
 /** How one GEMM kernel addresses its operands. Every hook returns WGSL. */
@@ -205,4 +206,19 @@ export function gemmGrid(
   depth: number,
 ): [number, number, number] {
   return [Math.ceil(n / (t.tn * t.wgx)), Math.ceil(m / (t.tm * t.wgy)), depth];
+}
+
+/**
+ * Throws a clear error where a product's reduction over `k` would pass the
+ * adapter's loop cap (see loop_limit.ts): one iteration per k, about two with
+ * the shared-memory tiling (its tile loads loop too).
+ */
+export function checkGemmLoops(gpu: Gpu, k: number, tiling: MatmulTiling, op: string): void {
+  checkLoopIterations(
+    gpu,
+    tiling.variant === "shared" ? 2 * k : k,
+    op,
+    `a reduction over K = ${k}`,
+    "Use a smaller batch (a weight gradient's K is its rows) or a GPU adapter.",
+  );
 }

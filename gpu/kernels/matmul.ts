@@ -13,7 +13,7 @@ import { type MatmulProblem, tilingFor } from "../matmul_class.ts";
 export type { MatmulProblem, OperandLayout } from "../matmul_class.ts";
 import type { Tensor } from "../tensor.ts";
 import type { Activation } from "./wgsl_math.ts";
-import { gemmGrid, type GemmIo, gemmWgsl } from "./gemm.ts";
+import { checkGemmLoops, gemmGrid, type GemmIo, gemmWgsl } from "./gemm.ts";
 
 /** Everything that changes the generated matmul code. */
 export type MatmulConfig = MatmulTiling & {
@@ -86,6 +86,7 @@ export function dispatchMatmul(
   const { batch, m, n, k } = problem;
   if (batch * m * n === 0) return;
   const gpu = a.gpu;
+  checkGemmLoops(gpu, k, tiling, "matmul");
   const config: MatmulConfig = {
     ...tiling,
     dtype: a.dtype,
