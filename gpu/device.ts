@@ -86,6 +86,11 @@ export class Gpu {
    */
   threadRowMax: number;
   /**
+   * Loop iterations one shader invocation may run: lavapipe stops it after
+   * 65535 (see `gpu/kernels/loop_limit.ts`); Infinity on other adapters.
+   */
+  readonly loopIterationLimit: number;
+  /**
    * Rows per workgroup of the fused attention kernels, by storage dtype;
    * `tuneAttention` fills it (unset: 64).
    */
@@ -114,6 +119,8 @@ export class Gpu {
     this.debug = options.debug;
     this.matmulTiling = options.matmulTiling;
     this.threadRowMax = adapterInfo.isFallbackAdapter ? 4096 : 64;
+    // Less a margin for the fixed loops around the ones kernels check.
+    this.loopIterationLimit = /llvmpipe/i.test(this.adapterName) ? 65535 - 1024 : Infinity;
     this.pool = new BufferPool(
       (bytes, label) => this.#createBuffer(bytes, label),
       () => this.batch?.clearBindGroups(),

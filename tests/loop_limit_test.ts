@@ -1,13 +1,12 @@
 import assert from "node:assert/strict";
 import { fusedCausalAttention, matmul, Tensor, tidy } from "../mod.ts";
-import { loopIterationLimit } from "../gpu/kernels/loop_limit.ts";
 import { gpu, GPU_TEST } from "./_gpu.ts";
 
 Deno.test({
   name: "loop cap: on lavapipe a product or attention too long for one invocation is a clear error",
   ...GPU_TEST,
   async fn() {
-    if (loopIterationLimit(gpu) === Infinity) {
+    if (gpu.loopIterationLimit === Infinity) {
       // No cap on this adapter: the same shapes just run (and give the right sum).
       const ones = Tensor.full([1, 70001], 1);
       assert.equal((await matmul(ones, ones, { transB: true }).read())[0], 70001);

@@ -339,7 +339,7 @@ function dispatchConv(
 ): void {
   const gpu = Object.values(buffers)[0]!.gpu;
   const { k } = d.size;
-  checkGemmLoops(gpu, k, d.tiling, `conv2d (${d.pass})`);
+  checkGemmLoops(gpu, k, d.tiling, "conv2d");
   const transposed = transposeFor(d.size);
   const [m, n] = transposed ? [d.size.n, d.size.m] : [d.size.m, d.size.n];
   const kernel = gpu.kernel(conv2dKernel, { ...d.tiling, ...config, pass: d.pass, transposed });

@@ -30,7 +30,7 @@ import { type Binding, defineKernel } from "../kernel.ts";
 import { type RandomRange, WGSL_RANDOM } from "../random.ts";
 import { Tensor } from "../tensor.ts";
 import { grid1d, WGSL_GRID_BUILTINS, WGSL_WORKGROUP_INDEX } from "./grid.ts";
-import { checkLoopIterations } from "./loop_limit.ts";
+import { failLoopIterations } from "./loop_limit.ts";
 import { WGSL_LOWEST } from "./wgsl_math.ts";
 
 /** The largest head size the kernels hold in registers. */
@@ -327,13 +327,16 @@ function setup(
   const lanes = s.headSize % 4 === 0 ? 4 : 1;
   // Per row: up to T keys (or queries), each with two loops over the head's
   // D / lanes vectors where the compiler does not unroll them.
-  checkLoopIterations(
-    q.gpu,
-    s.t * ((2 * s.headSize) / lanes + 4),
-    "fusedCausalAttention",
-    `attention over T = ${s.t} with head size ${s.headSize}`,
-    "Use shorter sequences, a smaller head size (more heads), or a GPU adapter.",
-  );
+  const iterations = s.t * ((2 * s.headSize) / lanes + 4);
+  if (iterations > q.gpu.loopIterationLimit) {
+    failLoopIterations(
+      q.gpu,
+      iterations,
+      "fusedCausalAttention",
+      `attention over T = ${s.t} with head size ${s.headSize}`,
+      "Use shorter sequences, a smaller head size (more heads), or a GPU adapter.",
+    );
+  }
   const packed = "qkv" in inputs;
   const config = {
     dtype,

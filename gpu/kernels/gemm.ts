@@ -15,7 +15,7 @@
  * calls the third dispatch dimension `z` (a batch, or a convolution group).
  */
 import type { Gpu, MatmulTiling } from "../device.ts";
-import { checkLoopIterations } from "./loop_limit.ts";
+import { failLoopIterations } from "./loop_limit.ts";
 import { type Activation, activationExpr, WGSL_MATH } from "./wgsl_math.ts";
 
 /** How one GEMM kernel addresses its operands. Every hook returns WGSL. */
@@ -211,12 +211,14 @@ export function gemmGrid(
 /**
  * Throws a clear error where a product's reduction over `k` would pass the
  * adapter's loop cap (see loop_limit.ts): one iteration per k, about two with
- * the shared-memory tiling (its tile loads loop too).
+ * the shared-memory tiling (its tile loads loop too). `op` names the caller.
  */
 export function checkGemmLoops(gpu: Gpu, k: number, tiling: MatmulTiling, op: string): void {
-  checkLoopIterations(
+  const iterations = tiling.variant === "shared" ? 2 * k : k;
+  if (iterations <= gpu.loopIterationLimit) return;
+  failLoopIterations(
     gpu,
-    tiling.variant === "shared" ? 2 * k : k,
+    iterations,
     op,
     `a reduction over K = ${k}`,
     "Use a smaller batch (a weight gradient's K is its rows) or a GPU adapter.",

@@ -5,29 +5,23 @@
  * silently. Kernels whose per-thread loops grow with the problem (a product's
  * reduction, attention's sequence) check their count here first, so such a
  * problem fails with a clear error on that adapter instead of a wrong result.
- * Other adapters have no such cap.
+ * Other adapters have no such cap. `Gpu.loopIterationLimit` holds the cap.
  */
 import type { Gpu } from "../device.ts";
 import { fail, ShapeError } from "../errors.ts";
 
-/** Loop iterations one invocation may run on `gpu` (less a margin for fixed loops). */
-export function loopIterationLimit(gpu: Gpu): number {
-  return /llvmpipe/i.test(gpu.adapterName) ? 65535 - 1024 : Infinity;
-}
-
 /**
  * Throws a ShapeError naming `op`, `what` needs `iterations` loop iterations
- * per invocation and `advice`, when that passes the adapter's cap.
+ * per invocation and `advice`. Callers compare with `gpu.loopIterationLimit`
+ * first, so the hot path builds no message.
  */
-export function checkLoopIterations(
+export function failLoopIterations(
   gpu: Gpu,
   iterations: number,
   op: string,
   what: string,
   advice: string,
-): void {
-  const limit = loopIterationLimit(gpu);
-  if (iterations <= limit) return;
+): never {
   fail(
     ShapeError,
     op,
