@@ -28,9 +28,10 @@ export interface MatmulTiling extends Record<string, string | number | boolean> 
    * loading from storage; `"interleaved"`: the same with the thread's rows and
    * columns strided across the workgroup, so neighbouring threads load
    * neighbouring addresses (both suit CPU adapters); `"shared"`: workgroup
-   * shared-memory tiles (the usual winner on GPUs).
+   * shared-memory tiles; `"blocked"`: large shared tiles read as vec4
+   * (written for GPUs; TM and TN multiples of 4).
    */
-  variant: "register" | "interleaved" | "shared";
+  variant: "register" | "interleaved" | "shared" | "blocked";
   /** Output rows per thread. */
   tm: number;
   /** Output columns per thread. */
@@ -39,7 +40,7 @@ export interface MatmulTiling extends Record<string, string | number | boolean> 
   wgx: number;
   /** Workgroup threads along rows. */
   wgy: number;
-  /** K-slice staged per shared-memory step (shared variant only). */
+  /** K-slice staged per shared-memory step (shared and blocked variants). */
   tk: number;
 }
 

@@ -16,9 +16,10 @@ import { type MatmulClass, matmulClassKey, type MatmulSize } from "./matmul_clas
 import { Tensor } from "./tensor.ts";
 import { untracked } from "./scope.ts";
 import { secondsPerRun, winnerCache } from "./kernel_timing.ts";
+import { blockedTileBytes } from "./kernels/gemm_blocked.ts";
 
-/** The tilings the search tries, register blocks first. */
-export const MATMUL_CANDIDATES: readonly MatmulTiling[] = [
+/** The tilings CPU adapters try, register blocks first. */
+const CPU_CANDIDATES: readonly MatmulTiling[] = [
   { variant: "register", tm: 4, tn: 4, wgx: 8, wgy: 8, tk: 1 },
   { variant: "register", tm: 8, tn: 8, wgx: 8, wgy: 4, tk: 1 },
   { variant: "register", tm: 8, tn: 16, wgx: 4, wgy: 4, tk: 1 },
@@ -31,11 +32,43 @@ export const MATMUL_CANDIDATES: readonly MatmulTiling[] = [
   { variant: "shared", tm: 8, tn: 8, wgx: 8, wgy: 8, tk: 8 },
 ];
 
+/**
+ * Blocked tilings, tried on GPUs only: the shapes an H100 SGEMM probe found
+ * fastest (128×128 and 128×256 workgroup tiles, 8×8 or 8×16 per thread,
+ * K-slices of 8–16), and smaller tiles for problems that would leave most of
+ * a large tile empty.
+ */
+const GPU_CANDIDATES: readonly MatmulTiling[] = [
+  { variant: "blocked", tm: 8, tn: 8, wgx: 16, wgy: 16, tk: 8 },
+  { variant: "blocked", tm: 8, tn: 8, wgx: 16, wgy: 16, tk: 16 },
+  { variant: "blocked", tm: 8, tn: 16, wgx: 16, wgy: 16, tk: 8 },
+  { variant: "blocked", tm: 8, tn: 8, wgx: 8, wgy: 16, tk: 16 },
+  { variant: "blocked", tm: 4, tn: 4, wgx: 16, wgy: 16, tk: 16 },
+];
+
+/** Every tiling the tuner knows: CPU adapters try the first ten, GPUs all. */
+export const MATMUL_CANDIDATES: readonly MatmulTiling[] = [...CPU_CANDIDATES, ...GPU_CANDIDATES];
+
+/**
+ * The candidates tried on `gpu` for operands stored in `dtype`: on CPU
+ * adapters the register, interleaved and shared tilings; on GPUs every one
+ * whose workgroup fits the device's limits.
+ */
+export function matmulCandidates(gpu: Gpu, dtype: "f32" | "f16"): readonly MatmulTiling[] {
+  if (gpu.adapterInfo.isFallbackAdapter) return CPU_CANDIDATES;
+  const limits = gpu.device.limits;
+  return MATMUL_CANDIDATES.filter((t) =>
+    t.wgx * t.wgy <= limits.maxComputeInvocationsPerWorkgroup &&
+    (t.variant !== "blocked" ||
+      blockedTileBytes(t, dtype) <= limits.maxComputeWorkgroupStorageSize)
+  );
+}
+
 /** The tiling used before (or instead of) a search. */
 export const DEFAULT_TILING: MatmulTiling = MATMUL_CANDIDATES[0];
 
 /** Bump when kernels or candidates change: cached winners of older versions are ignored. */
-const TUNER_VERSION = 2;
+const TUNER_VERSION = 3;
 
 /** One candidate's measured speed on a class's problem. */
 export interface TilingMeasurement {
@@ -129,7 +162,7 @@ async function tuneClass(gpu: Gpu, c: MatmulClass): Promise<ClassTuning> {
   }));
   const measurements: TilingMeasurement[] = [];
   try {
-    for (const tiling of MATMUL_CANDIDATES) {
+    for (const tiling of matmulCandidates(gpu, dtype)) {
       const run = () => dispatchMatmul(problem, operands.a, operands.b, operands.c, {}, tiling);
       const seconds = await secondsPerRun(gpu, run);
       measurements.push({ tiling, gflops: (2 * m * n * k) / Math.max(seconds, 1e-12) / 1e9 });

@@ -102,6 +102,7 @@ export {
   type ClassTuning,
   defaultTuningClasses,
   MATMUL_CANDIDATES,
+  matmulCandidates,
   type TilingMeasurement,
   tuneMatmul,
   type TuneMatmulOptions,

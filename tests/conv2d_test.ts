@@ -159,7 +159,8 @@ Deno.test({
 });
 
 Deno.test({
-  name: "conv2d: every matmul tiling candidate (register, interleaved, shared) computes the same",
+  name:
+    "conv2d: every matmul tiling candidate (register, interleaved, shared, blocked) computes the same",
   ...GPU_TEST,
   async fn() {
     await withEachTiling(async (tiling) => {

@@ -5,92 +5,24 @@
  * a {@link GemmIo}: strided loads for matmul, gathers with padding for a
  * convolution (so no im2col buffer is ever written).
  *
- * Two tilings, chosen per adapter (see `matmul_tuning.ts`):
+ * Three tilings, chosen per adapter (see `matmul_tuning.ts`):
  * - `register` / `interleaved`: every thread keeps a TM×TN block of C in
  *   registers and reads A and B straight from storage. Wins on CPU adapters.
  * - `shared`: the workgroup stages (TM·WGY)×TK and TK×(TN·WGX) tiles in
- *   workgroup memory. The usual winner on real GPUs.
+ *   workgroup memory, scalar reads.
+ * - `blocked` (`gemm_blocked.ts`): large shared tiles read as vec4, written
+ *   for real GPUs.
  *
  * The generated kernel reads `p.m`, `p.n` and `p.k` from its uniforms and
  * calls the third dispatch dimension `z` (a batch, or a convolution group).
  */
 import type { Gpu, MatmulTiling } from "../device.ts";
 import { failLoopIterations } from "./loop_limit.ts";
-import { type Activation, activationExpr, WGSL_MATH } from "./wgsl_math.ts";
+import { type Activation, WGSL_MATH } from "./wgsl_math.ts";
+import { epilogue, type GemmIo, range } from "./gemm_io.ts";
+import { blockedWgsl } from "./gemm_blocked.ts";
 
-/** How one GEMM kernel addresses its operands. Every hook returns WGSL. */
-export interface GemmIo {
-  /** Helper functions the hooks call (module scope). */
-  prelude?: string;
-  /** Statements at the start of `main`, after `z` is defined. */
-  setup: string;
-  /** Register tilings: statements that prepare A's row `i` (`row` is in range). */
-  aRow(i: number, row: string): string;
-  /** Register tilings: statements that prepare B's column `j` (`col` is in range). */
-  bCol(j: number, col: string): string;
-  /** Register tilings: statements at the top of each step of the k loop (`k` is the index). */
-  kStep?: string;
-  /** Register tilings: A[row i, k] as an f32 expression. */
-  aLoad(i: number): string;
-  /** Register tilings: B[k, col j] as an f32 expression. */
-  bLoad(j: number): string;
-  /** Shared tiling: A[row, k] as an f32 expression, row < m and k < k. */
-  aAt(row: string, k: string): string;
-  /** Shared tiling: B[k, col] as an f32 expression, k < k and col < n. */
-  bAt(k: string, col: string): string;
-  /** A statement storing the f32 value `v` at (row, col), both in range. */
-  store(row: string, col: string, v: string): string;
-  /** The bias of the element at (row, col) as an f32 expression, when there is one. */
-  bias?(row: string, col: string): string;
-}
-
-/**
- * The same product computed as its transpose: rows become columns. A GEMM
- * with few columns and many rows (a convolution's output channels against
- * its positions) fills the tiles better this way, and on CPU adapters the
- * SIMD lanes then walk neighbouring positions.
- */
-export function transposedIo(io: GemmIo): GemmIo {
-  return {
-    prelude: io.prelude,
-    setup: io.setup,
-    aRow: (i, row) => io.bCol(i, row),
-    bCol: (j, col) => io.aRow(j, col),
-    kStep: io.kStep,
-    aLoad: (i) => io.bLoad(i),
-    bLoad: (j) => io.aLoad(j),
-    aAt: (row, k) => io.bAt(k, row),
-    bAt: (k, col) => io.aAt(col, k),
-    store: (row, col, v) => io.store(col, row, v),
-    bias: io.bias && ((row, col) => io.bias!(col, row)),
-  };
-}
-
-const range = (n: number) => Array.from({ length: n }, (_, i) => i);
-
-/** Stores acc[i][j] at (row(i), col(j)) through bias and activation, skipping edges. */
-function epilogue(
-  t: MatmulTiling,
-  io: GemmIo,
-  activation: Activation,
-  row: (i: number) => string,
-  col: (j: number) => string,
-): string {
-  const lines: string[] = [];
-  for (let i = 0; i < t.tm; i++) {
-    for (let j = 0; j < t.tn; j++) {
-      const acc = `acc[${i * t.tn + j}]`;
-      const v = io.bias ? `${acc} + ${io.bias("row", "col")}` : acc;
-      lines.push(
-        `{ let row = ${row(i)}; let col = ${col(j)};\n` +
-          `    if (row < p.m && col < p.n) { ${
-            io.store("row", "col", activationExpr(activation, v))
-          } } }`,
-      );
-    }
-  }
-  return lines.join("\n  ");
-}
+export { type GemmIo, transposedIo } from "./gemm_io.ts";
 
 function fmaBlock(t: MatmulTiling): string {
   const lines: string[] = [];
@@ -195,6 +127,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 
 /** The WGSL body (after the bindings header) of a GEMM kernel with tiling `t`. */
 export function gemmWgsl(t: MatmulTiling, io: GemmIo, activation: Activation = "none"): string {
+  if (t.variant === "blocked") return blockedWgsl(t, io, activation);
   return t.variant === "shared" ? sharedWgsl(t, io, activation) : registerWgsl(t, io, activation);
 }
 
@@ -211,10 +144,15 @@ export function gemmGrid(
 /**
  * Throws a clear error where a product's reduction over `k` would pass the
  * adapter's loop cap (see loop_limit.ts): one iteration per k, about two with
- * the shared-memory tiling (its tile loads loop too). `op` names the caller.
+ * the shared tiling (its tile loads loop too), one per TK with the blocked
+ * one (its loads are unrolled). `op` names the caller.
  */
 export function checkGemmLoops(gpu: Gpu, k: number, tiling: MatmulTiling, op: string): void {
-  const iterations = tiling.variant === "shared" ? 2 * k : k;
+  const iterations = tiling.variant === "shared"
+    ? 2 * k
+    : tiling.variant === "blocked"
+    ? Math.ceil(k / tiling.tk)
+    : k;
   if (iterations <= gpu.loopIterationLimit) return;
   failLoopIterations(
     gpu,

@@ -17,6 +17,10 @@ import { checkGemmLoops, gemmGrid, type GemmIo, gemmWgsl } from "./gemm.ts";
 
 /** Everything that changes the generated matmul code. */
 export type MatmulConfig = MatmulTiling & {
+  /** Blocked tiling: the index along which A's elements are contiguous (see `GemmIo`); else "k". */
+  aAlong: "k" | "row";
+  /** Blocked tiling: the same for B; else "col". */
+  bAlong: "k" | "col";
   /** Storage dtype of A and B. */
   dtype: DType;
   /** Storage dtype of C. */
@@ -55,6 +59,9 @@ function stridedIo(c: MatmulConfig): GemmIo {
     bAt: (k, col) => `f32(b[b_base + ${k} * p.b_row + ${col} * p.b_col])`,
     store: (row, col, v) => `c[c_base + ${row} * p.n + ${col}] = ${c.out}(${v});`,
     bias: c.bias === "none" ? undefined : (_row, col) => `f32(bias[${col}])`,
+    tileType: c.dtype === "f16" ? "f16" : "f32",
+    aAlong: c.aAlong,
+    bAlong: c.bAlong,
   };
 }
 
@@ -87,8 +94,12 @@ export function dispatchMatmul(
   if (batch * m * n === 0) return;
   const gpu = a.gpu;
   checkGemmLoops(gpu, k, tiling, "matmul");
+  const blocked = tiling.variant === "blocked";
   const config: MatmulConfig = {
     ...tiling,
+    // Only the blocked tiling orders its loads by layout: others need one kernel for all.
+    aAlong: blocked && problem.a.row === 1 && problem.a.col !== 1 ? "row" : "k",
+    bAlong: blocked && problem.b.col !== 1 && problem.b.row === 1 ? "k" : "col",
     dtype: a.dtype,
     out: c.dtype,
     bias: epilogue.bias?.dtype ?? "none",

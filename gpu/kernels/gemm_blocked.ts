@@ -1,0 +1,136 @@
+/**
+ * The `blocked` GEMM tiling, written for real GPUs from what a WGSL SGEMM
+ * probe measured on an H100 through Deno's WebGPU (44–47 TFLOP/s at 4096³,
+ * where 64×64 shared tiles stay near 16):
+ * - a large workgroup tile (TM·WGY × TN·WGX, such as 128×128 from 16×16
+ *   threads with 8×8 results each), so every value loaded is used many times;
+ * - A's tile stored transposed in workgroup memory ([k][row]) and B's as
+ *   [k][col], both as vec4, so each step of the inner loop reads a thread's
+ *   rows and columns with vec4 loads;
+ * - each thread's rows and columns in groups of four, the groups strided by
+ *   the workgroup extent, so neighbouring threads read neighbouring vec4s;
+ * - one vec4 of padding per k-row of each tile: the transposed stores (k
+ *   fastest across threads) then fall in different banks;
+ * - global loads ordered along the operand's contiguous index (a warp reads
+ *   consecutive addresses in every orientation: the transposed operands of a
+ *   linear layer's backward are staged through workgroup memory);
+ * - the inner k loop fully unrolled, one stage (double buffering was slower
+ *   in the probe), tiles kept in the storage dtype (f16 halves them).
+ * Edges are handled in the tile loads (zeros) and the stores, never in the
+ * inner loop. TM and TN must be multiples of 4, and each tile's elements a
+ * multiple of the workgroup's threads.
+ */
+import type { MatmulTiling } from "../device.ts";
+import { epilogue, type GemmIo, range } from "./gemm_io.ts";
+import { type Activation, WGSL_MATH } from "./wgsl_math.ts";
+
+/** Bytes of workgroup memory a blocked tiling uses with tiles of `tileType`. */
+export function blockedTileBytes(t: MatmulTiling, tileType: "f32" | "f16"): number {
+  const vec4Bytes = tileType === "f16" ? 8 : 16;
+  return t.tk * (t.tm * t.wgy / 4 + 1 + t.tn * t.wgx / 4 + 1) * vec4Bytes;
+}
+
+/**
+ * Statements that stage one operand's tile: `loads` elements per thread,
+ * element e of the tile at (outer, kk) with the contiguous index fastest.
+ */
+function tileLoads(opts: {
+  tile: string;
+  extent: number;
+  tk: number;
+  threads: number;
+  alongK: boolean;
+  stride: number;
+  tileType: string;
+  outer: string;
+  limit: string;
+  origin: string;
+  at: (outer: string) => string;
+}): string {
+  const { tile, extent, tk, threads, alongK, stride, tileType } = opts;
+  const [outerOf, kkOf] = alongK
+    ? [`e / ${tk}u`, `e % ${tk}u`]
+    : [`e % ${extent}u`, `e / ${extent}u`];
+  return range(extent * tk / threads).map((l) =>
+    `{ let e = t + ${l * threads}u;
+      let o = ${outerOf}; let kk = ${kkOf};
+      let ${opts.outer} = ${opts.origin} + o; let k = k0 + kk;
+      var v = ${tileType}(0.0);
+      if (${opts.outer} < ${opts.limit} && k < p.k) { v = ${tileType}(${opts.at(opts.outer)}); }
+      ${tile}[kk * ${stride}u + o / 4u][o % 4u] = v; }`
+  ).join("\n    ");
+}
+
+/** One unrolled step kk of the inner loop: vec4 reads of A and B, then TM·TN/4 vec4 FMAs. */
+function innerStep(t: MatmulTiling, kk: number, strideA: number, strideB: number): string {
+  const gm = t.tm / 4, gn = t.tn / 4;
+  const lines: string[] = [];
+  for (let g = 0; g < gm; g++) {
+    lines.push(`let a${g} = vec4<f32>(tile_a[${kk * strideA + g * t.wgy}u + lid.y]);`);
+  }
+  for (let h = 0; h < gn; h++) {
+    lines.push(`let b${h} = vec4<f32>(tile_b[${kk * strideB + h * t.wgx}u + lid.x]);`);
+  }
+  for (let i = 0; i < t.tm; i++) {
+    for (let h = 0; h < gn; h++) {
+      const acc = `acc[${i * gn + h}]`;
+      lines.push(`${acc} = fma(vec4<f32>(a${i >> 2}[${i & 3}]), b${h}, ${acc});`);
+    }
+  }
+  return `{ ${lines.join("\n      ")} }`;
+}
+
+/** The WGSL body of a GEMM kernel with the blocked tiling `t`. */
+export function blockedWgsl(t: MatmulTiling, io: GemmIo, activation: Activation): string {
+  const { tm, tn, tk, wgx, wgy } = t;
+  const bm = tm * wgy, bn = tn * wgx, threads = wgx * wgy;
+  const tileType = io.tileType ?? "f32";
+  const strideA = bm / 4 + 1, strideB = bn / 4 + 1;
+  const shared = { tk, threads, tileType };
+  const aLoads = tileLoads({
+    ...shared,
+    tile: "tile_a",
+    extent: bm,
+    alongK: (io.aAlong ?? "k") === "k",
+    stride: strideA,
+    outer: "row",
+    limit: "p.m",
+    origin: "tile_row",
+    at: (row) => io.aAt(row, "k"),
+  });
+  const bLoads = tileLoads({
+    ...shared,
+    tile: "tile_b",
+    extent: bn,
+    alongK: io.bAlong === "k",
+    stride: strideB,
+    outer: "col",
+    limit: "p.n",
+    origin: "tile_col",
+    at: (col) => io.bAt("k", col),
+  });
+  // Result (i, j) of a thread: row group i/4 strided by WGY, four rows each.
+  const row = (i: number) => `tile_row + (${(i >> 2) * wgy}u + lid.y) * 4u + ${i & 3}u`;
+  const col = (j: number) => `tile_col + (${(j >> 2) * wgx}u + lid.x) * 4u + ${j & 3}u`;
+  const accAt = (i: number, j: number) => `acc[${i * (tn / 4) + (j >> 2)}][${j & 3}]`;
+  return `${WGSL_MATH}${io.prelude ?? ""}
+var<workgroup> tile_a: array<vec4<${tileType}>, ${tk * strideA}>; // [tk][bm/4 + 1]
+var<workgroup> tile_b: array<vec4<${tileType}>, ${tk * strideB}>; // [tk][bn/4 + 1]
+@compute @workgroup_size(${wgx}, ${wgy})
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+  let tile_row = wid.y * ${bm}u;
+  let tile_col = wid.x * ${bn}u;
+  let t = lid.y * ${wgx}u + lid.x;
+  let z = wid.z;
+  ${io.setup}
+  var acc: array<vec4<f32>, ${tm * tn / 4}>;
+  for (var k0 = 0u; k0 < p.k; k0 += ${tk}u) {
+    ${aLoads}
+    ${bLoads}
+    workgroupBarrier();
+    ${range(tk).map((kk) => innerStep(t, kk, strideA, strideB)).join("\n    ")}
+    workgroupBarrier();
+  }
+  ${epilogue(t, io, activation, row, col, accAt)}
+}`;
+}
