@@ -28,7 +28,13 @@
 
 // gpu/: the device, tensors, the tape and the ops.
 export { initGpu, type InitGpuOptions } from "./gpu/init.ts";
-export { type F16Mode, Gpu, type MatmulTiling, type ProfileOptions } from "./gpu/device.ts";
+export {
+  type F16Accumulation,
+  type F16Mode,
+  Gpu,
+  type MatmulTiling,
+  type ProfileOptions,
+} from "./gpu/device.ts";
 export type { FlushPolicy } from "./gpu/command_batch.ts";
 export type { ProfileReport, ProfileRow } from "./gpu/profile_report.ts";
 export type { MemoryStats } from "./gpu/buffer_pool.ts";
@@ -71,6 +77,7 @@ export {
   sub,
 } from "./gpu/ops/elementwise.ts";
 export { linear, type LinearOptions, matmul, type MatmulOptions } from "./gpu/ops/matmul.ts";
+export { F16_CHUNK } from "./gpu/kernels/matmul.ts";
 export { max, mean, type ReduceOptions, sum } from "./gpu/ops/reduce.ts";
 export { logSoftmax, softmax } from "./gpu/ops/softmax.ts";
 export { causalSoftmax, type CausalSoftmaxOptions } from "./gpu/ops/causal_softmax.ts";

@@ -55,6 +55,16 @@ export interface ProfileOptions {
   timing?: ProfileTiming;
 }
 
+/**
+ * How f16 matmuls sum their products: `"f32"`: every product is added into
+ * an f32 accumulator; `"chunked"`: products of each run of `F16_CHUNK`
+ * consecutive k are summed in f16 (vec4<f16> FMAs) and each run's sum is
+ * added into f32, as PyTorch's `allow_fp16_reduced_precision_reduction`
+ * permits. Only the GPU tiling (`blocked`) has the chunked form; the CPU
+ * tilings always sum in f32.
+ */
+export type F16Accumulation = "f32" | "chunked";
+
 /** Handles to a WebGPU device and the toolkit state bound to it. */
 export class Gpu {
   /** The WebGPU device. */
@@ -63,6 +73,8 @@ export class Gpu {
   readonly adapterInfo: GPUAdapterInfo;
   /** True when f16 tensors and kernels are available. */
   readonly f16: boolean;
+  /** How f16 matmuls sum their products (see {@link F16Accumulation}); tests may switch it. */
+  f16Accumulation: F16Accumulation;
   /** True to print generated WGSL as it compiles (the `HALFSTEP_DEBUG` switch). */
   readonly debug: boolean;
   /** Size-class buffer pool; see {@link Gpu.memoryStats}. */
@@ -109,6 +121,7 @@ export class Gpu {
     adapterInfo: GPUAdapterInfo,
     options: {
       f16: boolean;
+      f16Accumulation: F16Accumulation;
       debug: boolean;
       matmulTiling: MatmulTiling;
       flushPolicy: FlushPolicy;
@@ -117,6 +130,7 @@ export class Gpu {
     this.device = device;
     this.adapterInfo = adapterInfo;
     this.f16 = options.f16;
+    this.f16Accumulation = options.f16Accumulation;
     this.debug = options.debug;
     this.matmulTiling = options.matmulTiling;
     this.threadRowMax = adapterInfo.isFallbackAdapter ? 4096 : 64;

@@ -1,6 +1,12 @@
 /** Device acquisition: `initGpu()` is the first call of every program. */
 import type { FlushPolicy } from "./command_batch.ts";
-import { type F16Mode, Gpu, type MatmulTiling, setDefaultGpu } from "./device.ts";
+import {
+  type F16Accumulation,
+  type F16Mode,
+  Gpu,
+  type MatmulTiling,
+  setDefaultGpu,
+} from "./device.ts";
 import { fail, GpuError, ValueError } from "./errors.ts";
 import { DEFAULT_TILING, tuneMatmul } from "./matmul_tuning.ts";
 import { tuneAttention } from "./attention_tuning.ts";
@@ -42,6 +48,12 @@ export interface InitGpuOptions {
    * limit (the device reports its own out-of-memory errors).
    */
   memoryLimitBytes?: number;
+  /**
+   * How f16 matmuls sum their products (see {@link F16Accumulation}): `"f32"`
+   * (default) or `"chunked"` (f16 sums over runs of `F16_CHUNK` k, added
+   * into f32; the GPU tiling only).
+   */
+  f16Accumulation?: F16Accumulation;
   /** Make this the default device for new tensors (default true). */
   setDefault?: boolean;
   /** Passed to `requestAdapter`. */
@@ -90,6 +102,14 @@ export async function initGpu(options: InitGpuOptions = {}): Promise<Gpu> {
     );
   }
   const useF16 = hasF16 && mode !== "off";
+  const accumulation = options.f16Accumulation ?? "f32";
+  if (accumulation !== "f32" && accumulation !== "chunked") {
+    fail(
+      ValueError,
+      "initGpu",
+      `f16Accumulation must be "f32" or "chunked", not ${String(accumulation)}.`,
+    );
+  }
   if (mode === "auto" && !hasF16) warnOnce("the adapter has no shader-f16; running in f32.");
 
   const requiredLimits: Record<string, number> = {};
@@ -110,6 +130,7 @@ export async function initGpu(options: InitGpuOptions = {}): Promise<Gpu> {
   const flush = options.flush ?? "auto";
   const gpu = new Gpu(device, adapter.info, {
     f16: useF16,
+    f16Accumulation: accumulation,
     debug: options.debug ?? debugFromEnvironment(),
     matmulTiling: typeof options.matmulTiling === "object" ? options.matmulTiling : DEFAULT_TILING,
     flushPolicy: flush === "auto"

@@ -13,6 +13,7 @@
  */
 export { defaultFlushPolicy, initGpu, type InitGpuOptions } from "./init.ts";
 export {
+  type F16Accumulation,
   type F16Mode,
   getGpu,
   Gpu,
@@ -138,6 +139,7 @@ export {
   sub,
 } from "./ops/elementwise.ts";
 export { linear, type LinearOptions, matmul, type MatmulOptions } from "./ops/matmul.ts";
+export { F16_CHUNK } from "./kernels/matmul.ts";
 export { max, mean, type ReduceOptions, sum } from "./ops/reduce.ts";
 export { logSoftmax, softmax } from "./ops/softmax.ts";
 export { reshape } from "./ops/reshape.ts";

@@ -17,7 +17,9 @@
  * - the inner k loop fully unrolled, one stage (double buffering was slower
  *   in the probe), tiles kept in the storage dtype (f16 halves them).
  * Edges are handled in the tile loads (zeros) and the stores, never in the
- * inner loop. TM and TN must be multiples of 4, and each tile's elements a
+ * inner loop. With f16 tiles the products may be summed in f16 over short
+ * chunks of k (`GemmIo.f16Chunk`, the `f16Accumulation: "chunked"` option of
+ * `initGpu`). TM and TN must be multiples of 4, and each tile's elements a
  * multiple of the workgroup's threads.
  */
 import type { MatmulTiling } from "../device.ts";
@@ -61,23 +63,55 @@ function tileLoads(opts: {
   ).join("\n    ");
 }
 
-/** One unrolled step kk of the inner loop: vec4 reads of A and B, then TM·TN/4 vec4 FMAs. */
-function innerStep(t: MatmulTiling, kk: number, strideA: number, strideB: number): string {
+/**
+ * One unrolled step kk of the inner loop: vec4 reads of A and B, then TM·TN/4
+ * vec4 FMAs into `into` (f32 accumulators, or the f16 partial sums of a chunk).
+ */
+function innerStep(
+  t: MatmulTiling,
+  kk: number,
+  strides: { a: number; b: number },
+  math: "f32" | "f16",
+  into: string,
+): string {
   const gm = t.tm / 4, gn = t.tn / 4;
   const lines: string[] = [];
   for (let g = 0; g < gm; g++) {
-    lines.push(`let a${g} = vec4<f32>(tile_a[${kk * strideA + g * t.wgy}u + lid.y]);`);
+    lines.push(`let a${g} = vec4<${math}>(tile_a[${kk * strides.a + g * t.wgy}u + lid.y]);`);
   }
   for (let h = 0; h < gn; h++) {
-    lines.push(`let b${h} = vec4<f32>(tile_b[${kk * strideB + h * t.wgx}u + lid.x]);`);
+    lines.push(`let b${h} = vec4<${math}>(tile_b[${kk * strides.b + h * t.wgx}u + lid.x]);`);
   }
   for (let i = 0; i < t.tm; i++) {
     for (let h = 0; h < gn; h++) {
-      const acc = `acc[${i * gn + h}]`;
-      lines.push(`${acc} = fma(vec4<f32>(a${i >> 2}[${i & 3}]), b${h}, ${acc});`);
+      const acc = `${into}[${i * gn + h}]`;
+      lines.push(`${acc} = fma(vec4<${math}>(a${i >> 2}[${i & 3}]), b${h}, ${acc});`);
     }
   }
   return `{ ${lines.join("\n      ")} }`;
+}
+
+/**
+ * The unrolled inner loop over a K-slice. With f16 chunks of length L, the
+ * products of each L consecutive k are summed in f16 (`part`), and each
+ * chunk's sum is added to the f32 accumulators: error grows with L, not K.
+ * An f16 overflow in a chunk is an inf that reaches the result.
+ */
+function sliceMath(t: MatmulTiling, strides: { a: number; b: number }, chunk: number): string {
+  const steps = range(t.tk);
+  if (chunk === 0) return steps.map((kk) => innerStep(t, kk, strides, "f32", "acc")).join("\n    ");
+  const blocks = t.tm * t.tn / 4;
+  const flush = `for (var i = 0u; i < ${blocks}u; i++) { acc[i] += vec4<f32>(part[i]); }`;
+  const lines: string[] = [];
+  for (let start = 0; start < t.tk; start += chunk) {
+    // An explicit zero: Naga hoists a declared-only var and zeroes it once per invocation.
+    lines.push(`{ var part = array<vec4<f16>, ${blocks}>();`);
+    for (let kk = start; kk < Math.min(start + chunk, t.tk); kk++) {
+      lines.push(innerStep(t, kk, strides, "f16", "part"));
+    }
+    lines.push(`${flush} }`);
+  }
+  return lines.join("\n    ");
 }
 
 /** The WGSL body of a GEMM kernel with the blocked tiling `t`. */
@@ -128,7 +162,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     ${aLoads}
     ${bLoads}
     workgroupBarrier();
-    ${range(tk).map((kk) => innerStep(t, kk, strideA, strideB)).join("\n    ")}
+    ${sliceMath(t, { a: strideA, b: strideB }, io.f16Chunk ?? 0)}
     workgroupBarrier();
   }
   ${epilogue(t, io, activation, row, col, accAt)}

@@ -36,6 +36,12 @@ export interface GemmIo {
    */
   tileType?: "f32" | "f16";
   /**
+   * Blocked tiling with f16 tiles: sum the products of each run of this many
+   * k in f16 before adding them to the f32 accumulators (0, the default: f32
+   * math throughout). Must divide the tiling's TK.
+   */
+  f16Chunk?: number;
+  /**
    * Blocked tiling: along which index neighbouring A elements sit in memory
    * (`"k"`: rows are contiguous, as x in x·Wᵀ; `"row"`: A is read
    * transposed). Neighbouring threads then load neighbouring addresses.
@@ -66,6 +72,7 @@ export function transposedIo(io: GemmIo): GemmIo {
     store: (row, col, v) => io.store(col, row, v),
     bias: io.bias && ((row, col) => io.bias!(col, row)),
     tileType: io.tileType,
+    f16Chunk: io.f16Chunk,
     aAlong: io.bAlong === "k" ? "k" : "row",
     bAlong: io.aAlong === "row" ? "col" : "k",
   };

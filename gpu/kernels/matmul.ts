@@ -15,12 +15,21 @@ import type { Tensor } from "../tensor.ts";
 import type { Activation } from "./wgsl_math.ts";
 import { checkGemmLoops, gemmGrid, type GemmIo, gemmWgsl } from "./gemm.ts";
 
+/**
+ * The run of k an f16 matmul sums in f16 under `f16Accumulation: "chunked"`
+ * (at most the tiling's TK). Its error bound is in the README; see
+ * tests/f16_accumulation_test.ts.
+ */
+export const F16_CHUNK = 8;
+
 /** Everything that changes the generated matmul code. */
 export type MatmulConfig = MatmulTiling & {
   /** Blocked tiling: the index along which A's elements are contiguous (see `GemmIo`); else "k". */
   aAlong: "k" | "row";
   /** Blocked tiling: the same for B; else "col". */
   bAlong: "k" | "col";
+  /** Blocked tiling with f16 operands: products summed in f16 over runs of this many k (0: f32). */
+  f16Chunk: number;
   /** Storage dtype of A and B. */
   dtype: DType;
   /** Storage dtype of C. */
@@ -60,6 +69,7 @@ function stridedIo(c: MatmulConfig): GemmIo {
     store: (row, col, v) => `c[c_base + ${row} * p.n + ${col}] = ${c.out}(${v});`,
     bias: c.bias === "none" ? undefined : (_row, col) => `f32(bias[${col}])`,
     tileType: c.dtype === "f16" ? "f16" : "f32",
+    f16Chunk: c.f16Chunk,
     aAlong: c.aAlong,
     bAlong: c.bAlong,
   };
@@ -100,6 +110,9 @@ export function dispatchMatmul(
     // Only the blocked tiling orders its loads by layout: others need one kernel for all.
     aAlong: blocked && problem.a.row === 1 && problem.a.col !== 1 ? "row" : "k",
     bAlong: blocked && problem.b.col !== 1 && problem.b.row === 1 ? "k" : "col",
+    f16Chunk: blocked && a.dtype === "f16" && gpu.f16Accumulation === "chunked"
+      ? Math.min(F16_CHUNK, tiling.tk)
+      : 0,
     dtype: a.dtype,
     out: c.dtype,
     bias: epilogue.bias?.dtype ?? "none",
