@@ -76,7 +76,8 @@ export {
   square,
   sub,
 } from "./gpu/ops/elementwise.ts";
-export { linear, type LinearOptions, matmul, type MatmulOptions } from "./gpu/ops/matmul.ts";
+export { linear, type LinearOptions } from "./gpu/ops/linear.ts";
+export { matmul, type MatmulOptions } from "./gpu/ops/matmul.ts";
 export { F16_CHUNK } from "./gpu/kernels/matmul.ts";
 export { max, mean, type ReduceOptions, sum } from "./gpu/ops/reduce.ts";
 export { logSoftmax, softmax } from "./gpu/ops/softmax.ts";

@@ -138,7 +138,8 @@ export {
   square,
   sub,
 } from "./ops/elementwise.ts";
-export { linear, type LinearOptions, matmul, type MatmulOptions } from "./ops/matmul.ts";
+export { linear, type LinearOptions } from "./ops/linear.ts";
+export { matmul, type MatmulOptions } from "./ops/matmul.ts";
 export { F16_CHUNK } from "./kernels/matmul.ts";
 export { max, mean, type ReduceOptions, sum } from "./ops/reduce.ts";
 export { logSoftmax, softmax } from "./ops/softmax.ts";

@@ -3,7 +3,7 @@
  * model code reads like PyTorch's `torch.nn.functional`.
  */
 export { gelu, type GeluOptions, relu } from "../gpu/ops/elementwise.ts";
-export { linear, type LinearOptions } from "../gpu/ops/matmul.ts";
+export { linear, type LinearOptions } from "../gpu/ops/linear.ts";
 export { logSoftmax, softmax } from "../gpu/ops/softmax.ts";
 export { layerNorm, type LayerNormOptions } from "../gpu/ops/layer_norm.ts";
 export { batchNorm, type BatchNormOptions } from "../gpu/ops/batch_norm.ts";

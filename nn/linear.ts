@@ -1,6 +1,6 @@
 /** The fully connected layer. */
 import { ValueError } from "../gpu/errors.ts";
-import { linear } from "../gpu/ops/matmul.ts";
+import { linear } from "../gpu/ops/linear.ts";
 import type { Tensor } from "../gpu/tensor.ts";
 import { generatorOf, type ParameterOptions, uniformTensor } from "./init.ts";
 import { Module } from "./module.ts";
@@ -11,6 +11,13 @@ export interface LinearLayerOptions extends ParameterOptions {
   bias?: boolean;
   /** Fuse a ReLU into the matmul epilogue (default "none"). */
   activation?: "none" | "relu";
+  /**
+   * Apply GELU to the input first (`"none"`: exact, `"tanh"`: approximate),
+   * recomputed in backward instead of kept: the same result as a GELU layer
+   * before this one, with one activation less held for backward (see
+   * `linear`'s `geluInput`). Default: no GELU.
+   */
+  geluInput?: "none" | "tanh";
 }
 
 /**
@@ -36,6 +43,8 @@ export class Linear extends Module {
   readonly bias: Tensor | null;
   /** The fused activation. */
   readonly activation: "none" | "relu";
+  /** The GELU applied to the input, if any. */
+  readonly geluInput: "none" | "tanh" | undefined;
 
   /** A layer mapping `inFeatures` to `outFeatures`. */
   constructor(inFeatures: number, outFeatures: number, options: LinearLayerOptions = {}) {
@@ -58,10 +67,12 @@ export class Linear extends Module {
       ? null
       : this.registerParameter("bias", uniformTensor([outFeatures], bound, init));
     this.activation = options.activation ?? "none";
+    this.geluInput = options.geluInput;
   }
 
   /** x [..., in] → [..., out]. */
   forward(x: Tensor): Tensor {
-    return linear(x, this.weight, { bias: this.bias, activation: this.activation });
+    const { bias, activation, geluInput } = this;
+    return linear(x, this.weight, { bias, activation, geluInput });
   }
 }

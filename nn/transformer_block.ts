@@ -1,6 +1,6 @@
 /** The pre-LayerNorm decoder block of GPT-2: causal self-attention and an MLP, each residual. */
 import { ValueError } from "../gpu/errors.ts";
-import { add, gelu } from "../gpu/ops/elementwise.ts";
+import { add } from "../gpu/ops/elementwise.ts";
 import type { Tensor } from "../gpu/tensor.ts";
 import { CausalSelfAttention, type CausalSelfAttentionOptions } from "./attention.ts";
 import { generatorOf, type ParameterOptions } from "./init.ts";
@@ -81,7 +81,12 @@ export class TransformerBlock extends Module {
     );
     this.norm2 = this.registerModule("norm2", new LayerNorm(dim, { gpu: options.gpu }));
     this.fc1 = this.registerModule("fc1", new Linear(dim, hidden, init));
-    this.fc2 = this.registerModule("fc2", new Linear(hidden, dim, init));
+    // fc2 applies the GELU itself and recomputes it in backward: the block
+    // keeps fc1's output for backward, not also its GELU.
+    this.fc2 = this.registerModule(
+      "fc2",
+      new Linear(hidden, dim, { ...init, geluInput: this.geluApproximate }),
+    );
   }
 
   /** x [B, T, C] → [B, T, C]. */
@@ -94,10 +99,8 @@ export class TransformerBlock extends Module {
     const n2 = this.norm2.forward(x1);
     const h = this.fc1.forward(n2);
     n2.dispose();
-    const act = gelu(h, { approximate: this.geluApproximate });
+    const m = this.fc2.forward(h);
     h.dispose();
-    const m = this.fc2.forward(act);
-    act.dispose();
     const y = add(x1, m);
     x1.dispose();
     m.dispose();

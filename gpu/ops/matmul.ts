@@ -1,12 +1,11 @@
 /**
- * Differentiable matmul and the fused linear layer op. Backward reuses the
- * same kernel with transposed operand strides: dA = G·op(B)ᵀ, dB = op(A)ᵀ·G.
+ * Differentiable matmul (the linear layer op is in `linear.ts`). Backward
+ * reuses the same kernel with transposed operand strides: dA = G·op(B)ᵀ,
+ * dB = op(A)ᵀ·G.
  */
 import { ShapeError } from "../errors.ts";
 import { record } from "../autograd.ts";
-import { launchBinary } from "../kernels/elementwise.ts";
 import { dispatchMatmul, type MatmulProblem } from "../kernels/matmul.ts";
-import { launchReduce } from "../kernels/reduce.ts";
 import { Tensor } from "../tensor.ts";
 import { autocastInputs } from "../autocast_hook.ts";
 import { assertSameDtype, assertSameGpu } from "./checks.ts";
@@ -19,13 +18,20 @@ export interface MatmulOptions {
   transB?: boolean;
 }
 
-interface Resolved {
+/** A product resolved from its operands: the problem and the result shape. */
+export interface Resolved {
   problem: MatmulProblem;
   shape: number[];
 }
 
 /** Sizes and strides of op(A)·op(B), or a clear error. */
-function resolve(op: string, a: Tensor, b: Tensor, transA: boolean, transB: boolean): Resolved {
+export function resolve(
+  op: string,
+  a: Tensor,
+  b: Tensor,
+  transA: boolean,
+  transB: boolean,
+): Resolved {
   assertSameGpu(op, a, b);
   assertSameDtype(op, a, b);
   const fail = (why: string) =>
@@ -59,7 +65,7 @@ function resolve(op: string, a: Tensor, b: Tensor, transA: boolean, transB: bool
 }
 
 /** op(a)·op(b) as a new tensor, no autograd. */
-function product(a: Tensor, b: Tensor, transA: boolean, transB: boolean): Tensor {
+export function product(a: Tensor, b: Tensor, transA: boolean, transB: boolean): Tensor {
   const { problem, shape } = resolve("matmul", a, b, transA, transB);
   const c = Tensor.empty(shape, a.dtype, a.gpu);
   dispatchMatmul(problem, a, b, c);
@@ -139,87 +145,5 @@ export function matmul(a0: Tensor, b0: Tensor, options: MatmulOptions = {}): Ten
     output: c,
     save: [a, b],
     backward: (g, [sa, sb], needs) => matmulGrads(sa, sb, g, transA, transB, needs),
-  });
-}
-
-/** Options of {@link linear}. */
-export interface LinearOptions {
-  /** Bias [out] in f32 or x's dtype (default none). */
-  bias?: Tensor | null;
-  /** Activation fused into the matmul epilogue (default `"none"`). */
-  activation?: "none" | "relu";
-}
-
-/**
- * The fused linear layer op: x·Wᵀ + bias, then an optional ReLU, in one
- * kernel. `x` is [N, in] or [B, T, in]; `weight` is [out, in] (PyTorch's
- * layout); `options.bias` is [out] in f32 or x's dtype.
- *
- * @example
- * ```ts
- * import { initGpu, linear, Tensor } from "../../mod.ts";
- * const gpu = await initGpu({ matmulTiling: "default" });
- * const x = Tensor.from([1, 2], [1, 2]); // [N, in]
- * const w1 = Tensor.from([1, 1, -1, -1], [2, 2]); // [out, in]
- * const b1 = Tensor.from([0.5, 0.5], [2]);
- * const h = linear(x, w1, { bias: b1, activation: "relu" });
- * console.assert((await h.read()).join() === "3.5,0");
- * gpu.destroy();
- * ```
- */
-export function linear(x0: Tensor, weight0: Tensor, options: LinearOptions = {}): Tensor {
-  // The bias stays as given: the epilogue adds an f32 bias to f16 products.
-  const [x, weight] = autocastInputs("linear", [x0, weight0]);
-  const activation = options.activation ?? "none";
-  const bias = options.bias ?? null;
-  const inFeatures = x.shape.at(-1)!;
-  const rows = x.size / Math.max(inFeatures, 1);
-  const x2 = x.share([rows, inFeatures]);
-  let resolved: Resolved;
-  try {
-    resolved = resolve("linear", x2, weight, false, true);
-  } catch (e) {
-    x2.dispose();
-    throw e;
-  }
-  const outFeatures = resolved.problem.n;
-  if (bias && (bias.rank !== 1 || bias.shape[0] !== outFeatures)) {
-    x2.dispose();
-    throw new ShapeError(
-      `linear: bias ${bias.describe()} must have shape [${outFeatures}] to match ` +
-        `weight ${weight.describe()}.`,
-    );
-  }
-  const y = Tensor.empty([...x.shape.slice(0, -1), outFeatures], x.dtype, x.gpu);
-  dispatchMatmul(resolved.problem, x2, weight, y, { bias: bias ?? undefined, activation });
-  x2.dispose();
-  const inputs = bias ? [x, weight, bias] : [x, weight];
-  const save = activation === "relu" ? [x, weight, y] : [x, weight];
-  return record({
-    op: "linear",
-    inputs,
-    output: y,
-    save,
-    backward: (g, [sx, sw, sy], needs) => {
-      // ReLU's gradient from its output: y > 0 exactly where the pre-activation is.
-      const gPre = activation === "relu" ? launchBinary("relu_grad", g, sy) : g;
-      const g2 = gPre.share([rows, outFeatures]), xs = sx.share([rows, inFeatures]);
-      let gx: Tensor | null = null;
-      if (needs[0]) {
-        const flat = product(g2, sw, false, false);
-        gx = flat.share(x.shape);
-        flat.dispose();
-      }
-      const gw = needs[1] ? product(g2, xs, true, false) : null;
-      const gb = bias && needs[2]
-        ? launchReduce("sum", g2, { outer: 1, axis: rows, inner: outFeatures }, bias.shape, {
-          out: bias.dtype,
-        })
-        : null;
-      g2.dispose();
-      xs.dispose();
-      if (gPre !== g) gPre.dispose();
-      return bias ? [gx, gw, gb] : [gx, gw];
-    },
   });
 }

@@ -1,0 +1,127 @@
+/**
+ * The linear layer op: x·Wᵀ + bias in one kernel, with an optional ReLU in
+ * the epilogue and an optional GELU of the input that is recomputed in
+ * backward instead of saved.
+ */
+import { ShapeError, ValueError } from "../errors.ts";
+import { record } from "../autograd.ts";
+import { launchBinary, launchUnary } from "../kernels/elementwise.ts";
+import { dispatchMatmul } from "../kernels/matmul.ts";
+import { launchReduce } from "../kernels/reduce.ts";
+import { Tensor } from "../tensor.ts";
+import { autocastInputs } from "../autocast_hook.ts";
+import { product, resolve, type Resolved } from "./matmul.ts";
+
+/** Options of {@link linear}. */
+export interface LinearOptions {
+  /** Bias [out] in f32 or x's dtype (default none). */
+  bias?: Tensor | null;
+  /** Activation fused into the matmul epilogue (default `"none"`). */
+  activation?: "none" | "relu";
+  /**
+   * Apply GELU to x before the product: y = gelu(x)·Wᵀ + b, the form of a
+   * transformer MLP's second layer (`"none"`: exact erf GELU, `"tanh"`: the
+   * tanh approximation). Unlike `linear(gelu(x), W)`, gelu(x) is not kept for
+   * backward: only x is, and backward recomputes gelu(x) for the weight
+   * gradient, so the layer keeps one activation of its input's size instead
+   * of two. Default: no GELU.
+   */
+  geluInput?: "none" | "tanh";
+}
+
+/** The unary kernel of each GELU form (the tanh form is the kernel named "gelu"). */
+const GELU_KERNEL = { none: "gelu_erf", tanh: "gelu" } as const;
+
+/**
+ * The fused linear layer op: x·Wᵀ + bias, then an optional ReLU, in one
+ * kernel. `x` is [N, in] or [B, T, in]; `weight` is [out, in] (PyTorch's
+ * layout); `options.bias` is [out] in f32 or x's dtype.
+ *
+ * @example
+ * ```ts
+ * import { initGpu, linear, Tensor } from "../../mod.ts";
+ * const gpu = await initGpu({ matmulTiling: "default" });
+ * const x = Tensor.from([1, 2], [1, 2]); // [N, in]
+ * const w1 = Tensor.from([1, 1, -1, -1], [2, 2]); // [out, in]
+ * const b1 = Tensor.from([0.5, 0.5], [2]);
+ * const h = linear(x, w1, { bias: b1, activation: "relu" });
+ * console.assert((await h.read()).join() === "3.5,0");
+ * gpu.destroy();
+ * ```
+ */
+export function linear(x0: Tensor, weight0: Tensor, options: LinearOptions = {}): Tensor {
+  // The bias stays as given: the epilogue adds an f32 bias to f16 products.
+  const [x, weight] = autocastInputs("linear", [x0, weight0]);
+  const activation = options.activation ?? "none";
+  const geluInput = options.geluInput;
+  if (geluInput !== undefined && !(geluInput in GELU_KERNEL)) {
+    throw new ValueError(
+      `linear: geluInput must be "none" or "tanh", not ${JSON.stringify(geluInput)}.`,
+    );
+  }
+  const bias = options.bias ?? null;
+  const inFeatures = x.shape.at(-1)!;
+  const rows = x.size / Math.max(inFeatures, 1);
+  const x2 = x.share([rows, inFeatures]);
+  let resolved: Resolved;
+  try {
+    resolved = resolve("linear", x2, weight, false, true);
+  } catch (e) {
+    x2.dispose();
+    throw e;
+  }
+  const outFeatures = resolved.problem.n;
+  if (bias && (bias.rank !== 1 || bias.shape[0] !== outFeatures)) {
+    x2.dispose();
+    throw new ShapeError(
+      `linear: bias ${bias.describe()} must have shape [${outFeatures}] to match ` +
+        `weight ${weight.describe()}.`,
+    );
+  }
+  // gelu(x) lives only while a product reads it: here, and again in backward.
+  const geluOf = (t: Tensor) => launchUnary(GELU_KERNEL[geluInput!], t);
+  const y = Tensor.empty([...x.shape.slice(0, -1), outFeatures], x.dtype, x.gpu);
+  const input = geluInput ? geluOf(x2) : x2;
+  dispatchMatmul(resolved.problem, input, weight, y, { bias: bias ?? undefined, activation });
+  if (input !== x2) input.dispose();
+  x2.dispose();
+  const inputs = bias ? [x, weight, bias] : [x, weight];
+  const save = activation === "relu" ? [x, weight, y] : [x, weight];
+  return record({
+    op: "linear",
+    inputs,
+    output: y,
+    save,
+    backward: (g, [sx, sw, sy], needs) => {
+      // ReLU's gradient from its output: y > 0 exactly where the pre-activation is.
+      const gPre = activation === "relu" ? launchBinary("relu_grad", g, sy) : g;
+      const g2 = gPre.share([rows, outFeatures]), xs = sx.share([rows, inFeatures]);
+      let gw: Tensor | null = null;
+      if (needs[1]) {
+        const read = geluInput ? geluOf(xs) : xs;
+        gw = product(g2, read, true, false);
+        if (read !== xs) read.dispose();
+      }
+      let gx: Tensor | null = null;
+      if (needs[0]) {
+        let flat = product(g2, sw, false, false);
+        if (geluInput) {
+          const through = launchBinary(`${GELU_KERNEL[geluInput]}_grad`, flat, xs);
+          flat.dispose();
+          flat = through;
+        }
+        gx = flat.share(x.shape);
+        flat.dispose();
+      }
+      const gb = bias && needs[2]
+        ? launchReduce("sum", g2, { outer: 1, axis: rows, inner: outFeatures }, bias.shape, {
+          out: bias.dtype,
+        })
+        : null;
+      g2.dispose();
+      xs.dispose();
+      if (gPre !== g) gPre.dispose();
+      return bias ? [gx, gw, gb] : [gx, gw];
+    },
+  });
+}
