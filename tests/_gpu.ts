@@ -40,3 +40,22 @@ export async function withEachRowLayout(fn: (layout: string) => Promise<void>): 
     gpu.threadRowMax = chosen;
   }
 }
+
+/**
+ * Runs `fn` with the scalar elementwise kernels, then the vec4 ones (see
+ * `Gpu.vectorElementwise`; they run where operands are one-to-one and the
+ * count is a multiple of 4), then restores.
+ */
+export async function withEachElementwiseWidth(
+  fn: (vec4: boolean) => Promise<void>,
+): Promise<void> {
+  const chosen = gpu.vectorElementwise;
+  try {
+    for (const vec4 of [false, true]) {
+      gpu.vectorElementwise = vec4;
+      await fn(vec4);
+    }
+  } finally {
+    gpu.vectorElementwise = chosen;
+  }
+}

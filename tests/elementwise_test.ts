@@ -18,7 +18,7 @@ import {
   Tensor,
   tidy,
 } from "../gpu/mod.ts";
-import { GPU_TEST } from "./_gpu.ts";
+import { GPU_TEST, withEachElementwiseWidth } from "./_gpu.ts";
 import { gradcheck } from "./_gradcheck.ts";
 import {
   gelu64,
@@ -73,31 +73,33 @@ const UNARY = [
 ];
 
 // 1, a size that is no multiple of the 1024-element workgroup span, and a large one.
-const SIZES = [1, 1031, 70001];
+/** Odd sizes for the scalar kernels; multiples of 4 (one not of 16) for the vec4 ones. */
+const SIZES = { scalar: [1, 1031, 70001], vec4: [4, 1036, 70004] };
 
 Deno.test({
-  name: "unary ops: forward and backward match f64 in f32 and f16, on odd sizes",
+  name: "unary ops: forward and backward match f64 in f32 and f16, on odd sizes, scalar and vec4",
   ...GPU_TEST,
-  async fn() {
-    for (const u of UNARY) {
-      for (const dtype of ["f32", "f16"] as const) {
-        for (const n of SIZES) {
-          const x = quantize(uniform(n, n, u.lo, u.hi), dtype);
-          const g = quantize(uniform(n, n + 1), dtype);
-          const tx = Tensor.from(x, [n], { dtype, requiresGrad: true });
-          const y = u.op(tx);
-          assert.equal(y.dtype, dtype);
-          const label = `${u.name} ${dtype} n=${n}`;
-          assertClose(await y.read(), x.map(u.f), TOL[dtype], `${label} forward`);
-          y.backward({ gradient: Tensor.from(g, [n], { dtype }) });
-          const expected = x.map((v, i) => g[i] * u.df(v));
-          assertClose(await tx.grad!.read(), expected, TOL[dtype], `${label} backward`);
-          tx.grad!.dispose();
-          tx.dispose();
+  fn: () =>
+    withEachElementwiseWidth(async (vec4) => {
+      for (const u of UNARY) {
+        for (const dtype of ["f32", "f16"] as const) {
+          for (const n of SIZES[vec4 ? "vec4" : "scalar"]) {
+            const x = quantize(uniform(n, n, u.lo, u.hi), dtype);
+            const g = quantize(uniform(n, n + 1), dtype);
+            const tx = Tensor.from(x, [n], { dtype, requiresGrad: true });
+            const y = u.op(tx);
+            assert.equal(y.dtype, dtype);
+            const label = `${u.name} ${dtype} n=${n}`;
+            assertClose(await y.read(), x.map(u.f), TOL[dtype], `${label} forward`);
+            y.backward({ gradient: Tensor.from(g, [n], { dtype }) });
+            const expected = x.map((v, i) => g[i] * u.df(v));
+            assertClose(await tx.grad!.read(), expected, TOL[dtype], `${label} backward`);
+            tx.grad!.dispose();
+            tx.dispose();
+          }
         }
       }
-    }
-  },
+    }),
 });
 
 Deno.test({
@@ -138,6 +140,7 @@ const BINARY = [
 /** Shapes of a and of a b that broadcasts into it, with b's index for a's element i. */
 const BROADCASTS = [
   { a: [7, 13], b: [7, 13], index: (i: number) => i },
+  { a: [6, 14], b: [6, 14], index: (i: number) => i }, // a multiple of 4: vec4 where enabled
   { a: [7, 13], b: [13], index: (i: number) => i % 13 }, // bias over rows
   { a: [7, 13], b: [7, 1], index: (i: number) => Math.floor(i / 13) }, // per-row value
   { a: [7, 13], b: [1], index: () => 0 }, // scalar
@@ -145,38 +148,44 @@ const BROADCASTS = [
 ];
 
 Deno.test({
-  name: "binary ops with broadcasting: forward and both gradients match f64",
+  name: "binary ops with broadcasting: forward and both gradients match f64, scalar and vec4",
   ...GPU_TEST,
-  async fn() {
-    for (const op of BINARY) {
-      for (const bc of BROADCASTS) {
-        for (const dtype of ["f32", "f16"] as const) {
-          const na = bc.a.reduce((x, y) => x * y), nb = bc.b.reduce((x, y) => x * y);
-          const a = quantize(uniform(na, 1), dtype);
-          // Keep divisors away from zero.
-          const b = quantize(uniform(nb, 2, 0.5, 2), dtype);
-          const g = quantize(uniform(na, 3), dtype);
-          const ta = Tensor.from(a, bc.a, { dtype, requiresGrad: true });
-          const tb = Tensor.from(b, bc.b, { dtype, requiresGrad: true });
-          const y = op.op(ta, tb);
-          const label = `${op.name} ${dtype} [${bc.a}] with [${bc.b}]`;
-          assertClose(await y.read(), a.map((v, i) => op.f(v, b[bc.index(i)])), TOL[dtype], label);
-          y.backward({ gradient: Tensor.from(g, bc.a, { dtype }) });
-          const da = a.map((v, i) => g[i] * op.da(v, b[bc.index(i)]));
-          const db = new Float64Array(nb);
-          a.forEach((v, i) => (db[bc.index(i)] += g[i] * op.db(v, b[bc.index(i)])));
-          // db sums up to 91 products; in f16 its terms are rounded once each: loosen atol.
-          const tolB = dtype === "f16" ? { atol: 2e-2, rtol: 5e-3 } : TOL.f32;
-          assertClose(await ta.grad!.read(), da, TOL[dtype], `${label} da`);
-          assertClose(await tb.grad!.read(), db, tolB, `${label} db`);
-          [ta, tb, y].forEach((t) => {
-            t.grad?.dispose();
-            t.dispose();
-          });
+  fn: () =>
+    withEachElementwiseWidth(async () => {
+      for (const op of BINARY) {
+        for (const bc of BROADCASTS) {
+          for (const dtype of ["f32", "f16"] as const) {
+            const na = bc.a.reduce((x, y) => x * y), nb = bc.b.reduce((x, y) => x * y);
+            const a = quantize(uniform(na, 1), dtype);
+            // Keep divisors away from zero.
+            const b = quantize(uniform(nb, 2, 0.5, 2), dtype);
+            const g = quantize(uniform(na, 3), dtype);
+            const ta = Tensor.from(a, bc.a, { dtype, requiresGrad: true });
+            const tb = Tensor.from(b, bc.b, { dtype, requiresGrad: true });
+            const y = op.op(ta, tb);
+            const label = `${op.name} ${dtype} [${bc.a}] with [${bc.b}]`;
+            assertClose(
+              await y.read(),
+              a.map((v, i) => op.f(v, b[bc.index(i)])),
+              TOL[dtype],
+              label,
+            );
+            y.backward({ gradient: Tensor.from(g, bc.a, { dtype }) });
+            const da = a.map((v, i) => g[i] * op.da(v, b[bc.index(i)]));
+            const db = new Float64Array(nb);
+            a.forEach((v, i) => (db[bc.index(i)] += g[i] * op.db(v, b[bc.index(i)])));
+            // db sums up to 91 products; in f16 its terms are rounded once each: loosen atol.
+            const tolB = dtype === "f16" ? { atol: 2e-2, rtol: 5e-3 } : TOL.f32;
+            assertClose(await ta.grad!.read(), da, TOL[dtype], `${label} da`);
+            assertClose(await tb.grad!.read(), db, tolB, `${label} db`);
+            [ta, tb, y].forEach((t) => {
+              t.grad?.dispose();
+              t.dispose();
+            });
+          }
         }
       }
-    }
-  },
+    }),
 });
 
 Deno.test({
@@ -195,36 +204,37 @@ Deno.test({
 });
 
 Deno.test({
-  name: "cast: f32 <-> f16 rounds like Float16Array and the gradient casts back",
+  name: "cast: f32 <-> f16 rounds like Float16Array and the gradient casts back, scalar and vec4",
   ...GPU_TEST,
-  async fn() {
-    const x = uniform(1000, 9, -70000, 70000).map((v, i) => (i % 2 ? v / 1e4 : v / 100));
-    const t = Tensor.from(x, [1000], { requiresGrad: true });
-    const h = cast(t, "f16");
-    assert.equal(h.dtype, "f16");
-    // WebGPU's f32 -> f16 conversion rounds to nearest, like Float16Array.
-    assertClose(
-      await h.read(),
-      Float64Array.from(Float16Array.from(x)),
-      { atol: 0, rtol: 0 },
-      "to f16",
-    );
-    const back = cast(h, "f32");
-    assertClose(
-      await back.read(),
-      Float64Array.from(Float16Array.from(x)),
-      { atol: 0, rtol: 0 },
-      "to f32",
-    );
-    back.backward({ gradient: Tensor.full([1000], 0.5) });
-    assert.equal(t.grad!.dtype, "f32");
-    assertClose(
-      await t.grad!.read(),
-      new Float64Array(1000).fill(0.5),
-      { atol: 0, rtol: 0 },
-      "grad",
-    );
-  },
+  fn: () =>
+    withEachElementwiseWidth(async () => {
+      const x = uniform(1000, 9, -70000, 70000).map((v, i) => (i % 2 ? v / 1e4 : v / 100));
+      const t = Tensor.from(x, [1000], { requiresGrad: true });
+      const h = cast(t, "f16");
+      assert.equal(h.dtype, "f16");
+      // WebGPU's f32 -> f16 conversion rounds to nearest, like Float16Array.
+      assertClose(
+        await h.read(),
+        Float64Array.from(Float16Array.from(x)),
+        { atol: 0, rtol: 0 },
+        "to f16",
+      );
+      const back = cast(h, "f32");
+      assertClose(
+        await back.read(),
+        Float64Array.from(Float16Array.from(x)),
+        { atol: 0, rtol: 0 },
+        "to f32",
+      );
+      back.backward({ gradient: Tensor.full([1000], 0.5) });
+      assert.equal(t.grad!.dtype, "f32");
+      assertClose(
+        await t.grad!.read(),
+        new Float64Array(1000).fill(0.5),
+        { atol: 0, rtol: 0 },
+        "grad",
+      );
+    }),
 });
 
 Deno.test({
@@ -251,4 +261,29 @@ Deno.test({
       );
     });
   },
+});
+
+Deno.test({
+  name: "a tensor used three times accumulates its gradients, scalar and vec4",
+  ...GPU_TEST,
+  fn: () =>
+    withEachElementwiseWidth(async (vec4) => {
+      for (const dtype of ["f32", "f16"] as const) {
+        for (const n of SIZES[vec4 ? "vec4" : "scalar"]) {
+          const x = quantize(uniform(n, 5), dtype), g = quantize(uniform(n, 6), dtype);
+          const tx = Tensor.from(x, [n], { dtype, requiresGrad: true });
+          const y = add(mul(tx, tx), tx); // x² + x: dx = (2x + 1)·g
+          y.backward({ gradient: Tensor.from(g, [n], { dtype }) });
+          const label = `${dtype} n=${n} vec4=${vec4}`;
+          assertClose(
+            await tx.grad!.read(),
+            x.map((v, i) => (2 * v + 1) * g[i]),
+            TOL[dtype],
+            label,
+          );
+          tx.grad!.dispose();
+          tx.dispose();
+        }
+      }
+    }),
 });

@@ -215,11 +215,11 @@ Deno.test({
   name: "kernels: the cache key comes from the config, and only f16 kernels enable f16",
   ...GPU_TEST,
   fn() {
-    const f32 = { op: "relu", dtype: "f32", out: "f32" } as const;
-    const f16 = { op: "relu", dtype: "f16", out: "f16" } as const;
+    const f32 = { op: "relu", dtype: "f32", out: "f32", vec4: false } as const;
+    const f16 = { op: "relu", dtype: "f16", out: "f16", vec4: false } as const;
     assert.equal(
       kernelKey(unaryKernel, f32),
-      kernelKey(unaryKernel, { out: "f32", dtype: "f32", op: "relu" }),
+      kernelKey(unaryKernel, { vec4: false, out: "f32", dtype: "f32", op: "relu" }),
     );
     assert.notEqual(kernelKey(unaryKernel, f32), kernelKey(unaryKernel, f16));
     assert.ok(!unaryKernel.wgsl(f32).includes("enable f16"));
