@@ -57,7 +57,7 @@ async function checkProduct(
 }
 
 Deno.test({
-  name: "matmul: every tiling candidate, dtype, transpose and odd shape matches f64",
+  name: "matmul: every tiling candidate, dtype, transpose, batch and odd shape matches f64",
   ...GPU_TEST,
   async fn() {
     await withEachTiling(async () => {
@@ -68,6 +68,10 @@ Deno.test({
               await checkProduct(dtype, { batch: 1, ...s, transA, transB }, 10 * i);
             }
           }
+        }
+        // Batched, as attention's [B·H, T, D] products.
+        for (const [transA, transB] of [[false, true], [false, false], [true, false]]) {
+          await checkProduct(dtype, { batch: 3, m: 33, n: 17, k: 65, transA, transB }, 7);
         }
       }
     });
