@@ -134,13 +134,11 @@ export const unaryKernel = defineKernel({
 fn main(${WGSL_GRID_BUILTINS}) {
   let s = p.s;
   ${
-      vec4
-        ? loop4({ x: "src" }, { name: "dst", dtype: out }, UNARY_OPS[op])
-        : loop(
-          `let x = f32(src[source_index(i, p.mid, p.inner)]);\n    dst[i] = ${out}(${
-            UNARY_OPS[op]
-          });`,
-        )
+      vec4 ? loop4({ x: "src" }, { name: "dst", dtype: out }, UNARY_OPS[op]) : loop(
+        `let x = f32(src[source_index(i, p.mid, p.inner)]);\n    dst[i] = ${out}(${
+          UNARY_OPS[op]
+        });`,
+      )
     }
 }`,
 });
