@@ -18,7 +18,11 @@
  * - `cnn`: the MNIST CNN in f32, AMP and AMP + checkpointing, and conv2d
  *   GFLOP/s at ResNet-like shapes (forward, and forward + backward);
  * - `soak`: 20 × --steps AMP steps: GPU bytes and JS heap after warm-up and
- *   at the end.
+ *   at the end;
+ * - `tilings`: every matmul tiling the tuner tries on this adapter (and f16
+ *   with chunked sums on the GPU tiling), timed on a big square and the
+ *   GPT's fc1 layer in its three orientations; `*` marks the tuner's pick.
+ *   Not part of the default run (it is long on CPU adapters).
  *
  * Synthetic data, so it runs anywhere. `--markdown` prints the figures as a
  * Markdown table to paste into a README or an issue. `--size small` (the default on CPU
@@ -34,12 +38,14 @@ import { benchCnn } from "./bench_cnn.ts";
 import { benchGpt } from "./bench_gpt.ts";
 import { benchMatmul } from "./bench_matmul.ts";
 import { benchOps } from "./bench_ops.ts";
+import { benchTilings } from "./bench_tilings.ts";
 import { benchCheckpoint, benchMlp, benchSoak, benchTinyGpt } from "./bench_training.ts";
 
 const HELP = `Usage: deno task bench [ENTRY...] [--steps N] [--repeats N] [--size auto|real|small]
 
-Entries: matmul, mlp, checkpoint, tiny_gpt, gpt, ops, cnn, soak (default: all). Output: one JSON object
-per line on stdout; a table on stderr.
+Entries: matmul, mlp, checkpoint, tiny_gpt, gpt, ops, cnn, soak (default: all of these), and tilings
+(every matmul tiling candidate, asked for by name). Output: one JSON object per line on stdout; a
+table on stderr.
   --steps N     timed MLP training steps; other entries scale it to their cost (default 100)
   --repeats N   timed runs per kernel or op (default 10)
   --markdown    print a Markdown table of the figures (with the machine) instead of JSON lines
@@ -57,6 +63,11 @@ const ENTRIES: Record<string, (gpu: Gpu, o: BenchOptions) => Promise<Result[]>> 
   ops: benchOps,
   cnn: benchCnn,
   soak: (gpu, o) => benchSoak(gpu, o.steps),
+};
+
+/** Entries run only when named. */
+const NAMED_ONLY: Record<string, (gpu: Gpu, o: BenchOptions) => Promise<Result[]>> = {
+  tilings: benchTilings,
 };
 
 /** The headline figure of a result, for the table on stderr. */
@@ -108,10 +119,12 @@ async function main(): Promise<void> {
     },
   });
   if (values.help) return console.log(HELP);
-  const unknown = positionals.filter((p) => !(p in ENTRIES));
+  const unknown = positionals.filter((p) => !(p in ENTRIES) && !(p in NAMED_ONLY));
   if (unknown.length > 0) {
     console.error(
-      `bench: unknown entry ${unknown.join(", ")}; entries: ${Object.keys(ENTRIES).join(", ")}`,
+      `bench: unknown entry ${unknown.join(", ")}; entries: ${
+        [...Object.keys(ENTRIES), ...Object.keys(NAMED_ONLY)].join(", ")
+      }`,
     );
     Deno.exit(2);
   }
@@ -142,13 +155,13 @@ async function main(): Promise<void> {
   };
   const rows: string[] = [];
   for (const name of positionals.length > 0 ? positionals : Object.keys(ENTRIES)) {
-    for (const result of await ENTRIES[name](gpu, options)) {
+    for (const result of await (ENTRIES[name] ?? NAMED_ONLY[name])(gpu, options)) {
       if (!values.markdown) console.log(JSON.stringify({ ...result, ...context }));
       const shape = (result.op ?? result.shape ?? result.model) as string;
       const peak = `${(result.peakBytes / 2 ** 20).toFixed(2)} MiB`;
       rows.push(`| ${result.bench} | ${result.mode} | ${shape} | ${figureOf(result)} | ${peak} |`);
       console.error(
-        `${result.bench.padEnd(8)} ${result.mode.padEnd(8)} ${shape.slice(0, 36).padEnd(36)} ${
+        `${result.bench.padEnd(8)} ${result.mode.padEnd(8)} ${shape.slice(0, 56).padEnd(56)} ${
           figureOf(result).padStart(24)
         }  peak ${(result.peakBytes / 2 ** 20).toFixed(2)} MiB`,
       );

@@ -1,0 +1,106 @@
+/**
+ * Every matmul tiling candidate this adapter's tuner tries, timed on the
+ * products that decide GPU speed: a big square (4096³ at real size, 512³
+ * small) and the GPT's fc1 layer in the three orientations of a linear
+ * layer (x·Wᵀ, g·W, gᵀ·x), f32 and f16. For f16 the blocked tilings are also
+ * timed with `f16Accumulation: "chunked"`, the figure that decides whether
+ * that option should become the default (it must be ≥ 1.15x the f32-sum
+ * kernel). Each row says which candidate the tuner chose for the product's
+ * class, so "the tuner is within 10% of the best" can be read off.
+ */
+import { classOf, type Gpu, matmulCandidates, tilingFor, tilingName } from "../gpu/mod.ts";
+import { dispatchMatmul, type MatmulProblem } from "../gpu/kernels/matmul.ts";
+import { type FloatDType, RandomGenerator, Tensor } from "../mod.ts";
+import { type BenchOptions, gpuTimed, resolveSize, type Result } from "./_bench.ts";
+import { gptConfig } from "./bench_gpt.ts";
+
+/** A product of the entry: [m, n, k] and which operand is read transposed. */
+interface Shape {
+  label: string;
+  m: number;
+  n: number;
+  k: number;
+  orientation: "nn" | "nt" | "tn";
+}
+
+function shapes(size: "real" | "small"): Shape[] {
+  const big = size === "real" ? 4096 : 512;
+  const g = gptConfig(size);
+  const rows = g.batch * g.context, c = g.dim;
+  return [
+    { label: `${big}³`, m: big, n: big, k: big, orientation: "nn" },
+    { label: `GPT fc1 x·Wᵀ ${rows}×${c}→${4 * c}`, m: rows, n: 4 * c, k: c, orientation: "nt" },
+    { label: `GPT fc1 g·W ${rows}×${4 * c}→${c}`, m: rows, n: c, k: 4 * c, orientation: "nn" },
+    { label: `GPT fc1 gᵀ·x ${4 * c}×${rows}→${c}`, m: 4 * c, n: c, k: rows, orientation: "tn" },
+  ];
+}
+
+function problemOf(s: Shape): MatmulProblem {
+  const transA = s.orientation === "tn", transB = s.orientation === "nt";
+  return {
+    batch: 1,
+    m: s.m,
+    n: s.n,
+    k: s.k,
+    a: { batch: 0, row: transA ? 1 : s.k, col: transA ? s.m : 1 },
+    b: { batch: 0, row: transB ? 1 : s.n, col: transB ? s.k : 1 },
+  };
+}
+
+/** GFLOP/s of every candidate (and chunked f16 on the blocked ones) per product and dtype. */
+export async function benchTilings(gpu: Gpu, o: BenchOptions): Promise<Result[]> {
+  const size = resolveSize(gpu, o.size);
+  const results: Result[] = [];
+  const accumulation = gpu.f16Accumulation;
+  try {
+    for (const dtype of ["f32", "f16"] as FloatDType[]) {
+      if (dtype === "f16" && !gpu.f16) continue;
+      for (const s of shapes(size)) {
+        const problem = problemOf(s);
+        const rng = new RandomGenerator(1);
+        const a = Tensor.from(rng.uniform(s.m * s.k, -1, 1), [s.m * s.k], { dtype });
+        const b = Tensor.from(rng.uniform(s.k * s.n, -1, 1), [s.k * s.n], { dtype });
+        const c = Tensor.empty([s.m * s.n], dtype, gpu);
+        const chosen = tilingName(tilingFor(gpu, problem, dtype));
+        const flops = 2 * s.m * s.n * s.k;
+        const repeats = flops > 1e10 ? Math.min(o.repeats, 3) : o.repeats;
+        for (const tiling of matmulCandidates(gpu, dtype)) {
+          const sums = dtype === "f16" && tiling.variant === "blocked"
+            ? ["f32", "chunked"] as const
+            : ["f32"] as const;
+          for (const sum of sums) {
+            gpu.f16Accumulation = sum;
+            gpu.resetPeakMemory();
+            const t = await gpuTimed(
+              gpu,
+              repeats,
+              () => dispatchMatmul(problem, a, b, c, {}, tiling),
+            );
+            const name = `${tilingName(tiling)}${sum === "chunked" ? " chunked" : ""}`;
+            const isChosen = tilingName(tiling) === chosen && sum === accumulation;
+            results.push({
+              bench: "tilings",
+              mode: dtype,
+              // The table shows the shape column: the product, the candidate, * for the tuner's pick.
+              shape: `${s.label} ${name}${isChosen ? " *" : ""}`,
+              product: s.label,
+              size,
+              class: `${classOf(problem, dtype).size}`,
+              tiling: tilingName(tiling),
+              f16Accumulation: dtype === "f16" ? sum : null,
+              chosen: isChosen,
+              gflops: flops / (t.ms / 1000) / 1e9,
+              msPerOp: t.ms,
+              timing: t.timing,
+              peakBytes: gpu.memoryStats().peakBytes,
+            });
+          }
+        }
+        [a, b, c].forEach((t) => t.dispose());
+      }
+    }
+  } finally {
+    gpu.f16Accumulation = accumulation;
+  }
+  return results;
+}
