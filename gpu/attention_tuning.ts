@@ -1,13 +1,15 @@
 /**
- * Picks the fused attention kernels' rows per workgroup per adapter and dtype
- * by timing them, as the matmul tuner does for tilings: every candidate runs
- * forward and backward on one representative problem (with GPU timestamps
- * where the adapter has them), and the winner is cached per adapter in
- * `localStorage` when the runtime offers it.
+ * Picks the fused attention kernels' plan (rows per workgroup, rows staged in
+ * workgroup memory) per adapter and dtype by timing them, as the matmul tuner
+ * does for tilings: every candidate runs forward and backward on one
+ * representative problem (with GPU timestamps where the adapter has them),
+ * and the winner is cached per adapter in `localStorage` when the runtime
+ * offers it.
  */
-import type { Gpu } from "./device.ts";
+import type { AttentionPlan, Gpu } from "./device.ts";
 import {
-  ATTENTION_ROW_CANDIDATES,
+  ATTENTION_PLAN_CANDIDATES,
+  attentionPlanCandidates,
   type FlashAttentionShape,
   launchFlashAttention,
   launchFlashAttentionBackward,
@@ -17,16 +19,16 @@ import { untracked } from "./scope.ts";
 import { Tensor } from "./tensor.ts";
 
 /** Bump when the kernels or candidates change: cached winners of older versions are ignored. */
-const TUNER_VERSION = 1;
+const TUNER_VERSION = 2;
 
 /** One dtype's result. */
 export interface AttentionTuning {
   /** Storage dtype. */
   dtype: "f32" | "f16";
-  /** The fastest rows per workgroup. */
-  best: number;
+  /** The fastest plan. */
+  best: AttentionPlan;
   /** Milliseconds of forward + backward per candidate (empty when cached). */
-  measurements: { rows: number; ms: number }[];
+  measurements: { plan: AttentionPlan; ms: number }[];
   /** True when the winner came from the per-adapter cache. */
   cached: boolean;
 }
@@ -38,10 +40,7 @@ function cacheKey(gpu: Gpu): string {
 function cacheOf(gpu: Gpu) {
   return winnerCache(
     cacheKey(gpu),
-    (stored) =>
-      (ATTENTION_ROW_CANDIDATES as readonly unknown[]).includes(stored)
-        ? stored as number
-        : undefined,
+    (stored) => ATTENTION_PLAN_CANDIDATES.find((c) => JSON.stringify(c) === JSON.stringify(stored)),
   );
 }
 
@@ -61,28 +60,28 @@ async function tuneDtype(gpu: Gpu, dtype: "f32" | "f16"): Promise<AttentionTunin
     Tensor.full([shape.batch, shape.t, 3 * c], 0.5, { dtype, gpu }),
     Tensor.full([shape.batch, shape.t, c], 0.01, { dtype, gpu }),
   ]);
-  const measurements: { rows: number; ms: number }[] = [];
+  const measurements: { plan: AttentionPlan; ms: number }[] = [];
   try {
-    for (const rows of ATTENTION_ROW_CANDIDATES) {
-      const s = { ...shape, rows };
+    for (const plan of attentionPlanCandidates(gpu)) {
+      const s = { ...shape, plan };
       const run = () =>
         untracked(() => {
           const { o, lse } = launchFlashAttention({ qkv }, s, null);
           const grads = launchFlashAttentionBackward({ inputs: { qkv }, o, lse }, dout, s, null);
           for (const t of [o, lse, ...grads]) t.dispose();
         });
-      measurements.push({ rows, ms: (await secondsPerRun(gpu, run)) * 1000 });
+      measurements.push({ plan, ms: (await secondsPerRun(gpu, run)) * 1000 });
     }
   } finally {
     for (const t of [qkv, dout]) t.dispose();
   }
-  const best = measurements.reduce((x, y) => (y.ms < x.ms ? y : x)).rows;
+  const best = measurements.reduce((x, y) => (y.ms < x.ms ? y : x)).plan;
   return { dtype, best, measurements, cached: false };
 }
 
 /**
- * Times the fused attention kernels with each rows-per-workgroup candidate
- * for every dtype the device has, records the winners in `gpu.attentionRows`
+ * Times the fused attention kernels with each plan candidate for every dtype
+ * the device has, records the winners in `gpu.attentionPlans`
  * (which the kernels read) and caches them per adapter. `initGpu` calls it
  * unless told not to tune. Waits for the GPU many times: call it at start-up.
  *
@@ -91,7 +90,7 @@ async function tuneDtype(gpu: Gpu, dtype: "f32" | "f16"): Promise<AttentionTunin
  * import { initGpu, tuneAttention } from "./mod.ts";
  * const gpu = await initGpu({ matmulTiling: "default" }); // no tuning at start-up
  * const [f32] = await tuneAttention(gpu);
- * console.assert(gpu.attentionRows.get("f32") === f32.best);
+ * console.assert(gpu.attentionPlans.get("f32") === f32.best);
  * gpu.destroy();
  * ```
  */
@@ -107,9 +106,9 @@ export async function tuneAttention(
     const result = hit !== undefined
       ? { dtype, best: hit, measurements: [], cached: true }
       : await tuneDtype(gpu, dtype);
-    gpu.attentionRows.set(dtype, result.best);
+    gpu.attentionPlans.set(dtype, result.best);
     results.push(result);
   }
-  cache.write(gpu.attentionRows);
+  cache.write(gpu.attentionPlans);
   return results;
 }

@@ -65,6 +65,18 @@ export interface ProfileOptions {
  */
 export type F16Accumulation = "f32" | "chunked";
 
+/** How the fused attention kernels split their work: rows per workgroup, and rows staged per step. */
+export interface AttentionPlan {
+  /** Query (or key) rows per workgroup, one thread each. */
+  rows: number;
+  /**
+   * Rows of the other side staged in workgroup memory per step and read by
+   * every thread of the workgroup (16 or 32), or 0 to read them from storage
+   * thread by thread.
+   */
+  stage: number;
+}
+
 /** Handles to a WebGPU device and the toolkit state bound to it. */
 export class Gpu {
   /** The WebGPU device. */
@@ -112,10 +124,11 @@ export class Gpu {
    */
   readonly loopIterationLimit: number;
   /**
-   * Rows per workgroup of the fused attention kernels, by storage dtype;
-   * `tuneAttention` fills it (unset: 64).
+   * How the fused attention kernels split their work (rows per workgroup,
+   * rows staged in workgroup memory), by storage dtype; `tuneAttention`
+   * fills it (unset: 64 rows, nothing staged).
    */
-  readonly attentionRows: Map<string, number> = new Map();
+  readonly attentionPlans: Map<string, AttentionPlan> = new Map();
   #failure: GpuError | null = null;
   /** Errors of single ops (a kernel that failed to compile), thrown at the next sync point. */
   #opErrors: GpuError[] = [];

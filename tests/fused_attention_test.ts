@@ -14,7 +14,10 @@ import {
   tidy,
 } from "../mod.ts";
 import { type RandomRange, randomUniform, tuneAttention } from "../gpu/mod.ts";
-import { ATTENTION_ROW_CANDIDATES } from "../gpu/kernels/flash_attention.ts";
+import {
+  ATTENTION_PLAN_CANDIDATES,
+  attentionPlanCandidates,
+} from "../gpu/kernels/flash_attention.ts";
 import { gpu, GPU_TEST } from "./_gpu.ts";
 import { assertClose, type Tolerance } from "./_assert.ts";
 import { quantize, uniform } from "./_reference.ts";
@@ -90,17 +93,35 @@ function dropoutFactor(p: number, range: RandomRange, t: number) {
     randomUniform(range.key, range.counter + (z * t + i) * t + j) >= p ? 1 / (1 - p) : 0;
 }
 
+/** Runs `fn` with each dtype's attention plan set to `plan`, then restores the tuned ones. */
+async function withPlan(plan: { rows: number; stage: number }, fn: () => Promise<void>) {
+  const tuned = new Map(gpu.attentionPlans);
+  try {
+    for (const dtype of ["f32", "f16"]) gpu.attentionPlans.set(dtype, plan);
+    await fn();
+  } finally {
+    gpu.attentionPlans.clear();
+    for (const [dtype, p] of tuned) gpu.attentionPlans.set(dtype, p);
+  }
+}
+
 Deno.test({
-  name: "fusedCausalAttention: output and dq, dk, dv match f64 at odd sizes, f32 and f16",
+  name:
+    "fusedCausalAttention: output and dq, dk, dv match f64 at odd sizes, f32 and f16, direct and staged",
   ...GPU_TEST,
   async fn() {
-    for (const dims of DIMS) {
-      for (const dtype of ["f32", "f16"] as const) {
-        const x = inputsFor(dims, dtype, dims.t * 31 + dims.d);
-        const expected = causalAttentionWithGrads64(x.q, x.k, x.v, x.g, dims);
-        const actual = await runOnGpu(x, dims, dtype, { fused: true });
-        assertAllClose(actual, expected, TOLERANCE[dtype], `${dtype} ${JSON.stringify(dims)}`);
-      }
+    for (const plan of [{ rows: 64, stage: 0 }, { rows: 16, stage: 32 }]) {
+      await withPlan(plan, async () => {
+        for (const dims of DIMS) {
+          for (const dtype of ["f32", "f16"] as const) {
+            const x = inputsFor(dims, dtype, dims.t * 31 + dims.d);
+            const expected = causalAttentionWithGrads64(x.q, x.k, x.v, x.g, dims);
+            const actual = await runOnGpu(x, dims, dtype, { fused: true });
+            const label = `${dtype} ${JSON.stringify(dims)} ${JSON.stringify(plan)}`;
+            assertAllClose(actual, expected, TOLERANCE[dtype], label);
+          }
+        }
+      });
     }
   },
 });
@@ -249,31 +270,37 @@ Deno.test({
 
 Deno.test({
   name:
-    "fusedCausalAttention: every rows-per-workgroup candidate gives the same bits; the tuner caches its pick",
+    "fusedCausalAttention: every plan (rows per workgroup, staging) gives the same bits; the tuner caches its pick",
   ...GPU_TEST,
   async fn() {
-    const dims = { b: 2, t: 70, h: 2, d: 16 };
-    const x = inputsFor(dims, "f32", 3);
-    try {
-      const results = [];
-      for (const rows of ATTENTION_ROW_CANDIDATES) {
-        gpu.attentionRows.set("f32", rows);
-        results.push(await runOnGpu(x, dims, "f32", { fused: true }));
+    // T = 70: tiles of 16 and 32 keys end inside a workgroup and past the last row.
+    for (const dropout of [undefined, { p: 0.2, range: { key: 5, counter: 11 } }]) {
+      const dims = { b: 2, t: 70, h: 2, d: 16 };
+      const x = inputsFor(dims, "f32", 3);
+      const results: Awaited<ReturnType<typeof runOnGpu>>[] = [];
+      for (const plan of ATTENTION_PLAN_CANDIDATES) {
+        await withPlan(plan, async () => {
+          results.push(await runOnGpu(x, dims, "f32", { fused: true, dropout }));
+        });
       }
-      for (const r of results.slice(1)) assert.deepEqual(r, results[0]);
+      for (const [n, r] of results.entries()) {
+        assert.deepEqual(r, results[0], JSON.stringify(ATTENTION_PLAN_CANDIDATES[n]));
+      }
+    }
+    try {
       const tuned = await tuneAttention(gpu, { force: true });
       assert.equal(tuned.length, gpu.f16 ? 2 : 1);
       for (const t of tuned) {
         assert.equal(t.cached, false);
-        assert.deepEqual(t.measurements.map((m) => m.rows), [...ATTENTION_ROW_CANDIDATES]);
+        assert.deepEqual(t.measurements.map((m) => m.plan), [...attentionPlanCandidates(gpu)]);
         const fastest = t.measurements.reduce((a, b) => (b.ms < a.ms ? b : a));
-        assert.equal(t.best, fastest.rows);
-        assert.equal(gpu.attentionRows.get(t.dtype), t.best);
+        assert.equal(t.best, fastest.plan);
+        assert.equal(gpu.attentionPlans.get(t.dtype), t.best);
       }
       const again = await tuneAttention(gpu);
       assert.ok(again.every((r, i) => r.cached && r.best === tuned[i].best), "from the cache");
     } finally {
-      gpu.attentionRows.clear();
+      gpu.attentionPlans.clear();
     }
   },
 });

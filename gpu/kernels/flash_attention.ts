@@ -24,7 +24,9 @@
  * (two or three rows of them), so D is part of the config and at most
  * {@link MAX_HEAD_SIZE}.
  */
-import type { Gpu } from "../device.ts";
+import type { AttentionPlan, Gpu } from "../device.ts";
+
+export type { AttentionPlan } from "../device.ts";
 import type { DType } from "../dtype.ts";
 import { type Binding, defineKernel } from "../kernel.ts";
 import { type RandomRange, WGSL_RANDOM } from "../random.ts";
@@ -51,6 +53,12 @@ export type FlashAttentionConfig = {
   dropout: boolean;
   /** q, k and v are one packed [B, T, 3C] tensor: the dk/dv pass writes both into one binding. */
   packed: boolean;
+  /**
+   * Rows of the other side (keys in forward and dq, queries in dkv) the
+   * workgroup stages in workgroup memory per step, shared by all its threads
+   * (a multiple of the key chunk); 0: each thread reads them from storage.
+   */
+  stage: number;
 };
 
 const UNIFORMS = {
@@ -78,10 +86,17 @@ const UNIFORMS = {
  * (vectors of `lanes` values).
  */
 function rowPrelude(c: FlashAttentionConfig): string {
+  // Staged kernels keep every thread to the end (they meet at barriers): a
+  // thread past the last row works on the last row and stores nothing.
+  const rowCheck = c.stage > 0
+    ? `if (z >= p.bh) { return; }
+  let real_row = block * ${c.rows}u + lid < p.t;
+  let r = min(block * ${c.rows}u + lid, p.t - 1u);`
+    : `let r = block * ${c.rows}u + lid;
+  if (z >= p.bh || r >= p.t) { return; }`;
   return `let block = ${WGSL_WORKGROUP_INDEX} % p.blocks;
   let z = ${WGSL_WORKGROUP_INDEX} / p.blocks;
-  let r = block * ${c.rows}u + lid;
-  if (z >= p.bh || r >= p.t) { return; }
+  ${rowCheck}
   let width = p.heads * D;
   let head0 = (z / p.heads) * p.t * width + (z % p.heads) * D;
   let in0 = (z / p.heads) * p.t * p.inWidth + (z % p.heads) * D;`;
@@ -98,13 +113,22 @@ function keepFactor(c: FlashAttentionConfig, i: string, j: string): string {
  * vec4 of the dtype), F, its f32 form, and dotf, their dot product; D is the
  * head size in S elements.
  */
-function header(c: FlashAttentionConfig): string {
+function header(c: FlashAttentionConfig, staged: Record<string, "S" | "f32"> = {}): string {
   const vector = c.lanes === 4;
+  // Staged rows: `stage` rows of D elements each, or one f32 per row.
+  const tiles = c.stage > 0
+    ? Object.entries(staged).map(([name, type]) =>
+      `var<workgroup> ${name}: array<${type}, ${
+        type === "S" ? c.stage * c.headSize / c.lanes : c.stage
+      }>;`
+    )
+    : [];
   return `${c.dropout ? WGSL_RANDOM : ""}
 alias S = ${vector ? `vec4<${c.dtype}>` : c.dtype};
 alias F = ${vector ? "vec4<f32>" : "f32"};
 fn dotf(a: F, b: F) -> f32 { return ${vector ? "dot(a, b)" : "a * b"}; }
 const D = ${c.headSize / c.lanes}u;
+${tiles.join("\n")}
 @compute @workgroup_size(${c.rows})
 fn main(${WGSL_GRID_BUILTINS}) {
   ${rowPrelude(c)}`;
@@ -126,13 +150,84 @@ function bindingsOf<B extends string>(
   ];
 }
 
+/**
+ * Staged kernels: statements that copy rows t0 .. t0 + stage − 1 (those below
+ * `limit`) of each operand into its workgroup tile, then wait for all
+ * threads. `rows` gives, per tile, the storage element (row, col) of a row of
+ * D elements; `values` per tile the single f32 of a row.
+ */
+function stageRows(
+  c: FlashAttentionConfig,
+  limit: string,
+  rows: Record<string, (row: string, col: string) => string>,
+  values: Record<string, (row: string) => string> = {},
+): string {
+  const copies = Object.entries(rows).map(([tile, at]) => `${tile}[e] = ${at("row", "e % D")};`);
+  const singles = Object.entries(values).map(([tile, at]) =>
+    `for (var e = lid; e < ${c.stage}u; e += ${c.rows}u) {
+      let row = t0 + e;
+      if (row < ${limit}) { ${tile}[e] = ${at("row")}; }
+    }`
+  );
+  return `for (var e = lid; e < ${c.stage}u * D; e += ${c.rows}u) {
+      let row = t0 + e / D;
+      if (row < ${limit}) { ${copies.join(" ")} }
+    }
+    ${singles.join("\n    ")}
+    workgroupBarrier();`;
+}
+
+/** A statement kept only for real rows in the staged kernels (their extra threads store nothing). */
+function ifActive(c: FlashAttentionConfig, statements: string): string {
+  return c.stage > 0 ? `if (real_row) { ${statements} }` : statements;
+}
+
+// Element e of key, value, query and output-gradient row `row`, in storage.
+const K_AT = (row: string, e: string) => `k[in0 + ${row} * p.inWidth + p.kOff + ${e}]`;
+const V_AT = (row: string, e: string) => `v[in0 + ${row} * p.inWidth + p.vOff + ${e}]`;
+const Q_AT = (row: string, e: string) => `q[in0 + ${row} * p.inWidth + p.qOff + ${e}]`;
+const DOUT_AT = (row: string, e: string) => `dout[head0 + ${row} * width + ${e}]`;
+
+/**
+ * The loop over keys 0..i of a query row i (forward and dq): `body(end)`
+ * handles keys from `first` to `end` − 1 reading key j's element e as
+ * `kAt(j)` and `vAt(j)`. Staged, keys come in tiles shared by the workgroup.
+ */
+function overKeys(
+  c: FlashAttentionConfig,
+  body: (
+    first: string,
+    end: string,
+    kAt: (j: string) => string,
+    vAt: (j: string) => string,
+  ) => string,
+): string {
+  if (c.stage === 0) {
+    return body("0u", "i + 1u", (j) => K_AT(j, "e"), (j) => V_AT(j, "e"));
+  }
+  // The workgroup's last row needs keys up to it: stage those, tile by tile.
+  return `let last = min((block + 1u) * ${c.rows}u, p.t);
+  for (var t0 = 0u; t0 < last; t0 += ${c.stage}u) {
+    ${stageRows(c, "last", { ktile: K_AT, vtile: V_AT })}
+    ${
+    body(
+      "t0",
+      `min(t0 + ${c.stage}u, i + 1u)`,
+      (j) => `ktile[(${j} - t0) * D + e]`,
+      (j) => `vtile[(${j} - t0) * D + e]`,
+    )
+  }
+    workgroupBarrier();
+  }`;
+}
+
 /** Forward: o and the log-sum-exp of each query row. */
 export const flashAttentionForwardKernel = defineKernel({
   name: "flash_attention_forward",
   bindings: (c: FlashAttentionConfig) => bindingsOf(["q", "k", "v"], ["o", "lse"], c),
   uniforms: UNIFORMS,
   source: (c) =>
-    `${header(c)}
+    `${header(c, { ktile: "S", vtile: "S" })}
   let i = r;
   let qi = in0 + i * p.inWidth + p.qOff;
   let oi = head0 + i * width;
@@ -142,13 +237,15 @@ export const flashAttentionForwardKernel = defineKernel({
   var m = ${WGSL_LOWEST};
   var l = 0.0;
   var s: array<f32, ${KEY_CHUNK}>;
-  for (var j0 = 0u; j0 <= i; j0 += ${KEY_CHUNK}u) {
-    let count = min(${KEY_CHUNK}u, i + 1u - j0);
+  ${
+      overKeys(c, (first, end, kAt, vAt) =>
+        `let keysEnd = ${end};
+  for (var j0 = ${first}; j0 < keysEnd; j0 += ${KEY_CHUNK}u) {
+    let count = min(${KEY_CHUNK}u, keysEnd - j0);
     var chunkMax = m;
     for (var jj = 0u; jj < count; jj++) {
-      let kj = in0 + (j0 + jj) * p.inWidth + p.kOff;
       var dot = 0.0;
-      for (var e = 0u; e < D; e++) { dot += dotf(qs[e], F(k[kj + e])); }
+      for (var e = 0u; e < D; e++) { dot += dotf(qs[e], F(${kAt("(j0 + jj)")})); }
       s[jj] = dot;
       chunkMax = max(chunkMax, dot);
     }
@@ -161,13 +258,18 @@ export const flashAttentionForwardKernel = defineKernel({
       let pj = exp(s[jj] - m);
       l += pj;
       let w = pj * ${keepFactor(c, "i", "j")};
-      let vj = in0 + j * p.inWidth + p.vOff;
-      for (var e = 0u; e < D; e++) { acc[e] += w * F(v[vj + e]); }
+      for (var e = 0u; e < D; e++) { acc[e] += w * F(${vAt("j")}); }
     }
-  }
+  }`)
+    }
   let inv = 1.0 / l;
-  for (var e = 0u; e < D; e++) { o[oi + e] = S(acc[e] * inv); }
-  lse[z * p.t + i] = m + log(l);
+  ${
+      ifActive(
+        c,
+        `for (var e = 0u; e < D; e++) { o[oi + e] = S(acc[e] * inv); }
+  lse[z * p.t + i] = m + log(l);`,
+      )
+    }
 }`,
 });
 
@@ -178,7 +280,7 @@ export const flashAttentionDqKernel = defineKernel({
     bindingsOf(["q", "k", "v", "o", "dout", "lse"], ["dq", "delta"], c),
   uniforms: UNIFORMS,
   source: (c) =>
-    `${header(c)}
+    `${header(c, { ktile: "S", vtile: "S" })}
   let i = r;
   let qi = in0 + i * p.inWidth + p.qOff;
   let oi = head0 + i * width;
@@ -193,24 +295,72 @@ export const flashAttentionDqKernel = defineKernel({
     acc[e] = F(0.0);
   }
   let li = lse[z * p.t + i];
-  for (var j = 0u; j <= i; j++) {
-    let kj = in0 + j * p.inWidth + p.kOff;
-    let vj = in0 + j * p.inWidth + p.vOff;
+  ${
+      overKeys(c, (first, end, kAt, vAt) =>
+        `for (var j = ${first}; j < ${end}; j++) {
     var s = 0.0;
     var dp = 0.0;
     var krow: array<F, D>;
     for (var e = 0u; e < D; e++) {
-      krow[e] = F(k[kj + e]);
+      krow[e] = F(${kAt("j")});
       s += dotf(qs[e], krow[e]);
-      dp += dotf(gi[e], F(v[vj + e]));
+      dp += dotf(gi[e], F(${vAt("j")}));
     }
     let ds = exp(s - li) * (dp * ${keepFactor(c, "i", "j")} - d);
     for (var e = 0u; e < D; e++) { acc[e] += ds * krow[e]; }
-  }
-  for (var e = 0u; e < D; e++) { dq[qi + e] = S(acc[e] * p.scale); }
-  delta[z * p.t + i] = d;
+  }`)
+    }
+  ${
+      ifActive(
+        c,
+        `for (var e = 0u; e < D; e++) { dq[qi + e] = S(acc[e] * p.scale); }
+  delta[z * p.t + i] = d;`,
+      )
+    }
 }`,
 });
+
+/**
+ * The loop over queries j..T−1 of a key row j (dkv): `body` handles queries
+ * `start` to `end` − 1 reading query i's q and dO elements e and its lse and
+ * δ through the accessors. Staged, queries come in tiles shared by the
+ * workgroup.
+ */
+function overQueries(
+  c: FlashAttentionConfig,
+  body: (
+    start: string,
+    end: string,
+    at: { q: (i: string) => string; g: (i: string) => string; lse: string; delta: string },
+  ) => string,
+): string {
+  if (c.stage === 0) {
+    return body("j", "p.t", {
+      q: (i) => Q_AT(i, "e"),
+      g: (i) => DOUT_AT(i, "e"),
+      lse: "lse[z * p.t + i]",
+      delta: "delta[z * p.t + i]",
+    });
+  }
+  // The workgroup's first key row needs every query from it on.
+  return `for (var t0 = block * ${c.rows}u; t0 < p.t; t0 += ${c.stage}u) {
+    ${
+    stageRows(c, "p.t", { qtile: Q_AT, gtile: DOUT_AT }, {
+      ltile: (row) => `lse[z * p.t + ${row}]`,
+      dtile: (row) => `delta[z * p.t + ${row}]`,
+    })
+  }
+    ${
+    body("max(t0, j)", `min(t0 + ${c.stage}u, p.t)`, {
+      q: (i) => `qtile[(${i} - t0) * D + e]`,
+      g: (i) => `gtile[(${i} - t0) * D + e]`,
+      lse: "ltile[i - t0]",
+      delta: "dtile[i - t0]",
+    })
+  }
+    workgroupBarrier();
+  }`;
+}
 
 /** Backward, per key row: dk and dv (after {@link flashAttentionDqKernel} wrote δ). */
 export const flashAttentionDkvKernel = defineKernel({
@@ -224,7 +374,7 @@ export const flashAttentionDkvKernel = defineKernel({
     ),
   uniforms: UNIFORMS,
   source: (c) =>
-    `${header(c)}
+    `${header(c, { qtile: "S", gtile: "S", ltile: "f32", dtile: "f32" })}
   let j = r;
   let kj = in0 + j * p.inWidth + p.kOff;
   let vj = in0 + j * p.inWidth + p.vOff;
@@ -238,32 +388,38 @@ export const flashAttentionDkvKernel = defineKernel({
     dks[e] = F(0.0);
     dvs[e] = F(0.0);
   }
-  for (var i = j; i < p.t; i++) {
-    let qi = in0 + i * p.inWidth + p.qOff;
-    let oi = head0 + i * width;
+  ${
+      overQueries(c, (start, end, at) =>
+        `for (var i = ${start}; i < ${end}; i++) {
     var s = 0.0;
     var dp = 0.0;
     var qrow: array<F, D>;
     var grow: array<F, D>;
     for (var e = 0u; e < D; e++) {
-      qrow[e] = F(q[qi + e]);
-      grow[e] = F(dout[oi + e]);
+      qrow[e] = F(${at.q("i")});
+      grow[e] = F(${at.g("i")});
       s += dotf(qrow[e], ks[e]);
       dp += dotf(grow[e], vs[e]);
     }
-    let pij = exp(s - lse[z * p.t + i]);
+    let pij = exp(s - ${at.lse});
     let keep = ${keepFactor(c, "i", "j")};
-    let ds = pij * (dp * keep - delta[z * p.t + i]);
+    let ds = pij * (dp * keep - ${at.delta});
     let w = pij * keep;
     for (var e = 0u; e < D; e++) {
       dvs[e] += w * grow[e];
       dks[e] += ds * qrow[e];
     }
-  }
-  for (var e = 0u; e < D; e++) {
+  }`)
+    }
+  ${
+      ifActive(
+        c,
+        `for (var e = 0u; e < D; e++) {
     ${c.packed ? "dkv" : "dk"}[kj + e] = S(dks[e] * p.scale);
     ${c.packed ? "dkv" : "dv"}[vj + e] = S(dvs[e]);
-  }
+  }`,
+      )
+    }
 }`,
 });
 
@@ -277,8 +433,8 @@ export interface FlashAttentionShape {
   heads: number;
   /** Head size D. */
   headSize: number;
-  /** Rows per workgroup (default: the adapter's tuned count; the tuner sets it to time candidates). */
-  rows?: number;
+  /** Rows per workgroup and staging (default: the adapter's tuned plan; the tuner sets it to time candidates). */
+  plan?: AttentionPlan;
 }
 
 /** Dropout of the attention weights: probability and the random range of B·H·T·T numbers. */
@@ -289,20 +445,54 @@ export interface AttentionDropout {
   range: RandomRange;
 }
 
-/** The rows-per-workgroup candidates (one thread per row); the tuner picks one per adapter and dtype. */
+/** Rows per workgroup the tuner tries (one thread per row). */
 export const ATTENTION_ROW_CANDIDATES = [16, 32, 64, 128] as const;
 
-/** Rows per workgroup before tuning (and where it was skipped). */
-export const DEFAULT_ATTENTION_ROWS = 64;
+/** Every plan the tuner knows: each rows count, reading from storage or staging 16 or 32 rows. */
+export const ATTENTION_PLAN_CANDIDATES: readonly AttentionPlan[] = [0, 16, 32].flatMap((stage) =>
+  ATTENTION_ROW_CANDIDATES.map((rows) => ({ rows, stage }))
+);
 
 /**
- * Rows per workgroup for T rows: the adapter's tuned count, or less for short
- * sequences (the smallest candidate that covers T), so few threads idle.
+ * The plans tried on `gpu`: on CPU adapters only those reading from storage
+ * (on lavapipe staging was 5–60% slower at every rows count: its barriers
+ * cost more than the shared reads save), on GPUs all of them.
  */
-function rowsPerWorkgroup(gpu: Gpu, dtype: DType, t: number): number {
-  const tuned = gpu.attentionRows.get(dtype) ?? DEFAULT_ATTENTION_ROWS;
-  const covering = ATTENTION_ROW_CANDIDATES.find((r) => r >= t) ?? tuned;
-  return Math.min(tuned, covering);
+export function attentionPlanCandidates(gpu: Gpu): readonly AttentionPlan[] {
+  return gpu.adapterInfo.isFallbackAdapter
+    ? ATTENTION_PLAN_CANDIDATES.filter((p) => p.stage === 0)
+    : ATTENTION_PLAN_CANDIDATES;
+}
+
+/** The plan before tuning (and where it was skipped). */
+export const DEFAULT_ATTENTION_PLAN: AttentionPlan = { rows: 64, stage: 0 };
+
+/** Workgroup memory of a staged plan: the dkv pass's two tiles of D and two f32 per staged row. */
+function stagedBytes(stage: number, headSize: number, dtype: DType): number {
+  return stage * (2 * headSize * (dtype === "f16" ? 2 : 4) + 8);
+}
+
+/**
+ * The plan for T rows of head size D: the adapter's tuned one, with fewer
+ * rows for short sequences (the smallest candidate that covers T, so few
+ * threads idle) and a smaller stage where D's tiles would not fit the
+ * device's workgroup memory.
+ */
+function planFor(gpu: Gpu, dtype: DType, t: number, headSize: number): AttentionPlan {
+  const tuned = gpu.attentionPlans.get(dtype) ?? DEFAULT_ATTENTION_PLAN;
+  const covering = ATTENTION_ROW_CANDIDATES.find((r) => r >= t) ?? tuned.rows;
+  return {
+    rows: Math.min(tuned.rows, covering),
+    stage: fittingStage(gpu, tuned.stage, headSize, dtype),
+  };
+}
+
+/** `stage`, halved while its tiles pass the workgroup memory limit (0 below 16 rows). */
+function fittingStage(gpu: Gpu, stage: number, headSize: number, dtype: DType): number {
+  const limit = gpu.device.limits.maxComputeWorkgroupStorageSize;
+  let fitting = stage;
+  while (fitting >= 16 && stagedBytes(fitting, headSize, dtype) > limit) fitting /= 2;
+  return fitting >= 16 ? fitting : 0;
 }
 
 /**
@@ -322,12 +512,18 @@ function setup(
   dropout: AttentionDropout | null,
 ) {
   const { q } = inputTensors(inputs), dtype = q.dtype;
-  const rows = s.rows ?? rowsPerWorkgroup(q.gpu, dtype, s.t);
+  const plan = s.plan
+    ? { ...s.plan, stage: fittingStage(q.gpu, s.plan.stage, s.headSize, dtype) }
+    : planFor(q.gpu, dtype, s.t, s.headSize);
+  const { rows, stage } = plan;
   const blocks = Math.ceil(s.t / rows), bh = s.batch * s.heads;
   const lanes = s.headSize % 4 === 0 ? 4 : 1;
   // Per row: up to T keys (or queries), each with two loops over the head's
-  // D / lanes vectors where the compiler does not unroll them.
-  const iterations = s.t * ((2 * s.headSize) / lanes + 4);
+  // D / lanes vectors where the compiler does not unroll them; staged, each
+  // thread also copies its share of every tile.
+  const vectors = s.headSize / lanes;
+  const staging = stage > 0 ? Math.ceil(s.t / stage) * (Math.ceil(stage * vectors / rows) + 2) : 0;
+  const iterations = s.t * (2 * vectors + 4) + staging;
   if (iterations > q.gpu.loopIterationLimit) {
     failLoopIterations(
       q.gpu,
@@ -345,6 +541,7 @@ function setup(
     rows,
     dropout: dropout !== null,
     packed,
+    stage,
   } as const;
   const c = (s.heads * s.headSize) / lanes; // C in bound elements
   const uniforms = {
