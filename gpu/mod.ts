@@ -109,6 +109,7 @@ export {
   type TuneMatmulOptions,
 } from "./matmul_tuning.ts";
 export { type AttentionTuning, tuneAttention } from "./attention_tuning.ts";
+export type { AttentionPlan } from "./device.ts";
 export {
   classOf,
   type MatmulClass,
