@@ -19,7 +19,7 @@
 import type { Gpu, MatmulTiling } from "../device.ts";
 import { failLoopIterations } from "./loop_limit.ts";
 import { type Activation, WGSL_MATH } from "./wgsl_math.ts";
-import { epilogue, type GemmIo, range } from "./gemm_io.ts";
+import { epilogue, type GemmIo, range, workgroupTileMain } from "./gemm_io.ts";
 import { blockedWgsl } from "./gemm_blocked.ts";
 
 export { type GemmIo, transposedIo } from "./gemm_io.ts";
@@ -82,13 +82,7 @@ function sharedWgsl(t: MatmulTiling, io: GemmIo, activation: Activation): string
   return `${WGSL_MATH}${io.prelude ?? ""}
 var<workgroup> tile_a: array<f32, ${bm * tk}>; // [tk][bm]
 var<workgroup> tile_b: array<f32, ${tk * bn}>; // [tk][bn]
-@compute @workgroup_size(${wgx}, ${wgy})
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
-  let tile_row = wid.y * ${bm}u;
-  let tile_col = wid.x * ${bn}u;
-  let t = lid.y * ${wgx}u + lid.x;
-  let z = wid.z;
-  ${io.setup}
+${workgroupTileMain(t, io)}
   var acc: array<f32, ${tm * tn}>;
   for (var k0 = 0u; k0 < p.k; k0 += ${tk}u) {
     for (var e = t; e < ${bm * tk}u; e += ${threads}u) {

@@ -23,7 +23,7 @@
  * multiple of the workgroup's threads.
  */
 import type { MatmulTiling } from "../device.ts";
-import { epilogue, type GemmIo, range } from "./gemm_io.ts";
+import { epilogue, type GemmIo, range, workgroupTileMain } from "./gemm_io.ts";
 import { type Activation, WGSL_MATH } from "./wgsl_math.ts";
 
 /** Bytes of workgroup memory a blocked tiling uses with tiles of `tileType`. */
@@ -150,13 +150,7 @@ export function blockedWgsl(t: MatmulTiling, io: GemmIo, activation: Activation)
   return `${WGSL_MATH}${io.prelude ?? ""}
 var<workgroup> tile_a: array<vec4<${tileType}>, ${tk * strideA}>; // [tk][bm/4 + 1]
 var<workgroup> tile_b: array<vec4<${tileType}>, ${tk * strideB}>; // [tk][bn/4 + 1]
-@compute @workgroup_size(${wgx}, ${wgy})
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
-  let tile_row = wid.y * ${bm}u;
-  let tile_col = wid.x * ${bn}u;
-  let t = lid.y * ${wgx}u + lid.x;
-  let z = wid.z;
-  ${io.setup}
+${workgroupTileMain(t, io)}
   var acc: array<vec4<f32>, ${tm * tn / 4}>;
   for (var k0 = 0u; k0 < p.k; k0 += ${tk}u) {
     ${aLoads}

@@ -107,3 +107,18 @@ export function epilogue(
   }
   return lines.join("\n  ");
 }
+
+/**
+ * The start of `main` for the tilings that stage workgroup tiles (shared,
+ * blocked): workgroup size, the tile's first row and column, the thread's
+ * index `t` in the workgroup, `z`, then the operands' setup.
+ */
+export function workgroupTileMain(t: MatmulTiling, io: GemmIo): string {
+  return `@compute @workgroup_size(${t.wgx}, ${t.wgy})
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+  let tile_row = wid.y * ${t.tm * t.wgy}u;
+  let tile_col = wid.x * ${t.tn * t.wgx}u;
+  let t = lid.y * ${t.wgx}u + lid.x;
+  let z = wid.z;
+  ${io.setup}`;
+}
