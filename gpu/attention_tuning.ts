@@ -14,12 +14,12 @@ import {
   launchFlashAttention,
   launchFlashAttentionBackward,
 } from "./kernels/flash_attention.ts";
-import { secondsPerRun, winnerCache } from "./kernel_timing.ts";
+import { secondsPerRun, timeCandidates, winnerCache } from "./kernel_timing.ts";
 import { untracked } from "./scope.ts";
 import { Tensor } from "./tensor.ts";
 
 /** Bump when the kernels or candidates change: cached winners of older versions are ignored. */
-const TUNER_VERSION = 2;
+const TUNER_VERSION = 3;
 
 /** One dtype's result. */
 export interface AttentionTuning {
@@ -60,22 +60,23 @@ async function tuneDtype(gpu: Gpu, dtype: "f32" | "f16"): Promise<AttentionTunin
     Tensor.full([shape.batch, shape.t, 3 * c], 0.5, { dtype, gpu }),
     Tensor.full([shape.batch, shape.t, c], 0.01, { dtype, gpu }),
   ]);
-  const measurements: { plan: AttentionPlan; ms: number }[] = [];
+  const candidates = attentionPlanCandidates(gpu);
+  let timed: { best: AttentionPlan; seconds: number[] };
   try {
-    for (const plan of attentionPlanCandidates(gpu)) {
+    timed = await timeCandidates(candidates, (plan) => {
       const s = { ...shape, plan };
-      const run = () =>
+      return secondsPerRun(gpu, () =>
         untracked(() => {
           const { o, lse } = launchFlashAttention({ qkv }, s, null);
           const grads = launchFlashAttentionBackward({ inputs: { qkv }, o, lse }, dout, s, null);
           for (const t of [o, lse, ...grads]) t.dispose();
-        });
-      measurements.push({ plan, ms: (await secondsPerRun(gpu, run)) * 1000 });
-    }
+        }));
+    });
   } finally {
     for (const t of [qkv, dout]) t.dispose();
   }
-  const best = measurements.reduce((x, y) => (y.ms < x.ms ? y : x)).plan;
+  const measurements = candidates.map((plan, i) => ({ plan, ms: timed.seconds[i] * 1000 }));
+  const best = timed.best;
   return { dtype, best, measurements, cached: false };
 }
 

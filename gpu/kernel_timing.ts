@@ -29,6 +29,28 @@ export async function secondsPerRun(gpu: Gpu, run: () => void): Promise<number> 
   }
 }
 
+/**
+ * Seconds per run of each candidate, timed by `time`, and the fastest. On a
+ * shared or noisy machine one timing can misrank close candidates (a tuner
+ * picked a tiling 45% slower than the best that way), so the `finalists`
+ * fastest of the first round are timed again, in reverse order, and each
+ * keeps its better time.
+ */
+export async function timeCandidates<T>(
+  candidates: readonly T[],
+  time: (candidate: T) => Promise<number>,
+  finalists = 3,
+): Promise<{ best: T; seconds: number[] }> {
+  const seconds: number[] = [];
+  for (const c of candidates) seconds.push(await time(c));
+  const ranked = candidates.map((_, i) => i).sort((a, b) => seconds[a] - seconds[b]);
+  for (const i of ranked.slice(0, finalists).reverse()) {
+    seconds[i] = Math.min(seconds[i], await time(candidates[i]));
+  }
+  const best = seconds.reduce((b, x, i) => (x < seconds[b] ? i : b), 0);
+  return { best: candidates[best], seconds };
+}
+
 /** `localStorage` where the runtime offers it (Deno, browsers), else null: winners are then not kept. */
 function tuningStorage(): Storage | null {
   try {

@@ -15,7 +15,7 @@ import { dispatchMatmul, type MatmulProblem } from "./kernels/matmul.ts";
 import { type MatmulClass, matmulClassKey, type MatmulSize } from "./matmul_class.ts";
 import { Tensor } from "./tensor.ts";
 import { untracked } from "./scope.ts";
-import { secondsPerRun, winnerCache } from "./kernel_timing.ts";
+import { secondsPerRun, timeCandidates, winnerCache } from "./kernel_timing.ts";
 import { blockedTileBytes } from "./kernels/gemm_blocked.ts";
 
 /** The tilings CPU adapters try, register blocks first. */
@@ -68,7 +68,7 @@ export function matmulCandidates(gpu: Gpu, dtype: "f32" | "f16"): readonly Matmu
 export const DEFAULT_TILING: MatmulTiling = MATMUL_CANDIDATES[0];
 
 /** Bump when kernels or candidates change: cached winners of older versions are ignored. */
-const TUNER_VERSION = 3;
+const TUNER_VERSION = 4;
 
 /** One candidate's measured speed on a class's problem. */
 export interface TilingMeasurement {
@@ -160,17 +160,23 @@ async function tuneClass(gpu: Gpu, c: MatmulClass): Promise<ClassTuning> {
     b: Tensor.full([k * n], 0.25, { dtype, gpu }),
     c: Tensor.empty([m * n], dtype, gpu),
   }));
-  const measurements: TilingMeasurement[] = [];
+  const candidates = matmulCandidates(gpu, dtype);
+  let timed: { best: MatmulTiling; seconds: number[] };
   try {
-    for (const tiling of matmulCandidates(gpu, dtype)) {
-      const run = () => dispatchMatmul(problem, operands.a, operands.b, operands.c, {}, tiling);
-      const seconds = await secondsPerRun(gpu, run);
-      measurements.push({ tiling, gflops: (2 * m * n * k) / Math.max(seconds, 1e-12) / 1e9 });
-    }
+    timed = await timeCandidates(candidates, (tiling) =>
+      secondsPerRun(
+        gpu,
+        () => dispatchMatmul(problem, operands.a, operands.b, operands.c, {}, tiling),
+      ));
   } finally {
     for (const t of Object.values(operands)) t.dispose();
   }
-  const best = measurements.reduce((x, y) => (y.gflops > x.gflops ? y : x)).tiling;
+  const flops = 2 * m * n * k;
+  const measurements = candidates.map((tiling, i) => ({
+    tiling,
+    gflops: flops / Math.max(timed.seconds[i], 1e-12) / 1e9,
+  }));
+  const best = timed.best;
   return { class: c, best, measurements, cached: false };
 }
 
