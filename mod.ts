@@ -77,6 +77,7 @@ export {
   sub,
 } from "./gpu/ops/elementwise.ts";
 export { linear, type LinearOptions } from "./gpu/ops/linear.ts";
+export { layerNormLinear, type LayerNormLinearOptions } from "./gpu/ops/layer_norm_linear.ts";
 export { matmul, type MatmulOptions } from "./gpu/ops/matmul.ts";
 export { F16_CHUNK } from "./gpu/kernels/matmul.ts";
 export { max, mean, type ReduceOptions, sum } from "./gpu/ops/reduce.ts";

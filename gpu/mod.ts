@@ -140,6 +140,7 @@ export {
   sub,
 } from "./ops/elementwise.ts";
 export { linear, type LinearOptions } from "./ops/linear.ts";
+export { layerNormLinear, type LayerNormLinearOptions } from "./ops/layer_norm_linear.ts";
 export { matmul, type MatmulOptions } from "./ops/matmul.ts";
 export { F16_CHUNK } from "./kernels/matmul.ts";
 export { max, mean, type ReduceOptions, sum } from "./ops/reduce.ts";

@@ -30,6 +30,7 @@ import { permute } from "../gpu/ops/permute.ts";
 import { reshape } from "../gpu/ops/reshape.ts";
 import type { RandomGenerator, RandomRange } from "../gpu/random.ts";
 import type { Tensor } from "../gpu/tensor.ts";
+import type { LayerNormOptions } from "../gpu/ops/layer_norm.ts";
 import { generatorOf, type ParameterOptions } from "./init.ts";
 import { Linear } from "./linear.ts";
 import { type HostTensor, isHostTensor, Module, type StateValue } from "./module.ts";
@@ -231,10 +232,15 @@ export class CausalSelfAttention extends Module {
     }
   }
 
-  /** x [B, T, C] → [B, T, C]; position i attends to positions 0..i. */
-  forward(x: Tensor): Tensor {
+  /**
+   * x [B, T, C] → [B, T, C]; position i attends to positions 0..i. With
+   * `norm` (a LayerNorm module will do), the layer attends over
+   * `layerNorm(x, norm)`, normalising inside the projection so that backward
+   * keeps x rather than the normalised rows (see `layerNormLinear`).
+   */
+  forward(x: Tensor, norm?: LayerNormOptions): Tensor {
     const c = x.shape.at(-1) ?? 0;
-    const qkv = this.qkv.forward(x);
+    const qkv = norm ? this.qkv.forwardNormalized(x, norm) : this.qkv.forward(x);
     const [b, t] = x.shape;
     const dropout = this.training && this.dropout > 0
       ? { p: this.dropout, range: this.generator.take(b * this.heads * t * t) }

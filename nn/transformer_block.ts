@@ -91,14 +91,12 @@ export class TransformerBlock extends Module {
 
   /** x [B, T, C] → [B, T, C]. */
   forward(x: Tensor): Tensor {
-    const n1 = this.norm1.forward(x);
-    const a = this.attention.forward(n1);
-    n1.dispose();
+    // Each LayerNorm runs inside the projection after it, which keeps the
+    // residual stream (held anyway) rather than the normalised rows.
+    const a = this.attention.forward(x, this.norm1);
     const x1 = add(x, a);
     a.dispose();
-    const n2 = this.norm2.forward(x1);
-    const h = this.fc1.forward(n2);
-    n2.dispose();
+    const h = this.fc1.forwardNormalized(x1, this.norm2);
     const m = this.fc2.forward(h);
     h.dispose();
     const y = add(x1, m);

@@ -40,7 +40,13 @@ function checkParameter(name: string, p: Tensor | null, x: Tensor, cols: number)
   }
 }
 
-function checkInputs(x: Tensor, weight: Tensor | null, bias: Tensor | null, eps: number): number {
+/** Checks layerNorm's input, parameters and eps; returns the size of the normalised axis. */
+export function checkLayerNormInputs(
+  x: Tensor,
+  weight: Tensor | null,
+  bias: Tensor | null,
+  eps: number,
+): number {
   if (x.dtype !== "f32" && x.dtype !== "f16") {
     throw new DTypeError(`layerNorm: input ${x.describe()} must be f32 or f16.`);
   }
@@ -86,7 +92,7 @@ export function layerNorm(x0: Tensor, options: LayerNormOptions = {}): Tensor {
   const [x] = autocastInputs("layer_norm", [x0]);
   const eps = options.eps ?? 1e-5;
   const weight = options.weight ?? null, bias = options.bias ?? null;
-  checkInputs(x, weight, bias, eps);
+  checkLayerNormInputs(x, weight, bias, eps);
   const { y, mean, rstd } = launchLayerNorm(x, weight, bias, eps);
   const inputs = [x, ...(weight ? [weight] : []), ...(bias ? [bias] : [])];
   const needDx = x.requiresGrad;

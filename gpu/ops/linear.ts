@@ -52,11 +52,52 @@ const GELU_KERNEL = { none: "gelu_erf", tanh: "gelu" } as const;
 export function linear(x0: Tensor, weight0: Tensor, options: LinearOptions = {}): Tensor {
   // The bias stays as given: the epilogue adds an f32 bias to f16 products.
   const [x, weight] = autocastInputs("linear", [x0, weight0]);
+  const layer = linearForward("linear", x, weight, options);
+  const bias = options.bias ?? null;
+  return record({
+    op: "linear",
+    inputs: bias ? [x, weight, bias] : [x, weight],
+    output: layer.y,
+    save: layer.save,
+    backward: (g, [sx, sw, sy], needs) => {
+      const [gx, gw, gb] = layer.backward(g, sx, sw, sy, needs);
+      return bias ? [gx, gw, gb] : [gx, gw];
+    },
+  });
+}
+
+/** A linear layer's forward result: y, what its backward needs saved, and the backward. */
+export interface LinearLayerRun {
+  /** The output [..., out]. */
+  y: Tensor;
+  /** What backward reads: x and the weight, and y after a ReLU. */
+  save: Tensor[];
+  /** [dx, dW, db] (null where `needs` is false or there is no bias) from the output gradient. */
+  backward(
+    g: Tensor,
+    x: Tensor,
+    weight: Tensor,
+    y: Tensor | undefined,
+    needs: readonly boolean[],
+  ): (Tensor | null)[];
+}
+
+/**
+ * The product of a linear layer with x and W already in their compute dtype:
+ * checks, the fused kernel, and the backward rule (no tape). `op` names the
+ * caller in errors. Shared by {@link linear} and `layerNormLinear`.
+ */
+export function linearForward(
+  op: string,
+  x: Tensor,
+  weight: Tensor,
+  options: LinearOptions,
+): LinearLayerRun {
   const activation = options.activation ?? "none";
   const geluInput = options.geluInput;
   if (geluInput !== undefined && !(geluInput in GELU_KERNEL)) {
     throw new ValueError(
-      `linear: geluInput must be "none" or "tanh", not ${JSON.stringify(geluInput)}.`,
+      `${op}: geluInput must be "none" or "tanh", not ${JSON.stringify(geluInput)}.`,
     );
   }
   const bias = options.bias ?? null;
@@ -65,7 +106,7 @@ export function linear(x0: Tensor, weight0: Tensor, options: LinearOptions = {})
   const x2 = x.share([rows, inFeatures]);
   let resolved: Resolved;
   try {
-    resolved = resolve("linear", x2, weight, false, true);
+    resolved = resolve(op, x2, weight, false, true);
   } catch (e) {
     x2.dispose();
     throw e;
@@ -74,7 +115,7 @@ export function linear(x0: Tensor, weight0: Tensor, options: LinearOptions = {})
   if (bias && (bias.rank !== 1 || bias.shape[0] !== outFeatures)) {
     x2.dispose();
     throw new ShapeError(
-      `linear: bias ${bias.describe()} must have shape [${outFeatures}] to match ` +
+      `${op}: bias ${bias.describe()} must have shape [${outFeatures}] to match ` +
         `weight ${weight.describe()}.`,
     );
   }
@@ -85,43 +126,42 @@ export function linear(x0: Tensor, weight0: Tensor, options: LinearOptions = {})
   dispatchMatmul(resolved.problem, input, weight, y, { bias: bias ?? undefined, activation });
   if (input !== x2) input.dispose();
   x2.dispose();
-  const inputs = bias ? [x, weight, bias] : [x, weight];
-  const save = activation === "relu" ? [x, weight, y] : [x, weight];
-  return record({
-    op: "linear",
-    inputs,
-    output: y,
-    save,
-    backward: (g, [sx, sw, sy], needs) => {
-      // ReLU's gradient from its output: y > 0 exactly where the pre-activation is.
-      const gPre = activation === "relu" ? launchBinary("relu_grad", g, sy) : g;
-      const g2 = gPre.share([rows, outFeatures]), xs = sx.share([rows, inFeatures]);
-      let gw: Tensor | null = null;
-      if (needs[1]) {
-        const read = geluInput ? geluOf(xs) : xs;
-        gw = product(g2, read, true, false);
-        if (read !== xs) read.dispose();
-      }
-      let gx: Tensor | null = null;
-      if (needs[0]) {
-        let flat = product(g2, sw, false, false);
-        if (geluInput) {
-          const through = launchBinary(`${GELU_KERNEL[geluInput]}_grad`, flat, xs);
-          flat.dispose();
-          flat = through;
-        }
-        gx = flat.share(x.shape);
+  const backward = (
+    g: Tensor,
+    sx: Tensor,
+    sw: Tensor,
+    sy: Tensor | undefined,
+    needs: readonly boolean[],
+  ): (Tensor | null)[] => {
+    // ReLU's gradient from its output: y > 0 exactly where the pre-activation is.
+    const gPre = activation === "relu" ? launchBinary("relu_grad", g, sy!) : g;
+    const g2 = gPre.share([rows, outFeatures]), xs = sx.share([rows, inFeatures]);
+    let gw: Tensor | null = null;
+    if (needs[1]) {
+      const read = geluInput ? geluOf(xs) : xs;
+      gw = product(g2, read, true, false);
+      if (read !== xs) read.dispose();
+    }
+    let gx: Tensor | null = null;
+    if (needs[0]) {
+      let flat = product(g2, sw, false, false);
+      if (geluInput) {
+        const through = launchBinary(`${GELU_KERNEL[geluInput]}_grad`, flat, xs);
         flat.dispose();
+        flat = through;
       }
-      const gb = bias && needs[2]
-        ? launchReduce("sum", g2, { outer: 1, axis: rows, inner: outFeatures }, bias.shape, {
-          out: bias.dtype,
-        })
-        : null;
-      g2.dispose();
-      xs.dispose();
-      if (gPre !== g) gPre.dispose();
-      return bias ? [gx, gw, gb] : [gx, gw];
-    },
-  });
+      gx = flat.share(sx.shape);
+      flat.dispose();
+    }
+    const gb = bias && needs[2]
+      ? launchReduce("sum", g2, { outer: 1, axis: rows, inner: outFeatures }, bias.shape, {
+        out: bias.dtype,
+      })
+      : null;
+    g2.dispose();
+    xs.dispose();
+    if (gPre !== g) gPre.dispose();
+    return [gx, gw, gb];
+  };
+  return { y, save: activation === "relu" ? [x, weight, y] : [x, weight], backward };
 }

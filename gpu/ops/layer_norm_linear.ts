@@ -1,0 +1,132 @@
+/**
+ * LayerNorm then a linear layer as one op that keeps the LayerNorm's input
+ * instead of its output: backward normalises the rows again for the weight
+ * gradient. A transformer block has two such pairs (norm1 → qkv, norm2 →
+ * fc1), and the LayerNorm's input (the residual stream) is kept anyway, so
+ * each pair keeps one activation fewer.
+ */
+import { record } from "../autograd.ts";
+import { autocastInputs } from "../autocast_hook.ts";
+import {
+  launchLayerNorm,
+  launchLayerNormBackward,
+  launchLayerNormParamGrads,
+} from "../kernels/layer_norm.ts";
+import { launchUnary } from "../kernels/elementwise.ts";
+import type { Tensor } from "../tensor.ts";
+import { checkLayerNormInputs, type LayerNormOptions } from "./layer_norm.ts";
+import { linearForward, type LinearOptions } from "./linear.ts";
+
+/** Options of {@link layerNormLinear}: the LayerNorm's, and the linear layer's. */
+export interface LayerNormLinearOptions extends LinearOptions {
+  /** The LayerNorm before the product: weight, bias (f32 [in]) and eps. */
+  norm: LayerNormOptions;
+}
+
+/**
+ * `linear(layerNorm(x, options.norm), weight, options)` with the same results
+ * and gradients bit for bit, keeping x (which the caller's residual stream
+ * holds anyway) rather than the normalised rows for backward. Under autocast
+ * the LayerNorm runs in f32 and the product in f16, as they do apart.
+ *
+ * @example
+ * ```ts
+ * import { initGpu, layerNormLinear, Tensor } from "../../mod.ts";
+ * const gpu = await initGpu({ matmulTiling: "default" });
+ * const x = Tensor.from([1, 2, 3, 4], [1, 4]);
+ * const w = Tensor.from([1, 1, 1, 1, 1, -1, 1, -1], [2, 4]); // [out, in]
+ * const y = layerNormLinear(x, w, { norm: {} }); // normalised x = [-1.34, -0.45, 0.45, 1.34]
+ * const [sum, alternating] = await y.read();
+ * console.assert(Math.abs(sum) < 1e-5 && Math.abs(alternating + 1.789) < 1e-3);
+ * gpu.destroy();
+ * ```
+ */
+export function layerNormLinear(
+  x0: Tensor,
+  weight0: Tensor,
+  options: LayerNormLinearOptions,
+): Tensor {
+  const [x] = autocastInputs("layer_norm", [x0]);
+  const norm = options.norm;
+  const eps = norm.eps ?? 1e-5;
+  const nw = norm.weight ?? null, nb = norm.bias ?? null;
+  checkLayerNormInputs(x, nw, nb, eps);
+  const normalised = launchLayerNorm(x, nw, nb, eps);
+  // The product reads the rows in the dtype the linear layer's autocast gives them.
+  const [rows, weight] = autocastInputs("linear", [normalised.y, weight0]);
+  const readDtype = rows.dtype;
+  if (rows !== normalised.y) normalised.y.dispose();
+  let layer;
+  try {
+    layer = linearForward("layerNormLinear", rows, weight, options);
+  } finally {
+    rows.dispose();
+  }
+  const bias = options.bias ?? null;
+  const parameters = [nw, nb, weight, bias].filter((t): t is Tensor => t !== null);
+  try {
+    return record({
+      op: "linear",
+      inputs: [x, ...parameters],
+      output: layer.y,
+      save: [
+        x,
+        normalised.mean,
+        normalised.rstd,
+        weight,
+        ...(nw ? [nw] : []),
+        ...(nb ? [nb] : []),
+        ...(
+          options.activation === "relu" ? [layer.y] : []
+        ),
+      ],
+      backward: (g, saved, needs) => {
+        const [sx, mean, rstd, sw] = saved;
+        const sNw = nw ? saved[4] : null, sNb = nb ? saved[4 + (nw ? 1 : 0)] : null;
+        const sy = options.activation === "relu" ? saved.at(-1) : undefined;
+        // needs follows inputs: x, then the LayerNorm's weight and bias, W, the bias.
+        const at = { nw: 1, nb: 1 + (nw ? 1 : 0), w: 1 + (nw ? 1 : 0) + (nb ? 1 : 0) };
+        const again = launchLayerNorm(sx, sNw, sNb, eps);
+        [again.mean, again.rstd].forEach((t) => t.dispose());
+        const read = readDtype === again.y.dtype
+          ? again.y
+          : launchUnary("identity", again.y, { out: readDtype });
+        if (read !== again.y) again.y.dispose();
+        const needsNormGrad = needs[0] || (nw !== null && needs[at.nw]) ||
+          (nb !== null && needs[at.nb]);
+        const [dRead, dW, dBias] = layer!.backward(g, read, sw, sy, [
+          needsNormGrad,
+          needs[at.w],
+          bias !== null && needs[at.w + 1],
+        ]);
+        read.dispose();
+        let dx: Tensor | null = null, dNw: Tensor | null = null, dNb: Tensor | null = null;
+        if (dRead) {
+          const dn = dRead.dtype === sx.dtype ? dRead : launchUnary("identity", dRead, {
+            out: sx.dtype,
+          });
+          if (dn !== dRead) dRead.dispose();
+          if (needs[0]) dx = launchLayerNormBackward(sx, sNw, dn, mean, rstd);
+          const want = {
+            weight: nw !== null && needs[at.nw],
+            bias: nb !== null && needs[at.nb],
+          };
+          const grads = launchLayerNormParamGrads(sx, dn, mean, rstd, want);
+          dNw = grads.dw;
+          dNb = grads.db;
+          dn.dispose();
+        }
+        return [
+          dx,
+          ...(nw ? [dNw] : []),
+          ...(nb ? [dNb] : []),
+          dW,
+          ...(bias ? [dBias] : []),
+        ];
+      },
+    });
+  } finally {
+    normalised.mean.dispose();
+    normalised.rstd.dispose();
+  }
+}
