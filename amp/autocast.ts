@@ -6,7 +6,7 @@
  * copy, when `masterWeights` has one), f32-list ops get f32 inputs, and the
  * rest follow the widest input.
  */
-import type { CastHook } from "../gpu/autocast_hook.ts";
+import { type CastHook, markCastForOp } from "../gpu/autocast_hook.ts";
 import { getGpu, type Gpu } from "../gpu/device.ts";
 import { cast } from "../gpu/ops/elementwise.ts";
 import { warnOnce, withState } from "../gpu/runtime_state.ts";
@@ -35,14 +35,14 @@ function isFloat(t: Tensor): boolean {
 }
 
 function toF32(t: Tensor): Tensor {
-  return t.dtype === "f16" ? cast(t, "f32") : t;
+  return t.dtype === "f16" ? markCastForOp(cast(t, "f32")) : t;
 }
 
 /** The cast hook for `lists`, reading working copies from `masters` where they exist. */
 export function autocastHook(lists: AutocastLists, masters: MasterWeights | null = null): CastHook {
   const toF16 = (t: Tensor) => {
     if (t.dtype !== "f32") return t;
-    return masters?.readWorkingCopy(t) ?? cast(t, "f16");
+    return masters?.readWorkingCopy(t) ?? markCastForOp(cast(t, "f16"));
   };
   return (op, inputs) => {
     const policy = policyIn(lists, op);

@@ -21,3 +21,30 @@ export function autocastInputs(op: AutocastOpName, inputs: readonly Tensor[]): r
   // The hook's own casts must not be autocast again.
   return withState({ castHook: null }, () => hook(op, inputs));
 }
+
+/** The casts autocast made for ops (never the caller's tensors or master weights' working copies). */
+const castsForOps = new WeakSet<Tensor>();
+
+/**
+ * Marks `t` as a cast an autocast hook made for one op (amp's hook marks each
+ * of its casts), so that {@link releaseCasts} may free it after the op.
+ */
+export function markCastForOp(t: Tensor): Tensor {
+  castsForOps.add(t);
+  return t;
+}
+
+/**
+ * Frees the op's handles of the casts autocast made for it, once the op has
+ * recorded itself (the tape keeps its own handle of whatever it saved). A
+ * cast nobody saved — the f32 copy of an f16 residual branch a promoting
+ * `add` reads — is then freed at once instead of when the enclosing scope
+ * ends: under AMP those were 8C bytes per token and layer of a transformer,
+ * alive through all of backward. `output` is never freed; it is returned.
+ */
+export function releaseCasts(inputs: readonly Tensor[], output: Tensor): Tensor {
+  for (const t of inputs) {
+    if (castsForOps.has(t) && t !== output && !t.disposed) t.dispose();
+  }
+  return output;
+}
