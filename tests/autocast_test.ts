@@ -3,10 +3,12 @@ import { capturedWarnings } from "./_warnings.ts";
 import {
   add,
   autocast,
+  backward,
   customAutocastLists,
   initGpu,
   linear,
   matmul,
+  mul,
   softmax,
   sum,
   Tensor,
@@ -159,5 +161,30 @@ Deno.test({
     assertClose(await totalNorm.read(), [expected], { atol: 0, rtol: 1e-4 }, "norm");
     assertClose(await coefficient.read(), [1 / (expected + 1e-6)], { atol: 0, rtol: 1e-4 }, "coef");
     for (const p of params) p.dispose();
+  },
+});
+
+Deno.test({
+  name: "autocast: a promoting add frees its f32 copy of the f16 operand at once; gradients flow",
+  ...GPU_TEST,
+  async fn() {
+    const n = 1024;
+    const x = Tensor.from(uniform(n, 1), [n], { requiresGrad: true });
+    const h = Tensor.from(uniform(n, 2), [n], { dtype: "f16", requiresGrad: true });
+    const gpu = x.gpu;
+    const { held, y } = autocast(() => {
+      const before = gpu.memoryStats().allocatedBytes;
+      const y = add(x, h); // f32 + f16: h is cast to f32 for the add, which keeps nothing
+      return { held: gpu.memoryStats().allocatedBytes - before, y };
+    });
+    assert.equal(y.dtype, "f32");
+    assert.equal(held, n * 4, "only the result is held, not the f32 copy of h");
+    const loss = sum(mul(y, y));
+    backward(loss);
+    const expected = Float64Array.from(await y.read(), (v) => 2 * v);
+    assertClose(await x.grad!.read(), expected, TOL.f32, "dx");
+    assert.equal(h.grad!.dtype, "f16");
+    assertClose(await h.grad!.read(), quantize(expected, "f16"), TOL.f16, "dh");
+    for (const t of [x, h, y, loss]) t.dispose();
   },
 });
