@@ -50,7 +50,14 @@ export class Sequential extends Module {
       return runCheckpointed(this.layers, this.lastCheckpointPlan, x);
     }
     let h = x;
-    for (const layer of this.layers) h = layer.forward(h);
+    for (const layer of this.layers) {
+      const next = layer.forward(h);
+      // Our handle of each intermediate goes as soon as the next layer has
+      // run (the tape keeps its own handle of what backward needs), so
+      // outputs nobody saved are freed now, not when the caller's scope ends.
+      if (h !== x && next !== h) h.dispose();
+      h = next;
+    }
     return h;
   }
 }

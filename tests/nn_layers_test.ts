@@ -1,8 +1,18 @@
 import assert from "node:assert/strict";
-import { backward, embedding, noGrad, Tensor, tidy } from "../gpu/mod.ts";
+import { backward, embedding, noGrad, sum, Tensor, tidy } from "../gpu/mod.ts";
 import { dropout } from "../gpu/ops/dropout.ts";
 import { RandomGenerator, randomUniform } from "../gpu/random.ts";
-import { crossEntropy, Dropout, Embedding, Linear, mseLoss, ReLU, Sequential } from "../nn/mod.ts";
+import {
+  crossEntropy,
+  Dropout,
+  Embedding,
+  Flatten,
+  Linear,
+  MaxPool2d,
+  mseLoss,
+  ReLU,
+  Sequential,
+} from "../nn/mod.ts";
 import { SGD } from "../optim/mod.ts";
 import { GPU_TEST, withEachRowLayout } from "./_gpu.ts";
 import { gradcheck } from "./_gradcheck.ts";
@@ -367,5 +377,26 @@ Deno.test({
     assert.deepEqual([...(await table.grad!.read())], counts.flatMap((c) => [c, c, c]));
     table.dispose();
     ids.dispose();
+  },
+});
+
+Deno.test({
+  name: "Sequential: an intermediate no op saved is freed as soon as the next layer has run",
+  ...GPU_TEST,
+  async fn() {
+    // ReLU's output feeds max pooling, which keeps only its argmax indices.
+    const model = new Sequential(new ReLU(), new MaxPool2d(2), new Flatten());
+    const x = Tensor.from(uniform(2 * 4 * 8 * 8, 3), [2, 4, 8, 8], { requiresGrad: true });
+    const gpu = x.gpu;
+    const before = gpu.memoryStats().allocatedBytes;
+    const y = model.forward(x);
+    const held = gpu.memoryStats().allocatedBytes - before;
+    // The pooled output (shared by Flatten) and its i32 indices, 512 bytes each; not ReLU's 2 KiB.
+    assert.equal(held, 2 * 512, `${held} bytes held after forward`);
+    const loss = sum(y);
+    backward(loss);
+    const grad = await x.grad!.read();
+    assert.equal(grad.filter((v) => v !== 0).length > 0, true, "gradients reach the input");
+    for (const t of [x, y, loss]) t.dispose();
   },
 });
