@@ -104,8 +104,9 @@ async function benchConvShapes(gpu: Gpu, o: BenchOptions): Promise<Result[]> {
       );
       const both = await gpuTimed(gpu, repeats, () => {
         const y = conv2d(x, w, options);
-        y.backward({ gradient: Tensor.full(y.shape, 1, { dtype }) });
-        for (const t of [y, x.grad!, w.grad!]) t.dispose();
+        const gradient = Tensor.full(y.shape, 1, { dtype });
+        y.backward({ gradient });
+        for (const t of [y, gradient, x.grad!, w.grad!]) t.dispose();
         x.grad = w.grad = null;
       });
       results.push({
