@@ -232,7 +232,7 @@ export function maxPool2d(x0: Tensor, options: MaxPool2dOptions): Tensor {
   const [x] = autocastInputs("max_pool2d", [x0]);
   const geo = windowGeometry("maxPool2d", x, o);
   const { y, indices } = launchMaxPool2d(x, geo, isGradEnabled() && x.requiresGrad);
-  if (indices === null) return y; // nothing would be recorded
+  if (indices === null) return releaseCasts([x], y); // nothing would be recorded
   try {
     return releaseCasts(
       [x],
