@@ -36,7 +36,8 @@ export function markCastForOp(t: Tensor): Tensor {
 
 /**
  * Frees the op's handles of the casts autocast made for it, once the op has
- * recorded itself (the tape keeps its own handle of whatever it saved). A
+ * recorded itself (`record` calls it; the tape keeps its own handle of
+ * whatever it saved). An op must not use its casts after `record`. A
  * cast nobody saved — the f32 copy of an f16 residual branch a promoting
  * `add` reads — is then freed at once instead of when the enclosing scope
  * ends: under AMP those were 8C bytes per token and layer of a transformer,

@@ -9,6 +9,7 @@
 import { DTypeError, fail, ShapeError, StateError } from "./errors.ts";
 import { launchAccumulate, launchCopy } from "./kernels/elementwise.ts";
 import type { OpName } from "./op_registry.ts";
+import { releaseCasts } from "./autocast_hook.ts";
 import { runtime, withState } from "./runtime_state.ts";
 import { Tensor } from "./tensor.ts";
 import { untracked } from "./scope.ts";
@@ -185,7 +186,8 @@ export function record(spec: RecordSpec): Tensor {
     output.gradFn = new GradNode(op, inputs, output, spec.backward, saved);
     for (const input of inputs) input.gradFn?.hold();
   }
-  return output;
+  // Casts autocast made for this op go now: the node keeps what it saved.
+  return releaseCasts(inputs, output);
 }
 
 /** Nodes reachable from `root`, ordered so each node comes after every node that uses its output. */

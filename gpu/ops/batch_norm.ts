@@ -6,7 +6,7 @@
  */
 import { DTypeError, ShapeError, StateError, ValueError } from "../errors.ts";
 import { isGradEnabled, record } from "../autograd.ts";
-import { autocastInputs, releaseCasts } from "../autocast_hook.ts";
+import { autocastInputs } from "../autocast_hook.ts";
 import { isRecomputing } from "../checkpoint.ts";
 import {
   type BatchNormView,
@@ -177,24 +177,21 @@ export function batchNorm(x0: Tensor, options: BatchNormOptions): Tensor {
   const inputs = [x, ...(weight ? [weight] : []), ...(bias ? [bias] : [])];
   const saved = [x, mean, rstd, ...(weight ? [weight] : [])];
   try {
-    return releaseCasts(
-      [x],
-      record({
-        op: "batch_norm",
-        inputs,
-        output: y,
-        save: saved,
-        backward: (g, [sx, sMean, sRstd, sWeight]) => {
-          const { dx, dw, db } = launchBatchNormBackward(
-            sx,
-            view,
-            { g, mean: sMean, rstd: sRstd, weight: sWeight ?? null },
-            { training, bias: bias !== null },
-          );
-          return [dx, ...(weight ? [dw] : []), ...(bias ? [db] : [])];
-        },
-      }),
-    );
+    return record({
+      op: "batch_norm",
+      inputs,
+      output: y,
+      save: saved,
+      backward: (g, [sx, sMean, sRstd, sWeight]) => {
+        const { dx, dw, db } = launchBatchNormBackward(
+          sx,
+          view,
+          { g, mean: sMean, rstd: sRstd, weight: sWeight ?? null },
+          { training, bias: bias !== null },
+        );
+        return [dx, ...(weight ? [dw] : []), ...(bias ? [db] : [])];
+      },
+    });
   } finally {
     // record() holds its own shared handles; ours go now (see layer_norm.ts).
     mean.dispose();

@@ -1,7 +1,7 @@
 /** Differentiable causal softmax for attention scores [..., T, T] (f32 math inside). */
 import { DTypeError, ShapeError, ValueError } from "../errors.ts";
 import { record } from "../autograd.ts";
-import { autocastInputs, releaseCasts } from "../autocast_hook.ts";
+import { autocastInputs } from "../autocast_hook.ts";
 import { launchCausalSoftmax, launchCausalSoftmaxBackward } from "../kernels/causal_softmax.ts";
 import type { Tensor } from "../tensor.ts";
 
@@ -54,14 +54,11 @@ export function causalSoftmax(x0: Tensor, options: CausalSoftmaxOptions = {}): T
     throw new ValueError(`causalSoftmax: scale must be a finite number, got ${scale}.`);
   }
   const y = launchCausalSoftmax(x, scale);
-  return releaseCasts(
-    [x],
-    record({
-      op: "causal_softmax",
-      inputs: [x],
-      output: y,
-      save: [y],
-      backward: (g, [sy]) => [launchCausalSoftmaxBackward(sy, g, scale)],
-    }),
-  );
+  return record({
+    op: "causal_softmax",
+    inputs: [x],
+    output: y,
+    save: [y],
+    backward: (g, [sy]) => [launchCausalSoftmaxBackward(sy, g, scale)],
+  });
 }

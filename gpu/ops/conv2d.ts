@@ -1,6 +1,6 @@
 /** Differentiable 2-D convolution, NCHW, as PyTorch's `conv2d`. */
 import { record } from "../autograd.ts";
-import { autocastInputs, releaseCasts } from "../autocast_hook.ts";
+import { autocastInputs } from "../autocast_hook.ts";
 import type { MatmulTiling } from "../device.ts";
 import { DTypeError, fail, ShapeError, ValueError } from "../errors.ts";
 import { launchBinary } from "../kernels/elementwise.ts";
@@ -198,26 +198,23 @@ export function conv2d(x0: Tensor, weight0: Tensor, options: Conv2dOptions = {})
     relu,
   });
   const inputs = bias ? [x, weight, bias] : [x, weight];
-  return releaseCasts(
-    [x, weight],
-    record({
-      op: "conv2d",
-      inputs,
-      output: y,
-      save: relu ? [x, weight, y] : [x, weight],
-      backward: (dy0, [sx, sw, sy], needs) => {
-        // ReLU's gradient from its output: y > 0 exactly where the pre-activation is.
-        const dy = relu ? launchBinary("relu_grad", dy0, sy) : dy0;
-        const dx = needs[0]
-          ? launchConv2dInputGrad(dy, sw, g, tilingOf(dy, problems.inputGrad, g.groups))
-          : null;
-        const dw = needs[1]
-          ? launchConv2dWeightGrad(dy, sx, g, tilingOf(dy, problems.weightGrad, 1), sw.dtype)
-          : null;
-        const db = bias && needs[2] ? launchConv2dBiasGrad(dy, g, bias.dtype) : null;
-        if (dy !== dy0) dy.dispose();
-        return bias ? [dx, dw, db] : [dx, dw];
-      },
-    }),
-  );
+  return record({
+    op: "conv2d",
+    inputs,
+    output: y,
+    save: relu ? [x, weight, y] : [x, weight],
+    backward: (dy0, [sx, sw, sy], needs) => {
+      // ReLU's gradient from its output: y > 0 exactly where the pre-activation is.
+      const dy = relu ? launchBinary("relu_grad", dy0, sy) : dy0;
+      const dx = needs[0]
+        ? launchConv2dInputGrad(dy, sw, g, tilingOf(dy, problems.inputGrad, g.groups))
+        : null;
+      const dw = needs[1]
+        ? launchConv2dWeightGrad(dy, sx, g, tilingOf(dy, problems.weightGrad, 1), sw.dtype)
+        : null;
+      const db = bias && needs[2] ? launchConv2dBiasGrad(dy, g, bias.dtype) : null;
+      if (dy !== dy0) dy.dispose();
+      return bias ? [dx, dw, db] : [dx, dw];
+    },
+  });
 }

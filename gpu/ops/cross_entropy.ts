@@ -1,7 +1,7 @@
 /** Differentiable per-row cross-entropy from logits (f32 math inside). */
 import { fail, ShapeError, ValueError } from "../errors.ts";
 import { record } from "../autograd.ts";
-import { autocastInputs, releaseCasts } from "../autocast_hook.ts";
+import { autocastInputs } from "../autocast_hook.ts";
 import {
   type CrossEntropyParams,
   launchCrossEntropy,
@@ -90,18 +90,15 @@ export function crossEntropyPerRow(
   const { loss, targetWeight, stats } = launchCrossEntropy(logits, targets, params);
   // The tape keeps the class weights alive for the backward with the other saved tensors.
   const saved = params.weight ? [logits, targets, stats, params.weight] : [logits, targets, stats];
-  releaseCasts(
-    [logits],
-    record({
-      op: "cross_entropy",
-      inputs: [logits],
-      output: loss,
-      save: saved,
-      backward: (g, [x, t, s, w]) => [
-        launchCrossEntropyBackward(x, t, s, g, { ...params, weight: w ?? null }),
-      ],
-    }),
-  );
+  record({
+    op: "cross_entropy",
+    inputs: [logits],
+    output: loss,
+    save: saved,
+    backward: (g, [x, t, s, w]) => [
+      launchCrossEntropyBackward(x, t, s, g, { ...params, weight: w ?? null }),
+    ],
+  });
   stats.dispose(); // the tape holds its own handle when it needs one
   return { losses: loss, targetWeights: targetWeight };
 }

@@ -1,6 +1,6 @@
 /** Differentiable dropout whose mask is regenerated, never stored. */
 import { record } from "../autograd.ts";
-import { autocastInputs, releaseCasts } from "../autocast_hook.ts";
+import { autocastInputs } from "../autocast_hook.ts";
 import { fail, ValueError } from "../errors.ts";
 import { launchDropout } from "../kernels/dropout.ts";
 import type { RandomRange } from "../random.ts";
@@ -29,13 +29,10 @@ export function dropout(x0: Tensor, p: number, range: RandomRange): Tensor {
   }
   const [x] = autocastInputs("dropout", [x0]);
   const y = launchDropout(x, p, range);
-  return releaseCasts(
-    [x],
-    record({
-      op: "dropout",
-      inputs: [x],
-      output: y,
-      backward: (g) => [launchDropout(g, p, range)],
-    }),
-  );
+  return record({
+    op: "dropout",
+    inputs: [x],
+    output: y,
+    backward: (g) => [launchDropout(g, p, range)],
+  });
 }

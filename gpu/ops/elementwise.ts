@@ -15,7 +15,7 @@ import {
 } from "../kernels/elementwise.ts";
 import { launchReduce } from "../kernels/reduce.ts";
 import type { Tensor } from "../tensor.ts";
-import { autocastInputs, releaseCasts } from "../autocast_hook.ts";
+import { autocastInputs } from "../autocast_hook.ts";
 import type { AutocastOpName } from "../op_registry.ts";
 import { broadcastInto, isSame, reductionOf } from "./broadcast.ts";
 import { assertSameDtype, assertSameGpu } from "./checks.ts";
@@ -56,76 +56,64 @@ function binary(
  */
 export function add(a0: Tensor, b0: Tensor): Tensor {
   const { a, b, y, bc } = binary("add", a0, b0);
-  return releaseCasts(
-    [a, b],
-    record({
-      op: "add",
-      inputs: [a, b],
-      output: y,
-      backward: (g, _, needs) => [g, needs[1] ? reduceToOperand(g, b, bc) : null],
-    }),
-  );
+  return record({
+    op: "add",
+    inputs: [a, b],
+    output: y,
+    backward: (g, _, needs) => [g, needs[1] ? reduceToOperand(g, b, bc) : null],
+  });
 }
 
 /** a − b, with `b` broadcast into `a`'s shape. */
 export function sub(a0: Tensor, b0: Tensor): Tensor {
   const { a, b, y, bc } = binary("sub", a0, b0);
-  return releaseCasts(
-    [a, b],
-    record({
-      op: "sub",
-      inputs: [a, b],
-      output: y,
-      backward: (g, _, needs) => [g, needs[1] ? reduceToOperand(g, b, bc, -1) : null],
-    }),
-  );
+  return record({
+    op: "sub",
+    inputs: [a, b],
+    output: y,
+    backward: (g, _, needs) => [g, needs[1] ? reduceToOperand(g, b, bc, -1) : null],
+  });
 }
 
 /** a · b elementwise, with `b` broadcast into `a`'s shape. */
 export function mul(a0: Tensor, b0: Tensor): Tensor {
   const { a, b, y, bc } = binary("mul", a0, b0);
-  return releaseCasts(
-    [a, b],
-    record({
-      op: "mul",
-      inputs: [a, b],
-      output: y,
-      save: [a, b],
-      backward: (g, [sa, sb], needs) => {
-        const ga = needs[0] ? launchBinary("mul", g, sb, bc) : null;
-        if (!needs[1]) return [ga, null];
-        const gab = launchBinary("mul", g, sa);
-        const gb = reduceToOperand(gab, sb, bc);
-        if (gb !== gab) gab.dispose();
-        return [ga, gb];
-      },
-    }),
-  );
+  return record({
+    op: "mul",
+    inputs: [a, b],
+    output: y,
+    save: [a, b],
+    backward: (g, [sa, sb], needs) => {
+      const ga = needs[0] ? launchBinary("mul", g, sb, bc) : null;
+      if (!needs[1]) return [ga, null];
+      const gab = launchBinary("mul", g, sa);
+      const gb = reduceToOperand(gab, sb, bc);
+      if (gb !== gab) gab.dispose();
+      return [ga, gb];
+    },
+  });
 }
 
 /** a / b elementwise, with `b` broadcast into `a`'s shape. */
 export function div(a0: Tensor, b0: Tensor): Tensor {
   const { a, b, y, bc } = binary("div", a0, b0);
   // d/da = 1/b; d/db = −a/b² = −y/b.
-  return releaseCasts(
-    [a, b],
-    record({
-      op: "div",
-      inputs: [a, b],
-      output: y,
-      save: [b, y],
-      backward: (g, [sb, sy], needs) => {
-        const ga = needs[0] ? launchBinary("div", g, sb, bc) : null;
-        if (!needs[1]) return [ga, null];
-        const gy = launchBinary("mul", g, sy);
-        const gyb = launchBinary("div", gy, sb, bc);
-        gy.dispose();
-        const gb = reduceToOperand(gyb, sb, bc, -1);
-        if (gb !== gyb) gyb.dispose();
-        return [ga, gb];
-      },
-    }),
-  );
+  return record({
+    op: "div",
+    inputs: [a, b],
+    output: y,
+    save: [b, y],
+    backward: (g, [sb, sy], needs) => {
+      const ga = needs[0] ? launchBinary("div", g, sb, bc) : null;
+      if (!needs[1]) return [ga, null];
+      const gy = launchBinary("mul", g, sy);
+      const gyb = launchBinary("div", gy, sb, bc);
+      gy.dispose();
+      const gb = reduceToOperand(gyb, sb, bc, -1);
+      if (gb !== gyb) gyb.dispose();
+      return [ga, gb];
+    },
+  });
 }
 
 /**
@@ -175,16 +163,13 @@ function unary(
   const y = launchUnary(kernel, x, { scalar: s });
   const { saves, grad } = UNARY_GRADS[kernel];
   const save = saves === "x" ? [x] : saves === "y" ? [y] : [];
-  return releaseCasts(
-    [x],
-    record({
-      op,
-      inputs: [x],
-      output: y,
-      save,
-      backward: (g, [saved]) => [grad(g, saved, s)],
-    }),
-  );
+  return record({
+    op,
+    inputs: [x],
+    output: y,
+    save,
+    backward: (g, [saved]) => [grad(g, saved, s)],
+  });
 }
 
 /** −x. */

@@ -1,6 +1,6 @@
 /** Differentiable fused causal attention: no T×T matrix in memory, forward or backward. */
 import { record } from "../autograd.ts";
-import { autocastInputs, releaseCasts } from "../autocast_hook.ts";
+import { autocastInputs } from "../autocast_hook.ts";
 import { DTypeError, fail, ShapeError, ValueError } from "../errors.ts";
 import {
   type AttentionDropout,
@@ -139,7 +139,7 @@ function attention(
     },
   });
   lse.dispose();
-  return releaseCasts(list, out);
+  return out;
 }
 
 /** The sizes, with a clear error for heads that do not divide the `c` features or a head too large. */

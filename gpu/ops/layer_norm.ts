@@ -4,7 +4,7 @@
  */
 import { DTypeError, ShapeError, ValueError } from "../errors.ts";
 import { record } from "../autograd.ts";
-import { autocastInputs, releaseCasts } from "../autocast_hook.ts";
+import { autocastInputs } from "../autocast_hook.ts";
 import {
   launchLayerNorm,
   launchLayerNormBackward,
@@ -99,20 +99,17 @@ export function layerNorm(x0: Tensor, options: LayerNormOptions = {}): Tensor {
   const want = { weight: weight?.requiresGrad ?? false, bias: bias?.requiresGrad ?? false };
   const saved = [x, mean, rstd, ...(weight ? [weight] : [])];
   try {
-    return releaseCasts(
-      [x],
-      record({
-        op: "layer_norm",
-        inputs,
-        output: y,
-        save: saved,
-        backward: (g, [sx, sMean, sRstd, sWeight]) => {
-          const dx = needDx ? launchLayerNormBackward(sx, sWeight ?? null, g, sMean, sRstd) : null;
-          const { dw, db } = launchLayerNormParamGrads(sx, g, sMean, sRstd, want);
-          return [dx, ...(weight ? [dw] : []), ...(bias ? [db] : [])];
-        },
-      }),
-    );
+    return record({
+      op: "layer_norm",
+      inputs,
+      output: y,
+      save: saved,
+      backward: (g, [sx, sMean, sRstd, sWeight]) => {
+        const dx = needDx ? launchLayerNormBackward(sx, sWeight ?? null, g, sMean, sRstd) : null;
+        const { dw, db } = launchLayerNormParamGrads(sx, g, sMean, sRstd, want);
+        return [dx, ...(weight ? [dw] : []), ...(bias ? [db] : [])];
+      },
+    });
   } finally {
     // record() keeps its own shared handles of what it saves; ours go now, so
     // the statistics live exactly as long as the tape node (or not at all).

@@ -6,7 +6,7 @@
  * each pair keeps one activation fewer.
  */
 import { record } from "../autograd.ts";
-import { autocastInputs, releaseCasts } from "../autocast_hook.ts";
+import { autocastInputs } from "../autocast_hook.ts";
 import {
   launchLayerNorm,
   launchLayerNormBackward,
@@ -65,69 +65,66 @@ export function layerNormLinear(
   const bias = options.bias ?? null;
   const parameters = [nw, nb, weight, bias].filter((t): t is Tensor => t !== null);
   try {
-    return releaseCasts(
-      [x],
-      record({
-        op: "linear",
-        inputs: [x, ...parameters],
-        output: layer.y,
-        save: [
-          x,
-          normalised.mean,
-          normalised.rstd,
-          weight,
-          ...(nw ? [nw] : []),
-          ...(nb ? [nb] : []),
-          ...(
-            options.activation === "relu" ? [layer.y] : []
-          ),
-        ],
-        backward: (g, saved, needs) => {
-          const [sx, mean, rstd, sw] = saved;
-          const sNw = nw ? saved[4] : null, sNb = nb ? saved[4 + (nw ? 1 : 0)] : null;
-          const sy = options.activation === "relu" ? saved.at(-1) : undefined;
-          // needs follows inputs: x, then the LayerNorm's weight and bias, W, the bias.
-          const at = { nw: 1, nb: 1 + (nw ? 1 : 0), w: 1 + (nw ? 1 : 0) + (nb ? 1 : 0) };
-          const again = launchLayerNorm(sx, sNw, sNb, eps);
-          [again.mean, again.rstd].forEach((t) => t.dispose());
-          const read = readDtype === again.y.dtype
-            ? again.y
-            : launchUnary("identity", again.y, { out: readDtype });
-          if (read !== again.y) again.y.dispose();
-          const needsNormGrad = needs[0] || (nw !== null && needs[at.nw]) ||
-            (nb !== null && needs[at.nb]);
-          const [dRead, dW, dBias] = layer!.backward(g, read, sw, sy, [
-            needsNormGrad,
-            needs[at.w],
-            bias !== null && needs[at.w + 1],
-          ]);
-          read.dispose();
-          let dx: Tensor | null = null, dNw: Tensor | null = null, dNb: Tensor | null = null;
-          if (dRead) {
-            const dn = dRead.dtype === sx.dtype ? dRead : launchUnary("identity", dRead, {
-              out: sx.dtype,
-            });
-            if (dn !== dRead) dRead.dispose();
-            if (needs[0]) dx = launchLayerNormBackward(sx, sNw, dn, mean, rstd);
-            const want = {
-              weight: nw !== null && needs[at.nw],
-              bias: nb !== null && needs[at.nb],
-            };
-            const grads = launchLayerNormParamGrads(sx, dn, mean, rstd, want);
-            dNw = grads.dw;
-            dNb = grads.db;
-            dn.dispose();
-          }
-          return [
-            dx,
-            ...(nw ? [dNw] : []),
-            ...(nb ? [dNb] : []),
-            dW,
-            ...(bias ? [dBias] : []),
-          ];
-        },
-      }),
-    );
+    return record({
+      op: "linear",
+      inputs: [x, ...parameters],
+      output: layer.y,
+      save: [
+        x,
+        normalised.mean,
+        normalised.rstd,
+        weight,
+        ...(nw ? [nw] : []),
+        ...(nb ? [nb] : []),
+        ...(
+          options.activation === "relu" ? [layer.y] : []
+        ),
+      ],
+      backward: (g, saved, needs) => {
+        const [sx, mean, rstd, sw] = saved;
+        const sNw = nw ? saved[4] : null, sNb = nb ? saved[4 + (nw ? 1 : 0)] : null;
+        const sy = options.activation === "relu" ? saved.at(-1) : undefined;
+        // needs follows inputs: x, then the LayerNorm's weight and bias, W, the bias.
+        const at = { nw: 1, nb: 1 + (nw ? 1 : 0), w: 1 + (nw ? 1 : 0) + (nb ? 1 : 0) };
+        const again = launchLayerNorm(sx, sNw, sNb, eps);
+        [again.mean, again.rstd].forEach((t) => t.dispose());
+        const read = readDtype === again.y.dtype
+          ? again.y
+          : launchUnary("identity", again.y, { out: readDtype });
+        if (read !== again.y) again.y.dispose();
+        const needsNormGrad = needs[0] || (nw !== null && needs[at.nw]) ||
+          (nb !== null && needs[at.nb]);
+        const [dRead, dW, dBias] = layer!.backward(g, read, sw, sy, [
+          needsNormGrad,
+          needs[at.w],
+          bias !== null && needs[at.w + 1],
+        ]);
+        read.dispose();
+        let dx: Tensor | null = null, dNw: Tensor | null = null, dNb: Tensor | null = null;
+        if (dRead) {
+          const dn = dRead.dtype === sx.dtype ? dRead : launchUnary("identity", dRead, {
+            out: sx.dtype,
+          });
+          if (dn !== dRead) dRead.dispose();
+          if (needs[0]) dx = launchLayerNormBackward(sx, sNw, dn, mean, rstd);
+          const want = {
+            weight: nw !== null && needs[at.nw],
+            bias: nb !== null && needs[at.nb],
+          };
+          const grads = launchLayerNormParamGrads(sx, dn, mean, rstd, want);
+          dNw = grads.dw;
+          dNb = grads.db;
+          dn.dispose();
+        }
+        return [
+          dx,
+          ...(nw ? [dNw] : []),
+          ...(nb ? [dNb] : []),
+          dW,
+          ...(bias ? [dBias] : []),
+        ];
+      },
+    });
   } finally {
     normalised.mean.dispose();
     normalised.rstd.dispose();

@@ -9,7 +9,7 @@ import { launchBinary, launchUnary } from "../kernels/elementwise.ts";
 import { dispatchMatmul } from "../kernels/matmul.ts";
 import { launchReduce } from "../kernels/reduce.ts";
 import { Tensor } from "../tensor.ts";
-import { autocastInputs, releaseCasts } from "../autocast_hook.ts";
+import { autocastInputs } from "../autocast_hook.ts";
 import { product, resolve, type Resolved } from "./matmul.ts";
 
 /** Options of {@link linear}. */
@@ -54,19 +54,16 @@ export function linear(x0: Tensor, weight0: Tensor, options: LinearOptions = {})
   const [x, weight] = autocastInputs("linear", [x0, weight0]);
   const layer = linearForward("linear", x, weight, options);
   const bias = options.bias ?? null;
-  return releaseCasts(
-    [x, weight],
-    record({
-      op: "linear",
-      inputs: bias ? [x, weight, bias] : [x, weight],
-      output: layer.y,
-      save: layer.save,
-      backward: (g, [sx, sw, sy], needs) => {
-        const [gx, gw, gb] = layer.backward(g, sx, sw, sy, needs);
-        return bias ? [gx, gw, gb] : [gx, gw];
-      },
-    }),
-  );
+  return record({
+    op: "linear",
+    inputs: bias ? [x, weight, bias] : [x, weight],
+    output: layer.y,
+    save: layer.save,
+    backward: (g, [sx, sw, sy], needs) => {
+      const [gx, gw, gb] = layer.backward(g, sx, sw, sy, needs);
+      return bias ? [gx, gw, gb] : [gx, gw];
+    },
+  });
 }
 
 /** A linear layer's forward result: y, what its backward needs saved, and the backward. */

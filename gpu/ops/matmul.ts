@@ -7,7 +7,7 @@ import { ShapeError } from "../errors.ts";
 import { record } from "../autograd.ts";
 import { dispatchMatmul, type MatmulProblem } from "../kernels/matmul.ts";
 import { Tensor } from "../tensor.ts";
-import { autocastInputs, releaseCasts } from "../autocast_hook.ts";
+import { autocastInputs } from "../autocast_hook.ts";
 import { assertSameDtype, assertSameGpu } from "./checks.ts";
 
 /** Options of {@link matmul}. */
@@ -139,14 +139,11 @@ export function matmul(a0: Tensor, b0: Tensor, options: MatmulOptions = {}): Ten
   const [a, b] = autocastInputs("matmul", [a0, b0]);
   const transA = options.transA ?? false, transB = options.transB ?? false;
   const c = product(a, b, transA, transB);
-  return releaseCasts(
-    [a, b],
-    record({
-      op: "matmul",
-      inputs: [a, b],
-      output: c,
-      save: [a, b],
-      backward: (g, [sa, sb], needs) => matmulGrads(sa, sb, g, transA, transB, needs),
-    }),
-  );
+  return record({
+    op: "matmul",
+    inputs: [a, b],
+    output: c,
+    save: [a, b],
+    backward: (g, [sa, sb], needs) => matmulGrads(sa, sb, g, transA, transB, needs),
+  });
 }

@@ -234,16 +234,13 @@ export function maxPool2d(x0: Tensor, options: MaxPool2dOptions): Tensor {
   const { y, indices } = launchMaxPool2d(x, geo, isGradEnabled() && x.requiresGrad);
   if (indices === null) return releaseCasts([x], y); // nothing would be recorded
   try {
-    return releaseCasts(
-      [x],
-      record({
-        op: "max_pool2d",
-        inputs: [x],
-        output: y,
-        save: [indices],
-        backward: (g, [saved]) => [launchMaxPool2dBackward(g, saved, geo)],
-      }),
-    );
+    return record({
+      op: "max_pool2d",
+      inputs: [x],
+      output: y,
+      save: [indices],
+      backward: (g, [saved]) => [launchMaxPool2dBackward(g, saved, geo)],
+    });
   } finally {
     // record() holds its own handle while the node lives.
     indices.dispose();
@@ -275,15 +272,12 @@ export function avgPool2d(x0: Tensor, options: AvgPool2dOptions): Tensor {
   const [x] = autocastInputs("avg_pool2d", [x0]);
   const geo = windowGeometry("avgPool2d", x, o);
   const y = launchAvgPool2d(x, geo, o.countIncludePad);
-  return releaseCasts(
-    [x],
-    record({
-      op: "avg_pool2d",
-      inputs: [x],
-      output: y,
-      backward: (g) => [launchAvgPool2dBackward(g, geo, o.countIncludePad)],
-    }),
-  );
+  return record({
+    op: "avg_pool2d",
+    inputs: [x],
+    output: y,
+    backward: (g) => [launchAvgPool2dBackward(g, geo, o.countIncludePad)],
+  });
 }
 
 /**
@@ -331,13 +325,10 @@ export function adaptiveAvgPool2d(x0: Tensor, outputSize: AdaptiveSize2d): Tenso
     dilation: one,
   };
   const y = launchAdaptiveAvgPool2d(x, geo);
-  return releaseCasts(
-    [x],
-    record({
-      op: "adaptive_avg_pool2d",
-      inputs: [x],
-      output: y,
-      backward: (g) => [launchAdaptiveAvgPool2dBackward(g, geo)],
-    }),
-  );
+  return record({
+    op: "adaptive_avg_pool2d",
+    inputs: [x],
+    output: y,
+    backward: (g) => [launchAdaptiveAvgPool2dBackward(g, geo)],
+  });
 }

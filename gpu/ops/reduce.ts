@@ -1,6 +1,6 @@
 /** Differentiable reductions: sum and mean over one axis or all; max (no gradient). */
 import { isGradEnabled, record } from "../autograd.ts";
-import { autocastInputs, releaseCasts } from "../autocast_hook.ts";
+import { autocastInputs } from "../autocast_hook.ts";
 import { fail, ShapeError, StateError } from "../errors.ts";
 import { launchUnary } from "../kernels/elementwise.ts";
 import { launchReduce, type ReduceOp, type ReduceView } from "../kernels/reduce.ts";
@@ -44,20 +44,17 @@ function reduceWithGrad(op: "sum" | "mean", x0: Tensor, options: ReduceOptions):
     ? Tensor.full(shape, NaN, { dtype: x.dtype === "i32" ? "f32" : x.dtype, gpu: x.gpu })
     : launchReduce("sum", x, view, shape, { scale });
   // The gradient repeats along the reduced axis (times 1/n for a mean).
-  return releaseCasts(
-    [x],
-    record({
-      op,
-      inputs: [x],
-      output: y,
-      backward: (g) => [
-        launchUnary("scale", g, {
-          scalar: scale,
-          expand: { shape: x.shape, broadcast: { mid: view.axis, inner: view.inner } },
-        }),
-      ],
-    }),
-  );
+  return record({
+    op,
+    inputs: [x],
+    output: y,
+    backward: (g) => [
+      launchUnary("scale", g, {
+        scalar: scale,
+        expand: { shape: x.shape, broadcast: { mid: view.axis, inner: view.inner } },
+      }),
+    ],
+  });
 }
 
 /**

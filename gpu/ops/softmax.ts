@@ -1,7 +1,7 @@
 /** Differentiable softmax and log-softmax over the last axis (f32 math inside). */
 import { ShapeError } from "../errors.ts";
 import { record } from "../autograd.ts";
-import { autocastInputs, releaseCasts } from "../autocast_hook.ts";
+import { autocastInputs } from "../autocast_hook.ts";
 import { launchSoftmax, launchSoftmaxBackward, type SoftmaxKind } from "../kernels/softmax.ts";
 import type { Tensor } from "../tensor.ts";
 
@@ -18,16 +18,13 @@ function softmaxOp(kind: SoftmaxKind, x0: Tensor, axis: number): Tensor {
   const [x] = autocastInputs(kind, [x0]);
   checkAxis(kind, x, axis);
   const y = launchSoftmax(kind, x);
-  return releaseCasts(
-    [x],
-    record({
-      op: kind,
-      inputs: [x],
-      output: y,
-      save: [y],
-      backward: (g, [sy]) => [launchSoftmaxBackward(kind, sy, g)],
-    }),
-  );
+  return record({
+    op: kind,
+    inputs: [x],
+    output: y,
+    save: [y],
+    backward: (g, [sy]) => [launchSoftmaxBackward(kind, sy, g)],
+  });
 }
 
 /**
