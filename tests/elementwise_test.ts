@@ -145,6 +145,7 @@ const BROADCASTS = [
   { a: [7, 13], b: [7, 1], index: (i: number) => Math.floor(i / 13) }, // per-row value
   { a: [7, 13], b: [1], index: () => 0 }, // scalar
   { a: [3, 5, 4], b: [3, 1, 4], index: (i: number) => Math.floor(i / 20) * 4 + (i % 4) }, // middle axis
+  { a: [1, 7, 13], b: [7, 13], index: (i: number) => i }, // a batch of one: b lacks a leading 1
 ];
 
 Deno.test({
@@ -178,6 +179,7 @@ Deno.test({
             const tolB = dtype === "f16" ? { atol: 2e-2, rtol: 5e-3 } : TOL.f32;
             assertClose(await ta.grad!.read(), da, TOL[dtype], `${label} da`);
             assertClose(await tb.grad!.read(), db, tolB, `${label} db`);
+            assert.deepEqual(tb.grad!.shape, bc.b, `${label}: db has b's shape`);
             [ta, tb, y].forEach((t) => {
               t.grad?.dispose();
               t.dispose();

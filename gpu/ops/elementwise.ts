@@ -14,6 +14,7 @@ import {
   type UnaryOp,
 } from "../kernels/elementwise.ts";
 import { launchReduce } from "../kernels/reduce.ts";
+import { sameShape } from "../shape.ts";
 import type { Tensor } from "../tensor.ts";
 import { autocastInputs } from "../autocast_hook.ts";
 import type { AutocastOpName } from "../op_registry.ts";
@@ -22,9 +23,13 @@ import { assertSameDtype, assertSameGpu } from "./checks.ts";
 
 /** Sums a gradient of the output's shape down to the broadcast operand's shape, times `scale`. */
 function reduceToOperand(g: Tensor, operand: Tensor, b: Broadcast, scale = 1): Tensor {
-  if (isSame(b) && scale === 1) return g;
-  if (isSame(b)) return launchUnary("scale", g, { scalar: scale });
-  return launchReduce("sum", g, reductionOf(g.shape, b), operand.shape, { scale });
+  if (!isSame(b)) return launchReduce("sum", g, reductionOf(g.shape, b), operand.shape, { scale });
+  // Same elements; the operand may still lack leading 1s ([T, C] added to [1, T, C]).
+  const scaled = scale === 1 ? g : launchUnary("scale", g, { scalar: scale });
+  if (sameShape(scaled.shape, operand.shape)) return scaled;
+  const view = scaled.share(operand.shape);
+  if (scaled !== g) scaled.dispose();
+  return view;
 }
 
 /** Casts the operands as autocast says, checks them, and runs the kernel. */
