@@ -255,6 +255,7 @@ export class GradScaler {
       );
     }
     const seen = new Set<GPUBuffer>(); // a gradient shared by two params is unscaled once
+    const grads: Tensor[] = [];
     for (const p of optimizer.params) {
       const g = p.grad;
       if (!g || seen.has(g.buffer)) continue;
@@ -266,8 +267,9 @@ export class GradScaler {
           `a gradient ${g.describe()} lives on another device than the scaler.`,
         );
       }
-      launchUnscale(g, this.#scale, this.#foundInf);
+      grads.push(g);
     }
+    launchUnscale(grads, this.#scale, this.#foundInf);
     this.#stages.set(optimizer, "unscaled");
   }
 

@@ -67,7 +67,9 @@ export async function benchGpt(gpu: Gpu, o: BenchOptions): Promise<Result[]> {
     step();
     await gpu.sync();
     gpu.resetPeakMemory();
+    const before = gpu.batch.counters.dispatches;
     const seconds = await timed(gpu, steps, step);
+    const dispatchesPerStep = (gpu.batch.counters.dispatches - before) / (steps + 1);
     const finalLoss = await loss!.item();
     let topKernels: { kernel: string; share: number; ms: number; config: string }[] = [];
     if (mode === "amp") {
@@ -88,6 +90,7 @@ export async function benchGpt(gpu: Gpu, o: BenchOptions): Promise<Result[]> {
       msPerStep: seconds * 1000,
       stepsPerSec: 1 / seconds,
       tflops: gptFlopsPerStep(g, parameters) / seconds / 1e12,
+      dispatchesPerStep,
       finalLoss,
       peakBytes: gpu.memoryStats().peakBytes,
       ...(topKernels.length > 0 && { topKernels }),

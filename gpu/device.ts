@@ -17,6 +17,7 @@ import {
 } from "./kernel.ts";
 import { fail, GpuError, StateError, ValueError } from "./errors.ts";
 import { runtime } from "./runtime_state.ts";
+import { MAX_TENSOR_SLOTS } from "./kernels/multi_tensor.ts";
 
 /** How to treat f16: use it when the adapter has it, insist on it, or never use it. */
 export type F16Mode = "auto" | "require" | "off";
@@ -119,6 +120,14 @@ export class Gpu {
    */
   vectorElementwise: boolean;
   /**
+   * The most tensors one dispatch of the once-per-parameter kernels
+   * (GradScaler unscale, gradient-norm clipping, optimizer updates) takes,
+   * as apex's `multi_tensor_apply` does; the device's storage-buffer limit
+   * may allow fewer (see `gpu/kernels/multi_tensor.ts`). Default 16; 1 gives
+   * one dispatch per tensor. Results are the same bits either way.
+   */
+  multiTensorSlots: number;
+  /**
    * Loop iterations one shader invocation may run: lavapipe stops it after
    * 65535 (see `gpu/kernels/loop_limit.ts`); Infinity on other adapters.
    */
@@ -156,6 +165,7 @@ export class Gpu {
     this.matmulTiling = options.matmulTiling;
     this.threadRowMax = adapterInfo.isFallbackAdapter ? 4096 : 64;
     this.vectorElementwise = true;
+    this.multiTensorSlots = MAX_TENSOR_SLOTS;
     // Less a margin for the fixed loops around the ones kernels check.
     this.loopIterationLimit = /llvmpipe/i.test(this.adapterName) ? 65535 - 1024 : Infinity;
     this.pool = new BufferPool(

@@ -9,7 +9,7 @@ import { DTypeError, fail, StateError, ValueError } from "../gpu/errors.ts";
 import { untracked } from "../gpu/scope.ts";
 import { sameShape } from "../gpu/shape.ts";
 import { Tensor } from "../gpu/tensor.ts";
-import type { UpdateBuffers } from "./kernels/update.ts";
+import type { ParamUpdate, UpdateSignals } from "./kernels/update.ts";
 import type { Optimizer, StepSignals, WorkingCopies } from "./optimizer.ts";
 import {
   cloneHyper,
@@ -54,7 +54,7 @@ export function commonChecks(h: { lr: number; weightDecay: number }): string[] {
 
 /**
  * Throws on option keys `kind` does not know, and on `fused: false`:
- * halfstep's optimizers always run as one fused kernel per parameter, so
+ * halfstep's optimizers always run as one fused kernel, so
  * `fused: true` (PyTorch's spelling) is accepted and is the only choice.
  */
 export function checkOptionKeys(kind: string, options: object, known: string[]): void {
@@ -65,7 +65,7 @@ export function checkOptionKeys(kind: string, options: object, known: string[]):
   if ("fused" in given && given.fused !== true && given.fused !== undefined) {
     errors.push(
       `fused must be true (or left out), not ${given.fused}: the update always runs as one ` +
-        "fused kernel per parameter",
+        "fused kernel",
     );
   }
   fail(ValueError, `${kind}: invalid options`, errors);
@@ -135,8 +135,8 @@ export abstract class FusedOptimizer<G extends Group> implements Optimizer {
   protected abstract checkHyper(group: Omit<G, "params">): string[];
   /** Names of the fp32 state buffers (shaped like the parameter) a parameter of `group` needs. */
   protected abstract stateNames(group: Omit<G, "params">): string[];
-  /** Dispatches the fused update of one parameter. */
-  protected abstract update(b: UpdateBuffers, state: Record<string, Tensor>, group: G): void;
+  /** Dispatches the fused updates of a group's parameters that have gradients. */
+  protected abstract update(updates: ParamUpdate[], signals: UpdateSignals, group: G): void;
   /** Optimizer-wide switches (saved in state dicts, must match on load). */
   protected settings(): Record<string, boolean> {
     return {};
@@ -160,19 +160,22 @@ export abstract class FusedOptimizer<G extends Group> implements Optimizer {
   }
 
   /**
-   * One fused update of every parameter that has a gradient: one dispatch per
-   * parameter, no readback. With `signals.foundInf` non-zero nothing changes
-   * (decided on the GPU); gradients are multiplied by `signals.gradScale`.
-   * Throws (before dispatching anything) on a gradient whose shape or dtype is wrong.
+   * One fused update of every parameter that has a gradient, no readback:
+   * a dispatch per group and run of up to 16 parameters of the same
+   * gradient dtype (`gpu.multiTensorSlots`). With `signals.foundInf` non-zero
+   * nothing changes (decided on the GPU); gradients are multiplied by
+   * `signals.gradScale`. Throws (before dispatching anything) on a gradient
+   * whose shape or dtype is wrong.
    */
   step(signals: StepSignals = {}): void {
     this.live("step");
     fail(ValueError, `${this.kind}.step: invalid hyper-parameters`, this.#groupErrors());
     const foundInf = this.#signal(signals.foundInf, "foundInf");
     const gradScale = this.#signal(signals.gradScale, "gradScale");
-    const work: [Tensor, G][] = [];
+    const work = new Map<G, ParamUpdate[]>();
     const errors: string[] = [];
     for (const group of this.groups) {
+      const updates: ParamUpdate[] = [];
       for (const p of group.params) {
         const g = p.grad;
         if (!g) continue;
@@ -183,21 +186,23 @@ export abstract class FusedOptimizer<G extends Group> implements Optimizer {
         } else if ([p, this.#copies?.copyOf(p)].some((t) => t && g.sharesMemoryWith(t))) {
           errors.push(`the gradient of ${p.describe()} shares memory with it or its working copy`);
         }
-        work.push([p, group]);
+        updates.push({
+          param: p,
+          grad: g,
+          copy: this.#copies?.copyOf(p),
+          state: this.#state.get(p)!,
+        });
       }
+      if (updates.length > 0) work.set(group, updates);
     }
     fail(
       ValueError,
       `${this.kind}.step: gradients must be live f32/f16 tensors shaped like their parameter`,
       errors,
     );
-    if (work.length === 0) return;
+    if (work.size === 0) return;
     this.beforeUpdates(foundInf);
-    for (const [param, group] of work) {
-      const copy = this.#copies?.copyOf(param);
-      const b = { param, grad: param.grad!, foundInf, gradScale, copy };
-      this.update(b, this.#state.get(param)!, group);
-    }
+    for (const [group, updates] of work) this.update(updates, { foundInf, gradScale }, group);
   }
 
   /** Frees every gradient. */

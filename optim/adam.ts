@@ -1,6 +1,6 @@
 /**
- * Adam and AdamW over fp32 master weights as one fused kernel per parameter
- * tensor, with fp32 moments whatever the gradient dtype. A step with
+ * Adam and AdamW over fp32 master weights as one fused kernel (up to 16
+ * parameter tensors per dispatch), with fp32 moments whatever the gradient dtype. A step with
  * `foundInf` set is skipped on the GPU (masters, copies, moments and the step
  * count t stay bit-identical); nothing reads back to the CPU.
  *
@@ -19,7 +19,12 @@ import {
   type ParamGroup,
 } from "./_fused_optimizer.ts";
 import { need, type OptimizerStateDict } from "./_optimizer_state.ts";
-import { launchAdamUpdate, launchStepCount, type UpdateBuffers } from "./kernels/update.ts";
+import {
+  launchAdamUpdates,
+  launchStepCount,
+  type ParamUpdate,
+  type UpdateSignals,
+} from "./kernels/update.ts";
 
 /** A parameter group of {@link Adam}. */
 export interface AdamParamGroup extends ParamGroup {
@@ -31,7 +36,7 @@ export interface AdamParamGroup extends ParamGroup {
 
 /** Options of {@link Adam}. */
 export interface AdamOptions {
-  /** PyTorch's `fused=True`: accepted, and always so (one kernel per parameter). */
+  /** PyTorch's `fused=True`: accepted, and always so (one fused kernel). */
   fused?: true;
   /** Learning rate, >= 0 (default 1e-3). */
   lr?: number;
@@ -58,7 +63,7 @@ export interface AdamGroup extends Group {
 const ADAM_KEYS = ["lr", "betas", "eps", "weightDecay", "biasCorrection", "decoupledWeightDecay"];
 
 /**
- * torch.optim.Adam / AdamW as one fused kernel per parameter, fp32 moments
+ * torch.optim.Adam / AdamW as one fused kernel, fp32 moments
  * whatever the gradient dtype. The step count t lives in a GPU counter that
  * advances only on steps that are not skipped; it is shared by all groups
  * (as apex's per-group step, it advances whenever any parameter has a
@@ -147,8 +152,8 @@ export class Adam extends FusedOptimizer<AdamGroup> {
   }
 
   /** @internal */
-  protected update(b: UpdateBuffers, state: Record<string, Tensor>, g: AdamGroup): void {
-    launchAdamUpdate(b, { step: this.#step, expAvg: state.expAvg, expAvgSq: state.expAvgSq }, {
+  protected update(updates: ParamUpdate[], signals: UpdateSignals, g: AdamGroup): void {
+    launchAdamUpdates(updates, { ...signals, step: this.#step }, {
       ...g,
       decoupled: this.decoupledWeightDecay,
       biasCorrection: this.biasCorrection,

@@ -47,25 +47,19 @@ export function clipGradNorm(
   if (!(maxNorm > 0) || !Number.isFinite(maxNorm)) {
     throw new ValueError(`clipGradNorm: maxNorm must be a positive finite number, got ${maxNorm}.`);
   }
-  const grads = params.map((p) => p.grad).filter((g): g is Tensor => g !== null);
+  // A gradient listed twice (a parameter given twice) counts, and is scaled, once.
+  const grads = [...new Set(params.map((p) => p.grad).filter((g): g is Tensor => g !== null))];
   const gpu = params[0]?.gpu;
   if (!gpu) throw new ValueError("clipGradNorm: no parameters given.");
   return untracked(() =>
     noGrad(() => {
-      const first: number[] = []; // each gradient's first slot
-      let slots = 0;
-      for (const g of grads) {
-        first.push(slots);
-        slots += sumSquaresSlots(g.size);
-      }
+      const slots = grads.reduce((total, g) => total + sumSquaresSlots(g.size), 0);
       const partials = Tensor.empty([Math.max(slots, 1)], "f32", gpu); // every slot is written
-      grads.forEach((g, i) => launchSumSquares(g, partials, first[i]));
+      launchSumSquares(grads, partials);
       const totalNorm = Tensor.empty([1], "f32", gpu), coefficient = Tensor.empty([1], "f32", gpu);
       launchClipCoefficient(partials, slots, maxNorm, totalNorm, coefficient);
       partials.dispose();
-      if (options.inPlace ?? true) {
-        for (const g of grads) launchScaleByCoefficient(g, coefficient);
-      }
+      if (options.inPlace ?? true) launchScaleByCoefficient(grads, coefficient);
       return { totalNorm, coefficient };
     })
   );

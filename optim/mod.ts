@@ -1,6 +1,6 @@
 /**
  * Optimizers and what surrounds them: `SGD`, `Adam` and `AdamW` as one fused
- * kernel per parameter (fp32 masters and state, f16 working copies written
+ * kernel over up to 16 parameters per dispatch (fp32 masters and state, f16 working copies written
  * in the same kernel, a GPU-side skip when a step overflowed), parameter
  * groups and state dicts, learning-rate schedules, and clipping by global
  * norm on the GPU. Nothing here knows about loss scaling: amp's `GradScaler`

@@ -1,6 +1,6 @@
 /**
- * SGD over fp32 master weights as one fused kernel per parameter tensor: it
- * reads the gradient (f32 or f16), the momentum buffer and the step signals,
+ * SGD over fp32 master weights as one fused kernel (up to 16 parameter tensors
+ * per dispatch): for each tensor it reads the gradient (f32 or f16), the momentum buffer and the step signals,
  * and writes the new master and its f16 working copy. A step with `foundInf`
  * set is skipped on the GPU; nothing reads back to the CPU.
  *
@@ -17,7 +17,7 @@ import {
   type ParamGroup,
 } from "./_fused_optimizer.ts";
 import { need } from "./_optimizer_state.ts";
-import { launchSgdUpdate, type UpdateBuffers } from "./kernels/update.ts";
+import { launchSgdUpdates, type ParamUpdate, type UpdateSignals } from "./kernels/update.ts";
 
 /** A parameter group of {@link SGD}. */
 export interface SGDParamGroup extends ParamGroup {
@@ -29,7 +29,7 @@ export interface SGDParamGroup extends ParamGroup {
 
 /** Options of {@link SGD}: the defaults of every group. */
 export interface SGDOptions {
-  /** PyTorch's `fused=True`: accepted, and always so (one kernel per parameter). */
+  /** PyTorch's `fused=True`: accepted, and always so (one fused kernel). */
   fused?: true;
   /** Learning rate, >= 0. */
   lr: number;
@@ -50,7 +50,7 @@ export interface SGDGroup extends Group {
 }
 
 /**
- * torch.optim.SGD (dampening 0) as one fused kernel per parameter:
+ * torch.optim.SGD (dampening 0) as one fused kernel:
  * g = scale·∇ + wd·p; v = m·v + g (v starts at 0, so the first v is g);
  * g = Nesterov ? g + m·v : v; p −= lr·g; then the working copy is refreshed.
  *
@@ -99,7 +99,7 @@ export class SGD extends FusedOptimizer<SGDGroup> {
   }
 
   /** @internal */
-  protected update(b: UpdateBuffers, state: Record<string, Tensor>, g: SGDGroup): void {
-    launchSgdUpdate(b, g.momentum > 0 ? state.momentumBuffer : null, g);
+  protected update(updates: ParamUpdate[], signals: UpdateSignals, g: SGDGroup): void {
+    launchSgdUpdates(updates, signals, g);
   }
 }

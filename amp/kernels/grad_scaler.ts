@@ -1,5 +1,6 @@
 /**
- * GradScaler kernels: unscale-and-check (one dispatch per gradient tensor) and
+ * GradScaler kernels: unscale-and-check (a dispatch per run of up to 16
+ * gradient tensors, see `gpu/kernels/multi_tensor.ts`) and
  * the one-thread scale update. WGSL has no `isnan`/`isinf` and may assume
  * floats never overflow, so every check here is on bits: a value is non-finite
  * when its exponent field is all ones (f32 `0x7f800000`, f16 `0x7c00`).
@@ -8,7 +9,16 @@
  */
 import { DTypeError } from "../../gpu/errors.ts";
 import { defineKernel } from "../../gpu/kernel.ts";
-import { grid1d, WGSL_GRID_BUILTINS, WGSL_WORKGROUP_INDEX } from "../../gpu/kernels/grid.ts";
+import { WGSL_GRID_BUILTINS } from "../../gpu/kernels/grid.ts";
+import {
+  multiTensorChunks,
+  SLOT_UNIFORMS,
+  slotBindings,
+  slotBuffers,
+  slotsPerDispatch,
+  slotTable,
+  wgslForEachSlot,
+} from "../../gpu/kernels/multi_tensor.ts";
 import type { Tensor } from "../../gpu/tensor.ts";
 
 const WORKGROUP = 256;
@@ -30,24 +40,29 @@ const WGSL_RECIPROCAL = `fn reciprocal(s: f32) -> f32 {
   return 1.0 / s;
 }`;
 
-/** In place g ← g · (1/scale[0]); any non-finite input or product stores 1.0 in found[0]. */
+/**
+ * In place g ← g · (1/scale[0]) for each of `slots` gradients (one dispatch,
+ * see `multi_tensor.ts`); any non-finite input or product stores 1.0 in
+ * found[0].
+ */
 export const unscaleKernel = defineKernel({
   name: "grad_scaler_unscale",
   // Gradients are bound as u32 words whatever their dtype: no shader-f16 needed.
-  bindings: (_: { dtype: "f32" | "f16" }) => [
-    { name: "grad", type: "u32", write: true },
+  bindings: (c: { dtype: "f32" | "f16"; slots: number }) => [
+    ...slotBindings(c.slots, [{ name: "grad", type: "u32", write: true }]),
     { name: "scale", type: "f32" },
     { name: "found", type: "atomic<u32>", write: true },
   ],
-  uniforms: { n: "u32" },
-  source: ({ dtype }) => {
+  uniforms: SLOT_UNIFORMS,
+  source: ({ dtype, slots }) => {
     // f32: one value per word. f16: two halves per word; the high half of the
     // last word is padding when n is odd and is never tested or changed.
-    const body = dtype === "f32" ? `grad[w] = unscaled_f32(grad[w], inv);` : `let b = grad[w];
-      let lo = unscaled_f16(b & 0xffffu, inv);
-      var hi = b >> 16u;
-      if (2u * w + 1u < p.n) { hi = unscaled_f16(hi, inv); }
-      grad[w] = lo | (hi << 16u);`;
+    const body = (g: string) =>
+      dtype === "f32" ? `${g}[w] = unscaled_f32(${g}[w], inv);` : `let b = ${g}[w];
+          let lo = unscaled_f16(b & 0xffffu, inv);
+          var hi = b >> 16u;
+          if (2u * w + 1u < n) { hi = unscaled_f16(hi, inv); }
+          ${g}[w] = lo | (hi << 16u);`;
     return `var<private> bad: bool = false;
 ${WGSL_RECIPROCAL}
 fn unscaled_f32(b: u32, inv: f32) -> u32 {
@@ -69,14 +84,17 @@ fn unscaled_f16(h: u32, inv: f32) -> u32 {
 @compute @workgroup_size(${WORKGROUP})
 fn main(${WGSL_GRID_BUILTINS}) {
   let inv = reciprocal(scale[0]);
-  let words = ${dtype === "f32" ? "p.n" : "(p.n + 1u) / 2u"};
-  let base = (${WGSL_WORKGROUP_INDEX} * ${WORKGROUP}u + lid) * ${PER_THREAD}u;
-  for (var k = 0u; k < ${PER_THREAD}u; k++) {
-    let w = base + k;
-    if (w < words) {
-      ${body}
+  ${
+      wgslForEachSlot(slots, (k) =>
+        `let words = ${dtype === "f32" ? "n" : "(n + 1u) / 2u"};
+      let base = (wg * ${WORKGROUP}u + lid) * ${PER_THREAD}u;
+      for (var k = 0u; k < ${PER_THREAD}u; k++) {
+        let w = base + k;
+        if (w < words) {
+          ${body(`grad${k}`)}
+        }
+      }`)
     }
-  }
   if (bad) { atomicStore(&found[0], ${ONE_BITS}u); }
 }`;
   },
@@ -143,23 +161,32 @@ fn main() {
 });
 
 /**
- * Unscales `grad` (f32 or f16) in place by 1/`scale`[0] and stores 1.0 in
- * `foundInf`[0] when any element is (or becomes) non-finite. No sync.
+ * Unscales `grads` (f32 or f16, distinct buffers) in place by 1/`scale`[0]
+ * and stores 1.0 in `foundInf`[0] when any element is (or becomes)
+ * non-finite: gradients of one dtype share a dispatch, up to the device's
+ * slots per dispatch. No sync.
  */
-export function launchUnscale(grad: Tensor, scale: Tensor, foundInf: Tensor): void {
-  const n = grad.size;
-  if (n === 0) return;
-  const dtype = grad.dtype;
-  if (dtype !== "f32" && dtype !== "f16") {
-    throw new DTypeError(`GradScaler.unscale: gradient ${grad.describe()} is not f32 or f16.`);
+export function launchUnscale(grads: readonly Tensor[], scale: Tensor, foundInf: Tensor): void {
+  const bad = grads.find((g) => g.dtype !== "f32" && g.dtype !== "f16");
+  if (bad) {
+    throw new DTypeError(`GradScaler.unscale: gradient ${bad.describe()} is not f32 or f16.`);
   }
-  const words = dtype === "f32" ? n : Math.ceil(n / 2);
-  grad.gpu.dispatch(
-    grad.gpu.kernel(unscaleKernel, { dtype }),
-    { grad, scale, found: foundInf },
-    { n },
-    grid1d(Math.ceil(words / (WORKGROUP * PER_THREAD))),
-  );
+  const gpu = scale.gpu;
+  const work = grads.filter((g) => g.size > 0);
+  for (const chunk of multiTensorChunks(work, slotsPerDispatch(gpu, 1, 2), (g) => g.dtype)) {
+    const dtype = chunk[0].dtype as "f32" | "f16";
+    const words = (n: number) => dtype === "f32" ? n : Math.ceil(n / 2);
+    const table = slotTable(
+      chunk.map((g) => g.size),
+      (n) => Math.ceil(words(n) / (WORKGROUP * PER_THREAD)),
+    );
+    gpu.dispatch(
+      gpu.kernel(unscaleKernel, { dtype, slots: chunk.length }),
+      { ...slotBuffers("grad", chunk), scale, found: foundInf },
+      table.uniforms,
+      table.grid,
+    );
+  }
 }
 
 /** Uniform values of one scale update. */

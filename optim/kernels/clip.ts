@@ -3,11 +3,21 @@
  * sum of squares lands in its own slots of a partials buffer (one per chunk of
  * {@link SUM_SQUARES_CHUNK} elements, each summed by one workgroup); one thread then
  * turns the partials into the global norm and the clip coefficient
- * min(1, maxNorm / (norm + 1e-6)); gradients are scaled by reading it.
+ * min(1, maxNorm / (norm + 1e-6)); gradients are scaled by reading it. The
+ * per-gradient kernels take several gradients per dispatch (`multi_tensor.ts`).
  */
 import type { DType } from "../../gpu/dtype.ts";
 import { defineKernel } from "../../gpu/kernel.ts";
-import { grid1d, WGSL_GRID_BUILTINS, WGSL_WORKGROUP_INDEX } from "../../gpu/kernels/grid.ts";
+import { WGSL_GRID_BUILTINS } from "../../gpu/kernels/grid.ts";
+import {
+  multiTensorChunks,
+  SLOT_UNIFORMS,
+  slotBindings,
+  slotBuffers,
+  slotsPerDispatch,
+  slotTable,
+  wgslForEachSlot,
+} from "../../gpu/kernels/multi_tensor.ts";
 import { REDUCE_THREADS, WGSL_WORKGROUP_REDUCE } from "../../gpu/kernels/wgsl_math.ts";
 import type { Tensor } from "../../gpu/tensor.ts";
 
@@ -21,25 +31,30 @@ const WORKGROUP = 256;
  */
 export const SUM_SQUARES_CHUNK = REDUCE_THREADS * 4096;
 
-/** partials[slot + chunk] = Σ g² over chunk `chunk` (a workgroup per chunk). */
+/**
+ * partials[base + w] = Σ g² over the w-th chunk of the dispatch's gradients
+ * (a workgroup per chunk, the gradients' chunks one after another).
+ */
 export const sumSquaresKernel = defineKernel({
   name: "clip_sum_squares",
-  bindings: (c: { dtype: DType }) => [
-    { name: "g", type: c.dtype },
+  bindings: (c: { dtype: DType; slots: number }) => [
+    ...slotBindings(c.slots, [{ name: "g", type: c.dtype }]),
     { name: "partials", type: "f32", write: true },
   ],
-  uniforms: { n: "u32", slot: "u32" },
-  source: () =>
+  uniforms: { ...SLOT_UNIFORMS, base: "u32" },
+  source: ({ slots }) =>
     `${WGSL_WORKGROUP_REDUCE}
 @compute @workgroup_size(${REDUCE_THREADS})
 fn main(${WGSL_GRID_BUILTINS}) {
-  let chunk = ${WGSL_WORKGROUP_INDEX};
-  let start = chunk * ${SUM_SQUARES_CHUNK}u;
-  let stop = min(p.n, start + ${SUM_SQUARES_CHUNK}u);
-  var acc = 0.0;
-  for (var i = start + lid; i < stop; i += ${REDUCE_THREADS}u) { let v = f32(g[i]); acc += v * v; }
-  let total = reduce_sum(acc, lid);
-  if (lid == 0u) { partials[p.slot + chunk] = total; }
+  ${
+      wgslForEachSlot(slots, (k) =>
+        `let start = wg * ${SUM_SQUARES_CHUNK}u;
+      let stop = min(n, start + ${SUM_SQUARES_CHUNK}u);
+      var acc = 0.0;
+      for (var i = start + lid; i < stop; i += ${REDUCE_THREADS}u) { let v = f32(g${k}[i]); acc += v * v; }
+      let total = reduce_sum(acc, lid);
+      if (lid == 0u) { partials[p.base + all_wg] = total; }`)
+    }
 }`,
 });
 
@@ -62,20 +77,22 @@ fn main() {
 }`,
 });
 
-/** g *= coef[0] in place. */
+/** g *= coef[0] in place, for each of the dispatch's gradients. */
 export const scaleByCoefficientKernel = defineKernel({
   name: "clip_scale",
-  bindings: (c: { dtype: DType }) => [
-    { name: "g", type: c.dtype, write: true },
+  bindings: (c: { dtype: DType; slots: number }) => [
+    ...slotBindings(c.slots, [{ name: "g", type: c.dtype, write: true }]),
     { name: "coef", type: "f32" },
   ],
-  uniforms: { n: "u32" },
-  source: ({ dtype }) =>
+  uniforms: SLOT_UNIFORMS,
+  source: ({ dtype, slots }) =>
     `@compute @workgroup_size(${WORKGROUP})
 fn main(${WGSL_GRID_BUILTINS}) {
-  let i = ${WGSL_WORKGROUP_INDEX} * ${WORKGROUP}u + lid;
-  if (i >= p.n) { return; }
-  g[i] = ${dtype}(f32(g[i]) * coef[0]);
+  ${
+      wgslForEachSlot(slots, (k) =>
+        `let i = wg * ${WORKGROUP}u + lid;
+      if (i < n) { g${k}[i] = ${dtype}(f32(g${k}[i]) * coef[0]); }`)
+    }
 }`,
 });
 
@@ -84,11 +101,24 @@ export function sumSquaresSlots(size: number): number {
   return Math.max(1, Math.ceil(size / SUM_SQUARES_CHUNK));
 }
 
-/** Writes Σ g² of `grad`, chunk by chunk, into `partials[slot ..]` ({@link sumSquaresSlots} of them). */
-export function launchSumSquares(grad: Tensor, partials: Tensor, slot: number): void {
-  const kernel = grad.gpu.kernel(sumSquaresKernel, { dtype: grad.dtype });
-  const grid = grid1d(sumSquaresSlots(grad.size));
-  grad.gpu.dispatch(kernel, { g: grad, partials }, { n: grad.size, slot }, grid);
+/**
+ * Writes Σ g² of each gradient, chunk by chunk, into `partials`: gradient i
+ * fills {@link sumSquaresSlots} slots starting where gradient i − 1's end
+ * (the first at 0). Gradients of one dtype share dispatches.
+ */
+export function launchSumSquares(grads: readonly Tensor[], partials: Tensor): void {
+  const gpu = partials.gpu;
+  let base = 0;
+  for (const chunk of multiTensorChunks(grads, slotsPerDispatch(gpu, 1, 1), (g) => g.dtype)) {
+    const table = slotTable(chunk.map((g) => g.size), sumSquaresSlots);
+    gpu.dispatch(
+      gpu.kernel(sumSquaresKernel, { dtype: chunk[0].dtype, slots: chunk.length }),
+      { ...slotBuffers("g", chunk), partials },
+      { ...table.uniforms, base },
+      table.grid,
+    );
+    base += table.workgroups;
+  }
 }
 
 /** Fills `norm` and `coef` (f32 [1] each) from the first `count` partials. */
@@ -103,14 +133,17 @@ export function launchClipCoefficient(
   norm.gpu.dispatch(kernel, { partials, norm, coef }, { count, max_norm: maxNorm }, [1]);
 }
 
-/** Multiplies `grad` in place by `coef[0]`. */
-export function launchScaleByCoefficient(grad: Tensor, coef: Tensor): void {
-  if (grad.size === 0) return;
-  const kernel = grad.gpu.kernel(scaleByCoefficientKernel, { dtype: grad.dtype });
-  grad.gpu.dispatch(
-    kernel,
-    { g: grad, coef },
-    { n: grad.size },
-    grid1d(Math.ceil(grad.size / WORKGROUP)),
-  );
+/** Multiplies each of `grads` in place by `coef[0]`. */
+export function launchScaleByCoefficient(grads: readonly Tensor[], coef: Tensor): void {
+  const gpu = coef.gpu;
+  const work = grads.filter((g) => g.size > 0);
+  for (const chunk of multiTensorChunks(work, slotsPerDispatch(gpu, 1, 1), (g) => g.dtype)) {
+    const table = slotTable(chunk.map((g) => g.size), (n) => Math.ceil(n / WORKGROUP));
+    gpu.dispatch(
+      gpu.kernel(scaleByCoefficientKernel, { dtype: chunk[0].dtype, slots: chunk.length }),
+      { ...slotBuffers("g", chunk), coef },
+      table.uniforms,
+      table.grid,
+    );
+  }
 }

@@ -1,17 +1,37 @@
 /**
- * Fused optimizer kernels: one dispatch per parameter tensor reads the fp32
- * master, its gradient (f32 or f16), the fp32 optimizer state and the step
- * signals, and writes the updated master and, when it has one, its working
- * copy. A non-zero `found_inf` makes every kernel return before writing
+ * Fused optimizer kernels: for each parameter tensor the kernel reads the
+ * fp32 master, its gradient (f32 or f16), the fp32 optimizer state and the
+ * step signals, and writes the updated master and, when it has one, its
+ * working copy. One dispatch takes up to 16 parameter tensors (apex's
+ * `multi_tensor_apply`, see `gpu/kernels/multi_tensor.ts`), each over the
+ * workgroups it would get alone, so results do not depend on how many share
+ * a dispatch. A non-zero `found_inf` makes every kernel return before writing
  * anything, so a skipped step is decided on the GPU.
  *
- * Bindings, in order: master, gradient, found_inf (read as u32 bits, so a NaN
- * or -0 flag is handled without float compares), grad_scale, then the
- * kernel's state buffers, then the working copy (when present).
+ * Bindings, in order: per slot k the master `param<k>`, gradient `grad<k>`,
+ * the kernel's state buffers and the working copy `copy<k>` (when present);
+ * then found_inf (read as u32 bits, so a NaN or -0 flag is handled without
+ * float compares), grad_scale and the kernel's shared buffers.
  */
 import type { DType } from "../../gpu/dtype.ts";
-import { type Binding, defineKernel, type DispatchUniforms, optional } from "../../gpu/kernel.ts";
-import { grid1d, WGSL_GRID_BUILTINS, WGSL_WORKGROUP_INDEX } from "../../gpu/kernels/grid.ts";
+import {
+  type Binding,
+  defineKernel,
+  type DispatchUniforms,
+  type KernelDefinition,
+  optional,
+} from "../../gpu/kernel.ts";
+import { WGSL_GRID_BUILTINS } from "../../gpu/kernels/grid.ts";
+import {
+  multiTensorChunks,
+  SLOT_UNIFORMS,
+  slotBindings,
+  slotBuffers,
+  type SlotField,
+  slotsPerDispatch,
+  slotTable,
+  wgslForEachSlot,
+} from "../../gpu/kernels/multi_tensor.ts";
 import type { Tensor } from "../../gpu/tensor.ts";
 
 const WORKGROUP = 256;
@@ -19,21 +39,28 @@ const PER_THREAD = 4;
 /** Largest finite f16. */
 const F16_MAX = "65504.0";
 
-/** What every update kernel is specialised on: gradient and working-copy dtypes. */
-type UpdateConfig = { grad: DType; copy: DType | "none" };
+/**
+ * What every update kernel is specialised on: gradient and working-copy
+ * dtypes, and how many parameter tensors one dispatch takes.
+ */
+type UpdateConfig = { grad: DType; copy: DType | "none"; slots: number };
 
-/** The bindings every update has, around the kernel's own fp32 (or u32 step) state buffers. */
-function updateBindings<S extends string>(
+/** The bindings of an update: per slot master, gradient, `state` and copy; then the shared ones. */
+function updateBindings(
   c: UpdateConfig,
-  state: readonly Binding<S>[],
-): Binding<"param" | "grad" | "found_inf" | "grad_scale" | S | "copy">[] {
+  state: readonly Binding[],
+  shared: readonly Binding[] = [],
+): Binding[] {
   return [
-    { name: "param", type: "f32", write: true },
-    { name: "grad", type: c.grad },
+    ...slotBindings(c.slots, [
+      { name: "param", type: "f32", write: true },
+      { name: "grad", type: c.grad },
+      ...state,
+      ...optional(c.copy !== "none", { name: "copy", type: c.copy as DType, write: true }),
+    ]),
     { name: "found_inf", type: "u32" },
     { name: "grad_scale", type: "f32" },
-    ...state,
-    ...optional(c.copy !== "none", { name: "copy", type: c.copy as DType, write: true }),
+    ...shared,
   ];
 }
 
@@ -41,25 +68,29 @@ function updateBindings<S extends string>(
 const SKIP = "if ((found_inf[0] & 0x7fffffffu) != 0u) { return; }";
 
 /**
- * The element loop: each pass of the workgroup covers WORKGROUP consecutive
- * elements, so neighbouring threads touch neighbouring addresses.
+ * The element loop of every slot: each pass of the workgroup covers
+ * WORKGROUP consecutive elements, so neighbouring threads touch neighbouring
+ * addresses. `body(k)` updates `w` (the master) and may read `g` (the scaled
+ * gradient) and `i`; its state buffers carry the slot's suffix `k`.
  */
-function elementLoop(body: string, copy: UpdateConfig["copy"]): string {
+function elementLoops(c: UpdateConfig, body: (k: number) => string): string {
   // NOTE: a master beyond the f16 range saturates to ±65504 in its working
   // copy: WGSL leaves the conversion of out-of-range values undefined.
-  const write = copy === "none"
-    ? ""
-    : copy === "f16"
-    ? `copy[i] = f16(clamp(w, -${F16_MAX}, ${F16_MAX}));`
-    : "copy[i] = w;";
-  return `for (var k = 0u; k < ${PER_THREAD}u; k++) {
-    let i = (${WGSL_WORKGROUP_INDEX} * ${PER_THREAD}u + k) * ${WORKGROUP}u + lid;
-    if (i >= p.n) { return; }
-    var w = param[i];
-    var g = f32(grad[i]) * scale;
-    ${body}
-    param[i] = w;${write && `\n    ${write}`}
-  }`;
+  const write = (k: number) =>
+    c.copy === "none"
+      ? ""
+      : c.copy === "f16"
+      ? `\n        copy${k}[i] = f16(clamp(w, -${F16_MAX}, ${F16_MAX}));`
+      : `\n        copy${k}[i] = w;`;
+  return wgslForEachSlot(c.slots, (k) =>
+    `for (var e = 0u; e < ${PER_THREAD}u; e++) {
+        let i = (wg * ${PER_THREAD}u + e) * ${WORKGROUP}u + lid;
+        if (i >= n) { break; }
+        var w = param${k}[i];
+        var g = f32(grad${k}[i]) * scale;
+        ${body(k)}
+        param${k}[i] = w;${write(k)}
+      }`);
 }
 
 /** SGD kernel config: momentum and Nesterov change the bindings and the code. */
@@ -70,7 +101,7 @@ export const sgdKernel = defineKernel({
   name: "fused_sgd",
   bindings: (c: SgdKernelConfig) =>
     updateBindings(c, optional(c.momentum, { name: "velocity", type: "f32", write: true })),
-  uniforms: { n: "u32", lr: "f32", wd: "f32", momentum: "f32" },
+  uniforms: { ...SLOT_UNIFORMS, lr: "f32", wd: "f32", momentum: "f32" },
   source: (c) =>
     `@compute @workgroup_size(${WORKGROUP})
 fn main(${WGSL_GRID_BUILTINS}) {
@@ -78,18 +109,16 @@ fn main(${WGSL_GRID_BUILTINS}) {
   let scale = grad_scale[0];
   let m = p.momentum;
   ${
-      elementLoop(
-        `g = g + p.wd * w;
-    ${
+      elementLoops(c, (k) =>
+        `g = g + p.wd * w;${
           c.momentum
-            ? `let v = m * velocity[i] + g;
-    velocity[i] = v;
-    ${c.nesterov ? "g = g + m * v;" : "g = v;"}`
+            ? `
+        let v = m * velocity${k}[i] + g;
+        velocity${k}[i] = v;
+        ${c.nesterov ? "g = g + m * v;" : "g = v;"}`
             : ""
         }
-    w = w - p.lr * g;`,
-        c.copy,
-      )
+        w = w - p.lr * g;`)
     }
 }`,
 });
@@ -121,12 +150,11 @@ export const adamKernel = defineKernel({
   name: "fused_adam",
   bindings: (c: AdamKernelConfig) =>
     updateBindings(c, [
-      { name: "step", type: "u32" },
       { name: "exp_avg", type: "f32", write: true },
       { name: "exp_avg_sq", type: "f32", write: true },
-    ]),
+    ], [{ name: "step", type: "u32" }]),
   uniforms: {
-    n: "u32",
+    ...SLOT_UNIFORMS,
     lr: "f32",
     wd: "f32",
     decay: "f32",
@@ -150,15 +178,13 @@ fn main(${WGSL_GRID_BUILTINS}) {
   let step_size = p.lr / bc1;
   let bc2_sqrt = sqrt(bc2);
   ${
-      elementLoop(
+      elementLoops(c, (k) =>
         `${c.decoupled ? "w = w * p.decay;" : "g = g + p.wd * w;"}
-    let m = p.beta1 * exp_avg[i] + p.one_minus_beta1 * g;
-    let v = p.beta2 * exp_avg_sq[i] + p.one_minus_beta2 * g * g;
-    exp_avg[i] = m;
-    exp_avg_sq[i] = v;
-    w = w - step_size * m / (sqrt(v) / bc2_sqrt + p.eps);`,
-        c.copy,
-      )
+        let m = p.beta1 * exp_avg${k}[i] + p.one_minus_beta1 * g;
+        let v = p.beta2 * exp_avg_sq${k}[i] + p.one_minus_beta2 * g * g;
+        exp_avg${k}[i] = m;
+        exp_avg_sq${k}[i] = v;
+        w = w - step_size * m / (sqrt(v) / bc2_sqrt + p.eps);`)
     }
 }`,
 });
@@ -179,34 +205,71 @@ fn main() {
 }`,
 });
 
-/** Buffers one update reads and writes. */
-export interface UpdateBuffers {
+/** One parameter tensor's buffers in an update. */
+export interface ParamUpdate {
   /** fp32 master (updated in place). */
   param: Tensor;
   /** Its gradient, f32 or f16, same size. */
   grad: Tensor;
+  /** Working copy written with the new value, if any. */
+  copy?: Tensor | undefined;
+  /** The optimizer's fp32 state buffers of this parameter, by state name. */
+  state: Record<string, Tensor>;
+}
+
+/** The GPU-resident step signals every update reads. */
+export interface UpdateSignals {
   /** f32 [1] skip flag. */
   foundInf: Tensor;
   /** f32 [1] gradient multiplier. */
   gradScale: Tensor;
-  /** Working copy written with the new value, if any. */
-  copy?: Tensor | undefined;
 }
 
-/** The grid of one update of `n` elements. */
-function updateGrid(n: number): [number, number] {
-  return grid1d(Math.ceil(n / (WORKGROUP * PER_THREAD)));
+/**
+ * Dispatches `kernel` over `updates`, as many per dispatch as the device
+ * allows and only those that agree on gradient and copy dtypes: `config`
+ * gives the rest of a dispatch's kernel config, `state` maps each binding
+ * name to the state buffer it binds.
+ */
+function launchUpdates<C extends UpdateConfig, U extends string>(
+  kernel: KernelDefinition<C, string, U>,
+  config: Omit<C, keyof UpdateConfig>,
+  updates: readonly ParamUpdate[],
+  shared: Record<string, Tensor>,
+  state: Record<string, string>,
+  uniforms: Omit<DispatchUniforms<U>, SlotField>,
+): void {
+  const work = updates.filter((u) => u.param.size > 0);
+  if (work.length === 0) return;
+  const gpu = work[0].param.gpu;
+  const perTensor = 3 + Object.keys(state).length; // master, gradient, copy (if any), state
+  const slots = slotsPerDispatch(gpu, perTensor, 2 + Object.keys(shared).length);
+  const dtypes = (u: ParamUpdate) => `${u.grad.dtype}/${u.copy?.dtype ?? "none"}`;
+  for (const chunk of multiTensorChunks(work, slots, dtypes)) {
+    const copy = chunk[0].copy?.dtype ?? "none";
+    const full = { ...config, grad: chunk[0].grad.dtype, copy, slots: chunk.length } as C;
+    const buffers: Record<string, Tensor> = {
+      ...slotBuffers("param", chunk.map((u) => u.param)),
+      ...slotBuffers("grad", chunk.map((u) => u.grad)),
+      ...(copy !== "none" && slotBuffers("copy", chunk.map((u) => u.copy!))),
+      ...shared,
+    };
+    for (const [binding, name] of Object.entries(state)) {
+      Object.assign(buffers, slotBuffers(binding, chunk.map((u) => u.state[name])));
+    }
+    const table = slotTable(chunk.map((u) => u.param.size), updateWorkgroups);
+    gpu.dispatch(
+      gpu.kernel(kernel, full),
+      buffers,
+      { ...uniforms, ...table.uniforms } as DispatchUniforms<U>,
+      table.grid,
+    );
+  }
 }
 
-/** The buffers every update binds, by name. */
-function commonBuffers(b: UpdateBuffers) {
-  return {
-    param: b.param,
-    grad: b.grad,
-    found_inf: b.foundInf,
-    grad_scale: b.gradScale,
-    ...(b.copy && { copy: b.copy }),
-  };
+/** The workgroups of one update of `n` elements. */
+function updateWorkgroups(n: number): number {
+  return Math.ceil(n / (WORKGROUP * PER_THREAD));
 }
 
 /** Hyper-parameters of one SGD update. */
@@ -217,22 +280,23 @@ export interface SgdHyper {
   nesterov: boolean;
 }
 
-/** One fused SGD update of `b.param`; `velocity` is required when momentum > 0. */
-export function launchSgdUpdate(b: UpdateBuffers, velocity: Tensor | null, h: SgdHyper): void {
-  const config: SgdKernelConfig = {
-    grad: b.grad.dtype,
-    copy: b.copy?.dtype ?? "none",
-    momentum: velocity !== null,
-    nesterov: velocity !== null && h.nesterov,
-  };
-  const n = b.param.size;
-  if (n === 0) return;
-  const gpu = b.param.gpu;
-  gpu.dispatch(
-    gpu.kernel(sgdKernel, config),
-    { ...commonBuffers(b), ...(velocity && { velocity }) },
-    { n, lr: h.lr, wd: h.weightDecay, momentum: h.momentum },
-    updateGrid(n),
+/**
+ * Fused SGD updates of `updates` (state `momentumBuffer` when momentum > 0),
+ * all with the hyper-parameters `h`.
+ */
+export function launchSgdUpdates(
+  updates: readonly ParamUpdate[],
+  signals: UpdateSignals,
+  h: SgdHyper,
+): void {
+  const momentum = h.momentum > 0;
+  launchUpdates(
+    sgdKernel,
+    { momentum, nesterov: momentum && h.nesterov },
+    updates,
+    { found_inf: signals.foundInf, grad_scale: signals.gradScale },
+    momentum ? { velocity: "momentumBuffer" } : {},
+    { lr: h.lr, wd: h.weightDecay, momentum: h.momentum },
   );
 }
 
@@ -251,41 +315,35 @@ function lnBeta(beta: number): number {
   return Math.max(Math.log(beta), -1000);
 }
 
-/** One fused Adam(W) update of `b.param`, reading the step count from `step` (u32 [1]). */
-export function launchAdamUpdate(
-  b: UpdateBuffers,
-  state: { step: Tensor; expAvg: Tensor; expAvgSq: Tensor },
+/**
+ * Fused Adam(W) updates of `updates` (states `expAvg`, `expAvgSq`), all with
+ * the hyper-parameters `h`, reading the step count from `step` (u32 [1]).
+ */
+export function launchAdamUpdates(
+  updates: readonly ParamUpdate[],
+  signals: UpdateSignals & { step: Tensor },
   h: AdamHyper,
 ): void {
-  const config: AdamKernelConfig = {
-    grad: b.grad.dtype,
-    copy: b.copy?.dtype ?? "none",
-    decoupled: h.decoupled,
-    biasCorrection: h.biasCorrection,
-  };
-  const n = b.param.size;
-  if (n === 0) return;
   const [beta1, beta2] = h.betas;
   // Scalars derived from hyper-parameters are computed in f64 here, then rounded once.
-  const uniforms: DispatchUniforms<keyof typeof adamKernel.uniforms> = {
-    n,
-    lr: h.lr,
-    wd: h.weightDecay,
-    decay: 1 - h.lr * h.weightDecay,
-    beta1,
-    one_minus_beta1: 1 - beta1,
-    beta2,
-    one_minus_beta2: 1 - beta2,
-    eps: h.eps,
-    ln_beta1: lnBeta(beta1),
-    ln_beta2: lnBeta(beta2),
-  };
-  const gpu = b.param.gpu;
-  gpu.dispatch(
-    gpu.kernel(adamKernel, config),
-    { ...commonBuffers(b), step: state.step, exp_avg: state.expAvg, exp_avg_sq: state.expAvgSq },
-    uniforms,
-    updateGrid(n),
+  launchUpdates(
+    adamKernel,
+    { decoupled: h.decoupled, biasCorrection: h.biasCorrection },
+    updates,
+    { found_inf: signals.foundInf, grad_scale: signals.gradScale, step: signals.step },
+    { exp_avg: "expAvg", exp_avg_sq: "expAvgSq" },
+    {
+      lr: h.lr,
+      wd: h.weightDecay,
+      decay: 1 - h.lr * h.weightDecay,
+      beta1,
+      one_minus_beta1: 1 - beta1,
+      beta2,
+      one_minus_beta2: 1 - beta2,
+      eps: h.eps,
+      ln_beta1: lnBeta(beta1),
+      ln_beta2: lnBeta(beta2),
+    },
   );
 }
 

@@ -1,0 +1,200 @@
+/**
+ * Multi-tensor dispatches (gpu/kernels/multi_tensor.ts): the once-per-parameter
+ * work of a step (unscale, gradient norm, clipping, optimizer updates) runs
+ * several tensors per dispatch. Results must not depend on how many share a
+ * dispatch (compared bit for bit with one tensor per dispatch), must match
+ * the f64 references, and an overflow in any tensor must skip the whole step.
+ */
+import assert from "node:assert/strict";
+import { GradScaler } from "../amp/grad_scaler.ts";
+import { Tensor } from "../gpu/mod.ts";
+import { multiTensorChunks, slotsPerDispatch, slotTable } from "../gpu/kernels/multi_tensor.ts";
+import { Adam, type AdamOptions, clipGradNorm, SGD, type SGDOptions } from "../optim/mod.ts";
+import { gpu, GPU_TEST } from "./_gpu.ts";
+import { adamRef, check, CopyMap, type Opt, type Ref, sgdRef } from "./_optimizer_reference.ts";
+import { assertClose, TOL } from "./_assert.ts";
+import { quantize, uniform } from "./_reference.ts";
+
+// 21 tensors: more than one dispatch holds anywhere, with odd sizes, an
+// empty one, and one past a workgroup's 1024-element span.
+const SIZES = [1, 7, 1031, 0, 33, 4097, 2, 129, 64, 5, 1, 300, 17, 1024, 1025, 3, 8, 9, 65, 2, 511];
+const F16 = gpu.f16;
+/** Gradient dtypes by tensor: f16 and f32 mixed (a run changes dtype mid-list) where f16 exists. */
+const gradDtype = (k: number) => F16 && k % 5 >= 3 ? "f16" : "f32";
+
+/** Runs `fn` with at most `slots` tensors per dispatch, then restores the device's setting. */
+function withSlots<T>(slots: number, fn: () => T): T {
+  const chosen = gpu.multiTensorSlots;
+  gpu.multiTensorSlots = slots;
+  try {
+    return fn();
+  } finally {
+    gpu.multiTensorSlots = chosen;
+  }
+}
+
+function makeParams(seed: number) {
+  const init = SIZES.map((n, k) => quantize(uniform(n, seed + k), "f32"));
+  const params = init.map((v) => Tensor.from(v, [v.length]));
+  const copies = new CopyMap();
+  if (F16) params.forEach((p, k) => copies.set(p, Tensor.from(init[k], p.shape, { dtype: "f16" })));
+  return { init, params, copies };
+}
+
+function setGrads(params: Tensor[], step: number, poison?: { k: number; value: number }) {
+  return params.map((p, k) => {
+    const g = quantize(uniform(p.size, 7919 * (step + 1) + k, -2, 2), gradDtype(k));
+    if (poison?.k === k) g[Math.floor(g.length / 2)] = poison.value;
+    p.grad?.dispose();
+    p.grad = Tensor.from(g, p.shape, { dtype: gradDtype(k) });
+    return g;
+  });
+}
+
+async function everything(opt: Opt, params: Tensor[], copies: CopyMap) {
+  return {
+    state: await opt.stateDict(),
+    masters: await Promise.all(params.map((p) => p.read())),
+    copies: await Promise.all([...copies.values()].map((c) => c.read())),
+  };
+}
+
+const OPTIMIZERS: {
+  name: string;
+  make: (ps: Tensor[]) => Opt;
+  ref: (p: Float64Array) => Ref;
+}[] = [
+  {
+    name: "SGD, Nesterov",
+    make: (ps) => new SGD(ps, SGD_OPTIONS),
+    ref: (p) => sgdRef(p, SGD_OPTIONS),
+  },
+  {
+    name: "SGD, plain",
+    make: (ps) => new SGD(ps, { lr: 0.1 }),
+    ref: (p) => sgdRef(p, { lr: 0.1 }),
+  },
+  { name: "AdamW", make: (ps) => new Adam(ps, ADAMW), ref: (p) => adamRef(p, ADAMW) },
+];
+const SGD_OPTIONS: SGDOptions = { lr: 0.05, momentum: 0.9, nesterov: true, weightDecay: 0.01 };
+const ADAMW: AdamOptions = { lr: 0.01, weightDecay: 0.05, decoupledWeightDecay: true };
+
+Deno.test(
+  "multi-tensor: optimizer updates match f64 and give the same bits with 1, 3 and 16 tensors per dispatch",
+  GPU_TEST,
+  async () => {
+    for (const o of OPTIMIZERS) {
+      const results = [];
+      for (const slots of [1, 3, 16]) {
+        const { init, params, copies } = makeParams(3);
+        const opt = o.make(params);
+        opt.setWorkingCopies(copies);
+        const refs = init.map(o.ref);
+        const gradScale = Tensor.from([0.5], [1]);
+        for (let s = 0; s < 3; s++) {
+          const grads = setGrads(params, s);
+          withSlots(slots, () => opt.step({ gradScale }));
+          refs.forEach((r, k) => r.step(grads[k].map((g) => g * 0.5)));
+        }
+        await check(`${o.name}, ${slots} per dispatch`, params, copies, refs);
+        results.push(await everything(opt, params, copies));
+        opt.dispose();
+      }
+      assert.deepStrictEqual(results[1], results[0], `${o.name}: 3 per dispatch vs 1`);
+      assert.deepStrictEqual(results[2], results[0], `${o.name}: 16 per dispatch vs 1`);
+    }
+  },
+);
+
+Deno.test(
+  "multi-tensor: an overflow in any tensor of any dispatch skips every update; dispatches per step",
+  GPU_TEST,
+  async () => {
+    const poisons = [
+      { k: 1, value: Infinity }, // the first dispatch
+      { k: SIZES.length - 2, value: NaN }, // the last one
+      ...(F16 ? [{ k: 13, value: -Infinity }] : []), // an f16 gradient
+    ];
+    for (const poison of poisons) {
+      const { params, copies } = makeParams(9);
+      const opt = new Adam(params, ADAMW);
+      opt.setWorkingCopies(copies);
+      const scaler = new GradScaler({ initScale: 4 });
+      setGrads(params, 0);
+      scaler.step(opt);
+      scaler.update();
+      const before = await everything(opt, params, copies);
+      setGrads(params, 1, poison);
+      const { dispatches, reads } = gpu.batch.counters;
+      scaler.step(opt); // unscale (finds the overflow), then the skipped update
+      assert.equal(gpu.batch.counters.reads, reads, "a step must not read back");
+      // Unscale and the updates run one dispatch per run of tensors of one
+      // dtype (and copy dtype) that fits the device's slots; plus Adam's step count.
+      const unscaleRuns = runs(slotsPerDispatch(gpu, 1, 2));
+      const updateRuns = runs(slotsPerDispatch(gpu, 5, 3));
+      assert.equal(gpu.batch.counters.dispatches - dispatches, unscaleRuns + 1 + updateRuns);
+      scaler.update();
+      assert.equal(await scaler.lastStepSkipped(), true, `poison in tensor ${poison.k}`);
+      assert.deepStrictEqual(await everything(opt, params, copies), before);
+      opt.dispose();
+      scaler.dispose();
+    }
+  },
+);
+
+/** Dispatches over the non-empty tensors (empty ones dispatch nothing) at `slots` per dispatch. */
+function runs(slots: number): number {
+  const dtypes = SIZES.flatMap((n, k) => n > 0 ? [gradDtype(k)] : []);
+  return multiTensorChunks(dtypes, slots, (d) => d).length;
+}
+
+Deno.test(
+  "multi-tensor: unscale and clip by global norm match f64 and give the same bits at any slot count",
+  GPU_TEST,
+  async () => {
+    const outcomes = [];
+    for (const slots of [1, 16]) {
+      const { params } = makeParams(5);
+      const grads = setGrads(params, 4).map((g) => g.map((v) => v * 8));
+      params.forEach((p, k) => {
+        p.grad!.dispose();
+        p.grad = Tensor.from(grads[k], p.shape, { dtype: gradDtype(k) });
+      });
+      const opt = new SGD(params, { lr: 0 }); // only carries the parameter list
+      const scaler = new GradScaler({ initScale: 8 });
+      withSlots(slots, () => scaler.unscale(opt));
+      const { totalNorm } = withSlots(slots, () => clipGradNorm(params, 1.0));
+      // f64: unscaling by a power of two is exact; the norm of the unscaled values.
+      const norm = Math.sqrt(
+        grads.flat().reduce((s, g) => s + g.reduce((a, v) => a + (v / 8) ** 2, 0), 0),
+      );
+      assertClose(await totalNorm.read(), [norm], TOL.f32, "global norm");
+      const clipped = await Promise.all(params.map((p) => p.grad!.read()));
+      clipped.forEach((c, k) => {
+        const expected = grads[k].map((v) => (v / 8) * Math.min(1, 1 / (norm + 1e-6)));
+        assertClose(c, expected, TOL[gradDtype(k)], `clipped gradient ${k}`);
+      });
+      outcomes.push({ norm: await totalNorm.read(), clipped });
+      opt.dispose();
+      scaler.dispose();
+    }
+    assert.deepStrictEqual(outcomes[1], outcomes[0]);
+  },
+);
+
+Deno.test("multi-tensor: chunks keep order and split on a new key; slot tables", () => {
+  const items = ["a", "a", "a", "b", "b", "a", "a"];
+  assert.deepEqual(multiTensorChunks(items, 2, (x) => x), [["a", "a"], ["a"], ["b", "b"], [
+    "a",
+    "a",
+  ]]);
+  const table = slotTable([5, 0, 3000], (n) => Math.ceil(n / 1024));
+  assert.equal(table.workgroups, 4);
+  assert.deepEqual([table.uniforms.wg0, table.uniforms.wg1, table.uniforms.wg2], [0, 1, 1]);
+  assert.equal(table.uniforms.wg3, 4, "unused slots start at the end");
+  assert.deepEqual([table.uniforms.n0, table.uniforms.n1, table.uniforms.n2], [5, 0, 3000]);
+  // The device's storage-buffer limit bounds the slots: 32 on lavapipe leaves 5 for Adam with copies.
+  const limit = gpu.device.limits.maxStorageBuffersPerShaderStage;
+  assert.equal(slotsPerDispatch(gpu, 5, 3), Math.max(1, Math.min(16, Math.floor((limit - 3) / 5))));
+  assert.equal(withSlots(1, () => slotsPerDispatch(gpu, 1, 1)), 1);
+});
