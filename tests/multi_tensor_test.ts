@@ -126,12 +126,14 @@ Deno.test(
       const before = await everything(opt, params, copies);
       setGrads(params, 1, poison);
       const { dispatches, reads } = gpu.batch.counters;
-      scaler.step(opt); // unscale (finds the overflow), then the skipped update
+      // Unscale (finds the overflow), then the skipped update, 16 tensors per dispatch at most.
+      withSlots(16, () => scaler.step(opt));
       assert.equal(gpu.batch.counters.reads, reads, "a step must not read back");
       // Unscale and the updates run one dispatch per run of tensors of one
       // dtype (and copy dtype) that fits the device's slots; plus Adam's step count.
-      const unscaleRuns = runs(slotsPerDispatch(gpu, 1, 2));
-      const updateRuns = runs(slotsPerDispatch(gpu, 5, 3));
+      const unscaleRuns = withSlots(16, () => runs(slotsPerDispatch(gpu, 1, 2)));
+      const updateRuns = withSlots(16, () => runs(slotsPerDispatch(gpu, 5, 3)));
+      assert.ok(updateRuns < SIZES.length - 1, "several tensors share a dispatch");
       assert.equal(gpu.batch.counters.dispatches - dispatches, unscaleRuns + 1 + updateRuns);
       scaler.update();
       assert.equal(await scaler.lastStepSkipped(), true, `poison in tensor ${poison.k}`);
@@ -195,6 +197,9 @@ Deno.test("multi-tensor: chunks keep order and split on a new key; slot tables",
   assert.deepEqual([table.uniforms.n0, table.uniforms.n1, table.uniforms.n2], [5, 0, 3000]);
   // The device's storage-buffer limit bounds the slots: 32 on lavapipe leaves 5 for Adam with copies.
   const limit = gpu.device.limits.maxStorageBuffersPerShaderStage;
-  assert.equal(slotsPerDispatch(gpu, 5, 3), Math.max(1, Math.min(16, Math.floor((limit - 3) / 5))));
+  assert.equal(
+    withSlots(16, () => slotsPerDispatch(gpu, 5, 3)),
+    Math.max(1, Math.min(16, Math.floor((limit - 3) / 5))),
+  );
   assert.equal(withSlots(1, () => slotsPerDispatch(gpu, 1, 1)), 1);
 });
