@@ -256,27 +256,35 @@ function runBackward(root: GradNode, gradOutput: Tensor): void {
         continue;
       }
       const inputGrads = node.apply(grad);
-      const given = new Set<Tensor>();
+      const given: Tensor[] = []; // every gradient handed to a destination
+      const consumed: Tensor[] = []; // added into an existing one: freed after the loop
+      let moved = false; // `grad` itself became an input's gradient
       node.inputs.forEach((input, i) => {
         let g = inputGrads[i];
         if (!g || !input.requiresGrad) return;
         checkGradient(node.op, input, g);
-        // A rule may pass its incoming gradient straight through, or return one
-        // tensor for several inputs; every destination must own its buffer.
-        if (g.sharesMemoryWith(grad) || given.has(g)) g = launchCopy(g);
-        given.add(g);
+        // A rule may pass its incoming gradient straight through (add, reshape,
+        // the cast of a working copy), or return one buffer for several inputs.
+        // Every destination must own its buffer, since gradients are
+        // accumulated in place: the first one that reaches the incoming
+        // gradient takes it over (it is ours, and about to be freed), later
+        // ones and the caller's gradient are copied.
+        const taken = given.some((t) => t.sharesMemoryWith(g!));
+        if (taken || (grad === gradOutput && g.sharesMemoryWith(grad))) g = launchCopy(g);
+        given.push(g);
         const target = input.gradFn ? pending.get(input) : input.grad;
         if (target) {
           launchAccumulate(target, g);
-          g.dispose();
-        } else if (input.gradFn) {
-          pending.set(input, g);
-        } else {
-          input.grad = g;
+          consumed.push(g);
+          return;
         }
+        if (g === grad) moved = true;
+        if (input.gradFn) pending.set(input, g);
+        else input.grad = g;
       });
-      for (const g of inputGrads) if (g && g !== grad && !given.has(g)) g.dispose();
-      if (grad !== gradOutput) grad.dispose();
+      for (const g of consumed) if (g !== grad) g.dispose();
+      for (const g of inputGrads) if (g && g !== grad && !given.includes(g)) g.dispose();
+      if (grad !== gradOutput && !moved) grad.dispose();
     }
   });
   for (const g of pending.values()) if (g !== gradOutput) g.dispose();

@@ -43,6 +43,8 @@ export interface BatchCounters {
   reads: number;
   /** Dispatches whose bind group came from the cache. */
   bindGroupHits: number;
+  /** Buffer-to-buffer copies recorded since the device was created. */
+  copies: number;
 }
 
 /**
@@ -60,7 +62,13 @@ export interface FlushPolicy {
 /** Records dispatches and submits them in batches. */
 export class CommandBatch {
   /** Dispatch, submit, read and bind-group-cache counts (for debugging and benchmarks). */
-  readonly counters: BatchCounters = { dispatches: 0, submits: 0, reads: 0, bindGroupHits: 0 };
+  readonly counters: BatchCounters = {
+    dispatches: 0,
+    submits: 0,
+    reads: 0,
+    bindGroupHits: 0,
+    copies: 0,
+  };
   /** When the batch submits by itself. */
   flushPolicy: FlushPolicy;
   /** Set while `gpu.profile()` runs. @internal */
@@ -162,6 +170,7 @@ export class CommandBatch {
     this.#closePass();
     this.#openEncoder().copyBufferToBuffer(source, 0, target, 0, bytes);
     this.#pending++;
+    this.counters.copies++;
   }
 
   /**

@@ -8,6 +8,7 @@ import {
   mul,
   noGrad,
   relu,
+  reshape,
   scale,
   sum,
   Tensor,
@@ -180,5 +181,39 @@ Deno.test({
       /requires grad; an in-place update would silently corrupt/,
     );
     v.dispose();
+  },
+});
+
+Deno.test({
+  name: "autograd: an incoming gradient passed straight through is handed on, not copied; " +
+    "every destination still owns its buffer",
+  ...GPU_TEST,
+  async fn() {
+    const xv = uniform(6, 3), wv = uniform(6, 4), cv = uniform(6, 5);
+    const x = Tensor.from(xv, [2, 3], { requiresGrad: true });
+    const w = Tensor.from(wv, [6], { requiresGrad: true });
+    const c = Tensor.from(cv, [6]);
+    // y = Σ c·(reshape(x) + w) + Σ (x + x): add and reshape pass their gradient on.
+    const { copies } = gpu.batch.counters;
+    const y = tidy(() => add(sum(mul(add(reshape(x, [6]), w), c)), sum(add(x, x))));
+    y.backward();
+    // One copy each where one buffer goes to two uses: add(x, x), and w's share of
+    // add(reshape(x), w); and two of the seed, which the outer add hands to both sums
+    // (the seed is the caller's). Before, every pass-through copied too (7 in all).
+    assert.equal(gpu.batch.counters.copies - copies, 4, "copies in backward");
+    assertClose(await x.grad!.read(), cv.map((v) => v + 2), TOL.f32, "dx = c + 2");
+    assertClose(await w.grad!.read(), cv, TOL.f32, "dw = c");
+    assert.ok(!x.grad!.sharesMemoryWith(w.grad!));
+    // In-place work on one gradient leaves the other alone.
+    addInPlace(w.grad!, w.grad!);
+    assertClose(await x.grad!.read(), cv.map((v) => v + 2), TOL.f32, "dx after dw += dw");
+    // The caller's gradient is copied, never taken: it is theirs to use again.
+    const g = Tensor.from([1, 2, 3, 4, 5, 6], [2, 3]);
+    const z = tidy(() => add(x, reshape(w, [2, 3])));
+    z.backward({ gradient: g });
+    assert.deepEqual(Array.from(await g.read()), [1, 2, 3, 4, 5, 6]);
+    assert.ok(!x.grad!.sharesMemoryWith(g) && !w.grad!.sharesMemoryWith(g));
+    assertClose(await x.grad!.read(), cv.map((v, i) => v + 2 + i + 1), TOL.f32, "dx += g");
+    for (const t of [x, w, c, y, z, g]) t.grad?.dispose(), t.dispose();
   },
 });
