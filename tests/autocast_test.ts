@@ -6,6 +6,7 @@ import {
   backward,
   customAutocastLists,
   initGpu,
+  layerNormLinear,
   linear,
   matmul,
   mul,
@@ -186,5 +187,39 @@ Deno.test({
     assert.equal(h.grad!.dtype, "f16");
     assertClose(await h.grad!.read(), quantize(expected, "f16"), TOL.f16, "dh");
     for (const t of [x, h, y, loss]) t.dispose();
+  },
+});
+
+Deno.test({
+  name:
+    "autocast: an f16 linear layer writes its weight gradient in f32 straight into the master, " +
+    "so gradients below f16's range survive (linear and layerNormLinear)",
+  ...GPU_TEST,
+  async fn() {
+    const gpu = await initGpu({ matmulTiling: "default" });
+    if (!gpu.f16) {
+      return console.warn("autocast_test: no shader-f16; f32 weight gradients untested");
+    }
+    // x = 2⁻¹⁴ and an upstream gradient of 2⁻¹⁴ (both normal f16): each dW entry is
+    // 4 · 2⁻²⁸ = 2⁻²⁶, below f16's smallest subnormal 2⁻²⁴, so an f16 dW would be 0.
+    const tiny = 2 ** -14;
+    for (const op of ["linear", "layerNormLinear"] as const) {
+      const x = Tensor.full([4, 3], tiny);
+      const w = Tensor.from(uniform(6, 2), [2, 3], { requiresGrad: true });
+      const masterWeights = new MasterWeights([w]);
+      tidy(() => {
+        const y = autocast(() =>
+          op === "linear"
+            ? linear(x, w)
+            // LayerNorm of a constant row is its bias: β = 2⁻¹⁴ reproduces x.
+            : layerNormLinear(x, w, { norm: { bias: Tensor.full([3], tiny) } }), { masterWeights });
+        assert.equal(y.dtype, "f16");
+        y.backward({ gradient: Tensor.full([4, 2], tiny, { dtype: "f16" }) });
+      });
+      assert.equal(w.grad!.dtype, "f32");
+      assertClose(await w.grad!.read(), new Array(6).fill(2 ** -26), { atol: 0, rtol: 1e-6 }, op);
+      masterWeights.dispose();
+      for (const t of [x, w]) t.grad?.dispose(), t.dispose();
+    }
   },
 });

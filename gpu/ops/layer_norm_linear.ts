@@ -6,7 +6,7 @@
  * each pair keeps one activation fewer.
  */
 import { record } from "../autograd.ts";
-import { autocastInputs } from "../autocast_hook.ts";
+import { autocastInputs, releaseCasts } from "../autocast_hook.ts";
 import {
   launchLayerNorm,
   launchLayerNormBackward,
@@ -15,7 +15,7 @@ import {
 import { launchUnary } from "../kernels/elementwise.ts";
 import type { Tensor } from "../tensor.ts";
 import { checkLayerNormInputs, type LayerNormOptions } from "./layer_norm.ts";
-import { linearForward, type LinearOptions } from "./linear.ts";
+import { linearForward, type LinearOptions, weightGradTarget } from "./linear.ts";
 
 /** Options of {@link layerNormLinear}: the LayerNorm's, and the linear layer's. */
 export interface LayerNormLinearOptions extends LinearOptions {
@@ -55,17 +55,18 @@ export function layerNormLinear(
   // The product reads the rows in the dtype the linear layer's autocast gives them.
   const [rows, weight] = autocastInputs("linear", [normalised.y, weight0]);
   const readDtype = rows.dtype;
+  const gradTarget = weightGradTarget(weight0, weight);
   if (rows !== normalised.y) normalised.y.dispose();
   let layer;
   try {
-    layer = linearForward("layerNormLinear", rows, weight, options);
+    layer = linearForward("layerNormLinear", rows, weight, options, gradTarget.dtype);
   } finally {
     rows.dispose();
   }
   const bias = options.bias ?? null;
-  const parameters = [nw, nb, weight, bias].filter((t): t is Tensor => t !== null);
+  const parameters = [nw, nb, gradTarget, bias].filter((t): t is Tensor => t !== null);
   try {
-    return record({
+    const y = record({
       op: "linear",
       inputs: [x, ...parameters],
       output: layer.y,
@@ -125,6 +126,7 @@ export function layerNormLinear(
         ];
       },
     });
+    return releaseCasts([weight], y);
   } finally {
     normalised.mean.dispose();
     normalised.rstd.dispose();

@@ -9,7 +9,8 @@ import { launchBinary, launchUnary } from "../kernels/elementwise.ts";
 import { dispatchMatmul } from "../kernels/matmul.ts";
 import { launchReduce } from "../kernels/reduce.ts";
 import { Tensor } from "../tensor.ts";
-import { autocastInputs } from "../autocast_hook.ts";
+import { autocastInputs, releaseCasts } from "../autocast_hook.ts";
+import type { DType } from "../dtype.ts";
 import { product, resolve, type Resolved } from "./matmul.ts";
 
 /** Options of {@link linear}. */
@@ -52,11 +53,12 @@ const GELU_KERNEL = { none: "gelu_erf", tanh: "gelu" } as const;
 export function linear(x0: Tensor, weight0: Tensor, options: LinearOptions = {}): Tensor {
   // The bias stays as given: the epilogue adds an f32 bias to f16 products.
   const [x, weight] = autocastInputs("linear", [x0, weight0]);
-  const layer = linearForward("linear", x, weight, options);
+  const gradTarget = weightGradTarget(weight0, weight);
+  const layer = linearForward("linear", x, weight, options, gradTarget.dtype);
   const bias = options.bias ?? null;
-  return record({
+  const y = record({
     op: "linear",
-    inputs: bias ? [x, weight, bias] : [x, weight],
+    inputs: bias ? [x, gradTarget, bias] : [x, gradTarget],
     output: layer.y,
     save: layer.save,
     backward: (g, [sx, sw, sy], needs) => {
@@ -64,6 +66,21 @@ export function linear(x0: Tensor, weight0: Tensor, options: LinearOptions = {})
       return bias ? [gx, gw, gb] : [gx, gw];
     },
   });
+  return releaseCasts([weight], y);
+}
+
+/**
+ * The tensor a product's weight gradient is recorded against. Autocast hands
+ * an f16 op a narrower copy of an f32 weight (a master's f16 working copy,
+ * or a cast); the op then takes the f32 weight itself as its tape input and
+ * writes the weight gradient in f32 straight from the product's f32
+ * accumulators. That skips rounding it to f16 and casting it back up (a
+ * dispatch and an f16 round trip per weight and step), and weight gradients
+ * below f16's range no longer flush to zero (PyTorch's autocast rounds them
+ * to f16 first).
+ */
+export function weightGradTarget(given: Tensor, used: Tensor): Tensor {
+  return used !== given && given.dtype === "f32" && used.dtype !== "f32" ? given : used;
 }
 
 /** A linear layer's forward result: y, what its backward needs saved, and the backward. */
@@ -84,14 +101,16 @@ export interface LinearLayerRun {
 
 /**
  * The product of a linear layer with x and W already in their compute dtype:
- * checks, the fused kernel, and the backward rule (no tape). `op` names the
- * caller in errors. Shared by {@link linear} and `layerNormLinear`.
+ * checks, the fused kernel, and the backward rule (no tape), whose weight
+ * gradient comes in `weightGradDtype` (see {@link weightGradTarget}). `op`
+ * names the caller in errors. Shared by {@link linear} and `layerNormLinear`.
  */
 export function linearForward(
   op: string,
   x: Tensor,
   weight: Tensor,
   options: LinearOptions,
+  weightGradDtype: DType = weight.dtype,
 ): LinearLayerRun {
   const activation = options.activation ?? "none";
   const geluInput = options.geluInput;
@@ -139,7 +158,7 @@ export function linearForward(
     let gw: Tensor | null = null;
     if (needs[1]) {
       const read = geluInput ? geluOf(xs) : xs;
-      gw = product(g2, read, true, false);
+      gw = product(g2, read, true, false, weightGradDtype);
       if (read !== xs) read.dispose();
     }
     let gx: Tensor | null = null;

@@ -3,6 +3,7 @@
  * reuses the same kernel with transposed operand strides: dA = G·op(B)ᵀ,
  * dB = op(A)ᵀ·G.
  */
+import type { DType } from "../dtype.ts";
 import { ShapeError } from "../errors.ts";
 import { record } from "../autograd.ts";
 import { dispatchMatmul, type MatmulProblem } from "../kernels/matmul.ts";
@@ -64,10 +65,16 @@ export function resolve(
   };
 }
 
-/** op(a)·op(b) as a new tensor, no autograd. */
-export function product(a: Tensor, b: Tensor, transA: boolean, transB: boolean): Tensor {
+/** op(a)·op(b) as a new tensor of dtype `out` (f32 accumulation either way), no autograd. */
+export function product(
+  a: Tensor,
+  b: Tensor,
+  transA: boolean,
+  transB: boolean,
+  out: DType = a.dtype,
+): Tensor {
   const { problem, shape } = resolve("matmul", a, b, transA, transB);
-  const c = Tensor.empty(shape, a.dtype, a.gpu);
+  const c = Tensor.empty(shape, out, a.gpu);
   dispatchMatmul(problem, a, b, c);
   return c;
 }
