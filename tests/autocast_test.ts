@@ -4,6 +4,7 @@ import {
   add,
   autocast,
   backward,
+  conv2d,
   customAutocastLists,
   initGpu,
   layerNormLinear,
@@ -193,7 +194,7 @@ Deno.test({
 Deno.test({
   name:
     "autocast: an f16 linear layer writes its weight gradient in f32 straight into the master, " +
-    "so gradients below f16's range survive (linear and layerNormLinear)",
+    "so gradients below f16's range survive (linear, layerNormLinear, conv2d)",
   ...GPU_TEST,
   async fn() {
     const gpu = await initGpu({ matmulTiling: "default" });
@@ -203,18 +204,20 @@ Deno.test({
     // x = 2⁻¹⁴ and an upstream gradient of 2⁻¹⁴ (both normal f16): each dW entry is
     // 4 · 2⁻²⁸ = 2⁻²⁶, below f16's smallest subnormal 2⁻²⁴, so an f16 dW would be 0.
     const tiny = 2 ** -14;
-    for (const op of ["linear", "layerNormLinear"] as const) {
-      const x = Tensor.full([4, 3], tiny);
-      const w = Tensor.from(uniform(6, 2), [2, 3], { requiresGrad: true });
+    for (const op of ["linear", "layerNormLinear", "conv2d"] as const) {
+      // conv2d: a 1×1 kernel over 2×2 positions sums four products per weight too.
+      const conv = op === "conv2d";
+      const x = Tensor.full(conv ? [1, 3, 2, 2] : [4, 3], tiny);
+      const w = Tensor.from(uniform(6, 2), conv ? [2, 3, 1, 1] : [2, 3], { requiresGrad: true });
       const masterWeights = new MasterWeights([w]);
       tidy(() => {
         const y = autocast(() =>
-          op === "linear"
-            ? linear(x, w)
+          op === "linear" ? linear(x, w) : conv
+            ? conv2d(x, w)
             // LayerNorm of a constant row is its bias: β = 2⁻¹⁴ reproduces x.
             : layerNormLinear(x, w, { norm: { bias: Tensor.full([3], tiny) } }), { masterWeights });
         assert.equal(y.dtype, "f16");
-        y.backward({ gradient: Tensor.full([4, 2], tiny, { dtype: "f16" }) });
+        y.backward({ gradient: Tensor.full(y.shape, tiny, { dtype: "f16" }) });
       });
       assert.equal(w.grad!.dtype, "f32");
       assertClose(await w.grad!.read(), new Array(6).fill(2 ** -26), { atol: 0, rtol: 1e-6 }, op);

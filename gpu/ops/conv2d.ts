@@ -1,6 +1,7 @@
 /** Differentiable 2-D convolution, NCHW, as PyTorch's `conv2d`. */
 import { record } from "../autograd.ts";
-import { autocastInputs } from "../autocast_hook.ts";
+import { autocastInputs, releaseCasts } from "../autocast_hook.ts";
+import { weightGradTarget } from "./linear.ts";
 import type { MatmulTiling } from "../device.ts";
 import { DTypeError, fail, ShapeError, ValueError } from "../errors.ts";
 import { launchBinary } from "../kernels/elementwise.ts";
@@ -197,8 +198,10 @@ export function conv2d(x0: Tensor, weight0: Tensor, options: Conv2dOptions = {})
     bias: bias ?? undefined,
     relu,
   });
-  const inputs = bias ? [x, weight, bias] : [x, weight];
-  return record({
+  // The weight gradient goes to an f32 weight in f32 (see weightGradTarget).
+  const gradTarget = weightGradTarget(weight0, weight);
+  const inputs = bias ? [x, gradTarget, bias] : [x, gradTarget];
+  const out = record({
     op: "conv2d",
     inputs,
     output: y,
@@ -210,11 +213,12 @@ export function conv2d(x0: Tensor, weight0: Tensor, options: Conv2dOptions = {})
         ? launchConv2dInputGrad(dy, sw, g, tilingOf(dy, problems.inputGrad, g.groups))
         : null;
       const dw = needs[1]
-        ? launchConv2dWeightGrad(dy, sx, g, tilingOf(dy, problems.weightGrad, 1), sw.dtype)
+        ? launchConv2dWeightGrad(dy, sx, g, tilingOf(dy, problems.weightGrad, 1), gradTarget.dtype)
         : null;
       const db = bias && needs[2] ? launchConv2dBiasGrad(dy, g, bias.dtype) : null;
       if (dy !== dy0) dy.dispose();
       return bias ? [dx, dw, db] : [dx, dw];
     },
   });
+  return releaseCasts([weight], out);
 }
