@@ -190,7 +190,7 @@ Deno.test("multi-tensor: chunks keep order and split on a new key; slot tables",
     "a",
     "a",
   ]]);
-  const table = slotTable([5, 0, 3000], (n) => Math.ceil(n / 1024));
+  const table = slotTable([5, 0, 3000], [1, 0, 3]);
   assert.equal(table.workgroups, 4);
   assert.deepEqual([table.uniforms.wg0, table.uniforms.wg1, table.uniforms.wg2], [0, 1, 1]);
   assert.equal(table.uniforms.wg3, 4, "unused slots start at the end");

@@ -11,12 +11,10 @@ import { DTypeError } from "../../gpu/errors.ts";
 import { defineKernel } from "../../gpu/kernel.ts";
 import { WGSL_GRID_BUILTINS } from "../../gpu/kernels/grid.ts";
 import {
-  multiTensorChunks,
+  multiTensorDispatches,
   SLOT_UNIFORMS,
   slotBindings,
   slotBuffers,
-  slotsPerDispatch,
-  slotTable,
   wgslForEachSlot,
 } from "../../gpu/kernels/multi_tensor.ts";
 import type { Tensor } from "../../gpu/tensor.ts";
@@ -172,14 +170,16 @@ export function launchUnscale(grads: readonly Tensor[], scale: Tensor, foundInf:
     throw new DTypeError(`GradScaler.unscale: gradient ${bad.describe()} is not f32 or f16.`);
   }
   const gpu = scale.gpu;
-  const work = grads.filter((g) => g.size > 0);
-  for (const chunk of multiTensorChunks(work, slotsPerDispatch(gpu, 1, 2), (g) => g.dtype)) {
+  const dispatches = multiTensorDispatches(gpu, grads.filter((g) => g.size > 0), {
+    perTensor: 1,
+    shared: 2,
+    key: (g) => g.dtype,
+    size: (g) => g.size,
+    // An f16 gradient is read two halves to a u32 word.
+    workgroups: (g) => Math.ceil(g.size / (g.dtype === "f16" ? 2 : 1) / (WORKGROUP * PER_THREAD)),
+  });
+  for (const { chunk, table } of dispatches) {
     const dtype = chunk[0].dtype as "f32" | "f16";
-    const words = (n: number) => dtype === "f32" ? n : Math.ceil(n / 2);
-    const table = slotTable(
-      chunk.map((g) => g.size),
-      (n) => Math.ceil(words(n) / (WORKGROUP * PER_THREAD)),
-    );
     gpu.dispatch(
       gpu.kernel(unscaleKernel, { dtype, slots: chunk.length }),
       { ...slotBuffers("grad", chunk), scale, found: foundInf },

@@ -102,22 +102,56 @@ export function multiTensorChunks<T>(
 }
 
 /**
- * The slot table and grid of one dispatch over tensors of `sizes` elements,
- * each taking `workgroupsOf(size)` workgroups.
+ * The slot table and grid of one dispatch over tensors of `sizes` elements
+ * that take `workgroups` workgroups each.
  */
 export function slotTable(
   sizes: readonly number[],
-  workgroupsOf: (n: number) => number,
+  workgroups: readonly number[],
 ): { uniforms: Record<SlotField, number>; grid: [number, number]; workgroups: number } {
   const uniforms = {} as Record<SlotField, number>;
   let total = 0;
   for (let k = 0; k < MAX_TENSOR_SLOTS; k++) {
     uniforms[`wg${k}`] = total;
     uniforms[`n${k}`] = sizes[k] ?? 0;
-    if (k < sizes.length) total += workgroupsOf(sizes[k]);
+    total += workgroups[k] ?? 0;
   }
   uniforms[`wg${MAX_TENSOR_SLOTS}`] = total;
   return { uniforms, grid: grid1d(total), workgroups: total };
+}
+
+/** The slot table and grid of one dispatch (see {@link slotTable}). */
+export type SlotTable = ReturnType<typeof slotTable>;
+
+/** How a list of items is split into multi-tensor dispatches (see {@link multiTensorDispatches}). */
+export interface MultiTensorPlan<T> {
+  /** Storage bindings each item takes. */
+  perTensor: number;
+  /** Storage bindings every dispatch has besides (at least one). */
+  shared: number;
+  /** Items share a dispatch only when this agrees (their kernel config). */
+  key(item: T): string;
+  /** The item's element count (its slot's `n`). */
+  size(item: T): number;
+  /** The workgroups the item takes. */
+  workgroups(item: T): number;
+}
+
+/**
+ * The dispatches that cover `items` on `gpu`: runs of consecutive items that
+ * share a kernel config and fit {@link slotsPerDispatch}, each with its slot
+ * table. The caller dispatches each run with `slots: chunk.length`.
+ */
+export function multiTensorDispatches<T>(
+  gpu: Gpu,
+  items: readonly T[],
+  plan: MultiTensorPlan<T>,
+): { chunk: T[]; table: SlotTable }[] {
+  const slots = slotsPerDispatch(gpu, plan.perTensor, plan.shared);
+  return multiTensorChunks(items, slots, plan.key).map((chunk) => ({
+    chunk,
+    table: slotTable(chunk.map(plan.size), chunk.map(plan.workgroups)),
+  }));
 }
 
 /** `{ name0: tensors[0], name1: tensors[1], ... }`: the buffers of one per-tensor binding. */

@@ -10,12 +10,10 @@ import type { DType } from "../../gpu/dtype.ts";
 import { defineKernel } from "../../gpu/kernel.ts";
 import { WGSL_GRID_BUILTINS } from "../../gpu/kernels/grid.ts";
 import {
-  multiTensorChunks,
+  multiTensorDispatches,
   SLOT_UNIFORMS,
   slotBindings,
   slotBuffers,
-  slotsPerDispatch,
-  slotTable,
   wgslForEachSlot,
 } from "../../gpu/kernels/multi_tensor.ts";
 import { REDUCE_THREADS, WGSL_WORKGROUP_REDUCE } from "../../gpu/kernels/wgsl_math.ts";
@@ -96,6 +94,14 @@ fn main(${WGSL_GRID_BUILTINS}) {
 }`,
 });
 
+/** How both per-gradient kernels share dispatches: a gradient and one shared buffer, by dtype. */
+const ONE_GRADIENT_A_SLOT = {
+  perTensor: 1,
+  shared: 1,
+  key: (g: Tensor) => g.dtype,
+  size: (g: Tensor) => g.size,
+};
+
 /** Slots of the partials buffer a gradient of `size` elements fills (at least one). */
 export function sumSquaresSlots(size: number): number {
   return Math.max(1, Math.ceil(size / SUM_SQUARES_CHUNK));
@@ -109,8 +115,8 @@ export function sumSquaresSlots(size: number): number {
 export function launchSumSquares(grads: readonly Tensor[], partials: Tensor): void {
   const gpu = partials.gpu;
   let base = 0;
-  for (const chunk of multiTensorChunks(grads, slotsPerDispatch(gpu, 1, 1), (g) => g.dtype)) {
-    const table = slotTable(chunk.map((g) => g.size), sumSquaresSlots);
+  const plan = { ...ONE_GRADIENT_A_SLOT, workgroups: (g: Tensor) => sumSquaresSlots(g.size) };
+  for (const { chunk, table } of multiTensorDispatches(gpu, grads, plan)) {
     gpu.dispatch(
       gpu.kernel(sumSquaresKernel, { dtype: chunk[0].dtype, slots: chunk.length }),
       { ...slotBuffers("g", chunk), partials },
@@ -137,8 +143,8 @@ export function launchClipCoefficient(
 export function launchScaleByCoefficient(grads: readonly Tensor[], coef: Tensor): void {
   const gpu = coef.gpu;
   const work = grads.filter((g) => g.size > 0);
-  for (const chunk of multiTensorChunks(work, slotsPerDispatch(gpu, 1, 1), (g) => g.dtype)) {
-    const table = slotTable(chunk.map((g) => g.size), (n) => Math.ceil(n / WORKGROUP));
+  const plan = { ...ONE_GRADIENT_A_SLOT, workgroups: (g: Tensor) => Math.ceil(g.size / WORKGROUP) };
+  for (const { chunk, table } of multiTensorDispatches(gpu, work, plan)) {
     gpu.dispatch(
       gpu.kernel(scaleByCoefficientKernel, { dtype: chunk[0].dtype, slots: chunk.length }),
       { ...slotBuffers("g", chunk), coef },

@@ -23,13 +23,11 @@ import {
 } from "../../gpu/kernel.ts";
 import { WGSL_GRID_BUILTINS } from "../../gpu/kernels/grid.ts";
 import {
-  multiTensorChunks,
+  multiTensorDispatches,
   SLOT_UNIFORMS,
   slotBindings,
   slotBuffers,
   type SlotField,
-  slotsPerDispatch,
-  slotTable,
   wgslForEachSlot,
 } from "../../gpu/kernels/multi_tensor.ts";
 import type { Tensor } from "../../gpu/tensor.ts";
@@ -242,10 +240,14 @@ function launchUpdates<C extends UpdateConfig, U extends string>(
   const work = updates.filter((u) => u.param.size > 0);
   if (work.length === 0) return;
   const gpu = work[0].param.gpu;
-  const perTensor = 3 + Object.keys(state).length; // master, gradient, copy (if any), state
-  const slots = slotsPerDispatch(gpu, perTensor, 2 + Object.keys(shared).length);
-  const dtypes = (u: ParamUpdate) => `${u.grad.dtype}/${u.copy?.dtype ?? "none"}`;
-  for (const chunk of multiTensorChunks(work, slots, dtypes)) {
+  const dispatches = multiTensorDispatches(gpu, work, {
+    perTensor: 3 + Object.keys(state).length, // master, gradient, copy (if any), state
+    shared: Object.keys(shared).length,
+    key: (u) => `${u.grad.dtype}/${u.copy?.dtype ?? "none"}`,
+    size: (u) => u.param.size,
+    workgroups: (u) => Math.ceil(u.param.size / (WORKGROUP * PER_THREAD)),
+  });
+  for (const { chunk, table } of dispatches) {
     const copy = chunk[0].copy?.dtype ?? "none";
     const full = { ...config, grad: chunk[0].grad.dtype, copy, slots: chunk.length } as C;
     const buffers: Record<string, Tensor> = {
@@ -257,7 +259,6 @@ function launchUpdates<C extends UpdateConfig, U extends string>(
     for (const [binding, name] of Object.entries(state)) {
       Object.assign(buffers, slotBuffers(binding, chunk.map((u) => u.state[name])));
     }
-    const table = slotTable(chunk.map((u) => u.param.size), updateWorkgroups);
     gpu.dispatch(
       gpu.kernel(kernel, full),
       buffers,
@@ -265,11 +266,6 @@ function launchUpdates<C extends UpdateConfig, U extends string>(
       table.grid,
     );
   }
-}
-
-/** The workgroups of one update of `n` elements. */
-function updateWorkgroups(n: number): number {
-  return Math.ceil(n / (WORKGROUP * PER_THREAD));
 }
 
 /** Hyper-parameters of one SGD update. */
