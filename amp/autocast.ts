@@ -8,6 +8,8 @@
  */
 import { type CastHook, markCastForOp } from "../gpu/autocast_hook.ts";
 import { getGpu, type Gpu } from "../gpu/device.ts";
+import type { DType } from "../gpu/dtype.ts";
+import type { AutocastOpName } from "../gpu/op_registry.ts";
 import { cast } from "../gpu/ops/elementwise.ts";
 import { warnOnce, withState } from "../gpu/runtime_state.ts";
 import type { Tensor } from "../gpu/tensor.ts";
@@ -30,28 +32,34 @@ export interface AutocastOptions {
   gpu?: Gpu;
 }
 
-function isFloat(t: Tensor): boolean {
-  return t.dtype === "f32" || t.dtype === "f16";
+function isFloat(dtype: DType): boolean {
+  return dtype === "f32" || dtype === "f16";
 }
 
-function toF32(t: Tensor): Tensor {
-  return t.dtype === "f16" ? markCastForOp(cast(t, "f32")) : t;
+/** The dtypes `op`'s inputs take under `lists`: the one decision both halves of the hook use. */
+function policyDtypes(lists: AutocastLists, op: AutocastOpName, dtypes: readonly DType[]): DType[] {
+  const policy = policyIn(lists, op);
+  let want: DType | null = policy === "f16" || policy === "f32" ? policy : null;
+  if (policy === "promote") {
+    const floats = dtypes.filter(isFloat);
+    if (floats.includes("f32") && floats.includes("f16")) want = "f32";
+  }
+  return dtypes.map((d) => want !== null && isFloat(d) ? want : d);
 }
 
 /** The cast hook for `lists`, reading working copies from `masters` where they exist. */
 export function autocastHook(lists: AutocastLists, masters: MasterWeights | null = null): CastHook {
-  const toF16 = (t: Tensor) => {
-    if (t.dtype !== "f32") return t;
-    return masters?.readWorkingCopy(t) ?? markCastForOp(cast(t, "f16"));
+  const castTo = (t: Tensor, dtype: DType) => {
+    if (t.dtype === dtype) return t;
+    if (dtype === "f16") return masters?.readWorkingCopy(t) ?? markCastForOp(cast(t, "f16"));
+    return markCastForOp(cast(t, dtype));
   };
-  return (op, inputs) => {
-    const policy = policyIn(lists, op);
-    if (policy === "f16") return inputs.map(toF16);
-    if (policy === "f32") return inputs.map(toF32);
-    const floats = inputs.filter(isFloat);
-    const mixed = floats.some((t) => t.dtype === "f32") && floats.some((t) => t.dtype === "f16");
-    return mixed ? inputs.map(toF32) : [...inputs];
+  const dtypes = (op: AutocastOpName, given: readonly DType[]) => policyDtypes(lists, op, given);
+  const hook = (op: AutocastOpName, inputs: readonly Tensor[]) => {
+    const want = dtypes(op, inputs.map((t) => t.dtype));
+    return inputs.map((t, i) => castTo(t, want[i]));
   };
+  return Object.assign(hook, { dtypes });
 }
 
 /**

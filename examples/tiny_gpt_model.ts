@@ -104,11 +104,10 @@ export class TinyGpt extends Module {
     for (const u of [positions, tok, pos]) u.dispose();
     const h = this.blocks.forward(x);
     x.dispose();
-    const n = this.norm.forward(h);
+    const flat = reshape(h, [b * t, this.config.dim]);
     h.dispose();
-    const flat = reshape(n, [b * t, this.config.dim]);
-    n.dispose();
-    const logits = this.head.forward(flat);
+    // The final LayerNorm runs inside the head (one activation fewer kept, no cast under AMP).
+    const logits = this.head.forwardNormalized(flat, this.norm);
     flat.dispose();
     return logits;
   }

@@ -4,6 +4,7 @@
  * to `autocastInputs(op, inputs)`, which returns them unchanged unless a hook
  * is installed in the runtime state (amp's `autocast()` installs one).
  */
+import type { DType } from "./dtype.ts";
 import type { AutocastOpName } from "./op_registry.ts";
 import { runtime, withState } from "./runtime_state.ts";
 import type { Tensor } from "./tensor.ts";
@@ -11,8 +12,14 @@ import type { Tensor } from "./tensor.ts";
 /**
  * Returns the inputs an op should use, cast as the active policy says. It is
  * given every tensor input (i32 ids included) and must return them in order.
+ * A hook may also say, through `dtypes`, which dtypes it would give inputs of
+ * the given dtypes without casting anything: ops use that to write their
+ * output in the dtype its consumer wants, or to read a mixed f16/f32 pair in
+ * one kernel, instead of casting in a dispatch of its own.
  */
-export type CastHook = (op: AutocastOpName, inputs: readonly Tensor[]) => Tensor[];
+export type CastHook = ((op: AutocastOpName, inputs: readonly Tensor[]) => Tensor[]) & {
+  dtypes?: (op: AutocastOpName, dtypes: readonly DType[]) => DType[];
+};
 
 /** The inputs of `op` as the active autocast policy wants them (unchanged without one). */
 export function autocastInputs(op: AutocastOpName, inputs: readonly Tensor[]): readonly Tensor[] {
@@ -20,6 +27,15 @@ export function autocastInputs(op: AutocastOpName, inputs: readonly Tensor[]): r
   if (hook === null) return inputs;
   // The hook's own casts must not be autocast again.
   return withState({ castHook: null }, () => hook(op, inputs));
+}
+
+/**
+ * The dtypes the active policy would give `op`'s inputs, without casting
+ * them: their own dtypes without a hook, or with a hook that cannot say.
+ */
+export function autocastDtypes(op: AutocastOpName, inputs: readonly Tensor[]): DType[] {
+  const dtypes = inputs.map((t) => t.dtype);
+  return runtime.castHook?.dtypes?.(op, dtypes) ?? dtypes;
 }
 
 /** The casts autocast made for ops (never the caller's tensors or master weights' working copies). */

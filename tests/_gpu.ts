@@ -59,3 +59,19 @@ export async function withEachElementwiseWidth(
     gpu.vectorElementwise = chosen;
   }
 }
+
+/** The kernel key of each dispatch `fn` records on the shared device, in order. */
+export function dispatchedKernels(fn: () => void): string[] {
+  const keys: string[] = [];
+  const dispatch = gpu.batch.dispatch.bind(gpu.batch);
+  gpu.batch.dispatch = (kernel, ...rest) => {
+    keys.push(kernel.key);
+    dispatch(kernel, ...rest);
+  };
+  try {
+    fn();
+  } finally {
+    gpu.batch.dispatch = dispatch;
+  }
+  return keys;
+}

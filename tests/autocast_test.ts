@@ -4,21 +4,24 @@ import {
   add,
   autocast,
   backward,
+  cast,
   conv2d,
   customAutocastLists,
+  div,
   initGpu,
   layerNormLinear,
   linear,
   matmul,
   mul,
   softmax,
+  sub,
   sum,
   Tensor,
   tidy,
 } from "../mod.ts";
 import { clipGradNorm } from "../optim/clip.ts";
 import { MasterWeights } from "../amp/master_weights.ts";
-import { GPU_TEST } from "./_gpu.ts";
+import { dispatchedKernels, GPU_TEST } from "./_gpu.ts";
 import { matmul64, quantize, uniform } from "./_reference.ts";
 import { assertClose, TOL } from "./_assert.ts";
 
@@ -167,7 +170,7 @@ Deno.test({
 });
 
 Deno.test({
-  name: "autocast: a promoting add frees its f32 copy of the f16 operand at once; gradients flow",
+  name: "autocast: a promoting add holds no f32 copy of its f16 operand; gradients flow",
   ...GPU_TEST,
   async fn() {
     const n = 1024;
@@ -176,11 +179,11 @@ Deno.test({
     const gpu = x.gpu;
     const { held, y } = autocast(() => {
       const before = gpu.memoryStats().allocatedBytes;
-      const y = add(x, h); // f32 + f16: h is cast to f32 for the add, which keeps nothing
+      const y = add(x, h); // f32 + f16: promoted inside the kernel, no f32 copy of h
       return { held: gpu.memoryStats().allocatedBytes - before, y };
     });
     assert.equal(y.dtype, "f32");
-    assert.equal(held, n * 4, "only the result is held, not the f32 copy of h");
+    assert.equal(held, n * 4, "only the result is held, no f32 copy of h");
     const loss = sum(mul(y, y));
     backward(loss);
     const expected = Float64Array.from(await y.read(), (v) => 2 * v);
@@ -188,6 +191,53 @@ Deno.test({
     assert.equal(h.grad!.dtype, "f16");
     assertClose(await h.grad!.read(), quantize(expected, "f16"), TOL.f16, "dh");
     for (const t of [x, h, y, loss]) t.dispose();
+  },
+});
+
+Deno.test({
+  name: "autocast: binary ops promote an f16 operand in their kernel (one dispatch, no cast), " +
+    "with the bits of casting it first, and hand each operand a gradient in its dtype",
+  ...GPU_TEST,
+  async fn() {
+    const [m, n] = [7, 33];
+    const ops = { add, sub, mul, div };
+    // [first, second] operand shapes and dtypes: f16 on either side, broadcast or not.
+    const pairs = [
+      [[m, n], "f32", [m, n], "f16"],
+      [[m, n], "f16", [m, n], "f32"],
+      [[m, n], "f32", [n], "f16"],
+      [[m, n], "f16", [1, n], "f32"],
+    ] as const;
+    for (const [name, op] of Object.entries(ops)) {
+      for (const [shapeA, dtypeA, shapeB, dtypeB] of pairs) {
+        const label = `${name} ${dtypeA}[${shapeA}] ${dtypeB}[${shapeB}]`;
+        const sizeA = shapeA.reduce((p, d) => p * d, 1), sizeB = shapeB.reduce((p, d) => p * d, 1);
+        const grad = { requiresGrad: true };
+        const a = Tensor.from(uniform(sizeA, 3, 0.5, 2), [...shapeA], { dtype: dtypeA, ...grad });
+        const b = Tensor.from(uniform(sizeB, 4, 0.5, 2), [...shapeB], { dtype: dtypeB, ...grad });
+        const g = Tensor.from(uniform(m * n, 5), [m, n]);
+        const run = async (promoteInKernel: boolean) => {
+          let y!: Tensor;
+          const kernels = dispatchedKernels(() => {
+            y = promoteInKernel
+              ? autocast(() => op(a, b))
+              : op(a.dtype === "f16" ? cast(a, "f32") : a, b.dtype === "f16" ? cast(b, "f32") : b);
+          });
+          backward(y, { gradient: g });
+          const out = { y: await y.read(), da: await a.grad!.read(), db: await b.grad!.read() };
+          assert.equal(a.grad!.dtype, a.dtype, label);
+          assert.equal(b.grad!.dtype, b.dtype, label);
+          for (const t of [y, a.grad, b.grad]) t!.dispose();
+          a.grad = b.grad = null;
+          return { out, kernels };
+        };
+        const inKernel = await run(true), castFirst = await run(false);
+        assert.equal(inKernel.kernels.length, 1, `${label}: ${inKernel.kernels}`);
+        assert.equal(castFirst.kernels.length, 2, label);
+        assert.deepEqual(inKernel.out, castFirst.out, label);
+        for (const t of [a, b, g]) t.dispose();
+      }
+    }
   },
 });
 

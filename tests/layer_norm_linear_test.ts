@@ -20,7 +20,8 @@ import {
   Tensor,
   TransformerBlock,
 } from "../mod.ts";
-import { gpu, GPU_TEST } from "./_gpu.ts";
+import { MasterWeights } from "../amp/master_weights.ts";
+import { dispatchedKernels, gpu, GPU_TEST } from "./_gpu.ts";
 
 interface Case {
   shape: number[];
@@ -85,6 +86,36 @@ Deno.test({
         assert.deepEqual(await run(c, true, amp), await run(c, false, amp), label);
       }
     }
+  },
+});
+
+Deno.test({
+  name: "layerNormLinear under autocast: no cast between the f32 LayerNorm and the f16 product, " +
+    "forward or backward",
+  ...GPU_TEST,
+  fn() {
+    if (!gpu.f16) return console.warn("layer_norm_linear_test: no shader-f16; autocast untested");
+    const rng = new RandomGenerator(3);
+    const grad = { requiresGrad: true };
+    const x = Tensor.from(rng.uniform(5 * 24, -1, 1), [5, 24], grad);
+    const nw = Tensor.from(rng.uniform(24, 0.5, 1.5), [24], grad);
+    const w = Tensor.from(rng.uniform(8 * 24, -0.5, 0.5), [8, 24], grad);
+    // Master weights hold w's f16 working copy, so no cast of w is expected either.
+    const masterWeights = new MasterWeights([w]);
+    let y!: Tensor;
+    const forward = dispatchedKernels(() => {
+      y = autocast(() => layerNormLinear(x, w, { norm: { weight: nw } }), { masterWeights });
+    });
+    assert.equal(y.dtype, "f16");
+    const g = Tensor.full(y.shape, 0.5, { dtype: "f16" });
+    const backwardKernels = dispatchedKernels(() => backward(y, { gradient: g }));
+    for (const key of [...forward, ...backwardKernels]) {
+      assert.ok(!key.startsWith("unary{"), `a cast was dispatched: ${key}`);
+    }
+    assert.equal(x.grad!.dtype, "f32");
+    assert.equal(w.grad!.dtype, "f32");
+    for (const t of [x, nw, w, y, g, ...[x, nw, w].map((t) => t.grad)]) t?.dispose();
+    masterWeights.dispose();
   },
 });
 

@@ -16,7 +16,7 @@ import {
   Tensor,
   tidy,
 } from "../mod.ts";
-import { gpu, GPU_TEST } from "./_gpu.ts";
+import { dispatchedKernels, gpu, GPU_TEST } from "./_gpu.ts";
 
 /** A small AMP model step: matmuls, LayerNorm, cross-entropy, the scaler and fused AdamW. */
 function setup() {
@@ -43,16 +43,9 @@ function setup() {
 /** The family of each dispatch `fn` records, from the command batch itself. */
 function familiesOf(fn: () => void): Map<string, number> {
   const families = new Map<string, number>();
-  const dispatch = gpu.batch.dispatch.bind(gpu.batch);
-  gpu.batch.dispatch = (kernel, ...rest) => {
-    const family = kernel.key.slice(0, kernel.key.indexOf("{"));
+  for (const key of dispatchedKernels(fn)) {
+    const family = key.slice(0, key.indexOf("{"));
     families.set(family, (families.get(family) ?? 0) + 1);
-    dispatch(kernel, ...rest);
-  };
-  try {
-    fn();
-  } finally {
-    gpu.batch.dispatch = dispatch;
   }
   return families;
 }

@@ -2,13 +2,16 @@
  * LayerNorm over the last axis. The input is viewed as [rows, cols]; each
  * row (a workgroup per row, or a thread per short row: see row_layout.ts)
  * gets its mean and biased variance in f32 (two
- * passes, so a large mean does not cancel the variance away), writes y in the
- * input's dtype and saves the per-row mean and rstd = 1/√(var + eps) (f32) for
+ * passes, so a large mean does not cancel the variance away), writes y (in
+ * the input's dtype, or the one the next op reads: an f32 residual stream
+ * normalised straight into f16 for the product after it, no cast) and saves the per-row mean and rstd = 1/√(var + eps) (f32) for
  * the backward pass. Weight and bias are optional f32 vectors of length cols;
  * whether each is bound is part of the config.
  *
  * Backward: the same row layout for dx, and one workgroup per column for
- * dweight = Σ_rows g·x̂ and dbias = Σ_rows g (f32).
+ * dweight = Σ_rows g·x̂ and dbias = Σ_rows g (f32). The upstream gradient g
+ * may have its own dtype (f16 from an f16 product into an f32 stream); dx
+ * takes x's.
  *
  * Means multiply by 1/cols computed on the host instead of dividing in WGSL,
  * which may divide approximately (2.5 ulp): a row of one element must have
@@ -29,9 +32,9 @@ import {
 } from "./row_layout.ts";
 import { REDUCE_THREADS, WGSL_WORKGROUP_REDUCE } from "./wgsl_math.ts";
 
-/** Which optional vectors a kernel binds, and the storage dtype of x, y, dy and dx. */
+/** Which optional vectors a kernel binds, and the storage dtype of x and dx. */
 export type LayerNormConfig = {
-  /** Storage dtype of x, y, dy and dx (statistics and parameters are f32). */
+  /** Storage dtype of x and dx (statistics and parameters are f32). */
   dtype: DType;
   /** Forward and dx: a weight is bound; parameter gradients: dweight is written. */
   weight: boolean;
@@ -42,6 +45,12 @@ export type LayerNormConfig = {
 /** A row kernel's config: the above plus how rows map to threads. */
 type RowConfig = LayerNormConfig & { layout: RowLayout };
 
+/** The storage dtype of y (forward). */
+type OutDtype = { out: DType };
+
+/** The storage dtype of the upstream gradient g (backward). */
+type GradDtype = { grad: DType };
+
 function rowStart(layout: RowLayout): string {
   return `${wgslRowIndex(layout, "rows")}
   let base = row * p.cols;
@@ -51,11 +60,11 @@ function rowStart(layout: RowLayout): string {
 /** Forward: y, mean and rstd, one workgroup per row. */
 export const layerNormForwardKernel = defineKernel({
   name: "layer_norm_forward",
-  bindings: (c: RowConfig) => [
+  bindings: (c: RowConfig & OutDtype) => [
     { name: "x", type: c.dtype },
     ...optional(c.weight, { name: "w", type: "f32" }),
     ...optional(c.bias, { name: "b", type: "f32" }),
-    { name: "y", type: c.dtype, write: true },
+    { name: "y", type: c.out, write: true },
     { name: "mean", type: "f32", write: true },
     { name: "rstd", type: "f32", write: true },
   ],
@@ -74,7 +83,7 @@ fn main(${WGSL_GRID_BUILTINS}) {
   let r = 1.0 / sqrt(reduce_sum(q, lid) * inv_n + p.eps);
   ${loop} {
     let v = (f32(x[base + j]) - mu) * r${c.weight ? " * w[j]" : ""}${c.bias ? " + b[j]" : ""};
-    y[base + j] = ${c.dtype}(v);
+    y[base + j] = ${c.out}(v);
   }
   if (${wgslRowLeader(c.layout)}) { mean[row] = mu; rstd[row] = r; }
 }`;
@@ -84,10 +93,10 @@ fn main(${WGSL_GRID_BUILTINS}) {
 /** dx = rstd · (g·w − mean(g·w) − x̂ · mean(g·w·x̂)), one workgroup per row. */
 export const layerNormBackwardKernel = defineKernel({
   name: "layer_norm_backward",
-  bindings: (c: RowConfig) => [
+  bindings: (c: RowConfig & GradDtype) => [
     { name: "x", type: c.dtype },
     ...optional(c.weight, { name: "w", type: "f32" }),
-    { name: "g", type: c.dtype },
+    { name: "g", type: c.grad },
     { name: "mean", type: "f32" },
     { name: "rstd", type: "f32" },
     { name: "dx", type: c.dtype, write: true },
@@ -125,9 +134,9 @@ fn main(${WGSL_GRID_BUILTINS}) {
 /** dweight = Σ_rows g·x̂ and dbias = Σ_rows g, one workgroup per column. */
 export const layerNormParamGradKernel = defineKernel({
   name: "layer_norm_param_grad",
-  bindings: (c: LayerNormConfig) => [
+  bindings: (c: LayerNormConfig & GradDtype) => [
     { name: "x", type: c.dtype },
-    { name: "g", type: c.dtype },
+    { name: "g", type: c.grad },
     { name: "mean", type: "f32" },
     { name: "rstd", type: "f32" },
     ...optional(c.weight, { name: "dw", type: "f32", write: true }),
@@ -159,20 +168,30 @@ function rowsCols(x: Tensor): { rows: number; cols: number } {
   return { rows: x.shape.slice(0, -1).reduce((a, b) => a * b, 1), cols };
 }
 
-/** y, and the per-row f32 `mean` and `rstd` ([rows]) that the backward pass needs (no autograd). */
+/**
+ * y (in `out`, default x's dtype), and the per-row f32 `mean` and `rstd`
+ * ([rows]) that the backward pass needs (no autograd).
+ */
 export function launchLayerNorm(
   x: Tensor,
   weight: Tensor | null,
   bias: Tensor | null,
   eps: number,
+  out: DType = x.dtype,
 ): { y: Tensor; mean: Tensor; rstd: Tensor } {
   const { rows, cols } = rowsCols(x);
-  const y = Tensor.empty(x.shape, x.dtype, x.gpu);
+  const y = Tensor.empty(x.shape, out, x.gpu);
   const mean = Tensor.empty([rows], "f32", x.gpu);
   const rstd = Tensor.empty([rows], "f32", x.gpu);
   if (rows * cols === 0) return { y, mean, rstd };
   const layout = rowLayout(x.gpu, cols);
-  const config = { dtype: x.dtype, weight: weight !== null, bias: bias !== null, layout };
+  const config = {
+    dtype: x.dtype,
+    out,
+    weight: weight !== null,
+    bias: bias !== null,
+    layout,
+  };
   const kernel = x.gpu.kernel(layerNormForwardKernel, config);
   const tensors = { x, y, mean, rstd, ...(weight && { w: weight }), ...(bias && { b: bias }) };
   const uniforms = { rows, cols, inv_cols: 1 / cols, eps };
@@ -192,7 +211,7 @@ export function launchLayerNormBackward(
   const dx = Tensor.empty(x.shape, x.dtype, x.gpu);
   if (rows * cols === 0) return dx;
   const layout = rowLayout(x.gpu, cols);
-  const config = { dtype: x.dtype, weight: weight !== null, bias: false, layout };
+  const config = { dtype: x.dtype, grad: g.dtype, weight: weight !== null, bias: false, layout };
   const kernel = x.gpu.kernel(layerNormBackwardKernel, config);
   const tensors = { x, g, mean, rstd, dx, ...(weight && { w: weight }) };
   x.gpu.dispatch(kernel, tensors, { rows, cols, inv_cols: 1 / cols }, rowGrid(layout, rows));
@@ -214,7 +233,7 @@ export function launchLayerNormParamGrads(
   const dw = want.weight ? Tensor.empty([cols], "f32", x.gpu) : null;
   const db = want.bias ? Tensor.empty([cols], "f32", x.gpu) : null;
   if (cols === 0 || (!dw && !db)) return { dw, db };
-  const config = { dtype: x.dtype, weight: want.weight, bias: want.bias };
+  const config = { dtype: x.dtype, grad: g.dtype, weight: want.weight, bias: want.bias };
   const kernel = x.gpu.kernel(layerNormParamGradKernel, config);
   const tensors = { x, g, mean, rstd, ...(dw && { dw }), ...(db && { db }) };
   x.gpu.dispatch(kernel, tensors, { rows, cols }, grid1d(cols));

@@ -16,7 +16,7 @@ import {
 import { launchReduce } from "../kernels/reduce.ts";
 import { sameShape } from "../shape.ts";
 import type { Tensor } from "../tensor.ts";
-import { autocastInputs } from "../autocast_hook.ts";
+import { autocastDtypes, autocastInputs } from "../autocast_hook.ts";
 import type { AutocastOpName } from "../op_registry.ts";
 import { broadcastInto, isSame, reductionOf } from "./broadcast.ts";
 import { assertSameDtype, assertSameGpu } from "./checks.ts";
@@ -32,17 +32,35 @@ function reduceToOperand(g: Tensor, operand: Tensor, b: Broadcast, scale = 1): T
   return view;
 }
 
-/** Casts the operands as autocast says, checks them, and runs the kernel. */
+/**
+ * Casts the operands as autocast says, checks them, and runs the kernel.
+ * An f16 operand that autocast promotes to f32 (an f16 residual branch added
+ * to the f32 stream) is not cast first: the kernel reads it as f16, which is
+ * exact, and writes f32; backward casts that operand's gradient back.
+ */
 function binary(
   op: BinaryOp & AutocastOpName,
   a0: Tensor,
   b0: Tensor,
 ): { a: Tensor; b: Tensor; y: Tensor; bc: Broadcast } {
-  const [a, b] = autocastInputs(op, [a0, b0]);
+  const promoted = autocastDtypes(op, [a0, b0]).every((d) => d === "f32") &&
+    [a0, b0].some((t) => t.dtype === "f16") && [a0, b0].every((t) => t.dtype !== "i32");
+  const [a, b] = promoted ? [a0, b0] : autocastInputs(op, [a0, b0]);
   assertSameGpu(op, a, b);
-  assertSameDtype(op, a, b);
+  if (!promoted) assertSameDtype(op, a, b);
   const bc = broadcastInto(op, a.shape, b.shape);
-  return { a, b, y: launchBinary(op, a, b, bc), bc };
+  return { a, b, y: launchBinary(op, a, b, bc, promoted ? "f32" : a.dtype), bc };
+}
+
+/**
+ * `g` as the gradient of `x`: itself, or cast to `x`'s dtype when the kernel
+ * promoted x (the cast frees `g` unless it is the rule's incoming gradient).
+ */
+function gradFor(x: Tensor, g: Tensor, upstream: Tensor): Tensor {
+  if (g.dtype === x.dtype) return g;
+  const cast = launchUnary("identity", g, { out: x.dtype });
+  if (g !== upstream) g.dispose();
+  return cast;
 }
 
 /**
@@ -65,7 +83,10 @@ export function add(a0: Tensor, b0: Tensor): Tensor {
     op: "add",
     inputs: [a, b],
     output: y,
-    backward: (g, _, needs) => [g, needs[1] ? reduceToOperand(g, b, bc) : null],
+    backward: (g, _, needs) => [
+      needs[0] ? gradFor(a, g, g) : null,
+      needs[1] ? gradFor(b, reduceToOperand(g, b, bc), g) : null,
+    ],
   });
 }
 
@@ -76,7 +97,10 @@ export function sub(a0: Tensor, b0: Tensor): Tensor {
     op: "sub",
     inputs: [a, b],
     output: y,
-    backward: (g, _, needs) => [g, needs[1] ? reduceToOperand(g, b, bc, -1) : null],
+    backward: (g, _, needs) => [
+      needs[0] ? gradFor(a, g, g) : null,
+      needs[1] ? gradFor(b, reduceToOperand(g, b, bc, -1), g) : null,
+    ],
   });
 }
 
@@ -89,12 +113,12 @@ export function mul(a0: Tensor, b0: Tensor): Tensor {
     output: y,
     save: [a, b],
     backward: (g, [sa, sb], needs) => {
-      const ga = needs[0] ? launchBinary("mul", g, sb, bc) : null;
+      const ga = needs[0] ? gradFor(sa, launchBinary("mul", g, sb, bc), g) : null;
       if (!needs[1]) return [ga, null];
       const gab = launchBinary("mul", g, sa);
       const gb = reduceToOperand(gab, sb, bc);
       if (gb !== gab) gab.dispose();
-      return [ga, gb];
+      return [ga, gradFor(sb, gb, g)];
     },
   });
 }
@@ -109,14 +133,14 @@ export function div(a0: Tensor, b0: Tensor): Tensor {
     output: y,
     save: [b, y],
     backward: (g, [sb, sy], needs) => {
-      const ga = needs[0] ? launchBinary("div", g, sb, bc) : null;
+      const ga = needs[0] ? gradFor(a, launchBinary("div", g, sb, bc), g) : null;
       if (!needs[1]) return [ga, null];
       const gy = launchBinary("mul", g, sy);
       const gyb = launchBinary("div", gy, sb, bc);
       gy.dispose();
       const gb = reduceToOperand(gyb, sb, bc, -1);
       if (gb !== gyb) gyb.dispose();
-      return [ga, gb];
+      return [ga, gradFor(sb, gb, g)];
     },
   });
 }

@@ -6,13 +6,12 @@
  * each pair keeps one activation fewer.
  */
 import { record } from "../autograd.ts";
-import { autocastInputs, releaseCasts } from "../autocast_hook.ts";
+import { autocastDtypes, autocastInputs, releaseCasts } from "../autocast_hook.ts";
 import {
   launchLayerNorm,
   launchLayerNormBackward,
   launchLayerNormParamGrads,
 } from "../kernels/layer_norm.ts";
-import { launchUnary } from "../kernels/elementwise.ts";
 import type { Tensor } from "../tensor.ts";
 import { checkLayerNormInputs, type LayerNormOptions } from "./layer_norm.ts";
 import { linearForward, type LinearOptions, weightGradTarget } from "./linear.ts";
@@ -27,7 +26,9 @@ export interface LayerNormLinearOptions extends LinearOptions {
  * `linear(layerNorm(x, options.norm), weight, options)` with the same results
  * and gradients bit for bit, keeping x (which the caller's residual stream
  * holds anyway) rather than the normalised rows for backward. Under autocast
- * the LayerNorm runs in f32 and the product in f16, as they do apart.
+ * the LayerNorm runs in f32 and the product in f16, as they do apart, but
+ * with no cast between them: the LayerNorm writes its rows in the dtype the
+ * product reads, and its backward reads the product's gradient as it comes.
  *
  * @example
  * ```ts
@@ -51,10 +52,11 @@ export function layerNormLinear(
   const eps = norm.eps ?? 1e-5;
   const nw = norm.weight ?? null, nb = norm.bias ?? null;
   checkLayerNormInputs(x, nw, nb, eps);
-  const normalised = launchLayerNorm(x, nw, nb, eps);
-  // The product reads the rows in the dtype the linear layer's autocast gives them.
+  // The rows are written in the dtype the linear layer's autocast gives them.
+  const [readDtype] = autocastDtypes("linear", [x, weight0]);
+  const normalised = launchLayerNorm(x, nw, nb, eps, readDtype);
   const [rows, weight] = autocastInputs("linear", [normalised.y, weight0]);
-  const readDtype = rows.dtype;
+  const rowsDtype = rows.dtype; // readDtype, unless a hook that cannot say cast them
   const gradTarget = weightGradTarget(weight0, weight);
   if (rows !== normalised.y) normalised.y.dispose();
   let layer;
@@ -87,12 +89,9 @@ export function layerNormLinear(
         const sy = options.activation === "relu" ? saved.at(-1) : undefined;
         // needs follows inputs: x, then the LayerNorm's weight and bias, W, the bias.
         const at = { nw: 1, nb: 1 + (nw ? 1 : 0), w: 1 + (nw ? 1 : 0) + (nb ? 1 : 0) };
-        const again = launchLayerNorm(sx, sNw, sNb, eps);
+        const again = launchLayerNorm(sx, sNw, sNb, eps, rowsDtype);
         [again.mean, again.rstd].forEach((t) => t.dispose());
-        const read = readDtype === again.y.dtype
-          ? again.y
-          : launchUnary("identity", again.y, { out: readDtype });
-        if (read !== again.y) again.y.dispose();
+        const read = again.y;
         const needsNormGrad = needs[0] || (nw !== null && needs[at.nw]) ||
           (nb !== null && needs[at.nb]);
         const [dRead, dW, dBias] = layer!.backward(g, read, sw, sy, [
@@ -103,19 +102,16 @@ export function layerNormLinear(
         read.dispose();
         let dx: Tensor | null = null, dNw: Tensor | null = null, dNb: Tensor | null = null;
         if (dRead) {
-          const dn = dRead.dtype === sx.dtype ? dRead : launchUnary("identity", dRead, {
-            out: sx.dtype,
-          });
-          if (dn !== dRead) dRead.dispose();
-          if (needs[0]) dx = launchLayerNormBackward(sx, sNw, dn, mean, rstd);
+          // dRead is in the product's dtype: the kernels read it as it is.
+          if (needs[0]) dx = launchLayerNormBackward(sx, sNw, dRead, mean, rstd);
           const want = {
             weight: nw !== null && needs[at.nw],
             bias: nb !== null && needs[at.nb],
           };
-          const grads = launchLayerNormParamGrads(sx, dn, mean, rstd, want);
+          const grads = launchLayerNormParamGrads(sx, dRead, mean, rstd, want);
           dNw = grads.dw;
           dNb = grads.db;
-          dn.dispose();
+          dRead.dispose();
         }
         return [
           dx,
