@@ -38,6 +38,25 @@ export function autocastDtypes(op: AutocastOpName, inputs: readonly Tensor[]): D
   return runtime.castHook?.dtypes?.(op, dtypes) ?? dtypes;
 }
 
+/**
+ * {@link autocastInputs} for an op whose kernel reads f16 and f32 alike and
+ * computes in f32: when autocast would only widen f16 inputs to f32, they are
+ * passed as they are (the kernel's read widens them, exactly) and no cast is
+ * dispatched; `widened` then says the op must compute and write f32 as if
+ * its inputs had been cast. Otherwise the inputs are cast as usual.
+ */
+export function autocastInputsWidenedInKernel(
+  op: AutocastOpName,
+  inputs: readonly Tensor[],
+): { inputs: readonly Tensor[]; widened: boolean } {
+  const want = autocastDtypes(op, inputs);
+  const widens = (t: Tensor, i: number) => t.dtype === "f16" && want[i] === "f32";
+  if (inputs.some(widens) && inputs.every((t, i) => want[i] === t.dtype || widens(t, i))) {
+    return { inputs, widened: true };
+  }
+  return { inputs: autocastInputs(op, inputs), widened: false };
+}
+
 /** The casts autocast made for ops (never the caller's tensors or master weights' working copies). */
 const castsForOps = new WeakSet<Tensor>();
 

@@ -87,7 +87,12 @@ export {
 export { type Shape, shapeString, sizeOf } from "./shape.ts";
 export { type IndexRange, Tensor, type TensorData, type TensorOptions } from "./tensor.ts";
 export { keep, type ScopedResource, tidy, tracked, untracked } from "./scope.ts";
-export { autocastDtypes, autocastInputs, type CastHook } from "./autocast_hook.ts";
+export {
+  autocastDtypes,
+  autocastInputs,
+  autocastInputsWidenedInKernel,
+  type CastHook,
+} from "./autocast_hook.ts";
 export {
   backward,
   type BackwardOptions,

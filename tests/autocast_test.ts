@@ -6,12 +6,14 @@ import {
   backward,
   cast,
   conv2d,
+  crossEntropy,
   customAutocastLists,
   div,
   initGpu,
   layerNormLinear,
   linear,
   matmul,
+  mean,
   mul,
   softmax,
   sub,
@@ -194,6 +196,39 @@ Deno.test({
   },
 });
 
+/**
+ * `op` over `inputs` under autocast (which widens its f16 inputs inside the
+ * kernel) and over the inputs cast to f32 by hand: the output, every
+ * input's gradient (in the input's own dtype), and the dispatches of each
+ * forward.
+ */
+async function widenedAndCastFirst(
+  label: string,
+  inputs: readonly Tensor[],
+  op: (...xs: Tensor[]) => Tensor,
+  gradient: Tensor,
+) {
+  const run = async (inKernel: boolean) => {
+    let y!: Tensor;
+    const kernels = dispatchedKernels(() => {
+      y = inKernel
+        ? autocast(() => op(...inputs))
+        : op(...inputs.map((t) => t.dtype === "f16" ? cast(t, "f32") : t));
+    });
+    backward(y, { gradient });
+    const out = [await y.read()];
+    for (const t of inputs) {
+      assert.equal(t.grad!.dtype, t.dtype, label);
+      out.push(await t.grad!.read());
+      t.grad!.dispose();
+      t.grad = null;
+    }
+    y.dispose();
+    return { out, kernels };
+  };
+  return { inKernel: await run(true), castFirst: await run(false) };
+}
+
 Deno.test({
   name: "autocast: binary ops promote an f16 operand in their kernel (one dispatch, no cast), " +
     "with the bits of casting it first, and hand each operand a gradient in its dtype",
@@ -216,28 +251,58 @@ Deno.test({
         const a = Tensor.from(uniform(sizeA, 3, 0.5, 2), [...shapeA], { dtype: dtypeA, ...grad });
         const b = Tensor.from(uniform(sizeB, 4, 0.5, 2), [...shapeB], { dtype: dtypeB, ...grad });
         const g = Tensor.from(uniform(m * n, 5), [m, n]);
-        const run = async (promoteInKernel: boolean) => {
-          let y!: Tensor;
-          const kernels = dispatchedKernels(() => {
-            y = promoteInKernel
-              ? autocast(() => op(a, b))
-              : op(a.dtype === "f16" ? cast(a, "f32") : a, b.dtype === "f16" ? cast(b, "f32") : b);
-          });
-          backward(y, { gradient: g });
-          const out = { y: await y.read(), da: await a.grad!.read(), db: await b.grad!.read() };
-          assert.equal(a.grad!.dtype, a.dtype, label);
-          assert.equal(b.grad!.dtype, b.dtype, label);
-          for (const t of [y, a.grad, b.grad]) t!.dispose();
-          a.grad = b.grad = null;
-          return { out, kernels };
-        };
-        const inKernel = await run(true), castFirst = await run(false);
+        const { inKernel, castFirst } = await widenedAndCastFirst(label, [a, b], op, g);
         assert.equal(inKernel.kernels.length, 1, `${label}: ${inKernel.kernels}`);
         assert.equal(castFirst.kernels.length, 2, label);
         assert.deepEqual(inKernel.out, castFirst.out, label);
         for (const t of [a, b, g]) t.dispose();
       }
     }
+  },
+});
+
+Deno.test({
+  name:
+    "autocast: sum and mean read f16 in their kernel (no cast up) and write the gradient in f16, " +
+    "with the bits of casting first",
+  ...GPU_TEST,
+  async fn() {
+    const x = Tensor.from(uniform(7 * 33, 8), [7, 33], { dtype: "f16", requiresGrad: true });
+    const cases = [
+      ["sum", (t: Tensor) => sum(t), []],
+      ["mean over rows", (t: Tensor) => mean(t, { axis: 0 }), [33]],
+    ] as const;
+    for (const [label, op, shape] of cases) {
+      const g = Tensor.from(uniform(shape.length === 0 ? 1 : 33, 9), [...shape]);
+      const { inKernel, castFirst } = await widenedAndCastFirst(label, [x], op, g);
+      assert.ok(!inKernel.kernels.some((k) => k.includes("op=identity")), `${inKernel.kernels}`);
+      assert.deepEqual(inKernel.out, castFirst.out, label);
+      g.dispose();
+    }
+    x.dispose();
+  },
+});
+
+Deno.test({
+  name: "autocast: cross-entropy reads f16 logits in its kernel (no cast up) and writes their " +
+    "gradient in f16, with the bits of casting them first",
+  ...GPU_TEST,
+  async fn() {
+    const [rows, classes] = [9, 13];
+    const logits = Tensor.from(uniform(rows * classes, 6, -4, 4), [rows, classes], {
+      dtype: "f16",
+      requiresGrad: true,
+    });
+    const targets = Tensor.from(Array.from({ length: rows }, (_, i) => (i * 5) % classes), [rows], {
+      dtype: "i32",
+    });
+    const loss = (x: Tensor) => crossEntropy(x, targets, { labelSmoothing: 0.1 });
+    const one = Tensor.full([], 1);
+    const { inKernel, castFirst } = await widenedAndCastFirst("crossEntropy", [logits], loss, one);
+    assert.ok(!inKernel.kernels.some((k) => k.includes("op=identity")), `${inKernel.kernels}`);
+    assert.ok(castFirst.kernels.some((k) => k.includes("op=identity")), "the reference casts");
+    assert.deepEqual(inKernel.out, castFirst.out);
+    for (const t of [logits, targets, one]) t.dispose();
   },
 });
 

@@ -1,7 +1,7 @@
 /** Differentiable per-row cross-entropy from logits (f32 math inside). */
 import { fail, ShapeError, ValueError } from "../errors.ts";
 import { record } from "../autograd.ts";
-import { autocastInputs } from "../autocast_hook.ts";
+import { autocastInputsWidenedInKernel } from "../autocast_hook.ts";
 import {
   type CrossEntropyParams,
   launchCrossEntropy,
@@ -85,7 +85,9 @@ export function crossEntropyPerRow(
   targets: Tensor,
   options: CrossEntropyRowOptions = {},
 ): CrossEntropyPerRow {
-  const [logits] = autocastInputs("cross_entropy", [logits0]);
+  // The kernels compute in f32 whatever the logits' dtype: f16 logits are read, not cast up, and
+  // their gradient is written in f16.
+  const { inputs: [logits] } = autocastInputsWidenedInKernel("cross_entropy", [logits0]);
   const params = checkedParams(logits, targets, options);
   const { loss, targetWeight, stats } = launchCrossEntropy(logits, targets, params);
   // The tape keeps the class weights alive for the backward with the other saved tensors.

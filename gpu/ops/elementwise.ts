@@ -16,7 +16,7 @@ import {
 import { launchReduce } from "../kernels/reduce.ts";
 import { sameShape } from "../shape.ts";
 import type { Tensor } from "../tensor.ts";
-import { autocastDtypes, autocastInputs } from "../autocast_hook.ts";
+import { autocastInputs, autocastInputsWidenedInKernel } from "../autocast_hook.ts";
 import type { AutocastOpName } from "../op_registry.ts";
 import { broadcastInto, isSame, reductionOf } from "./broadcast.ts";
 import { assertSameDtype, assertSameGpu } from "./checks.ts";
@@ -43,13 +43,11 @@ function binary(
   a0: Tensor,
   b0: Tensor,
 ): { a: Tensor; b: Tensor; y: Tensor; bc: Broadcast } {
-  const promoted = autocastDtypes(op, [a0, b0]).every((d) => d === "f32") &&
-    [a0, b0].some((t) => t.dtype === "f16") && [a0, b0].every((t) => t.dtype !== "i32");
-  const [a, b] = promoted ? [a0, b0] : autocastInputs(op, [a0, b0]);
+  const { inputs: [a, b], widened } = autocastInputsWidenedInKernel(op, [a0, b0]);
   assertSameGpu(op, a, b);
-  if (!promoted) assertSameDtype(op, a, b);
+  if (!widened) assertSameDtype(op, a, b);
   const bc = broadcastInto(op, a.shape, b.shape);
-  return { a, b, y: launchBinary(op, a, b, bc, promoted ? "f32" : a.dtype), bc };
+  return { a, b, y: launchBinary(op, a, b, bc, widened ? "f32" : a.dtype), bc };
 }
 
 /**

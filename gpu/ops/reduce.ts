@@ -1,6 +1,6 @@
 /** Differentiable reductions: sum and mean over one axis or all; max (no gradient). */
 import { isGradEnabled, record } from "../autograd.ts";
-import { autocastInputs } from "../autocast_hook.ts";
+import { autocastInputs, autocastInputsWidenedInKernel } from "../autocast_hook.ts";
 import { fail, ShapeError, StateError } from "../errors.ts";
 import { launchUnary } from "../kernels/elementwise.ts";
 import { launchReduce, type ReduceOp, type ReduceView } from "../kernels/reduce.ts";
@@ -35,14 +35,16 @@ function plan(op: string, x: Tensor, options: ReduceOptions): { view: ReduceView
 }
 
 function reduceWithGrad(op: "sum" | "mean", x0: Tensor, options: ReduceOptions): Tensor {
-  const [x] = autocastInputs(op, [x0]);
+  // The kernel sums in f32 whatever it reads: f16 input is not cast up first under autocast.
+  const { inputs: [x], widened } = autocastInputsWidenedInKernel(op, [x0]);
+  const out = widened ? "f32" : x.dtype;
   const { view, shape } = plan(op, x, options);
   const scale = op === "mean" ? 1 / Math.max(view.axis, 1) : 1;
   // The mean of nothing is NaN, as in PyTorch (the sum of nothing is 0). WGSL
   // may assume no NaN arises, so it is written from the host, not computed.
   const y = op === "mean" && view.axis === 0
-    ? Tensor.full(shape, NaN, { dtype: x.dtype === "i32" ? "f32" : x.dtype, gpu: x.gpu })
-    : launchReduce("sum", x, view, shape, { scale });
+    ? Tensor.full(shape, NaN, { dtype: out === "i32" ? "f32" : out, gpu: x.gpu })
+    : launchReduce("sum", x, view, shape, { scale, out });
   // The gradient repeats along the reduced axis (times 1/n for a mean).
   return record({
     op,
@@ -51,6 +53,7 @@ function reduceWithGrad(op: "sum" | "mean", x0: Tensor, options: ReduceOptions):
     backward: (g) => [
       launchUnary("scale", g, {
         scalar: scale,
+        out: x.dtype,
         expand: { shape: x.shape, broadcast: { mid: view.axis, inner: view.inner } },
       }),
     ],
