@@ -4,6 +4,7 @@ import {
   add,
   autocast,
   backward,
+  batchNorm,
   cast,
   conv2d,
   crossEntropy,
@@ -23,6 +24,7 @@ import {
 } from "../mod.ts";
 import { clipGradNorm } from "../optim/clip.ts";
 import { MasterWeights } from "../amp/master_weights.ts";
+import { sizeClass } from "../gpu/buffer_pool.ts";
 import { dispatchedKernels, GPU_TEST } from "./_gpu.ts";
 import { matmul64, quantize, uniform } from "./_reference.ts";
 import { assertClose, TOL } from "./_assert.ts";
@@ -280,6 +282,36 @@ Deno.test({
       g.dispose();
     }
     x.dispose();
+  },
+});
+
+Deno.test({
+  name: "autocast: BatchNorm reads f16 input in its kernel (no cast up, f16 saved), writes f32, " +
+    "and gives dx in f16, with the bits of casting first",
+  ...GPU_TEST,
+  async fn() {
+    const shape = [3, 4, 5, 7], c = 4;
+    const grad = { requiresGrad: true };
+    const x = Tensor.from(uniform(3 * 4 * 35, 10, -2, 3), shape, { dtype: "f16", ...grad });
+    const w = Tensor.from(uniform(c, 11, 0.5, 1.5), [c], grad);
+    const b = Tensor.from(uniform(c, 12), [c], grad);
+    const runningMean = Tensor.zeros([c]), runningVar = Tensor.full([c], 1);
+    const op = (t: Tensor, weight: Tensor, bias: Tensor) =>
+      batchNorm(t, { weight, bias, runningMean, runningVar, training: true });
+    const g = Tensor.from(uniform(3 * 4 * 35, 13), shape);
+    const { inKernel, castFirst } = await widenedAndCastFirst("batchNorm", [x, w, b], op, g);
+    assert.ok(!inKernel.kernels.some((k) => k.includes("op=identity")), `${inKernel.kernels}`);
+    assert.deepEqual(inKernel.out, castFirst.out);
+    const held = autocast(() => {
+      const before = x.gpu.memoryStats().allocatedBytes;
+      const y = op(x, w, b);
+      const bytes = x.gpu.memoryStats().allocatedBytes - before;
+      y.dispose();
+      return bytes;
+    });
+    // y (f32) and the f32 [C] mean and rstd: the tape keeps x itself, not an f32 copy.
+    assert.equal(held, sizeClass(x.size * 4) + 2 * sizeClass(c * 4));
+    for (const t of [x, w, b, runningMean, runningVar, g]) t.dispose();
   },
 });
 

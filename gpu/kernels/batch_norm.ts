@@ -19,7 +19,7 @@ import { REDUCE_THREADS, WGSL_WORKGROUP_REDUCE } from "./wgsl_math.ts";
 
 /** Storage dtype of x, batch or running statistics, and which optional buffers are bound. */
 export type BatchNormConfig = {
-  /** Storage dtype of x, y, dy and dx (everything else is f32). */
+  /** Storage dtype of x and dx (everything else is f32, y and g as below). */
   dtype: DType;
   /** Batch statistics (true) or running statistics (false). */
   training: boolean;
@@ -36,6 +36,15 @@ export type BatchNormConfig = {
   /** Forward: a bias is bound; backward: dbias is written. */
   bias: boolean;
 };
+
+/**
+ * The forward's config: the storage dtype of y too. Under autocast an f16 x
+ * is read as it is and y written in f32, as if x had been cast up first.
+ */
+export type BatchNormForwardConfig = BatchNormConfig & { out: DType };
+
+/** The backward's config: the storage dtype of the upstream gradient g too (dx takes x's). */
+export type BatchNormBackwardConfig = BatchNormConfig & { grad: DType };
 
 // inv_count is 1/(N·S) computed on the host: WGSL may divide approximately, and a
 // mean must equal its only element bit for bit.
@@ -78,7 +87,7 @@ const RUNNING_STATS = `let mu = running_mean[c];
 /** Forward: statistics, running-stat update and y, one workgroup per channel. */
 export const batchNormForwardKernel = defineKernel({
   name: "batch_norm_forward",
-  bindings: (c: BatchNormConfig) => {
+  bindings: (c: BatchNormForwardConfig) => {
     const running = !c.training || c.update;
     return [
       { name: "x", type: c.dtype },
@@ -87,7 +96,7 @@ export const batchNormForwardKernel = defineKernel({
       ...optional(running, { name: "running_mean", type: "f32", write: c.update }),
       ...optional(running, { name: "running_var", type: "f32", write: c.update }),
       ...optional(c.update && c.cumulative, { name: "batches", type: "i32" }),
-      { name: "y", type: c.dtype, write: true },
+      { name: "y", type: c.out, write: true },
       { name: "mean", type: "f32", write: true },
       { name: "rstd", type: "f32", write: true },
     ];
@@ -108,7 +117,7 @@ fn main(${WGSL_GRID_BUILTINS}) {
   let scale = r${c.weight ? " * w[c]" : ""};
   ${LOOP} {
     let k = at(i, c);
-    y[k] = ${c.dtype}((f32(x[k]) - mu) * scale${c.bias ? " + b[c]" : ""});
+    y[k] = ${c.out}((f32(x[k]) - mu) * scale${c.bias ? " + b[c]" : ""});
   }
 }`,
 });
@@ -119,9 +128,9 @@ fn main(${WGSL_GRID_BUILTINS}) {
  */
 export const batchNormBackwardKernel = defineKernel({
   name: "batch_norm_backward",
-  bindings: (c: BatchNormConfig) => [
+  bindings: (c: BatchNormBackwardConfig) => [
     { name: "x", type: c.dtype },
-    { name: "g", type: c.dtype },
+    { name: "g", type: c.grad },
     { name: "mean", type: "f32" },
     { name: "rstd", type: "f32" },
     ...optional(c.weight, { name: "w", type: "f32" }),
@@ -206,22 +215,31 @@ export interface BatchNormTensors {
 }
 
 /**
- * y, and the f32 [C] `mean` and `rstd` it normalised with (no autograd). With
- * `update` (training only) the running statistics change in place.
+ * y (in `options.out`, default x's dtype), and the f32 [C] `mean` and `rstd`
+ * it normalised with (no autograd). With `update` (training only) the running
+ * statistics change in place.
  */
 export function launchBatchNorm(
   x: Tensor,
   view: BatchNormView,
   t: BatchNormTensors,
-  options: { training: boolean; update: boolean; momentum: number | null; eps: number },
+  options: {
+    training: boolean;
+    update: boolean;
+    momentum: number | null;
+    eps: number;
+    out?: DType;
+  },
 ): { y: Tensor; mean: Tensor; rstd: Tensor } {
-  const y = Tensor.empty(x.shape, x.dtype, x.gpu);
+  const out = options.out ?? x.dtype;
+  const y = Tensor.empty(x.shape, out, x.gpu);
   const mean = Tensor.empty([view.c], "f32", x.gpu);
   const rstd = Tensor.empty([view.c], "f32", x.gpu);
   if (view.c === 0) return { y, mean, rstd };
   const update = options.training && options.update;
-  const config: BatchNormConfig = {
+  const config: BatchNormForwardConfig = {
     dtype: x.dtype,
+    out,
     training: options.training,
     update,
     cumulative: update && options.momentum === null,
@@ -270,8 +288,9 @@ export function launchBatchNormBackward(
   const dw = saved.weight ? Tensor.empty([view.c], "f32", x.gpu) : null;
   const db = options.bias ? Tensor.empty([view.c], "f32", x.gpu) : null;
   if (view.c === 0) return { dx, dw, db };
-  const config: BatchNormConfig = {
+  const config: BatchNormBackwardConfig = {
     dtype: x.dtype,
+    grad: saved.g.dtype,
     training: options.training,
     update: false,
     cumulative: false,

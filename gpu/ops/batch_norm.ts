@@ -6,7 +6,7 @@
  */
 import { DTypeError, ShapeError, StateError, ValueError } from "../errors.ts";
 import { isGradEnabled, record } from "../autograd.ts";
-import { autocastInputs } from "../autocast_hook.ts";
+import { autocastInputsWidenedInKernel } from "../autocast_hook.ts";
 import { isRecomputing } from "../checkpoint.ts";
 import {
   type BatchNormView,
@@ -149,8 +149,9 @@ function checkOptions(
  * ```
  */
 export function batchNorm(x0: Tensor, options: BatchNormOptions): Tensor {
-  // On the f32 list by default: under autocast an f16 input is cast up.
-  const [x] = autocastInputs("batch_norm", [x0]);
+  // On the f32 list by default: under autocast an f16 input is read as it is
+  // and y written in f32 (the kernels compute in f32), as if it were cast up.
+  const { inputs: [x], widened } = autocastInputsWidenedInKernel("batch_norm", [x0]);
   const { runningMean, runningVar } = options;
   const weight = options.weight ?? null, bias = options.bias ?? null;
   const view = viewOf(x);
@@ -173,7 +174,14 @@ export function batchNorm(x0: Tensor, options: BatchNormOptions): Tensor {
   }
   const numBatchesTracked = options.numBatchesTracked ?? null;
   const tensors = { weight, bias, runningMean, runningVar, numBatchesTracked };
-  const { y, mean, rstd } = launchBatchNorm(x, view, tensors, { training, update, momentum, eps });
+  const out = widened ? "f32" : x.dtype;
+  const { y, mean, rstd } = launchBatchNorm(x, view, tensors, {
+    training,
+    update,
+    momentum,
+    eps,
+    out,
+  });
   const inputs = [x, ...(weight ? [weight] : []), ...(bias ? [bias] : [])];
   const saved = [x, mean, rstd, ...(weight ? [weight] : [])];
   try {
