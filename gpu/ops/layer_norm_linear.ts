@@ -91,15 +91,14 @@ export function layerNormLinear(
         const at = { nw: 1, nb: 1 + (nw ? 1 : 0), w: 1 + (nw ? 1 : 0) + (nb ? 1 : 0) };
         const again = launchLayerNorm(sx, sNw, sNb, eps, rowsDtype);
         [again.mean, again.rstd].forEach((t) => t.dispose());
-        const read = again.y;
         const needsNormGrad = needs[0] || (nw !== null && needs[at.nw]) ||
           (nb !== null && needs[at.nb]);
-        const [dRead, dW, dBias] = layer!.backward(g, read, sw, sy, [
+        const [dRead, dW, dBias] = layer!.backward(g, again.y, sw, sy, [
           needsNormGrad,
           needs[at.w],
           bias !== null && needs[at.w + 1],
         ]);
-        read.dispose();
+        again.y.dispose();
         let dx: Tensor | null = null, dNw: Tensor | null = null, dNb: Tensor | null = null;
         if (dRead) {
           // dRead is in the product's dtype: the kernels read it as it is.
