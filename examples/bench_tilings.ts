@@ -5,11 +5,22 @@
  * layer (x·Wᵀ, g·W, gᵀ·x), f32 and f16. For f16 the blocked tilings are also
  * timed with `f16Accumulation: "chunked"`, the figure that decides whether
  * that option should become the default (it must be ≥ 1.15x the f32-sum
- * kernel). Each row says which candidate the tuner chose for the product's
- * class, so "the tuner is within 10% of the best" can be read off.
+ * kernel). A product that splits its reduction (split-K: the weight
+ * gradient gᵀ·x, whose K is every row) is timed split and unsplit
+ * (`gpu.splitKWorkgroups` = 0), the figure that says whether splitting pays
+ * on the adapter. Each row says which candidate the tuner chose for the
+ * product's class, so "the tuner is within 10% of the best" can be read off.
  */
-import { classOf, type Gpu, matmulCandidates, tilingFor, tilingName } from "../gpu/mod.ts";
+import {
+  classOf,
+  type Gpu,
+  matmulCandidates,
+  type MatmulTiling,
+  tilingFor,
+  tilingName,
+} from "../gpu/mod.ts";
 import { dispatchMatmul, type MatmulProblem } from "../gpu/kernels/matmul.ts";
+import { gemmGrid, gemmSlices, sliceLength } from "../gpu/kernels/gemm.ts";
 import { type FloatDType, RandomGenerator, Tensor } from "../mod.ts";
 import { type BenchOptions, gpuTimed, resolveSize, type Result } from "./_bench.ts";
 import { gptConfig } from "./bench_gpt.ts";
@@ -47,11 +58,20 @@ function problemOf(s: Shape): MatmulProblem {
   };
 }
 
-/** GFLOP/s of every candidate (and chunked f16 on the blocked ones) per product and dtype. */
+/** The slices `dispatchMatmul` splits `s`'s reduction into with `tiling` (1: not split). */
+function slicesOf(gpu: Gpu, s: Shape, tiling: MatmulTiling): number {
+  const [gx, gy] = gemmGrid(tiling, s.m, s.n, 1);
+  return sliceLength(s.k, gemmSlices(gpu, tiling, gx * gy, s.k), tiling).slices;
+}
+
+/**
+ * GFLOP/s of every candidate (and chunked f16 on the blocked ones, and split
+ * products unsplit) per product and dtype.
+ */
 export async function benchTilings(gpu: Gpu, o: BenchOptions): Promise<Result[]> {
   const size = resolveSize(gpu, o.size);
   const results: Result[] = [];
-  const accumulation = gpu.f16Accumulation;
+  const accumulation = gpu.f16Accumulation, splitTarget = gpu.splitKWorkgroups;
   try {
     for (const dtype of ["f32", "f16"] as FloatDType[]) {
       if (dtype === "f16" && !gpu.f16) continue;
@@ -68,32 +88,40 @@ export async function benchTilings(gpu: Gpu, o: BenchOptions): Promise<Result[]>
           const sums = dtype === "f16" && tiling.variant === "blocked"
             ? ["f32", "chunked"] as const
             : ["f32"] as const;
+          const split = slicesOf(gpu, s, tiling);
           for (const sum of sums) {
-            gpu.f16Accumulation = sum;
-            gpu.resetPeakMemory();
-            const t = await gpuTimed(
-              gpu,
-              repeats,
-              () => dispatchMatmul(problem, a, b, c, {}, tiling),
-            );
-            const name = `${tilingName(tiling)}${sum === "chunked" ? " chunked" : ""}`;
-            const isChosen = tilingName(tiling) === chosen && sum === accumulation;
-            results.push({
-              bench: "tilings",
-              mode: dtype,
-              // The table shows the shape column: the product, the candidate, * for the tuner's pick.
-              shape: `${s.label} ${name}${isChosen ? " *" : ""}`,
-              product: s.label,
-              size,
-              class: `${classOf(problem, dtype).size}`,
-              tiling: tilingName(tiling),
-              f16Accumulation: dtype === "f16" ? sum : null,
-              chosen: isChosen,
-              gflops: flops / (t.ms / 1000) / 1e9,
-              msPerOp: t.ms,
-              timing: t.timing,
-              peakBytes: gpu.memoryStats().peakBytes,
-            });
+            for (const splitting of split > 1 ? [true, false] : [true]) {
+              gpu.f16Accumulation = sum;
+              gpu.splitKWorkgroups = splitting ? splitTarget : 0;
+              const slices = slicesOf(gpu, s, tiling);
+              gpu.resetPeakMemory();
+              const t = await gpuTimed(
+                gpu,
+                repeats,
+                () => dispatchMatmul(problem, a, b, c, {}, tiling),
+              );
+              const name = `${tilingName(tiling)}${sum === "chunked" ? " chunked" : ""}${
+                split > 1 ? (splitting ? ` split×${slices}` : " unsplit") : ""
+              }`;
+              const isChosen = tilingName(tiling) === chosen && sum === accumulation && splitting;
+              results.push({
+                bench: "tilings",
+                mode: dtype,
+                // The table shows the shape column: the product, the candidate, * for the tuner's pick.
+                shape: `${s.label} ${name}${isChosen ? " *" : ""}`,
+                product: s.label,
+                size,
+                class: `${classOf(problem, dtype).size}`,
+                tiling: tilingName(tiling),
+                f16Accumulation: dtype === "f16" ? sum : null,
+                slices,
+                chosen: isChosen,
+                gflops: flops / (t.ms / 1000) / 1e9,
+                msPerOp: t.ms,
+                timing: t.timing,
+                peakBytes: gpu.memoryStats().peakBytes,
+              });
+            }
           }
         }
         [a, b, c].forEach((t) => t.dispose());
@@ -101,6 +129,7 @@ export async function benchTilings(gpu: Gpu, o: BenchOptions): Promise<Result[]>
     }
   } finally {
     gpu.f16Accumulation = accumulation;
+    gpu.splitKWorkgroups = splitTarget;
   }
   return results;
 }

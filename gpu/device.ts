@@ -129,6 +129,20 @@ export class Gpu {
    */
   multiTensorSlots: number;
   /**
+   * Split-K: a product (or a convolution's weight gradient) whose result
+   * gives fewer workgroup tiles than this splits its reduction into slices
+   * summed by workgroups of their own, until about this many run (slices of
+   * at least 256, at most 64; see `gemmSlices` in `gpu/kernels/gemm.ts`).
+   * The partial sums are f32 and added in a fixed order, so a run repeats
+   * bit for bit. Default 256 on GPUs: an H100 runs 132 multiprocessors, and
+   * a weight gradient such as the GPT's fc1 gᵀ·x makes only 36 tiles of
+   * 128×128. On CPU adapters 4 per CPU thread: lavapipe runs a workgroup on
+   * one thread, so more slices only add partial sums (a 512³ product split
+   * in two ran up to 20% slower there). 0 never splits, except where a slice
+   * would pass lavapipe's loop cap.
+   */
+  splitKWorkgroups: number;
+  /**
    * Loop iterations one shader invocation may run: lavapipe stops it after
    * 65535 (see `gpu/kernels/loop_limit.ts`); Infinity on other adapters.
    */
@@ -171,6 +185,7 @@ export class Gpu {
     // dispatch there costs ~35 µs against ~17 µs of GPU time plus JS on an
     // H100, so CPU adapters keep one tensor per dispatch.
     this.multiTensorSlots = adapterInfo.isFallbackAdapter ? 1 : MAX_TENSOR_SLOTS;
+    this.splitKWorkgroups = adapterInfo.isFallbackAdapter ? 4 * navigator.hardwareConcurrency : 256;
     // Less a margin for the fixed loops around the ones kernels check.
     this.loopIterationLimit = /llvmpipe/i.test(this.adapterName) ? 65535 - 1024 : Infinity;
     this.pool = new BufferPool(

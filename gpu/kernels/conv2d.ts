@@ -16,11 +16,19 @@
  * f32 accumulation whatever the storage dtype. Indices are clamped into range
  * before every load, and padding reads are replaced by zeros.
  */
-import type { MatmulTiling } from "../device.ts";
+import type { Gpu, MatmulTiling } from "../device.ts";
 import type { DType } from "../dtype.ts";
 import { defineKernel, optional } from "../kernel.ts";
 import { Tensor } from "../tensor.ts";
-import { checkGemmLoops, gemmGrid, type GemmIo, gemmWgsl, transposedIo } from "./gemm.ts";
+import {
+  checkGemmLoops,
+  gemmGrid,
+  type GemmIo,
+  gemmSlices,
+  gemmWgsl,
+  sliceLength,
+  transposedIo,
+} from "./gemm.ts";
 import { launchReduce } from "./reduce.ts";
 
 /** Geometry of one convolution. */
@@ -401,13 +409,15 @@ export function launchConv2dInputGrad(
   return dx;
 }
 
-/** Reduction chunks for the weight gradient: enough workgroups, chunks of ≥ 256 samples. */
-export function weightGradSplits(g: Conv2dGeometry, tiling: MatmulTiling): number {
+/** Reduction chunks for the weight gradient (split-K, see `gemmSlices`): their length and count. */
+export function weightGradSplits(
+  gpu: Gpu,
+  g: Conv2dGeometry,
+  tiling: MatmulTiling,
+): { length: number; slices: number } {
   const { m, n, k } = conv2dProblems(g).weightGrad;
   const [gx, gy] = gemmGrid(tiling, m, n, 1);
-  const tiles = gx * gy * g.groups;
-  const wanted = Math.ceil(256 / tiles);
-  return Math.max(1, Math.min(wanted, Math.floor(k / 256), 64));
+  return sliceLength(k, gemmSlices(gpu, tiling, gx * gy * g.groups, k), tiling);
 }
 
 /** dw [O, C/groups, KH, KW] in `out` dtype from dy and x (both of one dtype). */
@@ -421,8 +431,7 @@ export function launchConv2dWeightGrad(
   const shape = [g.outChannels, g.inChannels / g.groups, g.kH, g.kW];
   const { m, n, k } = conv2dProblems(g).weightGrad;
   if (m * n === 0 || k === 0) return Tensor.zeros(shape, { dtype: out, gpu: dy.gpu });
-  const splits = weightGradSplits(g, tiling);
-  const chunk = Math.ceil(k / splits);
+  const { length: chunk, slices: splits } = weightGradSplits(dy.gpu, g, tiling);
   const partial = Tensor.empty([splits, ...shape], splits === 1 ? out : "f32", dy.gpu);
   const config: ConvDtypes = {
     dtype: dy.dtype,

@@ -13,8 +13,9 @@
  * - `blocked` (`gemm_blocked.ts`): large shared tiles read as vec4, written
  *   for real GPUs.
  *
- * The generated kernel reads `p.m`, `p.n` and `p.k` from its uniforms and
- * calls the third dispatch dimension `z` (a batch, or a convolution group).
+ * The generated kernel reads `p.m` and `p.n` from its uniforms, sums over
+ * `io.kCount` (default `p.k`) and calls the third dispatch dimension `z` (a
+ * batch, a convolution group, or a slice of a split reduction).
  */
 import type { Gpu, MatmulTiling } from "../device.ts";
 import { failLoopIterations } from "./loop_limit.ts";
@@ -62,7 +63,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgroup_id) wi
   ${rows.join("\n  ")}
   ${cols.join("\n  ")}
   var acc: array<f32, ${tm * tn}>;
-  for (var k = 0u; k < p.k; k++) {
+  for (var k = 0u; k < ${io.kCount ?? "p.k"}; k++) {
     ${io.kStep ?? ""}
     ${aLoads.join("\n    ")}
     ${bLoads.join("\n    ")}
@@ -79,24 +80,25 @@ function sharedWgsl(t: MatmulTiling, io: GemmIo, activation: Activation): string
   // neighbouring threads read neighbouring shared-memory words.
   const aReads = range(tm).map((i) => `let a${i} = tile_a[kk * ${bm}u + lid.y + ${i * wgy}u];`);
   const bReads = range(tn).map((j) => `let b${j} = tile_b[kk * ${bn}u + lid.x + ${j * wgx}u];`);
+  const kCount = io.kCount ?? "p.k";
   return `${WGSL_MATH}${io.prelude ?? ""}
 var<workgroup> tile_a: array<f32, ${bm * tk}>; // [tk][bm]
 var<workgroup> tile_b: array<f32, ${tk * bn}>; // [tk][bn]
 ${workgroupTileMain(t, io)}
   var acc: array<f32, ${tm * tn}>;
-  for (var k0 = 0u; k0 < p.k; k0 += ${tk}u) {
+  for (var k0 = 0u; k0 < ${kCount}; k0 += ${tk}u) {
     for (var e = t; e < ${bm * tk}u; e += ${threads}u) {
       let r = e % ${bm}u; let kk = e / ${bm}u;
       let row = tile_row + r; let k = k0 + kk;
       var v = 0.0;
-      if (row < p.m && k < p.k) { v = ${io.aAt("row", "k")}; }
+      if (row < p.m && k < ${kCount}) { v = ${io.aAt("row", "k")}; }
       tile_a[kk * ${bm}u + r] = v;
     }
     for (var e = t; e < ${tk * bn}u; e += ${threads}u) {
       let col_in = e % ${bn}u; let kk = e / ${bn}u;
       let col = tile_col + col_in; let k = k0 + kk;
       var v = 0.0;
-      if (col < p.n && k < p.k) { v = ${io.bAt("k", "col")}; }
+      if (col < p.n && k < ${kCount}) { v = ${io.bAt("k", "col")}; }
       tile_b[kk * ${bn}u + col_in] = v;
     }
     workgroupBarrier();
@@ -135,18 +137,18 @@ export function gemmGrid(
   return [Math.ceil(n / (t.tn * t.wgx)), Math.ceil(m / (t.tm * t.wgy)), depth];
 }
 
+/** Loop iterations one invocation runs for a reduction over `k`: the tile loads of the shared tiling loop too, the blocked one's are unrolled. */
+function gemmLoopIterations(k: number, tiling: MatmulTiling): number {
+  if (tiling.variant === "shared") return 2 * k;
+  return tiling.variant === "blocked" ? Math.ceil(k / tiling.tk) : k;
+}
+
 /**
  * Throws a clear error where a product's reduction over `k` would pass the
- * adapter's loop cap (see loop_limit.ts): one iteration per k, about two with
- * the shared tiling (its tile loads loop too), one per TK with the blocked
- * one (its loads are unrolled). `op` names the caller.
+ * adapter's loop cap (see loop_limit.ts). `op` names the caller.
  */
 export function checkGemmLoops(gpu: Gpu, k: number, tiling: MatmulTiling, op: string): void {
-  const iterations = tiling.variant === "shared"
-    ? 2 * k
-    : tiling.variant === "blocked"
-    ? Math.ceil(k / tiling.tk)
-    : k;
+  const iterations = gemmLoopIterations(k, tiling);
   if (iterations <= gpu.loopIterationLimit) return;
   failLoopIterations(
     gpu,
@@ -155,4 +157,44 @@ export function checkGemmLoops(gpu: Gpu, k: number, tiling: MatmulTiling, op: st
     `a reduction over K = ${k}`,
     "Use a smaller batch (a weight gradient's K is its rows) or a GPU adapter.",
   );
+}
+
+/** Split-K slices sum at least this many k each... */
+const MIN_SLICE_K = 256;
+/** ...and there are at most this many, unless the loop cap needs more. */
+const MAX_SLICES = 64;
+
+/**
+ * How many slices a GEMM's reduction over `k` is split into (split-K): each
+ * slice's workgroups sum their stretch of k into f32 partial results, which
+ * a reduction adds up afterwards in a fixed order. A result of few tiles
+ * reduced over a long k (a weight gradient: a few hundred by a few hundred,
+ * summed over every token) would otherwise keep a handful of a GPU's
+ * multiprocessors busy: the GPT's fc1 gᵀ·x is 36 workgroups of 128×128
+ * against an H100's 132 multiprocessors. Slices are added until about
+ * `gpu.splitKWorkgroups` workgroups run, each slice at least 256 long and
+ * at most 64 of them; on lavapipe always enough that no slice passes the
+ * loop cap. `tiles` is the workgroup count without splitting.
+ */
+export function gemmSlices(gpu: Gpu, tiling: MatmulTiling, tiles: number, k: number): number {
+  const wanted = gpu.splitKWorkgroups > 0
+    ? Math.min(Math.ceil(gpu.splitKWorkgroups / tiles), Math.floor(k / MIN_SLICE_K), MAX_SLICES)
+    : 1;
+  const needed = Math.ceil(gemmLoopIterations(k, tiling) / gpu.loopIterationLimit);
+  return Math.max(1, wanted, needed);
+}
+
+/**
+ * The length of each slice when a reduction over `k` is split into `slices`
+ * (the last may be shorter), a multiple of the tiling's K step, and the
+ * number of slices that length gives.
+ */
+export function sliceLength(
+  k: number,
+  slices: number,
+  tiling: MatmulTiling,
+): { length: number; slices: number } {
+  if (slices <= 1) return { length: k, slices: 1 };
+  const length = Math.ceil(k / slices / tiling.tk) * tiling.tk;
+  return { length, slices: Math.ceil(k / length) };
 }

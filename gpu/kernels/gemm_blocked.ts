@@ -47,6 +47,7 @@ function tileLoads(opts: {
   outer: string;
   limit: string;
   origin: string;
+  kCount: string;
   at: (outer: string) => string;
 }): string {
   const { tile, extent, tk, threads, alongK, stride, tileType } = opts;
@@ -58,7 +59,9 @@ function tileLoads(opts: {
       let o = ${outerOf}; let kk = ${kkOf};
       let ${opts.outer} = ${opts.origin} + o; let k = k0 + kk;
       var v = ${tileType}(0.0);
-      if (${opts.outer} < ${opts.limit} && k < p.k) { v = ${tileType}(${opts.at(opts.outer)}); }
+      if (${opts.outer} < ${opts.limit} && k < ${opts.kCount}) { v = ${tileType}(${
+      opts.at(opts.outer)
+    }); }
       ${tile}[kk * ${stride}u + o / 4u][o % 4u] = v; }`
   ).join("\n    ");
 }
@@ -120,7 +123,8 @@ export function blockedWgsl(t: MatmulTiling, io: GemmIo, activation: Activation)
   const bm = tm * wgy, bn = tn * wgx, threads = wgx * wgy;
   const tileType = io.tileType ?? "f32";
   const strideA = bm / 4 + 1, strideB = bn / 4 + 1;
-  const shared = { tk, threads, tileType };
+  const kCount = io.kCount ?? "p.k";
+  const shared = { tk, threads, tileType, kCount };
   const aLoads = tileLoads({
     ...shared,
     tile: "tile_a",
@@ -152,7 +156,7 @@ var<workgroup> tile_a: array<vec4<${tileType}>, ${tk * strideA}>; // [tk][bm/4 +
 var<workgroup> tile_b: array<vec4<${tileType}>, ${tk * strideB}>; // [tk][bn/4 + 1]
 ${workgroupTileMain(t, io)}
   var acc: array<vec4<f32>, ${tm * tn / 4}>;
-  for (var k0 = 0u; k0 < p.k; k0 += ${tk}u) {
+  for (var k0 = 0u; k0 < ${kCount}; k0 += ${tk}u) {
     ${aLoads}
     ${bLoads}
     workgroupBarrier();

@@ -12,6 +12,11 @@ export interface GemmIo {
   prelude?: string;
   /** Statements at the start of `main`, after `z` is defined. */
   setup: string;
+  /**
+   * The length of the reduction this workgroup sums, as WGSL (default `p.k`):
+   * a slice of a split reduction (split-K) may be shorter than the others.
+   */
+  kCount?: string;
   /** Register tilings: statements that prepare A's row `i` (`row` is in range). */
   aRow(i: number, row: string): string;
   /** Register tilings: statements that prepare B's column `j` (`col` is in range). */
@@ -62,6 +67,7 @@ export function transposedIo(io: GemmIo): GemmIo {
   return {
     prelude: io.prelude,
     setup: io.setup,
+    kCount: io.kCount,
     aRow: (i, row) => io.bCol(i, row),
     bCol: (j, col) => io.aRow(j, col),
     kStep: io.kStep,

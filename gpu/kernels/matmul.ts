@@ -3,7 +3,10 @@
  * whatever the storage dtype. Operands are addressed through strides held in
  * uniforms, so the transposed variants used by backward (Aᵀ·G, G·Bᵀ) are the
  * same compiled kernel with other strides: no explicit transpose is needed.
- * The tilings (register, interleaved, shared) come from `gemm.ts`.
+ * The tilings (register, interleaved, shared, blocked) come from `gemm.ts`.
+ * A product of few result tiles and a long reduction (a weight gradient)
+ * is split along k (split-K, see `gemmSlices`): each slice of k writes f32
+ * partial results and a reduction adds them into C.
  */
 import type { DType } from "../dtype.ts";
 import type { MatmulTiling } from "../device.ts";
@@ -11,9 +14,17 @@ import { defineKernel, optional } from "../kernel.ts";
 import { type MatmulProblem, tilingFor } from "../matmul_class.ts";
 
 export type { MatmulProblem, OperandLayout } from "../matmul_class.ts";
-import type { Tensor } from "../tensor.ts";
+import { Tensor } from "../tensor.ts";
 import type { Activation } from "./wgsl_math.ts";
-import { checkGemmLoops, gemmGrid, type GemmIo, gemmWgsl } from "./gemm.ts";
+import {
+  checkGemmLoops,
+  gemmGrid,
+  type GemmIo,
+  gemmSlices,
+  gemmWgsl,
+  sliceLength,
+} from "./gemm.ts";
+import { launchReduce } from "./reduce.ts";
 
 /**
  * The run of k an f16 matmul sums in f16 under `f16Accumulation: "chunked"`
@@ -40,11 +51,14 @@ export type MatmulConfig = MatmulTiling & {
   activation: Activation;
 };
 
-// Sizes, then element strides (batch, row, column) of A, B and C.
+// Sizes, the batch count and the length of each slice of k, then element
+// strides (batch, row, column) of A, B and C.
 const UNIFORMS = {
   m: "u32",
   n: "u32",
   k: "u32",
+  batch: "u32",
+  k_slice: "u32",
   a_batch: "u32",
   a_row: "u32",
   a_col: "u32",
@@ -54,12 +68,20 @@ const UNIFORMS = {
   c_batch: "u32",
 } as const;
 
-/** Strided operands: A[row, k] = a[z·a_batch + row·a_row + k·a_col], and likewise B; C dense. */
+/**
+ * Strided operands: A[row, k] = a[b·a_batch + row·a_row + k·a_col], and
+ * likewise B; C dense. z counts (slice, batch b): slice s sums k from
+ * s·k_slice, writing its own C (one slice: C itself).
+ */
 function stridedIo(c: MatmulConfig): GemmIo {
   return {
-    setup: `let a_base = z * p.a_batch;
-  let b_base = z * p.b_batch;
+    setup: `let zb = z % p.batch;
+  let k_first = (z / p.batch) * p.k_slice;
+  let k_count = min(p.k_slice, p.k - k_first);
+  let a_base = zb * p.a_batch + k_first * p.a_col;
+  let b_base = zb * p.b_batch + k_first * p.b_row;
   let c_base = z * p.c_batch;`,
+    kCount: "k_count",
     aRow: (i, row) => `let ao${i} = a_base + ${row} * p.a_row;`,
     bCol: (j, col) => `let bo${j} = b_base + ${col} * p.b_col;`,
     aLoad: (i) => `f32(a[ao${i} + k * p.a_col])`,
@@ -91,6 +113,8 @@ export const matmulKernel = defineKernel({
 /**
  * Records C = A·B for a resolved problem into `c` (contiguous [batch, m, n]).
  * `tiling` overrides the tiling tuned for the problem's class (the tuner uses it).
+ * Without an epilogue, a long reduction over few result tiles is split
+ * along k ({@link gemmSlices}).
  */
 export function dispatchMatmul(
   problem: MatmulProblem,
@@ -103,7 +127,14 @@ export function dispatchMatmul(
   const { batch, m, n, k } = problem;
   if (batch * m * n === 0) return;
   const gpu = a.gpu;
-  checkGemmLoops(gpu, k, tiling, "matmul");
+  const activation = epilogue.activation ?? "none";
+  const [gx, gy] = gemmGrid(tiling, m, n, 1);
+  // The epilogue acts on whole sums, so only plain products are split.
+  const plain = !epilogue.bias && activation === "none";
+  const split = sliceLength(k, plain ? gemmSlices(gpu, tiling, gx * gy * batch, k) : 1, tiling);
+  checkGemmLoops(gpu, split.length, tiling, "matmul");
+  // Slices write f32 partial results [slices, batch, m, n], added into c below.
+  const out = split.slices > 1 ? Tensor.empty([split.slices * batch * m * n], "f32", gpu) : c;
   const blocked = tiling.variant === "blocked";
   const config: MatmulConfig = {
     ...tiling,
@@ -114,19 +145,21 @@ export function dispatchMatmul(
       ? Math.min(F16_CHUNK, tiling.tk)
       : 0,
     dtype: a.dtype,
-    out: c.dtype,
+    out: out.dtype,
     bias: epilogue.bias?.dtype ?? "none",
-    activation: epilogue.activation ?? "none",
+    activation,
   };
   const kernel = gpu.kernel(matmulKernel, config);
   const { a: la, b: lb } = problem;
   gpu.dispatch(
     kernel,
-    { a, b, c, ...(epilogue.bias && { bias: epilogue.bias }) },
+    { a, b, c: out, ...(epilogue.bias && { bias: epilogue.bias }) },
     {
       m,
       n,
       k,
+      batch,
+      k_slice: split.length,
       a_batch: la.batch,
       a_row: la.row,
       a_col: la.col,
@@ -135,7 +168,12 @@ export function dispatchMatmul(
       b_col: lb.col,
       c_batch: m * n,
     },
-    gemmGrid(tiling, m, n, batch),
+    [gx, gy, batch * split.slices],
     { flops: 2 * batch * m * n * k },
   );
+  if (out === c) return;
+  launchReduce("sum", out, { outer: 1, axis: split.slices, inner: batch * m * n }, c.shape, {
+    into: c,
+  });
+  out.dispose();
 }

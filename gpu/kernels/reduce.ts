@@ -78,40 +78,41 @@ fn main(${WGSL_GRID_BUILTINS}) {
 
 /**
  * Reduces `src` (viewed as `view`) along the middle axis into a new tensor of
- * `shape` (outer·inner elements). `scale` multiplies sums. No autograd.
+ * `shape` (outer·inner elements), or into `options.into` (of that size and
+ * dtype `out`). `scale` multiplies sums. No autograd.
  */
 export function launchReduce(
   op: ReduceOp,
   src: Tensor,
   view: ReduceView,
   shape: Shape,
-  options: { scale?: number; out?: DType } = {},
+  options: { scale?: number; out?: DType; into?: Tensor } = {},
 ): Tensor {
-  const out = options.out ?? src.dtype;
-  if (view.outer * view.inner === 0) return Tensor.empty(shape, out, src.gpu);
-  if (view.axis <= REDUCE_CHUNK) return reduceChunks(op, src, view, 1, shape, out, options.scale);
+  const out = options.out ?? options.into?.dtype ?? src.dtype;
+  const dst = options.into ?? Tensor.empty(shape, out, src.gpu);
+  if (view.outer * view.inner === 0) return dst;
+  if (view.axis <= REDUCE_CHUNK) return reduceChunks(op, src, view, 1, dst, options.scale);
   // Two stages: f32 partials per chunk [outer, chunks, inner], then those.
   const chunks = Math.ceil(view.axis / REDUCE_CHUNK);
-  const partials = reduceChunks(op, src, view, chunks, [view.outer * chunks * view.inner], "f32");
-  const dst = reduceChunks(op, partials, { ...view, axis: chunks }, 1, shape, out, options.scale);
+  const partials = Tensor.empty([view.outer * chunks * view.inner], "f32", src.gpu);
+  reduceChunks(op, src, view, chunks, partials);
+  reduceChunks(op, partials, { ...view, axis: chunks }, 1, dst, options.scale);
   partials.dispose();
   return dst;
 }
 
-/** One dispatch: each output reduces one chunk of the axis (all of it when `chunks` is 1). */
+/** One dispatch into `dst`: each output reduces one chunk of the axis (all of it when `chunks` is 1). */
 function reduceChunks(
   op: ReduceOp,
   src: Tensor,
   view: ReduceView,
   chunks: number,
-  shape: Shape,
-  out: DType,
+  dst: Tensor,
   scale = 1,
 ): Tensor {
-  const dst = Tensor.empty(shape, out, src.gpu);
   const chunk = Math.ceil(view.axis / chunks), outputs = view.outer * chunks * view.inner;
   const layout = rowLayout(src.gpu, chunk);
-  const kernel = src.gpu.kernel(reduceKernel, { op, dtype: src.dtype, out, layout });
+  const kernel = src.gpu.kernel(reduceKernel, { op, dtype: src.dtype, out: dst.dtype, layout });
   src.gpu.dispatch(
     kernel,
     { src, dst },
