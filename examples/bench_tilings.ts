@@ -11,16 +11,8 @@
  * on the adapter. Each row says which candidate the tuner chose for the
  * product's class, so "the tuner is within 10% of the best" can be read off.
  */
-import {
-  classOf,
-  type Gpu,
-  matmulCandidates,
-  type MatmulTiling,
-  tilingFor,
-  tilingName,
-} from "../gpu/mod.ts";
-import { dispatchMatmul, type MatmulProblem } from "../gpu/kernels/matmul.ts";
-import { gemmGrid, gemmSlices, sliceLength } from "../gpu/kernels/gemm.ts";
+import { classOf, type Gpu, matmulCandidates, tilingFor, tilingName } from "../gpu/mod.ts";
+import { dispatchMatmul, type MatmulProblem, matmulSplit } from "../gpu/kernels/matmul.ts";
 import { type FloatDType, RandomGenerator, Tensor } from "../mod.ts";
 import { type BenchOptions, gpuTimed, resolveSize, type Result } from "./_bench.ts";
 import { gptConfig } from "./bench_gpt.ts";
@@ -58,12 +50,6 @@ function problemOf(s: Shape): MatmulProblem {
   };
 }
 
-/** The slices `dispatchMatmul` splits `s`'s reduction into with `tiling` (1: not split). */
-function slicesOf(gpu: Gpu, s: Shape, tiling: MatmulTiling): number {
-  const [gx, gy] = gemmGrid(tiling, s.m, s.n, 1);
-  return sliceLength(s.k, gemmSlices(gpu, tiling, gx * gy, s.k), tiling).slices;
-}
-
 /**
  * GFLOP/s of every candidate (and chunked f16 on the blocked ones, and split
  * products unsplit) per product and dtype.
@@ -88,12 +74,12 @@ export async function benchTilings(gpu: Gpu, o: BenchOptions): Promise<Result[]>
           const sums = dtype === "f16" && tiling.variant === "blocked"
             ? ["f32", "chunked"] as const
             : ["f32"] as const;
-          const split = slicesOf(gpu, s, tiling);
+          const split = matmulSplit(gpu, problem, tiling).slices;
           for (const sum of sums) {
             for (const splitting of split > 1 ? [true, false] : [true]) {
               gpu.f16Accumulation = sum;
               gpu.splitKWorkgroups = splitting ? splitTarget : 0;
-              const slices = slicesOf(gpu, s, tiling);
+              const slices = matmulSplit(gpu, problem, tiling).slices;
               gpu.resetPeakMemory();
               const t = await gpuTimed(
                 gpu,
