@@ -12,7 +12,8 @@
  * product's class, so "the tuner is within 10% of the best" can be read off.
  */
 import { classOf, type Gpu, matmulCandidates, tilingFor, tilingName } from "../gpu/mod.ts";
-import { dispatchMatmul, type MatmulProblem, matmulSplit } from "../gpu/kernels/matmul.ts";
+import { dispatchMatmul, type MatmulProblem } from "../gpu/kernels/matmul.ts";
+import { gemmSplit } from "../gpu/kernels/gemm.ts";
 import { type FloatDType, RandomGenerator, Tensor } from "../mod.ts";
 import { type BenchOptions, gpuTimed, resolveSize, type Result } from "./_bench.ts";
 import { gptConfig } from "./bench_gpt.ts";
@@ -74,12 +75,12 @@ export async function benchTilings(gpu: Gpu, o: BenchOptions): Promise<Result[]>
           const sums = dtype === "f16" && tiling.variant === "blocked"
             ? ["f32", "chunked"] as const
             : ["f32"] as const;
-          const split = matmulSplit(gpu, problem, tiling).slices;
+          const split = gemmSplit(gpu, tiling, problem, 1).slices;
           for (const sum of sums) {
             for (const splitting of split > 1 ? [true, false] : [true]) {
               gpu.f16Accumulation = sum;
               gpu.splitKWorkgroups = splitting ? splitTarget : 0;
-              const slices = matmulSplit(gpu, problem, tiling).slices;
+              const slices = gemmSplit(gpu, tiling, problem, 1).slices;
               gpu.resetPeakMemory();
               const t = await gpuTimed(
                 gpu,

@@ -16,7 +16,7 @@
  * f32 accumulation whatever the storage dtype. Indices are clamped into range
  * before every load, and padding reads are replaced by zeros.
  */
-import type { Gpu, MatmulTiling } from "../device.ts";
+import type { MatmulTiling } from "../device.ts";
 import type { DType } from "../dtype.ts";
 import { defineKernel, optional } from "../kernel.ts";
 import { Tensor } from "../tensor.ts";
@@ -24,9 +24,8 @@ import {
   checkGemmLoops,
   gemmGrid,
   type GemmIo,
-  gemmSlices,
+  gemmSplit,
   gemmWgsl,
-  sliceLength,
   transposedIo,
 } from "./gemm.ts";
 import { launchReduce } from "./reduce.ts";
@@ -409,17 +408,6 @@ export function launchConv2dInputGrad(
   return dx;
 }
 
-/** Reduction chunks for the weight gradient (split-K, see `gemmSlices`): their length and count. */
-export function weightGradSplits(
-  gpu: Gpu,
-  g: Conv2dGeometry,
-  tiling: MatmulTiling,
-): { length: number; slices: number } {
-  const { m, n, k } = conv2dProblems(g).weightGrad;
-  const [gx, gy] = gemmGrid(tiling, m, n, 1);
-  return sliceLength(k, gemmSlices(gpu, tiling, gx * gy * g.groups, k), tiling);
-}
-
 /** dw [O, C/groups, KH, KW] in `out` dtype from dy and x (both of one dtype). */
 export function launchConv2dWeightGrad(
   dy: Tensor,
@@ -431,7 +419,8 @@ export function launchConv2dWeightGrad(
   const shape = [g.outChannels, g.inChannels / g.groups, g.kH, g.kW];
   const { m, n, k } = conv2dProblems(g).weightGrad;
   if (m * n === 0 || k === 0) return Tensor.zeros(shape, { dtype: out, gpu: dy.gpu });
-  const { length: chunk, slices: splits } = weightGradSplits(dy.gpu, g, tiling);
+  // Split-K: more workgroups when the output is small and the reduction long.
+  const { length: chunk, slices: splits } = gemmSplit(dy.gpu, tiling, { m, n, k }, g.groups);
   const partial = Tensor.empty([splits, ...shape], splits === 1 ? out : "f32", dy.gpu);
   const config: ConvDtypes = {
     dtype: dy.dtype,

@@ -185,6 +185,20 @@ export function gemmSlices(gpu: Gpu, tiling: MatmulTiling, tiles: number, k: num
 }
 
 /**
+ * How an m × n result, `depth` deep, reduced over k is split with `tiling`
+ * ({@link gemmSlices}): the length of a slice and their count (1: not split).
+ */
+export function gemmSplit(
+  gpu: Gpu,
+  tiling: MatmulTiling,
+  size: { m: number; n: number; k: number },
+  depth: number,
+): { length: number; slices: number } {
+  const [gx, gy] = gemmGrid(tiling, size.m, size.n, depth);
+  return sliceLength(size.k, gemmSlices(gpu, tiling, gx * gy * depth, size.k), tiling);
+}
+
+/**
  * The length of each slice when a reduction over `k` is split into `slices`
  * (the last may be shorter), a multiple of the tiling's K step, and the
  * number of slices that length gives.

@@ -9,21 +9,14 @@
  * partial results and a reduction adds them into C.
  */
 import type { DType } from "../dtype.ts";
-import type { Gpu, MatmulTiling } from "../device.ts";
+import type { MatmulTiling } from "../device.ts";
 import { defineKernel, optional } from "../kernel.ts";
 import { type MatmulProblem, tilingFor } from "../matmul_class.ts";
 
 export type { MatmulProblem, OperandLayout } from "../matmul_class.ts";
 import { Tensor } from "../tensor.ts";
 import type { Activation } from "./wgsl_math.ts";
-import {
-  checkGemmLoops,
-  gemmGrid,
-  type GemmIo,
-  gemmSlices,
-  gemmWgsl,
-  sliceLength,
-} from "./gemm.ts";
+import { checkGemmLoops, gemmGrid, type GemmIo, gemmSplit, gemmWgsl } from "./gemm.ts";
 import { launchReduce } from "./reduce.ts";
 
 /**
@@ -111,21 +104,6 @@ export const matmulKernel = defineKernel({
 });
 
 /**
- * How a plain product (no bias or activation) is split along k with
- * `tiling` ({@link gemmSlices}): the length of a slice and their count (1:
- * not split).
- */
-export function matmulSplit(
-  gpu: Gpu,
-  problem: MatmulProblem,
-  tiling: MatmulTiling,
-): { length: number; slices: number } {
-  const [gx, gy] = gemmGrid(tiling, problem.m, problem.n, 1);
-  const tiles = gx * gy * problem.batch;
-  return sliceLength(problem.k, gemmSlices(gpu, tiling, tiles, problem.k), tiling);
-}
-
-/**
  * Records C = A·B for a resolved problem into `c` (contiguous [batch, m, n]).
  * `tiling` overrides the tiling tuned for the problem's class (the tuner uses it).
  * Without an epilogue, a long reduction over few result tiles is split
@@ -146,8 +124,8 @@ export function dispatchMatmul(
   const [gx, gy] = gemmGrid(tiling, m, n, 1);
   // The epilogue acts on whole sums, so only plain products are split.
   const split = epilogue.bias || activation !== "none"
-    ? sliceLength(k, 1, tiling)
-    : matmulSplit(gpu, problem, tiling);
+    ? { length: k, slices: 1 }
+    : gemmSplit(gpu, tiling, problem, batch);
   checkGemmLoops(gpu, split.length, tiling, "matmul");
   // Slices write f32 partial results [slices, batch, m, n], added into c below.
   const out = split.slices > 1 ? Tensor.empty([split.slices * batch * m * n], "f32", gpu) : c;
