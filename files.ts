@@ -19,7 +19,13 @@
  *
  * @module
  */
-export { loadModule, loadSafetensors, saveModule, saveSafetensors } from "./nn/safetensors_file.ts";
+export {
+  loadModule,
+  loadSafetensors,
+  saveModule,
+  type SaveOptions,
+  saveSafetensors,
+} from "./nn/safetensors_file.ts";
 export {
   loadTrainingState,
   type SavableOptimizer,

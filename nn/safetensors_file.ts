@@ -2,9 +2,10 @@
  * Saving and loading safetensors files with Deno's file APIs. The format
  * itself (pure Web APIs, usable in browsers) is in `safetensors.ts`.
  */
-import { ValueError } from "../gpu/errors.ts";
+import { fail, ValueError } from "../gpu/errors.ts";
+import { quoted } from "../gpu/short_text.ts";
 import type { Tensor } from "../gpu/tensor.ts";
-import type { LoadStateOptions, Module } from "./module.ts";
+import { type LoadStateOptions, type Module, nonFiniteCount } from "./module.ts";
 import {
   decodeSafetensors,
   encodeSafetensorsHeader,
@@ -31,6 +32,17 @@ function rethrow(err: unknown, message: string): never {
   throw wrapped;
 }
 
+/** Options of {@link saveSafetensors} and {@link saveModule}. */
+export interface SaveOptions {
+  /** Free-form string → string map stored in the header (`__metadata__`). */
+  metadata?: Record<string, string>;
+  /**
+   * Save f32 / f16 tensors that hold NaN or ±Inf (default false: the save is
+   * refused, naming the tensor, so a diverged run never replaces a good file).
+   */
+  allowNonFinite?: boolean;
+}
+
 /**
  * Writes tensors to a safetensors file **atomically**: into
  * `${path}.tmp-<random>` in the same directory, fsync, close, then rename onto
@@ -38,12 +50,14 @@ function rethrow(err: unknown, message: string): never {
  * `path` is left untouched; temporaries a killed process left behind are
  * removed by the next save to the same path. **A sync point**: waits for the GPU once (all
  * tensors are read back together) and holds their bytes in memory meanwhile.
+ * Tensors holding NaN or ±Inf are refused unless `options.allowNonFinite`.
  *
  * @param path Destination file.
  * @param tensors Name → tensor, as a record or a Map.
- * @param metadata Optional free-form string → string map (`__metadata__`).
+ * @param options `metadata` (string → string, stored in the header) and `allowNonFinite`.
  * @returns When the file is durably in place.
- * @throws the underlying error (same class), its message naming `path`.
+ * @throws {ValueError} for non-finite values (nothing written); otherwise the
+ * underlying error (same class), its message naming `path`.
  * @example
  * ```ts
  * import { initGpu, Tensor } from "../mod.ts";
@@ -51,7 +65,7 @@ function rethrow(err: unknown, message: string): never {
  * const gpu = await initGpu({ matmulTiling: "default" });
  * const dir = await Deno.makeTempDir(), path = `${dir}/model.safetensors`;
  * const w = Tensor.from([1, 2, 3, 4], [2, 2]), b = Tensor.zeros([2]);
- * await saveSafetensors(path, { "fc1.weight": w, "fc1.bias": b }, { step: "1000" });
+ * await saveSafetensors(path, { "fc1.weight": w, "fc1.bias": b }, { metadata: { step: "1000" } });
  * console.assert((await loadSafetensors(path)).metadata.step === "1000");
  * await Deno.remove(dir, { recursive: true });
  * gpu.destroy();
@@ -60,27 +74,46 @@ function rethrow(err: unknown, message: string): never {
 export async function saveSafetensors(
   path: string,
   tensors: Record<string, Tensor> | Map<string, Tensor>,
-  metadata?: Record<string, string>,
+  options: SaveOptions = {},
+): Promise<void> {
+  await writeTensors("saveSafetensors", path, tensors, options);
+}
+
+/** {@link saveSafetensors}, with `where` (the public function's name) opening its errors. */
+async function writeTensors(
+  where: string,
+  path: string,
+  tensors: Record<string, Tensor> | Map<string, Tensor>,
+  options: SaveOptions,
 ): Promise<void> {
   const byName = tensors instanceof Map ? tensors : new Map(Object.entries(tensors));
   const specs = new Map<string, SafetensorsSpec>();
   for (const [name, t] of byName) specs.set(name, { dtype: t.dtype, shape: t.shape });
-  let prefix: Uint8Array, order: string[];
+  let order: string[];
   try {
-    ({ prefix, order } = encodeSafetensorsHeader(specs, metadata));
+    // Validates names, dtypes, shapes and metadata before anything is read or written.
+    ({ order } = encodeSafetensorsHeader(specs, options.metadata));
   } catch (err) {
-    rethrow(err, `saveSafetensors: cannot write "${path}"`);
+    rethrow(err, `${where}: cannot write "${path}"`);
   }
+  // Start every readback before awaiting any: one GPU wait instead of one per tensor.
+  const reads = order.map((name) => tensorToEntry(byName.get(name)!));
+  for (const read of reads) read.catch(() => {}); // failures surface below, in order
+  const entries: SafetensorsEntry[] = [];
+  try {
+    for (const read of reads) entries.push(await read);
+  } catch (err) {
+    rethrow(err, `${where}: cannot write "${path}" (left unchanged)`);
+  }
+  if (!options.allowNonFinite) refuseNonFinite(where, path, order, entries);
+  const { prefix } = encodeSafetensorsHeader(specs, options.metadata);
   await removeStaleTemporaries(path);
   const temp = `${path}${TEMP_INFIX}${crypto.randomUUID()}`;
   let file: Deno.FsFile | null = null;
   try {
     file = await Deno.open(temp, { write: true, createNew: true });
-    // Start every readback before awaiting any: one GPU wait instead of one per tensor.
-    const reads = order.map((name) => tensorToEntry(byName.get(name)!));
-    for (const read of reads) read.catch(() => {}); // failures surface below, in order
     await writeAll(file, prefix);
-    for (const read of reads) await writeAll(file, (await read).data);
+    for (const entry of entries) await writeAll(file, entry.data);
     await file.sync();
     file.close();
     file = null;
@@ -90,9 +123,32 @@ export async function saveSafetensors(
       file?.close();
     } catch { /* already closed */ }
     await Deno.remove(temp).catch(() => {}); // may never have been created
-    rethrow(err, `saveSafetensors: cannot write "${path}" (left unchanged)`);
+    rethrow(err, `${where}: cannot write "${path}" (left unchanged)`);
   }
   await syncDirectory(path);
+}
+
+/**
+ * Throws when a read-back tensor holds NaN or ±Inf (checked on the bytes
+ * already on the CPU, so it costs no GPU wait), before any file is touched.
+ */
+function refuseNonFinite(
+  where: string,
+  path: string,
+  order: readonly string[],
+  entries: readonly SafetensorsEntry[],
+): void {
+  const bad = entries.map((e, i) => ({ name: order[i], count: nonFiniteCount(e) }))
+    .filter((b) => b.count > 0);
+  if (bad.length === 0) return;
+  const others = bad.length > 1 ? ` (and ${bad.length - 1} more tensor(s))` : "";
+  fail(
+    ValueError,
+    `${where}: ${quoted(path)}`,
+    `tensor ${quoted(bad[0].name)} holds ${bad[0].count} non-finite value(s)${others} ` +
+      "(NaN or ±Inf: training has diverged); the file was left unchanged. " +
+      "Pass { allowNonFinite: true } to save it anyway.",
+  );
 }
 
 /** Temporaries are `${path}.tmp-<uuid>`. */
@@ -180,10 +236,11 @@ export async function loadSafetensors(
 /**
  * Saves a module's state dict (parameters and buffers, dotted names) as a
  * safetensors file, atomically. **A sync point** (see {@link saveSafetensors}).
+ * Weights holding NaN or ±Inf are refused unless `options.allowNonFinite`.
  *
  * @param path Destination file.
  * @param module The model.
- * @param metadata Optional string → string map stored in the header.
+ * @param options `metadata` (string → string, stored in the header) and `allowNonFinite`.
  * @returns When the file is in place.
  * @example
  * ```ts
@@ -202,9 +259,9 @@ export async function loadSafetensors(
 export async function saveModule(
   path: string,
   module: Module,
-  metadata?: Record<string, string>,
+  options: SaveOptions = {},
 ): Promise<void> {
-  await saveSafetensors(path, module.stateDict(), metadata);
+  await writeTensors("saveModule", path, module.stateDict(), options);
 }
 
 /**
@@ -225,7 +282,7 @@ export async function saveModule(
  * const gpu = await initGpu({ matmulTiling: "default" });
  * const dir = await Deno.makeTempDir(), path = `${dir}/mlp.safetensors`;
  * const model = new Linear(4, 2, { seed: 1 }), copy = new Linear(4, 2, { seed: 2 });
- * await saveModule(path, model, { epoch: "3" });
+ * await saveModule(path, model, { metadata: { epoch: "3" } });
  * const metadata = await loadModule(path, copy);
  * const same = (await copy.weight.read()).join() === (await model.weight.read()).join();
  * console.assert(same && metadata.epoch === "3");

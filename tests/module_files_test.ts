@@ -1,5 +1,5 @@
 import assert from "node:assert/strict";
-import { Tensor } from "../gpu/mod.ts";
+import { Tensor, ValueError } from "../gpu/mod.ts";
 import { BatchNorm, LayerNorm, Linear, ReLU, Sequential } from "../nn/mod.ts";
 import { loadModule, saveModule, saveSafetensors } from "../nn/safetensors_file.ts";
 import { GPU_TEST } from "./_gpu.ts";
@@ -30,7 +30,7 @@ Deno.test({
     // Move BatchNorm's running statistics off their initial values first.
     const x = Tensor.from(Float32Array.from({ length: 24 }, (_, i) => Math.sin(i)), [4, 6]);
     a.layers[1].forward(a.layers[0].forward(x)).dispose();
-    await saveModule(`${dir}/m.safetensors`, a, { note: "test" });
+    await saveModule(`${dir}/m.safetensors`, a, { metadata: { note: "test" } });
     assert.equal((await a.layers[1].stateDict().get("num_batches_tracked")!.read())[0], 1);
     const b = model(7);
     assert.deepEqual(await loadModule(`${dir}/m.safetensors`, b), { note: "test" });
@@ -129,5 +129,48 @@ Deno.test({
     );
     assert.deepEqual(await snapshot(target), before, "nothing was written");
     await Deno.remove(dir, { recursive: true });
+  },
+});
+
+Deno.test({
+  name: "saveModule: non-finite weights are refused by default, naming the tensor; the file " +
+    "already at the path stays and no temporary is left; allowNonFinite saves them",
+  ...GPU_TEST,
+  async fn() {
+    const dir = await Deno.makeTempDir();
+    const path = `${dir}/run.safetensors`;
+    const listing = async () =>
+      (await Array.fromAsync(Deno.readDir(dir))).map((e) => e.name).sort();
+    const good = model(1);
+    const diverged = model(2);
+    try {
+      await saveModule(path, good);
+      const before = await Deno.readFile(path);
+      const bad = new Float32Array(30).fill(NaN);
+      bad[3] = 1;
+      bad[4] = Infinity;
+      diverged.stateDict().get("0.weight")!.writeBytes(new Uint8Array(bad.buffer));
+      await assert.rejects(saveModule(path, diverged), (err: Error) => {
+        assert.ok(err instanceof ValueError, `${err}`);
+        assert.equal(
+          err.message,
+          `saveModule: "${path}": tensor "0.weight" holds 29 non-finite value(s) (NaN or ±Inf: ` +
+            "training has diverged); the file was left unchanged. Pass { allowNonFinite: true } " +
+            "to save it anyway.",
+        );
+        return true;
+      });
+      assert.deepEqual(await Deno.readFile(path), before, "the good file is untouched");
+      assert.deepEqual(await listing(), ["run.safetensors"]);
+      await saveModule(path, diverged, { allowNonFinite: true, metadata: { note: "nan" } });
+      const copy = model(3);
+      assert.deepEqual(await loadModule(path, copy, { allowNonFinite: true }), { note: "nan" });
+      assert.deepEqual(await snapshot(copy), await snapshot(diverged));
+      copy.dispose();
+    } finally {
+      good.dispose();
+      diverged.dispose();
+      await Deno.remove(dir, { recursive: true });
+    }
   },
 });
