@@ -97,7 +97,7 @@ export async function saveTrainingState(
       }
     }
     if (parts.trainer) metadata.trainer = JSON.stringify(await parts.trainer.stateDict());
-    await saveSafetensors(path, tensors, metadata);
+    await saveSafetensors(path, tensors, { metadata });
   } finally {
     for (const t of temporary) t.dispose();
   }
