@@ -79,13 +79,31 @@ async function devtoolsAddress(stderr: ReadableStream<Uint8Array>, log: string[]
   }
 }
 
+/** Options of {@link launchChromium}. */
+export interface LaunchOptions {
+  /**
+   * Enable WebGPU (default true). False starts Chromium as a browser without
+   * WebGPU looks to a page, to test what the page says then.
+   */
+  webgpu?: boolean;
+}
+
+/** The flags that give headless Chromium on Linux a WebGPU adapter (SwiftShader without a GPU). */
+const WEBGPU_FLAGS = ["--enable-unsafe-webgpu", "--enable-features=Vulkan"];
+/** The flags that take WebGPU away (navigator.gpu stays, its adapter is null). */
+const NO_WEBGPU_FLAGS = ["--disable-features=WebGPU,Vulkan"];
+
 /**
- * Starts headless Chromium with WebGPU enabled and opens one blank page.
+ * Starts headless Chromium (WebGPU enabled unless asked otherwise) and opens one blank page.
  *
  * @param executable the Chromium binary (see {@link findChromium})
+ * @param options whether the browser has WebGPU
  * @returns the page, ready for {@link BrowserPage.open}
  */
-export async function launchChromium(executable: string): Promise<BrowserPage> {
+export async function launchChromium(
+  executable: string,
+  options: LaunchOptions = {},
+): Promise<BrowserPage> {
   const profile = await Deno.makeTempDir({ prefix: "halfstep-chromium-" });
   const child = new Deno.Command(executable, {
     args: [
@@ -93,9 +111,11 @@ export async function launchChromium(executable: string): Promise<BrowserPage> {
       "--no-sandbox", // CI runs as root
       "--disable-dev-shm-usage",
       "--no-first-run",
+      "--disable-background-networking",
+      "--disable-component-update",
+      "--disable-sync",
       "--window-size=1100,1000",
-      "--enable-unsafe-webgpu", // WebGPU on Linux is behind this flag
-      "--enable-features=Vulkan",
+      ...(options.webgpu ?? true ? WEBGPU_FLAGS : NO_WEBGPU_FLAGS),
       "--remote-debugging-port=0",
       `--user-data-dir=${profile}`,
       "about:blank",

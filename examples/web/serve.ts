@@ -30,7 +30,9 @@ export interface ServeOptions {
 
 /**
  * Serves the files under `root` over HTTP. Paths that would leave `root` are
- * refused; missing files are 404. Shut it down with `server.shutdown()`.
+ * refused; missing files are 404; a folder without its trailing slash is
+ * redirected to it (relative links then resolve inside the folder); `.ts`
+ * files go out as `application/typescript`, which Deno needs to import them. Shut it down with `server.shutdown()`.
  *
  * @param root the directory to serve
  * @param options port and address
@@ -44,10 +46,18 @@ export function serveDirectory(
   return Deno.serve(
     { hostname: options.hostname ?? "127.0.0.1", port: options.port ?? 0, onListen() {} },
     async (request) => {
-      let path = normalize(join(base, decodeURIComponent(new URL(request.url).pathname)));
+      const url = new URL(request.url);
+      let path = normalize(join(base, decodeURIComponent(url.pathname)));
       if (!path.startsWith(base)) return new Response("forbidden", { status: 403 });
       try {
-        if ((await Deno.stat(path)).isDirectory) path = join(path, "index.html");
+        if ((await Deno.stat(path)).isDirectory) {
+          // A page's relative imports resolve against its URL: `/examples/web`
+          // would load `/examples/spirals.js`, so send it to `/examples/web/`.
+          if (!url.pathname.endsWith("/")) {
+            return Response.redirect(new URL(`${url.pathname}/${url.search}`, url), 301);
+          }
+          path = join(path, "index.html");
+        }
         const type = CONTENT_TYPES[extname(path)] ?? "application/octet-stream";
         return new Response(await Deno.readFile(path), { headers: { "content-type": type } });
       } catch {

@@ -4,7 +4,8 @@
 // it as it is. Its progress is published on `globalThis.halfstepDemo` for
 // anyone watching the page (the headless test in tests/ does).
 //
-// URL parameters: `steps` (default 400), `seed` (default 1).
+// URL parameters: `steps` (default 400), `seed` (default 1), `f16` (initGpu's
+// f16 option: auto, require or off; default auto).
 import {
   AdamW,
   AmpTrainer,
@@ -31,6 +32,7 @@ const seed = positiveInt(params.get("seed"), 1);
 /** What the page has done so far; read by tests and by curious users. */
 const demo = {
   status: "loading",
+  message: "loading…",
   adapter: "",
   f16: false,
   steps: 0,
@@ -56,6 +58,7 @@ function positiveInt(text, fallback) {
 
 function setStatus(status, message) {
   demo.status = status;
+  demo.message = message;
   statusLine.textContent = message;
   statusLine.className = status === "error" || status === "no-webgpu" ? "error" : "";
 }
@@ -159,18 +162,31 @@ function showStats() {
   ].join("\n");
 }
 
+/** What a browser user can do when the page finds no WebGPU. */
+const ENABLE_WEBGPU = "Open it in a browser with WebGPU: a recent Chrome, Edge or Safari " +
+  "(on Linux, Chrome needs chrome://flags/#enable-unsafe-webgpu and #enable-vulkan; " +
+  "chrome://gpu tells whether WebGPU is on).";
+
 async function main() {
+  // Only these two are "no WebGPU"; anything the library throws after them is an error.
   if (!("gpu" in navigator)) {
-    setStatus("no-webgpu", "This browser has no WebGPU (navigator.gpu is missing).");
+    const secure = isSecureContext ? "" : " WebGPU needs https or localhost, and this page is " +
+      "neither: open it from http://127.0.0.1 or http://localhost.";
+    setStatus(
+      "no-webgpu",
+      `This browser has no WebGPU (navigator.gpu is missing).${secure} ` +
+        ENABLE_WEBGPU,
+    );
     return;
   }
-  let gpu;
-  try {
-    gpu = await initGpu({ matmulTiling: "default" });
-  } catch (error) {
-    setStatus("no-webgpu", `No usable WebGPU adapter: ${error.message}`);
+  setStatus("starting", "starting WebGPU…");
+  if (!(await navigator.gpu.requestAdapter())) {
+    setStatus("no-webgpu", `WebGPU is here but disabled: no adapter was found. ${ENABLE_WEBGPU}`);
     return;
   }
+  // No matmul tuning: it measures every tiling once per adapter (~15 s on a
+  // CPU adapter on the first visit), and this model's products are tiny.
+  const gpu = await initGpu({ f16: params.get("f16") ?? "auto", matmulTiling: "default" });
   demo.adapter = gpu.adapterName || "unnamed adapter";
   demo.f16 = gpu.f16;
   const data = makeSpirals(POINTS_PER_CLASS, seed);
@@ -215,6 +231,6 @@ async function main() {
 
 main().catch((error) => {
   demo.error = String(error?.stack ?? error);
-  setStatus("error", `error: ${error?.message ?? error}`);
+  setStatus("error", `error: ${error?.name ?? "Error"}: ${error?.message ?? error}`);
   console.error(error);
 });
