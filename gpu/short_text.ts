@@ -20,7 +20,47 @@ export const MAX_QUOTED = 80;
  * ```
  */
 export function quoted(text: string): string {
-  const cut = text.length > MAX_QUOTED ? `${text.slice(0, MAX_QUOTED - 1)}…` : text;
+  return `"${cut(text)}"`;
+}
+
+/**
+ * `text` cut to `MAX_QUOTED` characters with "…", control characters escaped.
+ *
+ * @param text Anything shown in a message: a name, a JSON value, another error's message.
+ * @returns At most `MAX_QUOTED` characters before escaping.
+ * @example
+ * ```ts
+ * import { cut } from "./short_text.ts";
+ * console.assert(cut("[1,2]") === "[1,2]" && cut("9".repeat(100)).endsWith("…"));
+ * ```
+ */
+export function cut(text: string): string {
+  const short = text.length > MAX_QUOTED ? `${text.slice(0, MAX_QUOTED - 1)}…` : text;
   // deno-lint-ignore no-control-regex
-  return `"${cut.replace(/[\u0000-\u001f\u007f]/g, (c) => JSON.stringify(c).slice(1, -1))}"`;
+  return short.replace(/[\u0000-\u001f\u007f]/g, (c) => JSON.stringify(c).slice(1, -1));
+}
+
+/**
+ * Any value as a message shows it, one short line: a string {@link quoted},
+ * an object as its JSON cut the same way, anything else as `String(value)`.
+ *
+ * @param value An option or argument the caller got wrong.
+ * @returns `"nonsense"`, `{"budget":5}`, `-1`, `undefined`.
+ * @example
+ * ```ts
+ * import { shortValue } from "./short_text.ts";
+ * console.assert(shortValue("sometimes") === '"sometimes"');
+ * console.assert(shortValue({ budget: 5 }) === '{"budget":5}');
+ * console.assert(shortValue(undefined) === "undefined");
+ * ```
+ */
+export function shortValue(value: unknown): string {
+  if (typeof value === "string") return quoted(value);
+  let text: string;
+  try {
+    text = typeof value === "object" && value !== null ? JSON.stringify(value) : String(value);
+  } catch {
+    text = Object.prototype.toString.call(value); // a cycle, a BigInt inside
+  }
+  return cut(text);
 }

@@ -44,6 +44,7 @@ export {
 } from "./normalization.ts";
 export {
   decodeSafetensors,
+  type EncodeOptions,
   encodeSafetensors,
   encodeSafetensorsHeader,
   entryToTensor,

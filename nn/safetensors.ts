@@ -9,7 +9,15 @@
  * little-endian data buffer; offsets are relative to the data buffer, which
  * the tensors cover exactly, without holes or overlaps.
  */
-import { HalfstepError } from "../gpu/errors.ts";
+import { cut, quoted } from "../gpu/short_text.ts";
+import {
+  CHECKSUMS_KEY,
+  refuseReservedKey,
+  type StoredTensor,
+  verifyChecksums,
+  withChecksums,
+} from "./checksum.ts";
+import { SafetensorsError } from "./safetensors_error.ts";
 import { bytesPerElement, type DType } from "../gpu/dtype.ts";
 import type { Gpu } from "../gpu/device.ts";
 import { shapeString, sizeOf } from "../gpu/shape.ts";
@@ -33,19 +41,7 @@ export interface SafetensorsSpec {
   shape: readonly number[];
 }
 
-/** A file or entry that breaks the safetensors format; the message says what and where. */
-export class SafetensorsError extends HalfstepError {
-  /**
-   * A format error.
-   *
-   * @param message What is wrong.
-   * @param options The underlying error, if any.
-   */
-  constructor(message: string, options?: ErrorOptions) {
-    super(message, options);
-    this.name = "SafetensorsError";
-  }
-}
+export { SafetensorsError };
 
 /** The reference implementation refuses headers over 100 MB; so do we (it also bounds memory). */
 const MAX_HEADER_BYTES = 100_000_000;
@@ -104,12 +100,13 @@ function checkShape(where: string, shape: unknown, dtype: DType, elementBytes?: 
     !Array.isArray(shape) || !shape.every((d) => Number.isSafeInteger(d) && (d as number) >= 0)
   ) {
     throw new SafetensorsError(
-      `${where}: shape ${JSON.stringify(shape)} must be an array of non-negative integers.`,
+      `${where}: shape ${cut(JSON.stringify(shape) ?? "undefined")} must be an array of ` +
+        "non-negative integers.",
     );
   }
   const bytes = sizeOf(shape as number[]) * (elementBytes ?? bytesPerElement(dtype));
   if (!Number.isSafeInteger(bytes)) {
-    throw new SafetensorsError(`${where}: shape ${shapeString(shape)} is too large.`);
+    throw new SafetensorsError(`${where}: shape ${cut(shapeString(shape))} is too large.`);
   }
   return bytes;
 }
@@ -117,7 +114,7 @@ function checkShape(where: string, shape: unknown, dtype: DType, elementBytes?: 
 /** `Object.hasOwn`, not `in`: `"toString" in FILE_DTYPE` is true. */
 function checkDType(where: string, dtype: unknown): void {
   if (!Object.hasOwn(FILE_DTYPE, String(dtype))) {
-    throw new SafetensorsError(`${where}: dtype ${String(dtype)} is not f32, f16 or i32.`);
+    throw new SafetensorsError(`${where}: dtype ${cut(String(dtype))} is not f32, f16 or i32.`);
   }
 }
 
@@ -151,7 +148,7 @@ export function encodeSafetensorsHeader(
     for (const k of keys) {
       if (typeof metadata[k] !== "string") {
         throw new SafetensorsError(
-          `encodeSafetensors: metadata "${k}" must be a string, got ${typeof metadata[k]}.`,
+          `encodeSafetensors: metadata ${quoted(k)} must be a string, got ${typeof metadata[k]}.`,
         );
       }
     }
@@ -159,7 +156,7 @@ export function encodeSafetensorsHeader(
   }
   const sizes = new Map<string, number>();
   for (const [name, { dtype, shape }] of specs) {
-    const where = `encodeSafetensors: tensor "${name}"`;
+    const where = `encodeSafetensors: tensor ${quoted(name)}`;
     if (name === METADATA_KEY) {
       throw new SafetensorsError(`${where}: the name is reserved for metadata; rename it.`);
     }
@@ -188,13 +185,36 @@ export function encodeSafetensorsHeader(
   return { prefix, order };
 }
 
+/** Options of {@link encodeSafetensors}. */
+export interface EncodeOptions {
+  /** Free-form string → string map (`__metadata__`); the key `"halfstep.checksums"` is reserved. */
+  metadata?: Record<string, string>;
+  /**
+   * Store a checksum per tensor and one over the metadata (default true), which
+   * `decodeSafetensors` verifies; false writes exactly what the reference
+   * implementation would.
+   */
+  checksums?: boolean;
+}
+
+/** Entries as the file stores them, for checksums (our dtypes are spelled as the file spells them). */
+export function storedTensors(
+  entries: ReadonlyMap<string, SafetensorsEntry>,
+): [string, StoredTensor][] {
+  return [...entries].map((
+    [name, e],
+  ) => [name, { fileDtype: FILE_DTYPE[e.dtype], shape: e.shape, data: e.data }]);
+}
+
 /**
  * Serialises tensors to safetensors bytes, laid out as the reference
  * implementation does: data ordered by alignment then name, header padded
- * with spaces to a multiple of 8 bytes.
+ * with spaces to a multiple of 8 bytes. By default the metadata also holds a
+ * checksum per tensor (see `checksum.ts`), which readers that ignore
+ * metadata (PyTorch) do not see.
  *
  * @param entries Name → tensor; byte lengths are checked against shape and dtype.
- * @param metadata Optional free-form string → string map (`__metadata__`).
+ * @param options `metadata` (string → string) and `checksums` (default true).
  * @returns The whole file.
  * @example
  * ```ts
@@ -206,9 +226,13 @@ export function encodeSafetensorsHeader(
  */
 export function encodeSafetensors(
   entries: Map<string, SafetensorsEntry>,
-  metadata?: Record<string, string>,
+  options: EncodeOptions = {},
 ): Uint8Array {
-  for (const [name, e] of entries) checkEntry(`encodeSafetensors: tensor "${name}"`, e);
+  for (const [name, e] of entries) checkEntry(`encodeSafetensors: tensor ${quoted(name)}`, e);
+  refuseReservedKey("encodeSafetensors", options.metadata);
+  const metadata = options.checksums === false
+    ? options.metadata
+    : withChecksums(storedTensors(entries), options.metadata);
   const { prefix, order } = encodeSafetensorsHeader(entries, metadata);
   const parts = [prefix, ...order.map((name) => entries.get(name)!.data)];
   const out = new Uint8Array(parts.reduce((n, p) => n + p.byteLength, 0));
@@ -222,19 +246,22 @@ function isObject(v: unknown): v is Record<string, unknown> {
 
 /**
  * Parses and validates safetensors bytes: header length, UTF-8, JSON, every
- * dtype, shape and offset, and that the tensors tile the data buffer exactly.
+ * dtype, shape and offset, that the tensors tile the data buffer exactly, and
+ * the checksums halfstep stores (files without them, like PyTorch's, load).
  * The returned `data` arrays are views into `bytes` (no copy), except for two
  * dtypes PyTorch writes: BF16 comes back widened to f32 (exactly) and I64
  * narrowed to i32 (an error if a value does not fit), as new arrays.
  *
  * @param bytes The whole file.
- * @returns The tensors by name and the `__metadata__` map (`{}` when absent).
+ * @returns The tensors by name and the `__metadata__` map (`{}` when absent),
+ * without the checksums.
  * @throws {SafetensorsError} naming what is wrong: truncated file, bad JSON,
- * unknown dtype, bad shape, offsets that overlap, leave holes or run past the end.
+ * unknown dtype, bad shape, offsets that overlap, leave holes or run past the
+ * end, a checksum that does not match (naming the tensor, or the metadata).
  * @example
  * ```ts
  * import { decodeSafetensors, encodeSafetensors } from "../mod.ts";
- * const file = encodeSafetensors(new Map(), { step: "100" });
+ * const file = encodeSafetensors(new Map(), { metadata: { step: "100" } });
  * const { entries, metadata } = decodeSafetensors(file);
  * console.assert(entries.size === 0 && metadata.step === "100");
  * ```
@@ -264,7 +291,9 @@ export function decodeSafetensors(
       new TextDecoder("utf-8", { fatal: true }).decode(bytes.subarray(8, headerEnd)),
     );
   } catch (err) {
-    throw new SafetensorsError(`The header is not valid UTF-8 JSON: ${err}`, { cause: err });
+    throw new SafetensorsError(`The header is not valid UTF-8 JSON: ${cut(String(err))}`, {
+      cause: err,
+    });
   }
   if (!isObject(header)) {
     throw new SafetensorsError("The header must be a JSON object of tensor name → info.");
@@ -287,13 +316,15 @@ export function decodeSafetensors(
       metadata = Object.fromEntries(Object.entries(info as Record<string, string>));
       continue;
     }
-    const where = `Tensor "${name}"`;
+    const where = `Tensor ${quoted(name)}`;
     if (!isObject(info)) {
       throw new SafetensorsError(`${where}: its header entry must be an object.`);
     }
     const { dtype, shape, data_offsets: offsets } = info;
     if (typeof dtype !== "string") {
-      throw new SafetensorsError(`${where}: dtype ${JSON.stringify(dtype)} is missing.`);
+      throw new SafetensorsError(
+        `${where}: dtype ${cut(JSON.stringify(dtype) ?? "undefined")} is missing.`,
+      );
     }
     if (OTHER_DTYPES.has(dtype)) {
       throw new SafetensorsError(
@@ -301,7 +332,7 @@ export function decodeSafetensors(
       );
     }
     if (!Object.hasOwn(READ_AS, dtype)) {
-      throw new SafetensorsError(`${where}: unknown dtype ${JSON.stringify(dtype)}.`);
+      throw new SafetensorsError(`${where}: unknown dtype ${quoted(dtype)}.`);
     }
     const ours = READ_AS[dtype].ours;
     const size = checkShape(where, shape, ours, READ_AS[dtype].bytes);
@@ -310,14 +341,15 @@ export function decodeSafetensors(
       !offsets.every((o) => Number.isSafeInteger(o) && (o as number) >= 0)
     ) {
       throw new SafetensorsError(
-        `${where}: data_offsets ${JSON.stringify(offsets)} must be [begin, end] integers.`,
+        `${where}: data_offsets ${cut(JSON.stringify(offsets) ?? "undefined")} must be ` +
+          "[begin, end] integers.",
       );
     }
     const [begin, end] = offsets as number[];
     if (end - begin !== size) {
       throw new SafetensorsError(
         `${where}: data_offsets [${begin}, ${end}] span ${end - begin} bytes but a ${dtype} ` +
-          `tensor ${shapeString(shape as number[])} needs ${size}.`,
+          `tensor ${cut(shapeString(shape as number[]))} needs ${size}.`,
       );
     }
     infos.push({ name, fileDtype: dtype, dtype: ours, shape: shape as number[], begin, end });
@@ -326,29 +358,38 @@ export function decodeSafetensors(
   let cursor = 0, previous = "the start of the data buffer";
   for (const { name, begin, end } of infos) {
     if (begin < cursor) {
-      throw new SafetensorsError(`Tensor "${name}" [${begin}, ${end}) overlaps ${previous}.`);
+      throw new SafetensorsError(`Tensor ${quoted(name)} [${begin}, ${end}) overlaps ${previous}.`);
     }
     if (begin > cursor) {
       throw new SafetensorsError(
-        `The data buffer has a hole of ${begin - cursor} bytes before tensor "${name}".`,
+        `The data buffer has a hole of ${begin - cursor} bytes before tensor ${quoted(name)}.`,
       );
     }
     if (end > data.byteLength) {
       throw new SafetensorsError(
-        `The file is truncated: tensor "${name}" ends at data byte ${end} of ${data.byteLength}.`,
+        `The file is truncated: tensor ${quoted(name)} ends at data byte ${end} of ` +
+          `${data.byteLength}.`,
       );
     }
     cursor = end;
-    previous = `tensor "${name}" (which ends at ${end})`;
+    previous = `tensor ${quoted(name)} (which ends at ${end})`;
   }
   if (cursor !== data.byteLength) {
     throw new SafetensorsError(
       `The data buffer has ${data.byteLength - cursor} unused bytes after the last tensor.`,
     );
   }
+  const stored = new Map<string, StoredTensor>(
+    infos.map(({ name, fileDtype, shape, begin, end }) => [
+      name,
+      { fileDtype, shape, data: data.subarray(begin, end) },
+    ]),
+  );
+  verifyChecksums(stored, metadata);
+  delete metadata[CHECKSUMS_KEY];
   const entries = new Map<string, SafetensorsEntry>();
-  for (const { name, fileDtype, dtype, shape, begin, end } of infos) {
-    const bytes = widen(`Tensor "${name}"`, fileDtype, data.subarray(begin, end));
+  for (const { name, fileDtype, dtype, shape } of infos) {
+    const bytes = widen(`Tensor ${quoted(name)}`, fileDtype, stored.get(name)!.data);
     entries.set(name, { dtype, shape, data: bytes });
   }
   return { entries, metadata };

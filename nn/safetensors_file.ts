@@ -12,8 +12,10 @@ import {
   type SafetensorsEntry,
   SafetensorsError,
   type SafetensorsSpec,
+  storedTensors,
   tensorToEntry,
 } from "./safetensors.ts";
+import { refuseReservedKey, withChecksums } from "./checksum.ts";
 
 async function writeAll(file: Deno.FsFile, bytes: Uint8Array): Promise<void> {
   for (let at = 0; at < bytes.byteLength;) at += await file.write(bytes.subarray(at));
@@ -51,6 +53,7 @@ export interface SaveOptions {
  * removed by the next save to the same path. **A sync point**: waits for the GPU once (all
  * tensors are read back together) and holds their bytes in memory meanwhile.
  * Tensors holding NaN or ±Inf are refused unless `options.allowNonFinite`.
+ * The metadata also holds a checksum per tensor, which loading verifies.
  *
  * @param path Destination file.
  * @param tensors Name → tensor, as a record or a Map.
@@ -92,6 +95,7 @@ async function writeTensors(
   let order: string[];
   try {
     // Validates names, dtypes, shapes and metadata before anything is read or written.
+    refuseReservedKey(where, options.metadata);
     ({ order } = encodeSafetensorsHeader(specs, options.metadata));
   } catch (err) {
     rethrow(err, `${where}: cannot write "${path}"`);
@@ -106,7 +110,9 @@ async function writeTensors(
     rethrow(err, `${where}: cannot write "${path}" (left unchanged)`);
   }
   if (!options.allowNonFinite) refuseNonFinite(where, path, order, entries);
-  const { prefix } = encodeSafetensorsHeader(specs, options.metadata);
+  const read = new Map(order.map((name, i) => [name, entries[i]]));
+  const metadata = withChecksums(storedTensors(read), options.metadata);
+  const { prefix } = encodeSafetensorsHeader(specs, metadata);
   await removeStaleTemporaries(path);
   const temp = `${path}${TEMP_INFIX}${crypto.randomUUID()}`;
   let file: Deno.FsFile | null = null;

@@ -10,6 +10,7 @@ import {
 } from "../nn/safetensors.ts";
 import { loadSafetensors, saveSafetensors } from "../nn/safetensors_file.ts";
 import { GPU_TEST } from "./_gpu.ts";
+import { rewriteHeader } from "./_file_mutations.ts";
 
 // Expected bytes below come from host typed arrays; the format is little-endian.
 assert.equal(new Uint8Array(new Uint16Array([1]).buffer)[0], 1, "these tests assume a LE host");
@@ -92,6 +93,16 @@ function fileByHand(header: unknown, data: Uint8Array, pad = true): Uint8Array {
 
 const metadata = { format: "pt", step: "7" };
 
+/** CRC-32C one bit at a time, straight from its definition (reflected polynomial 0x82F63B78). */
+function bitwiseCrc32c(bytes: Uint8Array): number {
+  let crc = 0xffffffff;
+  for (const byte of bytes) {
+    crc ^= byte;
+    for (let k = 0; k < 8; k++) crc = crc & 1 ? (crc >>> 1) ^ 0x82f63b78 : crc >>> 1;
+  }
+  return (crc ^ 0xffffffff) >>> 0;
+}
+
 Deno.test("safetensors: a state round-trips through a file bit-exactly", GPU_TEST, async () => {
   const dir = await Deno.makeTempDir();
   const cases = stateCases();
@@ -133,7 +144,24 @@ Deno.test("safetensors: the file follows the published layout", GPU_TEST, async 
     assert.match(text, /^\{.*\} {0,7}$/s, "JSON object padded with fewer than 8 spaces");
     assert.equal(text.trimEnd(), JSON.stringify(header), "compact JSON, as serde_json writes");
     const { __metadata__: meta, ...infos } = header;
-    assert.deepEqual(meta, metadata);
+    const { "halfstep.checksums": sums, ...userMetadata } = meta;
+    assert.deepEqual(userMetadata, metadata);
+    // One CRC-32C per tensor over JSON [name, dtype, shape] then its bytes, and one over
+    // the sorted metadata entries, as 8 hex digits; checked against a bit-at-a-time CRC.
+    const checksums = JSON.parse(sums);
+    assert.deepEqual(
+      Object.keys(checksums).sort(),
+      ["__metadata__", ...cases.map((c) => c.name)].sort(),
+    );
+    const w = infos["layer.0.weight"];
+    const described = new TextEncoder().encode(JSON.stringify(["layer.0.weight", "F32", [3, 5]]));
+    const covered = new Uint8Array([...described, ...data.subarray(...w.data_offsets)]);
+    assert.equal(checksums["layer.0.weight"], bitwiseCrc32c(covered).toString(16).padStart(8, "0"));
+    const metadataText = JSON.stringify(Object.entries(metadata).sort());
+    assert.equal(
+      checksums.__metadata__,
+      bitwiseCrc32c(new TextEncoder().encode(metadataText)).toString(16).padStart(8, "0"),
+    );
     assert.equal(Object.keys(header)[0], "__metadata__");
     const sizes: Record<string, number> = { F32: 4, F16: 2, I32: 4 };
     let cursor = 0;
@@ -175,12 +203,17 @@ Deno.test("safetensors: encoder output matches the reference byte for byte", () 
   ) {
     const want = fileByHand({ [name]: { dtype: "F32", shape, data_offsets: [0, 24] } }, data);
     assert.equal(parseByHand(want).n, n);
-    const got = encodeSafetensors(new Map([[name, { dtype: "f32", shape: [...shape], data }]]));
+    const got = encodeSafetensors(new Map([[name, { dtype: "f32", shape: [...shape], data }]]), {
+      checksums: false,
+    });
     assert.deepEqual([...got], [...want]);
   }
-  assert.deepEqual([...encodeSafetensors(new Map())], [...fileByHand("{}", new Uint8Array())]);
   assert.deepEqual(
-    [...encodeSafetensors(new Map(), { framework: "pt" })],
+    [...encodeSafetensors(new Map(), { checksums: false })],
+    [...fileByHand("{}", new Uint8Array())],
+  );
+  assert.deepEqual(
+    [...encodeSafetensors(new Map(), { metadata: { framework: "pt" }, checksums: false })],
     [...fileByHand({ __metadata__: { framework: "pt" } }, new Uint8Array())],
   );
 });
@@ -205,7 +238,7 @@ Deno.test("safetensors: a file written by hand (like PyTorch's) decodes", GPU_TE
   w.dispose();
   b.dispose();
   // Our encoder writes the same file back (one metadata key, so no order question).
-  assert.deepEqual([...encodeSafetensors(entries, metadata)], [...file]);
+  assert.deepEqual([...encodeSafetensors(entries, { metadata, checksums: false })], [...file]);
   // Other writers: keys in any order, pretty-printed JSON, no padding.
   const pretty = JSON.stringify(
     {
@@ -243,9 +276,9 @@ Deno.test("safetensors: truncated and corrupt files are rejected with clear erro
   );
   rejects(new Uint8Array([...good, 0]), /1 unused bytes after the last tensor/);
   const corrupt = good.slice();
-  corrupt[8 + 5] = 0x23; // '#'
+  corrupt[8] = 0x23; // "#" for "{"
   rejects(corrupt, /not valid UTF-8 JSON/);
-  corrupt[8 + 5] = 0xff;
+  corrupt[8] = 0xff;
   rejects(corrupt, /not valid UTF-8 JSON/);
   const huge = good.slice();
   new DataView(huge.buffer).setBigUint64(0, 1n << 62n, true);
@@ -380,3 +413,67 @@ Deno.test("decodeSafetensors: PyTorch's BF16 widens to f32 and I64 narrows to i3
   assert.deepEqual([n.dtype, n.shape], ["i32", [5]]);
   assert.deepEqual(Array.from(new Int32Array(n.data.slice().buffer)), ids.map(Number));
 });
+
+Deno.test(
+  "safetensors: checksums catch a flipped data bit, swapped offsets, a relabelled " +
+    "dtype and edited metadata, naming the tensor; files without them still load",
+  async () => {
+    const f16 = (values: number[]) => bytesOf(Float16Array.from(values));
+    const entries = new Map<string, SafetensorsEntry>([
+      ["norm.weight", { dtype: "f16", shape: [4], data: f16([1, 2, 3, 4]) }],
+      ["norm.bias", { dtype: "f16", shape: [4], data: f16([5, 6, 7, 8]) }],
+      ["fc.weight", {
+        dtype: "f32",
+        shape: [2, 3],
+        data: bytesOf(Float32Array.of(1, 2, 3, 4, 5, 6)),
+      }],
+    ]);
+    const good = encodeSafetensors(entries, { metadata: { step: "7", lr: "0.001" } });
+    const decoded = decodeSafetensors(good);
+    assert.deepEqual(
+      decoded.metadata,
+      { step: "7", lr: "0.001" },
+      "checksums are not user metadata",
+    );
+    const rejects = (bytes: Uint8Array, pattern: RegExp) =>
+      assert.throws(() => decodeSafetensors(bytes), (err: Error) => {
+        assert.ok(err instanceof SafetensorsError, `${err}`);
+        assert.match(err.message, pattern);
+        assert.ok(!err.message.includes("\n") && err.message.length < 300, err.message);
+        return true;
+      });
+    // One exponent bit of fc.weight's last value (f32 data comes first in the file).
+    const { n } = parseByHand(good);
+    const flipped = good.slice();
+    flipped[8 + n + 23] ^= 0x40;
+    rejects(flipped, /Tensor "fc\.weight": checksum mismatch/);
+    const swapped = rewriteHeader(good, (h) => {
+      const w = h["norm.weight"] as { data_offsets: number[] };
+      const b = h["norm.bias"] as { data_offsets: number[] };
+      [w.data_offsets, b.data_offsets] = [b.data_offsets, w.data_offsets];
+    });
+    rejects(swapped, /Tensor "norm\.(weight|bias)": checksum mismatch/);
+    const relabelled = rewriteHeader(good, (h) => {
+      (h["norm.bias"] as { dtype: string }).dtype = "BF16";
+    });
+    rejects(relabelled, /Tensor "norm\.bias": checksum mismatch/);
+    const edited = rewriteHeader(good, (h) => {
+      (h.__metadata__ as Record<string, string>).lr = "0.01";
+    });
+    rejects(edited, /The metadata: checksum mismatch/);
+    const added = rewriteHeader(good, (h) => {
+      (h.__metadata__ as Record<string, string>).extra = "1";
+    });
+    rejects(added, /The metadata: checksum mismatch/);
+    // Saving refuses the reserved key; files without checksums (PyTorch's) load.
+    assert.throws(
+      () => encodeSafetensors(new Map(), { metadata: { "halfstep.checksums": "{}" } }),
+      /metadata key "halfstep\.checksums" is reserved/,
+    );
+    const torch = await Deno.readFile(
+      new URL("fixtures/torch/state_f16.safetensors", import.meta.url),
+    );
+    assert.ok(!new TextDecoder().decode(torch).includes("halfstep.checksums"));
+    assert.ok(decodeSafetensors(torch).entries.size > 0);
+  },
+);
