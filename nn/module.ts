@@ -3,11 +3,13 @@
  * tensors), named buffers (state such as running statistics) and named child
  * modules; names join with dots (`layers.0.weight`), as in PyTorch.
  */
-import { ValueError } from "../gpu/errors.ts";
+import { fail, ValueError } from "../gpu/errors.ts";
 import { zeroGrad } from "../gpu/autograd.ts";
 import { bytesPerElement, type DType } from "../gpu/dtype.ts";
+import { untracked } from "../gpu/scope.ts";
 import { sameShape, type Shape, shapeString } from "../gpu/shape.ts";
-import type { Tensor } from "../gpu/tensor.ts";
+import { cut } from "../gpu/short_text.ts";
+import { Tensor } from "../gpu/tensor.ts";
 
 /** Tensor data held on the CPU, e.g. read from a safetensors file. */
 export interface HostTensor {
@@ -36,6 +38,9 @@ export function nonFiniteCount(t: HostTensor): number {
   for (let i = 0; i < values.length; i++) if (!Number.isFinite(values[i])) bad++;
   return bad;
 }
+
+/** A load error lists at most this many problems (a whole model missing stays readable). */
+const MAX_PROBLEMS = 5;
 
 /** What `loadStateDict` accepts for each name: a tensor or host data. */
 export type StateValue = Tensor | HostTensor;
@@ -124,7 +129,9 @@ export abstract class Module {
    * Copies `state` into the module's parameters and buffers. Every name,
    * shape and dtype is checked first, and host data (from a file) must hold
    * finite values unless `options.allowNonFinite`; all problems are reported
-   * in one error, and nothing is written unless everything passes.
+   * in one error, and nothing is written unless everything passes. The
+   * state may hold the module's own tensors (`m.loadStateDict(m.stateDict())`,
+   * swapped or shared entries): it loads as if every tensor were copied first.
    */
   loadStateDict(
     state: ReadonlyMap<string, StateValue>,
@@ -141,13 +148,18 @@ export abstract class Module {
       }).map(([name]) => name),
     );
     for (const name of own.keys()) {
-      if (!state.has(name) && !optional.has(name)) problems.push(`missing ${name}`);
+      if (!state.has(name) && !optional.has(name)) problems.push(`missing ${cut(name)}`);
     }
-    for (const name of state.keys()) if (!own.has(name)) problems.push(`unexpected ${name}`);
+    for (const name of state.keys()) if (!own.has(name)) problems.push(`unexpected ${cut(name)}`);
     const converted = new Map<string, StateValue>();
     for (const [name, target] of own) {
       let value = state.get(name);
       if (!value) continue;
+      const shown = cut(name);
+      if (!isHostTensor(value) && value.disposed) {
+        problems.push(`${shown}: the source tensor was disposed`);
+        continue;
+      }
       // Host floats of another width (an f16 or bf16 file into fp32 parameters) are
       // converted, as PyTorch's load_state_dict copies with a cast.
       if (
@@ -159,34 +171,30 @@ export abstract class Module {
       converted.set(name, value);
       if (value.dtype !== target.dtype || !sameShape(value.shape, target.shape)) {
         problems.push(
-          `${name}: expected ${target.describe()}, got ${value.dtype} ${shapeString(value.shape)}`,
+          `${shown}: expected ${target.describe()}, got ${value.dtype} ` +
+            cut(shapeString(value.shape)),
         );
       } else if (
         isHostTensor(value) && value.data.byteLength !== target.size * bytesPerElement(target.dtype)
       ) {
-        problems.push(`${name}: ${value.data.byteLength} bytes do not fill ${target.describe()}`);
+        problems.push(`${shown}: ${value.data.byteLength} bytes do not fill ${target.describe()}`);
       } else if (isHostTensor(value) && !options.allowNonFinite) {
         const bad = nonFiniteCount(value);
         if (bad > 0) {
           problems.push(
-            `${name} holds ${bad} non-finite value(s) (NaN or ±Inf); pass ` +
+            `${shown} holds ${bad} non-finite value(s) (NaN or ±Inf); pass ` +
               "{ allowNonFinite: true } to load it anyway",
           );
         }
       }
     }
-    if (problems.length > 0) {
-      throw new ValueError(
-        `loadStateDict: the state does not fit this ${this.constructor.name} ` +
-          `(nothing was changed):\n  ${problems.join("\n  ")}`,
-      );
-    }
-    for (const [name, target] of own) {
-      const value = converted.get(name);
-      if (!value) continue; // an optional buffer the state does not hold
-      if (isHostTensor(value)) target.writeBytes(value.data);
-      else target.copyFrom(value);
-    }
+    const more = problems.length - MAX_PROBLEMS;
+    fail(
+      ValueError,
+      `loadStateDict: the state does not fit this ${this.constructor.name} (nothing was changed)`,
+      more > 1 ? [...problems.slice(0, MAX_PROBLEMS), `… and ${more} more`] : problems,
+    );
+    writeAll(own, converted);
   }
 
   /**
@@ -238,6 +246,34 @@ export abstract class Module {
       );
     }
   }
+}
+
+/**
+ * Writes every validated value into its destination, as if every GPU source
+ * were copied first: a source that is another destination (a swapped or
+ * shared state dict of the module's own tensors) is snapshotted before any
+ * write, and a source that is its own destination is skipped (a GPU copy
+ * cannot read and write one buffer).
+ */
+function writeAll(own: Map<string, Tensor>, values: Map<string, StateValue>): void {
+  const destinations = new Set([...own.values()].map((t) => t.buffer));
+  const snapshots = new Map<GPUBuffer, Tensor>();
+  for (const [name, target] of own) {
+    const value = values.get(name);
+    if (!value || isHostTensor(value)) continue;
+    const source = value.buffer;
+    if (source === target.buffer || !destinations.has(source) || snapshots.has(source)) continue;
+    const snapshot = untracked(() => Tensor.empty(value.shape, value.dtype, value.gpu));
+    snapshot.copyFrom(value);
+    snapshots.set(source, snapshot);
+  }
+  for (const [name, target] of own) {
+    const value = values.get(name);
+    if (!value) continue; // an optional buffer the state does not hold
+    if (isHostTensor(value)) target.writeBytes(value.data);
+    else if (value.buffer !== target.buffer) target.copyFrom(snapshots.get(value.buffer) ?? value);
+  }
+  for (const snapshot of snapshots.values()) snapshot.dispose();
 }
 
 function isFloat(t: HostTensor): boolean {

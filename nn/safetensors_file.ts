@@ -305,7 +305,7 @@ export async function loadModule(
   try {
     module.loadStateDict(entries, options);
   } catch (err) {
-    throw new ValueError(`loadModule: "${path}": ${(err as Error).message}`, { cause: err });
+    throw new ValueError(`loadModule: ${quoted(path)}: ${(err as Error).message}`, { cause: err });
   }
   return metadata;
 }

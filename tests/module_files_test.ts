@@ -1,6 +1,14 @@
 import assert from "node:assert/strict";
 import { Tensor, ValueError } from "../gpu/mod.ts";
-import { BatchNorm, LayerNorm, Linear, ReLU, Sequential } from "../nn/mod.ts";
+import {
+  BatchNorm,
+  encodeSafetensors,
+  LayerNorm,
+  Linear,
+  ReLU,
+  Sequential,
+  type StateValue,
+} from "../nn/mod.ts";
 import { loadModule, saveModule, saveSafetensors } from "../nn/safetensors_file.ts";
 import { GPU_TEST } from "./_gpu.ts";
 
@@ -171,6 +179,84 @@ Deno.test({
       good.dispose();
       diverged.dispose();
       await Deno.remove(dir, { recursive: true });
+    }
+  },
+});
+
+Deno.test({
+  name: "loadStateDict: a state of the module's own tensors (itself, swapped, shared, views) " +
+    "loads as if copied first",
+  ...GPU_TEST,
+  async fn() {
+    const square = () =>
+      new Sequential(new Linear(4, 4, { seed: 1 }), new ReLU(), new Linear(4, 4, { seed: 2 }));
+    const m = square();
+    const before = await snapshot(m);
+    m.loadStateDict(m.stateDict());
+    assert.deepEqual(await snapshot(m), before, "its own state dict is a no-op");
+    const own = m.stateDict();
+    m.loadStateDict(new Map([...own].map(([name, t]) => [name, t.share()])));
+    assert.deepEqual(await snapshot(m), before, "views of its own tensors too");
+    // Swapped: each layer gets the other's weight, as a copy taken before any write would.
+    const swapped = new Map(own);
+    swapped.set("0.weight", own.get("2.weight")!);
+    swapped.set("2.weight", own.get("0.weight")!);
+    m.loadStateDict(swapped);
+    const after = await snapshot(m);
+    assert.deepEqual(after.get("0.weight"), before.get("2.weight"));
+    assert.deepEqual(after.get("2.weight"), before.get("0.weight"));
+    // Shared: one tensor into two destinations (one of them its own).
+    const fresh = m.stateDict();
+    const shared = new Map(fresh);
+    shared.set("2.weight", fresh.get("0.weight")!);
+    shared.set("2.bias", fresh.get("0.bias")!);
+    m.loadStateDict(shared);
+    const last = await snapshot(m);
+    assert.deepEqual(last.get("2.weight"), after.get("0.weight"));
+    assert.deepEqual(last.get("0.weight"), after.get("0.weight"));
+    assert.deepEqual(last.get("2.bias"), after.get("0.bias"));
+    m.dispose();
+  },
+});
+
+Deno.test({
+  name: "loadStateDict/loadModule: long names are cut in one short message; unknown and " +
+    "disposed sources are refused with nothing written",
+  ...GPU_TEST,
+  async fn() {
+    const m = model(1);
+    const before = await snapshot(m);
+    const huge = "x".repeat(10_000_000);
+    const host = { dtype: "f32" as const, shape: [1], data: new Uint8Array(4) };
+    const state = new Map<string, StateValue>(m.stateDict());
+    state.set(huge, host);
+    assert.throws(() => m.loadStateDict(state), (err: Error) => {
+      assert.ok(err instanceof ValueError, `${err}`);
+      assert.ok(err.message.length < 300, `${err.message.length} characters`);
+      assert.match(err.message, /: unexpected x{79}…\.$/);
+      return true;
+    });
+    const disposed = Tensor.zeros([5]);
+    disposed.dispose();
+    const withDisposed = new Map<string, StateValue>(m.stateDict());
+    withDisposed.set("0.bias", Tensor.from([1, 2, 3, 4, 5], [5]));
+    withDisposed.set("1.weight", disposed);
+    assert.throws(() => m.loadStateDict(withDisposed), /1\.weight.*disposed/);
+    assert.deepEqual(await snapshot(m), before, "nothing was written");
+    // Through a file: a 10 MB name in the header.
+    const dir = await Deno.makeTempDir();
+    try {
+      const path = `${dir}/long.safetensors`;
+      await Deno.writeFile(path, encodeSafetensors(new Map([[huge, host]])));
+      await assert.rejects(loadModule(path, m), (err: Error) => {
+        assert.ok(err instanceof ValueError, `${err}`);
+        assert.ok(err.message.length < 400, `${err.message.length} characters`);
+        return true;
+      });
+      assert.deepEqual(await snapshot(m), before);
+    } finally {
+      await Deno.remove(dir, { recursive: true });
+      m.dispose();
     }
   },
 });
