@@ -6,7 +6,8 @@
  * the scale update. Nothing in it reads back to the CPU.
  */
 import { getGpu } from "../gpu/device.ts";
-import { fail, ValueError } from "../gpu/errors.ts";
+import { fail, type HalfstepErrorClass, ShapeError, ValueError } from "../gpu/errors.ts";
+import type { GradNode } from "../gpu/autograd.ts";
 import { warnOnce } from "../gpu/runtime_state.ts";
 import { scale } from "../gpu/ops/elementwise.ts";
 import { tidy } from "../gpu/scope.ts";
@@ -17,6 +18,40 @@ import { autocast } from "./autocast.ts";
 import { GradScaler, type GradScalerOptions, type GradScalerState } from "./grad_scaler.ts";
 import { MasterWeights } from "./master_weights.ts";
 import type { AutocastLists } from "./policy.ts";
+
+/**
+ * What makes `loss` unfit for a step, from shapes alone (no GPU read): not a
+ * scalar, or computed from an empty batch — a tensor with no elements in its
+ * graph — whose NaN mean would give zero gradients and an unskipped step.
+ */
+function lossProblem(loss: Tensor): { kind: HalfstepErrorClass; what: string } | null {
+  if (loss.size !== 1) {
+    return {
+      kind: ShapeError,
+      what: `the loss must be a scalar, got ${loss.describe()}; reduce it with mean() or sum().`,
+    };
+  }
+  const seen = new Set<GradNode>();
+  const stack = loss.gradFn ? [loss.gradFn] : [];
+  while (stack.length > 0) {
+    const node = stack.pop()!;
+    const empty = node.inputs.find((t) => t.size === 0);
+    if (empty) {
+      return {
+        kind: ValueError,
+        what: `the loss comes from an empty batch (${node.op} of ${empty.describe()}); ` +
+          "skip batches with no rows.",
+      };
+    }
+    for (const { gradFn } of node.inputs) {
+      if (gradFn && !seen.has(gradFn)) {
+        seen.add(gradFn);
+        stack.push(gradFn);
+      }
+    }
+  }
+  return null;
+}
 
 /** Options of {@link AmpTrainer}. */
 export interface AmpTrainerOptions {
@@ -145,6 +180,11 @@ export class AmpTrainer {
    */
   step(computeLoss: () => Tensor): Tensor {
     const loss = tidy(() => this.autocast(computeLoss));
+    const problem = lossProblem(loss);
+    if (problem) {
+      loss.dispose(); // drops its graph too: nothing of this micro-batch is kept
+      fail(problem.kind, "AmpTrainer.step", problem.what);
+    }
     const scaled = tidy(() => {
       const divided = this.accumulationSteps === 1 ? loss : scale(loss, 1 / this.accumulationSteps);
       return this.scaler.scale(divided);

@@ -384,17 +384,31 @@ export class Gpu {
     this.#failure ??= new GpuError(message);
   }
 
-  #createBuffer(bytes: number, label: string): GPUBuffer {
-    this.throwIfFailed();
-    const limit = this.device.limits.maxStorageBufferBindingSize;
-    if (bytes > limit) {
+  /**
+   * Throws a {@link GpuError} from `op` when a buffer of `bytes` for `what`
+   * (e.g. `f32 tensor [2, 3]`) exceeds what this adapter allows one buffer to
+   * hold and a kernel to bind (the lower of `maxBufferSize` and
+   * `maxStorageBufferBindingSize`). Called before anything is allocated, on
+   * the host or the GPU. @internal
+   */
+  assertBufferFits(op: string, what: string, bytes: number): void {
+    const { maxBufferSize, maxStorageBufferBindingSize } = this.device.limits;
+    const [name, limit] = maxBufferSize < maxStorageBufferBindingSize
+      ? ["maxBufferSize", maxBufferSize]
+      : ["maxStorageBufferBindingSize", maxStorageBufferBindingSize];
+    if (!(bytes <= limit)) {
       fail(
         GpuError,
-        "Gpu",
-        `cannot allocate ${label}: ${bytes} bytes exceeds this adapter's ` +
-          `maxStorageBufferBindingSize of ${limit} bytes. Use smaller tensors (split the batch).`,
+        op,
+        `${what} needs ${bytes} bytes, over this adapter's ${name} of ${limit} bytes. ` +
+          "Use smaller tensors (split the batch).",
       );
     }
+  }
+
+  #createBuffer(bytes: number, label: string): GPUBuffer {
+    this.throwIfFailed();
+    this.assertBufferFits("Gpu", label, bytes);
     this.device.pushErrorScope("out-of-memory");
     this.device.pushErrorScope("validation");
     const buffer = this.device.createBuffer({ label, size: bytes, usage: POOL_USAGE });

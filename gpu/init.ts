@@ -7,7 +7,8 @@ import {
   type MatmulTiling,
   setDefaultGpu,
 } from "./device.ts";
-import { fail, GpuError, ValueError } from "./errors.ts";
+import { fail, GpuError } from "./errors.ts";
+import { checkInitGpuOptions } from "./init_options.ts";
 import { DEFAULT_TILING, tuneMatmul } from "./matmul_tuning.ts";
 import { tuneAttention } from "./attention_tuning.ts";
 import { warnOnce } from "./runtime_state.ts";
@@ -76,10 +77,8 @@ const NO_ADAPTER_HELP = "On a machine without a GPU, install the Vulkan CPU driv
  * ```
  */
 export async function initGpu(options: InitGpuOptions = {}): Promise<Gpu> {
+  checkInitGpuOptions(options);
   const mode = options.f16 ?? "auto";
-  if (!["auto", "require", "off"].includes(mode)) {
-    fail(ValueError, "initGpu", `f16 must be "auto", "require" or "off", not ${String(mode)}.`);
-  }
   if (typeof navigator === "undefined" || !navigator.gpu) {
     fail(
       GpuError,
@@ -103,13 +102,6 @@ export async function initGpu(options: InitGpuOptions = {}): Promise<Gpu> {
   }
   const useF16 = hasF16 && mode !== "off";
   const accumulation = options.f16Accumulation ?? "f32";
-  if (accumulation !== "f32" && accumulation !== "chunked") {
-    fail(
-      ValueError,
-      "initGpu",
-      `f16Accumulation must be "f32" or "chunked", not ${String(accumulation)}.`,
-    );
-  }
   if (mode === "auto" && !hasF16) warnOnce("the adapter has no shader-f16; running in f32.");
 
   const requiredLimits: Record<string, number> = {};
@@ -137,7 +129,7 @@ export async function initGpu(options: InitGpuOptions = {}): Promise<Gpu> {
       ? defaultFlushPolicy(adapter.info)
       : flush === "read"
       ? { maxDispatches: Infinity, maxWork: Infinity }
-      : checkFlushPolicy(flush),
+      : flush,
   });
   gpu.pool.limitBytes = memoryLimit(options.memoryLimitBytes, adapter.info);
   if ((options.matmulTiling ?? "tune") === "tune") {
@@ -169,12 +161,7 @@ const GIB = 2 ** 30;
 
 /** The memory limit: the user's, or the default for the adapter (see InitGpuOptions). */
 function memoryLimit(given: number | undefined, info: GPUAdapterInfo): number {
-  if (given !== undefined) {
-    if (!(given > 0)) {
-      fail(ValueError, "initGpu", `memoryLimitBytes must be a number > 0, not ${given}.`);
-    }
-    return given;
-  }
+  if (given !== undefined) return given; // checked by checkInitGpuOptions
   if (!info.isFallbackAdapter) return Infinity;
   try {
     // deno-lint-ignore no-explicit-any
@@ -186,19 +173,6 @@ function memoryLimit(given: number | undefined, info: GPUAdapterInfo): number {
     }
   } catch { /* not Deno, or no permission: the fixed default */ }
   return 4 * GIB;
-}
-
-function checkFlushPolicy(policy: FlushPolicy): FlushPolicy {
-  const ok = (x: unknown) => typeof x === "number" && x >= 1;
-  if (!ok(policy?.maxDispatches) || !ok(policy?.maxWork)) {
-    fail(
-      ValueError,
-      "initGpu",
-      `flush must be "auto", "read" or { maxDispatches, maxWork } with both >= 1 ` +
-        `(Infinity allowed), not ${JSON.stringify(policy)}.`,
-    );
-  }
-  return policy;
 }
 
 /** The debug switch: `HALFSTEP_DEBUG=1` (or `AMP_DEBUG=1`), read only where the runtime grants it without a prompt. */

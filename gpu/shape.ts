@@ -1,4 +1,5 @@
 import { ShapeError } from "./errors.ts";
+import { shortValue } from "./short_text.ts";
 
 /** A tensor's extents, outermost first (row-major). */
 export type Shape = readonly number[];
@@ -17,6 +18,11 @@ export function shapeString(shape: Shape): string {
 
 /** Throws unless every extent is a non-negative integer. */
 export function assertValidShape(op: string, shape: Shape): void {
+  if (!Array.isArray(shape)) {
+    throw new ShapeError(
+      `${op}: the shape must be an array of extents such as [2, 3], got ${shortValue(shape)}.`,
+    );
+  }
   for (const d of shape) {
     if (!Number.isInteger(d) || d < 0) {
       throw new ShapeError(

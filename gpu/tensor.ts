@@ -7,6 +7,7 @@ import { getGpu, type Gpu } from "./device.ts";
 import { DTypeError, fail, ShapeError, StateError, ValueError } from "./errors.ts";
 import { assertValidShape, sameShape, type Shape, shapeString, sizeOf } from "./shape.ts";
 import { track } from "./scope.ts";
+import { shortValue } from "./short_text.ts";
 // Types only: the tape's nodes carry the backward pass, so this file needs no
 // runtime import of autograd.ts (which imports Tensor).
 import type { BackwardOptions, GradNode } from "./autograd.ts";
@@ -40,6 +41,14 @@ class Storage {
 /** Bytes a buffer needs for `size` elements of `dtype` (copies move whole 4-byte words). */
 export function bufferBytes(size: number, dtype: DType): number {
   return Math.max(4, Math.ceil((size * bytesPerElement(dtype)) / 4) * 4);
+}
+
+/**
+ * Throws a clear GpuError from `op` when a tensor of this shape and dtype
+ * cannot be one buffer of `gpu`; call it before allocating host memory for one.
+ */
+export function assertTensorFits(op: string, shape: Shape, dtype: DType, gpu: Gpu): void {
+  gpu.assertBufferFits(op, `${dtype} ${shapeString(shape)}`, bufferBytes(sizeOf(shape), dtype));
 }
 
 /**
@@ -130,6 +139,13 @@ export class Tensor {
     const dtype = options.dtype ?? "f32";
     assertDType("Tensor.from", dtype);
     assertValidShape("Tensor.from", shape);
+    if (typeof (data as ArrayLike<number> | null)?.length !== "number") {
+      fail(
+        ValueError,
+        "Tensor.from",
+        `data must be an array or typed array of numbers, got ${shortValue(data)}.`,
+      );
+    }
     const size = sizeOf(shape);
     if (data.length !== size) {
       fail(
@@ -157,12 +173,20 @@ export class Tensor {
 
   /** A tensor of zeros. */
   static zeros(shape: Shape, options: TensorOptions = {}): Tensor {
-    return Tensor.full(shape, 0, options);
+    return Tensor.#filled("Tensor.zeros", shape, 0, options);
   }
 
   /** A tensor with every element equal to `value`. */
   static full(shape: Shape, value: number, options: TensorOptions = {}): Tensor {
-    assertValidShape("Tensor.full", shape);
+    return Tensor.#filled("Tensor.full", shape, value, options);
+  }
+
+  static #filled(op: string, shape: Shape, value: number, options: TensorOptions): Tensor {
+    const dtype = options.dtype ?? "f32";
+    assertDType(op, dtype);
+    assertValidShape(op, shape);
+    // Before the host array: V8 would throw its own RangeError for a huge one.
+    assertTensorFits(op, shape, dtype, options.gpu ?? getGpu());
     return Tensor.from(new Float32Array(sizeOf(shape)).fill(value), shape, options);
   }
 
@@ -173,6 +197,7 @@ export class Tensor {
   static empty(shape: Shape, dtype: DType = "f32", gpu: Gpu = getGpu()): Tensor {
     assertDType("Tensor.empty", dtype);
     assertValidShape("Tensor.empty", shape);
+    assertTensorFits("Tensor.empty", shape, dtype, gpu);
     if (dtype === "f16" && !gpu.f16) {
       fail(
         DTypeError,

@@ -4,7 +4,8 @@
  * segments (√n of them by default, or as many as a memory budget needs) and
  * checkpoints each, as PyTorch's `checkpoint_sequential` does.
  */
-import { ValueError } from "../gpu/errors.ts";
+import { fail, ValueError } from "../gpu/errors.ts";
+import { shortValue } from "../gpu/short_text.ts";
 import { noGrad } from "../gpu/autograd.ts";
 import { bytesPerElement } from "../gpu/dtype.ts";
 import { checkpoint } from "../gpu/checkpoint.ts";
@@ -120,6 +121,26 @@ function estimate(
 }
 
 /**
+ * Throws a ValueError from `where` unless `spec` is a {@link SegmentSpec}: a
+ * positive integer, `"auto"` or `{ budgetBytes }` with budgetBytes > 0.
+ */
+export function checkSegmentSpec(where: string, spec: unknown): asserts spec is SegmentSpec {
+  const budget =
+    typeof spec === "object" && spec !== null && Object.keys(spec).join() === "budgetBytes"
+      ? (spec as { budgetBytes: unknown }).budgetBytes
+      : undefined;
+  const ok = spec === "auto" || (typeof budget === "number" && budget > 0) ||
+    (typeof spec === "number" && Number.isInteger(spec) && spec >= 1);
+  if (ok) return;
+  fail(
+    ValueError,
+    where,
+    `${shortValue(spec)} is not a checkpoint spec; give a segment count (an integer >= 1), ` +
+      '"auto" (about √n segments) or { budgetBytes } with budgetBytes > 0.',
+  );
+}
+
+/**
  * Chooses segments for `layers` and `input`: a fixed count, about √n, or the
  * fewest segments whose estimated peak fits `budgetBytes` (the lowest
  * estimate when none fits; `fits` then says so). Runs the layers once
@@ -132,6 +153,7 @@ export function planCheckpointSegments(
 ): CheckpointPlan {
   const n = layers.length;
   if (n === 0) throw new ValueError("checkpointSequential: no layers given.");
+  checkSegmentSpec("checkpointSequential", spec);
   const sizes = activationBytes(layers, input);
   const inputBytes = input.size * bytesPerElement(input.dtype);
   const plainPeakBytes = sizes.reduce((a, b) => a + b, inputBytes);
@@ -140,19 +162,7 @@ export function planCheckpointSegments(
     return { segments, estimatedPeakBytes: estimate(sizes, inputBytes, segments), plainPeakBytes };
   };
   if (spec === "auto") return { ...planFor(Math.sqrt(n)), fits: true };
-  if (typeof spec === "number") {
-    if (!Number.isInteger(spec) || spec < 1) {
-      throw new ValueError(
-        `checkpointSequential: segments must be a positive integer or "auto", got ${spec}.`,
-      );
-    }
-    return { ...planFor(spec), fits: true };
-  }
-  if (!(spec.budgetBytes > 0)) {
-    throw new ValueError(
-      `checkpointSequential: budgetBytes must be positive, got ${spec.budgetBytes}.`,
-    );
-  }
+  if (typeof spec === "number") return { ...planFor(spec), fits: true };
   let best = planFor(1);
   for (let count = 1; count <= n; count++) {
     const plan = planFor(count);

@@ -1,10 +1,10 @@
 /** Seeded parameter initialisation (PyTorch's defaults), drawn on the CPU then uploaded. */
 import type { FloatDType } from "../gpu/dtype.ts";
-import type { Gpu } from "../gpu/device.ts";
+import { getGpu, type Gpu } from "../gpu/device.ts";
 import { RandomGenerator } from "../gpu/random.ts";
 import type { Shape } from "../gpu/shape.ts";
 import { sizeOf } from "../gpu/shape.ts";
-import { Tensor } from "../gpu/tensor.ts";
+import { assertTensorFits, Tensor } from "../gpu/tensor.ts";
 
 /** Where initial values come from: a seed, or a shared generator. */
 export type InitSource = number | RandomGenerator;
@@ -26,12 +26,19 @@ export interface ParameterOptions {
 
 /** A tensor of `shape` with values uniform in [−bound, bound). */
 export function uniformTensor(shape: Shape, bound: number, options: ParameterOptions): Tensor {
+  assertParameterFits(shape, options);
   const values = generatorOf(options.seed).uniform(sizeOf(shape), -bound, bound);
   return Tensor.from(values, shape, { dtype: options.dtype, gpu: options.gpu });
 }
 
 /** A tensor of `shape` with values N(0, std²). */
 export function normalTensor(shape: Shape, std: number, options: ParameterOptions): Tensor {
+  assertParameterFits(shape, options);
   const values = generatorOf(options.seed).normal(sizeOf(shape), 0, std);
   return Tensor.from(values, shape, { dtype: options.dtype, gpu: options.gpu });
+}
+
+/** A clear error before the host draws values for a parameter too large for the device. */
+function assertParameterFits(shape: Shape, options: ParameterOptions): void {
+  assertTensorFits("parameter init", shape, options.dtype ?? "f32", options.gpu ?? getGpu());
 }

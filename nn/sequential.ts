@@ -3,6 +3,7 @@ import { isGradEnabled } from "../gpu/autograd.ts";
 import type { Tensor } from "../gpu/tensor.ts";
 import {
   type CheckpointPlan,
+  checkSegmentSpec,
   planCheckpointSegments,
   runCheckpointed,
   type SegmentSpec,
@@ -29,11 +30,19 @@ import { Module } from "./module.ts";
 export class Sequential extends Module {
   /** The layers, in order. */
   readonly layers: readonly Module[];
+  #checkpoint: SegmentSpec | null = null;
   /**
    * Gradient checkpointing while training with the tape on: a segment count,
    * `"auto"` (≈ √n), or `{ budgetBytes }`; null (default) keeps every activation.
+   * Any other value is refused when set.
    */
-  checkpoint: SegmentSpec | null = null;
+  get checkpoint(): SegmentSpec | null {
+    return this.#checkpoint;
+  }
+  set checkpoint(spec: SegmentSpec | null) {
+    if (spec !== null) checkSegmentSpec("Sequential.checkpoint", spec);
+    this.#checkpoint = spec;
+  }
   /** The plan the last checkpointed forward used (segments and estimated memory). */
   lastCheckpointPlan: CheckpointPlan | null = null;
 

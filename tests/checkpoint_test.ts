@@ -197,7 +197,7 @@ Deno.test({
     output.dispose();
     assert.throws(
       () => checkpointSequential(model.layers, 0, x),
-      /segments must be a positive integer or "auto", got 0/,
+      /checkpointSequential: 0 is not a checkpoint spec; give a segment count/,
     );
   },
 });

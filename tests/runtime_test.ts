@@ -69,7 +69,7 @@ Deno.test({
       () => Tensor.empty([limit / 2 + 1], "f32"),
       (e: Error) =>
         e instanceof GpuError &&
-        /cannot allocate f32 tensor \[\d+\]: \d+ bytes exceeds/.test(e.message),
+        /^Tensor\.empty: f32 \[\d+\] needs \d+ bytes, over this adapter's max/.test(e.message),
     );
     assert.deepEqual(gpu.memoryStats(), before, "a failed allocation changes no statistics");
   },

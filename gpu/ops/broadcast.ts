@@ -4,12 +4,13 @@
  * contiguous block of axes (a bias over rows, a per-row value, a scalar...).
  */
 import type { Broadcast } from "../kernels/elementwise.ts";
+import { ShapeError } from "../errors.ts";
 import { type Shape, shapeString, sizeOf } from "../shape.ts";
 
 /** How `operand` repeats to fill `target`, or a clear error when it cannot. */
 export function broadcastInto(op: string, target: Shape, operand: Shape): Broadcast {
   const fail = (why: string) =>
-    new RangeError(
+    new ShapeError(
       `${op}: cannot broadcast shape ${shapeString(operand)} to ${shapeString(target)}: ${why}.`,
     );
   if (operand.length > target.length) throw fail("the operand has more dimensions");

@@ -1,6 +1,23 @@
 /** Input checks shared by ops; every message names the op, the shapes and the dtypes. */
 import { DTypeError, ValueError } from "../errors.ts";
-import type { Tensor } from "../tensor.ts";
+import { Tensor } from "../tensor.ts";
+import { shortValue } from "../short_text.ts";
+
+/**
+ * Throws unless every value is a live-or-disposed Tensor: from plain
+ * JavaScript a number or an array passed where a tensor belongs would
+ * otherwise fail later with a TypeError deep inside the op.
+ */
+export function assertTensors(op: string, ...values: unknown[]): void {
+  values.forEach((v, i) => {
+    if (v instanceof Tensor) return;
+    const which = values.length === 1 ? "the input" : `operand ${i + 1}`;
+    throw new ValueError(
+      `${op}: ${which} must be a Tensor, got ${shortValue(v)} (${typeof v}); ` +
+        "make one with Tensor.from(values, shape).",
+    );
+  });
+}
 
 /** Throws unless `a` and `b` have the same dtype. */
 export function assertSameDtype(op: string, a: Tensor, b: Tensor): void {

@@ -6,6 +6,7 @@
 import { record } from "../autograd.ts";
 import { assertDType, type DType } from "../dtype.ts";
 import { fail, ValueError } from "../errors.ts";
+import { shortValue } from "../short_text.ts";
 import {
   type BinaryOp,
   type Broadcast,
@@ -19,7 +20,7 @@ import type { Tensor } from "../tensor.ts";
 import { autocastInputs, autocastInputsWidenedInKernel } from "../autocast_hook.ts";
 import type { AutocastOpName } from "../op_registry.ts";
 import { broadcastInto, isSame, reductionOf } from "./broadcast.ts";
-import { assertSameDtype, assertSameGpu } from "./checks.ts";
+import { assertSameDtype, assertSameGpu, assertTensors } from "./checks.ts";
 
 /** Sums a gradient of the output's shape down to the broadcast operand's shape, times `scale`. */
 function reduceToOperand(g: Tensor, operand: Tensor, b: Broadcast, scale = 1): Tensor {
@@ -43,6 +44,7 @@ function binary(
   a0: Tensor,
   b0: Tensor,
 ): { a: Tensor; b: Tensor; y: Tensor; bc: Broadcast } {
+  assertTensors(op, a0, b0);
   const { inputs: [a, b], widened } = autocastInputsWidenedInKernel(op, [a0, b0]);
   assertSameGpu(op, a, b);
   if (!widened) assertSameDtype(op, a, b);
@@ -186,6 +188,10 @@ function unary(
   s = 0,
   kernel: UnaryKernel = op as UnaryKernel,
 ): Tensor {
+  assertTensors(op, x0);
+  if (typeof s !== "number") {
+    fail(ValueError, op, `the scalar must be a number, got ${shortValue(s)} (${typeof s}).`);
+  }
   const [x] = autocastInputs(op, [x0]);
   const y = launchUnary(kernel, x, { scalar: s });
   const { saves, grad } = UNARY_GRADS[kernel];

@@ -12,6 +12,7 @@ import { Tensor } from "../tensor.ts";
 import { autocastInputs, releaseCasts } from "../autocast_hook.ts";
 import type { DType } from "../dtype.ts";
 import { product, resolve, type Resolved } from "./matmul.ts";
+import { assertTensors } from "./checks.ts";
 
 /** Options of {@link linear}. */
 export interface LinearOptions {
@@ -51,6 +52,7 @@ const GELU_KERNEL = { none: "gelu_erf", tanh: "gelu" } as const;
  * ```
  */
 export function linear(x0: Tensor, weight0: Tensor, options: LinearOptions = {}): Tensor {
+  assertTensors("linear", x0, weight0);
   // The bias stays as given: the epilogue adds an f32 bias to f16 products.
   const [x, weight] = autocastInputs("linear", [x0, weight0]);
   const gradTarget = weightGradTarget(weight0, weight);

@@ -9,7 +9,7 @@ import { record } from "../autograd.ts";
 import { dispatchMatmul, type MatmulProblem } from "../kernels/matmul.ts";
 import { Tensor } from "../tensor.ts";
 import { autocastInputs } from "../autocast_hook.ts";
-import { assertSameDtype, assertSameGpu } from "./checks.ts";
+import { assertSameDtype, assertSameGpu, assertTensors } from "./checks.ts";
 
 /** Options of {@link matmul}. */
 export interface MatmulOptions {
@@ -33,10 +33,11 @@ export function resolve(
   transA: boolean,
   transB: boolean,
 ): Resolved {
+  assertTensors(op, a, b);
   assertSameGpu(op, a, b);
   assertSameDtype(op, a, b);
   const fail = (why: string) =>
-    new RangeError(
+    new ShapeError(
       `${op}: cannot multiply ${a.describe()}${transA ? "ᵀ" : ""} by ` +
         `${b.describe()}${transB ? "ᵀ" : ""}: ${why}.`,
     );

@@ -2,7 +2,8 @@
 import { record } from "../autograd.ts";
 import { fail, ShapeError } from "../errors.ts";
 import { launchNarrow, launchNarrowBackward } from "../kernels/narrow.ts";
-import { normalizeAxis } from "../shape.ts";
+import { normalizeAxis, shapeString } from "../shape.ts";
+import { shortValue } from "../short_text.ts";
 import type { Tensor } from "../tensor.ts";
 
 /**
@@ -62,12 +63,17 @@ export function narrow(x: Tensor, axis: number, start: number, length: number): 
  */
 export function split(x: Tensor, sizes: readonly number[], axis = 0): Tensor[] {
   const a = normalizeAxis("split", axis, x.rank);
-  const total = sizes.reduce((s, n) => s + n, 0);
-  if (!sizes.every((n) => Number.isInteger(n) && n >= 0) || total !== x.shape[a]) {
+  const total = Array.isArray(sizes) ? sizes.reduce((s, n) => s + n, 0) : NaN;
+  if (
+    !Array.isArray(sizes) || !sizes.every((n) => Number.isInteger(n) && n >= 0) ||
+    total !== x.shape[a]
+  ) {
     fail(
       ShapeError,
       "split",
-      `sizes [${sizes.join(", ")}] must be integers ≥ 0 adding up to ${x.shape[a]}, the extent ` +
+      `sizes ${
+        Array.isArray(sizes) ? shapeString(sizes) : shortValue(sizes)
+      } must be integers ≥ 0 adding up to ${x.shape[a]}, the extent ` +
         `of axis ${axis} of ${x.describe()}.`,
     );
   }
