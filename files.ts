@@ -30,5 +30,6 @@ export {
   loadTrainingState,
   type SavableOptimizer,
   saveTrainingState,
+  type SaveTrainingStateOptions,
   type TrainingStateParts,
 } from "./amp/training_state_file.ts";

@@ -58,7 +58,7 @@ export {
   noGrad,
 } from "./gpu/autograd.ts";
 export { checkpoint } from "./gpu/checkpoint.ts";
-export { RandomGenerator, type RandomRange } from "./gpu/random.ts";
+export { RandomGenerator, type RandomRange, type RandomState } from "./gpu/random.ts";
 export {
   add,
   addScalar,
@@ -131,6 +131,7 @@ export {
   type LinearWarmupDecayOptions,
   type LrSchedule,
   LrScheduler,
+  type LrSchedulerState,
   SGD,
   type SGDGroup,
   type SGDOptions,

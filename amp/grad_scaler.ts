@@ -364,8 +364,26 @@ export class GradScaler {
     };
   }
 
+  /**
+   * Throws a ValueError naming the first field of `state` this scaler cannot
+   * load (its type, range or mode); changes nothing.
+   */
+  checkStateDict(state: GradScalerState): void {
+    this.#parseState(state);
+  }
+
   /** Restores a {@link GradScalerState}: validates every field, then writes the GPU state. */
   loadStateDict(state: GradScalerState): void {
+    const { s, scale, tracker, left, skipped } = this.#parseState(state);
+    this.#s = s;
+    this.#scale.writeBytes(new Uint8Array(new Float32Array([scale]).buffer));
+    this.#foundInf.writeBytes(new Uint8Array(4));
+    this.#counters.writeBytes(new Uint8Array(new Int32Array([tracker, left, skipped, 0]).buffer));
+    this.#stages.clear();
+  }
+
+  /** The checked fields of `state` (throws on the first bad one). */
+  #parseState(state: GradScalerState) {
     this.#live("loadStateDict");
     if (typeof state !== "object" || state === null || typeof state.options !== "object") {
       fail(
@@ -407,11 +425,7 @@ export class GradScaler {
       );
     }
     const skipped = checkCount("loadStateDict", "skippedSteps", state.skippedSteps, 0);
-    this.#s = s;
-    this.#scale.writeBytes(new Uint8Array(new Float32Array([scale]).buffer));
-    this.#foundInf.writeBytes(new Uint8Array(4));
-    this.#counters.writeBytes(new Uint8Array(new Int32Array([tracker, left, skipped, 0]).buffer));
-    this.#stages.clear();
+    return { s, scale, tracker, left, skipped };
   }
 
   /** Frees the GPU state; the scaler is unusable afterwards. Idempotent. */

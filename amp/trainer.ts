@@ -236,18 +236,34 @@ export class AmpTrainer {
     };
   }
 
-  /** Restores {@link stateDict} output; load the model and optimizer states yourself. */
-  loadStateDict(state: AmpTrainerState): void {
-    if (
-      !Number.isInteger(state.microStep) || state.microStep < 0 ||
-      state.microStep >= this.accumulationSteps
-    ) {
+  /**
+   * Throws a ValueError naming the first field of `state` this trainer
+   * cannot load (counters' types and ranges, the scaler's fields); changes
+   * nothing.
+   */
+  checkStateDict(state: AmpTrainerState): void {
+    const where = "AmpTrainer.loadStateDict";
+    if (typeof state !== "object" || state === null) {
+      fail(ValueError, where, "state must be an object from stateDict().");
+    }
+    const shown = (v: unknown) => typeof v === "number" ? v : typeof v;
+    const { microStep, steps } = state;
+    if (!Number.isInteger(microStep) || microStep < 0 || microStep >= this.accumulationSteps) {
       fail(
         ValueError,
-        "AmpTrainer.loadStateDict",
-        `microStep ${state.microStep} is outside [0, ${this.accumulationSteps}).`,
+        where,
+        `microStep ${shown(microStep)} is outside [0, ${this.accumulationSteps}).`,
       );
     }
+    if (!Number.isSafeInteger(steps) || steps < 0) {
+      fail(ValueError, where, `steps must be an integer >= 0, got ${shown(steps)}.`);
+    }
+    this.scaler.checkStateDict(state.scaler);
+  }
+
+  /** Restores {@link stateDict} output; load the model and optimizer states yourself. */
+  loadStateDict(state: AmpTrainerState): void {
+    this.checkStateDict(state);
     this.scaler.loadStateDict(state.scaler);
     this.masters?.refresh();
     this.#microStep = state.microStep;

@@ -6,47 +6,74 @@
  * (`model.<name>`), gradients accumulated so far in an unfinished effective
  * batch (`grad.<name>`), and the optimizer's fp32 state (`optimizer.<param>.<buffer>`);
  * the header's metadata holds the rest as JSON (optimizer hyper-parameters
- * and step count, the loss scaler and accumulation counters, user data).
- * Resuming from it continues a run exactly.
+ * and step count, the loss scaler and accumulation counters, the LR
+ * scheduler, where each random generator of the model stands, which
+ * gradients were saved, user data). Resuming from it continues a run
+ * exactly, Dropout masks included. Loading checks everything
+ * (`training_state_parse.ts`) before it writes anything.
  */
-import { fail, ValueError } from "../gpu/errors.ts";
+import { fail, HalfstepError, ValueError } from "../gpu/errors.ts";
 import { untracked } from "../gpu/scope.ts";
 import { Tensor } from "../gpu/tensor.ts";
-import { type LoadStateOptions, type Module, nonFiniteCount } from "../nn/module.ts";
-import { entryToTensor, type SafetensorsEntry } from "../nn/safetensors.ts";
+import type { LoadStateOptions, Module } from "../nn/module.ts";
+import { entryToTensor } from "../nn/safetensors.ts";
 import { loadSafetensors, saveSafetensors } from "../nn/safetensors_file.ts";
-import type { OptimizerStateDict } from "../optim/mod.ts";
-import type { AmpTrainer, AmpTrainerState } from "./trainer.ts";
-
-/** The format id in the header's metadata (0.1 wrote "halfstep-checkpoint-1", still read). */
-const FORMAT = "halfstep-training-state-1";
-const FORMATS_READ = [FORMAT, "halfstep-checkpoint-1"];
+import type { LrScheduler, OptimizerStateDict } from "../optim/mod.ts";
+import { moduleGenerators } from "./module_generators.ts";
+import type { AmpTrainer } from "./trainer.ts";
+import {
+  FORMAT,
+  oneLine,
+  type OptimizerSkeleton,
+  planTrainingState,
+  type Reject,
+  rejecter,
+  type TrainingStatePlan,
+} from "./training_state_parse.ts";
 
 /** An optimizer whose state can be saved (`SGD`, `Adam`, `AdamW`). */
 export interface SavableOptimizer {
   /** Its state as plain data (a sync point). */
   stateDict(): Promise<OptimizerStateDict>;
+  /** Throws unless `state` can be loaded; changes nothing. */
+  checkStateDict(state: OptimizerStateDict, options?: LoadStateOptions): void;
   /** Restores it, all or nothing. */
-  loadStateDict(state: OptimizerStateDict): void;
+  loadStateDict(state: OptimizerStateDict, options?: LoadStateOptions): void;
 }
 
 /** What a training state holds; only `model` is required. */
 export interface TrainingStateParts {
-  /** The model. */
+  /** The model (with the state of its modules' random generators: Dropout masks). */
   model: Module;
   /** Its optimizer. */
   optimizer?: SavableOptimizer;
   /** The AMP trainer (loss scaler and accumulation counters). */
   trainer?: AmpTrainer;
+  /** The learning-rate scheduler (base learning rates and step). */
+  scheduler?: LrScheduler;
+}
+
+/** Options of {@link saveTrainingState}. */
+export interface SaveTrainingStateOptions {
+  /** Any JSON-safe value (the epoch, the data order), returned by {@link loadTrainingState}. */
+  extra?: unknown;
+  /**
+   * Save NaN / ±Inf weights, gradients or optimizer state anyway (default
+   * false: the save is refused, naming the tensor, and the file already at
+   * `path` stays as it was, so a diverged run never replaces a good state).
+   */
+  allowNonFinite?: boolean;
 }
 
 /**
- * Saves `parts` (and JSON-safe `extra` data such as the epoch) to `path`
- * atomically. **A sync point**: reads every tensor back.
+ * Saves `parts` (and JSON-safe `options.extra` data such as the epoch) to
+ * `path` atomically. Refuses, by default, a state holding NaN or ±Inf (the
+ * run has diverged): the file at `path` is left as it was. **A sync point**:
+ * reads every tensor back.
  *
  * @param path Destination file.
- * @param parts Model, optimizer and trainer to save.
- * @param extra Any JSON-safe value, returned by {@link loadTrainingState}.
+ * @param parts Model, optimizer, trainer and scheduler to save.
+ * @param options `extra` (returned by {@link loadTrainingState}) and `allowNonFinite`.
  * @returns When the file is in place.
  * @example
  * ```ts
@@ -57,7 +84,7 @@ export interface TrainingStateParts {
  * const model = new Linear(4, 2, { seed: 1 });
  * const optimizer = new AdamW(model.parameters());
  * const trainer = new AmpTrainer(model, optimizer);
- * await saveTrainingState(path, { model, optimizer, trainer }, { epoch: 3 });
+ * await saveTrainingState(path, { model, optimizer, trainer }, { extra: { epoch: 3 } });
  * console.assert((await Deno.stat(path)).isFile);
  * await Deno.remove(dir, { recursive: true });
  * trainer.dispose();
@@ -67,23 +94,46 @@ export interface TrainingStateParts {
 export async function saveTrainingState(
   path: string,
   parts: TrainingStateParts,
-  extra: unknown = null,
+  options: SaveTrainingStateOptions = {},
 ): Promise<void> {
+  const where = "saveTrainingState";
+  const unknown = Object.keys(options ?? {}).filter((k) => k !== "extra" && k !== "allowNonFinite");
+  if (unknown.length > 0) {
+    fail(
+      ValueError,
+      where,
+      `unknown option(s) ${unknown.slice(0, 3).join(", ")} (known: extra, allowNonFinite); ` +
+        "pass your own data as { extra }.",
+    );
+  }
+  let extra: string;
+  try {
+    extra = JSON.stringify(options.extra ?? null);
+  } catch (e) {
+    return fail(ValueError, where, `extra must be JSON-safe (${(e as Error).message}).`);
+  }
   const tensors = new Map<string, Tensor>();
   for (const [name, t] of parts.model.stateDict()) tensors.set(`model.${name}`, t);
   // Mid-accumulation, the gradients summed so far are part of the run's state.
+  const grads: string[] = [];
   for (const [name, p] of parts.model.namedParameters()) {
-    if (p.grad) tensors.set(`grad.${name}`, p.grad);
+    if (p.grad) (tensors.set(`grad.${name}`, p.grad), grads.push(name));
   }
+  const random = moduleGenerators(parts.model).map(({ at, generator }) => ({
+    at,
+    ...generator.state(),
+  }));
   const metadata: Record<string, string> = {
     format: FORMAT,
-    extra: JSON.stringify(extra),
+    extra,
+    grads: JSON.stringify(grads),
+    random: JSON.stringify(random),
   };
   const temporary: Tensor[] = [];
   try {
     if (parts.optimizer) {
       const state = await parts.optimizer.stateDict();
-      const skeleton = {
+      const skeleton: OptimizerSkeleton = {
         ...state,
         state: state.state.map((s) => ({ ...s, buffers: Object.keys(s.buffers) })),
       };
@@ -97,19 +147,24 @@ export async function saveTrainingState(
       }
     }
     if (parts.trainer) metadata.trainer = JSON.stringify(await parts.trainer.stateDict());
-    await saveSafetensors(path, tensors, { metadata });
+    if (parts.scheduler) metadata.scheduler = JSON.stringify(parts.scheduler.stateDict());
+    await saveSafetensors(path, tensors, { metadata, allowNonFinite: options.allowNonFinite });
   } finally {
     for (const t of temporary) t.dispose();
   }
 }
 
 /**
- * Loads a training state into `parts`: the model first (checked completely
- * before anything is written), then the optimizer and the trainer, each
- * all-or-nothing. A truncated, corrupt or mismatched file is a clear error.
+ * Loads a training state into `parts`, all or nothing: every tensor name,
+ * shape, dtype and value and every metadata field (optimizer kind, groups
+ * and buffers, scheduler, trainer and scaler fields, random generators,
+ * which gradients were saved, `extra`) is checked against the live objects
+ * first; on any problem one short line says what, and nothing changed. Then
+ * the model, optimizer, scheduler, random generators, gradients and trainer
+ * are written.
  *
  * @param path The file.
- * @param parts Model, optimizer and trainer to restore (the same kinds as saved).
+ * @param parts Model, optimizer, trainer and scheduler to restore (the same kinds as saved).
  * @param options `{ allowNonFinite }` to load NaN / ±Inf values anyway (by
  * default a value that is not finite is an error naming the tensor).
  * @returns The `extra` value given to {@link saveTrainingState}.
@@ -120,7 +175,7 @@ export async function saveTrainingState(
  * const gpu = await initGpu({ matmulTiling: "default" });
  * const dir = await Deno.makeTempDir(), path = `${dir}/run.safetensors`;
  * const model = new Linear(4, 2, { seed: 1 }), optimizer = new AdamW(model.parameters());
- * await saveTrainingState(path, { model, optimizer }, { epoch: 3 });
+ * await saveTrainingState(path, { model, optimizer }, { extra: { epoch: 3 } });
  * const resumed = new Linear(4, 2, { seed: 2 });
  * const parts = { model: resumed, optimizer: new AdamW(resumed.parameters()) };
  * const { epoch } = await loadTrainingState(path, parts) as { epoch: number };
@@ -134,62 +189,37 @@ export async function loadTrainingState(
   parts: TrainingStateParts,
   options: LoadStateOptions = {},
 ): Promise<unknown> {
-  const { entries, metadata } = await loadSafetensors(path);
-  const where = `loadTrainingState: "${path}"`;
-  const reject = (why: string): never => fail(ValueError, where, why);
-  if (!options.allowNonFinite) {
-    // Weights, gradients and optimizer moments alike, before anything is loaded.
-    const bad = [...entries].map(([name, e]) => [name, nonFiniteCount(e)] as const)
-      .filter(([, n]) => n > 0);
-    if (bad.length > 0) {
-      reject(
-        `${bad.map(([name, n]) => `${name} holds ${n} non-finite value(s)`).join("; ")} ` +
-          "(NaN or ±Inf: the run had diverged when it was saved); nothing was loaded. Pass " +
-          "{ allowNonFinite: true } to load it anyway.",
-      );
-    }
-  }
-  if (!FORMATS_READ.includes(metadata.format)) reject("not a halfstep training-state file");
-  if (parts.optimizer && !metadata.optimizer) reject("it holds no optimizer state");
-  if (parts.trainer && !metadata.trainer) reject("it holds no AMP trainer state");
-  const model = new Map<string, SafetensorsEntry>();
-  for (const [name, entry] of entries) {
-    if (name.startsWith("model.")) model.set(name.slice(6), entry);
-  }
+  const file = await loadSafetensors(path);
+  const reject = rejecter(path);
+  const plan = planTrainingState(file, parts, options, reject);
+  writeTrainingState(plan, parts, options, reject);
+  return plan.extra;
+}
+
+/**
+ * Writes a checked plan. The model goes first: its own check (names after
+ * upgrades, shapes, dtypes) is the last that can fail, and it writes nothing
+ * when it does; everything after it was checked already.
+ */
+function writeTrainingState(
+  plan: TrainingStatePlan,
+  parts: TrainingStateParts,
+  options: LoadStateOptions,
+  reject: Reject,
+): void {
   try {
-    parts.model.loadStateDict(model, options);
+    parts.model.loadStateDict(plan.model, options);
   } catch (e) {
-    reject((e as Error).message);
+    if (e instanceof HalfstepError) reject(`its model state does not fit: ${oneLine(e.message)}`);
+    throw e;
   }
-  if (parts.optimizer) {
-    const skeleton = JSON.parse(metadata.optimizer) as Omit<OptimizerStateDict, "state"> & {
-      state: { param: number; shape: number[]; buffers: string[] }[];
-    };
-    const state: OptimizerStateDict = {
-      ...skeleton,
-      state: skeleton.state.map((s) => ({
-        ...s,
-        buffers: Object.fromEntries(
-          s.buffers.map((b) => [b, f32Values(entries.get(`optimizer.${s.param}.${b}`), reject)]),
-        ),
-      })),
-    };
-    parts.optimizer.loadStateDict(state);
-  }
-  if (parts.trainer) parts.trainer.loadStateDict(JSON.parse(metadata.trainer) as AmpTrainerState);
-  for (const [name, p] of parts.model.namedParameters()) {
-    const saved = entries.get(`grad.${name}`);
+  if (plan.optimizer) parts.optimizer!.loadStateDict(plan.optimizer, options);
+  if (plan.scheduler) parts.scheduler!.loadStateDict(plan.scheduler);
+  for (const { generator, state } of plan.generators) generator.setState(state);
+  for (const [p, saved] of plan.grads) {
     p.grad?.dispose();
     p.grad = saved ? untracked(() => entryToTensor(saved, { gpu: p.gpu })) : null;
   }
-  return JSON.parse(metadata.extra ?? "null");
-}
-
-function f32Values(
-  entry: SafetensorsEntry | undefined,
-  fail: (why: string) => never,
-): Float32Array {
-  if (!entry || entry.dtype !== "f32") fail("an optimizer buffer is missing or not f32");
-  const bytes = entry!.data;
-  return new Float32Array(bytes.slice().buffer, 0, bytes.byteLength / 4);
+  // Last: the trainer refreshes the working copies from the loaded masters.
+  if (plan.trainer) parts.trainer!.loadStateDict(plan.trainer);
 }

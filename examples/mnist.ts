@@ -327,7 +327,7 @@ async function save(run: Run, tally: Tally, epoch: number): Promise<void> {
     const saved = await writeOutput(
       run,
       cfg.save,
-      () => saveTrainingState(cfg.save!, { model, optimizer, trainer }, state),
+      () => saveTrainingState(cfg.save!, { model, optimizer, trainer }, { extra: state }),
     );
     if (saved) {
       run.emit("save", { path: cfg.save, epoch, step }, `saved ${cfg.save} (epoch ${epoch})`);

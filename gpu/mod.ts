@@ -175,9 +175,11 @@ export {
   type CrossEntropyRowOptions,
 } from "./ops/cross_entropy.ts";
 export {
+  checkRandomState,
   hashU32,
   RandomGenerator,
   type RandomRange,
+  type RandomState,
   RandomTape,
   randomU32,
   randomUniform,

@@ -57,6 +57,45 @@ export interface RandomRange {
 
 const COUNTERS_PER_KEY = 2 ** 32;
 
+/** A {@link RandomGenerator}'s whole state: PyTorch's Philox (seed, offset). */
+export interface RandomState {
+  /** The seed, a non-negative safe integer. */
+  seed: number;
+  /** How many numbers have been taken, a non-negative safe integer. */
+  offset: number;
+}
+
+/**
+ * Throws a ValueError (opening with `where`) unless `state` is a valid
+ * {@link RandomState}; values are described, not echoed, when they are not numbers.
+ *
+ * @example
+ * ```ts
+ * import { checkRandomState } from "./random.ts";
+ * checkRandomState("resume", { seed: 7, offset: 4096 }); // fine
+ * let refused = false;
+ * try {
+ *   checkRandomState("resume", { seed: 7, offset: -1 });
+ * } catch {
+ *   refused = true;
+ * }
+ * console.assert(refused);
+ * ```
+ */
+export function checkRandomState(where: string, state: RandomState): void {
+  const valid = (v: unknown) => Number.isSafeInteger(v) && (v as number) >= 0;
+  if (typeof state !== "object" || state === null || !valid(state.seed) || !valid(state.offset)) {
+    const show = (v: unknown) => typeof v === "number" ? String(v) : typeof v;
+    fail(
+      ValueError,
+      where,
+      `seed (${show(state?.seed)}) and offset (${
+        show(state?.offset)
+      }) must be non-negative integers.`,
+    );
+  }
+}
+
 /**
  * A seeded stream of random numbers, like PyTorch's Philox (seed, offset)
  * state. `take(n)` reserves n consecutive counters; the state is two numbers,
@@ -72,22 +111,20 @@ const COUNTERS_PER_KEY = 2 ** 32;
  * ```
  */
 export class RandomGenerator {
-  /** The seed (a non-negative integer). */
-  readonly seed: number;
   /** How many numbers have been taken so far. */
   offset: number;
+  #seed: number;
 
   /** A stream for `seed`, starting at `offset` (0 for a fresh one). */
   constructor(seed: number, offset = 0) {
-    if (!Number.isSafeInteger(seed) || seed < 0 || !Number.isSafeInteger(offset) || offset < 0) {
-      fail(
-        ValueError,
-        "RandomGenerator",
-        `seed (${seed}) and offset (${offset}) must be non-negative integers.`,
-      );
-    }
-    this.seed = seed;
+    checkRandomState("RandomGenerator", { seed, offset });
+    this.#seed = seed;
     this.offset = offset;
+  }
+
+  /** The seed (a non-negative integer). */
+  get seed(): number {
+    return this.#seed;
   }
 
   /** Reserves `count` consecutive numbers (they never straddle two keys). */
@@ -128,8 +165,19 @@ export class RandomGenerator {
   }
 
   /** The state to save: seed and offset. */
-  state(): { seed: number; offset: number } {
-    return { seed: this.seed, offset: this.offset };
+  state(): RandomState {
+    return { seed: this.#seed, offset: this.offset };
+  }
+
+  /**
+   * Continues the stream `state` describes (a resumed run draws the numbers
+   * the interrupted one would have drawn next). Checked first: a bad state
+   * throws and changes nothing.
+   */
+  setState(state: RandomState): void {
+    checkRandomState("RandomGenerator.setState", state);
+    this.#seed = state.seed;
+    this.offset = state.offset;
   }
 
   #keyFor(block: number): number {

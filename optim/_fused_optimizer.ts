@@ -280,13 +280,19 @@ export abstract class FusedOptimizer<G extends Group> implements Optimizer {
   /** Loads extra state once everything is validated. */
   protected loadExtra(_state: OptimizerStateDict): void {}
 
+  /** Buffers whose values cannot be negative (Adam: the second moments). */
+  protected nonNegativeState(): readonly string[] {
+    return [];
+  }
+
   /**
-   * Restores a {@link stateDict} result: hyper-parameters, state buffers and
-   * counters. Everything is checked first (kind, settings, groups by
-   * parameter index, shapes, buffer names and lengths, values); on any
-   * mismatch one error lists them all and nothing changes.
+   * Throws, listing every problem, unless `state` can be loaded into this
+   * optimizer: kind, settings, groups by parameter index, shapes, buffer
+   * names and lengths, values (finite unless `options.allowNonFinite`;
+   * second moments never negative) and counters. Changes nothing, so a
+   * caller restoring several objects checks them all before writing any.
    */
-  loadStateDict(state: OptimizerStateDict): void {
+  checkStateDict(state: OptimizerStateDict, options: { allowNonFinite?: boolean } = {}): void {
     this.live("loadStateDict");
     const errors = stateDictErrors(state, {
       kind: this.kind,
@@ -295,6 +301,8 @@ export abstract class FusedOptimizer<G extends Group> implements Optimizer {
       groups: this.groups,
       checkHyper: (h) => this.checkHyper(h as Omit<G, "params">),
       stateNames: (h) => this.stateNames(h as Omit<G, "params">),
+      nonNegative: this.nonNegativeState(),
+      allowNonFinite: options.allowNonFinite,
     });
     if (typeof state === "object" && state !== null) errors.push(...this.checkExtra(state));
     fail(
@@ -302,6 +310,15 @@ export abstract class FusedOptimizer<G extends Group> implements Optimizer {
       `${this.kind}.loadStateDict: the state dict does not match this optimizer; nothing was loaded`,
       errors,
     );
+  }
+
+  /**
+   * Restores a {@link stateDict} result: hyper-parameters, state buffers and
+   * counters. Everything is checked first ({@link checkStateDict}); on any
+   * mismatch one error lists them all and nothing changes.
+   */
+  loadStateDict(state: OptimizerStateDict, options: { allowNonFinite?: boolean } = {}): void {
+    this.checkStateDict(state, options);
     state.groups.forEach((g, gi) => Object.assign(this.groups[gi], cloneHyper(g.hyper)));
     this.allocateState();
     state.state.forEach((s, i) => {

@@ -39,6 +39,10 @@ export interface StateOwner {
   groups: readonly { readonly params: readonly Tensor[] }[];
   checkHyper(hyper: Record<string, unknown>): string[];
   stateNames(hyper: Record<string, unknown>): string[];
+  /** Buffers whose values can never be negative (Adam's second moments). */
+  nonNegative: readonly string[];
+  /** Accept NaN / ±Inf values (a diverged run loaded on purpose). */
+  allowNonFinite?: boolean;
 }
 
 /** Every way `s` does not fit `me`, each a short phrase (empty: it fits). */
@@ -95,10 +99,32 @@ export function stateDictErrors(s: OptimizerStateDict, me: StateOwner): string[]
     for (const [n, data] of Object.entries(bufs)) {
       if (!(data instanceof Float32Array) || data.length !== p.size) {
         errors.push(`${what}: buffer ${n} must be a Float32Array of ${p.size} values`);
+      } else {
+        const problem = valueProblem(data, me.nonNegative.includes(n), me.allowNonFinite);
+        if (problem) errors.push(`${what}: buffer ${n} holds ${problem}`);
       }
     }
   });
   return errors;
+}
+
+/**
+ * What is wrong with a state buffer's values ("3 negative value(s)"), or
+ * null. A negative second moment would turn the weights to NaN at the next
+ * step (its square root), so it is refused like NaN and ±Inf.
+ */
+function valueProblem(
+  data: Float32Array,
+  nonNegative: boolean,
+  allowNonFinite = false,
+): string | null {
+  let nonFinite = 0, negative = 0;
+  for (const v of data) {
+    if (!Number.isFinite(v)) nonFinite++;
+    else if (nonNegative && v < 0) negative++;
+  }
+  if (nonFinite > 0 && !allowNonFinite) return `${nonFinite} non-finite value(s) (NaN or ±Inf)`;
+  return negative > 0 ? `${negative} negative value(s), impossible for it` : null;
 }
 
 /** True when `record` has exactly the keys `names`. */

@@ -139,6 +139,11 @@ export class Adam extends FusedOptimizer<AdamGroup> {
   }
 
   /** @internal */
+  protected override nonNegativeState(): readonly string[] {
+    return ["expAvgSq"];
+  }
+
+  /** @internal */
   protected override settings(): Record<string, boolean> {
     return {
       biasCorrection: this.biasCorrection,

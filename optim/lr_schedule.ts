@@ -4,7 +4,7 @@
  * here runs on the CPU: a new learning rate is just a different uniform word
  * in the next fused update, so scheduling costs no GPU work and no sync.
  */
-import { ValueError } from "../gpu/errors.ts";
+import { fail, ValueError } from "../gpu/errors.ts";
 
 /** A schedule: the factor in [0, 1] the base learning rate is multiplied by at `step` (0, 1, 2, ...). */
 export type LrSchedule = (step: number) => number;
@@ -134,10 +134,9 @@ export interface LrGroups {
  * ```
  */
 export class LrScheduler {
-  /** Each group's learning rate when the scheduler was made. */
-  readonly baseLrs: readonly number[];
   #optimizer: LrGroups;
   #schedule: LrSchedule;
+  #baseLrs: readonly number[];
   #step = 0;
 
   /** A scheduler for `optimizer`'s groups (their current lr becomes the base). */
@@ -147,8 +146,13 @@ export class LrScheduler {
     }
     this.#optimizer = optimizer;
     this.#schedule = schedule;
-    this.baseLrs = optimizer.groups.map((g) => g.lr);
+    this.#baseLrs = optimizer.groups.map((g) => g.lr);
     this.#apply();
+  }
+
+  /** Each group's learning rate when the scheduler was made (or as a loaded state says). */
+  get baseLrs(): readonly number[] {
+    return this.#baseLrs;
   }
 
   /** How many times `.step()` was called (or the step last passed to it). */
@@ -170,13 +174,102 @@ export class LrScheduler {
     this.#apply();
   }
 
-  #apply(): void {
-    const factor = this.#schedule(this.#step);
-    if (!(factor >= 0) || !Number.isFinite(factor)) {
-      throw new ValueError(
-        `LrScheduler: the schedule returned ${factor} at step ${this.#step}; factors must be finite and >= 0.`,
+  /**
+   * The scheduler's state as plain data (base learning rates and step), so a
+   * resumed run goes on with the same learning rates whatever order the
+   * scheduler and the optimizer were restored in.
+   *
+   * @returns A JSON-safe copy.
+   * @example
+   * ```ts
+   * import { cosineSchedule, LrScheduler } from "../mod.ts";
+   * const optimizer = { groups: [{ lr: 0.1 }] };
+   * const scheduler = new LrScheduler(optimizer, cosineSchedule({ totalSteps: 10 }));
+   * scheduler.step();
+   * const state = scheduler.stateDict();
+   * const resumed = new LrScheduler({ groups: [{ lr: 0.5 }] }, cosineSchedule({ totalSteps: 10 }));
+   * resumed.loadStateDict(state);
+   * console.assert(resumed.stepCount === 1 && resumed.lrs[0] === scheduler.lrs[0]);
+   * ```
+   */
+  stateDict(): LrSchedulerState {
+    return { baseLrs: [...this.#baseLrs], step: this.#step };
+  }
+
+  /**
+   * Throws a ValueError unless `state` fits this scheduler (one base lr per
+   * group, each finite and >= 0; a step the schedule gives a valid factor
+   * for). Changes nothing.
+   *
+   * @param state A {@link stateDict} result, e.g. parsed from a file.
+   * @example
+   * ```ts
+   * import { linearWarmupDecay, LrScheduler } from "../mod.ts";
+   * const scheduler = new LrScheduler({ groups: [{ lr: 0.1 }] }, linearWarmupDecay({ warmupSteps: 0, totalSteps: 9 }));
+   * scheduler.checkStateDict({ baseLrs: [0.1], step: 3 }); // fits
+   * ```
+   */
+  checkStateDict(state: LrSchedulerState): void {
+    const where = "LrScheduler.loadStateDict";
+    const groups = this.#optimizer.groups.length;
+    const lrs = state?.baseLrs;
+    if (
+      !Array.isArray(lrs) || lrs.length !== groups || !lrs.every((lr) => lr >= 0 && lr < Infinity)
+    ) {
+      fail(ValueError, where, `baseLrs must be ${groups} finite number(s) >= 0, one per group.`);
+    }
+    const step = state.step;
+    if (!Number.isSafeInteger(step) || step < 0) {
+      fail(
+        ValueError,
+        where,
+        `step must be an integer >= 0, got ${typeof step === "number" ? step : typeof step}.`,
       );
     }
-    this.#optimizer.groups.forEach((g, i) => (g.lr = this.baseLrs[i] * factor));
+    this.#factor(step);
   }
+
+  /**
+   * Restores a {@link stateDict} result (checked first, see
+   * {@link checkStateDict}) and sets every group's lr from it.
+   *
+   * @param state The state to go on from.
+   * @example
+   * ```ts
+   * import { linearWarmupDecay, LrScheduler } from "../mod.ts";
+   * const optimizer = { groups: [{ lr: 1 }] };
+   * const scheduler = new LrScheduler(optimizer, linearWarmupDecay({ warmupSteps: 4, totalSteps: 8 }));
+   * scheduler.loadStateDict({ baseLrs: [0.2], step: 2 });
+   * console.assert(optimizer.groups[0].lr === 0.1);
+   * ```
+   */
+  loadStateDict(state: LrSchedulerState): void {
+    this.checkStateDict(state);
+    this.#baseLrs = [...state.baseLrs];
+    this.#step = state.step;
+    this.#apply();
+  }
+
+  #factor(step: number): number {
+    const factor = this.#schedule(step);
+    if (!(factor >= 0) || !Number.isFinite(factor)) {
+      throw new ValueError(
+        `LrScheduler: the schedule returned ${factor} at step ${step}; factors must be finite and >= 0.`,
+      );
+    }
+    return factor;
+  }
+
+  #apply(): void {
+    const factor = this.#factor(this.#step);
+    this.#optimizer.groups.forEach((g, i) => (g.lr = this.#baseLrs[i] * factor));
+  }
+}
+
+/** What {@link LrScheduler.stateDict} returns: JSON-safe. */
+export interface LrSchedulerState {
+  /** Each group's base learning rate. */
+  baseLrs: number[];
+  /** The schedule's step. */
+  step: number;
 }

@@ -22,4 +22,5 @@ export {
   type LrGroups,
   type LrSchedule,
   LrScheduler,
+  type LrSchedulerState,
 } from "./lr_schedule.ts";

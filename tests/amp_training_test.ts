@@ -220,7 +220,7 @@ Deno.test({
 
     const first = setup(4);
     for (let i = 0; i < 7; i++) trainStep(first.trainer, first.model, batch(i, 8)).dispose();
-    await saveTrainingState(`${dir}/run.safetensors`, first, { nextBatch: 7 });
+    await saveTrainingState(`${dir}/run.safetensors`, first, { extra: { nextBatch: 7 } });
     const resumed = setup(99); // different initial weights: everything must come from the file
     const extra = await loadTrainingState(`${dir}/run.safetensors`, resumed) as {
       nextBatch: number;

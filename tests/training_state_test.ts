@@ -1,0 +1,220 @@
+/**
+ * Training-state files load all or nothing (issue 26, findings 3 and 12): a
+ * file that does not fit the live objects — another optimizer, scaler,
+ * corrupt counters, a bad `extra`, a gradient of the wrong shape, a dropped
+ * gradient, an unknown tensor, a negative second moment — is refused with
+ * one short HalfstepError line, and every piece of state (weights, buffers,
+ * gradients, working copies, optimizer, scaler, trainer, random generators)
+ * stays bit-identical. A good file restores all of it. Saving a diverged run
+ * is refused (finding 1).
+ */
+import assert from "node:assert/strict";
+import { HalfstepError, ValueError } from "../mod.ts";
+import { loadTrainingState, saveTrainingState } from "../files.ts";
+import { GPU_TEST } from "./_gpu.ts";
+import { ampRun, type FileParts, rewrite, type Run, snapshot, train } from "./_training_state.ts";
+
+const dir = await Deno.makeTempDir();
+const good = `${dir}/good.safetensors`;
+// Saved mid-accumulation (2 optimizer steps and 1 of 2 micro-batches): gradients are in the file.
+const source = ampRun(1);
+train(source, 0, 5);
+await saveTrainingState(good, source);
+
+/** A live run whose every piece of state differs from the file's. */
+function target(): Run {
+  const run = ampRun(2);
+  train(run, 50, 3);
+  return run;
+}
+
+const trainerField = (key: string, value: unknown) => (f: FileParts) => {
+  f.metadata.trainer = JSON.stringify({ ...JSON.parse(f.metadata.trainer), [key]: value });
+};
+const optimizerMeta =
+  (edit: (o: { state: Record<string, unknown>[] }) => void) => (f: FileParts) => {
+    const o = JSON.parse(f.metadata.optimizer);
+    edit(o);
+    f.metadata.optimizer = JSON.stringify(o);
+  };
+const setFloat = (name: string, index: number, value: number) => (f: FileParts) => {
+  const e = f.entries.get(name)!;
+  new DataView(e.data.buffer, e.data.byteOffset).setFloat32(4 * index, value, true);
+};
+
+const cases: { name: string; run?: () => Run; edit?: (f: FileParts) => void; error: RegExp }[] = [
+  { name: "AdamW state into SGD", run: () => sgdTarget(), error: /optimizer state.*kind/ },
+  {
+    name: "a scaler of the other mode",
+    run: () => scalerOffTarget(),
+    error: /AMP trainer state.*enabled/,
+  },
+  { name: 'trainer.steps "abc"', edit: trainerField("steps", "abc"), error: /steps must be/ },
+  { name: "trainer.steps -5", edit: trainerField("steps", -5), error: /steps must be/ },
+  { name: "trainer.steps 1.5", edit: trainerField("steps", 1.5), error: /steps must be/ },
+  { name: "trainer.microStep 2 of 2", edit: trainerField("microStep", 2), error: /microStep/ },
+  { name: "trainer.scaler null", edit: trainerField("scaler", null), error: /AMP trainer state/ },
+  {
+    name: "trainer metadata null",
+    edit: (f) => (f.metadata.trainer = "null"),
+    error: /must be an object/,
+  },
+  {
+    name: "truncated trainer JSON",
+    edit: (f) => (f.metadata.trainer = f.metadata.trainer.slice(0, 9)),
+    error: /trainer metadata is not valid JSON/,
+  },
+  {
+    name: "bad extra",
+    edit: (f) => (f.metadata.extra = "{bad"),
+    error: /extra metadata is not valid JSON/,
+  },
+  {
+    name: "a gradient of the wrong shape",
+    edit: (f) => (f.entries.get("grad.0.weight")!.shape = [6, 16]),
+    error: /gradient of "0.weight"/,
+  },
+  {
+    name: "a gradient of the wrong dtype",
+    edit: (f) =>
+      f.entries.set("grad.4.bias", { dtype: "f16", shape: [3], data: new Uint8Array(6) }),
+    error: /gradient of "4.bias"/,
+  },
+  {
+    name: "a dropped gradient mid-accumulation",
+    edit: (f) => f.entries.delete("grad.0.bias"),
+    error: /gradient of "0.bias" is missing/,
+  },
+  {
+    name: "an unknown tensor",
+    edit: (f) => f.entries.set("junk", { dtype: "f32", shape: [1], data: new Uint8Array(4) }),
+    error: /unknown tensor "junk"/,
+  },
+  {
+    name: "a negative expAvgSq",
+    edit: setFloat("optimizer.0.expAvgSq", 5, -1e-3),
+    error: /expAvgSq holds 1 negative/,
+  },
+  { name: "a NaN moment", edit: setFloat("optimizer.1.expAvg", 0, NaN), error: /non-finite/ },
+  {
+    name: "buffers that are not a list",
+    edit: optimizerMeta((o) => (o.state[0].buffers = 5 as unknown as string[])),
+    error: /parameter state 0 is malformed/,
+  },
+  {
+    name: "a missing optimizer buffer",
+    edit: (f) => f.entries.delete("optimizer.1.expAvg"),
+    error: /"optimizer.1.expAvg" is missing/,
+  },
+  {
+    name: "a random generator offset of the wrong type",
+    edit: (
+      f,
+    ) => (f.metadata.random = JSON.stringify([{ at: ["3:generator"], seed: 1, offset: "x" }])),
+    error: /random generator 0.*offset \(string\)/,
+  },
+  {
+    name: "no random generators",
+    edit: (f) => (f.metadata.random = "[]"),
+    error: /0 random generator state\(s\), the model has 1/,
+  },
+  {
+    name: "a weight of the wrong shape",
+    edit: (f) => (f.entries.get("model.4.weight")!.shape = [16, 3]),
+    error: /model state does not fit/,
+  },
+  {
+    name: "a 1 MB tensor name",
+    edit: (f) =>
+      f.entries.set(`model.${"x".repeat(1 << 20)}`, {
+        dtype: "f32",
+        shape: [1],
+        data: new Uint8Array(4),
+      }),
+    error: /model state does not fit/,
+  },
+];
+
+function sgdTarget(): Run {
+  const run = ampRun(2, { sgd: true });
+  train(run, 50, 3);
+  return run;
+}
+
+function scalerOffTarget(): Run {
+  const run = ampRun(2, { trainer: { scaler: { enabled: false } } });
+  train(run, 50, 3);
+  return run;
+}
+
+for (const c of cases) {
+  Deno.test({
+    name: `loadTrainingState refuses ${c.name} with one line and changes nothing`,
+    ...GPU_TEST,
+    async fn() {
+      const path = `${dir}/mutant.safetensors`;
+      await rewrite(good, path, c.edit ?? (() => {}));
+      const run = (c.run ?? target)();
+      const before = await snapshot(run);
+      const e = await loadTrainingState(path, run).then(() => null, (e: Error) => e);
+      assert.deepEqual(await snapshot(run), before, "every piece of state is unchanged");
+      assert.ok(e, "the load is refused");
+      assert.ok(e instanceof HalfstepError, `${e.name}: ${e.message.slice(0, 300)}`);
+      assert.ok(!e.message.includes("\n"), `one line: ${e.message.slice(0, 600)}`);
+      assert.ok(e.message.length < 500, `short: ${e.message.length} characters`);
+      assert.match(e.message, c.error);
+      assert.match(e.message, /nothing was loaded\.$/);
+      run.trainer.dispose();
+      run.optimizer.dispose();
+    },
+  });
+}
+
+Deno.test({
+  name: "loadTrainingState restores every piece of state, the Dropout generator included",
+  ...GPU_TEST,
+  async fn() {
+    const run = target();
+    assert.equal(await loadTrainingState(good, run), null);
+    assert.deepEqual(await snapshot(run), await snapshot(source));
+  },
+});
+
+Deno.test({
+  name: "saveTrainingState refuses NaN weights or moments (naming the tensor) and keeps the file",
+  ...GPU_TEST,
+  async fn() {
+    const path = `${dir}/diverged.safetensors`;
+    const run = target();
+    await saveTrainingState(path, run);
+    const kept = await Deno.readFile(path);
+    const weight = run.model.stateDict().get("4.weight")!;
+    const values = await weight.read();
+    values[2] = NaN;
+    weight.writeBytes(new Uint8Array(values.buffer));
+    await assert.rejects(saveTrainingState(path, run), (e: Error) => {
+      assert.ok(e instanceof ValueError && !e.message.includes("\n"), e.message);
+      assert.match(e.message, /"model\.4\.weight" holds 1 non-finite value/);
+      return true;
+    });
+    assert.deepEqual(await Deno.readFile(path), kept, "the good file is untouched");
+    values[2] = 0;
+    weight.writeBytes(new Uint8Array(values.buffer));
+    run.trainer.masters!.refresh(); // the working copy follows its master, as after a step
+    const state = await run.optimizer.stateDict();
+    state.state[1].buffers.expAvg[0] = Infinity;
+    run.optimizer.loadStateDict(state, { allowNonFinite: true });
+    await assert.rejects(saveTrainingState(path, run), /"optimizer\.1\.expAvg" holds 1 non-finite/);
+    assert.deepEqual(await Deno.readFile(path), kept, "the good file is untouched");
+    await saveTrainingState(path, run, { allowNonFinite: true, extra: { epoch: 2 } });
+    const copy = target();
+    assert.deepEqual(await loadTrainingState(path, copy, { allowNonFinite: true }), { epoch: 2 });
+    assert.deepEqual(await snapshot(copy), await snapshot(run));
+    await assert.rejects(
+      saveTrainingState(path, run, { epoch: 3 } as never),
+      /unknown option\(s\) epoch \(known: extra, allowNonFinite\)/,
+    );
+  },
+});
+
+Deno.test({ name: "(cleanup)", ...GPU_TEST, fn: () => Deno.remove(dir, { recursive: true }) });
