@@ -188,12 +188,16 @@ export abstract class Module {
         }
       }
     }
-    const more = problems.length - MAX_PROBLEMS;
-    fail(
-      ValueError,
-      `loadStateDict: the state does not fit this ${this.constructor.name} (nothing was changed)`,
-      more > 1 ? [...problems.slice(0, MAX_PROBLEMS), `… and ${more} more`] : problems,
-    );
+    if (problems.length > 0) {
+      // One line (logs and CLI errors stay readable), at most MAX_PROBLEMS problems in it.
+      const more = problems.length - MAX_PROBLEMS;
+      const listed = more > 1 ? [...problems.slice(0, MAX_PROBLEMS), `and ${more} more`] : problems;
+      fail(
+        ValueError,
+        `loadStateDict: the state does not fit this ${this.constructor.name}`,
+        `${listed.join("; ")} (nothing was changed).`,
+      );
+    }
     writeAll(own, converted);
   }
 
