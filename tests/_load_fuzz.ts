@@ -11,6 +11,16 @@ import { HalfstepError } from "../gpu/errors.ts";
 import { decodeSafetensors } from "../nn/safetensors.ts";
 import { type Mutant, splitFile } from "./_file_mutations.ts";
 
+/** Mutation kinds that change a file's structure: they must fail even without checksums. */
+export const STRUCTURAL_KINDS: ReadonlySet<string> = new Set([
+  "length-bit",
+  "shape-edit",
+  "json-drop-key",
+  "rename",
+  "truncate",
+  "append",
+]);
+
 /** What a fuzz run loads into. Snapshots are plain records compared deeply (bytes included). */
 export interface LoadTarget {
   /** The loader under test, reading `path` into the target. */
@@ -29,8 +39,8 @@ export interface FuzzOptions {
   saved: Record<string, unknown>;
   /** True when the mutants come from a file with checksums. */
   checksums: boolean;
-  /** Mutation kinds that must fail even without checksums. */
-  structural: ReadonlySet<string>;
+  /** Mutation kinds that must fail even without checksums (default {@link STRUCTURAL_KINDS}). */
+  structural?: ReadonlySet<string>;
   /** Failed loads between two checks (default 50). */
   batch?: number;
 }
@@ -108,7 +118,7 @@ export async function fuzzLoads(
     const mustFail = !m.neutral &&
       (options.checksums
         ? hasChecksums(m.bytes) || wrong.length > 0
-        : options.structural.has(m.kind));
+        : (options.structural ?? STRUCTURAL_KINDS).has(m.kind));
     if (mustFail) violations.push(`${what} loaded${wrong.length ? `: ${wrong.join(", ")}` : ""}`);
     else if (options.checksums && wrong.length > 0) violations.push(`${what} loaded other values`);
     await target.restore();
