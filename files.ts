@@ -2,7 +2,9 @@
  * File access for models and training runs, with Deno's file APIs (the rest
  * of halfstep uses Web APIs only, so `mod.ts` loads from any URL and in
  * browsers): safetensors files, whole modules, and training states (model,
- * optimizer and AMP state) that resume a run exactly. Every write is atomic.
+ * optimizer and AMP state) that resume a run exactly. Every write is atomic,
+ * refuses NaN / ±Inf values unless `{ allowNonFinite: true }` (a diverged run
+ * never replaces a good file), and stores checksums that every load verifies.
  *
  * @example
  * ```ts

@@ -311,6 +311,23 @@ Deno.test("safetensors: truncated and corrupt files are rejected with clear erro
   rejects(two(8, f32(5)), /Tensor "b" \[8, 20\) overlaps tensor "a"/);
   rejects(two(16, f32(7)), /hole of 4 bytes before tensor "b"/);
   rejects(fileByHand({ __metadata__: { step: 1 } }, new Uint8Array()), /"__metadata__" must be/);
+  // A 10 MB name or value is cut, never echoed whole.
+  const hugeName = "n".repeat(10_000_000);
+  for (
+    const [pattern, file] of [
+      [/Tensor "t": unknown dtype "F{79}…"/, one({ dtype: "F".repeat(10_000_000) })],
+      [
+        /Tensor "n{79}…": dtype F64/,
+        fileByHand({ [hugeName]: { dtype: "F64", shape: [] } }, f32(1)),
+      ],
+      [/shape \[1,1,1,.*…/, one({ shape: Array(1_000_000).fill(1).concat(-1) })],
+    ] as const
+  ) {
+    assert.throws(() => decodeSafetensors(file), (err: Error) => {
+      assert.match(err.message, pattern);
+      return err.message.length < 300;
+    });
+  }
 
   // The encoder and entryToTensor check entries too.
   assert.throws(
