@@ -155,12 +155,12 @@ Deno.test({
       // A training state: weights, optimizer moments and gradients are all checked first.
       const statePath = `${dir}/run.safetensors`;
       const optimizer = new Adam(model.parameters());
-      await saveTrainingState(statePath, { model, optimizer });
+      await saveTrainingState(statePath, { model, optimizer }, { allowNonFinite: true });
       const target = new Linear(3, 2, { seed: 3 }), targetOptimizer = new Adam(target.parameters());
       const untouched = await target.bias!.read();
       await assert.rejects(
         loadTrainingState(statePath, { model: target, optimizer: targetOptimizer }),
-        /model\.weight holds 3 non-finite value\(s\).*nothing was loaded/,
+        /model\.weight"? holds 3 non-finite value\(s\).*nothing was loaded/,
       );
       assert.deepEqual(await target.bias!.read(), untouched);
       await loadTrainingState(statePath, { model: target, optimizer: targetOptimizer }, {
