@@ -8,6 +8,7 @@ import { record } from "../gpu/autograd.ts";
 import { DTypeError, fail, StateError, ValueError } from "../gpu/errors.ts";
 import { launchBinary } from "../gpu/kernels/elementwise.ts";
 import { untracked } from "../gpu/scope.ts";
+import { warnOnce } from "../gpu/runtime_state.ts";
 import { Tensor } from "../gpu/tensor.ts";
 import { COUNTER, launchScaleUpdate, launchUnscale, UPDATE_MODE } from "./kernels/grad_scaler.ts";
 import type { Optimizer, StepSignals } from "../optim/optimizer.ts";
@@ -188,6 +189,15 @@ export class GradScaler {
       );
     }
     this.#s = settingsOf("constructor", rest);
+    // A static scale never backs off: at 2^24 and above (the dynamic maxScale) any scaled
+    // gradient over 65504 / 2^24 ≈ 0.004 overflows f16, so nearly every step is skipped.
+    if (this.#s.lossScale >= 2 ** 24) {
+      warnOnce(
+        `GradScaler: a static lossScale of ${this.#s.lossScale} (≥ 2^24) overflows f16 for any ` +
+          "scaled gradient over ≈0.004, so nearly every step will be skipped; use lossScale 0 " +
+          "(dynamic) or a smaller power of two such as 1024.",
+      );
+    }
     this.gpu = gpu ?? getGpu();
     const g = this.gpu;
     [this.#scale, this.#foundInf, this.#counters] = untracked(() => [

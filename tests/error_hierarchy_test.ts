@@ -84,6 +84,25 @@ Deno.test({
 });
 
 Deno.test({
+  name: "errors: plain-JavaScript misuse (no tensor, no shape array) is a HalfstepError too",
+  ...GPU_TEST,
+  fn() {
+    tidy(() => {
+      const x = Tensor.zeros([2, 3]);
+      const anyOp = add as (a: unknown, b: unknown) => Tensor;
+      assertHalfstepError(() => anyOp(x, 3), ValueError, /^add: operand 2 must be a Tensor, got 3/);
+      const anyMatmul = matmul as (a: unknown, b: unknown) => Tensor;
+      assertHalfstepError(() => anyMatmul([1], x), ValueError, /^matmul: operand 1 must be a/);
+      const anyFrom = Tensor.from as (data: unknown, shape: unknown) => Tensor;
+      assertHalfstepError(() => anyFrom(null, [2]), ValueError, /^Tensor\.from: data must be/);
+      assertHalfstepError(() => anyFrom([1, 2], "2"), ShapeError, /^Tensor\.from: the shape must/);
+      const anyLayer = new ReLU().forward as (x: unknown) => Tensor;
+      assertHalfstepError(() => anyLayer([1, 2]), ValueError, /^relu: the input must be a Tensor/);
+    });
+  },
+});
+
+Deno.test({
   name: "errors: an enormous tensor is a GpuError naming the op, shape, bytes and limit",
   ...GPU_TEST,
   fn() {

@@ -40,7 +40,8 @@ export const BINARY_OPS = {
   sub: "a - b",
   mul: "a * b",
   div: "a / b",
-  relu_grad: "select(0.0, a, b > 0.0)",
+  // PyTorch's threshold_backward: zero where x ≤ 0, so a NaN x passes the gradient.
+  relu_grad: "select(0.0, a, b > 0.0 || is_nan(b))",
   gelu_grad: `a * gelu_derivative(b)`,
   gelu_erf_grad: `a * gelu_erf_derivative(b)`,
 } as const;

@@ -22,6 +22,7 @@ import { defineKernel, optional } from "../kernel.ts";
 import type { Shape } from "../shape.ts";
 import { Tensor } from "../tensor.ts";
 import { grid1d, WGSL_GRID_BUILTINS, WGSL_WORKGROUP_INDEX } from "./grid.ts";
+import { wgslIsNan } from "./wgsl_math.ts";
 
 const WORKGROUP = 256;
 
@@ -148,8 +149,7 @@ export const maxPool2dKernel = defineKernel({
   uniforms: { ...WINDOW_UNIFORMS, neg_inf: "f32" },
   source: ({ dtype, indices }) =>
     `fn is_nan(v: f32) -> bool {
-  // Bit test: compilers may assume v != v is false.
-  return (bitcast<u32>(v) & 0x7fffffffu) > 0x7f800000u;
+  return ${wgslIsNan("v")};
 }
 
 @compute @workgroup_size(${WORKGROUP})

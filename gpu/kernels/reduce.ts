@@ -69,7 +69,7 @@ fn main(${WGSL_GRID_BUILTINS}) {
   var acc = ${op === "sum" ? "0.0" : WGSL_LOWEST};
   ${wgslRowLoop(layout, "count")} {
     let v = f32(src[base + j * p.inner]);
-    acc = ${op === "sum" ? "acc + v" : "max(acc, v)"};
+    acc = ${op === "sum" ? "acc + v" : "max_or_nan(acc, v)"};
   }
   let total = reduce_${op}(acc, lid);
   if (${wgslRowLeader(layout)}) { dst[row] = ${out}(total${op === "sum" ? " * p.scale" : ""}); }

@@ -17,7 +17,7 @@
  */
 import type { Gpu } from "../device.ts";
 import { grid1d, WGSL_WORKGROUP_INDEX } from "./grid.ts";
-import { REDUCE_THREADS, WGSL_WORKGROUP_REDUCE } from "./wgsl_math.ts";
+import { REDUCE_THREADS, WGSL_MAX_OR_NAN, WGSL_WORKGROUP_REDUCE } from "./wgsl_math.ts";
 
 /** `"workgroup"`: a workgroup reduces each row; `"thread"`: a thread owns a whole row. */
 export type RowLayout = "workgroup" | "thread";
@@ -32,11 +32,11 @@ export function rowGrid(layout: RowLayout, rows: number): [number, number] {
   return grid1d(layout === "thread" ? Math.ceil(rows / REDUCE_THREADS) : rows);
 }
 
-/** WGSL helpers before `main`: the workgroup reductions, or their one-thread identities. */
+/** WGSL helpers before `main`: the workgroup reductions, or their one-thread identities (and `max_or_nan` either way). */
 export function wgslRowReduce(layout: RowLayout): string {
   return layout === "workgroup"
     ? WGSL_WORKGROUP_REDUCE
-    : `fn reduce_sum(v: f32, lid: u32) -> f32 { return v; }
+    : `${WGSL_MAX_OR_NAN}fn reduce_sum(v: f32, lid: u32) -> f32 { return v; }
 fn reduce_max(v: f32, lid: u32) -> f32 { return v; }
 `;
 }

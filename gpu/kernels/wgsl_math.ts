@@ -3,25 +3,50 @@
 const TWO_GELU_C = "1.5957691216057308"; // 2·sqrt(2 / pi)
 
 /**
- * `gelu` (tanh form) and `gelu_derivative`. The tanh form is written as a
- * sigmoid, 0.5·(1 + tanh u) = 1 / (1 + e^(−2u)), so its left tail does not
- * cancel to a rounding residue; beyond |x| = 10 it has saturated in f32
- * (GELU is −0 or x there, its derivative 0 or 1), which also keeps x³ from
- * overflowing.
+ * WGSL test that the f32 expression `v` is NaN, from its bits: WGSL lets
+ * implementations assume no NaN, so `v != v`, `max(v, 0.0)` or `v > 0.0`
+ * may not see one; a bit test always does.
  */
-export const WGSL_MATH = `fn gelu_exp(x: f32) -> f32 {
+export function wgslIsNan(v: string): string {
+  return `((bitcast<u32>(${v}) & 0x7fffffffu) > 0x7f800000u)`;
+}
+
+/**
+ * `max_or_nan(a, b)`: the larger, or NaN when either is NaN, as PyTorch's
+ * max and amax propagate NaN (a bare `max` may drop it).
+ */
+export const WGSL_MAX_OR_NAN = `fn max_or_nan(a: f32, b: f32) -> f32 {
+  return select(select(max(a, b), b, ${wgslIsNan("b")}), a, ${wgslIsNan("a")});
+}
+`;
+
+/**
+ * `relu`, `gelu` (tanh form) and `gelu_derivative`; NaN in gives NaN out, as
+ * in PyTorch (ReLU must not hide from the loss scaler the NaN it looks for).
+ * The tanh form is written as a sigmoid, 0.5·(1 + tanh u) = 1 / (1 + e^(−2u)),
+ * so its left tail does not cancel to a rounding residue; beyond |x| = 10 it
+ * has saturated in f32 (GELU is −0 or x there, its derivative 0 or 1), which
+ * also keeps x³ from overflowing.
+ */
+export const WGSL_MATH = `fn is_nan(x: f32) -> bool {
+  return ${wgslIsNan("x")};
+}
+fn relu(x: f32) -> f32 {
+  return select(max(x, 0.0), x, is_nan(x));
+}
+fn gelu_exp(x: f32) -> f32 {
   let c = clamp(x, -10.0, 10.0);
   return exp(-${TWO_GELU_C} * (c + 0.044715 * c * c * c));
 }
 fn gelu(x: f32) -> f32 {
-  return select(x / (1.0 + gelu_exp(x)), -0.0, x < -10.0);
+  return select(select(x / (1.0 + gelu_exp(x)), -0.0, x < -10.0), x, is_nan(x));
 }
 fn gelu_derivative(x: f32) -> f32 {
   let e = gelu_exp(x);
   let s = 1.0 / (1.0 + e);
   let c = clamp(x, -10.0, 10.0);
   let d = s + c * ${TWO_GELU_C} * (1.0 + 3.0 * 0.044715 * c * c) * s * (e * s);
-  return select(select(d, 1.0, x > 10.0), 0.0, x < -10.0);
+  return select(select(select(d, 1.0, x > 10.0), 0.0, x < -10.0), x, is_nan(x));
 }
 `;
 
@@ -86,7 +111,7 @@ export function activationExpr(activation: Activation, v: string): string {
     case "none":
       return v;
     case "relu":
-      return `max(${v}, 0.0)`;
+      return `relu(${v})`;
     case "gelu":
       return `gelu(${v})`;
   }
@@ -99,11 +124,13 @@ export const REDUCE_THREADS = 64;
 export const WGSL_LOWEST = "-3.4028234663852886e38";
 
 /**
- * Workgroup-wide `reduce_sum(v, lid)` and `reduce_max(v, lid)` over
+ * Workgroup-wide `reduce_sum(v, lid)` and `reduce_max(v, lid)` (NaN wins,
+ * see {@link WGSL_MAX_OR_NAN}, which it includes) over
  * {@link REDUCE_THREADS} threads; every thread gets the result. Call them in
  * uniform control flow (they contain barriers).
  */
-export const WGSL_WORKGROUP_REDUCE = `var<workgroup> partial: array<f32, ${REDUCE_THREADS}>;
+export const WGSL_WORKGROUP_REDUCE =
+  `${WGSL_MAX_OR_NAN}var<workgroup> partial: array<f32, ${REDUCE_THREADS}>;
 fn reduce_sum(v: f32, lid: u32) -> f32 {
   partial[lid] = v;
   workgroupBarrier();
@@ -119,7 +146,7 @@ fn reduce_max(v: f32, lid: u32) -> f32 {
   partial[lid] = v;
   workgroupBarrier();
   for (var s = ${REDUCE_THREADS / 2}u; s > 0u; s >>= 1u) {
-    if (lid < s) { partial[lid] = max(partial[lid], partial[lid + s]); }
+    if (lid < s) { partial[lid] = max_or_nan(partial[lid], partial[lid + s]); }
     workgroupBarrier();
   }
   let r = partial[0];
