@@ -67,7 +67,8 @@ const NO_ADAPTER_HELP = "On a machine without a GPU, install the Vulkan CPU driv
 /**
  * Acquires a WebGPU device with the adapter's real limits (and `shader-f16`
  * when available and wanted), picks the matmul tiling, and makes it the
- * default device for new tensors.
+ * default device for new tensors. An unknown option name or an invalid value
+ * is a `ValueError` listing the valid ones, before any adapter is requested.
  *
  * @example
  * ```ts
