@@ -61,7 +61,7 @@ export async function writePlot(run: Run, tally: Tally): Promise<void> {
   const { cfg } = run;
   if (!cfg.plot) return;
   const title = `MNIST ${cfg.model.toUpperCase()}, ${cfg.amp ? "AMP" : "f32"}, ${cfg.optimizer}`;
-  await writeLossChart(cfg.plot, tally.plotPoints, title);
+  await writeLossChart(cfg.plot, { title, points: tally.plotPoints });
 }
 
 /**

@@ -81,7 +81,13 @@ export async function report(
     novelSamples: novel,
   };
   if (c.plot) {
-    await writeLossChart(c.plot, training.plotPoints, `tiny GPT, ${c.amp ? "AMP" : "f32"}`);
+    await writeLossChart(c.plot, {
+      title: `tiny GPT (${c.layers} blocks, dim ${c.dim}), ${c.amp ? "AMP" : "f32"}`,
+      points: training.plotPoints,
+      // Validation runs once, after the last step; the bigram model is the bar to beat.
+      validation: [{ step: c.steps, loss: validation }],
+      baseline: { label: "bigram baseline", loss: bigram },
+    });
     run.emit("plot", { path: c.plot }, `wrote ${c.plot}`);
   }
   run.emit(
