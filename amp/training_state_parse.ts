@@ -9,7 +9,7 @@
  */
 import { fail, HalfstepError, ValueError } from "../gpu/errors.ts";
 import { checkRandomState, type RandomGenerator, type RandomState } from "../gpu/random.ts";
-import { sameShape } from "../gpu/shape.ts";
+import { sameShape, shapeString } from "../gpu/shape.ts";
 import { quoted } from "../gpu/short_text.ts";
 import type { Tensor } from "../gpu/tensor.ts";
 import { type LoadStateOptions, nonFiniteCount } from "../nn/module.ts";
@@ -59,11 +59,11 @@ export function rejecter(path: string): Reject {
     fail(ValueError, `loadTrainingState: ${quoted(path)}`, `${why}; nothing was loaded.`);
 }
 
-/** `message` as one line of at most 300 characters (a part's multi-line list of problems). */
+/** `message` as one line of at most 160 characters (a part's multi-line list of problems). */
 export function oneLine(message: string): string {
   const line = message.replace(/:?\n\s*-?\s*/g, "; ")
     .replace(/[;,]? ?\(?nothing was (loaded|changed)\)?/g, "").replace(/\.$/, "");
-  return line.length > 300 ? `${line.slice(0, 299)}…` : line;
+  return line.length > 160 ? `${line.slice(0, 159)}…` : line;
 }
 
 /** Runs `check`; a HalfstepError it throws becomes `reject(what: its message, as one line)`. */
@@ -167,7 +167,9 @@ function gradients(
     }
     if (e.dtype !== p.dtype || !sameShape(e.shape, p.shape)) {
       reject(
-        `the gradient of ${quoted(name)} is ${e.dtype} [${e.shape}], its parameter ${p.describe()}`,
+        `the gradient of ${quoted(name)} is ${e.dtype} ${
+          shapeString(e.shape)
+        }, its parameter ${p.describe()}`,
       );
     }
   }
@@ -211,7 +213,9 @@ function optimizerState(
       if (!e || used.has(name)) reject(`the optimizer buffer ${quoted(name)} is missing`);
       if (e.dtype !== "f32" || !sameShape(e.shape, p.shape)) {
         reject(
-          `the optimizer buffer ${quoted(name)} is ${e.dtype} [${e.shape}], not f32 [${p.shape}]`,
+          `the optimizer buffer ${quoted(name)} is ${e.dtype} ${shapeString(e.shape)}, not f32 ${
+            shapeString(p.shape)
+          }`,
         );
       }
       used.add(name);

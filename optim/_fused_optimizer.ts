@@ -301,10 +301,10 @@ export abstract class FusedOptimizer<G extends Group> implements Optimizer {
       groups: this.groups,
       checkHyper: (h) => this.checkHyper(h as Omit<G, "params">),
       stateNames: (h) => this.stateNames(h as Omit<G, "params">),
+      checkExtra: (s) => this.checkExtra(s),
       nonNegative: this.nonNegativeState(),
       allowNonFinite: options.allowNonFinite,
     });
-    if (typeof state === "object" && state !== null) errors.push(...this.checkExtra(state));
     fail(
       ValueError,
       `${this.kind}.loadStateDict: the state dict does not match this optimizer; nothing was loaded`,

@@ -3,6 +3,7 @@
  * @internal
  */
 import { sameShape, shapeString } from "../gpu/shape.ts";
+import { quoted } from "../gpu/short_text.ts";
 import type { Tensor } from "../gpu/tensor.ts";
 
 /** A hyper-parameter value as groups and state dicts hold it. */
@@ -39,6 +40,8 @@ export interface StateOwner {
   groups: readonly { readonly params: readonly Tensor[] }[];
   checkHyper(hyper: Record<string, unknown>): string[];
   stateNames(hyper: Record<string, unknown>): string[];
+  /** Problems with the optimizer's own counters (Adam's step). */
+  checkExtra(state: OptimizerStateDict): string[];
   /** Buffers whose values can never be negative (Adam's second moments). */
   nonNegative: readonly string[];
   /** Accept NaN / ±Inf values (a diverged run loaded on purpose). */
@@ -48,10 +51,12 @@ export interface StateOwner {
 /** Every way `s` does not fit `me`, each a short phrase (empty: it fits). */
 export function stateDictErrors(s: OptimizerStateDict, me: StateOwner): string[] {
   if (typeof s !== "object" || s === null) return ["it is not an object"];
-  const errors: string[] = [];
   if (s.kind !== me.kind && LEGACY_KINDS[s.kind] !== me.kind) {
-    errors.push(`kind is ${JSON.stringify(s.kind)}, expected "${me.kind}"`);
+    // Another optimizer's state: its settings, hyper-parameters and buffers differ too; say the cause.
+    const kind = typeof s.kind === "string" ? quoted(s.kind) : typeof s.kind;
+    return [`it is the state of ${kind}, this optimizer is "${me.kind}"`];
   }
+  const errors = me.checkExtra(s);
   const settings = me.settings;
   for (const key of new Set([...Object.keys(settings), ...Object.keys(s.settings ?? {})])) {
     if (s.settings?.[key] !== settings[key]) {

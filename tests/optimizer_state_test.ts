@@ -1,7 +1,15 @@
 /** Optimizer state dicts (round trip, all-or-nothing loading) and every clear error. */
 import assert from "node:assert/strict";
 import { Tensor } from "../gpu/mod.ts";
-import { Adam, AdamW, type OptimizerStateDict, SGD, type SGDOptions } from "../optim/mod.ts";
+import {
+  Adam,
+  AdamW,
+  cosineSchedule,
+  LrScheduler,
+  type OptimizerStateDict,
+  SGD,
+  type SGDOptions,
+} from "../optim/mod.ts";
 import { GPU_TEST } from "./_gpu.ts";
 import { CopyMap } from "./_optimizer_reference.ts";
 import { type Opt, setGrads, setup } from "./_optimizer_reference.ts";
@@ -139,10 +147,8 @@ Deno.test(
       return s;
     };
     const cases: [OptimizerStateDict, RegExp[]][] = [
-      [sgdState, [
-        /kind is "SGD", expected "Adam"/,
-        /buffers \[momentumBuffer\], expected \[expAvg,expAvgSq\]/,
-      ]],
+      // Another optimizer's state: the kind alone is the cause (its settings and buffers differ too).
+      [sgdState, [/: it is the state of "SGD", this optimizer is "Adam"\.$/]],
       [other, [/parameter 1 \(f32 \[7\]\): saved shape \[8\]/]],
       [adamW, [/setting decoupledWeightDecay is true, this optimizer has false/]],
       [edit((s) => (s.state[2].buffers.expAvg = new Float32Array(3))), [
@@ -159,8 +165,8 @@ Deno.test(
       ]],
       [edit((s) => (s.state = s.state.slice(1))), [/2 parameter states, expected 3/]],
       // Several problems at once: all of them in one message.
-      [edit((s) => ((s.kind = "X"), (s.state[1].shape = [9]), (s.groups[0].hyper.lr = -1))), [
-        /kind is "X"/,
+      [edit((s) => ((s.step = 1.5), (s.state[1].shape = [9]), (s.groups[0].hyper.lr = -1))), [
+        /step must be an integer/,
         /saved shape \[9\]/,
         /lr must be/,
       ]],
@@ -176,5 +182,62 @@ Deno.test(
       });
     }
     assert.deepStrictEqual(await adam.stateDict(), good);
+  },
+);
+
+Deno.test(
+  "state values: a negative expAvgSq or a NaN moment is refused (checkStateDict and " +
+    "loadStateDict, nothing changes); allowNonFinite loads NaN but never a negative second moment",
+  GPU_TEST,
+  async () => {
+    const { params } = setup(71);
+    const adam = new Adam(params, { lr: 0.01 });
+    setGrads(params, 0, "f32"), adam.step();
+    const good = await adam.stateDict();
+    const negative = structuredClone(good), nan = structuredClone(good);
+    negative.state[2].buffers.expAvgSq[5] = -1e-3;
+    nan.state[1].buffers.expAvg[0] = NaN;
+    const refused = (state: OptimizerStateDict, re: RegExp, options = {}) => {
+      assert.throws(() => adam.checkStateDict(state, options), re);
+      assert.throws(() => adam.loadStateDict(state, options), re);
+    };
+    refused(negative, /parameter 2 \(f32 \[1031\]\): buffer expAvgSq holds 1 negative value/);
+    refused(negative, /expAvgSq holds 1 negative value/, { allowNonFinite: true });
+    refused(nan, /parameter 1 \(f32 \[7\]\): buffer expAvg holds 1 non-finite value/);
+    assert.deepStrictEqual(await adam.stateDict(), good);
+    adam.checkStateDict(good); // fits: returns, changes nothing
+    adam.loadStateDict(nan, { allowNonFinite: true });
+    assert.ok(Number.isNaN((await adam.stateDict()).state[1].buffers.expAvg[0]));
+  },
+);
+
+Deno.test(
+  "LrScheduler: stateDict round trip restores base lrs and step; a bad state is refused first",
+  () => {
+    const schedule = cosineSchedule({ warmupSteps: 2, totalSteps: 10 });
+    const a = { groups: [{ lr: 0.1 }, { lr: 0.02 }] }, b = { groups: [{ lr: 9 }, { lr: 9 }] };
+    const scheduler = new LrScheduler(a, schedule);
+    for (let i = 0; i < 4; i++) scheduler.step();
+    const state = scheduler.stateDict();
+    assert.deepEqual(JSON.parse(JSON.stringify(state)), { baseLrs: [0.1, 0.02], step: 4 });
+    const resumed = new LrScheduler(b, schedule); // made with other lrs: the file's win
+    for (
+      const [bad, re] of [
+        [{ baseLrs: [0.1], step: 4 }, /baseLrs must be 2 finite number\(s\) >= 0, one per group/],
+        [{ baseLrs: [0.1, -1], step: 4 }, /baseLrs must be/],
+        [{ baseLrs: [0.1, 0.02], step: "4" }, /step must be an integer >= 0, got string/],
+        [{ baseLrs: [0.1, 0.02], step: 1.5 }, /step must be an integer >= 0, got 1.5/],
+      ] as const
+    ) {
+      assert.throws(() => resumed.loadStateDict(bad as never), re);
+      assert.deepEqual([resumed.stepCount, resumed.baseLrs, b.groups], [0, [9, 9], [
+        { lr: 0 },
+        { lr: 0 },
+      ]]);
+    }
+    resumed.loadStateDict(state);
+    assert.deepEqual([resumed.stepCount, resumed.lrs], [4, scheduler.lrs]);
+    scheduler.step(), resumed.step();
+    assert.deepEqual(resumed.lrs, scheduler.lrs);
   },
 );

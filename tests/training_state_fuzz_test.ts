@@ -13,108 +13,30 @@
  */
 import assert from "node:assert/strict";
 import { isDeepStrictEqual } from "node:util";
-import { HalfstepError } from "../mod.ts";
 import { loadTrainingState, saveTrainingState } from "../files.ts";
-import { decodeSafetensors } from "../nn/safetensors.ts";
-import { type Mutant, mutations, splitFile, withoutChecksums } from "./_file_mutations.ts";
+import { mutations, withoutChecksums } from "./_file_mutations.ts";
 import { GPU_TEST } from "./_gpu.ts";
+import { fuzzLoads, type LoadTarget, STRUCTURAL_KINDS } from "./_load_fuzz.ts";
 import { ampRun, type Run, snapshot, train } from "./_training_state.ts";
 
 const MUTANTS_WITH_CHECKSUMS = 300;
 const MUTANTS_WITHOUT = 300;
-/** Failed loads between two checks that the state is unchanged (each check is one GPU wait). */
-const BATCH = 40;
 /**
- * Mutations that change the structure: they must fail even without checksums
- * (every metadata key of a training state is required, so dropping one is structural).
+ * Every metadata key of a training state is required, so dropping one is a
+ * structural change too: it must fail even without checksums.
  */
-const STRUCTURAL = new Set([
-  "length-bit",
-  "shape-edit",
-  "json-drop-key",
-  "rename",
-  "truncate",
-  "append",
-  "metadata-drop",
-]);
+const STRUCTURAL = new Set([...STRUCTURAL_KINDS, "metadata-drop"]);
 
-type State = Record<string, unknown>;
-
-/** Keys whose values differ between two snapshots. */
-function differences(a: State, b: State): string[] {
-  return Object.keys(a).filter((key) => !isDeepStrictEqual(a[key], b[key]));
-}
-
-function decodes(bytes: Uint8Array): boolean {
-  try {
-    decodeSafetensors(bytes);
-    return true;
-  } catch {
-    return false;
-  }
-}
-
-function hasChecksums(bytes: Uint8Array): boolean {
-  try {
-    const metadata = splitFile(bytes).header.__metadata__ as Record<string, unknown> | undefined;
-    return metadata !== undefined && Object.hasOwn(metadata, "halfstep.checksums");
-  } catch {
-    return false;
-  }
-}
-
-/** Loads every mutant into `target`; returns the rule violations and counts by outcome. */
-async function fuzz(
-  dir: string,
-  target: Run,
-  saved: State,
-  mutants: Iterable<Mutant>,
-  checksums: boolean,
-): Promise<{ violations: string[]; loaded: number; failed: number }> {
+/** `run` as a fuzz target, put back after each load that succeeds from a file of its own. */
+async function fuzzTarget(dir: string, run: Run): Promise<LoadTarget> {
   const own = `${dir}/target.safetensors`;
-  await saveTrainingState(own, target); // to put the target back after a load that succeeds
-  const initial = await snapshot(target);
-  const violations: string[] = [];
-  let pending: string[] = [], loaded = 0, failed = 0;
-  const checkUnchanged = async () => {
-    const changed = differences(initial, await snapshot(target));
-    if (changed.length > 0) {
-      violations.push(`failed loads changed ${changed.join(", ")}; one of: ${pending.join("; ")}`);
-    }
-    pending = [];
+  await saveTrainingState(own, run);
+  return {
+    load: (path) => loadTrainingState(path, run),
+    snapshot: () => snapshot(run),
+    restore: async () => void await loadTrainingState(own, run),
+    wrongResult: (extra) => isDeepStrictEqual(extra, { epoch: 3 }) ? [] : ["extra"],
   };
-  const path = `${dir}/mutant.safetensors`;
-  for (const m of mutants) {
-    const what = `${m.kind} (${m.detail.slice(0, 80)})`;
-    await Deno.writeFile(path, m.bytes);
-    // A load that succeeds overwrites the state: check the failures before it first.
-    if (pending.length > 0 && decodes(m.bytes)) await checkUnchanged();
-    let extra: unknown;
-    try {
-      extra = await loadTrainingState(path, target);
-    } catch (err) {
-      failed++;
-      if (m.neutral) violations.push(`${what} is harmless but failed: ${err}`);
-      const message = (err as Error).message ?? "";
-      if (!(err instanceof HalfstepError)) violations.push(`${what}: not a HalfstepError: ${err}`);
-      else if (message.includes("\n") || message.length > 500) {
-        violations.push(`${what}: not one short line (${message.length} chars): ${message}`);
-      }
-      pending.push(what);
-      if (pending.length >= BATCH) await checkUnchanged();
-      continue;
-    }
-    loaded++;
-    const wrong = differences(saved, await snapshot(target));
-    if (!isDeepStrictEqual(extra, { epoch: 3 })) wrong.push("extra");
-    const mustFail = !m.neutral &&
-      (checksums ? hasChecksums(m.bytes) || wrong.length > 0 : STRUCTURAL.has(m.kind));
-    if (mustFail) violations.push(`${what} loaded${wrong.length ? `: ${wrong.join(", ")}` : ""}`);
-    else if (checksums && wrong.length > 0) violations.push(`${what} loaded other values`);
-    await loadTrainingState(own, target);
-  }
-  await checkUnchanged();
-  return { violations, loaded, failed };
 }
 
 Deno.test({
@@ -124,35 +46,32 @@ Deno.test({
   ...GPU_TEST,
   async fn() {
     const dir = await Deno.makeTempDir();
-    const source = ampRun(1), target = ampRun(2), expected = ampRun(3);
+    const source = ampRun(1), live = ampRun(2), expected = ampRun(3);
     try {
       train(source, 0, 5); // 2 optimizer steps and 1 of 2 micro-batches: gradients are saved
-      train(target, 50, 3);
+      train(live, 50, 3);
       await saveTrainingState(`${dir}/source.safetensors`, source, { extra: { epoch: 3 } });
       const file = await Deno.readFile(`${dir}/source.safetensors`);
       await loadTrainingState(`${dir}/source.safetensors`, expected);
       const saved = await snapshot(expected);
       assert.deepEqual(saved, await snapshot(source));
-      const withSums = await fuzz(
+      const target = await fuzzTarget(dir, live);
+      const withSums = await fuzzLoads(dir, target, mutations(file, 126, MUTANTS_WITH_CHECKSUMS), {
+        saved,
+        checksums: true,
+      });
+      const without = await fuzzLoads(
         dir,
         target,
-        saved,
-        mutations(file, 126, MUTANTS_WITH_CHECKSUMS),
-        true,
-      );
-      const without = await fuzz(
-        dir,
-        target,
-        saved,
         mutations(withoutChecksums(file), 127, MUTANTS_WITHOUT),
-        false,
+        { saved, checksums: false, structural: STRUCTURAL },
       );
       const violations = [...withSums.violations, ...without.violations];
       assert.deepEqual(violations.slice(0, 10), [], `${violations.length} violation(s)`);
       assert.ok(withSums.failed > 0.8 * MUTANTS_WITH_CHECKSUMS, `${withSums.failed} failed`);
       assert.ok(without.loaded > 0 && without.failed > 0.5 * MUTANTS_WITHOUT);
     } finally {
-      for (const run of [source, target, expected]) {
+      for (const run of [source, live, expected]) {
         run.trainer.dispose();
         run.optimizer.dispose();
       }
