@@ -205,12 +205,14 @@ function optimizerState(
   }
   const state = s.state.map((p, i) => {
     const ok = typeof p === "object" && p !== null && Number.isSafeInteger(p.param) &&
-      Array.isArray(p.shape) && Array.isArray(p.buffers) &&
+      Array.isArray(p.shape) && p.shape.every((d) => Number.isSafeInteger(d) && d >= 0) &&
+      Array.isArray(p.buffers) &&
       p.buffers.every((b) => typeof b === "string");
     if (!ok) reject(`its optimizer metadata's parameter state ${i} is malformed`);
     const buffers = p.buffers.map((b) => {
       const name = `optimizer.${p.param}.${b}`, e = entries.get(name);
-      if (!e || used.has(name)) reject(`the optimizer buffer ${quoted(name)} is missing`);
+      if (used.has(name)) reject(`the optimizer buffer ${quoted(name)} is listed twice`);
+      if (!e) reject(`the optimizer buffer ${quoted(name)} is missing`);
       if (e.dtype !== "f32" || !sameShape(e.shape, p.shape)) {
         reject(
           `the optimizer buffer ${quoted(name)} is ${e.dtype} ${shapeString(e.shape)}, not f32 ${
