@@ -12,6 +12,7 @@ import {
   AmpTrainer,
   backward,
   crossEntropy,
+  dropout,
   type DType,
   gelu,
   GradScaler,
@@ -21,6 +22,7 @@ import {
   maxPool2d,
   mean,
   noGrad,
+  RandomGenerator,
   ReLU,
   relu,
   SGD,
@@ -151,6 +153,33 @@ Deno.test({
       }
       const whole = await noGrad(() => max(r)).read();
       assert.ok(Number.isNaN(whole[0]), `max of a tensor holding NaN is NaN, got ${whole[0]}`);
+    }
+  },
+});
+
+Deno.test({
+  name: "numerics: dropout multiplies by its mask as PyTorch: a dropped NaN or ±inf is NaN",
+  ...GPU_TEST,
+  async fn() {
+    // PyTorch computes x · mask / (1 − p), so a dropped non-finite x is x · 0 = NaN, not 0.
+    const pattern = [NaN, Infinity, -Infinity, 1.5];
+    const input = Array.from({ length: 256 }, (_, i) => pattern[i % 4]);
+    for (const dtype of FLOATS) {
+      const x = Tensor.from(input, [input.length], { dtype });
+      const y = dropout(x, 0.5, new RandomGenerator(3).take(x.size));
+      const got = await y.read();
+      let kept = 0, dropped = 0;
+      input.forEach((v, i) => {
+        const scaled = v * 2;
+        if (Number.isNaN(got[i]) ? Number.isNaN(scaled) : got[i] === scaled) kept++;
+        else {
+          assertLikeTorch([got[i]], [v * 0], `dropped ${v} (${dtype})`);
+          dropped++;
+        }
+      });
+      assert.ok(kept > 50 && dropped > 50, `both kept (${kept}) and dropped (${dropped}) values`);
+      x.dispose();
+      y.dispose();
     }
   },
 });

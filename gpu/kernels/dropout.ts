@@ -1,7 +1,8 @@
 /**
  * Dropout as a pure function of (key, counter): element i is kept when
  * random_uniform(key, counter + i) ≥ p, and kept values are scaled by
- * 1/(1 − p). Forward and backward run the same kernel, so the mask is never
+ * 1/(1 − p); a dropped NaN or ±inf gives NaN, as PyTorch's x · mask does.
+ * Forward and backward run the same kernel, so the mask is never
  * stored; it is regenerated bit-exactly from the same random range.
  */
 import type { DType } from "../dtype.ts";
@@ -27,7 +28,12 @@ fn main(${WGSL_GRID_BUILTINS}) {
   let i = ${WGSL_WORKGROUP_INDEX} * ${WORKGROUP}u + lid;
   if (i >= p.n) { return; }
   let keep = random_uniform(p.key, p.counter + i) >= p.p;
-  dst[i] = ${dtype}(select(0.0, f32(src[i]) * p.scale, keep));
+  let x = f32(src[i]);
+  // PyTorch multiplies by the mask, so a dropped NaN or ±inf is x·0 = NaN, not 0: set the
+  // quiet bit of its all-ones exponent (from bits: WGSL may assume no NaN or inf).
+  let non_finite = (bitcast<u32>(x) & 0x7f800000u) == 0x7f800000u;
+  let dropped = select(0.0, bitcast<f32>(bitcast<u32>(x) | 0x00400000u), non_finite);
+  dst[i] = ${dtype}(select(dropped, x * p.scale, keep));
 }`,
 });
 
