@@ -11,6 +11,7 @@ import assert from "node:assert/strict";
 import {
   AmpTrainer,
   backward,
+  conv2d,
   crossEntropy,
   dropout,
   type DType,
@@ -131,6 +132,15 @@ Deno.test({
     const y = layer.forward(x);
     assertLikeTorch(await y.read(), numbers(ref.y), "Linear relu", 1e-6);
     for (const t of [x, w, bias, y, layer]) t.dispose();
+    // conv2d's fused ReLU is the same epilogue: relu(−x) over a 1×1 kernel.
+    const input = numbers(torch.input);
+    const image = Tensor.from(input, [1, 1, 2, input.length / 2]);
+    const minus = Tensor.from([-1], [1, 1, 1, 1]);
+    const conv = conv2d(image, minus, { activation: "relu" });
+    const negated = numbers(torch.input).map((v) => -v);
+    const expected = negated.map((v) => Number.isNaN(v) ? NaN : Math.max(v, 0));
+    assertLikeTorch(await conv.read(), expected, "conv2d relu");
+    for (const t of [image, minus, conv]) t.dispose();
   },
 });
 
