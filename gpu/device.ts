@@ -389,9 +389,14 @@ export class Gpu {
    * (e.g. `f32 tensor [2, 3]`) exceeds what this adapter allows one buffer to
    * hold and a kernel to bind (the lower of `maxBufferSize` and
    * `maxStorageBufferBindingSize`). Called before anything is allocated, on
-   * the host or the GPU. @internal
+   * the host or the GPU; `fix` ends the message. @internal
    */
-  assertBufferFits(op: string, what: string, bytes: number): void {
+  assertBufferFits(
+    op: string,
+    what: string,
+    bytes: number,
+    fix = "Use smaller tensors (split the batch).",
+  ): void {
     const { maxBufferSize, maxStorageBufferBindingSize } = this.device.limits;
     const [name, limit] = maxBufferSize < maxStorageBufferBindingSize
       ? ["maxBufferSize", maxBufferSize]
@@ -400,8 +405,7 @@ export class Gpu {
       fail(
         GpuError,
         op,
-        `${what} needs ${bytes} bytes, over this adapter's ${name} of ${limit} bytes. ` +
-          "Use smaller tensors (split the batch).",
+        `${what} needs ${bytes} bytes, over this adapter's ${name} of ${limit} bytes. ${fix}`,
       );
     }
   }

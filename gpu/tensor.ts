@@ -45,10 +45,18 @@ export function bufferBytes(size: number, dtype: DType): number {
 
 /**
  * Throws a clear GpuError from `op` when a tensor of this shape and dtype
- * cannot be one buffer of `gpu`; call it before allocating host memory for one.
+ * cannot be one buffer of `gpu`; call it before allocating host memory for
+ * one. `fix` (optional) replaces the message's advice.
  */
-export function assertTensorFits(op: string, shape: Shape, dtype: DType, gpu: Gpu): void {
-  gpu.assertBufferFits(op, `${dtype} ${shapeString(shape)}`, bufferBytes(sizeOf(shape), dtype));
+export function assertTensorFits(
+  op: string,
+  shape: Shape,
+  dtype: DType,
+  gpu: Gpu,
+  fix?: string,
+): void {
+  const bytes = bufferBytes(sizeOf(shape), dtype);
+  gpu.assertBufferFits(op, `${dtype} ${shapeString(shape)}`, bytes, fix);
 }
 
 /**

@@ -40,5 +40,6 @@ export function normalTensor(shape: Shape, std: number, options: ParameterOption
 
 /** A clear error before the host draws values for a parameter too large for the device. */
 function assertParameterFits(shape: Shape, options: ParameterOptions): void {
-  assertTensorFits("parameter init", shape, options.dtype ?? "f32", options.gpu ?? getGpu());
+  const fix = "Use a smaller layer (fewer features, channels, or embedding rows).";
+  assertTensorFits("parameter init", shape, options.dtype ?? "f32", options.gpu ?? getGpu(), fix);
 }
