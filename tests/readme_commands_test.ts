@@ -58,3 +58,14 @@ Deno.test("README: every example command runs as written", async () => {
     await Deno.remove(dir, { recursive: true });
   }
 });
+
+Deno.test("README: install lines as CI runs them (apt-get as root, no sudo), same packages", async () => {
+  const readme = await Deno.readTextFile(join(ROOT, "README.md"));
+  const ci = await Deno.readTextFile(join(ROOT, ".ci", "run"));
+  // CI runs as root, where sudo is often missing; users add it themselves.
+  assert.doesNotMatch(readme, /\bsudo\s+apt/, "no sudo in the README's install lines");
+  const installed = [...readme.matchAll(/apt-get install -y ([\w-]+(?: [\w-]+)*)/g)]
+    .flatMap((m) => m[1].split(" "));
+  assert.deepEqual(installed.sort(), ["chromium", "mesa-vulkan-drivers"]);
+  for (const name of installed) assert.match(ci, new RegExp(`packages\\+=\\(${name}\\)`), name);
+});

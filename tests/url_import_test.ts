@@ -1,7 +1,9 @@
 /**
  * halfstep loads from a URL: the repository is served over HTTP on 127.0.0.1
  * and a separate Deno process imports `mod.ts` by that URL and trains one AMP
- * step. Its loss must equal the same step run here from the local files.
+ * step. Its loss must equal the same step run here from the local files. And
+ * the README's URL import (server command, module, client command) runs as
+ * written, read from README.md so that the test breaks when the README drifts.
  */
 import assert from "node:assert/strict";
 import { join } from "node:path";
@@ -68,6 +70,91 @@ Deno.test({
       assert.equal(remote.skipped, 0);
     } finally {
       await server.shutdown();
+      await Deno.remove(dir, { recursive: true });
+    }
+  },
+});
+
+/** The README's URL import, as written in its "Import by URL" section. */
+async function readmeUrlImport() {
+  const readme = await Deno.readTextFile(join(ROOT, "README.md"));
+  const section = readme.split(/^## /m).find((s) => s.startsWith("Import by URL"));
+  assert.ok(section, 'the README has its "Import by URL" section');
+  const command = (pattern: RegExp) => {
+    const line = [...section.matchAll(/```sh\n([\s\S]*?)```/g)]
+      .flatMap((m) => m[1].split("\n"))
+      .map((l) => l.replace(/\s+#.*$/, "").trim())
+      .find((l) => pattern.test(l));
+    assert.ok(line, `the README shows a command matching ${pattern}`);
+    return line;
+  };
+  const fileName = section.match(/Save this as `([\w.]+\.ts)`/)?.[1];
+  const source = section.match(/```ts ignore\n([\s\S]*?)```/)?.[1];
+  assert.ok(fileName && source, "the README shows the module to save, and its name");
+  return {
+    serve: command(/^deno run .*examples\/web\/serve\.ts$/),
+    client: command(new RegExp(`^deno run .*--allow-import=\\S+ ${fileName}$`)),
+    fileName,
+    source,
+  };
+}
+
+/** A TCP port nothing listens on right now. */
+function freePort(): number {
+  const listener = Deno.listen({ hostname: "127.0.0.1", port: 0 });
+  const { port } = listener.addr as Deno.NetAddr;
+  listener.close();
+  return port;
+}
+
+Deno.test({
+  name: "README: the URL import runs as written (serve.ts, the module, deno run --allow-import)",
+  ...GPU_TEST,
+  async fn() {
+    const { serve, client, fileName, source } = await readmeUrlImport();
+    // As written, on a free port instead of 8000 (another program may hold that one).
+    const port = String(freePort());
+    const onPort = (text: string) => text.replaceAll("127.0.0.1:8000", `127.0.0.1:${port}`);
+    assert.ok(source.includes("http://127.0.0.1:8000/mod.ts") && client.includes(":8000"));
+    const env = {
+      XDG_RUNTIME_DIR: Deno.env.get("XDG_RUNTIME_DIR") ?? "/tmp",
+      DENO_WEBGPU_BACKEND: "vulkan,metal,dx12",
+      NO_COLOR: "1",
+    };
+    const server = new Deno.Command(Deno.execPath(), {
+      args: [...serve.split(/\s+/).slice(1), "--port", port],
+      cwd: ROOT,
+      env,
+      stdout: "piped",
+      stderr: "inherit",
+    }).spawn();
+    const dir = await Deno.makeTempDir();
+    try {
+      // It prints its address once it listens.
+      let printed = "";
+      for await (const chunk of server.stdout.pipeThrough(new TextDecoderStream())) {
+        printed += chunk;
+        if (printed.includes(`127.0.0.1:${port}/mod.ts`)) break;
+      }
+      assert.match(printed, /serving this checkout/);
+      await Deno.writeTextFile(join(dir, fileName), onPort(source));
+      const out = await new Deno.Command(Deno.execPath(), {
+        args: onPort(client).split(/\s+/).slice(1),
+        cwd: dir, // any folder: no deno.json there
+        env,
+        stdout: "piped",
+        stderr: "piped",
+      }).output();
+      const stdout = new TextDecoder().decode(out.stdout);
+      const stderr = new TextDecoder().decode(out.stderr);
+      assert.equal(out.code, 0, `${client}\n${stderr.slice(-2000)}`);
+      assert.ok(stderr.includes(`Download http://127.0.0.1:${port}/mod.ts`), "it came over HTTP");
+      const losses = stdout.match(/loss (\d\.\d+) → (\d\.\d+)/);
+      assert.ok(losses, `it prints the loss: ${stdout}`);
+      assert.ok(Number(losses[2]) < Number(losses[1]), `the loss falls: ${losses[0]}`);
+    } finally {
+      server.kill("SIGTERM");
+      await server.status;
       await Deno.remove(dir, { recursive: true });
     }
   },

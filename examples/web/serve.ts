@@ -70,16 +70,15 @@ export function serveDirectory(
 if (import.meta.main) {
   const { values } = parseArgs({ args: Deno.args, options: { port: { type: "string" } } });
   const root = fileURLToPath(new URL("../..", import.meta.url));
+  const server = serveDirectory(root, { port: Number(values.port ?? 8000) });
+  const base = `http://127.0.0.1:${server.addr.port}`;
+  console.log(`serving this checkout on ${base}/ (Ctrl-C stops)`);
+  console.log(`  import by URL: ${base}/mod.ts`);
   try {
     await Deno.stat(join(root, "dist", "halfstep.js"));
+    console.log(`  web demo:      ${base}/examples/web/`);
   } catch {
-    console.error(
-      "dist/halfstep.js is missing: run `deno task bundle` first (or `deno task web`).",
-    );
-    Deno.exit(1);
+    // mod.ts needs no bundle; only the web demo does.
+    console.log("  web demo:      dist/halfstep.js is missing: run `deno task web` instead");
   }
-  const server = serveDirectory(root, { port: Number(values.port ?? 8000) });
-  console.log(
-    `halfstep web demo: http://127.0.0.1:${server.addr.port}/examples/web/ (Ctrl-C stops)`,
-  );
 }
