@@ -1,9 +1,12 @@
 /** Loss functions. Both compute in f32 and return an f32 loss whatever the input dtype. */
 import { crossEntropyPerRow } from "../gpu/ops/cross_entropy.ts";
 import { cast, div, square, sub } from "../gpu/ops/elementwise.ts";
-import { fail, ValueError } from "../gpu/errors.ts";
+import { fail, ShapeError, ValueError } from "../gpu/errors.ts";
+import { sameShape } from "../gpu/shape.ts";
 import { mean, sum } from "../gpu/ops/reduce.ts";
 import { Tensor } from "../gpu/tensor.ts";
+import { assertTensors } from "../gpu/ops/checks.ts";
+import { shortValue } from "../gpu/short_text.ts";
 
 /** How per-element losses are combined. */
 export type Reduction = "mean" | "sum" | "none";
@@ -22,6 +25,18 @@ export interface CrossEntropyOptions {
   weight?: Tensor | ArrayLike<number>;
   /** Rows with this target add nothing to the loss or gradient (default −100); PyTorch's `ignore_index`. */
   ignoreIndex?: number;
+}
+
+/** The reduction option, checked (default "mean"). */
+function checkReduction(op: string, reduction: unknown = "mean"): Reduction {
+  if (reduction !== "mean" && reduction !== "sum" && reduction !== "none") {
+    fail(
+      ValueError,
+      op,
+      `reduction must be "mean", "sum" or "none", not ${shortValue(reduction)}.`,
+    );
+  }
+  return reduction;
 }
 
 function reduce(losses: Tensor, reduction: Reduction): Tensor {
@@ -78,12 +93,13 @@ export function crossEntropy(
   targets: Tensor | ArrayLike<number>,
   options: CrossEntropyOptions = {},
 ): Tensor {
-  const reduction = options.reduction ?? "mean";
-  if (reduction !== "mean" && reduction !== "sum" && reduction !== "none") {
+  assertTensors("crossEntropy", logits);
+  const reduction = checkReduction("crossEntropy", options.reduction);
+  if (!(targets instanceof Tensor) && typeof targets?.length !== "number") {
     fail(
       ValueError,
       "crossEntropy",
-      `reduction must be "mean", "sum" or "none", not ${JSON.stringify(reduction)}.`,
+      `targets must be an i32 tensor or an array of class ids, got ${shortValue(targets)}.`,
     );
   }
   const ignoreIndex = options.ignoreIndex ?? -100;
@@ -129,6 +145,15 @@ export function mseLoss(
   target: Tensor,
   options: { reduction?: Reduction } = {},
 ): Tensor {
+  assertTensors("mseLoss", input, target);
+  const reduction = checkReduction("mseLoss", options.reduction);
+  if (!sameShape(input.shape, target.shape)) {
+    fail(
+      ShapeError,
+      "mseLoss",
+      `input ${input.describe()} and target ${target.describe()} must have the same shape.`,
+    );
+  }
   const a = input.dtype === "f32" ? input : cast(input, "f32");
   const b = target.dtype === "f32" ? target : cast(target, "f32");
   const diff = sub(a, b);
@@ -136,5 +161,5 @@ export function mseLoss(
   diff.dispose();
   if (a !== input) a.dispose();
   if (b !== target) b.dispose();
-  return reduce(losses, options.reduction ?? "mean");
+  return reduce(losses, reduction);
 }

@@ -9,6 +9,8 @@ import {
   type SegmentSpec,
 } from "./checkpoint.ts";
 import { Module } from "./module.ts";
+import { fail, ValueError } from "../gpu/errors.ts";
+import { shortValue } from "../gpu/short_text.ts";
 
 /**
  * Applies its layers in order; they are named "0", "1", ... so parameters
@@ -49,6 +51,11 @@ export class Sequential extends Module {
   /** A sequence of `layers`. */
   constructor(...layers: Module[]) {
     super();
+    layers.forEach((layer, i) => {
+      if (!(layer instanceof Module)) {
+        fail(ValueError, "Sequential", `layer ${i} is ${shortValue(layer)}, not a Module.`);
+      }
+    });
     this.layers = layers.map((layer, i) => this.registerModule(String(i), layer));
   }
 

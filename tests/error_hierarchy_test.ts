@@ -17,10 +17,14 @@ import {
   Linear,
   linear,
   matmul,
+  mean,
+  mseLoss,
   ReLU,
+  reshape,
   Sequential,
   SGD,
   ShapeError,
+  softmax,
   Tensor,
   tidy,
   ValueError,
@@ -98,6 +102,31 @@ Deno.test({
       assertHalfstepError(() => anyFrom([1, 2], "2"), ShapeError, /^Tensor\.from: the shape must/);
       const anyLayer = new ReLU().forward as (x: unknown) => Tensor;
       assertHalfstepError(() => anyLayer([1, 2]), ValueError, /^relu: the input must be a Tensor/);
+      const loose = { mseLoss, crossEntropy, mean, reshape, softmax } as unknown as Record<
+        string,
+        (...args: unknown[]) => Tensor
+      >;
+      assertHalfstepError(() => loose.mseLoss(x, 5), ValueError, /^mseLoss: operand 2 must be/);
+      assertHalfstepError(
+        () => loose.mseLoss(x, x, { reduction: "avg" }),
+        ValueError,
+        /^mseLoss: reduction must be "mean", "sum" or "none", not "avg"/,
+      );
+      assertHalfstepError(
+        () => mseLoss(x, Tensor.zeros([3, 2])),
+        ShapeError,
+        /^mseLoss: input f32 \[2, 3\] and target f32 \[3, 2\] must have the same shape/,
+      );
+      assertHalfstepError(() => loose.crossEntropy(x, null), ValueError, /^crossEntropy: targets/);
+      assertHalfstepError(() => loose.mean(x, 1), ValueError, /^mean: options must be an object/);
+      assertHalfstepError(() => loose.reshape(x, "6"), ShapeError, /^reshape: the shape must be/);
+      assertHalfstepError(() => loose.softmax(5), ValueError, /^softmax: the input must be/);
+      const AnySequential = Sequential as unknown as new (...layers: unknown[]) => Sequential;
+      assertHalfstepError(
+        () => new AnySequential(new ReLU(), 5),
+        ValueError,
+        /^Sequential: layer 1/,
+      );
     });
   },
 });

@@ -1,7 +1,9 @@
 /** Differentiable reductions: sum and mean over one axis or all; max (no gradient). */
 import { isGradEnabled, record } from "../autograd.ts";
 import { autocastInputs, autocastInputsWidenedInKernel } from "../autocast_hook.ts";
-import { fail, ShapeError, StateError } from "../errors.ts";
+import { fail, ShapeError, StateError, ValueError } from "../errors.ts";
+import { shortValue } from "../short_text.ts";
+import { assertTensors } from "./checks.ts";
 import { launchUnary } from "../kernels/elementwise.ts";
 import { launchReduce, type ReduceOp, type ReduceView } from "../kernels/reduce.ts";
 import { normalizeAxis, type Shape, sizeOf } from "../shape.ts";
@@ -16,6 +18,14 @@ export interface ReduceOptions {
 }
 
 function plan(op: string, x: Tensor, options: ReduceOptions): { view: ReduceView; shape: Shape } {
+  assertTensors(op, x);
+  if (typeof options !== "object" || options === null) {
+    fail(
+      ValueError,
+      op,
+      `options must be an object such as { axis: 1 }, got ${shortValue(options)}.`,
+    );
+  }
   if (options.axis === undefined) {
     return {
       view: { outer: 1, axis: x.size, inner: 1 },

@@ -3,6 +3,7 @@ import { ShapeError } from "../errors.ts";
 import { record } from "../autograd.ts";
 import { assertValidShape, type Shape, shapeString, sizeOf } from "../shape.ts";
 import type { Tensor } from "../tensor.ts";
+import { assertTensors } from "./checks.ts";
 
 /**
  * The same data viewed with another shape of equal size; one extent may be
@@ -19,6 +20,8 @@ import type { Tensor } from "../tensor.ts";
  * ```
  */
 export function reshape(x: Tensor, shape: Shape): Tensor {
+  assertTensors("reshape", x);
+  if (!Array.isArray(shape)) assertValidShape("reshape", shape); // throws: not an array
   const known = shape.filter((d) => d !== -1);
   const inferred = shape.length - known.length;
   const resolved = inferred === 1 && sizeOf(known) > 0

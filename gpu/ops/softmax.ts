@@ -4,6 +4,7 @@ import { record } from "../autograd.ts";
 import { autocastInputs } from "../autocast_hook.ts";
 import { launchSoftmax, launchSoftmaxBackward, type SoftmaxKind } from "../kernels/softmax.ts";
 import type { Tensor } from "../tensor.ts";
+import { assertTensors } from "./checks.ts";
 
 function checkAxis(op: string, x: Tensor, axis: number): void {
   if (axis !== -1 && axis !== x.rank - 1) {
@@ -15,6 +16,7 @@ function checkAxis(op: string, x: Tensor, axis: number): void {
 }
 
 function softmaxOp(kind: SoftmaxKind, x0: Tensor, axis: number): Tensor {
+  assertTensors(kind === "softmax" ? "softmax" : "logSoftmax", x0);
   const [x] = autocastInputs(kind, [x0]);
   checkAxis(kind, x, axis);
   const y = launchSoftmax(kind, x);
