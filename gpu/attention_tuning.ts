@@ -14,7 +14,7 @@ import {
   launchFlashAttention,
   launchFlashAttentionBackward,
 } from "./kernels/flash_attention.ts";
-import { secondsPerRun, timeCandidates, winnerCache } from "./kernel_timing.ts";
+import { secondsPerRun, timeCandidates, tunerCacheKey, winnerCache } from "./kernel_timing.ts";
 import { untracked } from "./scope.ts";
 import { Tensor } from "./tensor.ts";
 
@@ -33,13 +33,9 @@ export interface AttentionTuning {
   cached: boolean;
 }
 
-function cacheKey(gpu: Gpu): string {
-  return `halfstep.attentionTuning.v${TUNER_VERSION}:${gpu.adapterName}`;
-}
-
 function cacheOf(gpu: Gpu) {
   return winnerCache(
-    cacheKey(gpu),
+    tunerCacheKey(gpu, "attentionTuning", TUNER_VERSION),
     (stored) => ATTENTION_PLAN_CANDIDATES.find((c) => JSON.stringify(c) === JSON.stringify(stored)),
   );
 }
@@ -49,7 +45,7 @@ function cacheOf(gpu: Gpu) {
  * T = 128 on CPU adapters (where T = 512 takes seconds per candidate).
  */
 function problemFor(gpu: Gpu): FlashAttentionShape {
-  return { batch: 2, heads: 4, headSize: 64, t: gpu.adapterInfo.isFallbackAdapter ? 128 : 512 };
+  return { batch: 2, heads: 4, headSize: 64, t: gpu.adapterProfile.cpu ? 128 : 512 };
 }
 
 async function tuneDtype(gpu: Gpu, dtype: "f32" | "f16"): Promise<AttentionTuning> {

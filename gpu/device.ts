@@ -17,7 +17,7 @@ import {
 } from "./kernel.ts";
 import { fail, GpuError, StateError, ValueError } from "./errors.ts";
 import { runtime } from "./runtime_state.ts";
-import { MAX_TENSOR_SLOTS } from "./kernels/multi_tensor.ts";
+import { type AdapterProfile, adapterProfileOf, profileDefaults } from "./adapter_profile.ts";
 
 /** How to treat f16: use it when the adapter has it, insist on it, or never use it. */
 export type F16Mode = "auto" | "require" | "off";
@@ -84,6 +84,12 @@ export class Gpu {
   readonly device: GPUDevice;
   /** The adapter's own description (vendor, architecture, driver). */
   readonly adapterInfo: GPUAdapterInfo;
+  /**
+   * What every adapter-derived choice reads (CPU adapter or GPU, subgroup
+   * size, the limits that filter kernels; see `adapter_profile.ts`). Derived
+   * from the adapter; tests swap it with `withAdapterProfile`.
+   */
+  adapterProfile: AdapterProfile;
   /** True when f16 tensors and kernels are available. */
   readonly f16: boolean;
   /** How f16 matmuls sum their products (see {@link F16Accumulation}); tests may switch it. */
@@ -108,7 +114,8 @@ export class Gpu {
    * many entries one thread each, and longer rows a workgroup (see
    * `gpu/kernels/row_layout.ts`). Default: 4096 on CPU adapters, where a
    * thread per row was faster at every length measured (2–8x, up to 4096),
-   * and 64 on GPUs, where long rows need a workgroup's bandwidth.
+   * and 64 on GPUs, where long rows need a workgroup's bandwidth (see
+   * `profileDefaults`).
    */
   threadRowMax: number;
   /**
@@ -178,15 +185,14 @@ export class Gpu {
     this.f16Accumulation = options.f16Accumulation;
     this.debug = options.debug;
     this.matmulTiling = options.matmulTiling;
-    this.threadRowMax = adapterInfo.isFallbackAdapter ? 4096 : 64;
+    this.adapterProfile = adapterProfileOf(adapterInfo, device.limits);
+    const defaults = profileDefaults(this.adapterProfile);
+    this.threadRowMax = defaults.threadRowMax;
     this.vectorElementwise = true;
-    // NOTE: on lavapipe a 6-tensor unscale ran 1.7x slower per element than
-    // six one-tensor dispatches (its LLVM code for the slot switch), and a
-    // dispatch there costs ~35 µs against ~17 µs of GPU time plus JS on an
-    // H100, so CPU adapters keep one tensor per dispatch.
-    this.multiTensorSlots = adapterInfo.isFallbackAdapter ? 1 : MAX_TENSOR_SLOTS;
-    this.splitKWorkgroups = adapterInfo.isFallbackAdapter ? 4 * navigator.hardwareConcurrency : 256;
-    // Less a margin for the fixed loops around the ones kernels check.
+    this.multiTensorSlots = defaults.multiTensorSlots;
+    this.splitKWorkgroups = defaults.splitKWorkgroups;
+    // Less a margin for the fixed loops around the ones kernels check. Not part
+    // of the profile: it is a limit of the driver that executes the kernels.
     this.loopIterationLimit = /llvmpipe/i.test(this.adapterName) ? 65535 - 1024 : Infinity;
     this.pool = new BufferPool(
       (bytes, label) => this.#createBuffer(bytes, label),

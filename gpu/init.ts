@@ -132,7 +132,7 @@ export async function initGpu(options: InitGpuOptions = {}): Promise<Gpu> {
       ? { maxDispatches: Infinity, maxWork: Infinity }
       : flush,
   });
-  gpu.pool.limitBytes = memoryLimit(options.memoryLimitBytes, adapter.info);
+  gpu.pool.limitBytes = memoryLimit(options.memoryLimitBytes, gpu.adapterProfile.cpu);
   if ((options.matmulTiling ?? "tune") === "tune") {
     await tuneMatmul(gpu);
     await tuneAttention(gpu);
@@ -161,9 +161,9 @@ export function defaultFlushPolicy(_info: GPUAdapterInfo): FlushPolicy {
 const GIB = 2 ** 30;
 
 /** The memory limit: the user's, or the default for the adapter (see InitGpuOptions). */
-function memoryLimit(given: number | undefined, info: GPUAdapterInfo): number {
+function memoryLimit(given: number | undefined, cpuAdapter: boolean): number {
   if (given !== undefined) return given; // checked by checkInitGpuOptions
-  if (!info.isFallbackAdapter) return Infinity;
+  if (!cpuAdapter) return Infinity;
   try {
     // deno-lint-ignore no-explicit-any
     const deno = (globalThis as any).Deno;

@@ -51,6 +51,23 @@ export async function timeCandidates<T>(
   return { best: candidates[best], seconds };
 }
 
+/**
+ * The cache key of `tuner`'s winners (version `version`) on `gpu`: by
+ * adapter, and by profile when a test runs the device as another adapter
+ * (`withAdapterProfile`), so its winners never mix with the real ones.
+ */
+export function tunerCacheKey(gpu: Gpu, tuner: string, version: number): string {
+  const profile = gpu.adapterProfile.name === "adapter" ? "" : ` [${gpu.adapterProfile.name}]`;
+  return `halfstep.${tuner}.v${version}:${gpu.adapterName}${profile}`;
+}
+
+/**
+ * Times one run of a candidate: seconds per call of `run`, which records the
+ * candidate's dispatches. The tuners default to {@link secondsPerRun}; tests
+ * inject their own to check what the tuner does with the figures.
+ */
+export type CandidateTimer<T> = (candidate: T, run: () => void) => Promise<number>;
+
 /** `localStorage` where the runtime offers it (Deno, browsers), else null: winners are then not kept. */
 function tuningStorage(): Storage | null {
   try {

@@ -15,7 +15,13 @@ import { dispatchMatmul, type MatmulProblem } from "./kernels/matmul.ts";
 import { type MatmulClass, matmulClassKey, type MatmulSize } from "./matmul_class.ts";
 import { Tensor } from "./tensor.ts";
 import { untracked } from "./scope.ts";
-import { secondsPerRun, timeCandidates, winnerCache } from "./kernel_timing.ts";
+import {
+  type CandidateTimer,
+  secondsPerRun,
+  timeCandidates,
+  tunerCacheKey,
+  winnerCache,
+} from "./kernel_timing.ts";
 import { blockedTileBytes } from "./kernels/gemm_blocked.ts";
 
 /** The tilings CPU adapters try, register blocks first. */
@@ -55,8 +61,8 @@ export const MATMUL_CANDIDATES: readonly MatmulTiling[] = [...CPU_CANDIDATES, ..
  * whose workgroup fits the device's limits.
  */
 export function matmulCandidates(gpu: Gpu, dtype: "f32" | "f16"): readonly MatmulTiling[] {
-  if (gpu.adapterInfo.isFallbackAdapter) return CPU_CANDIDATES;
-  const limits = gpu.device.limits;
+  if (gpu.adapterProfile.cpu) return CPU_CANDIDATES;
+  const limits = gpu.adapterProfile.limits;
   return MATMUL_CANDIDATES.filter((t) =>
     t.wgx * t.wgy <= limits.maxComputeInvocationsPerWorkgroup &&
     (t.variant !== "blocked" ||
@@ -74,7 +80,9 @@ const TUNER_VERSION = 4;
 export interface TilingMeasurement {
   /** The candidate. */
   tiling: MatmulTiling;
-  /** Its speed, in GFLOP/s. */
+  /** Seconds per product (the better of its timings). */
+  seconds: number;
+  /** Its speed, in GFLOP/s: the product's 2·m·n·k FLOPs over `seconds`. */
   gflops: number;
 }
 
@@ -96,6 +104,12 @@ export interface TuneMatmulOptions {
   classes?: readonly MatmulClass[];
   /** Measure again even when the cache has a winner (default false). */
   force?: boolean;
+  /**
+   * Times a candidate's run (default: GPU timestamps, else wall time; see
+   * `secondsPerRun`). Given one, the cache is neither read nor written: its
+   * figures need not be this adapter's (tests inject one to check the pick).
+   */
+  timer?: CandidateTimer<MatmulTiling>;
 }
 
 /**
@@ -105,9 +119,7 @@ export interface TuneMatmulOptions {
  * the medium ones).
  */
 export function defaultTuningClasses(gpu: Gpu): MatmulClass[] {
-  const sizes: MatmulSize[] = gpu.adapterInfo.isFallbackAdapter
-    ? ["medium"]
-    : ["small", "medium", "large"];
+  const sizes: MatmulSize[] = gpu.adapterProfile.cpu ? ["medium"] : ["small", "medium", "large"];
   const dtypes: ("f32" | "f16")[] = gpu.f16 ? ["f32", "f16"] : ["f32"];
   const out: MatmulClass[] = [];
   for (const dtype of dtypes) {
@@ -125,13 +137,9 @@ const REPRESENTATIVE: Record<MatmulSize, [number, number, number]> = {
   large: [2048, 2048, 1024], // 2^32
 };
 
-function cacheKey(gpu: Gpu): string {
-  return `halfstep.matmulTuning.v${TUNER_VERSION}:${gpu.adapterName}`;
-}
-
 function cacheOf(gpu: Gpu) {
   return winnerCache(
-    cacheKey(gpu),
+    tunerCacheKey(gpu, "matmulTuning", TUNER_VERSION),
     (stored) => MATMUL_CANDIDATES.find((c) => JSON.stringify(c) === JSON.stringify(stored)),
   );
 }
@@ -150,8 +158,12 @@ function problemOf(c: MatmulClass): MatmulProblem {
   };
 }
 
-/** Measures every candidate on `c`'s problem and returns the winner. */
-async function tuneClass(gpu: Gpu, c: MatmulClass): Promise<ClassTuning> {
+/** Measures every candidate on `c`'s problem with `timer` and returns the winner. */
+async function tuneClass(
+  gpu: Gpu,
+  c: MatmulClass,
+  timer: CandidateTimer<MatmulTiling>,
+): Promise<ClassTuning> {
   const problem = problemOf(c);
   const { m, n, k } = problem;
   const dtype = c.dtype;
@@ -164,8 +176,8 @@ async function tuneClass(gpu: Gpu, c: MatmulClass): Promise<ClassTuning> {
   let timed: { best: MatmulTiling; seconds: number[] };
   try {
     timed = await timeCandidates(candidates, (tiling) =>
-      secondsPerRun(
-        gpu,
+      timer(
+        tiling,
         () => dispatchMatmul(problem, operands.a, operands.b, operands.c, {}, tiling),
       ));
   } finally {
@@ -174,6 +186,7 @@ async function tuneClass(gpu: Gpu, c: MatmulClass): Promise<ClassTuning> {
   const flops = 2 * m * n * k;
   const measurements = candidates.map((tiling, i) => ({
     tiling,
+    seconds: timed.seconds[i],
     gflops: flops / Math.max(timed.seconds[i], 1e-12) / 1e9,
   }));
   const best = timed.best;
@@ -203,17 +216,18 @@ export async function tuneMatmul(
   options: TuneMatmulOptions = {},
 ): Promise<ClassTuning[]> {
   const cache = cacheOf(gpu);
-  const cached = options.force ? {} : cache.read();
+  const timer = options.timer ?? ((_, run) => secondsPerRun(gpu, run));
+  const cached = options.force || options.timer ? {} : cache.read();
   const results: ClassTuning[] = [];
   for (const c of options.classes ?? defaultTuningClasses(gpu)) {
     const key = matmulClassKey(c);
     const hit = cached[key];
     const result = hit
       ? { class: c, best: hit, measurements: [], cached: true }
-      : await tuneClass(gpu, c);
+      : await tuneClass(gpu, c, timer);
     gpu.matmulTilings.set(key, result.best);
     results.push(result);
   }
-  cache.write(gpu.matmulTilings);
+  if (!options.timer) cache.write(gpu.matmulTilings);
   return results;
 }

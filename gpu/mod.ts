@@ -21,6 +21,7 @@ export {
   type ProfileOptions,
   setDefaultGpu,
 } from "./device.ts";
+export type { AdapterProfile, ProfileLimits } from "./adapter_profile.ts";
 export {
   type DispatchCost,
   DispatchProfiler,
@@ -114,6 +115,7 @@ export {
   type TuneMatmulOptions,
 } from "./matmul_tuning.ts";
 export { type AttentionTuning, tuneAttention } from "./attention_tuning.ts";
+export type { CandidateTimer } from "./kernel_timing.ts";
 export type { AttentionPlan } from "./device.ts";
 export {
   classOf,

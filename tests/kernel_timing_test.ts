@@ -1,5 +1,9 @@
 import assert from "node:assert/strict";
 import { timeCandidates } from "../gpu/kernel_timing.ts";
+import { matmulCandidates, type MatmulTiling, tuneMatmul } from "../gpu/mod.ts";
+import { matmulClassKey, tilingName } from "../gpu/matmul_class.ts";
+import { gpuLikeProfile, withAdapterProfile } from "../gpu/adapter_profile.ts";
+import { gpu, GPU_TEST } from "./_gpu.ts";
 
 Deno.test("tuners: the finalists are timed again and keep their better time", async () => {
   // First round: c looks fastest only because a noisy spike slowed b down.
@@ -13,4 +17,47 @@ Deno.test("tuners: the finalists are timed again and keep their better time", as
   assert.deepEqual(seconds, [4, 1, 2, 3, 9]);
   // Every candidate once, then the three fastest again, slowest of them first.
   assert.deepEqual(calls, ["a", "b", "c", "d", "e", "d", "b", "c"]);
+});
+
+Deno.test({
+  name: "matmul tuner: picks what an injected timer says is fastest (finalists re-timed), " +
+    "reports consistent figures, and caches nothing a test timer measured",
+  ...GPU_TEST,
+  async fn() {
+    await withAdapterProfile(gpu, gpuLikeProfile(gpu), async () => {
+      const c = { dtype: "f32", orientation: "nt", size: "small" } as const;
+      const candidates = matmulCandidates(gpu, "f32");
+      // First round: candidate 3 looks fastest; re-timed, candidate 7 (second) beats it.
+      const rounds = new Map(candidates.map((t, i) => {
+        const first = i === 3 ? 1e-4 : i === 7 ? 2e-4 : 1e-3 + i * 1e-5;
+        return [t, [first, i === 7 ? 5e-5 : first * 3]];
+      }));
+      const calls: MatmulTiling[] = [];
+      const [result] = await tuneMatmul(gpu, {
+        classes: [c],
+        timer: (tiling) => {
+          calls.push(tiling);
+          return Promise.resolve(rounds.get(tiling)!.shift()!);
+        },
+      });
+      assert.equal(calls.length, candidates.length + 3, "every candidate, then three finalists");
+      assert.equal(result.best, candidates[7]);
+      assert.equal(gpu.matmulTilings.get(matmulClassKey(c)), candidates[7]);
+      assert.deepEqual(result.measurements.map((m) => m.tiling), candidates);
+      assert.equal(result.measurements[7].seconds, 5e-5);
+      assert.equal(result.measurements[3].seconds, 1e-4, "a finalist keeps its better time");
+      const flops = 2 * 64 * 128 * 256; // the small class's problem
+      for (const m of result.measurements) {
+        assert.ok(
+          Math.abs(m.gflops * 1e9 * m.seconds - flops) <= 1e-9 * flops,
+          tilingName(m.tiling),
+        );
+      }
+    });
+    const stored = Array.from({ length: localStorage.length }, (_, i) => localStorage.key(i) ?? "");
+    assert.ok(
+      stored.every((key) => !key.startsWith("halfstep.matmulTuning") || !key.includes("gpu-like")),
+      `a test timer's winners were cached: ${stored}`,
+    );
+  },
 });

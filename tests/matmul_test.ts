@@ -15,6 +15,7 @@ import {
   Tensor,
   tidy,
   tilingFor,
+  tilingName,
   tuneMatmul,
 } from "../gpu/mod.ts";
 import { gpu, GPU_TEST, withEachTiling } from "./_gpu.ts";
@@ -280,7 +281,14 @@ Deno.test({
       for (const result of results) {
         assert.equal(result.cached, false);
         assert.equal(result.measurements.length, matmulCandidates(gpu, "f32").length);
-        assert.ok(result.measurements.every((m) => m.gflops > 0));
+        // The figures agree: GFLOP/s × seconds is the class's 2·m·n·k (64×128×256 for small).
+        for (const m of result.measurements) {
+          assert.ok(m.seconds > 0 && Number.isFinite(m.seconds), tilingName(m.tiling));
+          assertClose([m.gflops * 1e9 * m.seconds], [2 * 64 * 128 * 256], {
+            atol: 0,
+            rtol: 1e-9,
+          }, `${tilingName(m.tiling)}: gflops × seconds`);
+        }
         const fastest = result.measurements.reduce((a, b) => (b.gflops > a.gflops ? b : a));
         assert.equal(result.best, fastest.tiling);
         assert.equal(gpu.matmulTilings.get(matmulClassKey(result.class)), result.best);

@@ -459,7 +459,7 @@ export const ATTENTION_PLAN_CANDIDATES: readonly AttentionPlan[] = [0, 16, 32].f
  * cost more than the shared reads save), on GPUs all of them.
  */
 export function attentionPlanCandidates(gpu: Gpu): readonly AttentionPlan[] {
-  return gpu.adapterInfo.isFallbackAdapter
+  return gpu.adapterProfile.cpu
     ? ATTENTION_PLAN_CANDIDATES.filter((p) => p.stage === 0)
     : ATTENTION_PLAN_CANDIDATES;
 }
@@ -489,7 +489,7 @@ function planFor(gpu: Gpu, dtype: DType, t: number, headSize: number): Attention
 
 /** `stage`, halved while its tiles pass the workgroup memory limit (0 below 16 rows). */
 function fittingStage(gpu: Gpu, stage: number, headSize: number, dtype: DType): number {
-  const limit = gpu.device.limits.maxComputeWorkgroupStorageSize;
+  const limit = gpu.adapterProfile.limits.maxComputeWorkgroupStorageSize;
   let fitting = stage;
   while (fitting >= 16 && stagedBytes(fitting, headSize, dtype) > limit) fitting /= 2;
   return fitting >= 16 ? fitting : 0;

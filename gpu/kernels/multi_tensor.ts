@@ -75,7 +75,7 @@ ${cases}
  */
 export function slotsPerDispatch(gpu: Gpu, perTensor: number, shared: number): number {
   const room = Math.floor(
-    (gpu.device.limits.maxStorageBuffersPerShaderStage - shared) / perTensor,
+    (gpu.adapterProfile.limits.maxStorageBuffersPerShaderStage - shared) / perTensor,
   );
   return Math.max(1, Math.min(MAX_TENSOR_SLOTS, gpu.multiTensorSlots, room));
 }

@@ -1,0 +1,179 @@
+/**
+ * The adapter profile: the one description of the adapter that every
+ * adapter-derived choice reads — whether it is a CPU adapter, its subgroup
+ * size, and the limits that filter kernel candidates — instead of
+ * `adapterInfo.isFallbackAdapter` and `device.limits` read here and there.
+ *
+ * Why it exists: halfstep is mostly developed and always tested on lavapipe,
+ * a CPU (fallback) adapter, so every branch written for GPUs — the blocked
+ * matmul tilings and their workgroup-memory filter, the small and large size
+ * classes, split-K at a GPU's target, 16 tensors per multi-tensor dispatch,
+ * staged attention plans, row kernels switching to a workgroup per row at 64
+ * entries — would otherwise never run before a user's GPU runs it. A test
+ * swaps in {@link gpuLikeProfile} with {@link withAdapterProfile}: the same
+ * code then takes its GPU branches, and lavapipe executes the kernels. The
+ * GPU-like limits are capped at the device's real ones, so everything chosen
+ * can still run there.
+ */
+import type { Gpu } from "./device.ts";
+import { MAX_TENSOR_SLOTS } from "./kernels/multi_tensor.ts";
+
+/** The device limits that choose or filter kernels (the rest are checked by WebGPU itself). */
+export interface ProfileLimits {
+  /** Bytes of workgroup memory a kernel may declare (blocked tilings, staged attention). */
+  maxComputeWorkgroupStorageSize: number;
+  /** Threads a workgroup may have (matmul candidates). */
+  maxComputeInvocationsPerWorkgroup: number;
+  /** Storage bindings a kernel may have (tensors per multi-tensor dispatch). */
+  maxStorageBuffersPerShaderStage: number;
+}
+
+/** What halfstep knows of an adapter when it picks kernels (see the module comment). */
+export interface AdapterProfile {
+  /** `"adapter"` for the real adapter's profile, else a test profile's name (kept apart in the tuners' caches). */
+  name: string;
+  /** True on CPU (fallback) adapters such as lavapipe: CPU tilings and plans, one tensor per dispatch. */
+  cpu: boolean;
+  /** Threads per subgroup (the adapter's largest; 32 on NVIDIA GPUs). */
+  subgroupSize: number;
+  /** The limits kernel choices are filtered by. */
+  limits: ProfileLimits;
+}
+
+/** The choices a device starts with, from its profile (each documented on `Gpu`). */
+export interface ProfileDefaults {
+  /** `Gpu.threadRowMax`. */
+  threadRowMax: number;
+  /** `Gpu.multiTensorSlots`. */
+  multiTensorSlots: number;
+  /** `Gpu.splitKWorkgroups`. */
+  splitKWorkgroups: number;
+}
+
+/**
+ * The profile of a real adapter, from its info and the device's limits.
+ *
+ * @example
+ * ```ts
+ * import { initGpu } from "./mod.ts";
+ * import { adapterProfileOf } from "./adapter_profile.ts";
+ * const gpu = await initGpu({ matmulTiling: "default" });
+ * const profile = adapterProfileOf(gpu.adapterInfo, gpu.device.limits);
+ * console.assert(profile.cpu === gpu.adapterInfo.isFallbackAdapter);
+ * gpu.destroy();
+ * ```
+ */
+export function adapterProfileOf(info: GPUAdapterInfo, limits: GPUSupportedLimits): AdapterProfile {
+  // subgroupMaxSize is newer than the rest of GPUAdapterInfo: absent, assume a GPU's 32.
+  const subgroups = (info as GPUAdapterInfo & { subgroupMaxSize?: number }).subgroupMaxSize;
+  return {
+    name: "adapter",
+    cpu: info.isFallbackAdapter,
+    subgroupSize: subgroups ?? 32,
+    limits: {
+      maxComputeWorkgroupStorageSize: limits.maxComputeWorkgroupStorageSize,
+      maxComputeInvocationsPerWorkgroup: limits.maxComputeInvocationsPerWorkgroup,
+      maxStorageBuffersPerShaderStage: limits.maxStorageBuffersPerShaderStage,
+    },
+  };
+}
+
+/** An H100's limits through Deno's WebGPU (Vulkan), which {@link gpuLikeProfile} starts from. */
+const GPU_LIMITS: ProfileLimits = {
+  maxComputeWorkgroupStorageSize: 49152,
+  maxComputeInvocationsPerWorkgroup: 1024,
+  maxStorageBuffersPerShaderStage: 1048576,
+};
+
+/**
+ * A profile for tests: a GPU (not a fallback adapter, subgroups of 32) with
+ * an H100's limits — each capped at `gpu`'s real limit, so every kernel it
+ * chooses still runs there — and `limits` on top (such as WebGPU's default
+ * 16 KiB of workgroup memory, to test a candidate filter).
+ *
+ * @example
+ * ```ts
+ * import { initGpu } from "./mod.ts";
+ * import { gpuLikeProfile, withAdapterProfile } from "./adapter_profile.ts";
+ * const gpu = await initGpu({ matmulTiling: "default" });
+ * await withAdapterProfile(gpu, gpuLikeProfile(gpu), () => {
+ *   console.assert(gpu.splitKWorkgroups === 256 && !gpu.adapterProfile.cpu);
+ *   return Promise.resolve();
+ * });
+ * gpu.destroy();
+ * ```
+ */
+export function gpuLikeProfile(gpu: Gpu, limits: Partial<ProfileLimits> = {}): AdapterProfile {
+  const real = gpu.device.limits;
+  const capped = Object.fromEntries(
+    Object.entries(GPU_LIMITS).map(([name, value]) => [
+      name,
+      Math.min(value, real[name as keyof ProfileLimits]),
+    ]),
+  ) as unknown as ProfileLimits;
+  return { name: "gpu-like", cpu: false, subgroupSize: 32, limits: { ...capped, ...limits } };
+}
+
+/**
+ * The choices a device starts with on an adapter of `profile`. NOTE (the
+ * measurements behind them): on lavapipe a thread per row was 2–8x faster
+ * than a workgroup at every row length up to 4096, while GPUs need a
+ * workgroup's bandwidth past 64; a 6-tensor unscale ran 1.7x slower per
+ * element than six one-tensor dispatches there (its LLVM code for the slot
+ * switch, where a dispatch costs ~35 µs against an H100's ~17); and lavapipe runs a workgroup on one thread, so split-K aims at
+ * 4 per CPU thread there and at 256 workgroups on a GPU (an H100 has 132
+ * multiprocessors).
+ */
+export function profileDefaults(profile: AdapterProfile): ProfileDefaults {
+  return profile.cpu
+    ? {
+      threadRowMax: 4096,
+      multiTensorSlots: 1,
+      splitKWorkgroups: 4 * navigator.hardwareConcurrency,
+    }
+    : { threadRowMax: 64, multiTensorSlots: MAX_TENSOR_SLOTS, splitKWorkgroups: 256 };
+}
+
+/**
+ * Runs `fn` with `gpu` as if on an adapter of `profile`: the profile, the
+ * defaults it gives (see {@link profileDefaults}) and no tuned tilings or
+ * attention plans (as a new device's); then restores everything. For tests
+ * of GPU-only paths on a CPU adapter; kernels still run on `gpu`. @internal
+ *
+ * @example
+ * ```ts
+ * import { initGpu } from "./mod.ts";
+ * import { gpuLikeProfile, withAdapterProfile } from "./adapter_profile.ts";
+ * const gpu = await initGpu({ matmulTiling: "default" });
+ * const slots = await withAdapterProfile(gpu, gpuLikeProfile(gpu), () =>
+ *   Promise.resolve(gpu.multiTensorSlots));
+ * console.assert(slots === 16);
+ * gpu.destroy();
+ * ```
+ */
+export async function withAdapterProfile<T>(
+  gpu: Gpu,
+  profile: AdapterProfile,
+  fn: () => Promise<T>,
+): Promise<T> {
+  const saved = {
+    adapterProfile: gpu.adapterProfile,
+    threadRowMax: gpu.threadRowMax,
+    multiTensorSlots: gpu.multiTensorSlots,
+    splitKWorkgroups: gpu.splitKWorkgroups,
+    matmulTiling: gpu.matmulTiling,
+  };
+  const tilings = [...gpu.matmulTilings], plans = [...gpu.attentionPlans];
+  Object.assign(gpu, { adapterProfile: profile }, profileDefaults(profile));
+  gpu.matmulTilings.clear();
+  gpu.attentionPlans.clear();
+  try {
+    return await fn();
+  } finally {
+    Object.assign(gpu, saved);
+    gpu.matmulTilings.clear();
+    gpu.attentionPlans.clear();
+    for (const [key, tiling] of tilings) gpu.matmulTilings.set(key, tiling);
+    for (const [key, plan] of plans) gpu.attentionPlans.set(key, plan);
+  }
+}

@@ -1,0 +1,218 @@
+/**
+ * The GPU path on a CPU adapter: with the device run as a GPU
+ * (`withAdapterProfile(gpu, gpuLikeProfile(gpu), ...)`, see
+ * gpu/adapter_profile.ts) the library takes every branch a user's GPU takes —
+ * blocked tilings, their workgroup-memory filter, the size classes, split-K
+ * at a GPU's target — while lavapipe executes the kernels, checked here
+ * against f64.
+ */
+import assert from "node:assert/strict";
+import { matmul, MATMUL_CANDIDATES, type MatmulTiling, Tensor, tuneMatmul } from "../gpu/mod.ts";
+import { gpuLikeProfile, withAdapterProfile } from "../gpu/adapter_profile.ts";
+import { defaultTuningClasses, matmulCandidates } from "../gpu/matmul_tuning.ts";
+import { classOf, matmulClassKey, tilingFor, tilingName } from "../gpu/matmul_class.ts";
+import { gemmSlices, gemmSplit, sliceLength } from "../gpu/kernels/gemm.ts";
+import { blockedTileBytes } from "../gpu/kernels/gemm_blocked.ts";
+import { attentionPlanCandidates } from "../gpu/kernels/flash_attention.ts";
+import { dispatchedKernels, gpu, GPU_TEST } from "./_gpu.ts";
+import { matmul64, quantize, uniform } from "./_reference.ts";
+import { assertClose, TOL, type Tolerance } from "./_assert.ts";
+
+/** Runs `fn` with the shared device as a GPU (optionally with other limits). */
+function asGpu<T>(fn: () => Promise<T>, limits = {}): Promise<T> {
+  return withAdapterProfile(gpu, gpuLikeProfile(gpu, limits), fn);
+}
+
+const BLOCKED = MATMUL_CANDIDATES.filter((t) => t.variant === "blocked");
+const BLOCKED_128 = BLOCKED[0];
+
+Deno.test({
+  name: "adapter profile: the device's own, and the GPU-like one steering every adapter choice",
+  ...GPU_TEST,
+  async fn() {
+    const own = gpu.adapterProfile;
+    assert.equal(own.name, "adapter");
+    assert.equal(own.cpu, gpu.adapterInfo.isFallbackAdapter);
+    for (const [name, value] of Object.entries(own.limits)) {
+      assert.equal(value, gpu.device.limits[name as keyof typeof own.limits], name);
+    }
+    const before = { slots: gpu.multiTensorSlots, split: gpu.splitKWorkgroups };
+    await asGpu(() => {
+      const p = gpu.adapterProfile;
+      assert.deepEqual([p.cpu, p.subgroupSize], [false, 32]);
+      // A GPU's limits, never past what this device can run.
+      assert.ok(p.limits.maxComputeWorkgroupStorageSize <= 49152);
+      for (const [name, value] of Object.entries(p.limits)) {
+        assert.ok(value <= gpu.device.limits[name as keyof typeof p.limits], name);
+      }
+      assert.deepEqual(
+        [gpu.threadRowMax, gpu.multiTensorSlots, gpu.splitKWorkgroups],
+        [64, 16, 256],
+      );
+      // Every candidate that fits, blocked ones included; every class size; staged attention plans.
+      const fits = (t: MatmulTiling, dtype: "f32" | "f16") =>
+        t.wgx * t.wgy <= p.limits.maxComputeInvocationsPerWorkgroup &&
+        (t.variant !== "blocked" ||
+          blockedTileBytes(t, dtype) <= p.limits.maxComputeWorkgroupStorageSize);
+      for (const dtype of ["f32", "f16"] as const) {
+        const candidates = matmulCandidates(gpu, dtype);
+        assert.deepEqual(candidates, MATMUL_CANDIDATES.filter((t) => fits(t, dtype)), dtype);
+        assert.ok(BLOCKED.every((t) => candidates.includes(t)), `${dtype}: blocked tilings run`);
+      }
+      const sizes = new Set(defaultTuningClasses(gpu).map((c) => c.size));
+      assert.deepEqual([...sizes], ["small", "medium", "large"]);
+      assert.ok(attentionPlanCandidates(gpu).some((plan) => plan.stage > 0), "staged plans");
+      // Split-K at a GPU's target: the GPT's fc1 weight gradient (36 tiles, K = 16384) in 8 slices.
+      const fc1 = sliceLength(16384, gemmSlices(gpu, BLOCKED_128, 36, 16384), BLOCKED_128);
+      assert.deepEqual(fc1, { length: 2048, slices: 8 });
+      return Promise.resolve();
+    });
+    // Restored: the adapter's own profile and choices.
+    assert.equal(gpu.adapterProfile, own);
+    assert.deepEqual({ slots: gpu.multiTensorSlots, split: gpu.splitKWorkgroups }, before);
+    if (own.cpu) assert.ok(matmulCandidates(gpu, "f32").every((t) => t.variant !== "blocked"));
+  },
+});
+
+Deno.test({
+  name: "adapter profile: on a device with 16 KiB of workgroup memory the tuner drops " +
+    "the blocked 8×8 tk-16 f32 tiling (16,896 B) and never times it",
+  ...GPU_TEST,
+  async fn() {
+    const tooLarge = BLOCKED.find((t) => t.tm === 8 && t.tn === 8 && t.wgy === 16 && t.tk === 16)!;
+    assert.equal(blockedTileBytes(tooLarge, "f32"), 16896);
+    assert.equal(blockedTileBytes(tooLarge, "f16"), 8448);
+    await asGpu(async () => {
+      const f32 = matmulCandidates(gpu, "f32");
+      assert.deepEqual(f32, MATMUL_CANDIDATES.filter((t) => t !== tooLarge));
+      assert.equal(matmulCandidates(gpu, "f16").length, MATMUL_CANDIDATES.length, "f16 tiles fit");
+      // The tuner times only what fits, even when the dropped tiling would look fastest.
+      const timed: MatmulTiling[] = [];
+      const [result] = await tuneMatmul(gpu, {
+        classes: [{ dtype: "f32", orientation: "nn", size: "small" }],
+        timer: (tiling) => {
+          timed.push(tiling);
+          return Promise.resolve(tiling === tooLarge ? 1e-6 : 1e-3 * (1 + timed.length));
+        },
+      });
+      assert.ok(!timed.includes(tooLarge), "the dropped tiling was timed");
+      assert.notEqual(result.best, tooLarge);
+    }, { maxComputeWorkgroupStorageSize: 16384 });
+    // And by threads: a device of 128 threads per workgroup keeps only workgroups that small.
+    await asGpu(() => {
+      const small = matmulCandidates(gpu, "f32");
+      assert.ok(small.length > 0 && small.every((t) => t.wgx * t.wgy <= 128));
+      assert.equal(small.length, MATMUL_CANDIDATES.filter((t) => t.wgx * t.wgy <= 128).length);
+      return Promise.resolve();
+    }, { maxComputeInvocationsPerWorkgroup: 128 });
+  },
+});
+
+Deno.test({
+  name: "adapter profile: the GPU's size classes are tuned and dispatch picks each class's winner",
+  ...GPU_TEST,
+  async fn() {
+    await asGpu(async () => {
+      // A timer that favours a different candidate per class: the k-th class's winner is candidate k mod n.
+      const classes = defaultTuningClasses(gpu).filter((c) => c.dtype === "f32");
+      const winners = new Map<string, MatmulTiling>();
+      for (const [i, c] of classes.entries()) {
+        const candidates = matmulCandidates(gpu, c.dtype);
+        const winner = candidates[i % candidates.length];
+        winners.set(matmulClassKey(c), winner);
+        await tuneMatmul(gpu, {
+          classes: [c],
+          timer: (tiling) => Promise.resolve(tiling === winner ? 1e-4 : 1e-3),
+        });
+      }
+      const problem = (m: number, n: number, k: number) => ({
+        batch: 1,
+        m,
+        n,
+        k,
+        a: { batch: 0, row: k, col: 1 },
+        b: { batch: 0, row: n, col: 1 },
+      });
+      for (
+        const [[m, n, k], size] of [[[64, 64, 64], "small"], [[256, 256, 256], "medium"], [
+          [1024, 1024, 1024],
+          "large",
+        ]] as const
+      ) {
+        const p = problem(m, n, k);
+        assert.equal(classOf(p, "f32").size, size);
+        const expected = winners.get(matmulClassKey({ dtype: "f32", orientation: "nn", size }))!;
+        assert.equal(tilingFor(gpu, p, "f32"), expected, `${size}: ${tilingName(expected)}`);
+      }
+    });
+    assert.equal(gpu.matmulTilings.size, 0, "the test profile's winners are dropped after it");
+  },
+});
+
+/** As matmul_test: error may grow like √K times the unit roundoff. */
+function tolFor(dtype: "f32" | "f16", k: number): Tolerance {
+  const t = TOL[dtype];
+  return { atol: t.atol * Math.max(1, Math.sqrt(k) / 4), rtol: t.rtol };
+}
+
+// Uneven last slices (K not a multiple of a slice, nor of a tile's K step), each in another
+// orientation and batch count, with results smaller than one workgroup tile.
+const SWEEP = [
+  { batch: 2, m: 5, n: 9, k: 1031, transA: false, transB: false },
+  { batch: 1, m: 33, n: 17, k: 1500, transA: true, transB: false },
+  { batch: 3, m: 7, n: 20, k: 2500, transA: false, transB: true },
+];
+
+Deno.test({
+  name: "adapter profile: every GPU tiling, split and unsplit, with uneven last slices, " +
+    "f32 and f16, batched, matches f64",
+  ...GPU_TEST,
+  async fn() {
+    await asGpu(async () => {
+      const chosen = gpu.matmulTiling;
+      try {
+        for (const dtype of gpu.f16 ? ["f32", "f16"] as const : ["f32"] as const) {
+          const tilings = matmulCandidates(gpu, dtype).filter((t) => t.variant === "blocked");
+          assert.equal(tilings.length, BLOCKED.length);
+          for (const [s, dims] of SWEEP.entries()) {
+            const { batch, m, n, k, transA, transB } = dims;
+            const a = quantize(uniform(batch * m * k, 5 * s + 1), dtype);
+            const b = quantize(uniform(batch * k * n, 5 * s + 2), dtype);
+            const batched = (shape: number[]) => (batch > 1 ? [batch, ...shape] : shape);
+            const ta = Tensor.from(a, batched(transA ? [k, m] : [m, k]), { dtype });
+            const tb = Tensor.from(b, batched(transB ? [n, k] : [k, n]), { dtype });
+            const expected = matmul64(a, b, dims);
+            for (const tiling of tilings) {
+              gpu.matmulTiling = tiling;
+              const split = gemmSplit(gpu, tiling, dims, batch);
+              const label = `${dtype} ${tilingName(tiling)} tk ${tiling.tk} ${
+                JSON.stringify(dims)
+              }`;
+              // The split has several slices and a shorter last one.
+              assert.ok(split.slices > 1, label);
+              assert.ok(k - (split.slices - 1) * split.length < split.length, `${label}: uneven`);
+              for (const target of [gpu.splitKWorkgroups, 0]) {
+                const chosenTarget = gpu.splitKWorkgroups;
+                gpu.splitKWorkgroups = target;
+                let c: Tensor | undefined;
+                try {
+                  const kernels = dispatchedKernels(() => c = matmul(ta, tb, { transA, transB }));
+                  assert.equal(kernels.length, target > 0 ? 2 : 1, `${label}: ${kernels}`);
+                } finally {
+                  gpu.splitKWorkgroups = chosenTarget;
+                }
+                const what = `${label} ${target > 0 ? `split in ${split.slices}` : "unsplit"}`;
+                assertClose(await c!.read(), expected, tolFor(dtype, k), what);
+                c!.dispose();
+              }
+            }
+            ta.dispose();
+            tb.dispose();
+          }
+        }
+      } finally {
+        gpu.matmulTiling = chosen;
+      }
+    });
+  },
+});
