@@ -1,7 +1,9 @@
 /** Loss functions. Both compute in f32 and return an f32 loss whatever the input dtype. */
 import { crossEntropyPerRow } from "../gpu/ops/cross_entropy.ts";
 import { cast, div, square, sub } from "../gpu/ops/elementwise.ts";
-import { fail, ShapeError, ValueError } from "../gpu/errors.ts";
+import { fail, ValueError } from "../gpu/errors.ts";
+import { broadcastInto } from "../gpu/ops/broadcast.ts";
+import { warnOnce } from "../gpu/runtime_state.ts";
 import { sameShape } from "../gpu/shape.ts";
 import { mean, sum } from "../gpu/ops/reduce.ts";
 import { Tensor } from "../gpu/tensor.ts";
@@ -148,10 +150,12 @@ export function mseLoss(
   assertTensors("mseLoss", input, target);
   const reduction = checkReduction("mseLoss", options.reduction);
   if (!sameShape(input.shape, target.shape)) {
-    fail(
-      ShapeError,
-      "mseLoss",
-      `input ${input.describe()} and target ${target.describe()} must have the same shape.`,
+    // As PyTorch: a target that broadcasts into the input is used, with a warning (it is
+    // usually a mistake); one that does not is a ShapeError named as mseLoss.
+    broadcastInto("mseLoss", input.shape, target.shape);
+    warnOnce(
+      `mseLoss: target ${target.describe()} differs from input ${input.describe()} and is ` +
+        "broadcast, as PyTorch does; this is usually a mistake (reshape the target).",
     );
   }
   const a = input.dtype === "f32" ? input : cast(input, "f32");
