@@ -258,3 +258,16 @@ Deno.test({
     model.dispose();
   },
 });
+
+Deno.test({
+  name: "mseLoss: a target that broadcasts into the input is used, as in PyTorch",
+  ...GPU_TEST,
+  async fn() {
+    const input = Tensor.from([1, 2, 3, 4, 5, 6], [2, 3]);
+    const target = Tensor.from([1, 1, 1], [3]);
+    const loss = mseLoss(input, target, { reduction: "sum" });
+    // (0² + 1² + 2²) + (3² + 4² + 5²) = 55, the sum PyTorch's broadcast gives.
+    assert.equal(await loss.item(), 55);
+    for (const t of [input, target, loss]) t.dispose();
+  },
+});
