@@ -7,7 +7,9 @@
  * its running statistics a second time.
  */
 import { backward, noGrad, record } from "./autograd.ts";
-import { fail, StateError } from "./errors.ts";
+import { fail, StateError, ValueError } from "./errors.ts";
+import { assertTensors } from "./ops/checks.ts";
+import { shortValue } from "./short_text.ts";
 import { RandomTape } from "./random.ts";
 import { currentModes, runtime, withState } from "./runtime_state.ts";
 import { keep, tidy, untracked } from "./scope.ts";
@@ -38,6 +40,15 @@ export function isRecomputing(): boolean {
  * ```
  */
 export function checkpoint(fn: (...inputs: Tensor[]) => Tensor, ...inputs: Tensor[]): Tensor {
+  if (typeof fn !== "function") {
+    fail(
+      ValueError,
+      "checkpoint",
+      `the first argument must be the function to recompute, got ${shortValue(fn)}; ` +
+        "call checkpoint((x) => ..., x).",
+    );
+  }
+  assertTensors("checkpoint", ...inputs);
   const firstRun = currentModes();
   const randomness = new RandomTape();
   // First run: no tape, and every intermediate freed as soon as fn returns.

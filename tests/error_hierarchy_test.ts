@@ -10,6 +10,7 @@ import assert from "node:assert/strict";
 import {
   add,
   AmpTrainer,
+  checkpoint,
   crossEntropy,
   GpuError,
   HalfstepError,
@@ -269,5 +270,17 @@ Deno.test({
     // (0² + 1² + 2²) + (3² + 4² + 5²) = 55, the sum PyTorch's broadcast gives.
     assert.equal(await loss.item(), 55);
     for (const t of [input, target, loss]) t.dispose();
+  },
+});
+
+Deno.test({
+  name: "errors: checkpoint given a non-function or a non-tensor input is a ValueError",
+  ...GPU_TEST,
+  fn() {
+    const x = Tensor.zeros([2]);
+    const anyCheckpoint = checkpoint as unknown as (...args: unknown[]) => Tensor;
+    assertHalfstepError(() => anyCheckpoint(5, x), ValueError, /^checkpoint: the first argument/);
+    assertHalfstepError(() => anyCheckpoint((t: Tensor) => t, [1]), ValueError, /^checkpoint:/);
+    x.dispose();
   },
 });
