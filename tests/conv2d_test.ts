@@ -1,7 +1,10 @@
 import assert from "node:assert/strict";
 import { mul, sum, Tensor, tidy } from "../gpu/mod.ts";
 import { conv2d, type Conv2dOptions } from "../gpu/ops/conv2d.ts";
-import { GPU_TEST, withEachTiling } from "./_gpu.ts";
+import { dispatchedKernels, gpu, GPU_TEST, withEachTiling } from "./_gpu.ts";
+import { MATMUL_CANDIDATES } from "../gpu/matmul_tuning.ts";
+import { gemmSplit } from "../gpu/kernels/gemm.ts";
+import { gpuLikeProfile, withAdapterProfile } from "../gpu/adapter_profile.ts";
 import { tilingName } from "../gpu/matmul_class.ts";
 import { gradcheck } from "./_gradcheck.ts";
 import { quantize, uniform } from "./_reference.ts";
@@ -237,6 +240,62 @@ Deno.test({
         () => conv2d(x, Tensor.zeros([6, 2, 3, 3], { dtype: "f16" }), { groups: 2 }),
         /conv2d: dtypes differ/,
       );
+    });
+  },
+});
+
+/** The weight gradient of case `t` in `dtype` (x needs none: only that pass runs) against f64. */
+async function checkWeightGrad(t: Case, dtype: "f32" | "f16", what: string): Promise<void> {
+  const groups = t.groups ?? 1;
+  const x = quantize(uniform(t.n * t.c * t.h * t.w, 1, -1, 1), dtype);
+  const w = quantize(uniform(t.o * (t.c / groups) * t.k[0] * t.k[1], 2, -0.5, 0.5), dtype);
+  const shape = conv2d64(x, w, null, null, t).shape;
+  const gy = quantize(uniform(shape.reduce((a, b) => a * b, 1), 4), dtype);
+  const ref = conv2d64(x, w, null, gy, t);
+  const tw = Tensor.from(w, [t.o, t.c / groups, ...t.k], { dtype, requiresGrad: true });
+  const tx = Tensor.from(x, [t.n, t.c, t.h, t.w], { dtype });
+  const gradient = Tensor.from(gy, shape, { dtype });
+  // The weight gradient's pass is followed by the sum of its slices.
+  const keys = dispatchedKernels(() => {
+    const y = conv2d(tx, tw, optionsOf(t, null));
+    y.backward({ gradient });
+    y.dispose();
+  });
+  const pass = keys.findIndex((k) => k.includes("weight_grad"));
+  assert.match(keys[pass + 1] ?? "", /^reduce/, `${what}: ${keys.join(", ")}`);
+  assertClose(await tw.grad!.read(), ref.dw, SUM_TOL[dtype], `dweight ${what} ${dtype}`);
+  for (const tensor of [tw.grad!, tw, tx, gradient]) tensor.dispose();
+}
+
+Deno.test({
+  name: "conv2d: as on a GPU, the weight gradient is split with an uneven last slice and " +
+    "matches f64 under every blocked tiling, f32 and f16, grouped",
+  ...GPU_TEST,
+  async fn() {
+    // 1500 and 1026 positions: the weight gradient's reduction, split into 5 and 4 slices.
+    const cases: Case[] = [
+      { n: 3, c: 4, h: 25, w: 20, o: 6, k: [3, 3], padding: [1, 1] },
+      { n: 2, c: 4, h: 27, w: 19, o: 4, k: [3, 3], padding: [1, 1], groups: 2 },
+    ];
+    await withAdapterProfile(gpu, gpuLikeProfile(gpu), async () => {
+      const chosen = gpu.matmulTiling;
+      try {
+        for (const tiling of MATMUL_CANDIDATES.filter((t) => t.variant === "blocked")) {
+          gpu.matmulTiling = tiling;
+          for (const [i, t] of cases.entries()) {
+            const groups = t.groups ?? 1;
+            const size = { m: t.o / groups, n: (t.c / groups) * 9, k: t.n * t.h * t.w };
+            const split = gemmSplit(gpu, tiling, size, groups);
+            const last = size.k - (split.slices - 1) * split.length;
+            const what = `${tilingName(tiling)} tk ${tiling.tk}, case ${i}`;
+            assert.ok(split.slices > 1 && last < split.length, `${what}: ${JSON.stringify(split)}`);
+            await checkWeightGrad(t, "f32", what);
+            if (gpu.f16 && i === 0) await checkWeightGrad(t, "f16", what);
+          }
+        }
+      } finally {
+        gpu.matmulTiling = chosen;
+      }
     });
   },
 });
