@@ -111,7 +111,8 @@ Deno.test({
     const { state, problems } = await runPage(`/examples/web/?steps=${STEPS}`, { webgpu: false });
     assert.deepEqual(problems, [], "the page logged errors");
     assert.equal(state.status, "no-webgpu", state.message);
-    assert.match(state.message, /no adapter/);
+    // Chromium 156 keeps navigator.gpu and gives no adapter; others may drop navigator.gpu.
+    assert.match(state.message, /no adapter|navigator\.gpu is missing/);
     assert.match(state.message, /chrome:\/\/flags\/#enable-unsafe-webgpu/);
     // Deno's advice (a Vulkan driver from apt) means nothing to a browser user.
     assert.doesNotMatch(state.message, /apt-get|mesa|driver/i);
@@ -126,7 +127,7 @@ Deno.test({
     // An invalid f16 mode makes initGpu throw once an adapter is found.
     const { state, problems } = await runPage(`/examples/web/?f16=sometimes`, { webgpu: true });
     assert.equal(state.status, "error", `${state.status}: ${state.message}`);
-    assert.match(state.message, /^error: ValueError: .*f16 must be "auto", "require" or "off"/);
+    assert.match(state.message, /^error: ValueError: .*initGpu.*f16.*sometimes/);
     assert.match(state.error ?? "", /initGpu/);
     assert.equal(problems.length, 1, `the page reports it once: ${problems}`);
     assert.throws(() => assertTrained(state), /the page failed/);
