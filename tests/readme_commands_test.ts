@@ -7,14 +7,11 @@
 import assert from "node:assert/strict";
 import { join } from "node:path";
 import { ROOT } from "./_bundle.ts";
+import { readReadme, shellLines } from "./_readme.ts";
 
-/** Every command line of the README's ```sh blocks (comments stripped). */
+/** Every `deno` command line of the README's ```sh blocks (comments stripped). */
 async function readmeCommands(): Promise<string[]> {
-  const readme = await Deno.readTextFile(join(ROOT, "README.md"));
-  const blocks = [...readme.matchAll(/```sh\n([\s\S]*?)```/g)].map((m) => m[1]);
-  return blocks.flatMap((b) => b.split("\n"))
-    .map((line) => line.replace(/\s+#.*$/, "").trim())
-    .filter((line) => line.startsWith("deno "));
+  return shellLines(await readReadme()).filter((line) => line.startsWith("deno "));
 }
 
 /** The flags that make a README command quick, by the script it runs. */
@@ -60,7 +57,7 @@ Deno.test("README: every example command runs as written", async () => {
 });
 
 Deno.test("README: install lines as CI runs them (apt-get as root, no sudo), same packages", async () => {
-  const readme = await Deno.readTextFile(join(ROOT, "README.md"));
+  const readme = await readReadme();
   const ci = await Deno.readTextFile(join(ROOT, ".ci", "run"));
   // CI runs as root, where sudo is often missing; users add it themselves.
   assert.doesNotMatch(readme, /\bsudo\s+apt/, "no sudo in the README's install lines");

@@ -10,6 +10,7 @@ import { join } from "node:path";
 import { AdamW, AmpTrainer, crossEntropy, Linear, ReLU, Sequential, Tensor } from "../mod.ts";
 import { serveDirectory } from "../examples/web/serve.ts";
 import { ROOT } from "./_bundle.ts";
+import { readReadme, shellLines } from "./_readme.ts";
 import { GPU_TEST } from "./_gpu.ts";
 
 /** One AMP step of a fixed model; the same source runs in both processes. */
@@ -77,14 +78,10 @@ Deno.test({
 
 /** The README's URL import, as written in its "Import by URL" section. */
 async function readmeUrlImport() {
-  const readme = await Deno.readTextFile(join(ROOT, "README.md"));
-  const section = readme.split(/^## /m).find((s) => s.startsWith("Import by URL"));
+  const section = (await readReadme()).split(/^## /m).find((s) => s.startsWith("Import by URL"));
   assert.ok(section, 'the README has its "Import by URL" section');
   const command = (pattern: RegExp) => {
-    const line = [...section.matchAll(/```sh\n([\s\S]*?)```/g)]
-      .flatMap((m) => m[1].split("\n"))
-      .map((l) => l.replace(/\s+#.*$/, "").trim())
-      .find((l) => pattern.test(l));
+    const line = shellLines(section).find((l) => pattern.test(l));
     assert.ok(line, `the README shows a command matching ${pattern}`);
     return line;
   };
