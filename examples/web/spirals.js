@@ -181,11 +181,15 @@ async function main() {
   }
   setStatus("starting", "starting WebGPU…");
   if (!(await navigator.gpu.requestAdapter())) {
-    setStatus("no-webgpu", `WebGPU is here but disabled: no adapter was found. ${ENABLE_WEBGPU}`);
+    setStatus(
+      "no-webgpu",
+      "This browser has WebGPU but gave no adapter: no adapter was found (WebGPU is " +
+        `disabled, or this GPU is blocklisted). ${ENABLE_WEBGPU}`,
+    );
     return;
   }
-  // No matmul tuning: it measures every tiling once per adapter (~15 s on a
-  // CPU adapter on the first visit), and this model's products are tiny.
+  // No matmul tuning: it measures every tiling once per adapter (43 s, in
+  // silence, on SwiftShader on the first visit), and this model's products are tiny.
   const gpu = await initGpu({ f16: params.get("f16") ?? "auto", matmulTiling: "default" });
   demo.adapter = gpu.adapterName || "unnamed adapter";
   demo.f16 = gpu.f16;
