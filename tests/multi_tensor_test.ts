@@ -10,7 +10,9 @@ import { GradScaler } from "../amp/grad_scaler.ts";
 import { Tensor } from "../gpu/mod.ts";
 import { multiTensorChunks, slotsPerDispatch, slotTable } from "../gpu/kernels/multi_tensor.ts";
 import { Adam, type AdamOptions, clipGradNorm, SGD, type SGDOptions } from "../optim/mod.ts";
-import { gpu, GPU_TEST } from "./_gpu.ts";
+import { adamKernel } from "../optim/kernels/update.ts";
+import { gpuLikeProfile, withAdapterProfile } from "../gpu/adapter_profile.ts";
+import { dispatchedKernels, gpu, GPU_TEST } from "./_gpu.ts";
 import { adamRef, check, CopyMap, type Opt, type Ref, sgdRef } from "./_optimizer_reference.ts";
 import { assertClose, TOL } from "./_assert.ts";
 import { quantize, uniform } from "./_reference.ts";
@@ -202,4 +204,134 @@ Deno.test("multi-tensor: chunks keep order and split on a new key; slot tables",
     Math.max(1, Math.min(16, Math.floor((limit - 3) / 5))),
   );
   assert.equal(withSlots(1, () => slotsPerDispatch(gpu, 1, 1)), 1);
+});
+
+// 17 tensors of one gradient dtype (f16 where the adapter has it, with f16 working copies):
+// every dispatch but the last is full at a GPU's slot count.
+const FULL = [1, 7, 1031, 33, 4097, 2, 129, 64, 5, 300, 17, 1024, 1025, 3, 8, 9, 65];
+const FULL_GRAD = F16 ? "f16" : "f32";
+
+/** The `slots` of each dispatch of kernel family `name` among `keys`. */
+function slotsOf(keys: string[], name: string): number[] {
+  return keys.filter((k) => k.startsWith(`${name}{`)).map((k) => Number(/slots=(\d+)/.exec(k)![1]));
+}
+
+/** The slots each dispatch should take: full runs of the most the profile allows, then the rest. */
+function fullRuns(perTensor: number, shared: number): number[] {
+  const limit = gpu.adapterProfile.limits.maxStorageBuffersPerShaderStage;
+  const most = Math.min(16, Math.floor((limit - shared) / perTensor));
+  const runs = Array(Math.floor(FULL.length / most)).fill(most);
+  return FULL.length % most ? [...runs, FULL.length % most] : runs;
+}
+
+/** Two steps of `o` with unscaling by a GradScaler and clipping, as a GPU runs them (or one tensor a dispatch). */
+async function gpuStyleRun(o: (typeof OPTIMIZERS)[number], asGpu: boolean) {
+  const init = FULL.map((n, k) => quantize(uniform(n, 40 + k), "f32"));
+  const params = init.map((v) => Tensor.from(v, [v.length]));
+  const copies = new CopyMap();
+  if (F16) params.forEach((p, k) => copies.set(p, Tensor.from(init[k], p.shape, { dtype: "f16" })));
+  const opt = o.make(params);
+  opt.setWorkingCopies(copies);
+  const scaler = new GradScaler({ initScale: 4 });
+  const refs = init.map(o.ref);
+  const keys: string[] = [];
+  const step = async (s: number) => {
+    const grads = params.map((p, k) => {
+      const g = quantize(uniform(p.size, 977 * (s + 1) + k, -8, 8), FULL_GRAD);
+      p.grad?.dispose();
+      p.grad = Tensor.from(g, p.shape, { dtype: FULL_GRAD });
+      return g;
+    });
+    keys.push(...dispatchedKernels(() => {
+      scaler.unscale(opt);
+      clipGradNorm(params, 1e6).totalNorm.dispose(); // a norm, no clipping: the references stay plain
+      scaler.step(opt);
+      scaler.update();
+    }));
+    refs.forEach((r, k) => r.step(grads[k].map((g) => g / 4)));
+    await check(
+      `${o.name}, ${asGpu ? "as on a GPU" : "one per dispatch"}, step ${s}`,
+      params,
+      copies,
+      refs,
+    );
+  };
+  const run = async () => {
+    for (let s = 0; s < 2; s++) await step(s);
+  };
+  if (asGpu) await withAdapterProfile(gpu, gpuLikeProfile(gpu), run);
+  else await withSlots(1, run);
+  const outcome = await everything(opt, params, copies);
+  opt.dispose();
+  scaler.dispose();
+  return { outcome, keys };
+}
+
+Deno.test(
+  "multi-tensor, as on a GPU: SGD, Adam and AdamW updates, unscale and clipping fill every slot " +
+    "the device allows (16; the updates as many as its storage bindings allow), match f64 " +
+    "and give the bits of one tensor per dispatch",
+  GPU_TEST,
+  async () => {
+    const optimizers = [
+      ...OPTIMIZERS.filter((o) => o.name !== "SGD, plain"),
+      {
+        name: "Adam",
+        make: (ps: Tensor[]) => new Adam(ps, ADAM),
+        ref: (p: Float64Array) => adamRef(p, ADAM),
+      },
+    ];
+    for (const o of optimizers) {
+      const one = await gpuStyleRun(o, false);
+      const many = await gpuStyleRun(o, true);
+      assert.deepStrictEqual(
+        many.outcome,
+        one.outcome,
+        `${o.name}: as on a GPU vs one per dispatch`,
+      );
+      // Two steps; unscale and clipping's two passes at 16 a dispatch, the updates at their most.
+      const sgd = o.name.startsWith("SGD");
+      const update = sgd ? fullRuns(4, 2) : fullRuns(5, 3);
+      const twice = (runs: number[]) => [...runs, ...runs];
+      assert.deepEqual(slotsOf(many.keys, "grad_scaler_unscale"), twice([16, 1]), o.name);
+      assert.deepEqual(slotsOf(many.keys, sgd ? "fused_sgd" : "fused_adam"), twice(update), o.name);
+      assert.ok(slotsOf(one.keys, "grad_scaler_unscale").every((s) => s === 1));
+    }
+  },
+);
+const ADAM: AdamOptions = { lr: 0.01, weightDecay: 0.01 };
+
+Deno.test(
+  "multi-tensor: the 16-slot Adam kernel a GPU runs (83 storage bindings: lavapipe allows 32) " +
+    "is valid WGSL that updates every slot from its own buffers",
+  GPU_TEST,
+  async () => {
+    const wgsl = adamKernel.wgsl({
+      grad: FULL_GRAD,
+      copy: F16 ? "f16" : "none",
+      slots: 16,
+      decoupled: true,
+      biasCorrection: true,
+    });
+    assert.equal(wgsl.match(/var<storage/g)?.length, 16 * (F16 ? 5 : 4) + 3);
+    gpu.device.pushErrorScope("validation");
+    gpu.device.createShaderModule({ code: wgsl });
+    const error = await gpu.device.popErrorScope();
+    assert.equal(error, null, error?.message);
+    for (let k = 0; k < 16; k++) {
+      const body = wgsl.split(`case ${k}u: {`)[1]?.split(/case \d+u: \{|default: \{\}/)[0] ?? "";
+      for (const name of ["param", "grad", "exp_avg", "exp_avg_sq", ...(F16 ? ["copy"] : [])]) {
+        assert.match(body, new RegExp(`\\b${name}${k}\\[i\\]`), `slot ${k} reads ${name}${k}`);
+      }
+      assert.match(wgsl, new RegExp(`if \\(all_wg >= p\\.wg${k + 1}\\) \\{ slot = ${k + 1}u; \\}`));
+    }
+  },
+);
+
+Deno.test("multi-tensor: a full table of 16 tensors gives every slot its workgroups", () => {
+  const sizes = Array.from({ length: 16 }, (_, k) => 60 * (k + 1));
+  const table = slotTable(sizes, sizes.map((n) => Math.ceil(n / 1024)));
+  assert.equal(table.workgroups, 16);
+  for (let k = 0; k <= 16; k++) assert.equal(table.uniforms[`wg${k}`], k, `wg${k}`);
+  assert.equal(table.uniforms.n15, 960);
 });
