@@ -9,7 +9,16 @@
  * is refused (finding 1).
  */
 import assert from "node:assert/strict";
-import { HalfstepError, ValueError } from "../mod.ts";
+import {
+  decodeSafetensors,
+  Dropout,
+  HalfstepError,
+  Linear,
+  RandomGenerator,
+  Sequential,
+  Tensor,
+  ValueError,
+} from "../mod.ts";
 import { loadTrainingState, saveTrainingState } from "../files.ts";
 import { GPU_TEST } from "./_gpu.ts";
 import { ampRun, type FileParts, rewrite, type Run, snapshot, train } from "./_training_state.ts";
@@ -181,6 +190,38 @@ Deno.test({
     const run = target();
     assert.equal(await loadTrainingState(good, run), null);
     assert.deepEqual(await snapshot(run), await snapshot(source));
+  },
+});
+
+Deno.test({
+  name: "a generator shared by several modules is saved once and restored where it stood",
+  ...GPU_TEST,
+  async fn() {
+    const path = `${dir}/shared.safetensors`;
+    const make = (seed: number) => {
+      const shared = new RandomGenerator(seed);
+      const layers = [new Dropout(0.5, { seed: shared }), new Dropout(0.2, { seed: shared })];
+      return new Sequential(new Linear(4, 4, { seed: shared }), ...layers);
+    };
+    const generators = (m: Sequential) =>
+      m.children().slice(1).map((d) => (d as Dropout).generator);
+    const saved = make(1);
+    saved.forward(Tensor.full([2, 4], 1)).dispose();
+    await saveTrainingState(path, { model: saved });
+    const { metadata } = decodeSafetensors(await Deno.readFile(path));
+    assert.deepEqual(JSON.parse(metadata.random), [
+      { at: ["1:generator", "2:generator"], ...generators(saved)[0].state() },
+    ]);
+    const resumed = make(9);
+    await loadTrainingState(path, { model: resumed });
+    const [first, second] = generators(resumed);
+    assert.equal(first, second, "still one stream");
+    assert.deepEqual(first.state(), generators(saved)[0].state());
+    const moved = new Sequential(new Linear(4, 4), new Dropout(0.5), new Dropout(0.2, { seed: 3 }));
+    await assert.rejects(
+      loadTrainingState(path, { model: moved }),
+      /it holds 1 random generator state\(s\), the model has 2 generator\(s\)/,
+    );
   },
 });
 
