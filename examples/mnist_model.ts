@@ -15,6 +15,7 @@ import {
   Sequential,
 } from "../mod.ts";
 import { MNIST_CLASSES, MNIST_PIXELS } from "./mnist_data.ts";
+import type { PlannedBuffer } from "./_preflight.ts";
 
 /** Which model `--model` names. */
 export type MnistModel = "mlp" | "cnn";
@@ -59,4 +60,42 @@ export function mnistModel(model: MnistModel, seed: number | RandomGenerator): S
 /** The shape a batch of `n` images takes: flat pixels for the MLP, [N, 1, 28, 28] for the CNN. */
 export function mnistInputShape(model: MnistModel, n: number): number[] {
   return model === "cnn" ? [n, 1, 28, 28] : [n, MNIST_PIXELS];
+}
+
+/**
+ * The largest buffers a forward and backward pass of `model` allocate for `n`
+ * images (sized by `--flag`), in f32 (autocast's f16 copies are smaller): the
+ * input, each layer's output (its gradient has the same size; MaxPool's
+ * indices and BatchNorm's saved values are no larger) and the widest weight
+ * (with its gradient and optimizer state; split-K partial sums of weight
+ * gradients stay within a few MB).
+ * Keep it in step with {@link mnistMlp} and {@link mnistCnn}:
+ * tests/examples_preflight_test.ts checks it is never below the pool's largest request.
+ */
+export function mnistBuffers(model: MnistModel, n: number, flag: string): PlannedBuffer[] {
+  const f32 = (what: string, shape: number[]): PlannedBuffer => ({
+    what: `--${flag} ${n}: ${what} f32 [${shape.join(", ")}]`,
+    bytes: 4 * shape.reduce((a, b) => a * b, 1),
+    grows: [{ flag, value: n, power: 1 }],
+  });
+  const weight = (shape: number[]): PlannedBuffer => ({
+    what: `the widest weight f32 [${shape.join(", ")}]`,
+    bytes: 4 * shape.reduce((a, b) => a * b, 1),
+    grows: [],
+  });
+  if (model === "mlp") {
+    return [
+      weight([256, MNIST_PIXELS]),
+      f32("the input", [n, MNIST_PIXELS]),
+      f32("a hidden layer", [n, 256]),
+      f32("the logits", [n, MNIST_CLASSES]),
+    ];
+  }
+  return [
+    weight([MNIST_CLASSES, 64 * 5 * 5]),
+    f32("the input", [n, 1, 28, 28]),
+    f32("the first convolution's output", [n, 32, 26, 26]),
+    f32("the second convolution's output", [n, 64, 11, 11]),
+    f32("the logits", [n, MNIST_CLASSES]),
+  ];
 }

@@ -12,7 +12,9 @@
  *
  * @module
  */
-import { checkOutputPath } from "./_cli.ts";
+import { checkOutputPath, orExit } from "./_cli.ts";
+import { DivergenceWatch } from "./_divergence.ts";
+import { checkPlan, runLimits } from "./_preflight.ts";
 import { profileFields, ProfileWindow } from "./_profile_window.ts";
 import {
   AdamW,
@@ -28,10 +30,16 @@ import {
   Tensor,
   tidy,
 } from "../mod.ts";
-import { TinyGpt } from "./tiny_gpt_model.ts";
+import { TinyGpt, tinyGptBuffers } from "./tiny_gpt_model.ts";
 import type { PlotPoint } from "./_plot.ts";
 import { report, reportStart } from "./tiny_gpt_report.ts";
-import { parseTinyGptArgs, TINY_GPT_HELP, type TinyGptArgs, UsageError } from "./tiny_gpt_args.ts";
+import {
+  parseTinyGptArgs,
+  TINY_GPT_HELP,
+  TINY_GPT_SIZES,
+  type TinyGptArgs,
+  UsageError,
+} from "./tiny_gpt_args.ts";
 import {
   bigramCrossEntropy,
   evaluationWindows,
@@ -125,6 +133,7 @@ async function train(run: Run): Promise<Training> {
   gpu.resetPeakMemory();
   const trainStart = performance.now();
   let intervalStart = trainStart;
+  const watch = await DivergenceWatch.start(trainer);
   for (let step = 1; step <= c.steps; step++) {
     sampleBatch(run.corpus.train, c.context, rng, inputs, targets);
     run.profile?.before(step);
@@ -159,7 +168,8 @@ async function train(run: Run): Promise<Training> {
       lossSum.dispose();
       lossSum = Tensor.zeros([]);
       lossCount = 0;
-      intervalStart = now;
+      await stopIfDiverged(run, watch, lastLoss, step);
+      intervalStart = performance.now(); // the check's read is not training time
     }
   }
   lossSum.dispose();
@@ -233,6 +243,31 @@ async function sampleWords(run: Run): Promise<string[]> {
   return seqs.map((s) => s.slice(1).map((i) => vocab[i]).join("").split(NEWLINE)[0]);
 }
 
+/**
+ * At a logged loss (already a sync): stops the run with exit status 3 when
+ * training diverged, and passes a warning on (most steps skipped). One more
+ * read: the weights' sum.
+ */
+async function stopIfDiverged(run: Run, watch: DivergenceWatch, loss: number, step: number) {
+  const health = await watch.check(loss, run.model.parameters());
+  if (health.warning) {
+    run.emit("warning", { step, warning: health.warning }, `step ${step}: ${health.warning}`);
+  }
+  if (!health.diverged) return;
+  console.error(`tiny_gpt: training diverged at step ${step}: ${health.diverged}.`);
+  run.gpu.destroy();
+  Deno.exit(3);
+}
+
+/**
+ * Exits with status 2, before the model is built, when a buffer of training,
+ * evaluation or sampling exceeds this adapter's limit or the weights the host's memory.
+ */
+function checkFits(cfg: TinyGptArgs, gpu: Gpu, vocab: number): void {
+  const plan = tinyGptBuffers({ ...cfg, vocab }, cfg);
+  orExit("tiny_gpt", () => checkPlan(plan, runLimits(gpu), TINY_GPT_SIZES));
+}
+
 async function main(): Promise<void> {
   const started = performance.now();
   const cfg = await parseFlags(Deno.args);
@@ -242,6 +277,7 @@ async function main(): Promise<void> {
   const data = await loadData(cfg);
   const gpu = await initGpu();
   const setupSeconds = (performance.now() - started) / 1000;
+  checkFits(cfg, gpu, data.corpus.vocab.length);
   const model = new TinyGpt({ ...cfg, vocab: data.corpus.vocab.length, seed: cfg.seed });
   if (cfg.checkpoint) model.blocks.checkpoint = cfg.layers; // one checkpointed segment per block
   reportStart({ cfg, emit, gpu, ...data, model }, setupSeconds);

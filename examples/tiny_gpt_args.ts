@@ -54,6 +54,11 @@ Flags:
                      "stepsPerSecond", "peakBytes", "wallSeconds", "samples", ...}
   -h, --help         show this help
 
+Exit status: 0 done; 2 a bad flag, or sizes that cannot fit this adapter or
+host (checked before the model is built); 3 training diverged (a non-finite
+logged loss or weights, or under --amp every step since the last log skipped
+at the lowest loss scale).
+
 Memory: "peak" is the buffer pool's peakBytes over the training steps (after
 start-up). That the loop leaks no GPU memory is checked by tests/memory_test.ts.
 `;
@@ -102,9 +107,20 @@ export interface TinyGptArgs {
 
 export { UsageError };
 
+/** The defaults of the flags that size a run's buffers (the help text says them too). */
+export const TINY_GPT_SIZES: Readonly<Record<string, number>> = {
+  batch: 32,
+  context: 32,
+  layers: 2,
+  dim: 64,
+  samples: 8,
+  "eval-windows": 512,
+};
+
 /** The flags in `args`, or null for --help. */
 export function parseTinyGptArgs(args: string[]): TinyGptArgs | null {
   const text = (d: string) => ({ type: "string" as const, default: d });
+  const size = (flag: string) => text(String(TINY_GPT_SIZES[flag]));
   const flag = { type: "boolean" as const, default: false };
   const { values: v } = parseArgs({
     args: withNegativeValues(args, VALUE_FLAGS),
@@ -112,10 +128,10 @@ export function parseTinyGptArgs(args: string[]): TinyGptArgs | null {
     allowPositionals: false,
     options: {
       steps: text("400"),
-      batch: text("32"),
-      context: text("32"),
-      layers: text("2"),
-      dim: text("64"),
+      batch: size("batch"),
+      context: size("context"),
+      layers: size("layers"),
+      dim: size("dim"),
       heads: text("4"),
       lr: text("1e-2"),
       warmup: text("20"),
@@ -124,8 +140,8 @@ export function parseTinyGptArgs(args: string[]): TinyGptArgs | null {
       checkpoint: flag,
       seed: text("0"),
       "log-every": text("50"),
-      "eval-windows": text("512"),
-      samples: text("8"),
+      "eval-windows": size("eval-windows"),
+      samples: size("samples"),
       temperature: text("0.8"),
       json: flag,
       plot: { type: "string" },

@@ -7,43 +7,7 @@
  */
 import assert from "node:assert/strict";
 import { join } from "node:path";
-import { ROOT } from "./_bundle.ts";
-
-const MNIST = join(ROOT, "examples/mnist.ts"), TINY_GPT = join(ROOT, "examples/tiny_gpt.ts");
-const QUICK = ["--limit", "1024", "--epochs", "1"];
-
-interface Run {
-  code: number;
-  stdout: string;
-  stderr: string;
-}
-
-/** Runs a script with the README's permissions (`--allow-write` unless `write` is false). */
-async function run(script: string, args: string[], write = true): Promise<Run> {
-  const permissions = ["--allow-read", "--allow-env", ...(write ? ["--allow-write"] : [])];
-  const out = await new Deno.Command(Deno.execPath(), {
-    args: ["run", ...permissions, script, ...args],
-    env: { DENO_WEBGPU_BACKEND: "vulkan,metal,dx12", NO_COLOR: "1" },
-    stdout: "piped",
-    stderr: "piped",
-  }).output();
-  const text = (b: Uint8Array) => new TextDecoder().decode(b);
-  return { code: out.code, stdout: text(out.stdout), stderr: text(out.stderr) };
-}
-
-/** The JSON events a `--json` run printed. */
-function events(stdout: string): Record<string, unknown>[] {
-  return stdout.split("\n").filter((l) => l.startsWith("{")).map((l) => JSON.parse(l));
-}
-
-/** Asserts exit status 2 with one line of stderr matching `message`, and nothing trained. */
-function assertRefused(r: Run, message: RegExp, what: string): void {
-  assert.equal(r.code, 2, `${what}: exit status (stderr: ${r.stderr})`);
-  const lines = r.stderr.trim().split("\n").filter((l) => !l.includes("XDG_RUNTIME_DIR"));
-  assert.equal(lines.length, 1, `${what}: one line, got ${JSON.stringify(lines)}`);
-  assert.match(lines[0], message, what);
-  assert.equal(r.stdout.trim(), "", `${what}: nothing started`);
-}
+import { afterFirstSave, assertRefused, events, MNIST, QUICK, run, TINY_GPT } from "./_examples.ts";
 
 Deno.test("examples: every bad flag is one line and exit status 2, before any training", async () => {
   const dir = await Deno.makeTempDir();
@@ -131,32 +95,6 @@ Deno.test("examples: a resumed run counts its own steps, keeps the chart, and a 
     await Deno.remove(dir, { recursive: true });
   }
 });
-
-/**
- * Runs mnist; once epoch 1 has been saved, `then()` says what happens: the
- * process is killed, or a path is removed so that the next save fails.
- */
-async function afterFirstSave(args: string[], then: () => "kill" | string): Promise<Run> {
-  const child = new Deno.Command(Deno.execPath(), {
-    args: ["run", "--allow-read", "--allow-env", "--allow-write", MNIST, ...args],
-    env: { DENO_WEBGPU_BACKEND: "vulkan,metal,dx12", NO_COLOR: "1" },
-    stdout: "piped",
-    stderr: "piped",
-  }).spawn();
-  const stderr = new Response(child.stderr).text();
-  let stdout = "", acted = false;
-  for await (const chunk of child.stdout.pipeThrough(new TextDecoderStream())) {
-    stdout += chunk;
-    if (!acted && stdout.includes('"event":"save"')) {
-      acted = true;
-      const action = then();
-      if (action === "kill") child.kill("SIGKILL");
-      else await Deno.remove(action, { recursive: true }); // the next save has nowhere to go
-    }
-  }
-  const { code } = await child.status;
-  return { code, stdout, stderr: await stderr };
-}
 
 Deno.test("examples: a save that fails mid-run is one line; the run stops or goes on as asked", async () => {
   const dir = await Deno.makeTempDir();

@@ -1,0 +1,87 @@
+/**
+ * Running the examples as a user does, in subprocesses: the README's
+ * permissions, the exit status and both output streams, the JSON events of a
+ * `--json` run, and a run that something happens to once epoch 1 was saved.
+ */
+import assert from "node:assert/strict";
+import { join } from "node:path";
+import { ROOT } from "./_bundle.ts";
+
+export const MNIST: string = join(ROOT, "examples/mnist.ts");
+export const TINY_GPT: string = join(ROOT, "examples/tiny_gpt.ts");
+/** A quick MNIST run: 8 steps of 128 images. */
+export const QUICK: string[] = ["--limit", "1024", "--epochs", "1"];
+
+/** What a finished run left: its exit status and output. */
+export interface Run {
+  code: number;
+  stdout: string;
+  stderr: string;
+}
+
+const ENV = { DENO_WEBGPU_BACKEND: "vulkan,metal,dx12", NO_COLOR: "1" };
+
+/**
+ * Runs a script with the README's permissions (`--allow-write` unless `write`
+ * is false); `permissions` replaces them all.
+ */
+export async function run(
+  script: string,
+  args: string[],
+  write = true,
+  permissions = ["--allow-read", "--allow-env", ...(write ? ["--allow-write"] : [])],
+): Promise<Run> {
+  const out = await new Deno.Command(Deno.execPath(), {
+    args: ["run", ...permissions, script, ...args],
+    env: ENV,
+    stdout: "piped",
+    stderr: "piped",
+  }).output();
+  const text = (b: Uint8Array) => new TextDecoder().decode(b);
+  return { code: out.code, stdout: text(out.stdout), stderr: text(out.stderr) };
+}
+
+/** The JSON events a `--json` run printed. */
+export function events(stdout: string): Record<string, unknown>[] {
+  return stdout.split("\n").filter((l) => l.startsWith("{")).map((l) => JSON.parse(l));
+}
+
+/** stderr without the adapter's XDG_RUNTIME_DIR warning. */
+export function errorLines(r: Run): string[] {
+  return r.stderr.trim().split("\n").filter((l) => l && !l.includes("XDG_RUNTIME_DIR"));
+}
+
+/** Asserts exit status 2 with one line of stderr matching `message`, and nothing trained. */
+export function assertRefused(r: Run, message: RegExp, what: string): void {
+  assert.equal(r.code, 2, `${what}: exit status (stderr: ${r.stderr})`);
+  const lines = errorLines(r);
+  assert.equal(lines.length, 1, `${what}: one line, got ${JSON.stringify(lines)}`);
+  assert.match(lines[0], message, what);
+  assert.equal(r.stdout.trim(), "", `${what}: nothing started`);
+}
+
+/**
+ * Runs mnist; once epoch 1 has been saved, `then()` says what happens: the
+ * process is killed, or a path is removed so that the next save fails.
+ */
+export async function afterFirstSave(args: string[], then: () => "kill" | string): Promise<Run> {
+  const child = new Deno.Command(Deno.execPath(), {
+    args: ["run", "--allow-read", "--allow-env", "--allow-write", MNIST, ...args],
+    env: ENV,
+    stdout: "piped",
+    stderr: "piped",
+  }).spawn();
+  const stderr = new Response(child.stderr).text();
+  let stdout = "", acted = false;
+  for await (const chunk of child.stdout.pipeThrough(new TextDecoderStream())) {
+    stdout += chunk;
+    if (!acted && stdout.includes('"event":"save"')) {
+      acted = true;
+      const action = then();
+      if (action === "kill") child.kill("SIGKILL");
+      else await Deno.remove(action, { recursive: true }); // the next save has nowhere to go
+    }
+  }
+  const { code } = await child.status;
+  return { code, stdout, stderr: await stderr };
+}
