@@ -17,7 +17,7 @@ import { untracked } from "../gpu/scope.ts";
 import { Tensor } from "../gpu/tensor.ts";
 import type { LoadStateOptions, Module } from "../nn/module.ts";
 import { entryToTensor } from "../nn/safetensors.ts";
-import { loadSafetensors, saveSafetensors } from "../nn/safetensors_file.ts";
+import { loadSafetensors, writeTensors } from "../nn/safetensors_file.ts";
 import type { LrScheduler, OptimizerStateDict } from "../optim/mod.ts";
 import { moduleGenerators } from "./module_generators.ts";
 import type { AmpTrainer } from "./trainer.ts";
@@ -148,7 +148,10 @@ export async function saveTrainingState(
     }
     if (parts.trainer) metadata.trainer = JSON.stringify(await parts.trainer.stateDict());
     if (parts.scheduler) metadata.scheduler = JSON.stringify(parts.scheduler.stateDict());
-    await saveSafetensors(path, tensors, { metadata, allowNonFinite: options.allowNonFinite });
+    await writeTensors("saveTrainingState", path, tensors, {
+      metadata,
+      allowNonFinite: options.allowNonFinite,
+    });
   } finally {
     for (const t of temporary) t.dispose();
   }

@@ -82,8 +82,11 @@ export async function saveSafetensors(
   await writeTensors("saveSafetensors", path, tensors, options);
 }
 
-/** {@link saveSafetensors}, with `where` (the public function's name) opening its errors. */
-async function writeTensors(
+/**
+ * {@link saveSafetensors}, with `where` (the public function's name, e.g.
+ * `"saveTrainingState"`) opening its errors, for the savers built on it.
+ */
+export async function writeTensors(
   where: string,
   path: string,
   tensors: Record<string, Tensor> | Map<string, Tensor>,
