@@ -15,16 +15,22 @@ interface LockOwner {
   host: string;
 }
 
-/** Whether process `pid` on this machine still runs (/proc on Linux, else `kill -0`). */
+/**
+ * Whether process `pid` on this machine still runs: /proc on Linux (Deno
+ * lets only -A read it), else `kill -0` (needs --allow-run); when neither
+ * can tell, it counts as running (the lock is kept, not shared).
+ */
 function alive(pid: number): boolean {
   if (!Number.isSafeInteger(pid) || pid <= 0) return false;
-  if (Deno.build.os !== "linux") return signalZero(pid);
-  try {
-    Deno.statSync(`/proc/${pid}`);
-    return true;
-  } catch (e) {
-    return !(e instanceof Deno.errors.NotFound); // cannot tell: keep the lock
+  if (Deno.build.os === "linux") {
+    try {
+      Deno.statSync(`/proc/${pid}`);
+      return true;
+    } catch (e) {
+      if (e instanceof Deno.errors.NotFound) return false;
+    }
   }
+  return signalZero(pid);
 }
 
 /** `kill(pid, 0)` by way of the `kill` command: true unless the process is gone. */
@@ -37,16 +43,10 @@ function signalZero(pid: number): boolean {
   }
 }
 
-/** This machine's name, without asking for --allow-sys (the examples run without it). */
+/** This machine's name where the permissions tell it without a prompt, else "". */
 function hostname(): string {
-  if (Deno.permissions.querySync({ name: "sys", kind: "hostname" }).state === "granted") {
-    return Deno.hostname();
-  }
-  try {
-    return Deno.readTextFileSync("/proc/sys/kernel/hostname").trim();
-  } catch {
-    return Deno.env.get("HOSTNAME") ?? "";
-  }
+  const sys = Deno.permissions.querySync({ name: "sys", kind: "hostname" }).state === "granted";
+  return sys ? Deno.hostname() : Deno.env.get("HOSTNAME") ?? "";
 }
 
 function readOwner(lockPath: string): LockOwner | null {
@@ -101,7 +101,8 @@ export class SaveLock {
         }
       }
       const owner = readOwner(lockPath);
-      const otherHost = owner !== null && owner.host !== me.host;
+      const otherHost = owner !== null && owner.host !== "" && me.host !== "" &&
+        owner.host !== me.host;
       if (owner !== null && (otherHost || alive(owner.pid))) {
         throw new UsageError(
           `--${flag} ${path} is in use by another run (pid ${owner.pid}` +

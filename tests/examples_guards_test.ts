@@ -1,0 +1,140 @@
+/**
+ * The examples' guards on their own, without training: when a run counts as
+ * diverged or earns a warning (the loss, the weights, the skipped steps and
+ * the loss scale), the `--save` lock (a live owner refused, a stale one taken
+ * over, released once), and the resume flag check.
+ */
+import assert from "node:assert/strict";
+import { join } from "node:path";
+import { type AmpTrainer, Tensor } from "../mod.ts";
+import { UsageError } from "../examples/_cli.ts";
+import { DivergenceWatch } from "../examples/_divergence.ts";
+import { checkResumeFlags } from "../examples/_resume_flags.ts";
+import { SaveLock } from "../examples/_save_lock.ts";
+import { GPU_TEST } from "./_gpu.ts";
+
+/** A trainer as the watch sees it: its step count and its scaler's counters. */
+function fakeTrainer(amp: boolean, lossScale = 0) {
+  const fake = {
+    steps: 0,
+    skipped: 0,
+    scale: 65536,
+    scaler: {
+      enabled: amp,
+      skippedSteps: () => Promise.resolve(fake.skipped),
+      stateDict: () =>
+        Promise.resolve({
+          scale: fake.scale,
+          skippedSteps: fake.skipped,
+          options: { lossScale, minScale: 1 },
+        }),
+    },
+  };
+  return fake;
+}
+
+/** Runs `steps` optimizer steps of which `skipped` were skipped, then checks `loss`. */
+async function after(
+  watch: DivergenceWatch,
+  fake: ReturnType<typeof fakeTrainer>,
+  steps: number,
+  skipped: number,
+  loss: number,
+) {
+  fake.steps += steps;
+  fake.skipped += skipped;
+  return await watch.check(loss, null);
+}
+
+Deno.test("examples guards: f32 diverges on a non-finite loss; AMP on all steps skipped at a floor", async () => {
+  const f32 = fakeTrainer(false);
+  const plain = await DivergenceWatch.start(f32 as unknown as AmpTrainer);
+  assert.deepEqual(await after(plain, f32, 8, 0, 0.5), { diverged: null, warning: null });
+  assert.match((await after(plain, f32, 8, 0, NaN)).diverged!, /loss is NaN: lower --lr/);
+  assert.match((await after(plain, f32, 8, 0, Infinity)).diverged!, /loss is Infinity/);
+
+  const dynamic = fakeTrainer(true);
+  const amp = await DivergenceWatch.start(dynamic as unknown as AmpTrainer);
+  // A NaN batch under AMP is skipped on purpose: not divergence.
+  assert.deepEqual(await after(amp, dynamic, 8, 1, NaN), { diverged: null, warning: null });
+  // Most steps skipped while the scale can still fall: a warning.
+  const most = await after(amp, dynamic, 8, 8, 2.3);
+  assert.equal(most.diverged, null);
+  assert.match(
+    most.warning!,
+    /^8 of 8 optimizer steps skipped .* at loss scale 65536\); check --lr/,
+  );
+  // Every step skipped with the scale at its floor: diverged.
+  dynamic.scale = 1;
+  const floor = await after(amp, dynamic, 8, 8, 2.3);
+  assert.match(floor.diverged!, /8 of 8 .* loss scale 1\): lower --lr/);
+
+  const fixed = fakeTrainer(true, 16777216);
+  fixed.scale = 16777216;
+  const staticWatch = await DivergenceWatch.start(fixed as unknown as AmpTrainer);
+  const warned = await after(staticWatch, fixed, 8, 5, 2.3);
+  assert.match(warned.warning!, /5 of 8 .* lower --loss-scale 16777216 \(0 is dynamic scaling\)/);
+  const all = await after(staticWatch, fixed, 8, 8, 2.3);
+  assert.match(all.diverged!, /8 of 8 optimizer steps skipped .*lower --loss-scale 16777216/);
+});
+
+Deno.test({
+  name: "examples guards: non-finite weights are divergence, found with one read",
+  ...GPU_TEST,
+  async fn() {
+    const fake = fakeTrainer(true);
+    const watch = await DivergenceWatch.start(fake as unknown as AmpTrainer);
+    const good = Tensor.from([1, -2, 3], [3]), bad = Tensor.from([1, Infinity, 3], [3]);
+    assert.equal((await watch.check(1, [good])).diverged, null);
+    assert.match((await watch.check(1, [good, bad])).diverged!, /weights hold inf or NaN/);
+    good.dispose();
+    bad.dispose();
+  },
+});
+
+Deno.test("examples guards: the --save lock refuses a live owner, takes over a stale one, releases once", async () => {
+  const dir = await Deno.makeTempDir();
+  try {
+    const path = join(dir, "run.safetensors"), notes: string[] = [];
+    const lock = SaveLock.acquire(path, "save", (t) => notes.push(t));
+    const owner = JSON.parse(await Deno.readTextFile(`${path}.lock`));
+    assert.equal(owner.pid, Deno.pid);
+    assert.throws(
+      () => SaveLock.acquire(path, "save", (t) => notes.push(t)),
+      (e) =>
+        e instanceof UsageError &&
+        new RegExp(`run\\.safetensors is in use by another run \\(pid ${Deno.pid}\\)`).test(
+          e.message,
+        ),
+    );
+    lock.release();
+    lock.release(); // once
+    assert.ok(!(await Deno.stat(`${path}.lock`).then(() => true, () => false)));
+    // A lock left by a process that is gone (SIGKILL): taken over with a note.
+    const gone = new Deno.Command("true").spawn();
+    await gone.status;
+    await Deno.writeTextFile(`${path}.lock`, JSON.stringify({ pid: gone.pid, host: "" }));
+    const again = SaveLock.acquire(path, "save", (t) => notes.push(t));
+    assert.deepEqual(notes, [`taking over ${path}.lock: its process (pid ${gone.pid}) is gone`]);
+    again.release();
+  } finally {
+    await Deno.remove(dir, { recursive: true });
+  }
+});
+
+Deno.test("examples guards: resume flags that shape the run must match; steering ones need --override", () => {
+  const saved = { shape: { model: "mlp", batch: 128 }, steering: { lr: 0.002 } };
+  const same = { shape: { model: "mlp", batch: 128 }, steering: { lr: 0.002 } };
+  assert.deepEqual(checkResumeFlags("f", saved, same, false), []);
+  assert.throws(
+    () => checkResumeFlags("f", saved, { ...same, shape: { model: "cnn", batch: 64 } }, true),
+    /f was saved by another run \(--model mlp → cnn, --batch 128 → 64, saved → given\)/,
+  );
+  const lr = { ...same, steering: { lr: 0.01 } };
+  assert.throws(() => checkResumeFlags("f", saved, lr, false), /would change --lr 0\.002 → 0\.01/);
+  assert.deepEqual(checkResumeFlags("f", saved, lr, true), [
+    { flag: "lr", saved: 0.002, given: 0.01 },
+  ]);
+  // A file from before the flags were recorded: the shape alone is checked.
+  assert.deepEqual(checkResumeFlags("f", { shape: saved.shape }, lr, false), []);
+});
