@@ -11,6 +11,7 @@
 import { TinyGpt, type TinyGptConfig } from "./tiny_gpt_model.ts";
 import { AdamW, AmpTrainer, crossEntropy, type Gpu, RandomGenerator, Tensor } from "../mod.ts";
 import { type BenchOptions, disposeAll, resolveSize, type Result, timed } from "./_bench.ts";
+import { gptStepFlops } from "./_flops.ts";
 
 /** A GPT's sizes and its batch. */
 export type GptBenchConfig = Required<Omit<TinyGptConfig, "fusedAttention">> & { batch: number };
@@ -20,13 +21,6 @@ export function gptConfig(size: "real" | "small"): GptBenchConfig {
   return size === "real"
     ? { vocab: 65, context: 256, layers: 6, dim: 384, heads: 6, batch: 64, seed: 1 }
     : { vocab: 65, context: 64, layers: 2, dim: 128, heads: 4, batch: 8, seed: 1 };
-}
-
-/** Training FLOPs of one step: 6 per parameter per token, plus attention's two products. */
-export function gptFlopsPerStep(g: GptBenchConfig, parameters: number): number {
-  const tokens = g.batch * g.context;
-  const attention = 2 * 2 * g.layers * tokens * g.context * g.dim; // q·kᵀ and p·v, forward
-  return 6 * parameters * tokens + 3 * attention;
 }
 
 /** Synthetic ids: inputs [B, T] and next-token targets [B·T] (i32). */
@@ -56,7 +50,6 @@ export async function benchGpt(gpu: Gpu, o: BenchOptions): Promise<Result[]> {
   for (const mode of ["f32", "amp", "amp+ckpt", "amp unfused"] as const) {
     const model = new TinyGpt({ ...g, fusedAttention: mode !== "amp unfused" });
     if (mode === "amp+ckpt") model.blocks.checkpoint = g.layers;
-    const parameters = model.parameters().reduce((n, p) => n + p.size, 0);
     const optimizer = new AdamW(model.parameters(), { lr: 1e-3 });
     const trainer = new AmpTrainer(model, optimizer, { enabled: mode !== "f32", maxGradNorm: 1 });
     let loss: Tensor | null = null;
@@ -89,7 +82,7 @@ export async function benchGpt(gpu: Gpu, o: BenchOptions): Promise<Result[]> {
       size,
       msPerStep: seconds * 1000,
       stepsPerSec: 1 / seconds,
-      tflops: gptFlopsPerStep(g, parameters) / seconds / 1e12,
+      tflops: gptStepFlops(g) / seconds / 1e12,
       dispatchesPerStep,
       finalLoss,
       peakBytes: gpu.memoryStats().peakBytes,

@@ -8,6 +8,7 @@
 import { tilingNames } from "../gpu/mod.ts";
 import type { Run, Tally } from "./mnist.ts";
 import { writeLossChart } from "./_plot.ts";
+import { mnistStepFlops } from "./_flops.ts";
 
 const mib = (bytes: number): string => `${(bytes / 2 ** 20).toFixed(2)} MiB`;
 
@@ -80,7 +81,7 @@ export async function report(run: Run, tally: Tally, started: number): Promise<v
   // This session's steps only (a resumed run trained the others before).
   const sessionSteps = step - tally.sessionStart;
   const stepsPerSecond = sessionSteps > 0 ? sessionSteps / trainSeconds : null;
-  const flopsPerStep = 6 * run.batch * (784 * 256 + 256 * 256 + 256 * 10); // fwd 2·, bwd 4·
+  const flopsPerStep = mnistStepFlops(cfg.model, run.batch);
   // Live GPU memory between steps (for information; tests/memory_test.ts checks it stays flat).
   const allocated10 = tally.allocatedAfter.get(10) ?? null;
   const allocated200 = tally.allocatedAfter.get(200) ?? null;
