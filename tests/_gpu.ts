@@ -2,13 +2,23 @@
  * The device every test shares. A test that cannot get an adapter fails
  * loudly: CI installs lavapipe so that no GPU test is ever skipped.
  */
-import { initGpu, MATMUL_CANDIDATES, type MatmulTiling } from "../gpu/mod.ts";
+import { initGpu, MATMUL_CANDIDATES, type MatmulTiling, type ProfileLimits } from "../gpu/mod.ts";
+import { gpuLikeProfile, withAdapterProfile } from "../gpu/adapter_profile.ts";
 
 /** The shared device (f16 on when the adapter has it). */
 export const gpu = await initGpu({ f16: "auto", matmulTiling: "default" });
 
 /** Options for Deno.test: device state outlives single tests, by design. */
 export const GPU_TEST = { sanitizeResources: false, sanitizeOps: false } as const;
+
+/**
+ * Runs `fn` with the shared device as a GPU (`gpuLikeProfile`, with `limits`
+ * on top): every adapter-derived choice takes its GPU branch while lavapipe
+ * runs the kernels; then restores the device's own profile.
+ */
+export function asGpu<T>(fn: () => Promise<T>, limits: Partial<ProfileLimits> = {}): Promise<T> {
+  return withAdapterProfile(gpu, gpuLikeProfile(gpu, limits), fn);
+}
 
 /** Runs `fn` once with each matmul tiling candidate as the device's tiling, then restores it. */
 export async function withEachTiling(fn: (tiling: MatmulTiling) => Promise<void>): Promise<void> {

@@ -1,10 +1,9 @@
 import assert from "node:assert/strict";
 import { mul, sum, Tensor, tidy } from "../gpu/mod.ts";
 import { conv2d, type Conv2dOptions } from "../gpu/ops/conv2d.ts";
-import { dispatchedKernels, gpu, GPU_TEST, withEachTiling } from "./_gpu.ts";
+import { asGpu, dispatchedKernels, gpu, GPU_TEST, withEachTiling } from "./_gpu.ts";
 import { MATMUL_CANDIDATES } from "../gpu/matmul_tuning.ts";
 import { gemmSplit } from "../gpu/kernels/gemm.ts";
-import { gpuLikeProfile, withAdapterProfile } from "../gpu/adapter_profile.ts";
 import { tilingName } from "../gpu/matmul_class.ts";
 import { gradcheck } from "./_gradcheck.ts";
 import { quantize, uniform } from "./_reference.ts";
@@ -277,7 +276,7 @@ Deno.test({
       { n: 3, c: 4, h: 25, w: 20, o: 6, k: [3, 3], padding: [1, 1] },
       { n: 2, c: 4, h: 27, w: 19, o: 4, k: [3, 3], padding: [1, 1], groups: 2 },
     ];
-    await withAdapterProfile(gpu, gpuLikeProfile(gpu), async () => {
+    await asGpu(async () => {
       const chosen = gpu.matmulTiling;
       try {
         for (const tiling of MATMUL_CANDIDATES.filter((t) => t.variant === "blocked")) {

@@ -8,20 +8,14 @@
  */
 import assert from "node:assert/strict";
 import { matmul, MATMUL_CANDIDATES, type MatmulTiling, Tensor, tuneMatmul } from "../gpu/mod.ts";
-import { gpuLikeProfile, withAdapterProfile } from "../gpu/adapter_profile.ts";
 import { defaultTuningClasses, matmulCandidates } from "../gpu/matmul_tuning.ts";
 import { classOf, matmulClassKey, tilingFor, tilingName } from "../gpu/matmul_class.ts";
 import { gemmSlices, gemmSplit, sliceLength } from "../gpu/kernels/gemm.ts";
 import { blockedTileBytes } from "../gpu/kernels/gemm_blocked.ts";
 import { attentionPlanCandidates } from "../gpu/kernels/flash_attention.ts";
-import { dispatchedKernels, gpu, GPU_TEST } from "./_gpu.ts";
+import { asGpu, dispatchedKernels, gpu, GPU_TEST } from "./_gpu.ts";
 import { matmul64, quantize, uniform } from "./_reference.ts";
 import { assertClose, TOL, type Tolerance } from "./_assert.ts";
-
-/** Runs `fn` with the shared device as a GPU (optionally with other limits). */
-function asGpu<T>(fn: () => Promise<T>, limits = {}): Promise<T> {
-  return withAdapterProfile(gpu, gpuLikeProfile(gpu, limits), fn);
-}
 
 const BLOCKED = MATMUL_CANDIDATES.filter((t) => t.variant === "blocked");
 const BLOCKED_128 = BLOCKED[0];

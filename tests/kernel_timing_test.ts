@@ -2,8 +2,7 @@ import assert from "node:assert/strict";
 import { timeCandidates } from "../gpu/kernel_timing.ts";
 import { matmulCandidates, type MatmulTiling, tuneMatmul } from "../gpu/mod.ts";
 import { matmulClassKey, tilingName } from "../gpu/matmul_class.ts";
-import { gpuLikeProfile, withAdapterProfile } from "../gpu/adapter_profile.ts";
-import { gpu, GPU_TEST } from "./_gpu.ts";
+import { asGpu, gpu, GPU_TEST } from "./_gpu.ts";
 
 Deno.test("tuners: the finalists are timed again and keep their better time", async () => {
   // First round: c looks fastest only because a noisy spike slowed b down.
@@ -24,7 +23,7 @@ Deno.test({
     "reports consistent figures, and caches nothing a test timer measured",
   ...GPU_TEST,
   async fn() {
-    await withAdapterProfile(gpu, gpuLikeProfile(gpu), async () => {
+    await asGpu(async () => {
       const c = { dtype: "f32", orientation: "nt", size: "small" } as const;
       const candidates = matmulCandidates(gpu, "f32");
       // First round: candidate 3 looks fastest; re-timed, candidate 7 (second) beats it.

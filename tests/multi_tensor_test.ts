@@ -11,8 +11,7 @@ import { Tensor } from "../gpu/mod.ts";
 import { multiTensorChunks, slotsPerDispatch, slotTable } from "../gpu/kernels/multi_tensor.ts";
 import { Adam, type AdamOptions, clipGradNorm, SGD, type SGDOptions } from "../optim/mod.ts";
 import { adamKernel } from "../optim/kernels/update.ts";
-import { gpuLikeProfile, withAdapterProfile } from "../gpu/adapter_profile.ts";
-import { dispatchedKernels, gpu, GPU_TEST } from "./_gpu.ts";
+import { asGpu, dispatchedKernels, gpu, GPU_TEST } from "./_gpu.ts";
 import { adamRef, check, CopyMap, type Opt, type Ref, sgdRef } from "./_optimizer_reference.ts";
 import { assertClose, TOL } from "./_assert.ts";
 import { quantize, uniform } from "./_reference.ts";
@@ -225,7 +224,7 @@ function fullRuns(perTensor: number, shared: number): number[] {
 }
 
 /** Two steps of `o` with unscaling by a GradScaler and clipping, as a GPU runs them (or one tensor a dispatch). */
-async function gpuStyleRun(o: (typeof OPTIMIZERS)[number], asGpu: boolean) {
+async function gpuStyleRun(o: (typeof OPTIMIZERS)[number], onGpu: boolean) {
   const init = FULL.map((n, k) => quantize(uniform(n, 40 + k), "f32"));
   const params = init.map((v) => Tensor.from(v, [v.length]));
   const copies = new CopyMap();
@@ -250,7 +249,7 @@ async function gpuStyleRun(o: (typeof OPTIMIZERS)[number], asGpu: boolean) {
     }));
     refs.forEach((r, k) => r.step(grads[k].map((g) => g / 4)));
     await check(
-      `${o.name}, ${asGpu ? "as on a GPU" : "one per dispatch"}, step ${s}`,
+      `${o.name}, ${onGpu ? "as on a GPU" : "one per dispatch"}, step ${s}`,
       params,
       copies,
       refs,
@@ -259,7 +258,7 @@ async function gpuStyleRun(o: (typeof OPTIMIZERS)[number], asGpu: boolean) {
   const run = async () => {
     for (let s = 0; s < 2; s++) await step(s);
   };
-  if (asGpu) await withAdapterProfile(gpu, gpuLikeProfile(gpu), run);
+  if (onGpu) await asGpu(run);
   else await withSlots(1, run);
   const outcome = await everything(opt, params, copies);
   opt.dispose();
