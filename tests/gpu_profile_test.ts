@@ -12,7 +12,7 @@ import { defaultTuningClasses, matmulCandidates } from "../gpu/matmul_tuning.ts"
 import { classOf, matmulClassKey, tilingFor, tilingName } from "../gpu/matmul_class.ts";
 import { gemmSlices, gemmSplit, sliceLength } from "../gpu/kernels/gemm.ts";
 import { blockedTileBytes } from "../gpu/kernels/gemm_blocked.ts";
-import { attentionPlanCandidates } from "../gpu/kernels/flash_attention.ts";
+import { attentionPlanCandidates, launchFlashAttention } from "../gpu/kernels/flash_attention.ts";
 import { asGpu, dispatchedKernels, gpu, GPU_TEST } from "./_gpu.ts";
 import { matmul64, quantize, uniform } from "./_reference.ts";
 import { assertClose, TOL, type Tolerance } from "./_assert.ts";
@@ -207,6 +207,40 @@ Deno.test({
       } finally {
         gpu.matmulTiling = chosen;
       }
+    });
+  },
+});
+
+Deno.test({
+  name: "adapter profile: a staged attention plan is halved, then dropped, where its tiles " +
+    "pass the GPU's workgroup memory (16 KiB, and the GPU-like default)",
+  ...GPU_TEST,
+  async fn() {
+    /** The stage the forward kernel runs with for a tuned plan staging 32 rows. */
+    const stageFor = (dtype: "f32" | "f16", headSize: number) => {
+      gpu.attentionPlans.set(dtype, { rows: 64, stage: 32 });
+      const shape = { batch: 1, t: 8, heads: 1, headSize };
+      const qkv = Tensor.zeros([1, 8, 3 * headSize], { dtype });
+      const keys = dispatchedKernels(() => {
+        const { o, lse } = launchFlashAttention({ qkv }, shape, null);
+        o.dispose();
+        lse.dispose();
+      });
+      qkv.dispose();
+      return Number(/stage=(\d+)/.exec(keys.join())?.[1]);
+    };
+    // Two tiles of D plus 8 bytes per staged row: f32 D = 64 at 32 rows is 16,640 B.
+    await asGpu(() => {
+      assert.equal(stageFor("f32", 64), 16);
+      assert.equal(stageFor("f32", 128), 0, "16 rows of f32 D = 128 are 16,512 B");
+      if (gpu.f16) assert.equal(stageFor("f16", 128), 16);
+      return Promise.resolve();
+    }, { maxComputeWorkgroupStorageSize: 16384 });
+    await asGpu(() => {
+      const limit = gpu.adapterProfile.limits.maxComputeWorkgroupStorageSize;
+      assert.equal(stageFor("f32", 64), 32);
+      assert.equal(stageFor("f32", 128), limit >= 33024 ? 32 : 16);
+      return Promise.resolve();
     });
   },
 });
