@@ -14,7 +14,14 @@ import {
   launchFlashAttention,
   launchFlashAttentionBackward,
 } from "./kernels/flash_attention.ts";
-import { secondsPerRun, timeCandidates, tunerCacheKey, winnerCache } from "./kernel_timing.ts";
+import {
+  progressReporter,
+  secondsPerRun,
+  timeCandidates,
+  tunerCacheKey,
+  type TuningProgress,
+  winnerCache,
+} from "./kernel_timing.ts";
 import { untracked } from "./scope.ts";
 import { Tensor } from "./tensor.ts";
 
@@ -93,16 +100,20 @@ async function tuneDtype(gpu: Gpu, dtype: "f32" | "f16"): Promise<AttentionTunin
  */
 export async function tuneAttention(
   gpu: Gpu,
-  options: { force?: boolean } = {},
+  options: { force?: boolean; onProgress?: (progress: TuningProgress) => void } = {},
 ): Promise<AttentionTuning[]> {
   const cache = cacheOf(gpu);
   const cached = options.force ? {} : cache.read();
   const results: AttentionTuning[] = [];
-  for (const dtype of gpu.f16 ? (["f32", "f16"] as const) : (["f32"] as const)) {
+  const dtypes = gpu.f16 ? (["f32", "f16"] as const) : (["f32"] as const);
+  const missing = dtypes.filter((d) => cached[d] === undefined).length;
+  const measured = progressReporter("attention plans", missing, options.onProgress);
+  for (const dtype of dtypes) {
     const hit = cached[dtype];
     const result = hit !== undefined
       ? { dtype, best: hit, measurements: [], cached: true }
       : await tuneDtype(gpu, dtype);
+    if (hit === undefined) measured();
     gpu.attentionPlans.set(dtype, result.best);
     results.push(result);
   }

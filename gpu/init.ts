@@ -12,6 +12,7 @@ import { checkInitGpuOptions } from "./init_options.ts";
 import { DEFAULT_TILING, tuneMatmul } from "./matmul_tuning.ts";
 import { tuneAttention } from "./attention_tuning.ts";
 import { warnOnce } from "./runtime_state.ts";
+import type { TuningProgress } from "./kernel_timing.ts";
 
 /** Options for {@link initGpu}. */
 export interface InitGpuOptions {
@@ -59,6 +60,13 @@ export interface InitGpuOptions {
   setDefault?: boolean;
   /** Passed to `requestAdapter`. */
   powerPreference?: GPUPowerPreference;
+  /**
+   * Told how start-up tuning goes (only measurements the per-adapter cache
+   * lacks; nothing when it holds every winner). Default: one line on the
+   * console before the first measurement, since tuning takes seconds on a GPU
+   * and up to a minute on a CPU adapter; `() => {}` silences it.
+   */
+  onProgress?: (progress: TuningProgress) => void;
 }
 
 const NO_ADAPTER_HELP = "On a machine without a GPU, install the Vulkan CPU driver " +
@@ -134,14 +142,24 @@ export async function initGpu(options: InitGpuOptions = {}): Promise<Gpu> {
   });
   gpu.pool.limitBytes = memoryLimit(options.memoryLimitBytes, gpu.adapterProfile.cpu);
   if ((options.matmulTiling ?? "tune") === "tune") {
-    await tuneMatmul(gpu);
-    await tuneAttention(gpu);
+    const onProgress = options.onProgress ?? announceTuning;
+    await tuneMatmul(gpu, { onProgress });
+    await tuneAttention(gpu, { onProgress });
     // The search's scratch buffers should not show up in the user's figures.
     gpu.pool.releaseCached();
     gpu.resetPeakMemory();
   }
   if (options.setDefault ?? true) setDefaultGpu(gpu);
   return gpu;
+}
+
+/** The default progress report: one line as a tuning run starts. */
+function announceTuning({ task, done, total }: TuningProgress): void {
+  if (done !== 0) return;
+  console.info(
+    `halfstep: measuring ${task} for this adapter (${total} problem${total === 1 ? "" : "s"}; ` +
+      'once, the winners are cached). initGpu({ matmulTiling: "default" }) skips it.',
+  );
 }
 
 /**

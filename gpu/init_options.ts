@@ -76,6 +76,8 @@ const CHECKS: Record<keyof InitGpuOptions, (name: string, v: unknown) => string 
   f16Accumulation: oneOf(["f32", "chunked"]),
   setDefault: boolean,
   powerPreference: oneOf(["low-power", "high-performance"]),
+  onProgress: (name, v) =>
+    typeof v === "function" ? null : `${name} must be a function, not ${shortValue(v)}`,
 };
 
 /**

@@ -101,3 +101,27 @@ export function winnerCache<T>(key: string, known: (stored: unknown) => T | unde
     },
   };
 }
+
+/**
+ * Progress of a tuning run: `done` of `total` measurements made for `task`
+ * (only those the cache did not hold). Called with `done` 0 before the first.
+ */
+export interface TuningProgress {
+  /** What is measured, e.g. `"matmul tilings"`. */
+  task: string;
+  /** Measurements finished. */
+  done: number;
+  /** Measurements this run makes. */
+  total: number;
+}
+
+/** Calls `report` before the first of `total` measurements and after each; returns the "after". */
+export function progressReporter(
+  task: string,
+  total: number,
+  report?: (progress: TuningProgress) => void,
+): () => void {
+  let done = 0;
+  if (report && total > 0) report({ task, done, total });
+  return () => report?.({ task, done: ++done, total });
+}

@@ -17,9 +17,11 @@ import { Tensor } from "./tensor.ts";
 import { untracked } from "./scope.ts";
 import {
   type CandidateTimer,
+  progressReporter,
   secondsPerRun,
   timeCandidates,
   tunerCacheKey,
+  type TuningProgress,
   winnerCache,
 } from "./kernel_timing.ts";
 import { blockedTileBytes } from "./kernels/gemm_blocked.ts";
@@ -110,6 +112,8 @@ export interface TuneMatmulOptions {
    * figures need not be this adapter's (tests inject one to check the pick).
    */
   timer?: CandidateTimer<MatmulTiling>;
+  /** Told before the first class the cache lacks is measured and after each. */
+  onProgress?: (progress: TuningProgress) => void;
 }
 
 /**
@@ -219,12 +223,16 @@ export async function tuneMatmul(
   const timer = options.timer ?? ((_, run) => secondsPerRun(gpu, run));
   const cached = options.force || options.timer ? {} : cache.read();
   const results: ClassTuning[] = [];
-  for (const c of options.classes ?? defaultTuningClasses(gpu)) {
+  const classes = options.classes ?? defaultTuningClasses(gpu);
+  const missing = classes.filter((c) => !cached[matmulClassKey(c)]).length;
+  const measured = progressReporter("matmul tilings", missing, options.onProgress);
+  for (const c of classes) {
     const key = matmulClassKey(c);
     const hit = cached[key];
     const result = hit
       ? { class: c, best: hit, measurements: [], cached: true }
       : await tuneClass(gpu, c, timer);
+    if (!hit) measured();
     gpu.matmulTilings.set(key, result.best);
     results.push(result);
   }

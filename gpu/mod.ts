@@ -115,7 +115,7 @@ export {
   type TuneMatmulOptions,
 } from "./matmul_tuning.ts";
 export { type AttentionTuning, tuneAttention } from "./attention_tuning.ts";
-export type { CandidateTimer } from "./kernel_timing.ts";
+export type { CandidateTimer, TuningProgress } from "./kernel_timing.ts";
 export type { AttentionPlan } from "./device.ts";
 export {
   classOf,

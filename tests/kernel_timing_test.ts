@@ -1,6 +1,12 @@
 import assert from "node:assert/strict";
 import { timeCandidates } from "../gpu/kernel_timing.ts";
-import { matmulCandidates, type MatmulTiling, tuneMatmul } from "../gpu/mod.ts";
+import {
+  initGpu,
+  type InitGpuOptions,
+  matmulCandidates,
+  type MatmulTiling,
+  tuneMatmul,
+} from "../gpu/mod.ts";
 import { matmulClassKey, tilingName } from "../gpu/matmul_class.ts";
 import { asGpu, gpu, GPU_TEST } from "./_gpu.ts";
 
@@ -57,6 +63,36 @@ Deno.test({
     assert.ok(
       stored.every((key) => !key.startsWith("halfstep.matmulTuning") || !key.includes("gpu-like")),
       `a test timer's winners were cached: ${stored}`,
+    );
+  },
+});
+
+Deno.test({
+  name: "matmul tuner: reports progress before the first measurement and after each, " +
+    "and initGpu refuses an onProgress that is not a function",
+  ...GPU_TEST,
+  async fn() {
+    const classes = [
+      { dtype: "f32", orientation: "nn", size: "small" },
+      { dtype: "f32", orientation: "tn", size: "small" },
+    ] as const;
+    const seen: string[] = [];
+    const tuned = new Map(gpu.matmulTilings); // the fake timer's winners must not stay
+    try {
+      await tuneMatmul(gpu, {
+        classes,
+        timer: () => Promise.resolve(1e-3),
+        onProgress: ({ task, done, total }) => seen.push(`${task} ${done}/${total}`),
+      });
+    } finally {
+      gpu.matmulTilings.clear();
+      for (const [k, v] of tuned) gpu.matmulTilings.set(k, v);
+    }
+    assert.deepEqual(seen, ["matmul tilings 0/2", "matmul tilings 1/2", "matmul tilings 2/2"]);
+    const anyOptions = { onProgress: 5 } as unknown as InitGpuOptions;
+    await assert.rejects(
+      initGpu(anyOptions),
+      /^ValueError: initGpu.*onProgress must be a function/,
     );
   },
 });
