@@ -1,47 +1,15 @@
 /**
- * One writer per `--save` path: a run holds `${path}.lock` (created with
- * `createNew`, so two runs cannot both make it) holding its pid and host. A
- * second run is refused with the first one's pid; a lock whose process is
- * gone (killed with SIGKILL, the machine rebooted) is taken over with a note.
- * The lock goes away on a normal exit, on `Deno.exit` and on SIGINT/SIGTERM.
+ * One writer per `--save` path: a run holds an exclusive OS lock on
+ * `${path}.lock`, a file that names it (pid and host). A second run is
+ * refused with the first one's pid. The OS drops the lock when its process
+ * dies however it dies (SIGKILL included), so a lock file left by a killed
+ * run is simply taken over, with a note; no process table is read (Deno lets
+ * only -A read /proc). The file goes away on a normal exit, on `Deno.exit`
+ * and on SIGINT/SIGTERM.
  *
  * @module
  */
-import { UsageError } from "./_cli.ts";
-
-/** What a lock file holds. */
-interface LockOwner {
-  pid: number;
-  host: string;
-}
-
-/**
- * Whether process `pid` on this machine still runs: /proc on Linux (Deno
- * lets only -A read it), else `kill -0` (needs --allow-run); when neither
- * can tell, it counts as running (the lock is kept, not shared).
- */
-function alive(pid: number): boolean {
-  if (!Number.isSafeInteger(pid) || pid <= 0) return false;
-  if (Deno.build.os === "linux") {
-    try {
-      Deno.statSync(`/proc/${pid}`);
-      return true;
-    } catch (e) {
-      if (e instanceof Deno.errors.NotFound) return false;
-    }
-  }
-  return signalZero(pid);
-}
-
-/** `kill(pid, 0)` by way of the `kill` command: true unless the process is gone. */
-function signalZero(pid: number): boolean {
-  try {
-    return new Deno.Command("kill", { args: ["-0", String(pid)], stderr: "null" }).outputSync()
-      .success;
-  } catch {
-    return true; // cannot tell: keep the lock rather than share the file
-  }
-}
+import { reason, UsageError } from "./_cli.ts";
 
 /** This machine's name where the permissions tell it without a prompt, else "". */
 function hostname(): string {
@@ -49,29 +17,40 @@ function hostname(): string {
   return sys ? Deno.hostname() : Deno.env.get("HOSTNAME") ?? "";
 }
 
-function readOwner(lockPath: string): LockOwner | null {
+/** "pid 123 on host" from a lock file's text, or "" when it names nobody. */
+function ownerOf(text: string): string {
   try {
-    const owner = JSON.parse(Deno.readTextFileSync(lockPath));
-    return typeof owner?.pid === "number" ? owner : null;
+    const { pid, host } = JSON.parse(text);
+    return typeof pid === "number" ? `pid ${pid}${host ? ` on ${host}` : ""}` : "";
   } catch {
-    return null; // empty (its writer was killed between create and write) or not ours
+    return ""; // empty (its writer died between lock and write) or not ours
+  }
+}
+
+/** Whether `path` still names the open `file` (not removed or replaced since it was opened). */
+function sameFile(file: Deno.FsFile, path: string): boolean {
+  try {
+    return file.statSync().ino === Deno.statSync(path).ino;
+  } catch {
+    return false;
   }
 }
 
 /** The lock of one output path, held by this process until {@link SaveLock.release}. */
 export class SaveLock {
+  #file: Deno.FsFile;
   #released = false;
   #unlisten: () => void;
 
-  private constructor(readonly lockPath: string) {
+  private constructor(readonly lockPath: string, file: Deno.FsFile) {
+    this.#file = file;
     const onExit = () => this.release();
-    const onSignal = (signal: Deno.Signal) => () => {
+    const onSignal = (code: number) => () => {
       this.release();
-      Deno.exit(signal === "SIGINT" ? 130 : 143);
+      Deno.exit(code);
     };
-    const signals: [Deno.Signal, () => void][] = Deno.build.os === "windows"
-      ? [["SIGINT", onSignal("SIGINT")]]
-      : [["SIGINT", onSignal("SIGINT")], ["SIGTERM", onSignal("SIGTERM")]];
+    const signals: [Deno.Signal, () => void][] = [["SIGINT", onSignal(130)]];
+    if (Deno.build.os !== "windows") signals.push(["SIGTERM", onSignal(143)]);
     globalThis.addEventListener("unload", onExit);
     for (const [signal, handler] of signals) Deno.addSignalListener(signal, handler);
     this.#unlisten = () => {
@@ -81,46 +60,44 @@ export class SaveLock {
   }
 
   /**
-   * Takes `${path}.lock` for this process. Throws a UsageError naming the
-   * other process when a live one holds it; takes over a stale lock and calls
-   * `note` with what it did.
+   * Takes `${path}.lock` (the path of `--flag`) for this process. Throws a
+   * UsageError naming the other process while a live one holds it; takes
+   * over a file a dead run left and calls `note` with what it did.
    */
   static acquire(path: string, flag: string, note: (text: string) => void): SaveLock {
     const lockPath = `${path}.lock`;
-    const me: LockOwner = { pid: Deno.pid, host: hostname() };
-    for (let attempt = 0; attempt < 2; attempt++) {
+    for (let attempt = 0; attempt < 3; attempt++) {
+      let file: Deno.FsFile;
       try {
-        Deno.writeTextFileSync(lockPath, JSON.stringify(me), { createNew: true });
-        return new SaveLock(lockPath);
+        file = Deno.openSync(lockPath, { read: true, write: true, create: true });
       } catch (e) {
-        if (!(e instanceof Deno.errors.AlreadyExists)) {
-          const why = e instanceof Error ? e.message : String(e);
-          throw new UsageError(`--${flag} ${path}: cannot create ${lockPath} (${why}).`, {
-            cause: e,
-          });
-        }
+        throw new UsageError(`--${flag} ${path}: cannot create ${lockPath} (${reason(e)}).`, {
+          cause: e,
+        });
       }
-      const owner = readOwner(lockPath);
-      const otherHost = owner !== null && owner.host !== "" && me.host !== "" &&
-        owner.host !== me.host;
-      if (owner !== null && (otherHost || alive(owner.pid))) {
+      const previous = new TextDecoder().decode(Deno.readFileSync(lockPath));
+      if (!file.tryLockSync(true)) {
+        file.close();
+        const owner = ownerOf(previous) || "its pid unknown";
         throw new UsageError(
-          `--${flag} ${path} is in use by another run (pid ${owner.pid}` +
-            `${otherHost ? ` on ${owner.host}` : ""}); wait for it, or give another path ` +
-            `(remove ${lockPath} if that run is gone).`,
+          `--${flag} ${path} is in use by another run (${owner}); wait for it or give another path.`,
         );
       }
-      note(
-        `taking over ${lockPath}: ${
-          owner ? `its process (pid ${owner.pid}) is gone` : "unreadable"
-        }`,
-      );
-      Deno.removeSync(lockPath);
+      // The holder before us may have removed the file between our open and our lock.
+      if (!sameFile(file, lockPath)) {
+        file.close();
+        continue;
+      }
+      if (ownerOf(previous)) note(`taking over ${lockPath}: ${ownerOf(previous)} is gone`);
+      const me = JSON.stringify({ pid: Deno.pid, host: hostname() });
+      file.truncateSync(0);
+      file.writeSync(new TextEncoder().encode(me));
+      return new SaveLock(lockPath, file);
     }
-    throw new UsageError(`--${flag} ${path}: another run took ${lockPath} at the same moment.`);
+    throw new UsageError(`--${flag} ${path}: ${lockPath} keeps changing hands; try again.`);
   }
 
-  /** Removes the lock file (once; later calls do nothing). */
+  /** Removes the lock file and drops the lock (once; later calls do nothing). */
   release(): void {
     if (this.#released) return;
     this.#released = true;
@@ -128,7 +105,8 @@ export class SaveLock {
     try {
       Deno.removeSync(this.lockPath);
     } catch {
-      // already gone: nothing to release
+      // already gone: nothing to remove
     }
+    this.#file.close(); // closing drops the OS lock
   }
 }

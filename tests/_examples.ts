@@ -85,3 +85,13 @@ export async function afterFirstSave(args: string[], then: () => "kill" | string
   const { code } = await child.status;
   return { code, stdout, stderr: await stderr };
 }
+
+/** Runs `fn` with a fresh temporary folder, removed afterwards. */
+export async function withTempDir(fn: (dir: string) => Promise<void>): Promise<void> {
+  const dir = await Deno.makeTempDir();
+  try {
+    await fn(dir);
+  } finally {
+    await Deno.remove(dir, { recursive: true });
+  }
+}

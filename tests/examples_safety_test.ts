@@ -19,6 +19,7 @@ import {
   type Run,
   run,
   TINY_GPT,
+  withTempDir,
 } from "./_examples.ts";
 
 /** A small, quick tiny GPT run. */
@@ -33,8 +34,7 @@ async function exists(path: string): Promise<boolean> {
 }
 
 Deno.test("examples: a diverged run exits non-zero and leaves the last good file byte for byte", async () => {
-  const dir = await Deno.makeTempDir();
-  try {
+  await withTempDir(async (dir) => {
     const good = join(dir, "good.safetensors");
     const first = await run(MNIST, [...QUICK, "--save", good, "--json"]);
     assert.equal(first.code, 0, first.stderr);
@@ -54,9 +54,7 @@ Deno.test("examples: a diverged run exits non-zero and leaves the last good file
     assert.equal(skipped.code, 3, skipped.stderr);
     assert.match(skipped.stderr, /8 of 8 optimizer steps skipped .*lower --loss-scale 16777216/);
     assert.deepEqual(await bytesOf(good), before, "the good file is unchanged");
-  } finally {
-    await Deno.remove(dir, { recursive: true });
-  }
+  });
 });
 
 Deno.test("examples: a diverged tiny GPT stops at the first logged non-finite loss", async () => {
@@ -76,8 +74,7 @@ function assertResumeRefused(r: Run, message: RegExp, what: string): void {
 }
 
 Deno.test("examples: a run too large for the adapter stops before the first step, naming the flag", async () => {
-  const dir = await Deno.makeTempDir();
-  try {
+  await withTempDir(async (dir) => {
     const out = join(dir, "x.safetensors");
     const cases: [string, string[], RegExp][] = [
       [
@@ -102,14 +99,11 @@ Deno.test("examples: a run too large for the adapter stops before the first step
     }
     assert.ok(!(await exists(out)), "nothing written");
     assert.ok(!(await exists(`${out}.lock`)), "the lock is released on exit 2");
-  } finally {
-    await Deno.remove(dir, { recursive: true });
-  }
+  });
 });
 
 Deno.test("examples: resuming with another --lr or --loss-scale is refused unless --override, which takes effect", async () => {
-  const dir = await Deno.makeTempDir();
-  try {
+  await withTempDir(async (dir) => {
     const state = join(dir, "run.safetensors");
     const flags = [...QUICK, "--amp", "--save", state, "--json"];
     const first = await run(MNIST, flags);
@@ -141,14 +135,11 @@ Deno.test("examples: resuming with another --lr or --loss-scale is refused unles
       { flag: "loss-scale", saved: 0, given: 1024 },
     ]);
     assert.equal(all.at(-1)!.lossScale, 1024, "the given static scale took effect");
-  } finally {
-    await Deno.remove(dir, { recursive: true });
-  }
+  });
 });
 
 Deno.test("examples: a second run writing the same --save is refused, naming the first one's pid", async () => {
-  const dir = await Deno.makeTempDir();
-  try {
+  await withTempDir(async (dir) => {
     const state = join(dir, "run.safetensors");
     const args = ["--limit", "1024", "--epochs", "50", "--save", state, "--json"];
     const first = new Deno.Command(Deno.execPath(), {
@@ -158,31 +149,33 @@ Deno.test("examples: a second run writing the same --save is refused, naming the
       stderr: "null",
     }).spawn();
     const reader = first.stdout.pipeThrough(new TextDecoderStream()).getReader();
-    let seen = "";
-    while (!seen.includes('"event":"start"')) {
-      const { value, done } = await reader.read();
-      assert.ok(!done, "the first run ended before it started training");
-      seen += value;
+    let code;
+    try {
+      let seen = "";
+      while (!seen.includes('"event":"start"')) {
+        const { value, done } = await reader.read();
+        assert.ok(!done, "the first run ended before it started training");
+        seen += value;
+      }
+      // One epoch: where the lock is missing, this run ends on its own.
+      const second = await run(MNIST, [...args, "--epochs", "1"]);
+      assertRefused(
+        second,
+        new RegExp(`--save .*run\\.safetensors is in use by another run \\(pid ${first.pid}[ )]`),
+        "second writer",
+      );
+    } finally {
+      first.kill("SIGTERM");
+      await reader.cancel();
+      code = (await first.status).code;
     }
-    const second = await run(MNIST, args);
-    assertRefused(
-      second,
-      new RegExp(`--save .*run\\.safetensors is in use by another run \\(pid ${first.pid}\\)`),
-      "second writer",
-    );
-    first.kill("SIGTERM");
-    await reader.cancel();
-    const { code } = await first.status;
     assert.equal(code, 143, "SIGTERM ends the run");
     assert.ok(!(await exists(`${state}.lock`)), "the lock is released on SIGTERM");
-  } finally {
-    await Deno.remove(dir, { recursive: true });
-  }
+  });
 });
 
 Deno.test("examples: --save where the folder cannot be checked says why, not that it is missing", async () => {
-  const dir = await Deno.makeTempDir();
-  try {
+  await withTempDir(async (dir) => {
     // Read access to the project only: checking /sys fails with a permission error.
     const permissions = [`--allow-read=${ROOT},${dir}`, "--allow-env", "--allow-write"];
     const r = await run(MNIST, ["--save", "/sys/x", "--json"], true, permissions);
@@ -191,7 +184,5 @@ Deno.test("examples: --save where the folder cannot be checked says why, not tha
       /--save \/sys\/x.* cannot be checked \(Requires read access/,
       "/sys",
     );
-  } finally {
-    await Deno.remove(dir, { recursive: true });
-  }
+  });
 });
