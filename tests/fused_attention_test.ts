@@ -18,7 +18,7 @@ import {
   ATTENTION_PLAN_CANDIDATES,
   attentionPlanCandidates,
 } from "../gpu/kernels/flash_attention.ts";
-import { gpu, GPU_TEST } from "./_gpu.ts";
+import { asGpu, dispatchedKernels, gpu, GPU_TEST } from "./_gpu.ts";
 import { assertClose, type Tolerance } from "./_assert.ts";
 import { quantize, uniform } from "./_reference.ts";
 import { type AttentionDims, causalAttentionWithGrads64 } from "./_attention_reference.ts";
@@ -51,21 +51,31 @@ function inputsFor(dims: AttentionDims, dtype: "f32" | "f16", seed: number): Inp
   return { q, k, v, g };
 }
 
+type RunOptions = { fused: boolean; dropout?: { p: number; range: RandomRange } };
+
 /** Output and the three gradients on the GPU, read back. */
-async function runOnGpu(
+async function runOnGpu(x: Inputs, dims: AttentionDims, dtype: "f32" | "f16", options: RunOptions) {
+  return (await runRecorded(x, dims, dtype, options)).out;
+}
+
+/** {@link runOnGpu}, with the kernel key of every dispatch of forward and backward. */
+async function runRecorded(
   x: Inputs,
   dims: AttentionDims,
   dtype: "f32" | "f16",
-  options: { fused: boolean; dropout?: { p: number; range: RandomRange } },
+  options: RunOptions,
 ) {
   const shape = [dims.b, dims.t, dims.h * dims.d];
   const [q, k, v] = [x.q, x.k, x.v].map((a) =>
     Tensor.from(a, shape, { dtype, requiresGrad: true })
   );
   const g = Tensor.from(x.g, shape, { dtype });
-  const o = causalAttention(q, k, v, { heads: dims.h, ...options });
+  let o = q;
+  const kernels = dispatchedKernels(() => {
+    o = causalAttention(q, k, v, { heads: dims.h, ...options });
+    backward(o, { gradient: g });
+  });
   assert.equal(o.dtype, dtype);
-  backward(o, { gradient: g });
   const out = {
     o: await o.read(),
     dq: await q.grad!.read(),
@@ -73,7 +83,7 @@ async function runOnGpu(
     dv: await v.grad!.read(),
   };
   for (const t of [q, k, v, g, o]) t.dispose();
-  return out;
+  return { out, kernels };
 }
 
 function assertAllClose(
@@ -125,6 +135,93 @@ Deno.test({
     }
   },
 });
+
+// The plans a GPU adapter picks from (all of them), against f64. T = 70 is above 64, so the
+// rows count is the plan's own (planFor lowers it only for T ≤ 64), and tiles of 16 or 32
+// rows end past the last row; b·h = 2 keeps runs short (the 128 dims put one head in each
+// of two batches). lavapipe compiles these kernels slowly from a cold cache — about 1 s at
+// head size 6, 5 s at 64 and 25 s at 128 per plan and dtype — so the full product (12
+// plans × 2 dtypes × 3 sizes) would take many minutes. Every plan runs at head size 6 in
+// f16 with dropout (the scalar kernels: every rows and stage code path); at 64, the GPU's
+// usual size, f16 runs one plan per stage with the rows count below, equal to and above
+// the stage, and f32 one staged plan per stage. Head size 128 runs in the odd-size test
+// above (unstaged, and staged by 32 in f16 and by 16 in f32).
+const PLAN_DIMS: Record<number, AttentionDims> = {
+  6: { b: 1, t: 70, h: 2, d: 6 },
+  64: { b: 1, t: 70, h: 2, d: 64 },
+};
+
+type PlanCase = { d: 6 | 64; dtype: "f32" | "f16"; dropout: boolean };
+
+/** Plans (as "rows stage") that also run at head size 64, and in which dtypes. */
+const AT_64: Record<string, ("f32" | "f16")[]> = {
+  "64 0": ["f16"],
+  "16 16": ["f16"],
+  "64 16": ["f32", "f16"],
+  "16 32": ["f32", "f16"],
+  "128 32": ["f16"],
+};
+
+/** The cases `plan` runs (see PLAN_DIMS). */
+function planCases(plan: { rows: number; stage: number }): PlanCase[] {
+  const at64 = AT_64[`${plan.rows} ${plan.stage}`] ?? [];
+  return [
+    { d: 6, dtype: "f16", dropout: true },
+    ...at64.map((dtype) => ({ d: 64 as const, dtype, dropout: false })),
+  ];
+}
+
+/** The `stage` of the forward, dq and dkv dispatches among kernel keys. */
+function stagesOf(kernels: string[]): Set<number> {
+  const stages = kernels.filter((key) => key.startsWith("flash_attention"))
+    .map((key) => Number(key.match(/stage=(\d+)/)![1]));
+  assert.equal(stages.length, 3, "forward, dq and dkv");
+  return new Set(stages);
+}
+
+Deno.test({
+  name: "fusedCausalAttention: as on a GPU, every plan matches f64 (f16 with dropout at head " +
+    "size 6; at 64 one plan per stage and rows relation, f32 and f16)",
+  ...GPU_TEST,
+  // As a GPU: every plan is a candidate, and stages fit the GPU-like workgroup memory.
+  fn: () => asGpu(everyPlanAgainstF64),
+});
+
+async function everyPlanAgainstF64() {
+  assert.deepEqual(attentionPlanCandidates(gpu), ATTENTION_PLAN_CANDIDATES, "a GPU's plans");
+  const staged = new Set<string>(); // "stage dtype d" of the staged runs, to check coverage
+  const range = new RandomGenerator(19).take(2 * 70 * 70);
+  for (const [n, plan] of ATTENTION_PLAN_CANDIDATES.entries()) {
+    await withPlan(plan, async () => {
+      for (const c of planCases(plan)) {
+        const dims = PLAN_DIMS[c.d], dropout = c.dropout ? { p: 0.2, range } : undefined;
+        const x = inputsFor(dims, c.dtype, 101 * n + c.d);
+        const factor = dropout ? dropoutFactor(dropout.p, range, dims.t) : undefined;
+        const expected = causalAttentionWithGrads64(x.q, x.k, x.v, x.g, dims, factor);
+        const { out, kernels } = await runRecorded(x, dims, c.dtype, { fused: true, dropout });
+        const label = `${c.dtype} ${JSON.stringify(dims)} ${JSON.stringify(plan)} dropout ${
+          dropout?.p ?? 0
+        }`;
+        assertAllClose(out, expected, TOLERANCE[c.dtype], label);
+        const flash = kernels.filter((k) => k.startsWith("flash_attention"));
+        assert.ok(flash.every((k) => k.includes(`rows=${plan.rows},`)), `${label}: rows`);
+        for (const stage of stagesOf(kernels)) {
+          if (stage > 0) staged.add(`${stage} ${c.dtype} ${c.d}`);
+        }
+      }
+    });
+  }
+  // The staged kernels ran at every size and dtype whose tiles fit the device's workgroup
+  // memory (where they do not, the plan runs with a smaller stage).
+  for (const plan of ATTENTION_PLAN_CANDIDATES.filter((p) => p.stage > 0)) {
+    for (const c of planCases(plan)) {
+      const bytes = plan.stage * (2 * c.d * (c.dtype === "f16" ? 2 : 4) + 8);
+      if (bytes > gpu.adapterProfile.limits.maxComputeWorkgroupStorageSize) continue;
+      const what = `${plan.stage} ${c.dtype} ${c.d}`;
+      assert.ok(staged.has(what), `stage ${what} ran`);
+    }
+  }
+}
 
 Deno.test({
   name: "fusedCausalAttention: agrees with the unfused path, with and without dropout",
