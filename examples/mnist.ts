@@ -179,13 +179,11 @@ async function resumeOrStart(
     console.error(`mnist: cannot resume: ${e instanceof Error ? e.message : e}`);
     Deno.exit(1);
   }) as SavedRun;
-  let changes;
-  try {
-    changes = checkResumeFlags(cfg.resume, savedFlags(saved), runFlags(run), cfg.override);
-  } catch (e) {
-    console.error(`mnist: ${e instanceof Error ? e.message : e}`);
-    Deno.exit(2);
-  }
+  const resume = cfg.resume;
+  const changes = orExit(
+    "mnist",
+    () => checkResumeFlags(resume, savedFlags(saved), runFlags(run), cfg.override),
+  );
   if (changes.length > 0) {
     // The new lr reaches the optimizer through the scheduler (its base is --lr); the scaler
     // was restored from the file, so a new --loss-scale is set here.

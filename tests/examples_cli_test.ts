@@ -27,6 +27,7 @@ Deno.test("examples: every bad flag is one line and exit status 2, before any tr
       [["--model", "cnn", "--shift", "9"], /--shift must be an integer from 0 to 8, not "9"/],
       [["--optimizer", "rmsprop"], /--optimizer must be sgd or adam, not "rmsprop"/],
       [["--no-such-flag"], /^mnist: .*no-such-flag.* \(see --help\)$/],
+      [["--override"], /^mnist: --override is for --resume/],
       [
         ["--accum", "5", "--limit", "256", "--epochs", "1"],
         /--accum 5 needs at least 5 batches, but 1 epoch\(s\) of 256 images in batches of 128 give 2/,
