@@ -15,8 +15,6 @@ export type GradDType = "f32" | "f16";
 
 // 1 element, a few, and one that is no multiple of the 1024-element workgroup span.
 export const SIZES = [1, 7, 1031];
-export const GRAD_DTYPES: readonly GradDType[] = gpu.f16 ? ["f32", "f16"] : ["f32"];
-if (!gpu.f16) console.warn("optimizers_test: no shader-f16; f16 gradients and copies untested");
 
 /** An f64 reference optimizer for one parameter; `lr` may be changed between steps. */
 export interface Ref {

@@ -7,7 +7,7 @@ import { slotsPerDispatch } from "../gpu/kernels/multi_tensor.ts";
 import {
   adamRef,
   check,
-  GRAD_DTYPES,
+  type GradDType,
   matchesReference,
   setGrads,
   setup,
@@ -15,19 +15,30 @@ import {
   snapshot,
 } from "./_optimizer_reference.ts";
 
-Deno.test(
-  "SGD matches torch.optim.SGD: plain, momentum, Nesterov, weight decay",
-  GPU_TEST,
-  async () => {
-    const configs: SGDOptions[] = [
-      { lr: 0.1 },
-      { lr: 0.05, momentum: 0.9 },
-      { lr: 0.05, momentum: 0.9, nesterov: true },
-      { lr: 0.05, momentum: 0.8, weightDecay: 0.01 },
-      { lr: 0.1, weightDecay: 0.1 },
-    ];
-    for (const o of configs) {
-      for (const dtype of GRAD_DTYPES) {
+/** Deno.test options of a test run once per gradient dtype: f16 is ignored without shader-f16. */
+function perDtype(name: string, dtype: GradDType, fn: () => Promise<void>): Deno.TestDefinition {
+  const ignore = dtype === "f16" && !gpu.f16;
+  return {
+    name: `${name}, ${dtype} gradients${ignore ? " (ignored: the adapter has no shader-f16)" : ""}`,
+    ignore,
+    ...GPU_TEST,
+    fn,
+  };
+}
+
+for (const dtype of ["f32", "f16"] as const) {
+  Deno.test(perDtype(
+    "SGD matches torch.optim.SGD: plain, momentum, Nesterov, weight decay",
+    dtype,
+    async () => {
+      const configs: SGDOptions[] = [
+        { lr: 0.1 },
+        { lr: 0.05, momentum: 0.9 },
+        { lr: 0.05, momentum: 0.9, nesterov: true },
+        { lr: 0.05, momentum: 0.8, weightDecay: 0.01 },
+        { lr: 0.1, weightDecay: 0.1 },
+      ];
+      for (const o of configs) {
         await matchesReference(
           JSON.stringify(o),
           (ps) => new SGD(ps, o),
@@ -35,30 +46,28 @@ Deno.test(
           dtype,
         );
       }
-    }
-  },
-);
+    },
+  ));
 
-Deno.test(
-  "Adam / AdamW match torch.optim.Adam / AdamW, with and without bias correction",
-  GPU_TEST,
-  async () => {
-    const configs: AdamOptions[] = [
-      { lr: 0.01 },
-      { lr: 0.01, biasCorrection: false },
-      { lr: 0.01, weightDecay: 0.05 }, // L2, added to the gradient
-      { lr: 0.01, weightDecay: 0.05, decoupledWeightDecay: true },
-      {
-        lr: 0.02,
-        betas: [0.5, 0.9],
-        eps: 1e-6,
-        weightDecay: 0.1,
-        decoupledWeightDecay: true,
-        biasCorrection: false,
-      },
-    ];
-    for (const o of configs) {
-      for (const dtype of GRAD_DTYPES) {
+  Deno.test(perDtype(
+    "Adam / AdamW match torch.optim.Adam / AdamW, with and without bias correction",
+    dtype,
+    async () => {
+      const configs: AdamOptions[] = [
+        { lr: 0.01 },
+        { lr: 0.01, biasCorrection: false },
+        { lr: 0.01, weightDecay: 0.05 }, // L2, added to the gradient
+        { lr: 0.01, weightDecay: 0.05, decoupledWeightDecay: true },
+        {
+          lr: 0.02,
+          betas: [0.5, 0.9],
+          eps: 1e-6,
+          weightDecay: 0.1,
+          decoupledWeightDecay: true,
+          biasCorrection: false,
+        },
+      ];
+      for (const o of configs) {
         await matchesReference(
           JSON.stringify(o),
           (ps) => new Adam(ps, o),
@@ -66,17 +75,17 @@ Deno.test(
           dtype,
         );
       }
-    }
-    // AdamW: PyTorch's defaults (decoupled, weight decay 0.01).
-    const aw = { lr: 0.01, weightDecay: 0.01, decoupledWeightDecay: true };
-    await matchesReference(
-      "AdamW",
-      (ps) => new AdamW(ps, { lr: 0.01 }),
-      (p) => adamRef(p, aw),
-      "f32",
-    );
-  },
-);
+      // AdamW: PyTorch's defaults (decoupled, weight decay 0.01).
+      const aw = { lr: 0.01, weightDecay: 0.01, decoupledWeightDecay: true };
+      await matchesReference(
+        "AdamW",
+        (ps) => new AdamW(ps, { lr: 0.01 }),
+        (p) => adamRef(p, aw),
+        dtype,
+      );
+    },
+  ));
+}
 
 Deno.test("gradScale multiplies the gradients inside the fused update", GPU_TEST, async () => {
   const sgd: SGDOptions = { lr: 0.05, momentum: 0.9, weightDecay: 0.01 };
