@@ -28,7 +28,7 @@ export interface BenchOptions {
 /** `size` resolved for `gpu`. */
 export function resolveSize(gpu: Gpu, size: BenchSize): "real" | "small" {
   if (size !== "auto") return size;
-  return gpu.adapterInfo.isFallbackAdapter ? "small" : "real";
+  return gpu.adapterProfile.cpu ? "small" : "real";
 }
 
 /** Frees whatever a benchmark made. */
