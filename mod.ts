@@ -48,7 +48,7 @@ export {
 } from "./gpu/errors.ts";
 export type { DType, FloatDType } from "./gpu/dtype.ts";
 export type { Shape } from "./gpu/shape.ts";
-export { Tensor, type TensorData, type TensorOptions } from "./gpu/tensor.ts";
+export { Tensor, type TensorData, type TensorOptions, type TensorValues } from "./gpu/tensor.ts";
 export { keep, tidy } from "./gpu/scope.ts";
 export {
   backward,

@@ -58,6 +58,7 @@ export {
   warnOnce,
   withState,
 } from "./runtime_state.ts";
+export type { OpObserver } from "./op_observer.ts";
 export { BufferPool, type MemoryStats } from "./buffer_pool.ts";
 export { type BatchCounters, CommandBatch, type FlushPolicy } from "./command_batch.ts";
 export {
@@ -86,7 +87,13 @@ export {
   TENSOR_DTYPES,
 } from "./dtype.ts";
 export { type Shape, shapeString, sizeOf } from "./shape.ts";
-export { type IndexRange, Tensor, type TensorData, type TensorOptions } from "./tensor.ts";
+export {
+  type IndexRange,
+  Tensor,
+  type TensorData,
+  type TensorOptions,
+  type TensorValues,
+} from "./tensor.ts";
 export { keep, type ScopedResource, tidy, tracked, untracked } from "./scope.ts";
 export {
   autocastDtypes,

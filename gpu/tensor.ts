@@ -15,6 +15,9 @@ import type { BackwardOptions, GradNode } from "./autograd.ts";
 /** Host data a tensor can be made from: Float32Array, Float16Array, Float64Array, number[]... */
 export type TensorData = ArrayLike<number>;
 
+/** What {@link Tensor.read} returns: an `Int32Array` for an i32 tensor, else a `Float32Array`. */
+export type TensorValues = Float32Array | Int32Array;
+
 /** Options for creating a tensor. */
 export interface TensorOptions {
   /** Element type on the GPU (default `"f32"`). */
@@ -251,18 +254,21 @@ export class Tensor {
   }
 
   /**
-   * Copies the values to the CPU as f32. **A sync point**: submits pending
-   * work and waits for the GPU, so call it to log, not inside a training step.
+   * Copies the values to the CPU: an `Int32Array` for an i32 tensor (exact
+   * over its whole range, where f32 would round above 2²⁴), a `Float32Array`
+   * for f32 and f16 ones. **A sync point**: submits pending work and waits
+   * for the GPU, so call it to log, not inside a training step.
    */
-  async read(): Promise<Float32Array> {
+  async read(): Promise<TensorValues> {
     const storage = this.#live("read");
     storage.retain(); // stay valid even if disposed while we wait
     try {
       const bytes = this.size * bytesPerElement(this.dtype);
       const data = await this.gpu.readBuffer(storage.buffer, bytes);
+      if (this.dtype === "i32") return new Int32Array(data);
       return this.dtype === "f32"
         ? new Float32Array(data)
-        : new Float32Array(this.dtype === "f16" ? new Float16Array(data) : new Int32Array(data));
+        : new Float32Array(new Float16Array(data));
     } finally {
       storage.release();
     }

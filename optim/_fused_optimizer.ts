@@ -255,7 +255,8 @@ export abstract class FusedOptimizer<G extends Group> implements Optimizer {
     }));
     const pending = this.params.map(async (p, i) => {
       const entries = Object.entries(this.#state.get(p)!);
-      const data = await Promise.all(entries.map(([, t]) => t.read()));
+      // Optimizer state is all f32, so read() gives Float32Arrays.
+      const data = await Promise.all(entries.map(([, t]) => t.read() as Promise<Float32Array>));
       const buffers = Object.fromEntries(entries.map(([n], j) => [n, data[j]]));
       return { param: i, shape: [...p.shape], buffers };
     });

@@ -106,7 +106,7 @@ export async function gradcheck(
   const loss = tidy(() => f(leaves));
   backward(loss);
   loss.dispose();
-  const grads: Float32Array[] = [];
+  const grads: (Float32Array | Int32Array)[] = [];
   for (const [i, leaf] of leaves.entries()) {
     assert(leaf.grad, `${name}: input ${i} got no gradient`);
     grads.push(await leaf.grad.read());

@@ -86,7 +86,7 @@ export function train(run: Run, from: number, count: number): void {
  * read is started before the first is awaited: one GPU wait).
  */
 export async function snapshot(run: Run): Promise<Record<string, unknown>> {
-  const reads: [string, Promise<Float32Array> | null][] = [];
+  const reads: [string, Promise<Float32Array | Int32Array> | null][] = [];
   const read = (key: string, t: Tensor | null | undefined) =>
     reads.push([key, t ? t.read() : null]);
   for (const [name, t] of run.model.stateDict()) read(`model.${name}`, t);

@@ -59,8 +59,8 @@ function trainStep(
   return loss;
 }
 
-async function raw(tensors: Iterable<Tensor>): Promise<Float32Array[]> {
-  const out: Float32Array[] = [];
+async function raw(tensors: Iterable<Tensor>): Promise<(Float32Array | Int32Array)[]> {
+  const out: (Float32Array | Int32Array)[] = [];
   for (const t of tensors) out.push(await t.read());
   return out;
 }
@@ -159,7 +159,7 @@ Deno.test({
   name: "AMP: 4 accumulated micro-batches of 8 update like one batch of 32",
   ...GPU_TEST,
   async fn() {
-    const results: Float32Array[][] = [];
+    const results: (Float32Array | Int32Array)[][] = [];
     for (const accumulation of [4, 1]) {
       const model = mlp(3);
       const optimizer = new SGD(model.parameters(), { lr: 0.5 });

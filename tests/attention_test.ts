@@ -101,7 +101,7 @@ Deno.test({
     );
     const x = uniform(b * t * c, 6);
     const y = tidy(() => layer.forward(Tensor.from(x, [b, t, c])));
-    const p = new Map<string, Float32Array>();
+    const p = new Map<string, Float32Array | Int32Array>();
     for (const [name, tensor] of layer.namedParameters()) p.set(name, await tensor.read());
     const proj = (name: string, input: ArrayLike<number>) =>
       linear64(input, p.get(`${name}.weight`)!, p.get(`${name}.bias`)!);
@@ -180,7 +180,7 @@ Deno.test({
   ...GPU_TEST,
   async fn() {
     const c = 6, source = new CausalSelfAttention(c, 2, { seed: 4 });
-    const host = (values: Float32Array, shape: number[]) => ({
+    const host = (values: Float32Array | Int32Array, shape: number[]) => ({
       dtype: "f32" as const,
       shape,
       data: new Uint8Array(values.slice().buffer),

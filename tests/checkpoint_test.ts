@@ -53,12 +53,16 @@ const input = () =>
   Tensor.from(new RandomGenerator(9).uniform(BATCH * WIDTH, -1, 1), [BATCH, WIDTH]);
 
 /** One forward + backward; returns every parameter gradient and buffer, read back. */
-async function gradients(model: Sequential, amp: boolean, x = input()): Promise<Float32Array[]> {
+async function gradients(
+  model: Sequential,
+  amp: boolean,
+  x = input(),
+): Promise<(Float32Array | Int32Array)[]> {
   const loss = tidy(() => autocast(() => mean(square(model.forward(x))), { enabled: amp }));
   loss.backward();
   loss.dispose();
   x.dispose();
-  const out: Float32Array[] = [];
+  const out: (Float32Array | Int32Array)[] = [];
   for (const p of model.parameters()) out.push(await p.grad!.read());
   for (const [, b] of model.namedBuffers()) out.push(await b.read());
   model.zeroGrad();

@@ -46,7 +46,7 @@ const CASES: Case[] = [
 ];
 
 /** Output and every gradient, read back, from the fused op or the composition. */
-async function run(c: Case, fused: boolean, amp: boolean): Promise<Float32Array[]> {
+async function run(c: Case, fused: boolean, amp: boolean): Promise<(Float32Array | Int32Array)[]> {
   const rng = new RandomGenerator(c.shape.reduce((a, b) => a * b) + c.out);
   const inF = c.shape.at(-1)!;
   const grad = { requiresGrad: true };

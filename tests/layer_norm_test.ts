@@ -170,7 +170,7 @@ Deno.test({
   async fn() {
     for (const [rows, cols] of [[7, 33], [129, 5], [2, 1000]]) {
       const n = rows * cols;
-      const results: Float32Array[][] = [];
+      const results: (Float32Array | Int32Array)[][] = [];
       for (const fused of [true, false]) {
         const tx = Tensor.from(uniform(n, n, -3, 2), [rows, cols], { requiresGrad: true });
         const tw = Tensor.from(uniform(cols, 2, 0.5, 2), [cols], { requiresGrad: true });

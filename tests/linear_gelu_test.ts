@@ -36,10 +36,10 @@ function gelu64(x: number, approximate: "none" | "tanh"): number {
 }
 
 interface Run {
-  y: Float32Array;
-  dx: Float32Array;
-  dw: Float32Array;
-  db: Float32Array;
+  y: Float32Array | Int32Array;
+  dx: Float32Array | Int32Array;
+  dw: Float32Array | Int32Array;
+  db: Float32Array | Int32Array;
 }
 
 async function run(

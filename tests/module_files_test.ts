@@ -22,8 +22,8 @@ function model(seed: number) {
   );
 }
 
-async function snapshot(m: Sequential): Promise<Map<string, Float32Array>> {
-  const out = new Map<string, Float32Array>();
+async function snapshot(m: Sequential): Promise<Map<string, Float32Array | Int32Array>> {
+  const out = new Map<string, Float32Array | Int32Array>();
   for (const [name, t] of m.stateDict()) out.set(name, await t.read());
   return out;
 }

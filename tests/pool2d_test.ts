@@ -407,7 +407,7 @@ Deno.test({
     const x = Tensor.from(uniform(2 * 9 * 33, 3), [2, 9, 33]);
     const y = adaptiveAvgPool2d(x, [1, 1]);
     assert.deepEqual(y.shape, [2, 1, 1]);
-    const v = await x.read();
+    const v = Array.from(await x.read());
     const means = [0, 1].map((c) => v.slice(c * 297, (c + 1) * 297).reduce((a, b) => a + b) / 297);
     assertClose(await y.read(), means, TOL.f32, "global mean");
     x.dispose();

@@ -26,7 +26,7 @@ async function run(checkpointed: boolean, amp: boolean) {
   const peak = gpu.memoryStats().peakBytes - before;
   loss.dispose();
   x.dispose();
-  const grads: [string, Float32Array][] = [];
+  const grads: [string, Float32Array | Int32Array][] = [];
   for (const [name, p] of model.namedParameters()) grads.push([name, await p.grad!.read()]);
   model.dispose();
   return { grads, peak };
