@@ -219,6 +219,15 @@ export class GradScaler {
   }
 
   /**
+   * The f32 [1] tensor holding the scale in force, on the GPU (read it with
+   * {@link GradScaler.getScale}; a numerics inspector binds it). Owned by the scaler.
+   */
+  get scaleTensor(): Tensor {
+    this.#live("scaleTensor");
+    return this.#scale;
+  }
+
+  /**
    * loss × scale, recorded on the tape: backward multiplies the gradient by
    * the scale read at backward time (run backward before `update()`).
    * `loss` must be f32. Disabled: returns `loss` itself.

@@ -31,3 +31,14 @@ export {
   type AmpTrainerState,
   type HasParameters,
 } from "./trainer.ts";
+export {
+  type FirstNonFinite,
+  type NumericsCounts,
+  NumericsInspector,
+  type NumericsPhase,
+  type NumericsReport,
+  type NumericsRow,
+  type OpDtypeCount,
+  type ParameterGradientRow,
+  type WatchOptions,
+} from "./numerics_inspector.ts";

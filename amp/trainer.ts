@@ -17,6 +17,7 @@ import type { Optimizer } from "../optim/optimizer.ts";
 import { autocast } from "./autocast.ts";
 import { GradScaler, type GradScalerOptions, type GradScalerState } from "./grad_scaler.ts";
 import { MasterWeights } from "./master_weights.ts";
+import type { NumericsInspector } from "./numerics_inspector.ts";
 import type { AutocastLists } from "./policy.ts";
 
 /**
@@ -76,6 +77,11 @@ export interface AmpTrainerOptions {
    * `enabled: true` to scale anyway.
    */
   scaler?: Omit<GradScalerOptions, "lossScale" | "gpu">;
+  /**
+   * Watches every micro-batch's forward and backward (not the optimizer
+   * step) with this inspector, under the trainer's scaler.
+   */
+  inspector?: NumericsInspector;
 }
 
 /** A model: anything with fp32 parameters. */
@@ -179,6 +185,16 @@ export class AmpTrainer {
    * unscaled loss; dispose it (reading it is a sync point).
    */
   step(computeLoss: () => Tensor): Tensor {
+    const inspector = this.#options.inspector;
+    const loss = inspector
+      ? inspector.watch(() => this.#microBatch(computeLoss), { scaler: this.scaler })
+      : this.#microBatch(computeLoss);
+    if (++this.#microStep === this.accumulationSteps) this.#finishStep();
+    return loss;
+  }
+
+  /** Forward under autocast and the scaled backward of one micro-batch; returns the loss. */
+  #microBatch(computeLoss: () => Tensor): Tensor {
     const loss = tidy(() => this.autocast(computeLoss));
     const problem = lossProblem(loss);
     if (problem) {
@@ -191,7 +207,6 @@ export class AmpTrainer {
     });
     scaled.backward();
     if (scaled !== loss) scaled.dispose(); // a disabled scaler hands the loss back as it is
-    if (++this.#microStep === this.accumulationSteps) this.#finishStep();
     return loss;
   }
 

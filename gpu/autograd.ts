@@ -180,12 +180,14 @@ export interface RecordSpec {
  */
 export function record(spec: RecordSpec): Tensor {
   const { op, inputs, output } = spec;
+  let node: GradNode | null = null;
   if (runtime.gradEnabled && (spec.always || inputs.some((t) => t.requiresGrad))) {
     const saved = untracked(() => (spec.save ?? []).map((t) => t.share()));
     output.requiresGrad = true;
-    output.gradFn = new GradNode(op, inputs, output, spec.backward, saved);
+    output.gradFn = node = new GradNode(op, inputs, output, spec.backward, saved);
     for (const input of inputs) input.gradFn?.hold();
   }
+  if (runtime.opObserver !== null) runtime.opObserver.forward(op, inputs, output, node);
   // Casts autocast made for this op go now: the node keeps what it saved.
   return releaseCasts(inputs, output);
 }
@@ -247,7 +249,9 @@ export function backward(output: Tensor, options: BackwardOptions = {}): void {
 /** The backward pass proper from `root`'s output; `gradOutput` stays owned by the caller. */
 function runBackward(root: GradNode, gradOutput: Tensor): void {
   const pending = new Map<Tensor, Tensor>([[root.output, gradOutput]]);
-  withState({ tracking: false, gradEnabled: false }, () => {
+  // The observer sees the gradients, not the ops rules run to make them.
+  const observer = runtime.opObserver;
+  withState({ tracking: false, gradEnabled: false, opObserver: null }, () => {
     for (const node of reverseTopologicalOrder(root)) {
       const grad = pending.get(node.output);
       pending.delete(node.output);
@@ -263,6 +267,7 @@ function runBackward(root: GradNode, gradOutput: Tensor): void {
         let g = inputGrads[i];
         if (!g || !input.requiresGrad) return;
         checkGradient(node.op, input, g);
+        if (observer !== null) observer.backward(node, i, g);
         // A rule may pass its incoming gradient straight through (add, reshape,
         // the cast of a working copy), or return one buffer for several inputs.
         // Every destination must own its buffer, since gradients are

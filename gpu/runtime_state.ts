@@ -12,6 +12,7 @@
  */
 import type { CastHook } from "./autocast_hook.ts";
 import type { Gpu } from "./device.ts";
+import type { OpObserver } from "./op_observer.ts";
 import type { RandomTape } from "./random.ts";
 import type { ScopedResource } from "./scope.ts";
 
@@ -27,6 +28,8 @@ export interface RuntimeModes {
   tracking: boolean;
   /** Records (or replays) every random draw, for checkpoint recompute; null when none. */
   randomTape: RandomTape | null;
+  /** Sees every op's output and every gradient (a numerics inspector); null: none. */
+  opObserver: OpObserver | null;
 }
 
 /** The whole state: the modes and the bookkeeping beside them. */
@@ -46,6 +49,7 @@ export const runtime: RuntimeState = {
   recomputing: false,
   tracking: true,
   randomTape: null,
+  opObserver: null,
   scopes: [],
   defaultGpu: null,
   warned: new Set(),
@@ -53,8 +57,8 @@ export const runtime: RuntimeState = {
 
 /** A copy of the current modes, to re-enter later with {@link withState}. */
 export function currentModes(): RuntimeModes {
-  const { gradEnabled, castHook, recomputing, tracking, randomTape } = runtime;
-  return { gradEnabled, castHook, recomputing, tracking, randomTape };
+  const { gradEnabled, castHook, recomputing, tracking, randomTape, opObserver } = runtime;
+  return { gradEnabled, castHook, recomputing, tracking, randomTape, opObserver };
 }
 
 /**

@@ -103,6 +103,24 @@ export abstract class Module {
     return this.namedParameters().map(([, t]) => t);
   }
 
+  /**
+   * This module (named `""`) and every descendant, with dotted paths as in
+   * state dicts (`"blocks.2.fc1"`), parents before their children. A module
+   * registered twice is listed once, under its first path.
+   */
+  namedModules(prefix = ""): [string, Module][] {
+    const out: [string, Module][] = [];
+    const seen = new Set<Module>();
+    const visit = (m: Module, path: string) => {
+      if (seen.has(m)) return;
+      seen.add(m);
+      out.push([path, m]);
+      for (const [name, child] of m.#children) visit(child, path ? `${path}.${name}` : name);
+    };
+    visit(this, prefix);
+    return out;
+  }
+
   /** Direct children, in registration order. */
   children(): Module[] {
     return [...this.#children.values()];

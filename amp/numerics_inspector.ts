@@ -1,0 +1,446 @@
+/**
+ * The numerics inspector: which layer overflows, which gradients underflow,
+ * which op first broke a step. While attached (`watch(fn)`, or an
+ * `AmpTrainer`'s `inspector` option), every op's output in forward and every
+ * gradient a backward rule produces gets one small statistics kernel that
+ * adds into a GPU buffer (`amp/kernels/numerics_stats.ts`); nothing is read
+ * back until `report()`. It sees ops through the runtime's one observer seam
+ * (`gpu/op_observer.ts`), and names them by the module that ran them, which it
+ * learns by wrapping each submodule's `forward` for the length of a step.
+ */
+import type { GradNode } from "../gpu/autograd.ts";
+import type { Gpu } from "../gpu/device.ts";
+import type { DType } from "../gpu/dtype.ts";
+import { fail, StateError, ValueError } from "../gpu/errors.ts";
+import type { OpObserver } from "../gpu/op_observer.ts";
+import type { OpName } from "../gpu/op_registry.ts";
+import { runtime, withState } from "../gpu/runtime_state.ts";
+import { untracked } from "../gpu/scope.ts";
+import { Tensor } from "../gpu/tensor.ts";
+import type { Module } from "../nn/module.ts";
+import type { GradScaler } from "./grad_scaler.ts";
+import {
+  HEADER,
+  HEADER_WORDS,
+  launchNumericsStats,
+  NONE,
+  ROW,
+  ROW_WORDS,
+} from "./kernels/numerics_stats.ts";
+
+/** Whether a row counts op outputs (forward) or the gradients rules produce (backward). */
+export type NumericsPhase = "forward" | "backward";
+
+/** Counts over every value an inspector saw in one place (op rows and parameter rows share them). */
+export interface NumericsCounts {
+  /** Tensors counted. */
+  calls: number;
+  /** Values counted (elements summed over the calls). */
+  values: number;
+  /** NaN and ±Inf values. */
+  nonFinite: number;
+  /** Finite values with |x| > 65504, which overflow if cast to f16. */
+  overflowF16: number;
+  /** Nonzero values with |x| < 2^-14: subnormal in f16, or flushed to zero if cast. */
+  underflowF16: number;
+  /** Zeros (either sign). */
+  zeros: number;
+  /** The largest finite |x| (0 when none). */
+  amax: number;
+}
+
+/** One row of {@link NumericsReport.rows}: an op run by one module, in one phase and dtype. */
+export interface NumericsRow extends NumericsCounts {
+  /** The module path that ran the op (`"blocks.2.fc1"`), or `op:index` outside submodules. */
+  name: string;
+  /** The op's registry name. */
+  op: OpName;
+  /** Forward: the op's outputs; backward: the gradients its rule produced. */
+  phase: NumericsPhase;
+  /** The dtype of the tensors counted. */
+  dtype: DType;
+}
+
+/**
+ * The gradients of one parameter, as f16 holds them (under autocast, the
+ * gradient of its f16 working copy; else its own), each contribution of a
+ * step counted separately, before unscaling.
+ */
+export interface ParameterGradientRow extends NumericsCounts {
+  /** The parameter's state-dict name. */
+  name: string;
+  /** The gradient's dtype. */
+  dtype: DType;
+  /** `underflowF16 / values`: the share that f16 cannot hold as a normal number at the scale used. */
+  underflowFraction: number;
+}
+
+/** Where the first NaN/Inf appeared (see {@link NumericsReport.firstNonFinite}). */
+export interface FirstNonFinite {
+  /** The step (0-based count of `watch` calls / trainer micro-batches). */
+  step: number;
+  /** The row's name. */
+  name: string;
+  /** The op. */
+  op: OpName;
+  /** Its phase. */
+  phase: NumericsPhase;
+  /** Which call of that row within the step (0 = the first). */
+  call: number;
+  /** The loss scale in force then, or null when no scaler was given. */
+  scale: number | null;
+}
+
+/** How often an op ran, per output dtype. */
+export interface OpDtypeCount {
+  /** The op. */
+  op: OpName;
+  /** Forward calls per output dtype. */
+  calls: Partial<Record<DType, number>>;
+}
+
+/** What {@link NumericsInspector.report} returns. */
+export interface NumericsReport {
+  /** Steps watched. */
+  steps: number;
+  /** One row per (name, op, phase, dtype), in order of first appearance. */
+  rows: NumericsRow[];
+  /** The first op output or gradient, in execution order, holding NaN/Inf; null if none did. */
+  firstNonFinite: FirstNonFinite | null;
+  /** Calls per op and dtype (Paddle's operator statistics). */
+  ops: OpDtypeCount[];
+  /** Gradient statistics per parameter, for loss-scale advice. */
+  params: ParameterGradientRow[];
+  /** The loss scale in force now, when the last step was given a scaler; else null. */
+  lossScale: number | null;
+}
+
+/** The public fields of a row. */
+function rowOf({ name, op, phase, dtype }: RowInfo): Omit<NumericsRow, keyof NumericsCounts> {
+  return { name, op, phase, dtype };
+}
+
+/** Options of {@link NumericsInspector.watch}. */
+export interface WatchOptions {
+  /** The scaler whose scale is in force (reported with the first non-finite). */
+  scaler?: GradScaler;
+}
+
+interface RowInfo {
+  name: string;
+  op: OpName;
+  phase: NumericsPhase;
+  dtype: DType;
+  calls: number;
+  values: number;
+  /** A parameter's gradient row (op is the producing op of its first gradient). */
+  param: boolean;
+}
+
+/** Rows the statistics buffer holds at first (it doubles when full). */
+const FIRST_ROWS = 64;
+
+/**
+ * Watches the numerics of `model`'s steps: per op and module, forward and
+ * backward, the NaN/Inf count, the values beyond f16's range or below its
+ * smallest normal, zeros and the largest |x|, and which op first produced a
+ * non-finite value, all gathered on the GPU without a sync. Detached, it
+ * changes nothing: no dispatch, same bits.
+ *
+ * @example
+ * ```ts
+ * import { crossEntropy, initGpu, Linear, NumericsInspector, ReLU, Sequential, Tensor } from "../mod.ts";
+ * const gpu = await initGpu({ matmulTiling: "default" });
+ * const model = new Sequential(new Linear(2, 4, { seed: 1 }), new ReLU(), new Linear(4, 2, { seed: 2 }));
+ * const inspector = new NumericsInspector(model);
+ * const x = Tensor.from([1, 2, 3, Infinity], [2, 2]); // an Inf in the batch
+ * inspector.watch(() => crossEntropy(model.forward(x), [0, 1]).backward());
+ * const report = await inspector.report(); // the only read
+ * console.assert(report.firstNonFinite?.name === "0" && report.firstNonFinite.phase === "forward");
+ * console.assert(report.rows.some((r) => r.name === "2" && r.op === "linear" && r.phase === "backward"));
+ * inspector.dispose();
+ * gpu.destroy();
+ * ```
+ */
+export class NumericsInspector {
+  /** The model whose submodules name the ops. */
+  readonly model: Module;
+  #gpu: Gpu | null = null;
+  #submodules: [string, Module][];
+  #paramNames = new Map<Tensor, string>();
+  #rows: RowInfo[] = [];
+  #rowIndex = new Map<string, number>();
+  #nodeNames = new WeakMap<GradNode, string>();
+  #opCounts = new Map<OpName, Partial<Record<DType, number>>>();
+  #stats: Tensor | null = null;
+  #capacity = 0;
+  #noScale: Tensor | null = null;
+  #scale: Tensor | null = null;
+  #scaler: GradScaler | null = null;
+  #seq = 0;
+  #steps = 0;
+  #path: string[] = [];
+  #callsThisStep = new Map<number, number>();
+  #outsideCalls = new Map<OpName, number>();
+  #active = false;
+  #disposed = false;
+  #observer: OpObserver;
+
+  /** An inspector for `model` (any `Module`); attach it with {@link watch} or `AmpTrainer`. */
+  constructor(model: Module) {
+    if (typeof (model as Module | null)?.namedModules !== "function") {
+      fail(ValueError, "NumericsInspector", "the model must be a Module (e.g. a Sequential).");
+    }
+    this.model = model;
+    this.#submodules = model.namedModules().filter(([path]) => path !== "");
+    for (const [name, t] of model.namedParameters()) this.#paramNames.set(t, name);
+    this.#observer = {
+      forward: (op, _inputs, output, node) => this.#forward(op, output, node),
+      backward: (node, index, grad) => this.#backward(node, index, grad),
+    };
+  }
+
+  /** Steps watched so far. */
+  get steps(): number {
+    return this.#steps;
+  }
+
+  /**
+   * Runs `fn` (synchronous) as one watched step and returns its result: every
+   * op it runs, and every gradient of a backward pass inside it, is counted.
+   * Records statistics kernels only; no sync.
+   */
+  watch<T>(fn: () => T, options: WatchOptions = {}): T {
+    this.#live("watch");
+    if (runtime.opObserver !== null || this.#active) {
+      fail(
+        StateError,
+        "NumericsInspector.watch",
+        "another watch is running; watch one step at a time.",
+      );
+    }
+    this.#scaler = options.scaler?.enabled ? options.scaler : null;
+    this.#scale = this.#scaler?.scaleTensor ?? null;
+    this.#callsThisStep.clear();
+    this.#outsideCalls.clear();
+    this.#path = [];
+    const restore = this.#wrapForwards();
+    this.#active = true;
+    let result: T;
+    try {
+      result = withState({ opObserver: this.#observer }, fn);
+    } finally {
+      this.#active = false;
+      restore();
+      this.#steps++;
+    }
+    if (typeof (result as { then?: unknown } | null)?.then === "function") {
+      fail(
+        ValueError,
+        "NumericsInspector.watch",
+        "fn returned a promise; watch a synchronous step (await outside of it).",
+      );
+    }
+    return result;
+  }
+
+  /**
+   * Reads the statistics gathered so far (**a sync point**: the one read of
+   * the inspector) and returns them.
+   */
+  async report(): Promise<NumericsReport> {
+    this.#live("report");
+    const raw = this.#stats ? await this.#stats.read() : new Int32Array(HEADER_WORDS).fill(-1);
+    const words = new Uint32Array(raw.buffer, raw.byteOffset, raw.length);
+    const floats = new Float32Array(raw.buffer, raw.byteOffset, raw.length);
+    const counts = (row: number, info: RowInfo): NumericsCounts => {
+      const at = HEADER_WORDS + row * ROW_WORDS;
+      const wide = (w: number) => words[at + w] + words[at + w + 1] * 2 ** 32;
+      return {
+        calls: info.calls,
+        values: info.values,
+        nonFinite: wide(ROW.nonFinite),
+        overflowF16: wide(ROW.overflowF16),
+        underflowF16: wide(ROW.underflowF16),
+        zeros: wide(ROW.zeros),
+        amax: floats[at + ROW.amax],
+      };
+    };
+    const rows: NumericsRow[] = [];
+    const params: ParameterGradientRow[] = [];
+    this.#rows.forEach((info, i) => {
+      const c = counts(i, info);
+      if (!info.param) rows.push({ ...rowOf(info), ...c });
+      else {
+        params.push({
+          name: info.name,
+          dtype: info.dtype,
+          ...c,
+          underflowFraction: c.values > 0 ? c.underflowF16 / c.values : 0,
+        });
+      }
+    });
+    let firstNonFinite: FirstNonFinite | null = null;
+    if (words[HEADER.firstSeq] !== NONE) {
+      const row = this.#rows[words[HEADER.firstRow]];
+      const scale = floats[HEADER.firstScale];
+      firstNonFinite = {
+        step: words[HEADER.firstStep],
+        name: row.name,
+        op: row.op,
+        phase: row.phase,
+        call: words[HEADER.firstCall],
+        scale: Number.isNaN(scale) ? null : scale,
+      };
+    }
+    const ops = [...this.#opCounts].map(([op, calls]) => ({ op, calls: { ...calls } }));
+    const lossScale = this.#scaler ? await this.#scaler.getScale() : null;
+    return { steps: this.#steps, rows, firstNonFinite, ops, params, lossScale };
+  }
+
+  /** Frees the statistics buffer; the inspector cannot be used afterwards. */
+  dispose(): void {
+    this.#stats?.dispose();
+    this.#noScale?.dispose();
+    this.#stats = this.#noScale = null;
+    this.#disposed = true;
+  }
+
+  #forward(op: OpName, output: Tensor, node: GradNode | null): void {
+    if (!this.#active) return; // a checkpoint recomputed after its watch ended
+    const module = this.#path.at(-1);
+    if (runtime.recomputing) {
+      // A checkpointed region runs again in backward: name its nodes, count nothing twice.
+      if (node) this.#nodeNames.set(node, module ?? op);
+      return;
+    }
+    let name = module;
+    if (name === undefined) {
+      const index = this.#outsideCalls.get(op) ?? 0;
+      this.#outsideCalls.set(op, index + 1);
+      name = `${op}:${index}`;
+    }
+    if (node) this.#nodeNames.set(node, name);
+    const perDtype = this.#opCounts.get(op) ?? {};
+    perDtype[output.dtype] = (perDtype[output.dtype] ?? 0) + 1;
+    this.#opCounts.set(op, perDtype);
+    this.#count(output, this.#row(name, op, "forward", output.dtype), NONE);
+  }
+
+  #backward(node: GradNode, index: number, grad: Tensor): void {
+    if (!this.#active) return;
+    const name = this.#nodeNames.get(node) ?? `${node.op}:unwatched`;
+    const row = this.#row(name, node.op, "backward", grad.dtype);
+    // The cast of a working copy widens a gradient already counted as the copy's.
+    const param = node.op === "cast" ? undefined : this.#parameterOf(node.inputs[index]);
+    this.#count(grad, row, param ? this.#row(param, node.op, "backward", grad.dtype, true) : NONE);
+  }
+
+  /** The parameter name of `input`: a parameter, or the working copy of one. */
+  #parameterOf(input: Tensor): string | undefined {
+    const own = this.#paramNames.get(input);
+    if (own !== undefined) return own;
+    const cast = input.gradFn;
+    return cast?.op === "cast" ? this.#paramNames.get(cast.inputs[0]) : undefined;
+  }
+
+  #row(name: string, op: OpName, phase: NumericsPhase, dtype: DType, param = false): number {
+    const key = param
+      ? `param\u0000${name}\u0000${dtype}`
+      : `${name}\u0000${op}\u0000${phase}\u0000${dtype}`;
+    let row = this.#rowIndex.get(key);
+    if (row === undefined) {
+      row = this.#rows.length;
+      this.#rows.push({ name, op, phase, dtype, calls: 0, values: 0, param });
+      this.#rowIndex.set(key, row);
+    }
+    return row;
+  }
+
+  /** Dispatches the statistics of `t` into `row` (and `paramRow`). */
+  #count(t: Tensor, row: number, paramRow: number): void {
+    if ((t.dtype !== "f32" && t.dtype !== "f16") || t.size === 0) return;
+    const gpu = t.gpu;
+    const stats = this.#statsFor(gpu, Math.max(row, paramRow === NONE ? 0 : paramRow) + 1);
+    for (const r of paramRow === NONE ? [row] : [row, paramRow]) {
+      this.#rows[r].calls++;
+      this.#rows[r].values += t.size;
+    }
+    const call = this.#callsThisStep.get(row) ?? 0;
+    this.#callsThisStep.set(row, call + 1);
+    const scale = this.#scale ?? this.#placeholderScale(gpu);
+    launchNumericsStats(gpu, t, scale, stats, {
+      row,
+      paramRow,
+      seq: this.#seq++,
+      step: this.#steps,
+      call,
+    });
+  }
+
+  /** The statistics buffer, grown (on the GPU, by a copy) to hold `rows` rows. */
+  #statsFor(gpu: Gpu, rows: number): Tensor {
+    if (this.#gpu !== null && this.#gpu !== gpu) {
+      fail(ValueError, "NumericsInspector", "the watched tensors live on two devices; watch one.");
+    }
+    this.#gpu = gpu;
+    if (this.#stats && rows <= this.#capacity) return this.#stats;
+    let capacity = Math.max(this.#capacity, FIRST_ROWS);
+    while (capacity < rows) capacity *= 2;
+    const words = HEADER_WORDS + capacity * ROW_WORDS;
+    const fresh = untracked(() => Tensor.zeros([words], { dtype: "i32", gpu }));
+    const old = this.#stats;
+    if (old) gpu.batch.copy(old.buffer, fresh.buffer, old.size * 4);
+    else {
+      const header = new Uint32Array(HEADER_WORDS);
+      header[HEADER.firstSeq] = NONE;
+      header[HEADER.firstRow] = NONE;
+      const init = new Uint8Array(words * 4);
+      init.set(new Uint8Array(header.buffer));
+      fresh.writeBytes(init);
+    }
+    old?.dispose();
+    this.#stats = fresh;
+    this.#capacity = capacity;
+    return fresh;
+  }
+
+  /** An f32 [1] NaN bound as the scale when no scaler is given (reported as null). */
+  #placeholderScale(gpu: Gpu): Tensor {
+    this.#noScale ??= untracked(() => Tensor.from([NaN], [1], { gpu }));
+    return this.#noScale;
+  }
+
+  /** Wraps every submodule's `forward` to keep the path of the running one; returns the undo. */
+  #wrapForwards(): () => void {
+    const undo: (() => void)[] = [];
+    const path = this.#path;
+    for (const [name, module] of this.#submodules) {
+      const own = Object.hasOwn(module, "forward");
+      const original = module.forward;
+      module.forward = function (this: Module, ...args: unknown[]) {
+        path.push(name);
+        try {
+          return (original as (...a: unknown[]) => Tensor).apply(this, args);
+        } finally {
+          path.pop();
+        }
+      } as Module["forward"];
+      undo.push(() => {
+        if (own) module.forward = original;
+        else delete (module as { forward?: unknown }).forward;
+      });
+    }
+    return () => undo.forEach((f) => f());
+  }
+
+  #live(method: string): void {
+    if (this.#disposed) {
+      fail(
+        StateError,
+        `NumericsInspector.${method}`,
+        "the inspector was disposed; make a new one.",
+      );
+    }
+  }
+}
