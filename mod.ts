@@ -103,6 +103,7 @@ export {
   avgPool2d,
   type AvgPool2dOptions,
   maxPool2d,
+  type MaxPool2dIndicesOptions,
   type MaxPool2dOptions,
 } from "./gpu/ops/pool2d.ts";
 export { flatten } from "./gpu/ops/flatten.ts";

@@ -173,6 +173,7 @@ export {
   avgPool2d,
   type AvgPool2dOptions,
   maxPool2d,
+  type MaxPool2dIndicesOptions,
   type MaxPool2dOptions,
 } from "./ops/pool2d.ts";
 export { flatten } from "./ops/flatten.ts";

@@ -25,9 +25,11 @@ function optionsOf<O extends { kernelSize: Size2d }>(arg: Size2d | O): O {
 }
 
 /**
- * 2-D max pooling (see {@link maxPool2d}), as `torch.nn.MaxPool2d` without
- * `ceil_mode`. Give the kernel size alone (`new MaxPool2d(2)`) or every
- * option (`new MaxPool2d({ kernelSize: 3, stride: 2, padding: 1 })`).
+ * 2-D max pooling (see {@link maxPool2d}), as `torch.nn.MaxPool2d`. Give
+ * the kernel size alone (`new MaxPool2d(2)`) or every option
+ * (`new MaxPool2d({ kernelSize: 3, stride: 2, padding: 1, ceilMode: true })`).
+ * For the indices of the picked elements, call `maxPool2d` with
+ * `returnIndices`.
  *
  * @example
  * ```ts
@@ -49,6 +51,8 @@ export class MaxPool2d extends Module {
   readonly padding: readonly [number, number];
   /** Spacing between taps [y, x]. */
   readonly dilation: readonly [number, number];
+  /** Whether the output size rounds up. */
+  readonly ceilMode: boolean;
 
   /** A max-pooling layer; throws a ValueError at once for invalid options. */
   constructor(options: Size2d | MaxPool2dOptions) {
@@ -58,6 +62,7 @@ export class MaxPool2d extends Module {
     this.stride = o.stride;
     this.padding = o.padding;
     this.dilation = o.dilation;
+    this.ceilMode = o.ceilMode;
   }
 
   /** Max-pools `x` ([N, C, H, W] or [C, H, W]). */
@@ -67,14 +72,14 @@ export class MaxPool2d extends Module {
       stride: this.stride,
       padding: this.padding,
       dilation: this.dilation,
+      ceilMode: this.ceilMode,
     });
   }
 }
 
 /**
- * 2-D average pooling (see {@link avgPool2d}), as `torch.nn.AvgPool2d`
- * without `ceil_mode` and `divisor_override`. Give the kernel size alone
- * (`new AvgPool2d(2)`) or every option.
+ * 2-D average pooling (see {@link avgPool2d}), as `torch.nn.AvgPool2d`.
+ * Give the kernel size alone (`new AvgPool2d(2)`) or every option.
  *
  * @example
  * ```ts
@@ -95,6 +100,10 @@ export class AvgPool2d extends Module {
   readonly padding: readonly [number, number];
   /** Whether padding counts in the divisor. */
   readonly countIncludePad: boolean;
+  /** Whether the output size rounds up. */
+  readonly ceilMode: boolean;
+  /** The divisor of every window, or null (see `countIncludePad`). */
+  readonly divisorOverride: number | null;
 
   /** An average-pooling layer; throws a ValueError at once for invalid options. */
   constructor(options: Size2d | AvgPool2dOptions) {
@@ -104,6 +113,8 @@ export class AvgPool2d extends Module {
     this.stride = o.stride;
     this.padding = o.padding;
     this.countIncludePad = o.countIncludePad;
+    this.ceilMode = o.ceilMode;
+    this.divisorOverride = o.divisorOverride;
   }
 
   /** Average-pools `x` ([N, C, H, W] or [C, H, W]). */
@@ -113,6 +124,8 @@ export class AvgPool2d extends Module {
       stride: this.stride,
       padding: this.padding,
       countIncludePad: this.countIncludePad,
+      ceilMode: this.ceilMode,
+      divisorOverride: this.divisorOverride,
     });
   }
 }

@@ -487,6 +487,10 @@ Deno.test({
       assert.throws(() => pool(x, { stride: [1, -2] }), /stride must be a positive integer/);
       assert.throws(() => pool(x, { padding: -1 }), /padding must be an integer ≥ 0/);
       assert.throws(
+        () => pool(x, { ceilMode: 1 }),
+        new RegExp(`${name}: ceilMode must be true or false, got 1`),
+      );
+      assert.throws(
         () => pool(x, { kernelSize: 3, padding: [1, 2] }),
         new RegExp(
           `${name}: padding \\[1, 2\\] must be at most half of the kernel size \\[3, 3\\]`,
@@ -518,6 +522,19 @@ Deno.test({
       // @ts-expect-error: plain JavaScript may pass anything
       () => avgPool2d(x, { kernelSize: 2, countIncludePad: "yes" }),
       /avgPool2d: countIncludePad must be true or false/,
+    );
+    for (const divisorOverride of [0, 1.5]) {
+      assert.throws(
+        () => avgPool2d(x, { kernelSize: 2, divisorOverride }),
+        new RegExp(
+          `avgPool2d: divisorOverride must be a nonzero integer or null, got ${divisorOverride}`,
+        ),
+      );
+    }
+    assert.throws(
+      // @ts-expect-error: plain JavaScript may pass anything
+      () => maxPool2d(x, { kernelSize: 2, returnIndices: "yes" }),
+      /maxPool2d: returnIndices must be true or false, got "yes"/,
     );
     assert.throws(
       // @ts-expect-error: plain JavaScript may forget the options

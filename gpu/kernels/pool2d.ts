@@ -213,19 +213,38 @@ const WGSL_WINDOW_SUM = `fn window_sum(base: u32, ya: u32, yb: u32, xa: u32, xb:
 `;
 
 /**
- * Average pooling forward. The divisor is kh·kw (multiplied as its host
- * reciprocal `inv_area`) when `include_pad` is 1, else the number of
- * non-padding elements of the window.
+ * The divisor of average-pooling window (oy, ox), as PyTorch's avg_pool2d:
+ * `divisor_override` when nonzero; else with `include_pad` the window's area
+ * clipped to input + padding (kh·kw unless a ceil-mode window overhangs);
+ * else the number of input elements it holds.
  */
+const WGSL_AVG_DIVISOR = `fn divisor(oy: u32, ox: u32) -> f32 {
+  if (p.divisor_override != 0) { return f32(p.divisor_override); }
+  let y0 = i32(oy * p.sh) - i32(p.ph);
+  let x0 = i32(ox * p.sw) - i32(p.pw);
+  if (p.include_pad == 1u) {
+    let rows = min(y0 + i32(p.kh), i32(p.h + p.ph)) - y0;
+    let cols = min(x0 + i32(p.kw), i32(p.w + p.pw)) - x0;
+    return f32(rows * cols);
+  }
+  let rows = min(y0 + i32(p.kh), i32(p.h)) - max(y0, 0);
+  let cols = min(x0 + i32(p.kw), i32(p.w)) - max(x0, 0);
+  return f32(rows * cols);
+}
+`;
+
+const AVG_UNIFORMS = { ...WINDOW_UNIFORMS, include_pad: "u32", divisor_override: "i32" } as const;
+
+/** Average pooling forward: each window's f32 sum over its divisor. */
 export const avgPool2dKernel = defineKernel({
   name: "avg_pool2d",
   bindings: (c: { dtype: DType }) => [
     { name: "x", type: c.dtype },
     { name: "y", type: c.dtype, write: true },
   ],
-  uniforms: { ...WINDOW_UNIFORMS, include_pad: "u32", inv_area: "f32" },
+  uniforms: AVG_UNIFORMS,
   source: ({ dtype }) =>
-    `${WGSL_WINDOW_SUM}
+    `${WGSL_WINDOW_SUM}${WGSL_AVG_DIVISOR}
 @compute @workgroup_size(${WORKGROUP})
 fn main(${WGSL_GRID_BUILTINS}) {
   ${THREAD_INDEX}
@@ -234,10 +253,7 @@ fn main(${WGSL_GRID_BUILTINS}) {
   let yb = u32(min(y0 + i32(p.kh), i32(p.h)));
   let xa = u32(max(x0, 0));
   let xb = u32(min(x0 + i32(p.kw), i32(p.w)));
-  let acc = window_sum(base, ya, yb, xa, xb);
-  var v = acc * p.inv_area;
-  if (p.include_pad == 0u) { v = acc / f32((yb - ya) * (xb - xa)); }
-  y[i] = ${dtype}(v);
+  y[i] = ${dtype}(window_sum(base, ya, yb, xa, xb) / divisor(oy, ox));
 }`,
 });
 
@@ -248,27 +264,15 @@ export const avgPool2dBackwardKernel = defineKernel({
     { name: "g", type: c.dtype },
     { name: "dx", type: c.dtype, write: true },
   ],
-  uniforms: { ...WINDOW_UNIFORMS, include_pad: "u32", inv_area: "f32" },
+  uniforms: AVG_UNIFORMS,
   source: ({ dtype, disjoint }) =>
-    `@compute @workgroup_size(${WORKGROUP})
+    `${WGSL_AVG_DIVISOR}
+@compute @workgroup_size(${WORKGROUP})
 fn main(${WGSL_GRID_BUILTINS}) {
   ${THREAD_INDEX}
   ${INPUT_COORDS}
   var acc = 0.0;
-  ${
-      forEachWindow(
-        `if (p.include_pad == 1u) {
-        acc += f32(g[o]) * p.inv_area;
-      } else {
-        let y0 = i32(oy * p.sh) - i32(p.ph);
-        let x0 = i32(ox * p.sw) - i32(p.pw);
-        let rows = min(y0 + i32(p.kh), i32(p.h)) - max(y0, 0);
-        let cols = min(x0 + i32(p.kw), i32(p.w)) - max(x0, 0);
-        acc += f32(g[o]) / f32(rows * cols);
-      }`,
-        disjoint,
-      )
-    }
+  ${forEachWindow("acc += f32(g[o]) / divisor(oy, ox);", disjoint)}
   dx[i] = ${dtype}(acc);
 }`,
 });
@@ -403,35 +407,34 @@ function isDisjoint(geo: Pool2dGeometry): boolean {
   return dh === 1 && dw === 1 && sh >= kh && sw >= kw;
 }
 
-function avgUniforms(geo: Pool2dGeometry, total: number, countIncludePad: boolean) {
+/** How average pooling divides (the options of `avgPool2d` of the same names). */
+export interface AvgDivisor {
+  /** Whether padding counts in the divisor. */
+  readonly countIncludePad: boolean;
+  /** The divisor of every window, or null. */
+  readonly divisorOverride: number | null;
+}
+
+function avgUniforms(geo: Pool2dGeometry, total: number, how: AvgDivisor) {
   return {
     ...windowUniforms(geo, total),
-    include_pad: countIncludePad ? 1 : 0,
-    inv_area: 1 / (geo.kernel[0] * geo.kernel[1]),
+    include_pad: how.countIncludePad ? 1 : 0,
+    divisor_override: how.divisorOverride ?? 0,
   };
 }
 
 /** Average pooling of `x` over `geo` (no autograd), in x's dtype. */
-export function launchAvgPool2d(
-  x: Tensor,
-  geo: Pool2dGeometry,
-  countIncludePad: boolean,
-): Tensor {
+export function launchAvgPool2d(x: Tensor, geo: Pool2dGeometry, how: AvgDivisor): Tensor {
   const kernel = x.gpu.kernel(avgPool2dKernel, { dtype: x.dtype });
   return perElement(
     x,
     geo.outputShape,
-    (y, total) =>
-      x.gpu.dispatch(kernel, { x, y }, avgUniforms(geo, total, countIncludePad), groups(total)),
+    (y, total) => x.gpu.dispatch(kernel, { x, y }, avgUniforms(geo, total, how), groups(total)),
   );
 }
 
 /** The input gradient of average pooling from `g` (no autograd). */
-export function launchAvgPool2dBackward(
-  g: Tensor,
-  geo: Pool2dGeometry,
-  countIncludePad: boolean,
-): Tensor {
+export function launchAvgPool2dBackward(g: Tensor, geo: Pool2dGeometry, how: AvgDivisor): Tensor {
   const kernel = g.gpu.kernel(avgPool2dBackwardKernel, {
     dtype: g.dtype,
     disjoint: isDisjoint(geo),
@@ -439,8 +442,7 @@ export function launchAvgPool2dBackward(
   return perElement(
     g,
     geo.inputShape,
-    (dx, total) =>
-      g.gpu.dispatch(kernel, { g, dx }, avgUniforms(geo, total, countIncludePad), groups(total)),
+    (dx, total) => g.gpu.dispatch(kernel, { g, dx }, avgUniforms(geo, total, how), groups(total)),
   );
 }
 

@@ -18,12 +18,13 @@ import {
   type Pool2dGeometry,
 } from "../kernels/pool2d.ts";
 import { shapeString, sizeOf } from "../shape.ts";
+import { shortValue } from "../short_text.ts";
 import type { Tensor } from "../tensor.ts";
 import { pairOf, type Size2d } from "./size2d.ts";
 
 export type { Size2d };
 
-/** Options of {@link maxPool2d} (PyTorch's `max_pool2d` arguments, without `ceil_mode`). */
+/** Options of {@link maxPool2d} (PyTorch's `max_pool2d` arguments). */
 export interface MaxPool2dOptions {
   /** Window size (required). */
   kernelSize: Size2d;
@@ -33,9 +34,25 @@ export interface MaxPool2dOptions {
   padding?: Size2d;
   /** Spacing between window taps (default 1). */
   dilation?: Size2d;
+  /**
+   * Round the output size up, not down (default false): a last window that
+   * overhangs the input is kept when it starts inside the input or the left
+   * padding, as PyTorch's `ceil_mode`.
+   */
+  ceilMode?: boolean;
 }
 
-/** Options of {@link avgPool2d} (PyTorch's `avg_pool2d` arguments, without `ceil_mode`). */
+/**
+ * {@link maxPool2d}'s options with PyTorch's `return_indices`: true also
+ * returns the i32 flat index (row · W + col within its [H, W] plane) of the
+ * element each output picked.
+ */
+export interface MaxPool2dIndicesOptions extends MaxPool2dOptions {
+  /** Return `[values, indices]` (true) or the values alone (false, the default). */
+  returnIndices?: boolean;
+}
+
+/** Options of {@link avgPool2d} (PyTorch's `avg_pool2d` arguments). */
 export interface AvgPool2dOptions {
   /** Window size (required). */
   kernelSize: Size2d;
@@ -44,10 +61,15 @@ export interface AvgPool2dOptions {
   /** Implicit zero padding on each side, at most half the kernel size (default 0). */
   padding?: Size2d;
   /**
-   * Divide by the whole window area, padding included (default true, as
-   * PyTorch); false: by the number of input elements in the window.
+   * Divide by the window area, padding included (default true, as PyTorch;
+   * with `ceilMode`, the part of a last window past the padding does not
+   * count); false: by the number of input elements in the window.
    */
   countIncludePad?: boolean;
+  /** Round the output size up, not down (default false), as PyTorch's `ceil_mode`. */
+  ceilMode?: boolean;
+  /** Divide every window's sum by this nonzero integer instead (PyTorch's `divisor_override`). */
+  divisorOverride?: number | null;
 }
 
 /** Pooling options with every field present and every size a [height, width] pair. */
@@ -62,6 +84,10 @@ export interface ResolvedPool2dOptions {
   readonly dilation: readonly [number, number];
   /** Average pooling: whether padding counts in the divisor (true for max pooling). */
   readonly countIncludePad: boolean;
+  /** Whether the output size rounds up. */
+  readonly ceilMode: boolean;
+  /** Average pooling: the divisor of every window, or null (max pooling: null). */
+  readonly divisorOverride: number | null;
 }
 
 /** An adaptive pooling output size: one number for both axes, or [height, width] (null: keep the input's). */
@@ -104,8 +130,23 @@ export function resolvePool2dOptions(
   const countIncludePad = kind === "avg"
     ? (options as AvgPool2dOptions).countIncludePad ?? true
     : true;
-  if (typeof countIncludePad !== "boolean") {
-    problems.push(`countIncludePad must be true or false, got ${JSON.stringify(countIncludePad)}`);
+  const ceilMode = options.ceilMode ?? false;
+  for (const [name, flag] of [["countIncludePad", countIncludePad], ["ceilMode", ceilMode]]) {
+    if (typeof flag !== "boolean") {
+      problems.push(`${name} must be true or false, got ${shortValue(flag)}`);
+    }
+  }
+  const divisorOverride = kind === "avg"
+    ? (options as AvgPool2dOptions).divisorOverride ?? null
+    : null;
+  if (
+    divisorOverride !== null &&
+    !(Number.isInteger(divisorOverride) && divisorOverride !== 0 &&
+      Math.abs(divisorOverride) < 2 ** 31)
+  ) {
+    problems.push(
+      `divisorOverride must be a nonzero integer or null, got ${shortValue(divisorOverride)}`,
+    );
   }
   if (
     problems.length === 0 && (padding[0] > kernelSize[0] >> 1 || padding[1] > kernelSize[1] >> 1)
@@ -117,7 +158,7 @@ export function resolvePool2dOptions(
     );
   }
   fail(ValueError, where, problems);
-  return { kernelSize, stride, padding, dilation, countIncludePad };
+  return { kernelSize, stride, padding, dilation, countIncludePad, ceilMode, divisorOverride };
 }
 
 /**
@@ -173,11 +214,13 @@ function planesOf(where: string, x: Tensor): [number, number, number] {
 
 function windowGeometry(where: string, x: Tensor, o: ResolvedPool2dOptions): Pool2dGeometry {
   const [planes, h, w] = planesOf(where, x);
-  const out = (size: number, axis: 0 | 1) =>
-    Math.floor(
-      (size + 2 * o.padding[axis] - o.dilation[axis] * (o.kernelSize[axis] - 1) - 1) /
-        o.stride[axis],
-    ) + 1;
+  const out = (size: number, axis: 0 | 1) => {
+    const span = o.dilation[axis] * (o.kernelSize[axis] - 1) + 1, s = o.stride[axis];
+    const p = o.padding[axis], last = size + 2 * p - span;
+    const n = Math.floor((o.ceilMode ? last + s - 1 : last) / s) + 1;
+    // PyTorch's ceil mode: the last window must start inside the input or the left padding.
+    return o.ceilMode && (n - 1) * s >= size + p ? n - 1 : n;
+  };
   const oh = out(h, 0), ow = out(w, 1);
   if (oh < 1 || ow < 1) {
     const dilated = o.dilation[0] !== 1 || o.dilation[1] !== 1
@@ -208,14 +251,17 @@ function windowGeometry(where: string, x: Tensor, o: ResolvedPool2dOptions): Poo
 
 /**
  * 2-D max pooling over the last two axes of x ([N, C, H, W] or [C, H, W]),
- * as `torch.nn.functional.max_pool2d` without `ceil_mode`: the output is
- * [..., ⌊(H + 2p − d(k − 1) − 1)/s⌋ + 1, same for W], padding counts as −∞.
- * A window holding NaN gives NaN. The gradient of each output goes to the
- * element it picked: the first maximum in row-major window order (the last
- * NaN, if any, as PyTorch); overlapping windows add up.
+ * as `torch.nn.functional.max_pool2d`: the output is
+ * [..., ⌊(H + 2p − d(k − 1) − 1)/s⌋ + 1, same for W] (rounded up with
+ * `ceilMode`), padding counts as −∞. A window holding NaN gives NaN. Each
+ * output picks, as PyTorch does, the first maximum in row-major window
+ * order, or the last NaN if any; its gradient goes to that element
+ * (overlapping windows add up). With `returnIndices` it returns
+ * `[values, indices]`: i32 flat indices row · W + col into each [H, W] input
+ * plane, PyTorch's `return_indices` (−1 for a window of padding only, which
+ * dilation allows; PyTorch gives an index outside the window there).
  *
- * Saved for backward: the i32 argmax per output element (only when x
- * requires grad).
+ * Saved for backward: the i32 indices (only when x requires grad).
  *
  * @example
  * ```ts
@@ -224,35 +270,66 @@ function windowGeometry(where: string, x: Tensor, o: ResolvedPool2dOptions): Poo
  * const x = Tensor.from([1, 2, 5, 3, 4, 0, 7, 1, 9, 8, 2, 6, 3, 3, 1, 2], [1, 1, 4, 4]);
  * const y = maxPool2d(x, { kernelSize: 2 }); // [1, 1, 2, 2]: the max of each 2×2 block
  * console.assert((await y.read()).join() === "4,7,9,6");
+ * const [z, at] = maxPool2d(x, { kernelSize: 3, stride: 2, ceilMode: true, returnIndices: true });
+ * console.assert(z.shape.join() === "1,1,2,2" && (await at.read()).join() === "8,6,8,11");
  * gpu.destroy();
  * ```
  */
-export function maxPool2d(x0: Tensor, options: MaxPool2dOptions): Tensor {
+export function maxPool2d(
+  x: Tensor,
+  options: MaxPool2dIndicesOptions & { returnIndices: true },
+): [Tensor, Tensor];
+/** Max pooling's values alone (see the first signature). */
+export function maxPool2d(
+  x: Tensor,
+  options: MaxPool2dOptions | MaxPool2dIndicesOptions & { returnIndices?: false },
+): Tensor;
+/** Max pooling with `returnIndices` known only at run time (see the first signature). */
+export function maxPool2d(x: Tensor, options: MaxPool2dIndicesOptions): Tensor | [Tensor, Tensor];
+export function maxPool2d(
+  x0: Tensor,
+  options: MaxPool2dIndicesOptions,
+): Tensor | [Tensor, Tensor] {
   const o = resolvePool2dOptions("maxPool2d", options, "max");
+  const returnIndices = options.returnIndices ?? false;
+  if (typeof returnIndices !== "boolean") {
+    fail(
+      ValueError,
+      "maxPool2d",
+      `returnIndices must be true or false, got ${shortValue(returnIndices)}.`,
+    );
+  }
   const [x] = autocastInputs("max_pool2d", [x0]);
   const geo = windowGeometry("maxPool2d", x, o);
-  const { y, indices } = launchMaxPool2d(x, geo, isGradEnabled() && x.requiresGrad);
-  if (indices === null) return releaseCasts([x], y); // nothing would be recorded
+  const recording = isGradEnabled() && x.requiresGrad;
+  const { y, indices } = launchMaxPool2d(x, geo, recording || returnIndices);
+  if (!recording) {
+    releaseCasts([x], y); // nothing would be recorded
+    return returnIndices ? [y, indices!] : y;
+  }
   try {
-    return record({
+    const out = record({
       op: "max_pool2d",
       inputs: [x],
       output: y,
-      save: [indices],
+      save: [indices!],
       backward: (g, [saved]) => [launchMaxPool2dBackward(g, saved, geo)],
     });
+    return returnIndices ? [out, indices!] : out;
   } finally {
-    // record() holds its own handle while the node lives.
-    indices.dispose();
+    // record() holds its own handle while the node lives; the caller's is returned.
+    if (!returnIndices) indices!.dispose();
   }
 }
 
 /**
  * 2-D average pooling over the last two axes of x ([N, C, H, W] or
- * [C, H, W]), as `torch.nn.functional.avg_pool2d` without `ceil_mode`:
- * output size ⌊(H + 2p − k)/s⌋ + 1, zero padding, divisor kh·kw when
- * `countIncludePad` (the default), else the number of input elements in the
- * window. Sums run in f32. The backward sends g / divisor to every input
+ * [C, H, W]), as `torch.nn.functional.avg_pool2d`: output size
+ * ⌊(H + 2p − k)/s⌋ + 1 (rounded up with `ceilMode`), zero padding, divisor
+ * kh·kw when `countIncludePad` (the default; with `ceilMode`, a last window
+ * counts only the part inside input and padding), else the number of input
+ * elements in the window, or `divisorOverride` for every window. Sums run in
+ * f32. The backward sends g / divisor to every input
  * element of each window (overlapping windows add up); nothing is saved.
  *
  * @example
@@ -271,12 +348,12 @@ export function avgPool2d(x0: Tensor, options: AvgPool2dOptions): Tensor {
   const o = resolvePool2dOptions("avgPool2d", options, "avg");
   const [x] = autocastInputs("avg_pool2d", [x0]);
   const geo = windowGeometry("avgPool2d", x, o);
-  const y = launchAvgPool2d(x, geo, o.countIncludePad);
+  const y = launchAvgPool2d(x, geo, o);
   return record({
     op: "avg_pool2d",
     inputs: [x],
     output: y,
-    backward: (g) => [launchAvgPool2dBackward(g, geo, o.countIncludePad)],
+    backward: (g) => [launchAvgPool2dBackward(g, geo, o)],
   });
 }
 
