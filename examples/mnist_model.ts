@@ -14,7 +14,7 @@ import {
   ReLU,
   Sequential,
 } from "../mod.ts";
-import { MNIST_CLASSES, MNIST_PIXELS } from "./mnist_data.ts";
+import { MNIST_CLASSES, MNIST_PIXELS } from "./mnist_sizes.ts";
 import type { PlannedBuffer } from "./_preflight.ts";
 
 /** Which model `--model` names. */

@@ -1,0 +1,69 @@
+/**
+ * The benchmark runs on a bare GPU machine: the deno binary and a driver, no
+ * npm packages, no network, no `deno task`. Deno installs every npm package
+ * of the lock file before running a module graph that names one (a static
+ * import, or a dynamic one with a literal specifier), so one data package
+ * reachable from examples/bench.ts made even `--help` fail there. Run with
+ * `--no-npm --no-remote`, such a graph fails at once, as it would offline.
+ */
+import assert from "node:assert/strict";
+import { join } from "node:path";
+import { ROOT } from "./_bundle.ts";
+
+const BENCH = join(ROOT, "examples/bench.ts");
+
+/** `deno run` as on a machine with no registry: no npm, no remote modules. */
+async function offline(args: string[]): Promise<{ code: number; stdout: string; stderr: string }> {
+  const out = await new Deno.Command(Deno.execPath(), {
+    args: ["run", "--no-npm", "--no-remote", "-A", "--v8-flags=--expose-gc", BENCH, ...args],
+    env: { DENO_WEBGPU_BACKEND: "vulkan,metal,dx12", NO_COLOR: "1" },
+    stdout: "piped",
+    stderr: "piped",
+  }).output();
+  const text = (b: Uint8Array) => new TextDecoder().decode(b);
+  return { code: out.code, stdout: text(out.stdout), stderr: text(out.stderr) };
+}
+
+Deno.test("bench: --help runs with no npm packages and no network", async () => {
+  const r = await offline(["--help"]);
+  assert.equal(r.code, 0, `exit status (stderr: ${r.stderr.slice(0, 400)})`);
+  assert.match(r.stdout, /^Usage: .*bench\.ts/);
+  assert.match(r.stdout, /tilings/);
+});
+
+Deno.test("bench: no entry's module graph reaches an npm package or the network", async () => {
+  const out = await new Deno.Command(Deno.execPath(), {
+    args: ["info", "--json", BENCH],
+    env: { NO_COLOR: "1" },
+    stdout: "piped",
+    stderr: "piped",
+  }).output();
+  assert.equal(out.code, 0, new TextDecoder().decode(out.stderr));
+  const graph = JSON.parse(new TextDecoder().decode(out.stdout)) as {
+    modules: { specifier: string }[];
+  };
+  // node: built-ins ship inside the deno binary.
+  const outside = graph.modules.map((m) => m.specifier)
+    .filter((s) => !s.startsWith("file:") && !s.startsWith("node:"));
+  assert.deepEqual(outside, [], "modules from outside the checkout");
+  assert.ok(
+    graph.modules.some((m) => m.specifier.endsWith("/examples/bench_gpt.ts")),
+    "the graph holds every entry",
+  );
+});
+
+Deno.test("bench: matmul --size small runs with no npm packages and no network", async () => {
+  const r = await offline(["matmul", "--size", "small", "--repeats", "1"]);
+  assert.equal(r.code, 0, `exit status (stderr: ${r.stderr.slice(0, 400)})`);
+  const rows = r.stdout.split("\n").filter((l) => l.startsWith("{")).map((l) => JSON.parse(l));
+  const products = rows.filter((row) => row.bench === "matmul" && row.mode !== "wall time");
+  // 512³, the MLP's layer, 1024³ and the GPT's three layers in three orientations, per dtype.
+  assert.ok(products.length === 12 || products.length === 24, `${products.length} products`);
+  for (const row of products) {
+    assert.equal(row.size, "small");
+    assert.ok(Number.isFinite(row.gflops) && row.gflops > 0, `${row.shape}: ${row.gflops}`);
+  }
+  const wall = rows.filter((row) => row.mode === "wall time");
+  assert.equal(wall.length, 1, "one wall time line for the entry");
+  assert.ok(wall[0].wallSeconds > 0);
+});
