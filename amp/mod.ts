@@ -31,14 +31,13 @@ export {
   type AmpTrainerState,
   type HasParameters,
 } from "./trainer.ts";
+export { NumericsInspector, type WatchOptions } from "./numerics_inspector.ts";
 export {
   type FirstNonFinite,
   type NumericsCounts,
-  NumericsInspector,
   type NumericsPhase,
   type NumericsReport,
   type NumericsRow,
   type OpDtypeCount,
   type ParameterGradientRow,
-  type WatchOptions,
-} from "./numerics_inspector.ts";
+} from "./numerics_report.ts";

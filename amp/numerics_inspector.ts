@@ -19,122 +19,18 @@ import { untracked } from "../gpu/scope.ts";
 import { Tensor } from "../gpu/tensor.ts";
 import type { Module } from "../nn/module.ts";
 import type { GradScaler } from "./grad_scaler.ts";
+import { launchNumericsStats, NONE, statsBuffer } from "./kernels/numerics_stats.ts";
 import {
-  HEADER,
-  HEADER_WORDS,
-  launchNumericsStats,
-  NONE,
-  ROW,
-  ROW_WORDS,
-} from "./kernels/numerics_stats.ts";
-
-/** Whether a row counts op outputs (forward) or the gradients rules produce (backward). */
-export type NumericsPhase = "forward" | "backward";
-
-/** Counts over every value an inspector saw in one place (op rows and parameter rows share them). */
-export interface NumericsCounts {
-  /** Tensors counted. */
-  calls: number;
-  /** Values counted (elements summed over the calls). */
-  values: number;
-  /** NaN and ±Inf values. */
-  nonFinite: number;
-  /** Finite values with |x| > 65504, which overflow if cast to f16. */
-  overflowF16: number;
-  /** Nonzero values with |x| < 2^-14: subnormal in f16, or flushed to zero if cast. */
-  underflowF16: number;
-  /** Zeros (either sign). */
-  zeros: number;
-  /** The largest finite |x| (0 when none). */
-  amax: number;
-}
-
-/** One row of {@link NumericsReport.rows}: an op run by one module, in one phase and dtype. */
-export interface NumericsRow extends NumericsCounts {
-  /** The module path that ran the op (`"blocks.2.fc1"`), or `op:index` outside submodules. */
-  name: string;
-  /** The op's registry name. */
-  op: OpName;
-  /** Forward: the op's outputs; backward: the gradients its rule produced. */
-  phase: NumericsPhase;
-  /** The dtype of the tensors counted. */
-  dtype: DType;
-}
-
-/**
- * The gradients of one parameter, as f16 holds them (under autocast, the
- * gradient of its f16 working copy; else its own), each contribution of a
- * step counted separately, before unscaling.
- */
-export interface ParameterGradientRow extends NumericsCounts {
-  /** The parameter's state-dict name. */
-  name: string;
-  /** The gradient's dtype. */
-  dtype: DType;
-  /** `underflowF16 / values`: the share that f16 cannot hold as a normal number at the scale used. */
-  underflowFraction: number;
-}
-
-/** Where the first NaN/Inf appeared (see {@link NumericsReport.firstNonFinite}). */
-export interface FirstNonFinite {
-  /** The step (0-based count of `watch` calls / trainer micro-batches). */
-  step: number;
-  /** The row's name. */
-  name: string;
-  /** The op. */
-  op: OpName;
-  /** Its phase. */
-  phase: NumericsPhase;
-  /** Which call of that row within the step (0 = the first). */
-  call: number;
-  /** The loss scale in force then, or null when no scaler was given. */
-  scale: number | null;
-}
-
-/** How often an op ran, per output dtype. */
-export interface OpDtypeCount {
-  /** The op. */
-  op: OpName;
-  /** Forward calls per output dtype. */
-  calls: Partial<Record<DType, number>>;
-}
-
-/** What {@link NumericsInspector.report} returns. */
-export interface NumericsReport {
-  /** Steps watched. */
-  steps: number;
-  /** One row per (name, op, phase, dtype), in order of first appearance. */
-  rows: NumericsRow[];
-  /** The first op output or gradient, in execution order, holding NaN/Inf; null if none did. */
-  firstNonFinite: FirstNonFinite | null;
-  /** Calls per op and dtype (Paddle's operator statistics). */
-  ops: OpDtypeCount[];
-  /** Gradient statistics per parameter, for loss-scale advice. */
-  params: ParameterGradientRow[];
-  /** The loss scale in force now, when the last step was given a scaler; else null. */
-  lossScale: number | null;
-}
-
-/** The public fields of a row. */
-function rowOf({ name, op, phase, dtype }: RowInfo): Omit<NumericsRow, keyof NumericsCounts> {
-  return { name, op, phase, dtype };
-}
+  decodeStats,
+  type NumericsPhase,
+  type NumericsReport,
+  type RowInfo,
+} from "./numerics_report.ts";
 
 /** Options of {@link NumericsInspector.watch}. */
 export interface WatchOptions {
   /** The scaler whose scale is in force (reported with the first non-finite). */
   scaler?: GradScaler;
-}
-
-interface RowInfo {
-  name: string;
-  op: OpName;
-  phase: NumericsPhase;
-  dtype: DType;
-  calls: number;
-  values: number;
-  /** A parameter's gradient row (op is the producing op of its first gradient). */
-  param: boolean;
 }
 
 /** Rows the statistics buffer holds at first (it doubles when full). */
@@ -250,52 +146,11 @@ export class NumericsInspector {
    */
   async report(): Promise<NumericsReport> {
     this.#live("report");
-    const raw = this.#stats ? await this.#stats.read() : new Int32Array(HEADER_WORDS).fill(-1);
-    const words = new Uint32Array(raw.buffer, raw.byteOffset, raw.length);
-    const floats = new Float32Array(raw.buffer, raw.byteOffset, raw.length);
-    const counts = (row: number, info: RowInfo): NumericsCounts => {
-      const at = HEADER_WORDS + row * ROW_WORDS;
-      const wide = (w: number) => words[at + w] + words[at + w + 1] * 2 ** 32;
-      return {
-        calls: info.calls,
-        values: info.values,
-        nonFinite: wide(ROW.nonFinite),
-        overflowF16: wide(ROW.overflowF16),
-        underflowF16: wide(ROW.underflowF16),
-        zeros: wide(ROW.zeros),
-        amax: floats[at + ROW.amax],
-      };
-    };
-    const rows: NumericsRow[] = [];
-    const params: ParameterGradientRow[] = [];
-    this.#rows.forEach((info, i) => {
-      const c = counts(i, info);
-      if (!info.param) rows.push({ ...rowOf(info), ...c });
-      else {
-        params.push({
-          name: info.name,
-          dtype: info.dtype,
-          ...c,
-          underflowFraction: c.values > 0 ? c.underflowF16 / c.values : 0,
-        });
-      }
-    });
-    let firstNonFinite: FirstNonFinite | null = null;
-    if (words[HEADER.firstSeq] !== NONE) {
-      const row = this.#rows[words[HEADER.firstRow]];
-      const scale = floats[HEADER.firstScale];
-      firstNonFinite = {
-        step: words[HEADER.firstStep],
-        name: row.name,
-        op: row.op,
-        phase: row.phase,
-        call: words[HEADER.firstCall],
-        scale: Number.isNaN(scale) ? null : scale,
-      };
-    }
+    const raw = this.#stats ? await this.#stats.read() : null;
+    const counted = decodeStats(raw, this.#rows);
     const ops = [...this.#opCounts].map(([op, calls]) => ({ op, calls: { ...calls } }));
     const lossScale = this.#scaler ? await this.#scaler.getScale() : null;
-    return { steps: this.#steps, rows, firstNonFinite, ops, params, lossScale };
+    return { steps: this.#steps, ...counted, ops, lossScale };
   }
 
   /** Frees the statistics buffer; the inspector cannot be used afterwards. */
@@ -387,18 +242,8 @@ export class NumericsInspector {
     if (this.#stats && rows <= this.#capacity) return this.#stats;
     let capacity = Math.max(this.#capacity, FIRST_ROWS);
     while (capacity < rows) capacity *= 2;
-    const words = HEADER_WORDS + capacity * ROW_WORDS;
-    const fresh = untracked(() => Tensor.zeros([words], { dtype: "i32", gpu }));
     const old = this.#stats;
-    if (old) gpu.batch.copy(old.buffer, fresh.buffer, old.size * 4);
-    else {
-      const header = new Uint32Array(HEADER_WORDS);
-      header[HEADER.firstSeq] = NONE;
-      header[HEADER.firstRow] = NONE;
-      const init = new Uint8Array(words * 4);
-      init.set(new Uint8Array(header.buffer));
-      fresh.writeBytes(init);
-    }
+    const fresh = statsBuffer(gpu, capacity, old);
     old?.dispose();
     this.#stats = fresh;
     this.#capacity = capacity;

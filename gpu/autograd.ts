@@ -8,6 +8,7 @@
  */
 import { DTypeError, fail, ShapeError, StateError } from "./errors.ts";
 import { launchAccumulate, launchCopy } from "./kernels/elementwise.ts";
+import type { OpObserver } from "./op_observer.ts";
 import type { OpName } from "./op_registry.ts";
 import { releaseCasts } from "./autocast_hook.ts";
 import { runtime, withState } from "./runtime_state.ts";
@@ -249,8 +250,29 @@ export function backward(output: Tensor, options: BackwardOptions = {}): void {
 /** The backward pass proper from `root`'s output; `gradOutput` stays owned by the caller. */
 function runBackward(root: GradNode, gradOutput: Tensor): void {
   const pending = new Map<Tensor, Tensor>([[root.output, gradOutput]]);
-  // The observer sees the gradients, not the ops rules run to make them.
-  const observer = runtime.opObserver;
+  // The observer sees the gradients, not the ops rules run to make them; a
+  // checkpoint's nested pass (run by a rule) reports to the enclosing pass's.
+  const observer = runtime.opObserver ?? backwardObserver;
+  const enclosing = backwardObserver;
+  backwardObserver = observer;
+  try {
+    runRules(root, gradOutput, pending, observer);
+  } finally {
+    backwardObserver = enclosing;
+  }
+  for (const g of pending.values()) if (g !== gradOutput) g.dispose();
+}
+
+/** The observer of the backward pass running now, if any. */
+let backwardObserver: OpObserver | null = null;
+
+/** runBackward's loop: every node's rule, in reverse topological order. */
+function runRules(
+  root: GradNode,
+  gradOutput: Tensor,
+  pending: Map<Tensor, Tensor>,
+  observer: OpObserver | null,
+): void {
   withState({ tracking: false, gradEnabled: false, opObserver: null }, () => {
     for (const node of reverseTopologicalOrder(root)) {
       const grad = pending.get(node.output);
@@ -292,7 +314,6 @@ function runBackward(root: GradNode, gradOutput: Tensor): void {
       if (grad !== gradOutput && !moved) grad.dispose();
     }
   });
-  for (const g of pending.values()) if (g !== gradOutput) g.dispose();
 }
 
 function checkGradient(op: OpName, input: Tensor, grad: Tensor): void {

@@ -15,7 +15,8 @@
 import type { Gpu } from "../../gpu/device.ts";
 import { defineKernel } from "../../gpu/kernel.ts";
 import { grid1d, WGSL_GRID_BUILTINS, WGSL_WORKGROUP_INDEX } from "../../gpu/kernels/grid.ts";
-import type { Tensor } from "../../gpu/tensor.ts";
+import { untracked } from "../../gpu/scope.ts";
+import { Tensor } from "../../gpu/tensor.ts";
 
 const WORKGROUP = 256;
 const PER_THREAD = 4;
@@ -171,4 +172,24 @@ export function launchNumericsStats(
     },
     grid1d(Math.ceil(words / (WORKGROUP * PER_THREAD))),
   );
+}
+
+/**
+ * A statistics buffer (u32 words, held as i32) of `rows` rows: `old`'s
+ * contents copied in on the GPU (a buffer grows this way), or, without
+ * `old`, zero counts and a header that has seen no non-finite value. No sync.
+ */
+export function statsBuffer(gpu: Gpu, rows: number, old: Tensor | null): Tensor {
+  const words = HEADER_WORDS + rows * ROW_WORDS;
+  if (old) {
+    const grown = untracked(() => Tensor.zeros([words], { dtype: "i32", gpu }));
+    gpu.batch.copy(old.buffer, grown.buffer, old.size * 4);
+    return grown;
+  }
+  const init = new Uint32Array(words);
+  init[HEADER.firstSeq] = NONE;
+  init[HEADER.firstRow] = NONE;
+  const fresh = untracked(() => Tensor.empty([words], "i32", gpu));
+  fresh.writeBytes(new Uint8Array(init.buffer));
+  return fresh;
 }
