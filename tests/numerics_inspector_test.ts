@@ -207,6 +207,32 @@ Deno.test({
   },
 });
 
+Deno.test({
+  name: "NumericsInspector: each parameter's gradient counts equal a CPU count of its .grad, " +
+    "with the share that underflows f16",
+  ...GPU_TEST,
+  async fn() {
+    const model = mlp(7);
+    const inspector = new NumericsInspector(model);
+    const x = batch();
+    // A tiny loss gives gradients that f16 could not hold as normal numbers.
+    inspector.watch(() => scale(crossEntropy(model.forward(x), LABELS), 1e-4).backward());
+    const report = await inspector.report();
+    assert.deepEqual(report.params.map((p) => p.name).sort(), [...model.stateDict().keys()].sort());
+    let underflowing = 0;
+    for (const [name, p] of model.namedParameters()) {
+      const row = report.params.find((r) => r.name === name)!;
+      assert.deepEqual(countsOf(row), cpuCounts(await p.grad!.read()), name);
+      assert.equal(row.underflowFraction, row.underflowF16 / row.values);
+      underflowing += row.underflowF16;
+    }
+    assert.ok(underflowing > 0, "the test sees some underflow");
+    model.dispose();
+    inspector.dispose();
+    x.dispose();
+  },
+});
+
 const ampTest = { ignore: !gpu.f16, ...GPU_TEST };
 const noF16 = gpu.f16 ? "" : " (ignored: no shader-f16)";
 
@@ -227,7 +253,9 @@ Deno.test({
       FEATURES,
     ]);
     const before = await model.stateDict().get("2.weight")!.read();
+    const reads = gpu.batch.counters.reads;
     trainer.step(() => crossEntropy(model.forward(x), LABELS)).dispose();
+    assert.equal(gpu.batch.counters.reads, reads, "an attached step reads nothing back");
     assert.equal(await trainer.scaler.lastStepSkipped(), true);
     assert.deepEqual(await model.stateDict().get("2.weight")!.read(), before);
     const report = await inspector.report();
@@ -243,6 +271,7 @@ Deno.test({
     assert.equal(cast?.dtype, "f16", "the working copy is counted, and is finite");
     assert.equal(cast?.nonFinite, 0);
     assert.equal(report.lossScale, 2 ** 15, "the scale backed off after the step");
+    assert.deepEqual(report.ops.find((o) => o.op === "linear")?.calls, { f16: 3 });
     trainer.dispose();
     inspector.dispose();
     x.dispose();
