@@ -137,6 +137,18 @@ function figureOf(result: Result): string {
   return `${n("stepsPerSec").toFixed(1)} steps/s`;
 }
 
+/**
+ * Limits Deno's WebGPU to the native backends unless the caller chose: its
+ * OpenGL backend loads libEGL, whose teardown can crash the process at exit
+ * on Linux (README, Troubleshooting), as `deno task` sets it. Deno reads the
+ * variable when the first adapter is requested, so setting it here works.
+ */
+function nativeBackendsOnly(): void {
+  const name = "DENO_WEBGPU_BACKEND";
+  if (Deno.permissions.querySync({ name: "env", variable: name }).state !== "granted") return;
+  if (Deno.env.get(name) === undefined) Deno.env.set(name, "vulkan,metal,dx12");
+}
+
 /** The command line, or one line on stderr and exit status 2. */
 function parse() {
   try {
@@ -180,6 +192,7 @@ async function main(): Promise<void> {
     console.error(`bench: --size must be auto, real or small, not "${size}"`);
     Deno.exit(2);
   }
+  nativeBackendsOnly();
   // Untuned: the benchmark runs the tuners itself, to report their picks and times.
   const gpu = await initGpu({ matmulTiling: "default" });
   const tuning = await tuneForBench(gpu, values.retune);

@@ -9,13 +9,16 @@
 import assert from "node:assert/strict";
 import { join } from "node:path";
 import { ROOT } from "./_bundle.ts";
+import { readReadme, shellLines } from "./_readme.ts";
 
 const BENCH = join(ROOT, "examples/bench.ts");
+/** The flags of the README's GPU command. */
+const FLAGS = ["-A", "--v8-flags=--expose-gc"];
 
 /** `deno run` as on a machine with no registry: no npm, no remote modules. */
 async function offline(args: string[]): Promise<{ code: number; stdout: string; stderr: string }> {
   const out = await new Deno.Command(Deno.execPath(), {
-    args: ["run", "--no-npm", "--no-remote", "-A", "--v8-flags=--expose-gc", BENCH, ...args],
+    args: ["run", "--no-npm", "--no-remote", ...FLAGS, BENCH, ...args],
     env: { DENO_WEBGPU_BACKEND: "vulkan,metal,dx12", NO_COLOR: "1" },
     stdout: "piped",
     stderr: "piped",
@@ -66,4 +69,11 @@ Deno.test("bench: matmul --size small runs with no npm packages and no network",
   const wall = rows.filter((row) => row.mode === "wall time");
   assert.equal(wall.length, 1, "one wall time line for the entry");
   assert.ok(wall[0].wallSeconds > 0);
+});
+
+Deno.test("bench: the README's GPU command is the one these tests run offline", async () => {
+  const lines = shellLines(await readReadme()).filter((l) => l.includes("examples/bench.ts"));
+  assert.deepEqual(lines, [
+    `deno run ${FLAGS.join(" ")} examples/bench.ts gpt ops matmul tilings --size real`,
+  ]);
 });
