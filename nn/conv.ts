@@ -91,4 +91,25 @@ export class Conv2d extends Module {
   forward(x: Tensor): Tensor {
     return conv2d(x, this.weight, { ...this.options, bias: this.bias });
   }
+
+  /**
+   * This layer with its epilogue activation replaced for one call: what
+   * `Sequential` runs when a `ReLU` layer follows this one (one kernel
+   * instead of two, the same results).
+   *
+   * @example
+   * ```ts
+   * import { Conv2d, initGpu, relu, Tensor } from "../mod.ts";
+   * const gpu = await initGpu({ matmulTiling: "default" });
+   * const conv = new Conv2d(1, 2, 2, { seed: 1 });
+   * const x = Tensor.from([1, -2, 3, 0.5, -1, 2, 0, 1, -3], [1, 1, 3, 3]);
+   * const fused = await conv.forwardFused(x, { activation: "relu" }).read();
+   * console.assert(fused.join() === (await relu(conv.forward(x)).read()).join());
+   * gpu.destroy();
+   * ```
+   */
+  forwardFused(x: Tensor, fused: { activation?: "none" | "relu" }): Tensor {
+    const activation = fused.activation ?? this.options.activation;
+    return conv2d(x, this.weight, { ...this.options, activation, bias: this.bias });
+  }
 }

@@ -74,8 +74,29 @@ export class Linear extends Module {
 
   /** x [..., in] → [..., out]. */
   forward(x: Tensor): Tensor {
-    const { bias, activation, geluInput } = this;
-    return linear(x, this.weight, { bias, activation, geluInput });
+    return this.forwardFused(x, {});
+  }
+
+  /**
+   * This layer with its epilogue activation or input GELU replaced for one
+   * call: what `Sequential` runs when a `ReLU` layer follows this one
+   * (`{ activation: "relu" }`, one kernel instead of two, the same results).
+   *
+   * @example
+   * ```ts
+   * import { initGpu, Linear, relu, Tensor } from "../mod.ts";
+   * const gpu = await initGpu({ matmulTiling: "default" });
+   * const layer = new Linear(2, 3, { seed: 1 });
+   * const x = Tensor.from([1, -2, 3, 0.5], [2, 2]);
+   * const fused = await layer.forwardFused(x, { activation: "relu" }).read();
+   * console.assert(fused.join() === (await relu(layer.forward(x)).read()).join());
+   * gpu.destroy();
+   * ```
+   */
+  forwardFused(x: Tensor, fused: Pick<LinearLayerOptions, "activation" | "geluInput">): Tensor {
+    const activation = fused.activation ?? this.activation;
+    const geluInput = fused.geluInput ?? this.geluInput;
+    return linear(x, this.weight, { bias: this.bias, activation, geluInput });
   }
 
   /**

@@ -9,12 +9,17 @@ import {
   type SegmentSpec,
 } from "./checkpoint.ts";
 import { Module } from "./module.ts";
+import { type ForwardStep, planForwardSteps } from "./activation_fusion.ts";
 import { fail, ValueError } from "../gpu/errors.ts";
 import { shortValue } from "../gpu/short_text.ts";
 
 /**
  * Applies its layers in order; they are named "0", "1", ... so parameters
- * read `0.weight`, `2.bias`, as in PyTorch. Set `checkpoint` to train with
+ * read `0.weight`, `2.bias`, as in PyTorch, and a model written as
+ * `torch.nn.Sequential` is written the same way here: a `ReLU` after a
+ * `Linear` or `Conv2d` runs fused into that layer's matmul epilogue, and a
+ * `GELU` before a `Linear` as its input GELU (see `fuseActivations`), with
+ * the same results as running them one by one. Set `checkpoint` to train with
  * gradient checkpointing without rewriting the forward pass.
  *
  * @example
@@ -45,8 +50,21 @@ export class Sequential extends Module {
     if (spec !== null) checkSegmentSpec("Sequential.checkpoint", spec);
     this.#checkpoint = spec;
   }
-  /** The plan the last checkpointed forward used (segments and estimated memory). */
+  /**
+   * The plan the last checkpointed forward used (segments as layer indices,
+   * and estimated memory). Fused layers stay in one segment, so `"auto"`
+   * gives about √(number of steps) segments.
+   */
   lastCheckpointPlan: CheckpointPlan | null = null;
+  /**
+   * Run a ReLU that follows a Linear or Conv2d in that layer's epilogue and a
+   * GELU that precedes a Linear as its input GELU (default true): fewer
+   * kernels and activations kept for backward, bit-identical results. False
+   * runs every layer on its own.
+   */
+  fuseActivations = true;
+  readonly #fusedSteps: readonly ForwardStep[];
+  readonly #fusedModules: readonly Module[];
 
   /** A sequence of `layers`. */
   constructor(...layers: Module[]) {
@@ -57,16 +75,24 @@ export class Sequential extends Module {
       }
     });
     this.layers = layers.map((layer, i) => this.registerModule(String(i), layer));
+    this.#fusedSteps = planForwardSteps(this.layers);
+    this.#fusedModules = this.#fusedSteps.map((step) => step.module);
   }
 
   /** Runs every layer in turn (checkpointed segments when `checkpoint` is set and training). */
   forward(x: Tensor): Tensor {
+    const fuse = this.fuseActivations && this.#fusedModules.length < this.layers.length;
+    const modules = fuse ? this.#fusedModules : this.layers;
     if (this.checkpoint !== null && this.training && isGradEnabled()) {
-      this.lastCheckpointPlan = planCheckpointSegments(this.layers, x, this.checkpoint);
-      return runCheckpointed(this.layers, this.lastCheckpointPlan, x);
+      const plan = planCheckpointSegments(modules, x, this.checkpoint);
+      const steps = this.#fusedSteps;
+      this.lastCheckpointPlan = fuse
+        ? { ...plan, segments: plan.segments.map(([a, b]) => [steps[a].first, steps[b - 1].end]) }
+        : plan;
+      return runCheckpointed(modules, plan, x);
     }
     let h = x;
-    for (const layer of this.layers) {
+    for (const layer of modules) {
       const next = layer.forward(h);
       // Our handle of each intermediate goes as soon as the next layer has
       // run (the tape keeps its own handle of what backward needs), so
