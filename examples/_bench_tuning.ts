@@ -83,11 +83,16 @@ export async function tuneForBench(gpu: Gpu, retune: boolean): Promise<TuningRep
   const attention = await tuneAttention(gpu, { force: retune, onProgress: announce });
   gpu.pool.releaseCached();
   gpu.resetPeakMemory();
-  return {
-    seconds: (performance.now() - start) / 1000,
-    matmul: matmul.map(matmulPick),
-    attention: attention.map(attentionPick),
-  };
+  return tuningReport(matmul, attention, (performance.now() - start) / 1000);
+}
+
+/** The report of the tuners' results: each winner with its own measurement. */
+export function tuningReport(
+  matmul: readonly ClassTuning[],
+  attention: readonly AttentionTuning[],
+  seconds: number,
+): TuningReport {
+  return { seconds, matmul: matmul.map(matmulPick), attention: attention.map(attentionPick) };
 }
 
 /** The report as lines for stderr: one per pick. */

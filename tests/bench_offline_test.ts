@@ -77,3 +77,26 @@ Deno.test("bench: the README's GPU command is the one these tests run offline", 
     `deno run ${FLAGS.join(" ")} examples/bench.ts gpt ops matmul tilings --size real`,
   ]);
 });
+
+Deno.test("bench: gpt reports its top kernels and the tuning's picks, with no npm packages", async () => {
+  const r = await offline(["gpt", "--size", "small", "--steps", "10"]);
+  assert.equal(r.code, 0, `exit status (stderr: ${r.stderr.slice(0, 400)})`);
+  const rows = r.stdout.split("\n").filter((l) => l.startsWith("{")).map((l) => JSON.parse(l));
+  for (const mode of ["f32", "amp"]) {
+    const row = rows.find((x) => x.bench === "gpt" && x.mode === mode);
+    assert.ok(row, `a ${mode} row`);
+    assert.ok(row.topKernels.some((k: { kernel: string }) => k.kernel === "matmul"), mode);
+    assert.ok(row.profile.gpuMs > 0 && row.profile.wallMs > 0, `${mode}: ${row.profile}`);
+  }
+  const tuning = rows.find((x) => x.bench === "gpt" && x.mode === "tuning");
+  // Every class the device dispatches by, and an attention plan per dtype, with its pick.
+  const classes = Object.keys(tuning.matmulTilings).filter((k) => k !== "default");
+  assert.deepEqual(tuning.matmul.map((p: { key: string }) => p.key).sort(), classes.sort());
+  assert.deepEqual(
+    tuning.attention.map((p: { key: string }) => p.key),
+    tuning.f16 ? ["f32", "f16"] : ["f32"],
+  );
+  for (const p of [...tuning.matmul, ...tuning.attention]) {
+    assert.ok(p.pick && (p.cached ? p.ms === null : p.ms > 0), JSON.stringify(p));
+  }
+});
