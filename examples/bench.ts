@@ -38,16 +38,18 @@
  * adapters) shrinks the real-size entries so they finish there. Each entry
  * ends with a "wall time" line.
  *
- * NOTE (how long `--size real` runs on an H100, from the 2026-11-22 figures
- * in shared/perf: GPT step 340–400 ms, ops 0.1–2.5 ms, 4096³ at ≥ 10 TF, a
- * wait ~11 ms, a pipeline compile ~0.1 s; every loop is bounded by --steps
- * and --repeats): start-up tuning ~20 s (18 classes × 7 candidates, 2
- * attention dtypes × 12 plans, each a warm-up and 3 timed runs, finalists
- * twice); `gpt` 4 modes × (10 + 3) steps ≈ 20 s plus compiles; `ops` 2 dtypes
- * × 15 ops × ~50 runs ≈ 30 s; `matmul` 24 products, ≤ 11 runs each, ≈ 10 s;
- * `tilings` 2 dtypes × 7 products × 7 candidates × ≤ 4 (sum × split) ≈ 300
- * timings of ≤ 4 runs at ≤ 0.1 s plus a compile each ≈ 1–2 min. Each well
- * under 5 minutes, tuning included.
+ * NOTE (how long `--size real` runs on an H100, estimated from the
+ * 2026-11-22 figures in shared/perf — GPT step 340–400 ms, ops 0.1–2.5 ms,
+ * 4096³ at ≥ 10 TF, any wait ~11 ms — and an assumed ≤ 0.3 s per pipeline
+ * compile; every loop is bounded by --steps and --repeats): start-up tuning
+ * 20–40 s (18 classes × 7 candidates and 2 attention dtypes × 12 plans, each
+ * a warm-up and 3 timed runs, the 3 finalists twice, ~110 pipelines); `gpt`
+ * 4 modes × (1 + 10 + 1) steps ≈ 20 s plus compiles; `ops` 2 dtypes × 15 ops
+ * × ~50 runs ≈ 30 s; `matmul` 24 products, ≤ 11 runs each, ≈ 10 s;
+ * `tilings` 2 dtypes × 7 products × 7 candidates, plus chunked f16 sums and
+ * unsplit weight gradients, ≈ 110 timings of ≤ 4 runs at ≤ 0.1 s each plus
+ * their compiles ≈ 1 min. Each well under 5 minutes; per-shape tuning, when
+ * it lands, adds its own budget to the entries that dispatch new shapes.
  *
  * @module
  */
