@@ -15,14 +15,17 @@ import {
   crossEntropy,
   Embedding,
   Flatten,
+  GELU,
   LayerNorm,
   Linear,
   MaxPool2d,
   ReLU,
   Sequential,
 } from "../nn/mod.ts";
+import { SGD } from "../optim/mod.ts";
 import { loadModule, saveModule } from "../nn/safetensors_file.ts";
 import { GPU_TEST } from "./_gpu.ts";
+import { uniform } from "./_reference.ts";
 import { assertClose, TOL } from "./_assert.ts";
 
 const FIXTURES = new URL("./fixtures/torch/", import.meta.url);
@@ -251,6 +254,137 @@ Deno.test({
       }
       model.dispose();
       copy.dispose();
+    } finally {
+      await Deno.remove(dir, { recursive: true });
+    }
+  },
+});
+
+/**
+ * halfstep twins of sequential_twins.py, written as torch.nn.Sequential is:
+ * activations as their own layers (halfstep fuses them into the Linear and
+ * Conv2d kernels), so the names are PyTorch's (`0.*`, `2.*`, `4.*`).
+ */
+const SEQUENTIAL_TWINS = {
+  mlp: () =>
+    new Sequential(
+      new Linear(20, 32),
+      new ReLU(),
+      new Linear(32, 32),
+      new ReLU(),
+      new Linear(32, 10),
+    ),
+  cnn: () =>
+    new Sequential(
+      new Conv2d(1, 4, 3, { padding: 1 }),
+      new ReLU(),
+      new MaxPool2d(2),
+      new Conv2d(4, 8, 3, { padding: 1 }),
+      new BatchNorm2d(8),
+      new ReLU(),
+      new MaxPool2d(2),
+      new Flatten(),
+      new Linear(8 * 2 * 2, 16),
+      new GELU(),
+      new Linear(16, 10),
+    ),
+};
+const sequentialRef = JSON.parse(
+  await Deno.readTextFile(new URL("sequential.json", FIXTURES)),
+);
+/** Within 1e-5 of PyTorch's float32 eval output (the issue's bar). */
+const EVAL_TOL = { atol: 1e-5, rtol: 1e-5 };
+
+Deno.test({
+  name: "torch parity: Sequential(Linear, ReLU, ...) and a Conv2d/ReLU/GELU CNN load PyTorch's " +
+    "files, give its eval outputs within 1e-5 and save PyTorch's names and shapes",
+  ...GPU_TEST,
+  async fn() {
+    const dir = await Deno.makeTempDir();
+    try {
+      for (const [kind, make] of Object.entries(SEQUENTIAL_TWINS)) {
+        const file = new URL(`state_seq_${kind}.safetensors`, FIXTURES).pathname;
+        const model = make();
+        await loadModule(file, model);
+        model.eval();
+        const { x, shape, y } = sequentialRef[kind];
+        const out = model.forward(Tensor.from(x, shape));
+        assertClose(await out.read(), y, EVAL_TOL, `${kind} eval output`);
+        // The file halfstep writes has exactly the keys and shapes strict loading checks.
+        await saveModule(`${dir}/${kind}.safetensors`, model);
+        const theirs = await header(file);
+        for (const [name, e] of Object.entries(theirs)) if (e.dtype === "I64") e.dtype = "I32";
+        assert.deepEqual(await header(`${dir}/${kind}.safetensors`), theirs, kind);
+        model.dispose();
+      }
+    } finally {
+      await Deno.remove(dir, { recursive: true });
+    }
+  },
+});
+
+const size = (shape: number[]) => shape.reduce((a, b) => a * b, 1);
+
+/**
+ * A Python that imports torch: $HALFSTEP_TORCH_PYTHON, else `python3` on the
+ * PATH, else Debian's /usr/bin/python3 (where python3-torch installs), or null.
+ */
+function torchPython(): string | null {
+  const candidates = [Deno.env.get("HALFSTEP_TORCH_PYTHON"), "python3", "/usr/bin/python3"];
+  for (const python of candidates) {
+    if (!python) continue;
+    try {
+      const args = ["-c", "import torch"];
+      if (new Deno.Command(python, { args, stderr: "null" }).outputSync().success) return python;
+    } catch {
+      // Not installed: try the next one.
+    }
+  }
+  return null;
+}
+const TORCH_PYTHON = torchPython();
+
+Deno.test({
+  name: "torch parity: a trained halfstep Sequential loads with load_state_dict(strict=True) " +
+    `into its torch.nn twin, eval outputs within 1e-5${
+      TORCH_PYTHON ? "" : " (needs python3 with torch)"
+    }`,
+  ignore: TORCH_PYTHON === null,
+  ...GPU_TEST,
+  async fn() {
+    const dir = await Deno.makeTempDir();
+    try {
+      for (const [kind, make] of Object.entries(SEQUENTIAL_TWINS)) {
+        const model = make();
+        const { shape } = sequentialRef[kind];
+        // A few training steps: the weights and running statistics are halfstep's own.
+        const optimizer = new SGD(model.parameters(), { lr: 0.1 });
+        for (let i = 0; i < 3; i++) {
+          const batch = Tensor.from(uniform(size(shape), i), shape);
+          const loss = sum(mul(model.forward(batch), model.forward(batch)));
+          backward(loss);
+          optimizer.step();
+          model.zeroGrad();
+        }
+        const path = `${dir}/${kind}.safetensors`, inputPath = `${dir}/${kind}.json`;
+        await saveModule(path, model);
+        const x = Array.from(uniform(size(shape), 9));
+        await Deno.writeTextFile(inputPath, JSON.stringify({ x, shape }));
+        model.eval();
+        const ours = await model.forward(Tensor.from(x, shape)).read();
+        const script = new URL("load_sequential_in_torch.py", FIXTURES).pathname;
+        const run = await new Deno.Command(TORCH_PYTHON!, {
+          args: ["-B", script, kind, path, inputPath],
+        })
+          .output();
+        const stderr = new TextDecoder().decode(run.stderr);
+        assert.ok(run.success, `${kind}: PyTorch refused the file:\n${stderr.slice(-2000)}`);
+        const theirs = JSON.parse(new TextDecoder().decode(run.stdout));
+        assert.deepEqual(theirs.keys.sort(), [...model.stateDict().keys()].sort());
+        assertClose(ours, theirs.y, EVAL_TOL, `${kind}: PyTorch's eval output of halfstep's file`);
+        optimizer.dispose();
+        model.dispose();
+      }
     } finally {
       await Deno.remove(dir, { recursive: true });
     }
