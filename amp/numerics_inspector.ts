@@ -62,7 +62,6 @@ export class NumericsInspector {
   /** The model whose submodules name the ops. */
   readonly model: Module;
   #gpu: Gpu | null = null;
-  #submodules: [string, Module][];
   #paramNames = new Map<Tensor, string>();
   #rows: RowInfo[] = [];
   #rowIndex = new Map<string, number>();
@@ -88,8 +87,6 @@ export class NumericsInspector {
       fail(ValueError, "NumericsInspector", "the model must be a Module (e.g. a Sequential).");
     }
     this.model = model;
-    this.#submodules = model.namedModules().filter(([path]) => path !== "");
-    for (const [name, t] of model.namedParameters()) this.#paramNames.set(t, name);
     this.#observer = {
       forward: (op, _inputs, output, node) => this.#forward(op, output, node),
       backward: (node, index, grad) => this.#backward(node, index, grad),
@@ -120,6 +117,8 @@ export class NumericsInspector {
     this.#callsThisStep.clear();
     this.#outsideCalls.clear();
     this.#path = [];
+    // The model may have changed since the last step: names come from it as it is now.
+    this.#paramNames = new Map(this.model.namedParameters().map(([name, t]) => [t, name]));
     const restore = this.#wrapForwards();
     this.#active = true;
     let result: T;
@@ -256,25 +255,33 @@ export class NumericsInspector {
     return this.#noScale;
   }
 
-  /** Wraps every submodule's `forward` to keep the path of the running one; returns the undo. */
+  /**
+   * Wraps every submodule's `forward` (and `forward*` variants, such as the
+   * fused forward Sequential calls) to keep the path of the running one;
+   * returns the undo.
+   */
   #wrapForwards(): () => void {
     const undo: (() => void)[] = [];
     const path = this.#path;
-    for (const [name, module] of this.#submodules) {
-      const own = Object.hasOwn(module, "forward");
-      const original = module.forward;
-      module.forward = function (this: Module, ...args: unknown[]) {
-        path.push(name);
-        try {
-          return (original as (...a: unknown[]) => Tensor).apply(this, args);
-        } finally {
-          path.pop();
-        }
-      } as Module["forward"];
-      undo.push(() => {
-        if (own) module.forward = original;
-        else delete (module as { forward?: unknown }).forward;
-      });
+    for (const [name, module] of this.model.namedModules()) {
+      if (name === "") continue; // the root's own ops are named like ops outside the model
+      const target = module as unknown as Record<string, unknown>;
+      for (const method of forwardMethods(module)) {
+        const own = Object.hasOwn(module, method);
+        const original = target[method] as (...args: unknown[]) => unknown;
+        target[method] = function (this: Module, ...args: unknown[]) {
+          path.push(name);
+          try {
+            return original.apply(this, args);
+          } finally {
+            path.pop();
+          }
+        };
+        undo.push(() => {
+          if (own) target[method] = original;
+          else delete target[method];
+        });
+      }
     }
     return () => undo.forEach((f) => f());
   }
@@ -288,4 +295,21 @@ export class NumericsInspector {
       );
     }
   }
+}
+
+/** The names of `module`'s methods that run it: `forward` and any `forward*`. */
+function forwardMethods(module: Module): string[] {
+  const names = new Set<string>();
+  for (let o: object | null = module; o !== null && o !== Object.prototype;) {
+    for (const key of Object.getOwnPropertyNames(o)) {
+      if (
+        key.startsWith("forward") &&
+        typeof (module as unknown as Record<string, unknown>)[key] === "function"
+      ) {
+        names.add(key);
+      }
+    }
+    o = Object.getPrototypeOf(o);
+  }
+  return [...names];
 }

@@ -148,6 +148,13 @@ export class AmpTrainer {
     if (options.maxGradNorm !== undefined && !(options.maxGradNorm > 0)) {
       fail(ValueError, "AmpTrainer", `maxGradNorm must be positive, got ${options.maxGradNorm}.`);
     }
+    if (options.inspector && options.inspector.model !== model) {
+      fail(
+        ValueError,
+        "AmpTrainer",
+        "options.inspector watches another model; make it with new NumericsInspector(model).",
+      );
+    }
     const enabled = options.enabled ?? true;
     this.#model = model;
     this.#optimizer = optimizer;

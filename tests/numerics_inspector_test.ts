@@ -156,6 +156,12 @@ function mlp(seed: number): Sequential {
 }
 
 const LABELS = [0, 1, 2, 1, 0, 2];
+
+/** `forward*` methods left on module instances (the inspector's wrappers while watching). */
+const wrapped = (model: Sequential) =>
+  model.namedModules().flatMap(([, m]) =>
+    Object.getOwnPropertyNames(m).filter((k) => k.startsWith("forward"))
+  );
 const batch = () =>
   Tensor.from(uniform(LABELS.length * FEATURES, 7, -1, 1), [LABELS.length, FEATURES]);
 
@@ -339,9 +345,7 @@ Deno.test({
     assert.equal(attached, base + counted, "one statistics kernel per counted tensor");
     assert.equal(step(watched), base, "detached: the same dispatches");
     assert.deepEqual(await grads(watched), await grads((step(plain), plain)));
-    for (const [, m] of watched.namedModules()) {
-      assert.equal(Object.hasOwn(m, "forward"), false, "forward unwrapped after watch");
-    }
+    assert.deepEqual(wrapped(watched), [], "forward methods unwrapped after watch");
     plain.dispose();
     watched.dispose();
     inspector.dispose();
@@ -365,8 +369,23 @@ Deno.test({
       inspector.watch(() => {
         throw new Error("boom");
       }), /boom/);
-    for (const [, m] of model.namedModules()) assert.equal(Object.hasOwn(m, "forward"), false);
+    assert.deepEqual(wrapped(model), []);
     assert.throws(() => new NumericsInspector({} as Sequential), ValueError);
+    const other = mlp(6);
+    assert.throws(
+      () => new AmpTrainer(other, new SGD(other.parameters(), { lr: 1 }), { inspector }),
+      (e) => e instanceof ValueError && /inspector watches another model/.test(e.message),
+    );
+    other.dispose();
+    const empty = await new NumericsInspector(model).report();
+    assert.deepEqual(empty, {
+      steps: 0,
+      rows: [],
+      firstNonFinite: null,
+      ops: [],
+      params: [],
+      lossScale: null,
+    });
     inspector.dispose();
     assert.throws(() => inspector.watch(() => 0), StateError);
     await assert.rejects(() => inspector.report(), StateError);
