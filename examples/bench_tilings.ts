@@ -1,8 +1,9 @@
 /**
  * Every matmul tiling candidate this adapter's tuner tries, timed on the
  * products that decide GPU speed: a big square (4096³ at real size, 512³
- * small) and the GPT's fc1 layer in the three orientations of a linear
- * layer (x·Wᵀ, g·W, gᵀ·x), f32 and f16. For f16 the blocked tilings are also
+ * small) in the three orientations, the GPT's fc1 layer in the three
+ * orientations of a linear layer (x·Wᵀ, g·W, gᵀ·x) and its attention
+ * projection (n = 384), f32 and f16. For f16 the tilings that can sum in f16 are also
  * timed with `f16Accumulation: "chunked"`, the figure that decides whether
  * that option should become the default (it must be ≥ 1.15x the f32-sum
  * kernel). A product that splits its reduction (split-K: the weight
@@ -14,6 +15,7 @@
 import { classOf, type Gpu, matmulCandidates, tilingFor, tilingName } from "../gpu/mod.ts";
 import { dispatchMatmul, type MatmulProblem } from "../gpu/kernels/matmul.ts";
 import { gemmSplit } from "../gpu/kernels/gemm.ts";
+import { tilingKind } from "../gpu/kernels/tilings.ts";
 import { type FloatDType, RandomGenerator, Tensor } from "../mod.ts";
 import { type BenchOptions, gpuTimed, resolveSize, type Result } from "./_bench.ts";
 import { gptConfig } from "./bench_gpt.ts";
@@ -32,7 +34,10 @@ function shapes(size: "real" | "small"): Shape[] {
   const g = gptConfig(size);
   const rows = g.batch * g.context, c = g.dim;
   return [
-    { label: `${big}³`, m: big, n: big, k: big, orientation: "nn" },
+    { label: `${big}³ A·B`, m: big, n: big, k: big, orientation: "nn" },
+    { label: `${big}³ A·Bᵀ`, m: big, n: big, k: big, orientation: "nt" },
+    { label: `${big}³ Aᵀ·B`, m: big, n: big, k: big, orientation: "tn" },
+    { label: `GPT proj x·Wᵀ ${rows}×${c}→${c}`, m: rows, n: c, k: c, orientation: "nt" },
     { label: `GPT fc1 x·Wᵀ ${rows}×${c}→${4 * c}`, m: rows, n: 4 * c, k: c, orientation: "nt" },
     { label: `GPT fc1 g·W ${rows}×${4 * c}→${c}`, m: rows, n: c, k: 4 * c, orientation: "nn" },
     { label: `GPT fc1 gᵀ·x ${4 * c}×${rows}→${c}`, m: 4 * c, n: c, k: rows, orientation: "tn" },
@@ -52,7 +57,7 @@ function problemOf(s: Shape): MatmulProblem {
 }
 
 /**
- * GFLOP/s of every candidate (and chunked f16 on the blocked ones, and split
+ * GFLOP/s of every candidate (and chunked f16 where the tiling has it, and split
  * products unsplit) per product and dtype.
  */
 export async function benchTilings(gpu: Gpu, o: BenchOptions): Promise<Result[]> {
@@ -72,7 +77,7 @@ export async function benchTilings(gpu: Gpu, o: BenchOptions): Promise<Result[]>
         const flops = 2 * s.m * s.n * s.k;
         const repeats = flops > 1e10 ? Math.min(o.repeats, 3) : o.repeats;
         for (const tiling of matmulCandidates(gpu, dtype)) {
-          const sums = dtype === "f16" && tiling.variant === "blocked"
+          const sums = dtype === "f16" && tilingKind(tiling).f16Chunks
             ? ["f32", "chunked"] as const
             : ["f32"] as const;
           const split = gemmSplit(gpu, tiling, problem, 1).slices;

@@ -30,9 +30,11 @@ export interface MatmulTiling extends Record<string, string | number | boolean> 
    * columns strided across the workgroup, so neighbouring threads load
    * neighbouring addresses (both suit CPU adapters); `"shared"`: workgroup
    * shared-memory tiles; `"blocked"`: large shared tiles read as vec4
-   * (written for GPUs; TM and TN multiples of 4).
+   * (written for GPUs; TM and TN multiples of 4); `"vec4"`: the blocked
+   * tiles loaded from storage as vec4 with the next k-tile prefetched
+   * (matmul on GPUs; TM, TN and TK multiples of 4). See `gpu/kernels/tilings.ts`.
    */
-  variant: "register" | "interleaved" | "shared" | "blocked";
+  variant: "register" | "interleaved" | "shared" | "blocked" | "vec4";
   /** Output rows per thread. */
   tm: number;
   /** Output columns per thread. */
@@ -41,7 +43,7 @@ export interface MatmulTiling extends Record<string, string | number | boolean> 
   wgx: number;
   /** Workgroup threads along rows. */
   wgy: number;
-  /** K-slice staged per shared-memory step (shared and blocked variants). */
+  /** K-slice staged per shared-memory step (shared, blocked and vec4 variants). */
   tk: number;
 }
 

@@ -8,8 +8,9 @@ import type { MatmulTiling } from "./device.ts";
 import { fail, ValueError } from "./errors.ts";
 import type { InitGpuOptions } from "./init.ts";
 import { shortValue } from "./short_text.ts";
+import { TILING_KINDS, tilingKind } from "./kernels/tilings.ts";
 
-const VARIANTS = ["register", "interleaved", "shared", "blocked"];
+const VARIANTS = Object.keys(TILING_KINDS);
 const TILE_SIZES = ["tm", "tn", "wgx", "wgy", "tk"] as const;
 
 /** `"a", "b" or "c"`, as messages list choices. */
@@ -43,10 +44,8 @@ function matmulTiling(name: string, v: unknown): string | null {
   if (bad.length > 0) {
     return `${name}.${bad[0]} must be an integer >= 1, not ${shortValue(t[bad[0]])}`;
   }
-  if (t.variant === "blocked" && ((t.tm as number) % 4 !== 0 || (t.tn as number) % 4 !== 0)) {
-    return `${name}: the blocked variant needs tm and tn multiples of 4, not ${t.tm} and ${t.tn}`;
-  }
-  return null;
+  const problem = tilingKind(t as MatmulTiling).shapeProblem(t as MatmulTiling);
+  return problem && `${name}: ${problem}`;
 }
 
 function flush(name: string, v: unknown): string | null {

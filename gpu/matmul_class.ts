@@ -6,6 +6,9 @@
  */
 import type { Gpu, MatmulTiling } from "./device.ts";
 import type { DType } from "./dtype.ts";
+import { tilingName } from "./kernels/tilings.ts";
+
+export { tilingName };
 
 /** A resolved matmul: sizes and each operand's element strides (batch, row, column). */
 export interface MatmulProblem {
@@ -74,13 +77,6 @@ export function tilingFor(gpu: Gpu, problem: MatmulProblem, dtype: DType): Matmu
   return gpu.matmulTilings.get(matmulClassKey(c)) ??
     // A class not tuned (a large product on a CPU adapter): the medium winner is the nearest.
     gpu.matmulTilings.get(matmulClassKey({ ...c, size: "medium" })) ?? gpu.matmulTiling;
-}
-
-/** A tiling in a few characters, for logs: `"interleaved 8x8/8x4"` (per-thread block / workgroup). */
-export function tilingName(t: MatmulTiling): string {
-  return `${t.variant} ${t.tm}x${t.tn}/${t.wgx}x${t.wgy}${
-    t.variant === "shared" ? ` k${t.tk}` : ""
-  }`;
 }
 
 /** The tiling of every tuned class by class key, and the default's, as names (for logs). */

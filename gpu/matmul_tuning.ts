@@ -24,7 +24,7 @@ import {
   type TuningProgress,
   winnerCache,
 } from "./kernel_timing.ts";
-import { blockedTileBytes } from "./kernels/gemm_blocked.ts";
+import { tilingFits, tilingKind } from "./kernels/tilings.ts";
 
 /** The tilings CPU adapters try, register blocks first. */
 const CPU_CANDIDATES: readonly MatmulTiling[] = [
@@ -41,17 +41,24 @@ const CPU_CANDIDATES: readonly MatmulTiling[] = [
 ];
 
 /**
- * Blocked tilings, tried on GPUs only: the shapes an H100 SGEMM probe found
- * fastest (128×128 and 128×256 workgroup tiles, 8×8 or 8×16 per thread,
- * K-slices of 8–16), and smaller tiles for problems that would leave most of
- * a large tile empty.
+ * Tilings tried on GPUs only. The vec4 ones are the H100 SGEMM probe's
+ * fastest (`shared/perf/h100-fast-matmul-2026-11-23.jsonl`, 4096³ f32):
+ * 128×128×32 with 8×8 per thread (42.5 A·B, 40.3 A·Bᵀ, 46.6 Aᵀ·B TFLOP/s),
+ * 128×256×16 and 128×256×8 with 8×16 (44.2 / 44.6 A·B, 43.1 A·Bᵀ, 46.7
+ * Aᵀ·B); 128×192×16 with 8×12, unmeasured, covers n = 384 (the GPT's
+ * qkv, projection and fc2 outputs) in two tiles instead of a half-empty
+ * third 128×256; 64×64×16 with 4×4 keeps small products from leaving most
+ * of a tile empty. One blocked tiling stays as the control (and for
+ * convolutions, which get the blocked kernel of a vec4 tiling's shape).
  */
 const GPU_CANDIDATES: readonly MatmulTiling[] = [
-  { variant: "blocked", tm: 8, tn: 8, wgx: 16, wgy: 16, tk: 8 },
+  { variant: "vec4", tm: 8, tn: 8, wgx: 16, wgy: 16, tk: 32 },
+  { variant: "vec4", tm: 8, tn: 16, wgx: 16, wgy: 16, tk: 16 },
+  { variant: "vec4", tm: 8, tn: 16, wgx: 16, wgy: 16, tk: 8 },
+  { variant: "vec4", tm: 8, tn: 12, wgx: 16, wgy: 16, tk: 16 },
+  { variant: "vec4", tm: 8, tn: 8, wgx: 16, wgy: 16, tk: 16 },
+  { variant: "vec4", tm: 4, tn: 4, wgx: 16, wgy: 16, tk: 16 },
   { variant: "blocked", tm: 8, tn: 8, wgx: 16, wgy: 16, tk: 16 },
-  { variant: "blocked", tm: 8, tn: 16, wgx: 16, wgy: 16, tk: 8 },
-  { variant: "blocked", tm: 8, tn: 8, wgx: 8, wgy: 16, tk: 16 },
-  { variant: "blocked", tm: 4, tn: 4, wgx: 16, wgy: 16, tk: 16 },
 ];
 
 /** Every tiling the tuner knows: CPU adapters try the first ten, GPUs all. */
@@ -63,20 +70,15 @@ export const MATMUL_CANDIDATES: readonly MatmulTiling[] = [...CPU_CANDIDATES, ..
  * whose workgroup fits the device's limits.
  */
 export function matmulCandidates(gpu: Gpu, dtype: "f32" | "f16"): readonly MatmulTiling[] {
-  if (gpu.adapterProfile.cpu) return CPU_CANDIDATES;
-  const limits = gpu.adapterProfile.limits;
-  return MATMUL_CANDIDATES.filter((t) =>
-    t.wgx * t.wgy <= limits.maxComputeInvocationsPerWorkgroup &&
-    (t.variant !== "blocked" ||
-      blockedTileBytes(t, dtype) <= limits.maxComputeWorkgroupStorageSize)
-  );
+  if (gpu.adapterProfile.cpu) return MATMUL_CANDIDATES.filter((t) => !tilingKind(t).forGpus);
+  return MATMUL_CANDIDATES.filter((t) => tilingFits(t, dtype, gpu.adapterProfile.limits));
 }
 
 /** The tiling used before (or instead of) a search. */
 export const DEFAULT_TILING: MatmulTiling = MATMUL_CANDIDATES[0];
 
 /** Bump when kernels or candidates change: cached winners of older versions are ignored. */
-const TUNER_VERSION = 4;
+const TUNER_VERSION = 5;
 
 /** One candidate's measured speed on a class's problem. */
 export interface TilingMeasurement {

@@ -4,6 +4,7 @@
  */
 import { initGpu, MATMUL_CANDIDATES, type MatmulTiling, type ProfileLimits } from "../gpu/mod.ts";
 import { gpuLikeProfile, withAdapterProfile } from "../gpu/adapter_profile.ts";
+import { tilingFits, tilingKind } from "../gpu/kernels/tilings.ts";
 
 /** The shared device (f16 on when the adapter has it). */
 export const gpu = await initGpu({ f16: "auto", matmulTiling: "default" });
@@ -20,11 +21,21 @@ export function asGpu<T>(fn: () => Promise<T>, limits: Partial<ProfileLimits> = 
   return withAdapterProfile(gpu, gpuLikeProfile(gpu, limits), fn);
 }
 
-/** Runs `fn` once with each matmul tiling candidate as the device's tiling, then restores it. */
+/**
+ * Runs `fn` once with each CPU matmul tiling candidate and the last (the
+ * smallest) GPU candidate of each kind that fits the device as the device's
+ * tiling, then restores it (every GPU candidate: tests/matmul_tilings_test.ts).
+ */
 export async function withEachTiling(fn: (tiling: MatmulTiling) => Promise<void>): Promise<void> {
   const chosen = gpu.matmulTiling;
+  const limits = gpu.device.limits;
+  const cpu = MATMUL_CANDIDATES.filter((t) => !tilingKind(t).forGpus);
+  const gpuKinds = new Map<string, MatmulTiling>();
+  for (const t of MATMUL_CANDIDATES) {
+    if (tilingKind(t).forGpus && tilingFits(t, "f32", limits)) gpuKinds.set(t.variant, t);
+  }
   try {
-    for (const tiling of MATMUL_CANDIDATES) {
+    for (const tiling of [...cpu, ...gpuKinds.values()]) {
       gpu.matmulTiling = tiling;
       await fn(tiling);
     }

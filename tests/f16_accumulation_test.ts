@@ -1,5 +1,5 @@
 /**
- * `f16Accumulation: "chunked"`: f16 matmuls on the GPU (blocked) tiling sum
+ * `f16Accumulation: "chunked"`: f16 matmuls on the GPU (blocked, vec4) tilings sum
  * each run of F16_CHUNK products in f16 and add the runs into f32. Checked
  * against an f64 product of the same f16 inputs over K from 16 to 8192, with
  * random and all-positive large inputs, in every orientation, against the
@@ -21,13 +21,16 @@ import {
   ValueError,
 } from "../mod.ts";
 import { dispatchMatmul } from "../gpu/kernels/matmul.ts";
+import { tilingName } from "../gpu/mod.ts";
 import { gpu, GPU_TEST } from "./_gpu.ts";
 import { quantize } from "./_reference.ts";
 
 const U16 = 2 ** -11, U32 = 2 ** -24;
-const BLOCKED: MatmulTiling[] = [
+/** The GPU tilings that sum in f16 chunks: blocked, and vec4 (f16 tiles under chunks). */
+const GPU_TILINGS: MatmulTiling[] = [
   { variant: "blocked", tm: 4, tn: 4, wgx: 16, wgy: 16, tk: 16 },
   { variant: "blocked", tm: 8, tn: 8, wgx: 16, wgy: 16, tk: 8 },
+  { variant: "vec4", tm: 4, tn: 4, wgx: 16, wgy: 16, tk: 16 },
 ];
 
 /**
@@ -108,14 +111,14 @@ Deno.test({
     let largestChunked = 0, largestF32 = 0;
     for (const [kindIndex, kind] of ["random", "positive"].entries()) {
       for (const k of [16, 64, 256, 1024, 4096, 8192]) {
-        for (const [t, tiling] of BLOCKED.entries()) {
+        for (const [t, tiling] of GPU_TILINGS.entries()) {
           for (const orientation of ["nn", "nt", "tn"] as const) {
             const rng = new RandomGenerator(k + 10 * kindIndex + t);
             // Random signs, or all positive and large (every partial sum grows).
             const values = (count: number) =>
               kind === "random" ? rng.uniform(count, -1, 1) : rng.uniform(count, 8, 16);
             const dims = { m: 7, n: 33, k, orientation };
-            const label = `${kind} K=${k} ${orientation} tk=${tiling.tk}`;
+            const label = `${kind} K=${k} ${orientation} ${tilingName(tiling)}`;
             const chunked = await withAccumulation(
               "chunked",
               () => worstError(tiling, dims, values),
@@ -146,7 +149,7 @@ Deno.test({
   ...GPU_TEST,
   async fn() {
     const chosen = gpu.matmulTiling;
-    gpu.matmulTiling = BLOCKED[1];
+    gpu.matmulTiling = GPU_TILINGS[1];
     try {
       // Each run's products overflow f16 (200·512 > 65504) while the exact sum is 0.
       const poisoned = await withAccumulation("chunked", async () => {
@@ -193,7 +196,7 @@ Deno.test({
     const a = Tensor.from(new RandomGenerator(5).uniform(33 * 40, -1, 1), [33, 40]);
     const b = Tensor.from(new RandomGenerator(6).uniform(40 * 9, -1, 1), [40, 9]);
     const chosen = gpu.matmulTiling;
-    gpu.matmulTiling = BLOCKED[0];
+    gpu.matmulTiling = GPU_TILINGS[0];
     try {
       const plain = await withAccumulation("f32", () => matmul(a, b).read());
       const chunked = await withAccumulation("chunked", () => matmul(a, b).read());

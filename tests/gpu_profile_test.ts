@@ -11,7 +11,7 @@ import { matmul, MATMUL_CANDIDATES, type MatmulTiling, Tensor, tuneMatmul } from
 import { defaultTuningClasses, matmulCandidates } from "../gpu/matmul_tuning.ts";
 import { classOf, matmulClassKey, tilingFor, tilingName } from "../gpu/matmul_class.ts";
 import { gemmSlices, gemmSplit, sliceLength } from "../gpu/kernels/gemm.ts";
-import { blockedTileBytes } from "../gpu/kernels/gemm_blocked.ts";
+import { tilingFits, tilingKind } from "../gpu/kernels/tilings.ts";
 import { attentionPlanCandidates, launchFlashAttention } from "../gpu/kernels/flash_attention.ts";
 import { asGpu, dispatchedKernels, gpu, GPU_TEST } from "./_gpu.ts";
 import { matmul64, quantize, uniform } from "./_reference.ts";
@@ -43,15 +43,16 @@ Deno.test({
         [gpu.threadRowMax, gpu.multiTensorSlots, gpu.splitKWorkgroups],
         [64, 16, 256],
       );
-      // Every candidate that fits, blocked ones included; every class size; staged attention plans.
-      const fits = (t: MatmulTiling, dtype: "f32" | "f16") =>
-        t.wgx * t.wgy <= p.limits.maxComputeInvocationsPerWorkgroup &&
-        (t.variant !== "blocked" ||
-          blockedTileBytes(t, dtype) <= p.limits.maxComputeWorkgroupStorageSize);
+      // Every candidate that fits, GPU ones included; every class size; staged attention plans.
       for (const dtype of ["f32", "f16"] as const) {
         const candidates = matmulCandidates(gpu, dtype);
-        assert.deepEqual(candidates, MATMUL_CANDIDATES.filter((t) => fits(t, dtype)), dtype);
+        const fit = MATMUL_CANDIDATES.filter((t) => tilingFits(t, dtype, p.limits));
+        assert.deepEqual(candidates, fit, dtype);
         assert.ok(BLOCKED.every((t) => candidates.includes(t)), `${dtype}: blocked tilings run`);
+        assert.ok(
+          candidates.filter((t) => t.variant === "vec4").length >= 4,
+          `${dtype}: vec4 tilings run`,
+        );
       }
       const sizes = new Set(defaultTuningClasses(gpu).map((c) => c.size));
       assert.deepEqual([...sizes], ["small", "medium", "large"]);
@@ -64,22 +65,32 @@ Deno.test({
     // Restored: the adapter's own profile and choices.
     assert.equal(gpu.adapterProfile, own);
     assert.deepEqual({ slots: gpu.multiTensorSlots, split: gpu.splitKWorkgroups }, before);
-    if (own.cpu) assert.ok(matmulCandidates(gpu, "f32").every((t) => t.variant !== "blocked"));
+    if (own.cpu) assert.ok(matmulCandidates(gpu, "f32").every((t) => !tilingKind(t).forGpus));
   },
 });
 
 Deno.test({
   name: "adapter profile: on a device with 16 KiB of workgroup memory the tuner drops " +
-    "the blocked 8×8 tk-16 f32 tiling (16,896 B) and never times it",
+    "the tilings whose tiles pass it (f16 halves the blocked tiles) and never times them",
   ...GPU_TEST,
   async fn() {
+    const bytes = (t: MatmulTiling, dtype: "f32" | "f16") => tilingKind(t).workgroupBytes(t, dtype);
+    const vec4 = MATMUL_CANDIDATES.filter((t) => t.variant === "vec4");
+    // k-rows of BM/4 + 1 and BN/4 + 1 vec4s (the padding of a transposed store), f32 tiles.
+    assert.deepEqual(vec4.map((t) => bytes(t, "f32")), [33792, 25088, 12544, 20992, 16896, 8704]);
+    assert.deepEqual(vec4.map((t) => bytes(t, "f16")), [33792, 25088, 12544, 20992, 16896, 8704]);
     const tooLarge = BLOCKED.find((t) => t.tm === 8 && t.tn === 8 && t.wgy === 16 && t.tk === 16)!;
-    assert.equal(blockedTileBytes(tooLarge, "f32"), 16896);
-    assert.equal(blockedTileBytes(tooLarge, "f16"), 8448);
+    assert.equal(bytes(tooLarge, "f32"), 16896);
+    assert.equal(bytes(tooLarge, "f16"), 8448);
     await asGpu(async () => {
-      const f32 = matmulCandidates(gpu, "f32");
-      assert.deepEqual(f32, MATMUL_CANDIDATES.filter((t) => t !== tooLarge));
-      assert.equal(matmulCandidates(gpu, "f16").length, MATMUL_CANDIDATES.length, "f16 tiles fit");
+      const names = (dtype: "f32" | "f16") =>
+        matmulCandidates(gpu, dtype).filter((t) => tilingKind(t).forGpus).map(tilingName);
+      assert.deepEqual(names("f32"), ["vec4 128x256x8 t8x16", "vec4 64x64x16 t4x4"]);
+      assert.deepEqual(names("f16"), [
+        "vec4 128x256x8 t8x16",
+        "vec4 64x64x16 t4x4",
+        "blocked 128x128x16 t8x8",
+      ]);
       // The tuner times only what fits, even when the dropped tiling would look fastest.
       const timed: MatmulTiling[] = [];
       const [result] = await tuneMatmul(gpu, {

@@ -66,6 +66,9 @@ function tileLoads(opts: {
   ).join("\n    ");
 }
 
+/** WGSL reading the vec4 at `group` (a WGSL index) of k-row `kk` of tile A or B. */
+export type TileRead = (tile: "a" | "b", kk: number, group: string) => string;
+
 /**
  * One unrolled step kk of the inner loop: vec4 reads of A and B, then TM·TN/4
  * vec4 FMAs into `into` (f32 accumulators, or the f16 partial sums of a chunk).
@@ -73,17 +76,17 @@ function tileLoads(opts: {
 function innerStep(
   t: MatmulTiling,
   kk: number,
-  strides: { a: number; b: number },
+  read: TileRead,
   math: "f32" | "f16",
   into: string,
 ): string {
   const gm = t.tm / 4, gn = t.tn / 4;
   const lines: string[] = [];
   for (let g = 0; g < gm; g++) {
-    lines.push(`let a${g} = vec4<${math}>(tile_a[${kk * strides.a + g * t.wgy}u + lid.y]);`);
+    lines.push(`let a${g} = vec4<${math}>(${read("a", kk, `${g * t.wgy}u + lid.y`)});`);
   }
   for (let h = 0; h < gn; h++) {
-    lines.push(`let b${h} = vec4<${math}>(tile_b[${kk * strides.b + h * t.wgx}u + lid.x]);`);
+    lines.push(`let b${h} = vec4<${math}>(${read("b", kk, `${h * t.wgx}u + lid.x`)});`);
   }
   for (let i = 0; i < t.tm; i++) {
     for (let h = 0; h < gn; h++) {
@@ -95,14 +98,16 @@ function innerStep(
 }
 
 /**
- * The unrolled inner loop over a K-slice. With f16 chunks of length L, the
- * products of each L consecutive k are summed in f16 (`part`), and each
- * chunk's sum is added to the f32 accumulators: error grows with L, not K.
- * An f16 overflow in a chunk is an inf that reaches the result.
+ * The unrolled inner loop over a K-slice, reading the tiles through `read`
+ * (a thread's row group g is g·WGY + lid.y, its column group h·WGX + lid.x).
+ * With f16 chunks of length L, the products of each L consecutive k are
+ * summed in f16 (`part`), and each chunk's sum is added to the f32
+ * accumulators: error grows with L, not K. An f16 overflow in a chunk is an
+ * inf that reaches the result.
  */
-function sliceMath(t: MatmulTiling, strides: { a: number; b: number }, chunk: number): string {
+export function sliceMath(t: MatmulTiling, read: TileRead, chunk: number): string {
   const steps = range(t.tk);
-  if (chunk === 0) return steps.map((kk) => innerStep(t, kk, strides, "f32", "acc")).join("\n    ");
+  if (chunk === 0) return steps.map((kk) => innerStep(t, kk, read, "f32", "acc")).join("\n    ");
   const blocks = t.tm * t.tn / 4;
   const flush = `for (var i = 0u; i < ${blocks}u; i++) { acc[i] += vec4<f32>(part[i]); }`;
   const lines: string[] = [];
@@ -110,11 +115,26 @@ function sliceMath(t: MatmulTiling, strides: { a: number; b: number }, chunk: nu
     // An explicit zero: Naga hoists a declared-only var and zeroes it once per invocation.
     lines.push(`{ var part = array<vec4<f16>, ${blocks}>();`);
     for (let kk = start; kk < Math.min(start + chunk, t.tk); kk++) {
-      lines.push(innerStep(t, kk, strides, "f16", "part"));
+      lines.push(innerStep(t, kk, read, "f16", "part"));
     }
     lines.push(`${flush} }`);
   }
   return lines.join("\n    ");
+}
+
+/** A thread's result rows and columns: group i/4 strided by the workgroup extent, four each. */
+export function threadRow(t: MatmulTiling, i: number): string {
+  return `tile_row + (${(i >> 2) * t.wgy}u + lid.y) * 4u + ${i & 3}u`;
+}
+
+/** See {@link threadRow}. */
+export function threadCol(t: MatmulTiling, j: number): string {
+  return `tile_col + (${(j >> 2) * t.wgx}u + lid.x) * 4u + ${j & 3}u`;
+}
+
+/** The WGSL of a thread's accumulator for result (i, j). */
+export function accAt(t: MatmulTiling, i: number, j: number): string {
+  return `acc[${i * (t.tn / 4) + (j >> 2)}][${j & 3}]`;
 }
 
 /** The WGSL body of a GEMM kernel with the blocked tiling `t`. */
@@ -147,10 +167,8 @@ export function blockedWgsl(t: MatmulTiling, io: GemmIo, activation: Activation)
     origin: "tile_col",
     at: (col) => io.bAt("k", col),
   });
-  // Result (i, j) of a thread: row group i/4 strided by WGY, four rows each.
-  const row = (i: number) => `tile_row + (${(i >> 2) * wgy}u + lid.y) * 4u + ${i & 3}u`;
-  const col = (j: number) => `tile_col + (${(j >> 2) * wgx}u + lid.x) * 4u + ${j & 3}u`;
-  const accAt = (i: number, j: number) => `acc[${i * (tn / 4) + (j >> 2)}][${j & 3}]`;
+  const read: TileRead = (tile, kk, group) =>
+    `tile_${tile}[${kk * (tile === "a" ? strideA : strideB)}u + ${group}]`;
   return `${WGSL_MATH}${io.prelude ?? ""}
 var<workgroup> tile_a: array<vec4<${tileType}>, ${tk * strideA}>; // [tk][bm/4 + 1]
 var<workgroup> tile_b: array<vec4<${tileType}>, ${tk * strideB}>; // [tk][bn/4 + 1]
@@ -160,9 +178,18 @@ ${workgroupTileMain(t, io)}
     ${aLoads}
     ${bLoads}
     workgroupBarrier();
-    ${sliceMath(t, { a: strideA, b: strideB }, io.f16Chunk ?? 0)}
+    ${sliceMath(t, read, io.f16Chunk ?? 0)}
     workgroupBarrier();
   }
-  ${epilogue(t, io, activation, row, col, accAt)}
+  ${
+    epilogue(
+      t,
+      io,
+      activation,
+      (i) => threadRow(t, i),
+      (j) => threadCol(t, j),
+      (i, j) => accAt(t, i, j),
+    )
+  }
 }`;
 }

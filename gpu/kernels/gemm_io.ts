@@ -55,6 +55,28 @@ export interface GemmIo {
   aAlong?: "k" | "row";
   /** Blocked tiling: the same for B (`"col"`: B's rows are contiguous; `"k"`: B is read transposed). Default `"col"`. */
   bAlong?: "k" | "col";
+  /**
+   * Vec4 tiling: operands bound as arrays of vec4 (`aAt`, `bAt` and `store`
+   * then pick a component). Without it the vec4 tiling generates the blocked
+   * kernel of the same shape (a convolution's gathers have no vec4 form).
+   */
+  vector?: GemmVectorIo;
+}
+
+/** Vec4 access to a GEMM's operands, along the index `aAlong` / `bAlong` names. */
+export interface GemmVectorIo {
+  /** WGSL bool: A and B may be read as aligned vec4s along their contiguous index. */
+  aligned: string;
+  /** A's four elements from (row, k) along its contiguous index, as vec4<f32>. */
+  aVec(row: string, k: string): string;
+  /** B's four elements from (k, col) along its contiguous index, as vec4<f32>. */
+  bVec(k: string, col: string): string;
+  /** WGSL bool: results may be stored as aligned vec4s along columns. */
+  storeAligned: string;
+  /** A statement storing the vec4<f32> `v` at (row, col..col + 3), all in range. */
+  storeVec(row: string, col: string, v: string): string;
+  /** The bias of columns col..col + 3 as vec4<f32>, when there is one. */
+  biasVec?(col: string): string;
 }
 
 /**

@@ -3,7 +3,8 @@
  * whatever the storage dtype. Operands are addressed through strides held in
  * uniforms, so the transposed variants used by backward (Aᵀ·G, G·Bᵀ) are the
  * same compiled kernel with other strides: no explicit transpose is needed.
- * The tilings (register, interleaved, shared, blocked) come from `gemm.ts`.
+ * The tilings come from `tilings.ts`; the vec4 one binds A, B and C as vec4
+ * arrays and reads them as vec4 where a workgroup's tile allows.
  * A product of few result tiles and a long reduction (a weight gradient)
  * is split along k (split-K, see `gemmSlices`): each slice of k writes f32
  * partial results and a reduction adds them into C.
@@ -17,6 +18,8 @@ export type { MatmulProblem, OperandLayout } from "../matmul_class.ts";
 import { Tensor } from "../tensor.ts";
 import type { Activation } from "./wgsl_math.ts";
 import { checkGemmLoops, gemmGrid, type GemmIo, gemmSplit, gemmWgsl } from "./gemm.ts";
+import type { GemmVectorIo } from "./gemm_io.ts";
+import { tilingKind } from "./tilings.ts";
 import { launchReduce } from "./reduce.ts";
 
 /**
@@ -59,6 +62,7 @@ const UNIFORMS = {
   b_row: "u32",
   b_col: "u32",
   c_batch: "u32",
+  vec4_loads: "u32",
 } as const;
 
 /**
@@ -67,6 +71,10 @@ const UNIFORMS = {
  * s·k_slice, writing its own C (one slice: C itself).
  */
 function stridedIo(c: MatmulConfig): GemmIo {
+  const vector = tilingKind(c).vectorOperands;
+  // Element i of an operand bound as vec4s is component i % 4 of vec4 i / 4.
+  const at = (name: string, i: string) =>
+    vector ? `${name}[(${i}) / 4u][(${i}) % 4u]` : `${name}[${i}]`;
   return {
     setup: `let zb = z % p.batch;
   let k_first = (z / p.batch) * p.k_slice;
@@ -79,26 +87,64 @@ function stridedIo(c: MatmulConfig): GemmIo {
     bCol: (j, col) => `let bo${j} = b_base + ${col} * p.b_col;`,
     aLoad: (i) => `f32(a[ao${i} + k * p.a_col])`,
     bLoad: (j) => `f32(b[bo${j} + k * p.b_row])`,
-    aAt: (row, k) => `f32(a[a_base + ${row} * p.a_row + ${k} * p.a_col])`,
-    bAt: (k, col) => `f32(b[b_base + ${k} * p.b_row + ${col} * p.b_col])`,
-    store: (row, col, v) => `c[c_base + ${row} * p.n + ${col}] = ${c.out}(${v});`,
+    aAt: (row, k) => `f32(${at("a", `a_base + ${row} * p.a_row + ${k} * p.a_col`)})`,
+    bAt: (k, col) => `f32(${at("b", `b_base + ${k} * p.b_row + ${col} * p.b_col`)})`,
+    store: (row, col, v) => `${at("c", `c_base + ${row} * p.n + ${col}`)} = ${c.out}(${v});`,
     bias: c.bias === "none" ? undefined : (_row, col) => `f32(bias[${col}])`,
     tileType: c.dtype === "f16" ? "f16" : "f32",
     f16Chunk: c.f16Chunk,
     aAlong: c.aAlong,
     bAlong: c.bAlong,
+    vector: vector ? vectorIo(c) : undefined,
   };
+}
+
+/**
+ * Vec4 access for the vec4 tiling: the first element's index over 4 is the
+ * vec4's (`p.vec4_loads` says the strides keep it aligned, see
+ * {@link vec4Aligned}; C is aligned when n is a multiple of 4).
+ */
+function vectorIo(c: MatmulConfig): GemmVectorIo {
+  return {
+    aligned: "p.vec4_loads != 0u",
+    aVec: (row, k) => `vec4<f32>(a[(a_base + ${row} * p.a_row + ${k} * p.a_col) / 4u])`,
+    bVec: (k, col) => `vec4<f32>(b[(b_base + ${k} * p.b_row + ${col} * p.b_col) / 4u])`,
+    storeAligned: "p.n % 4u == 0u",
+    storeVec: (row, col, v) => `c[(c_base + ${row} * p.n + ${col}) / 4u] = vec4<${c.out}>(${v});`,
+    biasVec: c.bias === "none"
+      ? undefined
+      : (col) => `vec4<f32>(${range4.map((i) => `f32(bias[${col} + ${i}u])`).join(", ")})`,
+  };
+}
+
+const range4 = [0, 1, 2, 3];
+
+/**
+ * Whether an operand laid out as `o` can be read as aligned vec4s along the
+ * index `along` names: stride 1 there, and every other stride (batch, the
+ * other index, a split's k offset) a multiple of 4.
+ */
+function vec4Aligned(
+  o: { batch: number; row: number; col: number },
+  contiguous: "row" | "col",
+): boolean {
+  const [unit, other] = contiguous === "col" ? [o.col, o.row] : [o.row, o.col];
+  return unit === 1 && other % 4 === 0 && o.batch % 4 === 0;
 }
 
 /** The matmul kernel family. */
 export const matmulKernel = defineKernel({
   name: "matmul",
-  bindings: (c: MatmulConfig) => [
-    { name: "a", type: c.dtype },
-    { name: "b", type: c.dtype },
-    { name: "c", type: c.out, write: true },
-    ...optional(c.bias !== "none", { name: "bias", type: c.bias as DType }),
-  ],
+  bindings: (c: MatmulConfig) => {
+    const vector = tilingKind(c).vectorOperands;
+    const type = (d: DType) => vector ? `vec4<${d as "f32" | "f16"}>` as const : d;
+    return [
+      { name: "a", type: type(c.dtype) },
+      { name: "b", type: type(c.dtype) },
+      { name: "c", type: type(c.out), write: true },
+      ...optional(c.bias !== "none", { name: "bias", type: c.bias as DType }),
+    ];
+  },
   uniforms: UNIFORMS,
   source: (c) => gemmWgsl(c, stridedIo(c), c.activation),
 });
@@ -129,13 +175,13 @@ export function dispatchMatmul(
   checkGemmLoops(gpu, split.length, tiling, "matmul");
   // Slices write f32 partial results [slices, batch, m, n], added into c below.
   const out = split.slices > 1 ? Tensor.empty([split.slices * batch * m * n], "f32", gpu) : c;
-  const blocked = tiling.variant === "blocked";
+  const kind = tilingKind(tiling);
   const config: MatmulConfig = {
     ...tiling,
-    // Only the blocked tiling orders its loads by layout: others need one kernel for all.
-    aAlong: blocked && problem.a.row === 1 && problem.a.col !== 1 ? "row" : "k",
-    bAlong: blocked && problem.b.col !== 1 && problem.b.row === 1 ? "k" : "col",
-    f16Chunk: blocked && a.dtype === "f16" && gpu.f16Accumulation === "chunked"
+    // Only the blocked tilings order their loads by layout: others need one kernel for all.
+    aAlong: kind.layoutAware && problem.a.row === 1 && problem.a.col !== 1 ? "row" : "k",
+    bAlong: kind.layoutAware && problem.b.col !== 1 && problem.b.row === 1 ? "k" : "col",
+    f16Chunk: kind.f16Chunks && a.dtype === "f16" && gpu.f16Accumulation === "chunked"
       ? Math.min(F16_CHUNK, tiling.tk)
       : 0,
     dtype: a.dtype,
@@ -161,6 +207,10 @@ export function dispatchMatmul(
       b_row: lb.row,
       b_col: lb.col,
       c_batch: m * n,
+      vec4_loads: vec4Aligned(la, config.aAlong === "k" ? "col" : "row") &&
+          vec4Aligned(lb, config.bAlong === "k" ? "row" : "col")
+        ? 1
+        : 0,
     },
     [gx, gy, batch * split.slices],
     { flops: 2 * batch * m * n * k },

@@ -1,0 +1,125 @@
+/**
+ * The GEMM tilings, one record per kind: its WGSL generator, the loop
+ * iterations an invocation runs (against an adapter's loop cap), the
+ * workgroup memory it needs, its shape constraints and what it asks of the
+ * operands. `dispatchMatmul`, the convolutions, the tuner, the candidate
+ * filter, `bench tilings` and the tests read these records; nothing else
+ * switches on `MatmulTiling.variant`.
+ */
+import type { MatmulTiling } from "../device.ts";
+import type { GemmIo } from "./gemm_io.ts";
+import type { Activation } from "./wgsl_math.ts";
+import { registerWgsl, sharedWgsl } from "./gemm_register.ts";
+import { blockedTileBytes, blockedWgsl } from "./gemm_blocked.ts";
+import { vec4ShapeProblem, vec4TileBytes, vec4Wgsl } from "./gemm_vec4.ts";
+
+/** What one tiling kind is and needs. */
+export interface TilingKind {
+  /** The WGSL body of a GEMM kernel with tiling `t`. */
+  wgsl(t: MatmulTiling, io: GemmIo, activation: Activation): string;
+  /** Loop iterations one invocation runs for a reduction over `k`. */
+  loopIterations(t: MatmulTiling, k: number): number;
+  /** Bytes of workgroup memory with operands stored in `dtype` (0: none). */
+  workgroupBytes(t: MatmulTiling, dtype: "f32" | "f16"): number;
+  /** Why the kernel cannot be built with `t`'s sizes, or null. */
+  shapeProblem(t: MatmulTiling): string | null;
+  /** Matmul binds A, B and C as vec4 arrays and provides `GemmIo.vector`. */
+  vectorOperands: boolean;
+  /** Loads follow each operand's contiguous index (`GemmIo.aAlong`, `bAlong`). */
+  layoutAware: boolean;
+  /** Supports f16 sums over chunks of k (`GemmIo.f16Chunk`) with f16 operands. */
+  f16Chunks: boolean;
+  /** Written for GPUs: CPU adapters never try it. */
+  forGpus: boolean;
+}
+
+const multipleOf4 = (t: MatmulTiling) =>
+  t.tm % 4 === 0 && t.tn % 4 === 0
+    ? null
+    : `the ${t.variant} variant needs tm and tn multiples of 4, not ${t.tm} and ${t.tn}`;
+
+const REGISTER: TilingKind = {
+  wgsl: registerWgsl,
+  loopIterations: (_t, k) => k,
+  workgroupBytes: () => 0,
+  shapeProblem: () => null,
+  vectorOperands: false,
+  layoutAware: false,
+  f16Chunks: false,
+  forGpus: false,
+};
+
+/** Every tiling kind by `MatmulTiling.variant`. */
+export const TILING_KINDS: Readonly<Record<MatmulTiling["variant"], TilingKind>> = {
+  register: REGISTER,
+  interleaved: REGISTER,
+  shared: {
+    ...REGISTER,
+    wgsl: sharedWgsl,
+    // Its tile loads loop too.
+    loopIterations: (_t, k) => 2 * k,
+    workgroupBytes: (t) => 4 * t.tk * (t.tm * t.wgy + t.tn * t.wgx),
+  },
+  blocked: {
+    wgsl: blockedWgsl,
+    loopIterations: (t, k) => Math.ceil(k / t.tk),
+    workgroupBytes: blockedTileBytes,
+    shapeProblem: multipleOf4,
+    vectorOperands: false,
+    layoutAware: true,
+    f16Chunks: true,
+    forGpus: true,
+  },
+  vec4: {
+    wgsl: vec4Wgsl,
+    loopIterations: (t, k) => Math.ceil(k / t.tk),
+    // Without vec4 io (a convolution) it generates the blocked kernel of its shape.
+    workgroupBytes: (t, dtype) => Math.max(vec4TileBytes(t, "f32"), blockedTileBytes(t, dtype)),
+    shapeProblem: vec4ShapeProblem,
+    vectorOperands: true,
+    layoutAware: true,
+    f16Chunks: true,
+    forGpus: true,
+  },
+};
+
+/** The record of `t`'s kind. */
+export function tilingKind(t: MatmulTiling): TilingKind {
+  return TILING_KINDS[t.variant];
+}
+
+/** The limits a tiling must fit (a subset of `GPUSupportedLimits`). */
+export interface TilingLimits {
+  /** Threads per workgroup. */
+  maxComputeInvocationsPerWorkgroup: number;
+  /** Workgroup memory in bytes. */
+  maxComputeWorkgroupStorageSize: number;
+}
+
+/** Whether `t` with operands stored in `dtype` fits `limits` and its kind's shape constraints. */
+export function tilingFits(t: MatmulTiling, dtype: "f32" | "f16", limits: TilingLimits): boolean {
+  const kind = tilingKind(t);
+  return t.wgx * t.wgy <= limits.maxComputeInvocationsPerWorkgroup &&
+    kind.workgroupBytes(t, dtype) <= limits.maxComputeWorkgroupStorageSize &&
+    kind.shapeProblem(t) === null;
+}
+
+/**
+ * A tiling in a few characters, for logs and tables, distinct for distinct
+ * tilings: `"vec4 128x128x32 t8x8"` (workgroup tile rows × columns × k-step,
+ * per-thread block); the register tilings, which step k by one, print
+ * `"interleaved 32x64 t8x8"`.
+ *
+ * @example
+ * ```ts
+ * import { tilingName } from "../mod.ts";
+ * const tiling = { variant: "vec4", tm: 8, tn: 16, wgx: 16, wgy: 16, tk: 8 } as const;
+ * console.assert(tilingName(tiling) === "vec4 128x256x8 t8x16");
+ * console.assert(tilingName({ ...tiling, tk: 16 }) === "vec4 128x256x16 t8x16");
+ * ```
+ */
+export function tilingName(t: MatmulTiling): string {
+  const block = `${t.tm * t.wgy}x${t.tn * t.wgx}`;
+  const k = t.variant === "register" || t.variant === "interleaved" ? "" : `x${t.tk}`;
+  return `${t.variant} ${block}${k} t${t.tm}x${t.tn}`;
+}

@@ -1,0 +1,191 @@
+/**
+ * Every GPU tiling candidate, forced, against f64 references: all three
+ * orientations, f32 and f16, batched, split-K and unsplit, bias and
+ * activation epilogues, at shapes chosen per tiling so that each code path
+ * of the vec4 kernel runs: interior tiles (vec4 loads, vec4 stores with the
+ * fused bias), a last partial k-tile, edge tiles in m and n (checked scalar
+ * loads and stores), misaligned operands (scalar loads on interior tiles), and
+ * an uneven last split-K slice. Runs through the GPU-like adapter profile, so
+ * the candidates are those a GPU with lavapipe's limits would try; those that
+ * need more workgroup memory than lavapipe has are checked by a stand-in of
+ * the same per-thread block and k-step.
+ */
+import assert from "node:assert/strict";
+import { matmul, MATMUL_CANDIDATES, type MatmulTiling, Tensor, tilingName } from "../gpu/mod.ts";
+import { tilingFits, tilingKind } from "../gpu/kernels/tilings.ts";
+import { dispatchMatmul } from "../gpu/kernels/matmul.ts";
+import { gemmSplit } from "../gpu/kernels/gemm.ts";
+import { asGpu, gpu, GPU_TEST } from "./_gpu.ts";
+import { gelu64, matmul64, quantize, uniform } from "./_reference.ts";
+import { assertClose, TOL, type Tolerance } from "./_assert.ts";
+
+/** As matmul_test: error may grow like √K times the unit roundoff. */
+function tolFor(dtype: "f32" | "f16", k: number): Tolerance {
+  const t = TOL[dtype];
+  return { atol: t.atol * Math.max(1, Math.sqrt(k) / 4), rtol: t.rtol };
+}
+
+const ORIENTATIONS = [[false, false], [false, true], [true, false]] as const;
+
+interface Product {
+  batch: number;
+  m: number;
+  n: number;
+  k: number;
+}
+
+/**
+ * Runs op(A)·op(B) with the device's tiling in each of `orientations`
+ * (default all three) and `dtypes` (default f32 and f16); compares with f64.
+ */
+async function checkProducts(
+  dims: Product,
+  seed: number,
+  label: string,
+  only: {
+    dtypes?: readonly ("f32" | "f16")[];
+    orientations?: readonly (readonly [boolean, boolean])[];
+  } = {},
+): Promise<void> {
+  for (const dtype of only.dtypes ?? ["f32", "f16"]) {
+    for (const [transA, transB] of only.orientations ?? ORIENTATIONS) {
+      const { batch, m, n, k } = dims;
+      const a = quantize(uniform(batch * m * k, seed), dtype);
+      const b = quantize(uniform(batch * k * n, seed + 1), dtype);
+      const batched = (s: number[]) => (batch > 1 ? [batch, ...s] : s);
+      const ta = Tensor.from(a, batched(transA ? [k, m] : [m, k]), { dtype });
+      const tb = Tensor.from(b, batched(transB ? [n, k] : [k, n]), { dtype });
+      const c = matmul(ta, tb, { transA, transB });
+      const expected = matmul64(a, b, { ...dims, transA, transB });
+      const what = `${label} ${dtype} ${transA ? "t" : "n"}${transB ? "t" : "n"} ${
+        JSON.stringify(dims)
+      }`;
+      assertClose(await c.read(), expected, tolFor(dtype, k), what);
+      [ta, tb, c].forEach((t) => t.dispose());
+    }
+  }
+}
+
+/**
+ * x·Wᵀ + bias through an activation, as one kernel (the epilogue linear and
+ * conv use; gelu is the kernels' tanh form), against f64. Output f32.
+ */
+async function checkEpilogue(
+  dims: { m: number; n: number; k: number },
+  epilogue: { activation: "relu" | "gelu"; dtype: "f32" | "f16" },
+  label: string,
+): Promise<void> {
+  const { m, n, k } = dims;
+  const { activation, dtype } = epilogue;
+  {
+    const x = quantize(uniform(m * k, 5), dtype);
+    const w = quantize(uniform(n * k, 6), dtype);
+    const bias = quantize(uniform(n, 7), dtype);
+    const tx = Tensor.from(x, [m, k], { dtype }), tw = Tensor.from(w, [n, k], { dtype });
+    const tb = Tensor.from(bias, [n], { dtype }), y = Tensor.empty([m, n], "f32", gpu);
+    const problem = {
+      batch: 1,
+      m,
+      n,
+      k,
+      a: { batch: 0, row: k, col: 1 },
+      b: { batch: 0, row: 1, col: k },
+    };
+    dispatchMatmul(problem, tx, tw, y, { bias: tb, activation });
+    const product = matmul64(x, w, { batch: 1, m, n, k, transA: false, transB: true });
+    const act = activation === "relu" ? (v: number) => Math.max(v, 0) : gelu64;
+    const expected = product.map((v, i) => act(v + bias[i % n]));
+    const what = `${label} bias ${activation} ${dtype} ${m}x${n}x${k}`;
+    assertClose(await y.read(), expected, tolFor("f32", k), what);
+    [tx, tw, tb, y].forEach((t) => t.dispose());
+  }
+}
+
+/** Runs `fn` with `tiling` forced and split-K aiming at `splitTarget` workgroups (0: never split). */
+async function forced(
+  tiling: MatmulTiling,
+  splitTarget: number,
+  fn: () => Promise<void>,
+): Promise<void> {
+  const [chosen, target] = [gpu.matmulTiling, gpu.splitKWorkgroups];
+  gpu.matmulTiling = tiling;
+  gpu.splitKWorkgroups = splitTarget;
+  try {
+    await fn();
+  } finally {
+    gpu.matmulTiling = chosen;
+    gpu.splitKWorkgroups = target;
+  }
+}
+
+/**
+ * The GPU candidates (vec4 and blocked), each replaced, where it needs more
+ * workgroup memory than the device has, by a stand-in with the same
+ * per-thread block and k-step over a 64×64 tile; and a small tiling whose
+ * loads are guarded (fewer vec4s per tile than threads), as an initGpu
+ * caller may give.
+ */
+function candidatesToCheck(): MatmulTiling[] {
+  const limits = gpu.adapterProfile.limits;
+  const candidates = MATMUL_CANDIDATES.filter((t) => tilingKind(t).forGpus).map((t) => {
+    if (tilingFits(t, "f32", limits)) return t;
+    const standIn = { ...t, wgx: 64 / t.tn, wgy: 64 / t.tm };
+    assert.ok(tilingFits(standIn, "f32", limits), `stand-in of ${tilingName(t)} fits`);
+    return standIn;
+  });
+  return [...candidates, { variant: "vec4", tm: 4, tn: 4, wgx: 8, wgy: 8, tk: 4 }];
+}
+
+Deno.test({
+  name:
+    "matmul tilings: every GPU candidate, forced, matches f64 at edge, interior, misaligned and split shapes",
+  ...GPU_TEST,
+  async fn() {
+    await asGpu(async () => {
+      const tilings = candidatesToCheck();
+      assert.ok(
+        tilings.some((t) => t.tk === 32) && tilings.some((t) => t.tn === 12),
+        "k-step 32 and 8×12 covered",
+      );
+      // Each kernel compiles in about a second on lavapipe: the checks reuse few (3 orientations × 2 dtypes, 2 epilogues, 1 split f16).
+      for (const tiling of tilings) {
+        const bm = tiling.tm * tiling.wgy, bn = tiling.tn * tiling.wgx, tk = tiling.tk;
+        const name = tilingName(tiling);
+        await forced(tiling, 0, async () => {
+          // Interior tile (0, 0) with vec4 loads and stores, edge tiles in m and n, a partial last k-tile, batched.
+          await checkProducts({ batch: 2, m: bm + 4, n: bn + 4, k: 2 * tk + 4 }, 1, name);
+          // Odd sizes: misaligned strides (scalar loads on the interior tile), n not a multiple of 4 (scalar stores).
+          await checkProducts({ batch: 1, m: 129, n: 385, k: 33 }, 2, name);
+          await checkProducts({ batch: 1, m: 383, n: 7, k: 1 }, 3, name, { dtypes: ["f32"] });
+          await checkProducts({ batch: 1, m: 1, n: 1, k: 1 }, 4, name, { dtypes: ["f32"] });
+          // The fused epilogue: vec4 stores with the bias per column group, and scalar edge stores.
+          await checkEpilogue({ m: bm + 4, n: bn + 4, k: tk + 4 }, {
+            activation: "gelu",
+            dtype: "f32",
+          }, name);
+          await checkEpilogue({ m: 7, n: 33, k: 9 }, { activation: "relu", dtype: "f16" }, name);
+        });
+        await forced(tiling, 256, async () => {
+          for (const [m, n, k] of [[33, 7, 4092], [bm, bn, 520]]) {
+            assert.ok(
+              gemmSplit(gpu, tiling, { m, n, k }, 1).slices > 1,
+              `${name} splits ${m}x${n}x${k}`,
+            );
+          }
+          // Split-K, f32 partial sums: one tile over K = 4096 − 4 (uneven last slice), and
+          // interior vec4 tiles over two slices of uneven length.
+          await checkProducts({ batch: 1, m: 33, n: 7, k: 4092 }, 5, `${name} split`, {
+            dtypes: ["f32"],
+          });
+          await checkProducts({ batch: 1, m: bm, n: bn, k: 520 }, 6, `${name} split`, {
+            orientations: [[true, false]],
+          });
+          await checkProducts({ batch: 1, m: bm, n: bn, k: 520 }, 6, `${name} split`, {
+            dtypes: ["f32"],
+            orientations: [[false, false], [false, true]],
+          });
+        });
+      }
+    });
+  },
+});
