@@ -93,7 +93,7 @@ export {
 } from "./gpu/ops/fused_attention.ts";
 export { addInPlace } from "./gpu/ops/in_place.ts";
 export { layerNorm, type LayerNormOptions } from "./gpu/ops/layer_norm.ts";
-export { batchNorm, type BatchNormOptions } from "./gpu/ops/batch_norm.ts";
+export { batchNorm, batchNormCounter, type BatchNormOptions } from "./gpu/ops/batch_norm.ts";
 export { dropout } from "./gpu/ops/dropout.ts";
 export { embedding } from "./gpu/ops/embedding.ts";
 export { conv2d, type Conv2dOptions } from "./gpu/ops/conv2d.ts";

@@ -163,7 +163,7 @@ export { reshape } from "./ops/reshape.ts";
 export { addInPlace } from "./ops/in_place.ts";
 export { checkpoint, isRecomputing } from "./checkpoint.ts";
 export { layerNorm, type LayerNormOptions } from "./ops/layer_norm.ts";
-export { batchNorm, type BatchNormOptions } from "./ops/batch_norm.ts";
+export { batchNorm, batchNormCounter, type BatchNormOptions } from "./ops/batch_norm.ts";
 export { dropout } from "./ops/dropout.ts";
 export { embedding } from "./ops/embedding.ts";
 export { conv2d, conv2dGeometry, type Conv2dOptions } from "./ops/conv2d.ts";

@@ -6,7 +6,7 @@ export { gelu, type GeluOptions, relu } from "../gpu/ops/elementwise.ts";
 export { linear, type LinearOptions } from "../gpu/ops/linear.ts";
 export { logSoftmax, softmax } from "../gpu/ops/softmax.ts";
 export { layerNorm, type LayerNormOptions } from "../gpu/ops/layer_norm.ts";
-export { batchNorm, type BatchNormOptions } from "../gpu/ops/batch_norm.ts";
+export { batchNorm, batchNormCounter, type BatchNormOptions } from "../gpu/ops/batch_norm.ts";
 export { dropout } from "../gpu/ops/dropout.ts";
 export { embedding } from "../gpu/ops/embedding.ts";
 export { conv2d, type Conv2dOptions } from "../gpu/ops/conv2d.ts";

@@ -1,6 +1,6 @@
 import assert from "node:assert/strict";
 import { mul, sum, Tensor, tidy } from "../gpu/mod.ts";
-import { batchNorm } from "../gpu/ops/batch_norm.ts";
+import { batchNorm, batchNormCounter } from "../gpu/ops/batch_norm.ts";
 import { GPU_TEST } from "./_gpu.ts";
 import { gradcheck } from "./_gradcheck.ts";
 import { quantize, uniform } from "./_reference.ts";
@@ -257,10 +257,6 @@ Deno.test({
         /batchNorm: momentum must be in \[0, 1\]/,
       );
       assert.throws(
-        () => batchNorm(x, { runningMean: v, runningVar: v, training: true, momentum: null }),
-        /batchNorm: momentum null \(the cumulative average\) counts batches: give numBatchesTracked/,
-      );
-      assert.throws(
         () => batchNorm(x, { runningMean: v, runningVar: v, ...run, numBatchesTracked: v }),
         /batchNorm: numBatchesTracked must be an i32 tensor of one element, got f32 \[3\]/,
       );
@@ -276,5 +272,54 @@ Deno.test({
         training: false,
       });
     });
+  },
+});
+
+Deno.test({
+  name: "batchNorm: momentum null without a counter keeps its own, as the BatchNorm layer does " +
+    "(cumulative average over every training batch, across tidy scopes; eval does not count)",
+  ...GPU_TEST,
+  async fn() {
+    const [n, c] = [6, 3];
+    const run: Running64 = { mean: new Float64Array(c), var: new Float64Array(c).fill(1) };
+    const rm = Tensor.zeros([c]), rv = Tensor.full([c], 1);
+    assert.equal(batchNormCounter(rm), null, "no counter before the first cumulative update");
+    for (let step = 0; step < 5; step++) {
+      const training = step !== 2; // an eval call in between neither moves nor counts
+      const x = quantize(uniform(n * c, 30 + step, -1 - step, 2 + step), "f32");
+      const g = new Float64Array(n * c);
+      // Inside tidy: the counter must outlive the scope that created it.
+      tidy(() =>
+        batchNorm(Tensor.from(x, [n, c]), {
+          runningMean: rm,
+          runningVar: rv,
+          training,
+          momentum: null,
+        })
+      ).dispose();
+      batchNorm64(x, g, [n, c, 1], new Float64Array(c).fill(1), new Float64Array(c), run, {
+        training,
+        momentum: null,
+        eps: 1e-5,
+      });
+      assertClose(await rm.read(), run.mean, TOL.f32, `runningMean step ${step}`);
+      assertClose(await rv.read(), run.var, TOL.f32, `runningVar step ${step}`);
+      assert.equal((await batchNormCounter(rm)!.read())[0], run.batches ?? 0, `count ${step}`);
+    }
+    assert.equal(run.batches, 4);
+    // A counter given explicitly is used instead (and the implicit one is left alone).
+    const counter = Tensor.from([10], [], { dtype: "i32" });
+    const x = Tensor.from(uniform(n * c, 40), [n, c]);
+    batchNorm(x, {
+      runningMean: rm,
+      runningVar: rv,
+      training: true,
+      momentum: null,
+      numBatchesTracked: counter,
+    })
+      .dispose();
+    assert.equal((await counter.read())[0], 11);
+    assert.equal((await batchNormCounter(rm)!.read())[0], 4);
+    for (const t of [rm, rv, counter, x]) t.dispose();
   },
 });

@@ -5,7 +5,7 @@
  * halfstep.
  */
 import assert from "node:assert/strict";
-import { backward, gelu, mul, sum, Tensor } from "../gpu/mod.ts";
+import { backward, batchNorm, batchNormCounter, gelu, mul, sum, Tensor } from "../gpu/mod.ts";
 import {
   AdaptiveAvgPool2d,
   AvgPool2d,
@@ -116,13 +116,20 @@ Deno.test({
   async fn() {
     const { batches, trace } = parity.batch_norm_cumulative;
     const bn = new BatchNorm(3, { momentum: null });
+    // The functional op without a counter of the caller's keeps the same statistics.
+    const runningMean = Tensor.zeros([3]), runningVar = Tensor.full([3], 1);
     for (const [i, values] of batches.entries()) {
       const x = Tensor.from(values, [values.length / 3, 3]);
       bn.forward(x).dispose();
+      batchNorm(x, { runningMean, runningVar, training: true, momentum: null }).dispose();
       x.dispose();
       assertClose(await bn.runningMean.read(), trace[i].running_mean, TOL.f32, `mean ${i}`);
       assertClose(await bn.runningVar.read(), trace[i].running_var, TOL.f32, `var ${i}`);
       assert.equal((await bn.numBatchesTracked.read())[0], trace[i].num_batches_tracked);
+      assertClose(await runningMean.read(), trace[i].running_mean, TOL.f32, `batchNorm mean ${i}`);
+      assertClose(await runningVar.read(), trace[i].running_var, TOL.f32, `batchNorm var ${i}`);
+      const count = await batchNormCounter(runningMean)!.item();
+      assert.equal(count, trace[i].num_batches_tracked);
     }
     // Eval mode neither moves the statistics nor counts.
     bn.training = false;

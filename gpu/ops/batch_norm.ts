@@ -14,7 +14,8 @@ import {
   launchBatchNormBackward,
 } from "../kernels/batch_norm.ts";
 import { sameShape, shapeString } from "../shape.ts";
-import type { Tensor } from "../tensor.ts";
+import { untracked } from "../scope.ts";
+import { Tensor } from "../tensor.ts";
 
 /** Options of {@link batchNorm}. */
 export interface BatchNormOptions {
@@ -31,7 +32,8 @@ export interface BatchNormOptions {
   /**
    * Weight of the new batch statistic in the running average (default 0.1, as
    * PyTorch); `null`: the cumulative average, weight 1/(batches tracked + 1),
-   * as PyTorch's `momentum=None` (needs `numBatchesTracked`).
+   * as PyTorch's `momentum=None`, counting batches in `numBatchesTracked`, or
+   * without one in a counter kept for `runningMean` (see {@link batchNormCounter}).
    */
   momentum?: number | null;
   /**
@@ -47,6 +49,56 @@ export interface BatchNormOptions {
    * statistics move once per step, not twice.
    */
   updateRunningStats?: boolean;
+}
+
+/**
+ * The batch counters of cumulative averages whose caller gave none, by
+ * running-mean tensor: the functional op keeps the count a BatchNorm layer
+ * keeps in its `num_batches_tracked` buffer. A counter lives as long as its
+ * running mean (freed when that is garbage-collected), outside any `tidy`.
+ */
+const implicitCounters = new WeakMap<Tensor, Tensor>();
+const freeCounter = new FinalizationRegistry<Tensor>((counter) => {
+  try {
+    counter.dispose();
+  } catch {
+    // The device went first; its buffers went with it.
+  }
+});
+
+function implicitCounter(runningMean: Tensor): Tensor {
+  let counter = implicitCounters.get(runningMean);
+  if (!counter) {
+    counter = untracked(() => Tensor.zeros([], { dtype: "i32", gpu: runningMean.gpu }));
+    implicitCounters.set(runningMean, counter);
+    freeCounter.register(runningMean, counter);
+  }
+  return counter;
+}
+
+/**
+ * The i32 [] batch count {@link batchNorm} keeps for `runningMean` when it
+ * updates a cumulative average (`momentum: null`) without a
+ * `numBatchesTracked` from the caller, or null before the first such update.
+ * It is the live counter: save it beside the running statistics to resume
+ * the average, or write a count into it after loading them.
+ *
+ * @example
+ * ```ts
+ * import { batchNorm, batchNormCounter, initGpu, Tensor } from "../../mod.ts";
+ * const gpu = await initGpu({ matmulTiling: "default" });
+ * const runningMean = Tensor.zeros([2]), runningVar = Tensor.full([2], 1);
+ * const x = Tensor.from([1, 10, 3, 30], [2, 2]);
+ * for (let i = 0; i < 3; i++) {
+ *   batchNorm(x, { runningMean, runningVar, training: true, momentum: null }).dispose();
+ * }
+ * console.assert((await batchNormCounter(runningMean)!.item()) === 3);
+ * console.assert((await runningMean.read()).join() === "2,20"); // the mean of 3 equal batches
+ * gpu.destroy();
+ * ```
+ */
+export function batchNormCounter(runningMean: Tensor): Tensor | null {
+  return implicitCounters.get(runningMean) ?? null;
 }
 
 function viewOf(x: Tensor): BatchNormView {
@@ -100,11 +152,6 @@ function checkOptions(
   if (counter && (counter.dtype !== "i32" || counter.size !== 1)) {
     throw new DTypeError(
       `batchNorm: numBatchesTracked must be an i32 tensor of one element, got ${counter.describe()}.`,
-    );
-  }
-  if (momentum === null && !counter) {
-    throw new ValueError(
-      "batchNorm: momentum null (the cumulative average) counts batches: give numBatchesTracked.",
     );
   }
   if (!(eps >= 0) || !Number.isFinite(eps)) {
@@ -172,7 +219,8 @@ export function batchNorm(x0: Tensor, options: BatchNormOptions): Tensor {
         `${runningVar.describe()} requiresGrad ${runningVar.requiresGrad}).`,
     );
   }
-  const numBatchesTracked = options.numBatchesTracked ?? null;
+  const numBatchesTracked = options.numBatchesTracked ??
+    (update && momentum === null ? implicitCounter(runningMean) : null);
   const tensors = { weight, bias, runningMean, runningVar, numBatchesTracked };
   const out = widened ? "f32" : x.dtype;
   const { y, mean, rstd } = launchBatchNorm(x, view, tensors, {
