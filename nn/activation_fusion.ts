@@ -53,6 +53,17 @@ class FusedLayer extends Module {
   }
 }
 
+/**
+ * Whether `module` is a `kind` whose forward is `kind`'s own: a subclass
+ * that overrides forward (an adapter, a hook) runs as written, unfused.
+ */
+function plain<T extends Module>(
+  module: Module | undefined,
+  kind: abstract new (...args: never[]) => T,
+): module is T {
+  return module instanceof kind && module.forward === kind.prototype.forward;
+}
+
 /** `module`'s own epilogue activation ("none" when it has none to replace). */
 function ownActivation(module: Linear | Conv2d): string {
   return (module instanceof Linear ? module.activation : module.options.activation) ?? "none";
@@ -79,14 +90,14 @@ export function planForwardSteps(layers: readonly Module[]): ForwardStep[] {
     const fused: Fused = {};
     let layer: Linear | Conv2d | null = null, end = i + 1;
     const here = layers[i], next = layers[i + 1];
-    if (here instanceof GELU && next instanceof Linear && next.geluInput === undefined) {
+    if (plain(here, GELU) && plain(next, Linear) && next.geluInput === undefined) {
       layer = next;
       fused.geluInput = here.approximate;
       end = i + 2;
-    } else if (here instanceof Linear || here instanceof Conv2d) {
+    } else if (plain(here, Linear) || plain(here, Conv2d)) {
       layer = here;
     }
-    if (layer && ownActivation(layer) === "none" && layers[end] instanceof ReLU) {
+    if (layer && ownActivation(layer) === "none" && plain(layers[end], ReLU)) {
       fused.activation = "relu";
       end++;
     }

@@ -158,3 +158,35 @@ Deno.test({
     }
   },
 });
+
+Deno.test({
+  name: "sequential fusion: a subclass that overrides forward runs as written, unfused",
+  ...GPU_TEST,
+  async fn() {
+    const calls: string[] = [];
+    class LoggedLinear extends Linear {
+      override forward(x: Tensor): Tensor {
+        calls.push("linear");
+        return super.forward(x);
+      }
+    }
+    class LoggedReLU extends ReLU {
+      override forward(x: Tensor): Tensor {
+        calls.push("relu");
+        return super.forward(x);
+      }
+    }
+    const model = new Sequential(
+      new LoggedLinear(3, 4, { seed: 1 }),
+      new ReLU(),
+      new Linear(4, 4, { seed: 2 }),
+      new LoggedReLU(),
+    );
+    const x = Tensor.from([1, -2, 3, 0.5, 2, -1], [2, 3]);
+    const y = model.forward(x);
+    assert.deepEqual(calls, ["linear", "relu"]);
+    model.fuseActivations = false;
+    assert.deepEqual([...(await y.read())], [...(await model.forward(x).read())]);
+    model.dispose();
+  },
+});
