@@ -19,6 +19,7 @@ import { untracked } from "../gpu/scope.ts";
 import { Tensor } from "../gpu/tensor.ts";
 import type { Module } from "../nn/module.ts";
 import type { GradScaler } from "./grad_scaler.ts";
+import { OpNames } from "./op_names.ts";
 import { launchNumericsStats, NONE, statsBuffer } from "./kernels/numerics_stats.ts";
 import {
   decodeStats,
@@ -74,9 +75,8 @@ export class NumericsInspector {
   #scaler: GradScaler | null = null;
   #seq = 0;
   #steps = 0;
-  #path: string[] = [];
+  #names: OpNames;
   #callsThisStep = new Map<number, number>();
-  #outsideCalls = new Map<OpName, number>();
   #active = false;
   #disposed = false;
   #observer: OpObserver;
@@ -87,6 +87,7 @@ export class NumericsInspector {
       fail(ValueError, "NumericsInspector", "the model must be a Module (e.g. a Sequential).");
     }
     this.model = model;
+    this.#names = new OpNames(model);
     this.#observer = {
       forward: (op, _inputs, output, node) => this.#forward(op, output, node),
       backward: (node, index, grad) => this.#backward(node, index, grad),
@@ -115,18 +116,14 @@ export class NumericsInspector {
     this.#scaler = options.scaler?.enabled ? options.scaler : null;
     this.#scale = this.#scaler?.scaleTensor ?? null;
     this.#callsThisStep.clear();
-    this.#outsideCalls.clear();
-    this.#path = [];
     // The model may have changed since the last step: names come from it as it is now.
     this.#paramNames = new Map(this.model.namedParameters().map(([name, t]) => [t, name]));
-    const restore = this.#wrapForwards();
     this.#active = true;
     let result: T;
     try {
-      result = withState({ opObserver: this.#observer }, fn);
+      result = this.#names.during(() => withState({ opObserver: this.#observer }, fn));
     } finally {
       this.#active = false;
-      restore();
       this.#steps++;
     }
     if (typeof (result as { then?: unknown } | null)?.then === "function") {
@@ -162,18 +159,12 @@ export class NumericsInspector {
 
   #forward(op: OpName, output: Tensor, node: GradNode | null): void {
     if (!this.#active) return; // a checkpoint recomputed after its watch ended
-    const module = this.#path.at(-1);
     if (runtime.recomputing) {
       // A checkpointed region runs again in backward: name its nodes, count nothing twice.
-      if (node) this.#nodeNames.set(node, module ?? op);
+      if (node) this.#nodeNames.set(node, this.#names.module ?? op);
       return;
     }
-    let name = module;
-    if (name === undefined) {
-      const index = this.#outsideCalls.get(op) ?? 0;
-      this.#outsideCalls.set(op, index + 1);
-      name = `${op}:${index}`;
-    }
+    const name = this.#names.next(op);
     if (node) this.#nodeNames.set(node, name);
     const perDtype = this.#opCounts.get(op) ?? {};
     perDtype[output.dtype] = (perDtype[output.dtype] ?? 0) + 1;
@@ -255,37 +246,6 @@ export class NumericsInspector {
     return this.#noScale;
   }
 
-  /**
-   * Wraps every submodule's `forward` (and `forward*` variants, such as the
-   * fused forward Sequential calls) to keep the path of the running one;
-   * returns the undo.
-   */
-  #wrapForwards(): () => void {
-    const undo: (() => void)[] = [];
-    const path = this.#path;
-    for (const [name, module] of this.model.namedModules()) {
-      if (name === "") continue; // the root's own ops are named like ops outside the model
-      const target = module as unknown as Record<string, unknown>;
-      for (const method of forwardMethods(module)) {
-        const own = Object.hasOwn(module, method);
-        const original = target[method] as (...args: unknown[]) => unknown;
-        target[method] = function (this: Module, ...args: unknown[]) {
-          path.push(name);
-          try {
-            return original.apply(this, args);
-          } finally {
-            path.pop();
-          }
-        };
-        undo.push(() => {
-          if (own) target[method] = original;
-          else delete target[method];
-        });
-      }
-    }
-    return () => undo.forEach((f) => f());
-  }
-
   #live(method: string): void {
     if (this.#disposed) {
       fail(
@@ -295,21 +255,4 @@ export class NumericsInspector {
       );
     }
   }
-}
-
-/** The names of `module`'s methods that run it: `forward` and any `forward*`. */
-function forwardMethods(module: Module): string[] {
-  const names = new Set<string>();
-  for (let o: object | null = module; o !== null && o !== Object.prototype;) {
-    for (const key of Object.getOwnPropertyNames(o)) {
-      if (
-        key.startsWith("forward") &&
-        typeof (module as unknown as Record<string, unknown>)[key] === "function"
-      ) {
-        names.add(key);
-      }
-    }
-    o = Object.getPrototypeOf(o);
-  }
-  return [...names];
 }
