@@ -189,3 +189,12 @@ Deno.test({
     });
   },
 });
+
+Deno.test("matmul tilings: every candidate has its own name (the k-step included) and a kind record", () => {
+  const names = MATMUL_CANDIDATES.map(tilingName);
+  assert.equal(new Set(names).size, names.length, names.join(", "));
+  assert.ok(names.includes("vec4 128x256x16 t8x16") && names.includes("vec4 128x256x8 t8x16"));
+  for (const t of MATMUL_CANDIDATES) {
+    assert.equal(tilingKind(t).shapeProblem(t), null, tilingName(t));
+  }
+});
