@@ -41,3 +41,11 @@ export {
   type OpDtypeCount,
   type ParameterGradientRow,
 } from "./numerics_report.ts";
+export {
+  compareToF32,
+  type CompareToF32Options,
+  type Drift,
+  type DriftReport,
+  type OpDrift,
+  type ParameterDrift,
+} from "./compare_to_f32.ts";
