@@ -20,12 +20,18 @@ import type { PlannedBuffer } from "./_preflight.ts";
 /** Which model `--model` names. */
 export type MnistModel = "mlp" | "cnn";
 
-/** The 784-256-256-10 MLP; ReLU fused into the first two matmuls. Linear's init is PyTorch's. */
+/**
+ * The 784-256-256-10 MLP written as `torch.nn.Sequential` is (so its files load strictly into the
+ * twin: keys `0.*`, `2.*`, `4.*`); Sequential runs each ReLU in the epilogue of the Linear before
+ * it. Linear's init is PyTorch's.
+ */
 export function mnistMlp(seed: number | RandomGenerator): Sequential {
   const rng = typeof seed === "number" ? new RandomGenerator(seed) : seed;
   return new Sequential(
-    new Linear(MNIST_PIXELS, 256, { seed: rng, activation: "relu" }),
-    new Linear(256, 256, { seed: rng, activation: "relu" }),
+    new Linear(MNIST_PIXELS, 256, { seed: rng }),
+    new ReLU(),
+    new Linear(256, 256, { seed: rng }),
+    new ReLU(),
     new Linear(256, MNIST_CLASSES, { seed: rng }),
   );
 }
