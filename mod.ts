@@ -221,5 +221,6 @@ export {
   type OpDtypeCount,
   type ParameterDrift,
   type ParameterGradientRow,
+  type ReportOptions,
   type WatchOptions,
 } from "./amp/mod.ts";

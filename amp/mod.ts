@@ -31,7 +31,7 @@ export {
   type AmpTrainerState,
   type HasParameters,
 } from "./trainer.ts";
-export { NumericsInspector, type WatchOptions } from "./numerics_inspector.ts";
+export { NumericsInspector, type ReportOptions, type WatchOptions } from "./numerics_inspector.ts";
 export {
   type FirstNonFinite,
   type NumericsCounts,

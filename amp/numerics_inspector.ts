@@ -28,6 +28,12 @@ import {
   type RowInfo,
 } from "./numerics_report.ts";
 
+/** Options of {@link NumericsInspector.report}. */
+export interface ReportOptions {
+  /** Start counting afresh after this report (default false): per-epoch statistics. */
+  reset?: boolean;
+}
+
 /** Options of {@link NumericsInspector.watch}. */
 export interface WatchOptions {
   /** The scaler whose scale is in force (reported with the first non-finite). */
@@ -75,6 +81,8 @@ export class NumericsInspector {
   #scaler: GradScaler | null = null;
   #seq = 0;
   #steps = 0;
+  /** The first step the next report covers. */
+  #firstStep = 0;
   #names: OpNames;
   #callsThisStep = new Map<number, number>();
   #active = false;
@@ -138,15 +146,28 @@ export class NumericsInspector {
 
   /**
    * Reads the statistics gathered so far (**a sync point**: the one read of
-   * the inspector) and returns them.
+   * the inspector) and returns them. With `reset`, counting starts afresh
+   * after this report (rows keep their names; steps keep their numbers).
    */
-  async report(): Promise<NumericsReport> {
+  async report(options: ReportOptions = {}): Promise<NumericsReport> {
     this.#live("report");
-    const raw = this.#stats ? await this.#stats.read() : null;
-    const counted = decodeStats(raw, this.#rows);
+    // Everything is taken now: steps watched while the read is in flight belong to the next report.
+    const stats = this.#stats;
+    const rows = this.#rows.map((r) => ({ ...r }));
     const ops = [...this.#opCounts].map(([op, calls]) => ({ op, calls: { ...calls } }));
-    const lossScale = this.#scaler ? await this.#scaler.getScale() : null;
-    return { steps: this.#steps, ...counted, ops, lossScale };
+    const steps = this.#steps - this.#firstStep;
+    const scaler = this.#scaler;
+    if (options.reset) {
+      this.#stats = null;
+      this.#capacity = 0;
+      for (const r of this.#rows) r.calls = r.values = 0;
+      this.#opCounts.clear();
+      this.#firstStep = this.#steps;
+    }
+    const raw = stats ? await stats.read() : null;
+    if (options.reset) stats?.dispose();
+    const lossScale = scaler ? await scaler.getScale() : null;
+    return { steps, ...decodeStats(raw, rows), ops, lossScale };
   }
 
   /** Frees the statistics buffer; the inspector cannot be used afterwards. */

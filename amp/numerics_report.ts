@@ -121,7 +121,8 @@ export function decodeStats(
   const floats = new Float32Array(raw.buffer, raw.byteOffset, raw.length);
   const counts = (row: number, info: RowInfo): NumericsCounts => {
     const at = HEADER_WORDS + row * ROW_WORDS;
-    const wide = (w: number) => words[at + w] + words[at + w + 1] * 2 ** 32;
+    // A row past the buffer's end never had a tensor counted (none, or only empty ones).
+    const wide = (w: number) => (words[at + w] ?? 0) + (words[at + w + 1] ?? 0) * 2 ** 32;
     return {
       calls: info.calls,
       values: info.values,
@@ -129,7 +130,7 @@ export function decodeStats(
       overflowF16: wide(ROW.overflowF16),
       underflowF16: wide(ROW.underflowF16),
       zeros: wide(ROW.zeros),
-      amax: floats[at + ROW.amax],
+      amax: floats[at + ROW.amax] ?? 0,
     };
   };
   const rows: NumericsRow[] = [];

@@ -239,6 +239,42 @@ Deno.test({
   },
 });
 
+Deno.test({
+  name:
+    "NumericsInspector: report({ reset: true }) starts counting afresh; steps keep their numbers",
+  ...GPU_TEST,
+  async fn() {
+    const model = mlp(8);
+    const inspector = new NumericsInspector(model);
+    const x = batch();
+    const step = () => crossEntropy(model.forward(x), LABELS).backward();
+    inspector.watch(step);
+    inspector.watch(step);
+    const first = await inspector.report({ reset: true });
+    assert.equal(first.steps, 2);
+    const empty = await inspector.report();
+    assert.equal(empty.steps, 0);
+    assert.deepEqual(
+      empty.rows.map((r) => [r.calls, r.values, r.zeros, r.amax]),
+      empty.rows.map(() => [0, 0, 0, 0]),
+    );
+    assert.deepEqual(empty.ops, []);
+    model.zeroGrad();
+    await plant(model.stateDict().get("4.bias")!, 0, NaN);
+    inspector.watch(step); // step 2
+    const after = await inspector.report();
+    assert.equal(after.steps, 1);
+    assert.equal(after.rows.find((r) => r.name === "0" && r.phase === "forward")?.calls, 1);
+    assert.deepEqual(
+      [after.firstNonFinite?.step, after.firstNonFinite?.name, after.firstNonFinite?.phase],
+      [2, "4", "forward"],
+    );
+    model.dispose();
+    inspector.dispose();
+    x.dispose();
+  },
+});
+
 const ampTest = { ignore: !gpu.f16, ...GPU_TEST };
 const noF16 = gpu.f16 ? "" : " (ignored: no shader-f16)";
 
