@@ -36,6 +36,11 @@ export interface AdapterProfile {
   cpu: boolean;
   /** Threads per subgroup (the adapter's largest; 32 on NVIDIA GPUs). */
   subgroupSize: number;
+  /**
+   * Whether kernels may use subgroup operations (the device has the
+   * `subgroups` feature); false picks the workgroup-memory kernels.
+   */
+  subgroups: boolean;
   /** The limits kernel choices are filtered by. */
   limits: ProfileLimits;
 }
@@ -63,13 +68,18 @@ export interface ProfileDefaults {
  * gpu.destroy();
  * ```
  */
-export function adapterProfileOf(info: GPUAdapterInfo, limits: GPUSupportedLimits): AdapterProfile {
+export function adapterProfileOf(
+  info: GPUAdapterInfo,
+  limits: GPUSupportedLimits,
+  subgroups = false,
+): AdapterProfile {
   // subgroupMaxSize is newer than the rest of GPUAdapterInfo: absent, assume a GPU's 32.
-  const subgroups = (info as GPUAdapterInfo & { subgroupMaxSize?: number }).subgroupMaxSize;
+  const maxSize = (info as GPUAdapterInfo & { subgroupMaxSize?: number }).subgroupMaxSize;
   return {
     name: "adapter",
     cpu: info.isFallbackAdapter,
-    subgroupSize: subgroups ?? 32,
+    subgroupSize: maxSize ?? 32,
+    subgroups,
     limits: {
       maxComputeWorkgroupStorageSize: limits.maxComputeWorkgroupStorageSize,
       maxComputeInvocationsPerWorkgroup: limits.maxComputeInvocationsPerWorkgroup,
@@ -86,8 +96,8 @@ const GPU_LIMITS: ProfileLimits = {
 };
 
 /**
- * A profile for tests: a GPU (not a fallback adapter, subgroups of 32) with
- * an H100's limits — each capped at `gpu`'s real limit, so every kernel it
+ * A profile for tests: a GPU (not a fallback adapter, subgroups of 32, used
+ * when `gpu` has the feature) with an H100's limits — each capped at `gpu`'s real limit, so every kernel it
  * chooses still runs there — and `limits` on top (such as WebGPU's default
  * 16 KiB of workgroup memory, to test a candidate filter).
  *
@@ -111,7 +121,13 @@ export function gpuLikeProfile(gpu: Gpu, limits: Partial<ProfileLimits> = {}): A
       Math.min(value, real[name as keyof ProfileLimits]),
     ]),
   ) as unknown as ProfileLimits;
-  return { name: "gpu-like", cpu: false, subgroupSize: 32, limits: { ...capped, ...limits } };
+  return {
+    name: "gpu-like",
+    cpu: false,
+    subgroupSize: 32,
+    subgroups: gpu.subgroups,
+    limits: { ...capped, ...limits },
+  };
 }
 
 /**

@@ -94,6 +94,17 @@ export class Gpu {
   adapterProfile: AdapterProfile;
   /** True when f16 tensors and kernels are available. */
   readonly f16: boolean;
+  /**
+   * True when the device has the `subgroups` feature (asked for by
+   * `initGpu` unless `subgroups: false`): kernels may then reduce within
+   * subgroups, as the adapter profile says (`adapterProfile.subgroups`).
+   */
+  readonly subgroups: boolean;
+  /**
+   * Whether this runtime's WGSL needs `enable subgroups;` before subgroup
+   * builtins (Chrome) or rejects it (naga, in Deno). Probed by `initGpu`.
+   */
+  readonly subgroupsDirective: boolean;
   /** How f16 matmuls sum their products (see {@link F16Accumulation}); tests may switch it. */
   f16Accumulation: F16Accumulation;
   /** True to print generated WGSL as it compiles (the `HALFSTEP_DEBUG` switch). */
@@ -177,6 +188,7 @@ export class Gpu {
       f16: boolean;
       f16Accumulation: F16Accumulation;
       debug: boolean;
+      subgroupsDirective?: boolean;
       matmulTiling: MatmulTiling;
       flushPolicy: FlushPolicy;
     },
@@ -184,10 +196,12 @@ export class Gpu {
     this.device = device;
     this.adapterInfo = adapterInfo;
     this.f16 = options.f16;
+    this.subgroups = device.features.has("subgroups");
+    this.subgroupsDirective = this.subgroups && (options.subgroupsDirective ?? false);
     this.f16Accumulation = options.f16Accumulation;
     this.debug = options.debug;
     this.matmulTiling = options.matmulTiling;
-    this.adapterProfile = adapterProfileOf(adapterInfo, device.limits);
+    this.adapterProfile = adapterProfileOf(adapterInfo, device.limits, this.subgroups);
     const defaults = profileDefaults(this.adapterProfile);
     this.threadRowMax = defaults.threadRowMax;
     this.vectorElementwise = true;

@@ -56,6 +56,14 @@ export interface InitGpuOptions {
    * into f32; the GPU tiling only).
    */
   f16Accumulation?: F16Accumulation;
+  /**
+   * Ask for the `subgroups` device feature (default true): kernels then
+   * reduce within subgroups where they can. Deno grants it when asked although
+   * `adapter.features` may not list it, so it is always asked for; a device
+   * that refuses it runs the workgroup-memory kernels. `false` forces those
+   * (see `gpu.subgroups`).
+   */
+  subgroups?: boolean;
   /** Make this the default device for new tensors (default true). */
   setDefault?: boolean;
   /** Passed to `requestAdapter`. */
@@ -123,16 +131,13 @@ export async function initGpu(options: InitGpuOptions = {}): Promise<Gpu> {
     ? ["timestamp-query"]
     : [];
   if (useF16) features.push("shader-f16");
-  const device = await adapter.requestDevice({
-    label: "halfstep",
-    requiredFeatures: features,
-    requiredLimits,
-  });
+  const device = await requestDevice(adapter, features, requiredLimits, options.subgroups ?? true);
   const flush = options.flush ?? "auto";
   const gpu = new Gpu(device, adapter.info, {
     f16: useF16,
     f16Accumulation: accumulation,
     debug: options.debug ?? debugFromEnvironment(),
+    subgroupsDirective: device.features.has("subgroups") && await acceptsSubgroupsDirective(device),
     matmulTiling: typeof options.matmulTiling === "object" ? options.matmulTiling : DEFAULT_TILING,
     flushPolicy: flush === "auto"
       ? defaultFlushPolicy(adapter.info)
@@ -151,6 +156,40 @@ export async function initGpu(options: InitGpuOptions = {}): Promise<Gpu> {
   }
   if (options.setDefault ?? true) setDefaultGpu(gpu);
   return gpu;
+}
+
+/**
+ * The device, with `subgroups` when `subgroups` is asked for and granted:
+ * Deno (>= 2.7) leaves it out of `adapter.features` yet grants it, so it is
+ * asked for whatever the list says, and asked again without it if refused.
+ */
+async function requestDevice(
+  adapter: GPUAdapter,
+  features: GPUFeatureName[],
+  requiredLimits: Record<string, number>,
+  subgroups: boolean,
+): Promise<GPUDevice> {
+  const request = (requiredFeatures: GPUFeatureName[]) =>
+    adapter.requestDevice({ label: "halfstep", requiredFeatures, requiredLimits });
+  if (subgroups) {
+    try {
+      return await request([...features, "subgroups" as GPUFeatureName]);
+    } catch { /* not granted: without it */ }
+  }
+  return await request(features);
+}
+
+/**
+ * Whether WGSL on this runtime takes `enable subgroups;`: Chrome requires
+ * the line, naga (Deno) rejects it and takes subgroup builtins without it.
+ */
+async function acceptsSubgroupsDirective(device: GPUDevice): Promise<boolean> {
+  device.pushErrorScope("validation");
+  device.createShaderModule({
+    label: "halfstep subgroups probe",
+    code: "enable subgroups;\n@compute @workgroup_size(1) fn main() {}",
+  });
+  return (await device.popErrorScope()) === null;
 }
 
 /** The default progress report: one line as a tuning run starts. */

@@ -73,6 +73,7 @@ const CHECKS: Record<keyof InitGpuOptions, (name: string, v: unknown) => string 
   flush,
   memoryLimitBytes: positiveBytes,
   f16Accumulation: oneOf(["f32", "chunked"]),
+  subgroups: boolean,
   setDefault: boolean,
   powerPreference: oneOf(["low-power", "high-performance"]),
   onProgress: (name, v) =>

@@ -1,0 +1,47 @@
+/**
+ * The `subgroups` device feature: asked for whatever `adapter.features`
+ * lists (Deno leaves it out but grants it), reported as `gpu.subgroups`, in
+ * the adapter profile, and forced off by `initGpu({ subgroups: false })`.
+ */
+import assert from "node:assert/strict";
+import { initGpu, ValueError } from "../gpu/mod.ts";
+import { gpuLikeProfile } from "../gpu/adapter_profile.ts";
+import { subgroupMode } from "../gpu/kernels/subgroups.ts";
+import { asGpu, gpu, GPU_TEST } from "./_gpu.ts";
+
+Deno.test({
+  name: "subgroups: granted as the device says, in the profile, off on CPU adapters' kernels",
+  ...GPU_TEST,
+  async fn() {
+    assert.equal(gpu.subgroups, gpu.device.features.has("subgroups"));
+    assert.equal(gpu.adapterProfile.subgroups, gpu.subgroups);
+    // lavapipe keeps today's kernels; run as a GPU it takes the subgroup ones when granted.
+    if (gpu.adapterProfile.cpu) assert.equal(subgroupMode(gpu), "off");
+    await asGpu(() => {
+      assert.equal(gpuLikeProfile(gpu).subgroups, gpu.subgroups);
+      assert.equal(subgroupMode(gpu) !== "off", gpu.subgroups);
+      return Promise.resolve();
+    });
+  },
+});
+
+Deno.test({
+  name: "subgroups: initGpu({ subgroups: false }) forces the fallback; a bad value is refused",
+  ...GPU_TEST,
+  async fn() {
+    const off = await initGpu({ matmulTiling: "default", subgroups: false, setDefault: false });
+    try {
+      assert.equal(off.subgroups, false);
+      assert.equal(off.device.features.has("subgroups"), false);
+      assert.equal(off.adapterProfile.subgroups, false);
+      assert.equal(off.subgroupsDirective, false);
+    } finally {
+      off.destroy();
+    }
+    await assert.rejects(
+      // deno-lint-ignore no-explicit-any
+      () => initGpu({ subgroups: "yes" as any }),
+      (e: Error) => e instanceof ValueError && /subgroups must be true or false/.test(e.message),
+    );
+  },
+});
