@@ -31,6 +31,8 @@ import {
   wgslRowReduce,
 } from "./row_layout.ts";
 import { REDUCE_THREADS, WGSL_WORKGROUP_REDUCE } from "./wgsl_math.ts";
+import { columnBlocksFor } from "./reduce_columns.ts";
+import { launchLayerNormColumnGrads } from "./layer_norm_columns.ts";
 
 /** Which optional vectors a kernel binds, and the storage dtype of x and dx. */
 export type LayerNormConfig = {
@@ -128,10 +130,9 @@ fn main(${WGSL_GRID_BUILTINS}) {
   },
 });
 
-// NOTE: one workgroup per column strides over rows with stride `cols`: simple
-// and exact in f32, but not coalesced on real GPUs; a tiled two-stage column
-// reduction would be the faster choice for large row counts.
-/** dweight = Σ_rows g·x̂ and dbias = Σ_rows g, one workgroup per column. */
+// NOTE: one workgroup per column strides over rows with stride `cols`: not
+// coalesced on GPUs, which take the two-stage kernels of layer_norm_columns.ts.
+/** dweight = Σ_rows g·x̂ and dbias = Σ_rows g, one workgroup per column (CPU adapters). */
 export const layerNormParamGradKernel = defineKernel({
   name: "layer_norm_param_grad",
   bindings: (c: LayerNormConfig & GradDtype) => [
@@ -233,6 +234,10 @@ export function launchLayerNormParamGrads(
   const dw = want.weight ? Tensor.empty([cols], "f32", x.gpu) : null;
   const db = want.bias ? Tensor.empty([cols], "f32", x.gpu) : null;
   if (cols === 0 || (!dw && !db)) return { dw, db };
+  if (columnBlocksFor(x.gpu, rows, cols)) {
+    launchLayerNormColumnGrads(x, g, { mean, rstd }, { rows, cols }, { dw, db });
+    return { dw, db };
+  }
   const config = { dtype: x.dtype, grad: g.dtype, weight: want.weight, bias: want.bias };
   const kernel = x.gpu.kernel(layerNormParamGradKernel, config);
   const tensors = { x, g, mean, rstd, ...(dw && { dw }), ...(db && { db }) };

@@ -20,6 +20,7 @@ import {
   wgslRowReduce,
 } from "./row_layout.ts";
 import { REDUCE_THREADS, WGSL_LOWEST } from "./wgsl_math.ts";
+import { columnBlocksFor, launchColumnSum } from "./reduce_columns.ts";
 
 /** What a reduction computes. `sum` is multiplied by a scale (1/n gives a mean). */
 export type ReduceOp = "sum" | "max";
@@ -79,7 +80,8 @@ fn main(${WGSL_GRID_BUILTINS}) {
 /**
  * Reduces `src` (viewed as `view`) along the middle axis into a new tensor of
  * `shape` (outer·inner elements), or into `options.into` (of that size and
- * dtype `out`). `scale` multiplies sums. No autograd.
+ * dtype `out`). `scale` multiplies sums. On GPUs a sum over many rows of
+ * wide rows runs in two coalesced stages (see reduce_columns.ts). No autograd.
  */
 export function launchReduce(
   op: ReduceOp,
@@ -91,6 +93,11 @@ export function launchReduce(
   const out = options.out ?? options.into?.dtype ?? src.dtype;
   const dst = options.into ?? Tensor.empty(shape, out, src.gpu);
   if (view.outer * view.inner === 0) return dst;
+  if (op === "sum" && columnBlocksFor(src.gpu, view.axis, view.inner)) {
+    // Down the rows of [axis, inner] slabs (a bias gradient): two coalesced stages.
+    const { outer, axis: rows, inner: cols } = view;
+    return launchColumnSum(src, { outer, rows, cols }, dst, options.scale);
+  }
   if (view.axis <= REDUCE_CHUNK) return reduceChunks(op, src, view, 1, dst, options.scale);
   // Two stages: f32 partials per chunk [outer, chunks, inner], then those.
   const chunks = Math.ceil(view.axis / REDUCE_CHUNK);
