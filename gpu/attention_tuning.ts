@@ -13,8 +13,10 @@ import {
   type FlashAttentionShape,
   launchFlashAttention,
   launchFlashAttentionBackward,
+  TILED_ATTENTION_PLANS,
 } from "./kernels/flash_attention.ts";
 import {
+  type CandidateTimer,
   progressReporter,
   secondsPerRun,
   timeCandidates,
@@ -26,7 +28,7 @@ import { untracked } from "./scope.ts";
 import { Tensor } from "./tensor.ts";
 
 /** Bump when the kernels or candidates change: cached winners of older versions are ignored. */
-const TUNER_VERSION = 3;
+const TUNER_VERSION = 4;
 
 /** One dtype's result. */
 export interface AttentionTuning {
@@ -43,32 +45,43 @@ export interface AttentionTuning {
 function cacheOf(gpu: Gpu) {
   return winnerCache(
     tunerCacheKey(gpu, "attentionTuning", TUNER_VERSION),
-    (stored) => ATTENTION_PLAN_CANDIDATES.find((c) => JSON.stringify(c) === JSON.stringify(stored)),
+    (stored) =>
+      [...ATTENTION_PLAN_CANDIDATES, ...TILED_ATTENTION_PLANS].find((c) =>
+        JSON.stringify(c) === JSON.stringify(stored)
+      ),
   );
 }
 
 /**
- * The problem each candidate runs: 4 heads of 64 over T = 512 on GPUs, or
- * T = 128 on CPU adapters (where T = 512 takes seconds per candidate).
+ * The problem each candidate runs. On GPUs a nanoGPT-size GPT's attention
+ * (B = 64, H = 6, T = 256, D = 64): B·H = 384 heads fill the device the way
+ * training does (8 heads left most of an H100 idle and ranked the plans by
+ * latency). On CPU adapters 8 heads over T = 128 (more take seconds each).
  */
-function problemFor(gpu: Gpu): FlashAttentionShape {
-  return { batch: 2, heads: 4, headSize: 64, t: gpu.adapterProfile.cpu ? 128 : 512 };
+export function attentionTuningProblem(gpu: Gpu): FlashAttentionShape {
+  return gpu.adapterProfile.cpu
+    ? { batch: 2, heads: 4, headSize: 64, t: 128 }
+    : { batch: 64, heads: 6, headSize: 64, t: 256 };
 }
 
-async function tuneDtype(gpu: Gpu, dtype: "f32" | "f16"): Promise<AttentionTuning> {
-  const shape = problemFor(gpu);
+async function tuneDtype(
+  gpu: Gpu,
+  dtype: "f32" | "f16",
+  timer: CandidateTimer<AttentionPlan>,
+): Promise<AttentionTuning> {
+  const shape = attentionTuningProblem(gpu);
   const c = shape.heads * shape.headSize;
   // Packed q, k, v: the layout CausalSelfAttention runs.
   const [qkv, dout] = untracked(() => [
     Tensor.full([shape.batch, shape.t, 3 * c], 0.5, { dtype, gpu }),
     Tensor.full([shape.batch, shape.t, c], 0.01, { dtype, gpu }),
   ]);
-  const candidates = attentionPlanCandidates(gpu);
+  const candidates = attentionPlanCandidates(gpu, shape.headSize);
   let timed: { best: AttentionPlan; seconds: number[] };
   try {
     timed = await timeCandidates(candidates, (plan) => {
       const s = { ...shape, plan };
-      return secondsPerRun(gpu, () =>
+      return timer(plan, () =>
         untracked(() => {
           const { o, lse } = launchFlashAttention({ qkv }, s, null);
           const grads = launchFlashAttentionBackward({ inputs: { qkv }, o, lse }, dout, s, null);
@@ -100,10 +113,16 @@ async function tuneDtype(gpu: Gpu, dtype: "f32" | "f16"): Promise<AttentionTunin
  */
 export async function tuneAttention(
   gpu: Gpu,
-  options: { force?: boolean; onProgress?: (progress: TuningProgress) => void } = {},
+  options: {
+    force?: boolean;
+    onProgress?: (progress: TuningProgress) => void;
+    /** Times a candidate's run (default: GPU timestamps, else wall time); given, the cache is skipped. */
+    timer?: CandidateTimer<AttentionPlan>;
+  } = {},
 ): Promise<AttentionTuning[]> {
   const cache = cacheOf(gpu);
-  const cached = options.force ? {} : cache.read();
+  const timer = options.timer ?? ((_, run) => secondsPerRun(gpu, run));
+  const cached = options.force || options.timer ? {} : cache.read();
   const results: AttentionTuning[] = [];
   const dtypes = gpu.f16 ? (["f32", "f16"] as const) : (["f32"] as const);
   const missing = dtypes.filter((d) => cached[d] === undefined).length;
@@ -112,11 +131,11 @@ export async function tuneAttention(
     const hit = cached[dtype];
     const result = hit !== undefined
       ? { dtype, best: hit, measurements: [], cached: true }
-      : await tuneDtype(gpu, dtype);
+      : await tuneDtype(gpu, dtype, timer);
     if (hit === undefined) measured();
     gpu.attentionPlans.set(dtype, result.best);
     results.push(result);
   }
-  cache.write(gpu.attentionPlans);
+  if (!options.timer) cache.write(gpu.attentionPlans);
   return results;
 }

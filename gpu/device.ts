@@ -78,6 +78,24 @@ export interface AttentionPlan {
    * thread by thread.
    */
   stage: number;
+  /**
+   * Set for the register-tiled kernels (gpu/kernels/flash_attention_tiled.ts),
+   * which ignore `rows` and `stage`: a workgroup covers `br` rows and steps
+   * over `bc` rows of the other side, each thread a `rm` × `rn` block.
+   */
+  tile?: AttentionTile;
+}
+
+/** A register-tiled attention plan's block sizes (see {@link AttentionPlan}). */
+export interface AttentionTile {
+  /** Rows per workgroup (queries in forward and dq, keys in dk/dv). */
+  br: number;
+  /** Rows of the other side per step. */
+  bc: number;
+  /** Rows of the workgroup's side per thread. */
+  rm: number;
+  /** Rows of the other side per thread. */
+  rn: number;
 }
 
 /** Handles to a WebGPU device and the toolkit state bound to it. */

@@ -123,7 +123,7 @@ export {
 } from "./matmul_tuning.ts";
 export { type AttentionTuning, tuneAttention } from "./attention_tuning.ts";
 export type { CandidateTimer, TuningProgress } from "./kernel_timing.ts";
-export type { AttentionPlan } from "./device.ts";
+export type { AttentionPlan, AttentionTile } from "./device.ts";
 export {
   classOf,
   type MatmulClass,

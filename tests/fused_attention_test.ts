@@ -188,7 +188,9 @@ Deno.test({
 });
 
 async function everyPlanAgainstF64() {
-  assert.deepEqual(attentionPlanCandidates(gpu), ATTENTION_PLAN_CANDIDATES, "a GPU's plans");
+  // The register-tiled plans run in tests/fused_attention_tiled_test.ts.
+  const rowPlans = attentionPlanCandidates(gpu).filter((p) => !p.tile);
+  assert.deepEqual(rowPlans, ATTENTION_PLAN_CANDIDATES, "a GPU's row plans");
   const staged = new Set<string>(); // "stage dtype d" of the staged runs, to check coverage
   const range = new RandomGenerator(19).take(2 * 70 * 70);
   for (const [n, plan] of ATTENTION_PLAN_CANDIDATES.entries()) {

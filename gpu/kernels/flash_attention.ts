@@ -34,6 +34,14 @@ import { Tensor } from "../tensor.ts";
 import { grid1d, WGSL_GRID_BUILTINS, WGSL_WORKGROUP_INDEX } from "./grid.ts";
 import { failLoopIterations } from "./loop_limit.ts";
 import { WGSL_LOWEST } from "./wgsl_math.ts";
+import {
+  TILED_ATTENTION_TILES,
+  tiledAttentionBytes,
+  tiledAttentionDkvKernel,
+  tiledAttentionDqKernel,
+  tiledAttentionForwardKernel,
+  tiledAttentionIterations,
+} from "./flash_attention_tiled.ts";
 
 /** The largest head size the kernels hold in registers. */
 export const MAX_HEAD_SIZE = 256;
@@ -453,15 +461,34 @@ export const ATTENTION_PLAN_CANDIDATES: readonly AttentionPlan[] = [0, 16, 32].f
   ATTENTION_ROW_CANDIDATES.map((rows) => ({ rows, stage }))
 );
 
+/** The register-tiled plans (gpu/kernels/flash_attention_tiled.ts); `rows` and `stage` unused. */
+export const TILED_ATTENTION_PLANS: readonly AttentionPlan[] = TILED_ATTENTION_TILES.map((
+  tile,
+) => ({
+  rows: tile.br,
+  stage: 0,
+  tile,
+}));
+
 /**
- * The plans tried on `gpu`: on CPU adapters only those reading from storage
- * (on lavapipe staging was 5–60% slower at every rows count: its barriers
- * cost more than the shared reads save), on GPUs all of them.
+ * The plans tried on `gpu` at head size D: on CPU adapters only the row plans
+ * reading from storage (on lavapipe staging was 5–60% slower at every rows
+ * count: its barriers cost more than the shared reads save), on GPUs all row
+ * plans and the register-tiled ones whose tiles fit the workgroup memory.
  */
-export function attentionPlanCandidates(gpu: Gpu): readonly AttentionPlan[] {
-  return gpu.adapterProfile.cpu
-    ? ATTENTION_PLAN_CANDIDATES.filter((p) => p.stage === 0)
-    : ATTENTION_PLAN_CANDIDATES;
+export function attentionPlanCandidates(gpu: Gpu, headSize = 64): readonly AttentionPlan[] {
+  if (gpu.adapterProfile.cpu) return ATTENTION_PLAN_CANDIDATES.filter((p) => p.stage === 0);
+  return [
+    ...ATTENTION_PLAN_CANDIDATES,
+    ...TILED_ATTENTION_PLANS.filter((p) => tileFits(gpu, p, headSize)),
+  ];
+}
+
+/** Whether a tiled plan's tiles at head size D fit `gpu`'s workgroup memory and threads. */
+function tileFits(gpu: Gpu, plan: AttentionPlan, headSize: number): boolean {
+  const { limits } = gpu.adapterProfile, tile = plan.tile!;
+  return tiledAttentionBytes(tile, headSize) <= limits.maxComputeWorkgroupStorageSize &&
+    (tile.br / tile.rm) * (tile.bc / tile.rn) <= limits.maxComputeInvocationsPerWorkgroup;
 }
 
 /** The plan before tuning (and where it was skipped). */
@@ -480,6 +507,11 @@ function stagedBytes(stage: number, headSize: number, dtype: DType): number {
  */
 function planFor(gpu: Gpu, dtype: DType, t: number, headSize: number): AttentionPlan {
   const tuned = gpu.attentionPlans.get(dtype) ?? DEFAULT_ATTENTION_PLAN;
+  if (tuned.tile) {
+    // Tuned at one head size: at another, the first tiled plan that fits (else the default).
+    if (tileFits(gpu, tuned, headSize)) return tuned;
+    return TILED_ATTENTION_PLANS.find((p) => tileFits(gpu, p, headSize)) ?? DEFAULT_ATTENTION_PLAN;
+  }
   const covering = ATTENTION_ROW_CANDIDATES.find((r) => r >= t) ?? tuned.rows;
   return {
     rows: Math.min(tuned.rows, covering),
@@ -515,15 +547,18 @@ function setup(
   const plan = s.plan
     ? { ...s.plan, stage: fittingStage(q.gpu, s.plan.stage, s.headSize, dtype) }
     : planFor(q.gpu, dtype, s.t, s.headSize);
-  const { rows, stage } = plan;
+  const { rows, stage, tile } = plan;
   const blocks = Math.ceil(s.t / rows), bh = s.batch * s.heads;
-  const lanes = s.headSize % 4 === 0 ? 4 : 1;
+  // The tiled kernels read scalars (their staging loads are coalesced anyway).
+  const lanes = s.headSize % 4 === 0 && !tile ? 4 : 1;
   // Per row: up to T keys (or queries), each with two loops over the head's
   // D / lanes vectors where the compiler does not unroll them; staged, each
   // thread also copies its share of every tile.
   const vectors = s.headSize / lanes;
   const staging = stage > 0 ? Math.ceil(s.t / stage) * (Math.ceil(stage * vectors / rows) + 2) : 0;
-  const iterations = s.t * (2 * vectors + 4) + staging;
+  const iterations = tile
+    ? tiledAttentionIterations(tile, s.headSize, s.t)
+    : s.t * (2 * vectors + 4) + staging;
   if (iterations > q.gpu.loopIterationLimit) {
     failLoopIterations(
       q.gpu,
@@ -534,15 +569,8 @@ function setup(
     );
   }
   const packed = "qkv" in inputs;
-  const config = {
-    dtype,
-    headSize: s.headSize,
-    lanes,
-    rows,
-    dropout: dropout !== null,
-    packed,
-    stage,
-  } as const;
+  const common = { dtype, headSize: s.headSize, dropout: dropout !== null, packed };
+  const config = { ...common, lanes, rows, stage } as const;
   const c = (s.heads * s.headSize) / lanes; // C in bound elements
   const uniforms = {
     t: s.t,
@@ -559,7 +587,20 @@ function setup(
     kOff: packed ? c : 0,
     vOff: packed ? 2 * c : 0,
   };
-  return { config, uniforms, grid: grid1d(blocks * bh), empty: bh === 0 || s.t === 0 };
+  const gpu = q.gpu;
+  // The three kernels of the plan, compiled on first use.
+  const kernels = tile
+    ? {
+      forward: () => gpu.kernel(tiledAttentionForwardKernel, { ...common, ...tile }),
+      dq: () => gpu.kernel(tiledAttentionDqKernel, { ...common, ...tile }),
+      dkv: () => gpu.kernel(tiledAttentionDkvKernel, { ...common, ...tile }),
+    }
+    : {
+      forward: () => gpu.kernel(flashAttentionForwardKernel, config),
+      dq: () => gpu.kernel(flashAttentionDqKernel, config),
+      dkv: () => gpu.kernel(flashAttentionDkvKernel, config),
+    };
+  return { kernels, uniforms, grid: grid1d(blocks * bh), empty: bh === 0 || s.t === 0 };
 }
 
 /** o [B, T, H·D] and lse [B·H, T] (f32) of causal attention (no autograd). */
@@ -571,10 +612,10 @@ export function launchFlashAttention(
   const { q, k, v } = inputTensors(inputs), gpu = q.gpu;
   const o = Tensor.empty([s.batch, s.t, s.heads * s.headSize], q.dtype, gpu);
   const lse = Tensor.empty([s.batch * s.heads, s.t], "f32", gpu);
-  const { config, uniforms, grid, empty } = setup(inputs, s, dropout);
+  const { kernels, uniforms, grid, empty } = setup(inputs, s, dropout);
   if (empty) return { o, lse };
   gpu.dispatch(
-    gpu.kernel(flashAttentionForwardKernel, config),
+    kernels.forward(),
     { q, k, v, o, lse },
     uniforms,
     grid,
@@ -596,18 +637,18 @@ export function launchFlashAttentionBackward(
   const { o, lse } = saved, { q, k, v } = inputTensors(saved.inputs), gpu = q.gpu;
   const packed = "qkv" in saved.inputs;
   const grads = (packed ? [q] : [q, k, v]).map((x) => Tensor.empty(x.shape, x.dtype, gpu));
-  const { config, uniforms, grid, empty } = setup(saved.inputs, s, dropout);
+  const { kernels, uniforms, grid, empty } = setup(saved.inputs, s, dropout);
   if (empty) return grads;
   const [dq, dk, dv] = packed ? [grads[0], grads[0], grads[0]] : grads;
   const delta = Tensor.empty(lse.shape, "f32", gpu);
   gpu.dispatch(
-    gpu.kernel(flashAttentionDqKernel, config),
+    kernels.dq(),
     { q, k, v, o, dout, lse, dq, delta },
     uniforms,
     grid,
   );
   gpu.dispatch(
-    gpu.kernel(flashAttentionDkvKernel, config),
+    kernels.dkv(),
     { q, k, v, dout, lse, delta, ...(packed ? { dkv: dk } : { dk, dv }) },
     uniforms,
     grid,

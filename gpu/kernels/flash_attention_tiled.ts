@@ -1,0 +1,466 @@
+/**
+ * Fused causal attention on register tiles: the plans of
+ * gpu/kernels/flash_attention.ts (a thread per row) done the way the matmul
+ * does it. A workgroup owns `br` rows (queries in forward and dq, keys in
+ * dk/dv) and steps over the other side `bc` rows at a time; its threads form a
+ * TY × TX grid (TY = br / rm, TX = bc / rn) and each computes an rm × rn block
+ * of scores in registers from tiles staged in workgroup memory (f16 widened to
+ * f32 while staging; rows padded to an odd stride so the score loop's column
+ * reads do not collide in one bank). The D loops are unrolled by the
+ * generator (by 8, 4, 2 or 1, whichever divides D). The same thread then owns
+ * columns tx, tx + TX, … (DN = ⌈D / TX⌉ of them) of its rm rows' output or
+ * gradient accumulators. Causal blocks above the diagonal are never visited;
+ * the diagonal blocks are masked per entry.
+ *
+ * - Forward: online softmax per row. Each thread writes its block's row
+ *   maxima and sums into workgroup memory and reads the TX partials of its
+ *   rows, so every thread of a row holds the same m and l; p·keep goes to a
+ *   [br, bc] tile that the accumulate step reads with V.
+ * - dq: S = Q·Kᵀ and dP = dO·Vᵀ blocks, dS = P·(dP·keep − δ) into the tile,
+ *   dq += dS·K. δ = dO·O is computed once per row at the start and written.
+ * - dk/dv: the workgroup's keys stay staged; for each block of queries from
+ *   the diagonal on, W = P·keep and then dS go through one tile (two
+ *   accumulate steps), dv += W·dO and dk += dS·Q.
+ *
+ * Registers per thread (f32 scalars, named by the generator, no arrays):
+ * forward rm·rn scores + rm·DN accumulators + 2·rm row statistics; dq
+ * 2·rm·rn + rm·DN; dk/dv 2·rm·rn + 2·rm·DN. The largest plan at D = 64
+ * ({32, 32, 4, 4}: DN = 8) holds 2·16 + 2·32 = 96 in dk/dv, at D = 128 with
+ * {16, 16, 2, 2} (DN = 16) 8 + 64 = 72: all under the 255-register limit.
+ *
+ * Dropout uses the same counters as the row plans (entry (z, i, j) of the
+ * virtual [B·H, T, T] matrix), so the mask is the same whatever the plan.
+ */
+import type { AttentionTile } from "../device.ts";
+import type { DType } from "../dtype.ts";
+import { type Binding, defineKernel } from "../kernel.ts";
+import { WGSL_RANDOM } from "../random.ts";
+import { WGSL_GRID_BUILTINS, WGSL_WORKGROUP_INDEX } from "./grid.ts";
+import { WGSL_LOWEST } from "./wgsl_math.ts";
+
+/** Tiled kernel config: storage dtype, head size, the tile, dropout, packed q/k/v. */
+export type TiledAttentionConfig = {
+  br: number;
+  bc: number;
+  rm: number;
+  rn: number;
+  dtype: DType;
+  headSize: number;
+  dropout: boolean;
+  packed: boolean;
+};
+
+/** The register-tiled plans the tuner tries on GPUs (those whose tiles fit the device). */
+export const TILED_ATTENTION_TILES: readonly AttentionTile[] = [
+  { br: 32, bc: 32, rm: 2, rn: 2 },
+  { br: 32, bc: 32, rm: 4, rn: 4 },
+  { br: 32, bc: 16, rm: 2, rn: 1 },
+  { br: 64, bc: 16, rm: 4, rn: 1 },
+  { br: 16, bc: 16, rm: 2, rn: 2 },
+];
+
+/** Threads across (TX), columns per thread (DN) and the padded row stride (DP) of a tile. */
+function layout(t: AttentionTile, headSize: number) {
+  const tx = t.bc / t.rn, ty = t.br / t.rm;
+  const dn = Math.ceil(headSize / tx);
+  return { tx, ty, threads: tx * ty, dn, dp: dn * tx + 1 };
+}
+
+/**
+ * Bytes of workgroup memory the largest of the three kernels declares: the
+ * dq and dk/dv passes stage two [br, D] and two [bc, D] tiles, one [br, bc]
+ * tile and two f32 per row.
+ */
+export function tiledAttentionBytes(t: AttentionTile, headSize: number): number {
+  const { dp, tx } = layout(t, headSize);
+  const forward = (t.br + t.bc) * dp + t.br * t.bc + 2 * t.br * tx;
+  const backward = 2 * (t.br + t.bc) * dp + t.br * t.bc + 2 * Math.max(t.br, t.bc);
+  return 4 * Math.max(forward, backward);
+}
+
+/** Loop iterations of one invocation (lavapipe caps them; see loop_limit.ts), generously. */
+export function tiledAttentionIterations(t: AttentionTile, headSize: number, seq: number): number {
+  const { threads, tx } = layout(t, headSize);
+  const steps = Math.ceil(seq / t.bc);
+  const staging = Math.ceil(2 * t.bc * headSize / threads) + 2;
+  return 2 * Math.ceil(t.br * headSize / threads) + t.br + headSize +
+    steps * (2 * staging + 2 * headSize + 2 * t.rm * tx + 2 * t.bc + 8);
+}
+
+const UNIFORMS = {
+  t: "u32",
+  bh: "u32",
+  heads: "u32",
+  blocks: "u32",
+  scale: "f32",
+  p: "f32",
+  keepScale: "f32",
+  key: "u32",
+  counter: "u32",
+  inWidth: "u32",
+  qOff: "u32",
+  kOff: "u32",
+  vOff: "u32",
+} as const;
+
+const range = (n: number) => [...Array(n).keys()];
+
+/** The largest of 8, 4, 2, 1 dividing D: the score loop's unroll. */
+const unrollOf = (d: number) => [8, 4, 2, 1].find((u) => d % u === 0)!;
+
+/** WGSL: the dropout factor of entry (z, i, j): 0, or 1/(1 − p) when kept; 1 without dropout. */
+function keepFactor(c: TiledAttentionConfig, i: string, j: string): string {
+  if (!c.dropout) return "1.0";
+  return `select(0.0, p.keepScale, random_uniform(p.key, p.counter + (z * p.t + ${i}) * p.t + ${j}) >= p.p)`;
+}
+
+/** Row a of this thread's rows (in its workgroup's block) and column b of the other side's. */
+const ROW = (a: number) => `(ty + ${a}u * TY)`;
+const COL = (b: number) => `(tx + ${b}u * TX)`;
+
+/** Kernel header: constants, the workgroup tiles (f32 arrays of the given sizes), prelude. */
+function header(c: TiledAttentionConfig, tiles: Record<string, string>): string {
+  const { tx, ty, threads, dn, dp } = layout(c, c.headSize);
+  const declared = Object.entries(tiles).map(([name, size]) =>
+    `var<workgroup> ${name}: array<f32, ${size}>;`
+  );
+  return `${c.dropout ? WGSL_RANDOM : ""}
+alias S = ${c.dtype};
+const D = ${c.headSize}u;
+const DP = ${dp}u;
+const DN = ${dn}u;
+const TX = ${tx}u;
+const TY = ${ty}u;
+const NT = ${threads}u;
+const BR = ${c.br}u;
+const BC = ${c.bc}u;
+${declared.join("\n")}
+@compute @workgroup_size(${threads})
+fn main(${WGSL_GRID_BUILTINS}) {
+  let block = ${WGSL_WORKGROUP_INDEX} % p.blocks;
+  let z = ${WGSL_WORKGROUP_INDEX} / p.blocks;
+  if (z >= p.bh) { return; }
+  let tx = lid % TX;
+  let ty = lid / TX;
+  let width = p.heads * D;
+  let head0 = (z / p.heads) * p.t * width + (z % p.heads) * D;
+  let in0 = (z / p.heads) * p.t * p.inWidth + (z % p.heads) * D;
+  let r0 = block * BR;`;
+}
+
+// Element e of key, value, query and output-gradient row `row`, in storage.
+const K_AT = (row: string, e: string) => `k[in0 + ${row} * p.inWidth + p.kOff + ${e}]`;
+const V_AT = (row: string, e: string) => `v[in0 + ${row} * p.inWidth + p.vOff + ${e}]`;
+const Q_AT = (row: string, e: string) => `q[in0 + ${row} * p.inWidth + p.qOff + ${e}]`;
+const DOUT_AT = (row: string, e: string) => `dout[head0 + ${row} * width + ${e}]`;
+
+/**
+ * Copies `count` rows from row `first` of each source into its tile (as f32,
+ * times `factor`; zeros past row T), then waits for the workgroup.
+ */
+function stage(
+  count: string,
+  first: string,
+  tiles: Record<string, { at: (row: string, e: string) => string; factor?: string }>,
+): string {
+  const copies = Object.entries(tiles).map(([tile, { at, factor }]) =>
+    `${tile}[row * DP + e] = select(0.0, f32(${at("min(g, p.t - 1u)", "e")})${
+      factor ? ` * ${factor}` : ""
+    }, g < p.t);`
+  );
+  return `for (var x = lid; x < ${count} * D; x += NT) {
+    let row = x / D;
+    let e = x % D;
+    let g = ${first} + row;
+    ${copies.join("\n    ")}
+  }
+  workgroupBarrier();`;
+}
+
+/**
+ * Declares `${out}_a_b` (a < rm, b < rn) and sums into it the products of
+ * rows ROW(a) of tile `left` and rows COL(b) of tile `right` over D, the
+ * loop unrolled by the generator.
+ */
+function dotBlock(c: TiledAttentionConfig, out: string, left: string, right: string): string {
+  const unroll = unrollOf(c.headSize);
+  const decl = range(c.rm).flatMap((a) => range(c.rn).map((b) => `var ${out}_${a}_${b} = 0.0;`));
+  const steps = range(unroll).map((u) => {
+    const l = range(c.rm).map((a) => `let l${a} = ${left}[${ROW(a)} * DP + e + ${u}u];`);
+    const r = range(c.rn).map((b) => `let r${b} = ${right}[${COL(b)} * DP + e + ${u}u];`);
+    const fma = range(c.rm).flatMap((a) =>
+      range(c.rn).map((b) => `${out}_${a}_${b} = fma(l${a}, r${b}, ${out}_${a}_${b});`)
+    );
+    return `{ ${[...l, ...r, ...fma].join(" ")} }`;
+  });
+  return `${decl.join(" ")}
+  for (var e = 0u; e < D; e += ${unroll}u) {
+    ${steps.join("\n    ")}
+  }`;
+}
+
+/** Declares the accumulators `${acc}_a_n` (a < rm, n < DN), zero. */
+function declareAcc(c: TiledAttentionConfig, acc: string): string {
+  const { dn } = layout(c, c.headSize);
+  return range(c.rm).flatMap((a) => range(dn).map((n) => `var ${acc}_${a}_${n} = 0.0;`)).join(" ");
+}
+
+/** `${acc}_a_n` += Σ_j weights[ROW(a), j] · values[j, column n] over the bc rows of the step. */
+function accumulate(c: TiledAttentionConfig, acc: string, weights: string, values: string): string {
+  const { dn } = layout(c, c.headSize);
+  const w = range(c.rm).map((a) => `let w${a} = ${weights}[${ROW(a)} * BC + j];`);
+  const v = range(dn).map((n) => `let v${n} = ${values}[j * DP + tx + ${n}u * TX];`);
+  const fma = range(c.rm).flatMap((a) =>
+    range(dn).map((n) => `${acc}_${a}_${n} = fma(w${a}, v${n}, ${acc}_${a}_${n});`)
+  );
+  return `for (var j = 0u; j < BC; j++) {
+    ${[...w, ...v, ...fma].join(" ")}
+  }`;
+}
+
+/** Stores `${acc}_a_n` · factor at `at(row, col)` for real rows and columns. */
+function store(
+  c: TiledAttentionConfig,
+  acc: string,
+  at: (row: string, col: string) => string,
+  factor: (a: number) => string,
+): string {
+  const { dn } = layout(c, c.headSize);
+  return range(c.rm).map((a) => {
+    const cols = range(dn).map((n) =>
+      `if (tx + ${n}u * TX < D) { ${at("row", `tx + ${n}u * TX`)} = S(${acc}_${a}_${n} * ${
+        factor(a)
+      }); }`
+    );
+    return `{ let row = r0 + ${ROW(a)}; if (row < p.t) { ${cols.join(" ")} } }`;
+  }).join("\n  ");
+}
+
+/** Every (a, b) pair of a thread's block. */
+function eachEntry(c: TiledAttentionConfig, f: (a: number, b: number) => string): string {
+  return range(c.rm).flatMap((a) => range(c.rn).map((b) => f(a, b))).join("\n    ");
+}
+
+/** Forward: o and the log-sum-exp of each query row. */
+export const tiledAttentionForwardKernel = defineKernel({
+  name: "flash_attention_tiled_forward",
+  bindings: (c: TiledAttentionConfig) => bindingsOf(["q", "k", "v"], ["o", "lse"], c),
+  uniforms: UNIFORMS,
+  source: (c) => {
+    const rows = range(c.rm);
+    return `${
+      header(c, {
+        qt: "BR * DP",
+        kvt: "BC * DP",
+        pt: "BR * BC",
+        maxes: "BR * TX",
+        sums: "BR * TX",
+      })
+    }
+  ${stage("BR", "r0", { qt: { at: Q_AT, factor: "p.scale" } })}
+  ${rows.map((a) => `var m${a} = ${WGSL_LOWEST}; var l${a} = 0.0;`).join(" ")}
+  ${declareAcc(c, "acc")}
+  // Keys past the block's last row are masked for all its rows: stop there.
+  let keysEnd = min(r0 + BR, p.t);
+  for (var k0 = 0u; k0 < keysEnd; k0 += BC) {
+    ${stage("BC", "k0", { kvt: { at: K_AT } })}
+    ${dotBlock(c, "s", "qt", "kvt")}
+    ${
+      eachEntry(c, (a, b) =>
+        `let valid_${a}_${b} = k0 + ${COL(b)} <= r0 + ${ROW(a)} && k0 + ${COL(b)} < p.t;`)
+    }
+    ${
+      rows.map((a) =>
+        `maxes[${ROW(a)} * TX + tx] = max(${
+          range(c.rn).map((b) => `select(${WGSL_LOWEST}, s_${a}_${b}, valid_${a}_${b})`)
+            .reduce((x, y) => `max(${x}, ${y})`)
+        }, ${WGSL_LOWEST});`
+      ).join("\n    ")
+    }
+    workgroupBarrier();
+    ${
+      rows.map((a) =>
+        `var blockMax${a} = m${a};
+    for (var t = 0u; t < TX; t++) { blockMax${a} = max(blockMax${a}, maxes[${ROW(a)} * TX + t]); }
+    let rescale${a} = exp(m${a} - blockMax${a});
+    m${a} = blockMax${a};`
+      ).join("\n    ")
+    }
+    ${
+      eachEntry(c, (a, b) =>
+        `let p_${a}_${b} = select(0.0, exp(s_${a}_${b} - m${a}), valid_${a}_${b});
+    pt[${ROW(a)} * BC + ${COL(b)}] = p_${a}_${b} * ${
+          keepFactor(c, `r0 + ${ROW(a)}`, `k0 + ${COL(b)}`)
+        };`)
+    }
+    ${
+      rows.map((a) =>
+        `sums[${ROW(a)} * TX + tx] = ${range(c.rn).map((b) => `p_${a}_${b}`).join(" + ")};`
+      ).join("\n    ")
+    }
+    // Every thread is past its K reads (the barrier above): V takes the tile.
+    ${stage("BC", "k0", { kvt: { at: V_AT } })}
+    ${
+      rows.map((a) => {
+        const scaled = range(layout(c, c.headSize).dn).map((n) => `acc_${a}_${n} *= rescale${a};`);
+        return `l${a} *= rescale${a};
+    for (var t = 0u; t < TX; t++) { l${a} += sums[${ROW(a)} * TX + t]; }
+    ${scaled.join(" ")}`;
+      }).join("\n    ")
+    }
+    ${accumulate(c, "acc", "pt", "kvt")}
+    workgroupBarrier();
+  }
+  ${store(c, "acc", (row, col) => `o[head0 + ${row} * width + ${col}]`, (a) => `(1.0 / l${a})`)}
+  if (tx == 0u) {
+    ${
+      rows.map((a) =>
+        `if (r0 + ${ROW(a)} < p.t) { lse[z * p.t + r0 + ${ROW(a)}] = m${a} + log(l${a}); }`
+      ).join("\n    ")
+    }
+  }
+}`;
+  },
+});
+
+/** Backward, per query block: dq and δ = dO·O. */
+export const tiledAttentionDqKernel = defineKernel({
+  name: "flash_attention_tiled_dq",
+  bindings: (c: TiledAttentionConfig) =>
+    bindingsOf(["q", "k", "v", "o", "dout", "lse"], ["dq", "delta"], c),
+  uniforms: UNIFORMS,
+  source: (c) =>
+    `${
+      header(c, {
+        qt: "BR * DP",
+        gt: "BR * DP",
+        kt: "BC * DP",
+        vt: "BC * DP",
+        dst: "BR * BC",
+        lt: "BR",
+        dt: "BR",
+      })
+    }
+  ${stage("BR", "r0", { qt: { at: Q_AT, factor: "p.scale" }, gt: { at: DOUT_AT } })}
+  for (var row = lid; row < BR; row += NT) {
+    let i = r0 + row;
+    var d = 0.0;
+    var li = 0.0;
+    if (i < p.t) {
+      for (var e = 0u; e < D; e++) { d += gt[row * DP + e] * f32(o[head0 + i * width + e]); }
+      delta[z * p.t + i] = d;
+      li = lse[z * p.t + i];
+    }
+    dt[row] = d;
+    lt[row] = li;
+  }
+  ${declareAcc(c, "acc")}
+  let keysEnd = min(r0 + BR, p.t);
+  for (var k0 = 0u; k0 < keysEnd; k0 += BC) {
+    ${stage("BC", "k0", { kt: { at: K_AT }, vt: { at: V_AT } })}
+    ${dotBlock(c, "s", "qt", "kt")}
+    ${dotBlock(c, "dp", "gt", "vt")}
+    ${
+      eachEntry(c, (a, b) => {
+        const i = `r0 + ${ROW(a)}`, j = `k0 + ${COL(b)}`;
+        return `dst[${ROW(a)} * BC + ${COL(b)}] = select(0.0, exp(s_${a}_${b} - lt[${
+          ROW(a)
+        }]) * (dp_${a}_${b} * ${keepFactor(c, i, j)} - dt[${
+          ROW(a)
+        }]), ${j} <= ${i} && ${j} < p.t);`;
+      })
+    }
+    workgroupBarrier();
+    ${accumulate(c, "acc", "dst", "kt")}
+    workgroupBarrier();
+  }
+  ${store(c, "acc", (row, col) => Q_AT(row, col).replace(/^q/, "dq"), () => "p.scale")}
+}`,
+});
+
+/** Backward, per key block: dk and dv (after {@link tiledAttentionDqKernel} wrote δ). */
+export const tiledAttentionDkvKernel = defineKernel({
+  name: "flash_attention_tiled_dkv",
+  bindings: (c: TiledAttentionConfig) =>
+    bindingsOf(
+      ["q", "k", "v", "dout", "lse", "delta"],
+      // WebGPU forbids two writable bindings of one buffer: packed gradients go through one.
+      c.packed ? ["dkv"] : ["dk", "dv"],
+      c,
+    ),
+  uniforms: UNIFORMS,
+  source: (c) =>
+    `${
+      header(c, {
+        kt: "BR * DP",
+        vt: "BR * DP",
+        qt: "BC * DP",
+        gt: "BC * DP",
+        wt: "BR * BC",
+        lt: "BC",
+        dt: "BC",
+      })
+    }
+  ${stage("BR", "r0", { kt: { at: K_AT, factor: "p.scale" }, vt: { at: V_AT } })}
+  ${declareAcc(c, "dk")}
+  ${declareAcc(c, "dv")}
+  // Queries before the block's first key see none of its keys.
+  for (var q0 = r0; q0 < p.t; q0 += BC) {
+    for (var row = lid; row < BC; row += NT) {
+      let i = min(q0 + row, p.t - 1u);
+      lt[row] = lse[z * p.t + i];
+      dt[row] = delta[z * p.t + i];
+    }
+    ${stage("BC", "q0", { qt: { at: Q_AT }, gt: { at: DOUT_AT } })}
+    ${dotBlock(c, "s", "kt", "qt")}
+    ${dotBlock(c, "dp", "vt", "gt")}
+    ${
+      eachEntry(c, (a, b) => {
+        const j = `r0 + ${ROW(a)}`, i = `q0 + ${COL(b)}`;
+        return `let p_${a}_${b} = select(0.0, exp(s_${a}_${b} - lt[${
+          COL(b)
+        }]), ${i} >= ${j} && ${i} < p.t);
+    let keep_${a}_${b} = ${keepFactor(c, i, j)};
+    wt[${ROW(a)} * BC + ${COL(b)}] = p_${a}_${b} * keep_${a}_${b};`;
+      })
+    }
+    workgroupBarrier();
+    ${accumulate(c, "dv", "wt", "gt")}
+    workgroupBarrier();
+    ${
+      eachEntry(c, (a, b) =>
+        `wt[${ROW(a)} * BC + ${COL(b)}] = p_${a}_${b} * (dp_${a}_${b} * keep_${a}_${b} - dt[${
+          COL(b)
+        }]);`)
+    }
+    workgroupBarrier();
+    ${accumulate(c, "dk", "wt", "qt")}
+    workgroupBarrier();
+  }
+  ${
+      store(
+        c,
+        "dk",
+        (row, col) => K_AT(row, col).replace(/^k/, c.packed ? "dkv" : "dk"),
+        () => "p.scale",
+      )
+    }
+  ${
+      store(c, "dv", (row, col) => V_AT(row, col).replace(/^v/, c.packed ? "dkv" : "dv"), () =>
+        "1.0")
+    }
+}`,
+});
+
+/** Row statistics (log-sum-exp, δ) are f32; everything else has the storage dtype. */
+function bindingsOf<B extends string>(
+  reads: B[],
+  writes: B[],
+  c: TiledAttentionConfig,
+): Binding<B>[] {
+  const typeOf = (name: B) => ["lse", "delta"].includes(name) ? "f32" : c.dtype;
+  return [
+    ...reads.map((name) => ({ name, type: typeOf(name) })),
+    ...writes.map((name) => ({ name, type: typeOf(name), write: true })),
+  ];
+}
