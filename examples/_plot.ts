@@ -42,8 +42,10 @@ const COLOR = { loss: "#2563eb", validation: "#059669", baseline: "#6b7280", sca
 /** Up to this many points, each gets a dot (a short run's few points stay visible). */
 const DOTS_UP_TO = 60;
 
-const escape = (s: string) => s.replace(/[<>&"]/g, (c) => `&#${c.charCodeAt(0)};`);
-const px = (v: number) => v.toFixed(1);
+/** `s` safe inside SVG text and attributes. */
+export const escape = (s: string): string => s.replace(/[<>&"]/g, (c) => `&#${c.charCodeAt(0)};`);
+/** A pixel coordinate as SVG writes it (one decimal). */
+export const px = (v: number): string => v.toFixed(1);
 
 /** An SVG path through the points; a non-finite y breaks the line there. */
 function linePath(points: readonly [number, number][]): string {
@@ -185,10 +187,15 @@ export function lossChartSvg(chart: LossChart): string {
 }
 
 /** Writes the chart to `path` atomically (temporary file, then rename). */
-export async function writeLossChart(path: string, chart: LossChart): Promise<void> {
+export function writeLossChart(path: string, chart: LossChart): Promise<void> {
+  return writeSvg(path, lossChartSvg(chart));
+}
+
+/** Writes `svg` to `path` atomically (temporary file, then rename). */
+export async function writeSvg(path: string, svg: string): Promise<void> {
   const tmp = `${path}.tmp-${crypto.randomUUID()}`;
   try {
-    await Deno.writeTextFile(tmp, lossChartSvg(chart));
+    await Deno.writeTextFile(tmp, svg);
     await Deno.rename(tmp, path);
   } catch (e) {
     await Deno.remove(tmp).catch(() => {});

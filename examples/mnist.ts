@@ -36,6 +36,8 @@ import { DivergenceWatch } from "./_divergence.ts";
 import { checkPlan, runLimits } from "./_preflight.ts";
 import { checkResumeFlags, describeChanges, type FlagValues } from "./_resume_flags.ts";
 import { SaveLock } from "./_save_lock.ts";
+import { finishInspect, heatmapPath, InspectLog } from "./_inspect.ts";
+import { writeHeatmap } from "./_heatmap.ts";
 import { Progress } from "./_progress.ts";
 import { profileFields, ProfileWindow } from "./_profile_window.ts";
 import { checkRun, type MnistArgs, parseMnistArgsOrExit } from "./mnist_args.ts";
@@ -67,6 +69,8 @@ export interface Run {
   shuffler: RandomGenerator;
   /** The steps `--profile` times, if any. */
   profile: ProfileWindow | null;
+  /** With --inspect: the numerics inspector on the trainer and its reports so far. */
+  inspect: InspectLog | null;
   /** When the program started (performance.now()), for the time to the first accuracy. */
   started: number;
 }
@@ -93,7 +97,7 @@ export class Tally {
   }
 }
 
-/** The model, its optimizer, the AMP trainer and the learning-rate schedule. */
+/** The model, its optimizer, the AMP trainer, the learning-rate schedule and --inspect's log. */
 function makeTrainer(cfg: MnistArgs, optimizerSteps: number) {
   const model = mnistModel(cfg.model, cfg.seed);
   if (cfg.checkpoint) model.checkpoint = "auto";
@@ -101,7 +105,10 @@ function makeTrainer(cfg: MnistArgs, optimizerSteps: number) {
   const optimizer = cfg.optimizer === "sgd"
     ? new SGD(model.parameters(), { lr: cfg.lr, momentum: cfg.momentum })
     : new Adam(model.parameters(), { lr: cfg.lr });
+  // --inspect: every step of the trainer is watched (counted on the GPU, read when logging).
+  const inspect = cfg.inspect ? new InspectLog(model) : null;
   const trainer = new AmpTrainer(model, optimizer, {
+    inspector: inspect?.inspector,
     enabled: cfg.amp,
     lossScale: cfg.lossScale,
     accumulationSteps: cfg.accum,
@@ -116,7 +123,7 @@ function makeTrainer(cfg: MnistArgs, optimizerSteps: number) {
       })
       : () => 1,
   );
-  return { model, optimizer, trainer, scheduler };
+  return { model, optimizer, trainer, scheduler, inspect };
 }
 
 /**
@@ -249,6 +256,7 @@ async function trainEpoch(run: Run, tally: Tally, epoch: number, progress: Progr
     }
     if (step % cfg.logEvery === 0 || step === totalSteps || s === run.stepsPerEpoch - 1) {
       tally.lastLoss = (await tally.lossSum.item()) / tally.lossCount; // the sync point
+      await run.inspect?.interval(step); // --inspect: its counts since the last log (one more read)
       const now = performance.now();
       const seconds = (now - intervalStart) / 1000;
       tally.trainSeconds += seconds;
@@ -357,6 +365,10 @@ async function save(run: Run, tally: Tally, epoch: number): Promise<void> {
   const { cfg, model, optimizer, trainer } = run;
   const step = tally.step;
   if (cfg.plot) await writeOutput(run, cfg.plot, () => writePlot(run, tally));
+  if (cfg.plot && run.inspect) {
+    const path = heatmapPath(cfg.plot), inspect = run.inspect;
+    await writeOutput(run, path, () => writeHeatmap(path, inspect.intervals, heatmapTitle(cfg)));
+  }
   if (cfg.save) {
     const state = {
       epoch,
@@ -401,6 +413,8 @@ async function stopIfDiverged(run: Run, tally: Tally, watch: DivergenceWatch, ep
     run.emit("warning", { epoch, warning: health.warning }, `epoch ${epoch}: ${health.warning}`);
   }
   if (!health.diverged) return;
+  // --inspect says where it broke: the first op whose output or gradient held a NaN/Inf.
+  await writeInspect(run);
   const kept = run.cfg.save ? `; nothing was saved over ${run.cfg.save}` : "";
   if (run.cfg.json) run.emit("diverged", { epoch, step: tally.step, reason: health.diverged }, "");
   console.error(
@@ -408,6 +422,23 @@ async function stopIfDiverged(run: Run, tally: Tally, watch: DivergenceWatch, ep
   );
   run.gpu.destroy();
   Deno.exit(3);
+}
+
+/** The title of --inspect's heat map. */
+function heatmapTitle(cfg: MnistArgs): string {
+  return `MNIST ${cfg.model.toUpperCase()}, ${cfg.amp ? "AMP" : "f32"}: values f16 cannot hold`;
+}
+
+/** With --inspect: prints the run's numerics report and writes its heat map beside --plot. */
+async function writeInspect(run: Run): Promise<void> {
+  const { cfg, emit, inspect } = run;
+  if (!inspect) return;
+  const out = { emit, plot: cfg.plot, title: heatmapTitle(cfg) };
+  await writeOutput(
+    run,
+    cfg.plot ? heatmapPath(cfg.plot) : "the numerics report",
+    () => finishInspect(inspect, out),
+  );
 }
 
 async function main(): Promise<void> {
@@ -447,6 +478,7 @@ async function main(): Promise<void> {
     started,
   };
   const from = await resumeOrStart(run);
+  run.inspect?.startAfter(from.step);
   const progress = new Progress(!cfg.json);
   const tally = new Tally(from.step, from.plotPoints);
   const watch = await DivergenceWatch.start(run.trainer);
@@ -457,6 +489,8 @@ async function main(): Promise<void> {
     await save(run, tally, epoch);
   }
   if (from.epoch > cfg.epochs) await evaluate(run, tally, cfg.epochs); // a finished run
+  await writeInspect(run);
+  run.inspect?.dispose();
   await report(run, tally, started);
   gpu.destroy();
   lock?.release();

@@ -73,7 +73,14 @@ Flags:
                    the run (default) or report it and keep training; the
                    previous file is never damaged either way
   --plot PATH      write an SVG chart of training loss and loss scale to PATH
-                   (rewritten after every epoch)
+                   (rewritten after every epoch); with --inspect also a heat
+                   map of each layer's f16 overflow and underflow over steps
+                   to PATH with .numerics.svg for .svg
+  --inspect        watch every op with a numerics inspector (counted on the
+                   GPU, read when the loss is logged): at the end print the
+                   layers with the most NaN/Inf, f16 overflow and underflow
+                   and the first op that produced a NaN/Inf (with --json, an
+                   "inspect" event holding the whole report)
   --profile N      profile N training steps (from step 11) and print the GPU
                    time of every kernel (HALFSTEP_PROFILE=N does the same)
   --json           print one JSON object per line instead of text; the last
@@ -107,6 +114,8 @@ export interface MnistArgs {
   /** With --resume: accept another --lr or --loss-scale than the saved run's. */
   override: boolean;
   plot: string | undefined;
+  /** Attach a numerics inspector; report it at the end (and a heat map with --plot). */
+  inspect: boolean;
   /** After a failed save: stop the run, or report it and keep training. */
   onSaveError: "stop" | "continue";
   /** Steps to profile (from --profile or HALFSTEP_PROFILE), if any. */
@@ -171,6 +180,7 @@ export function parseMnistArgs(args: string[]): MnistArgs | null {
       resume: { type: "string" },
       override: { type: "boolean", default: false },
       plot: { type: "string" },
+      inspect: { type: "boolean", default: false },
       profile: { type: "string" },
       momentum: { type: "string" },
       amp: { type: "boolean", default: false },
@@ -220,6 +230,7 @@ export function parseMnistArgs(args: string[]): MnistArgs | null {
     resume: values.resume,
     override: values.override,
     plot: values.plot,
+    inspect: values.inspect,
     onSaveError: choiceFlag("on-save-error", values["on-save-error"], ["stop", "continue"]),
     profile: profileSteps(
       values.profile === undefined ? undefined : integerFlag("profile", values.profile, 1),

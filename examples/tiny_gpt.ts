@@ -14,6 +14,7 @@
  */
 import { checkOutputPath, orExit } from "./_cli.ts";
 import { DivergenceWatch } from "./_divergence.ts";
+import { finishInspect, InspectLog } from "./_inspect.ts";
 import { checkPlan, runLimits } from "./_preflight.ts";
 import { profileFields, ProfileWindow } from "./_profile_window.ts";
 import {
@@ -70,6 +71,8 @@ export interface Run {
   trainer: AmpTrainer;
   /** The steps `--profile` times, if any. */
   profile: ProfileWindow | null;
+  /** With --inspect: the numerics inspector on the trainer and its reports so far. */
+  inspect?: InspectLog | null;
 }
 
 /** What training measured. */
@@ -165,6 +168,7 @@ async function train(run: Run): Promise<Training> {
         `step ${String(step).padStart(5)}/${c.steps}  train loss ${lastLoss.toFixed(4)}  ` +
           `${stepsPerSecond.toFixed(2)} steps/s`,
       );
+      await run.inspect?.interval(step); // --inspect: its counts since the last log (one more read)
       lossSum.dispose();
       lossSum = Tensor.zeros([]);
       lossCount = 0;
@@ -254,9 +258,18 @@ async function stopIfDiverged(run: Run, watch: DivergenceWatch, loss: number, st
     run.emit("warning", { step, warning: health.warning }, `step ${step}: ${health.warning}`);
   }
   if (!health.diverged) return;
+  // --inspect says where it broke: the first op whose output or gradient held a NaN/Inf.
+  if (run.inspect) await finishInspect(run.inspect, inspectOutput(run));
   console.error(`tiny_gpt: training diverged at step ${step}: ${health.diverged}.`);
   run.gpu.destroy();
   Deno.exit(3);
+}
+
+/** Where --inspect's report goes: the events, and the heat map beside --plot. */
+function inspectOutput({ cfg, emit }: Run) {
+  const title = `tiny GPT (${cfg.layers} blocks, dim ${cfg.dim}), ${cfg.amp ? "AMP" : "f32"}: ` +
+    "values f16 cannot hold";
+  return { emit, plot: cfg.plot, title };
 }
 
 /**
@@ -282,14 +295,24 @@ async function main(): Promise<void> {
   if (cfg.checkpoint) model.blocks.checkpoint = cfg.layers; // one checkpointed segment per block
   reportStart({ cfg, emit, gpu, ...data, model }, setupSeconds);
   const optimizer = new AdamW(model.parameters(), { lr: cfg.lr, weightDecay: 0.01 });
-  const trainer = new AmpTrainer(model, optimizer, { enabled: cfg.amp, maxGradNorm: 1 });
+  // --inspect: every step of the trainer is watched (counted on the GPU, read when logging).
+  const inspect = cfg.inspect ? new InspectLog(model) : null;
+  const trainer = new AmpTrainer(model, optimizer, {
+    enabled: cfg.amp,
+    maxGradNorm: 1,
+    inspector: inspect?.inspector,
+  });
   const profile = cfg.profile ? new ProfileWindow(gpu, cfg.profile, cfg.steps) : null;
-  const run: Run = { cfg, emit, gpu, ...data, model, optimizer, trainer, profile };
+  const run: Run = { cfg, emit, gpu, ...data, model, optimizer, trainer, profile, inspect };
   const training = await train(run);
   const evalStart = performance.now();
   const validation = await evaluate(run);
   const evalSeconds = (performance.now() - evalStart) / 1000;
   const samples = await sampleWords(run);
+  if (inspect) {
+    await finishInspect(inspect, inspectOutput(run));
+    inspect.dispose();
+  }
   await report(run, training, { validation, evalSeconds, samples }, started);
   model.dispose();
   trainer.dispose();

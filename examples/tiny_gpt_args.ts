@@ -46,7 +46,15 @@ Flags:
   --eval-windows N   validation windows of --context characters (default 512)
   --samples N        words to sample at the end (default 8)
   --temperature X    sampling temperature (default 0.8)
-  --plot PATH        write an SVG chart of training loss and loss scale to PATH
+  --plot PATH        write an SVG chart of training loss and loss scale to PATH;
+                     with --inspect also a heat map of each layer's f16
+                     overflow and underflow over steps to PATH with
+                     .numerics.svg for .svg
+  --inspect          watch every op with a numerics inspector (counted on the
+                     GPU, read when the loss is logged): at the end print the
+                     layers with the most NaN/Inf, f16 overflow and underflow
+                     and the first op that produced a NaN/Inf (with --json,
+                     an "inspect" event holding the whole report)
   --profile N        profile N training steps (from step 11) and print the GPU
                      time of every kernel (HALFSTEP_PROFILE=N does the same)
   --json             print one JSON object per line instead of text; the last
@@ -101,6 +109,8 @@ export interface TinyGptArgs {
   temperature: number;
   json: boolean;
   plot: string | undefined;
+  /** Attach a numerics inspector; report it at the end (and a heat map with --plot). */
+  inspect: boolean;
   /** Steps to profile (from --profile or HALFSTEP_PROFILE), if any. */
   profile: number | undefined;
 }
@@ -144,6 +154,7 @@ export function parseTinyGptArgs(args: string[]): TinyGptArgs | null {
       samples: size("samples"),
       temperature: text("0.8"),
       json: flag,
+      inspect: flag,
       plot: { type: "string" },
       profile: { type: "string" },
       help: { ...flag, short: "h" },
@@ -171,6 +182,7 @@ export function parseTinyGptArgs(args: string[]): TinyGptArgs | null {
     temperature: positive("temperature", v.temperature),
     json: v.json,
     plot: v.plot,
+    inspect: v.inspect,
     profile: profileSteps(v.profile === undefined ? undefined : int("profile", v.profile, 1)),
   };
   if (parsed.dim % parsed.heads !== 0) {
