@@ -9,6 +9,7 @@ import {
 } from "./device.ts";
 import { fail, GpuError } from "./errors.ts";
 import { checkInitGpuOptions } from "./init_options.ts";
+import { wgslRuntime } from "./kernel.ts";
 import { DEFAULT_TILING, tuneMatmul } from "./matmul_tuning.ts";
 import { tuneAttention } from "./attention_tuning.ts";
 import { warnOnce } from "./runtime_state.ts";
@@ -132,12 +133,14 @@ export async function initGpu(options: InitGpuOptions = {}): Promise<Gpu> {
     : [];
   if (useF16) features.push("shader-f16");
   const device = await requestDevice(adapter, features, requiredLimits, options.subgroups ?? true);
+  const directive = device.features.has("subgroups") && await acceptsSubgroupsDirective(device);
+  if (directive) wgslRuntime.subgroupsDirective = true;
   const flush = options.flush ?? "auto";
   const gpu = new Gpu(device, adapter.info, {
     f16: useF16,
     f16Accumulation: accumulation,
     debug: options.debug ?? debugFromEnvironment(),
-    subgroupsDirective: device.features.has("subgroups") && await acceptsSubgroupsDirective(device),
+    subgroupsDirective: directive,
     matmulTiling: typeof options.matmulTiling === "object" ? options.matmulTiling : DEFAULT_TILING,
     flushPolicy: flush === "auto"
       ? defaultFlushPolicy(adapter.info)

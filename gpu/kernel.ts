@@ -58,8 +58,22 @@ export interface KernelDefinition<C extends KernelConfig, B extends string, U ex
   wgsl(config: C): string;
 }
 
+/**
+ * What this runtime's WGSL front end wants: `enable subgroups;` before
+ * subgroup builtins (Chrome requires it, naga in Deno rejects it). Set by
+ * `initGpu`'s probe; one runtime per process, so it is not part of a key.
+ */
+export const wgslRuntime: { subgroupsDirective: boolean } = { subgroupsDirective: false };
+
+/** Subgroup builtin functions or values in WGSL. */
+const SUBGROUP_USE = /\bsubgroup(?:[A-Z]\w*\s*\(|_size\b|_invocation_id\b)/;
+
 /** The WGSL header a declaration produces: enables, `Params`, bindings, uniform. */
-function header(bindings: readonly Binding[], uniforms: UniformFields<string>): string {
+function header(
+  bindings: readonly Binding[],
+  uniforms: UniformFields<string>,
+  source: string,
+): string {
   const fields = Object.entries(uniforms).map(([name, type]) => `${name}: ${type}`);
   const lines = bindings.map((b, i) =>
     `@group(0) @binding(${i}) var<storage, ${b.write ? "read_write" : "read"}> ${b.name}: ` +
@@ -70,7 +84,10 @@ function header(bindings: readonly Binding[], uniforms: UniformFields<string>): 
     lines.push(`@group(0) @binding(${bindings.length}) var<uniform> p: Params;`);
   }
   const f16 = bindings.some((b) => b.type.includes("f16"));
-  return `${wgslEnables(f16 ? "f16" : "f32")}${lines.join("\n")}\n`;
+  const subgroups = wgslRuntime.subgroupsDirective && SUBGROUP_USE.test(source);
+  return `${subgroups ? "enable subgroups;\n" : ""}${wgslEnables(f16 ? "f16" : "f32")}${
+    lines.join("\n")
+  }\n`;
 }
 
 /**
@@ -108,7 +125,10 @@ export function defineKernel<C extends KernelConfig, B extends string, U extends
   }
   return {
     ...spec,
-    wgsl: (config) => header(spec.bindings(config), spec.uniforms) + spec.source(config),
+    wgsl: (config) => {
+      const source = spec.source(config);
+      return header(spec.bindings(config), spec.uniforms, source) + source;
+    },
   };
 }
 

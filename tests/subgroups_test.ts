@@ -6,7 +6,9 @@
 import assert from "node:assert/strict";
 import { initGpu, ValueError } from "../gpu/mod.ts";
 import { gpuLikeProfile } from "../gpu/adapter_profile.ts";
-import { subgroupMode } from "../gpu/kernels/subgroups.ts";
+import { useSubgroups } from "../gpu/kernels/subgroups.ts";
+import { wgslRuntime } from "../gpu/kernel.ts";
+import { reduceKernel } from "../gpu/kernels/reduce.ts";
 import { asGpu, gpu, GPU_TEST } from "./_gpu.ts";
 
 Deno.test({
@@ -16,10 +18,10 @@ Deno.test({
     assert.equal(gpu.subgroups, gpu.device.features.has("subgroups"));
     assert.equal(gpu.adapterProfile.subgroups, gpu.subgroups);
     // lavapipe keeps today's kernels; run as a GPU it takes the subgroup ones when granted.
-    if (gpu.adapterProfile.cpu) assert.equal(subgroupMode(gpu), "off");
+    if (gpu.adapterProfile.cpu) assert.equal(useSubgroups(gpu), false);
     await asGpu(() => {
       assert.equal(gpuLikeProfile(gpu).subgroups, gpu.subgroups);
-      assert.equal(subgroupMode(gpu) !== "off", gpu.subgroups);
+      assert.equal(useSubgroups(gpu), gpu.subgroups);
       return Promise.resolve();
     });
   },
@@ -44,4 +46,23 @@ Deno.test({
       (e: Error) => e instanceof ValueError && /subgroups must be true or false/.test(e.message),
     );
   },
+});
+
+Deno.test("subgroups: `enable subgroups;` leads a kernel that uses them where the runtime wants it", () => {
+  const config = { op: "sum", dtype: "f16", out: "f32" } as const;
+  const saved = wgslRuntime.subgroupsDirective;
+  try {
+    for (const directive of [false, true]) {
+      wgslRuntime.subgroupsDirective = directive;
+      const withSubgroups = reduceKernel.wgsl({ ...config, layout: "subgroup" });
+      assert.equal(withSubgroups.startsWith("enable subgroups;\nenable f16;"), directive);
+      assert.ok(withSubgroups.includes("subgroupAdd("));
+      // Kernels without subgroup builtins never carry it.
+      assert.ok(!reduceKernel.wgsl({ ...config, layout: "workgroup" }).includes("subgroups"));
+    }
+  } finally {
+    wgslRuntime.subgroupsDirective = saved;
+  }
+  // Deno's naga rejects the line: the probe leaves it out here.
+  assert.equal(gpu.subgroupsDirective, false);
 });

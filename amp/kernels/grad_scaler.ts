@@ -10,6 +10,7 @@
 import { DTypeError } from "../../gpu/errors.ts";
 import { defineKernel } from "../../gpu/kernel.ts";
 import { WGSL_GRID_BUILTINS } from "../../gpu/kernels/grid.ts";
+import { useSubgroups } from "../../gpu/kernels/subgroups.ts";
 import {
   multiTensorDispatches,
   SLOT_UNIFORMS,
@@ -41,18 +42,20 @@ const WGSL_RECIPROCAL = `fn reciprocal(s: f32) -> f32 {
 /**
  * In place g ← g · (1/scale[0]) for each of `slots` gradients (one dispatch,
  * see `multi_tensor.ts`); any non-finite input or product stores 1.0 in
- * found[0].
+ * found[0]: by each thread that saw one, or with `subgroups` by one thread
+ * per subgroup that did (an overflowing step then makes 1/32 of the atomic
+ * stores into one word on an NVIDIA GPU).
  */
 export const unscaleKernel = defineKernel({
   name: "grad_scaler_unscale",
   // Gradients are bound as u32 words whatever their dtype: no shader-f16 needed.
-  bindings: (c: { dtype: "f32" | "f16"; slots: number }) => [
+  bindings: (c: { dtype: "f32" | "f16"; slots: number; subgroups: boolean }) => [
     ...slotBindings(c.slots, [{ name: "grad", type: "u32", write: true }]),
     { name: "scale", type: "f32" },
     { name: "found", type: "atomic<u32>", write: true },
   ],
   uniforms: SLOT_UNIFORMS,
-  source: ({ dtype, slots }) => {
+  source: ({ dtype, slots, subgroups }) => {
     // f32: one value per word. f16: two halves per word; the high half of the
     // last word is padding when n is odd and is never tested or changed.
     const body = (g: string) =>
@@ -93,7 +96,9 @@ fn main(${WGSL_GRID_BUILTINS}) {
         }
       }`)
     }
-  if (bad) { atomicStore(&found[0], ${ONE_BITS}u); }
+  if (${subgroups ? "subgroupAny(bad) && subgroupBroadcastFirst(lid) == lid" : "bad"}) {
+    atomicStore(&found[0], ${ONE_BITS}u);
+  }
 }`;
   },
 });
@@ -181,7 +186,7 @@ export function launchUnscale(grads: readonly Tensor[], scale: Tensor, foundInf:
   for (const { chunk, table } of dispatches) {
     const dtype = chunk[0].dtype as "f32" | "f16";
     gpu.dispatch(
-      gpu.kernel(unscaleKernel, { dtype, slots: chunk.length }),
+      gpu.kernel(unscaleKernel, { dtype, slots: chunk.length, subgroups: useSubgroups(gpu) }),
       { ...slotBuffers("grad", chunk), scale, found: foundInf },
       table.uniforms,
       table.grid,

@@ -13,8 +13,8 @@ import type { DType } from "../dtype.ts";
 import { defineKernel } from "../kernel.ts";
 import { Tensor } from "../tensor.ts";
 import { WGSL_GRID_BUILTINS, WGSL_WORKGROUP_INDEX } from "./grid.ts";
-import { rowGrid, type RowLayout, rowLayout } from "./row_layout.ts";
-import { REDUCE_THREADS, WGSL_LOWEST, WGSL_WORKGROUP_REDUCE } from "./wgsl_math.ts";
+import { rowGrid, type RowLayout, rowLayout, wgslRowReduce } from "./row_layout.ts";
+import { REDUCE_THREADS, WGSL_LOWEST } from "./wgsl_math.ts";
 
 // `valid` columns (0..=i) are visible to row i; the rest of the row is masked.
 const VISIBLE = `for (var j = lid; j < valid; j += ${REDUCE_THREADS}u)`;
@@ -89,7 +89,7 @@ export const causalSoftmaxForwardKernel = defineKernel({
   ],
   uniforms: { rows: "u32", cols: "u32", scale: "f32" },
   source: ({ dtype, layout }) =>
-    `${layout === "workgroup" ? WGSL_WORKGROUP_REDUCE : ""}
+    `${layout === "thread" ? "" : wgslRowReduce(layout)}
 @compute @workgroup_size(${REDUCE_THREADS})
 fn main(${WGSL_GRID_BUILTINS}) {
   ${forwardBody(layout, dtype)}
@@ -106,7 +106,7 @@ export const causalSoftmaxBackwardKernel = defineKernel({
   ],
   uniforms: { rows: "u32", cols: "u32", scale: "f32" },
   source: ({ dtype, layout }) =>
-    `${layout === "workgroup" ? WGSL_WORKGROUP_REDUCE : ""}
+    `${layout === "thread" ? "" : wgslRowReduce(layout)}
 @compute @workgroup_size(${REDUCE_THREADS})
 fn main(${WGSL_GRID_BUILTINS}) {
   ${backwardBody(layout, dtype)}

@@ -18,13 +18,19 @@
 import type { Gpu } from "../device.ts";
 import { grid1d, WGSL_WORKGROUP_INDEX } from "./grid.ts";
 import { REDUCE_THREADS, WGSL_MAX_OR_NAN, WGSL_WORKGROUP_REDUCE } from "./wgsl_math.ts";
+import { useSubgroups, WGSL_SUBGROUP_REDUCE } from "./subgroups.ts";
 
-/** `"workgroup"`: a workgroup reduces each row; `"thread"`: a thread owns a whole row. */
-export type RowLayout = "workgroup" | "thread";
+/**
+ * `"workgroup"`: a workgroup reduces each row through workgroup memory;
+ * `"subgroup"`: the same, combining within subgroups first (GPUs with the
+ * feature, see gpu/kernels/subgroups.ts); `"thread"`: a thread owns a whole row.
+ */
+export type RowLayout = "workgroup" | "subgroup" | "thread";
 
 /** The layout for rows of `cols` entries on `gpu` (up to `gpu.threadRowMax`: a thread per row). */
 export function rowLayout(gpu: Gpu, cols: number): RowLayout {
-  return cols <= gpu.threadRowMax ? "thread" : "workgroup";
+  if (cols <= gpu.threadRowMax) return "thread";
+  return useSubgroups(gpu) ? "subgroup" : "workgroup";
 }
 
 /** The dispatch grid for `rows` rows in `layout` (workgroups of {@link REDUCE_THREADS}). */
@@ -34,6 +40,7 @@ export function rowGrid(layout: RowLayout, rows: number): [number, number] {
 
 /** WGSL helpers before `main`: the workgroup reductions, or their one-thread identities (and `max_or_nan` either way). */
 export function wgslRowReduce(layout: RowLayout): string {
+  if (layout === "subgroup") return WGSL_SUBGROUP_REDUCE;
   return layout === "workgroup"
     ? WGSL_WORKGROUP_REDUCE
     : `${WGSL_MAX_OR_NAN}fn reduce_sum(v: f32, lid: u32) -> f32 { return v; }

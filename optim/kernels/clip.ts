@@ -17,6 +17,7 @@ import {
   wgslForEachSlot,
 } from "../../gpu/kernels/multi_tensor.ts";
 import { REDUCE_THREADS, WGSL_WORKGROUP_REDUCE } from "../../gpu/kernels/wgsl_math.ts";
+import { useSubgroups, WGSL_SUBGROUP_REDUCE } from "../../gpu/kernels/subgroups.ts";
 import type { Tensor } from "../../gpu/tensor.ts";
 
 const WORKGROUP = 256;
@@ -35,13 +36,14 @@ export const SUM_SQUARES_CHUNK = REDUCE_THREADS * 4096;
  */
 export const sumSquaresKernel = defineKernel({
   name: "clip_sum_squares",
-  bindings: (c: { dtype: DType; slots: number }) => [
+  // subgroups: each workgroup's sum through subgroups (GPUs with the feature).
+  bindings: (c: { dtype: DType; slots: number; subgroups: boolean }) => [
     ...slotBindings(c.slots, [{ name: "g", type: c.dtype }]),
     { name: "partials", type: "f32", write: true },
   ],
   uniforms: { ...SLOT_UNIFORMS, base: "u32" },
-  source: ({ slots }) =>
-    `${WGSL_WORKGROUP_REDUCE}
+  source: ({ slots, subgroups }) =>
+    `${subgroups ? WGSL_SUBGROUP_REDUCE : WGSL_WORKGROUP_REDUCE}
 @compute @workgroup_size(${REDUCE_THREADS})
 fn main(${WGSL_GRID_BUILTINS}) {
   ${
@@ -118,7 +120,11 @@ export function launchSumSquares(grads: readonly Tensor[], partials: Tensor): vo
   const plan = { ...ONE_GRADIENT_A_SLOT, workgroups: (g: Tensor) => sumSquaresSlots(g.size) };
   for (const { chunk, table } of multiTensorDispatches(gpu, grads, plan)) {
     gpu.dispatch(
-      gpu.kernel(sumSquaresKernel, { dtype: chunk[0].dtype, slots: chunk.length }),
+      gpu.kernel(sumSquaresKernel, {
+        dtype: chunk[0].dtype,
+        slots: chunk.length,
+        subgroups: useSubgroups(gpu),
+      }),
       { ...slotBuffers("g", chunk), partials },
       { ...table.uniforms, base },
       table.grid,
