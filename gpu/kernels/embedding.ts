@@ -2,13 +2,15 @@
  * Embedding lookup (a gather of rows) and its backward (a scatter-add of
  * rows). WGSL has no float atomics, so the backward computes each output
  * element of the table gradient by scanning the ids: O(vocab · dim · ids),
- * fine for the character- and class-sized tables it serves today.
+ * fine for the character- and class-sized tables on CPU adapters; GPUs group
+ * the ids first (embedding_grad.ts), with the same f32 sums in the same order.
  */
 import type { DType } from "../dtype.ts";
 import { defineKernel } from "../kernel.ts";
 import type { Shape } from "../shape.ts";
 import { Tensor } from "../tensor.ts";
 import { grid1d, WGSL_GRID_BUILTINS, WGSL_WORKGROUP_INDEX } from "./grid.ts";
+import { launchGroupedScatter } from "./embedding_grad.ts";
 
 const WORKGROUP = 256;
 
@@ -36,7 +38,7 @@ fn main(${WGSL_GRID_BUILTINS}) {
  * invocation after 65535 loop iterations, silently, so a batch of more ids is
  * summed in several dispatches, each adding to the last.
  */
-const IDS_PER_PASS = 16384;
+export const IDS_PER_PASS = 16384;
 
 /** grad[v, d] (+)= Σ over r in [first, first + count) with ids[r] = v of g[r, d], in f32. */
 export const scatterAddKernel = defineKernel({
@@ -78,15 +80,25 @@ export function launchGather(table: Tensor, ids: Tensor): Tensor {
   return out;
 }
 
-/** The table gradient from `g` ([...ids.shape, dim]), in `out` dtype. */
+/**
+ * The table gradient from `g` ([...ids.shape, dim]), in `out` dtype: on GPUs
+ * (the adapter profile) with the ids grouped first, on CPU adapters by
+ * scanning them per element. Same sums, same order, same bits in f32.
+ */
 export function launchScatterAdd(g: Tensor, ids: Tensor, tableShape: Shape, out: DType): Tensor {
   const [vocab, dim] = tableShape;
   const grad = Tensor.empty(tableShape, out, g.gpu);
   if (vocab * dim === 0) return grad;
   const kernel = g.gpu.kernel(scatterAddKernel, { dtype: g.dtype, out });
   const passes = Math.max(1, Math.ceil(ids.size / IDS_PER_PASS));
+  const grouped = !g.gpu.adapterProfile.cpu && ids.size > 0;
   for (let pass = 0; pass < passes; pass++) {
     const first = pass * IDS_PER_PASS;
+    if (grouped) {
+      const count = Math.min(IDS_PER_PASS, ids.size - first);
+      launchGroupedScatter(g, ids, { first, count, accumulate: pass > 0 }, grad);
+      continue;
+    }
     g.gpu.dispatch(
       kernel,
       { g, ids, grad },
