@@ -13,12 +13,13 @@ import {
   Tensor,
   tidy,
 } from "../mod.ts";
-import { type RandomRange, randomUniform, tuneAttention } from "../gpu/mod.ts";
+import { type RandomRange, tuneAttention } from "../gpu/mod.ts";
 import {
   ATTENTION_PLAN_CANDIDATES,
   attentionPlanCandidates,
 } from "../gpu/kernels/flash_attention.ts";
 import { asGpu, dispatchedKernels, gpu, GPU_TEST } from "./_gpu.ts";
+import { dropoutFactor, withPlan } from "./_attention_plans.ts";
 import { assertClose, type Tolerance } from "./_assert.ts";
 import { quantize, uniform } from "./_reference.ts";
 import { type AttentionDims, causalAttentionWithGrads64 } from "./_attention_reference.ts";
@@ -94,24 +95,6 @@ function assertAllClose(
 ) {
   for (const name of ["o", "dq", "dk", "dv"] as const) {
     assertClose(actual[name], expected[name], tol, `${label} ${name}`);
-  }
-}
-
-/** The dropout factor of weight (z, i, j), from the mask's definition (see gpu/random.ts). */
-function dropoutFactor(p: number, range: RandomRange, t: number) {
-  return (z: number, i: number, j: number) =>
-    randomUniform(range.key, range.counter + (z * t + i) * t + j) >= p ? 1 / (1 - p) : 0;
-}
-
-/** Runs `fn` with each dtype's attention plan set to `plan`, then restores the tuned ones. */
-async function withPlan(plan: { rows: number; stage: number }, fn: () => Promise<void>) {
-  const tuned = new Map(gpu.attentionPlans);
-  try {
-    for (const dtype of ["f32", "f16"]) gpu.attentionPlans.set(dtype, plan);
-    await fn();
-  } finally {
-    gpu.attentionPlans.clear();
-    for (const [dtype, p] of tuned) gpu.attentionPlans.set(dtype, p);
   }
 }
 

@@ -6,7 +6,7 @@ import {
   RandomGenerator,
   Tensor,
 } from "../mod.ts";
-import { type AttentionPlan, type RandomRange, randomUniform, tuneAttention } from "../gpu/mod.ts";
+import { type AttentionPlan, tuneAttention } from "../gpu/mod.ts";
 import {
   ATTENTION_PLAN_CANDIDATES,
   attentionPlanCandidates,
@@ -14,6 +14,7 @@ import {
 } from "../gpu/kernels/flash_attention.ts";
 import { tiledAttentionBytes } from "../gpu/kernels/flash_attention_tiled.ts";
 import { asGpu, dispatchedKernels, gpu, GPU_TEST } from "./_gpu.ts";
+import { dropoutFactor, withPlan } from "./_attention_plans.ts";
 import { assertClose, type Tolerance } from "./_assert.ts";
 import { quantize, uniform } from "./_reference.ts";
 import { type AttentionDims, causalAttentionWithGrads64 } from "./_attention_reference.ts";
@@ -31,24 +32,6 @@ function inputsFor(dims: AttentionDims, dtype: "f32" | "f16", seed: number) {
   const n = dims.b * dims.t * dims.h * dims.d;
   const [q, k, v, g] = [1, 2, 3, 4].map((s) => quantize(uniform(n, seed + s * 7919, -2, 2), dtype));
   return { q, k, v, g };
-}
-
-/** The dropout factor of weight (z, i, j), from the mask's definition (see gpu/random.ts). */
-function dropoutFactor(p: number, range: RandomRange, t: number) {
-  return (z: number, i: number, j: number) =>
-    randomUniform(range.key, range.counter + (z * t + i) * t + j) >= p ? 1 / (1 - p) : 0;
-}
-
-/** Runs `fn` with each dtype's attention plan set to `plan`, then restores the tuned ones. */
-async function withPlan(plan: AttentionPlan, fn: () => Promise<void>) {
-  const tuned = new Map(gpu.attentionPlans);
-  try {
-    for (const dtype of ["f32", "f16"]) gpu.attentionPlans.set(dtype, plan);
-    await fn();
-  } finally {
-    gpu.attentionPlans.clear();
-    for (const [dtype, p] of tuned) gpu.attentionPlans.set(dtype, p);
-  }
 }
 
 /** o, dq, dk, dv of one case on the GPU with the current plan, and the kernels dispatched. */

@@ -28,12 +28,21 @@ import type { AttentionPlan, Gpu } from "../device.ts";
 
 export type { AttentionPlan } from "../device.ts";
 import type { DType } from "../dtype.ts";
-import { type Binding, defineKernel } from "../kernel.ts";
+import { defineKernel } from "../kernel.ts";
 import { type RandomRange, WGSL_RANDOM } from "../random.ts";
 import { Tensor } from "../tensor.ts";
 import { grid1d, WGSL_GRID_BUILTINS, WGSL_WORKGROUP_INDEX } from "./grid.ts";
 import { failLoopIterations } from "./loop_limit.ts";
 import { WGSL_LOWEST } from "./wgsl_math.ts";
+import {
+  ATTENTION_UNIFORMS,
+  attentionBindings,
+  DOUT_AT,
+  K_AT,
+  keepFactor,
+  Q_AT,
+  V_AT,
+} from "./flash_attention_shared.ts";
 import {
   TILED_ATTENTION_TILES,
   tiledAttentionBytes,
@@ -69,22 +78,6 @@ export type FlashAttentionConfig = {
   stage: number;
 };
 
-const UNIFORMS = {
-  t: "u32",
-  bh: "u32",
-  heads: "u32",
-  blocks: "u32",
-  scale: "f32",
-  p: "f32",
-  keepScale: "f32",
-  key: "u32",
-  counter: "u32",
-  inWidth: "u32",
-  qOff: "u32",
-  kOff: "u32",
-  vOff: "u32",
-} as const;
-
 /**
  * Where this thread's row lives: z = b·H + h, the row index r (a query in
  * forward and dq, a key in dkv), and the offset of head h in row 0 of batch
@@ -108,12 +101,6 @@ function rowPrelude(c: FlashAttentionConfig): string {
   let width = p.heads * D;
   let head0 = (z / p.heads) * p.t * width + (z % p.heads) * D;
   let in0 = (z / p.heads) * p.t * p.inWidth + (z % p.heads) * D;`;
-}
-
-/** WGSL: the dropout factor of entry (z, i, j): 0, or 1/(1 − p) when kept; 1 without dropout. */
-function keepFactor(c: FlashAttentionConfig, i: string, j: string): string {
-  if (!c.dropout) return "1.0";
-  return `select(0.0, p.keepScale, random_uniform(p.key, p.counter + (z * p.t + ${i}) * p.t + ${j}) >= p.p)`;
 }
 
 /**
@@ -142,20 +129,13 @@ fn main(${WGSL_GRID_BUILTINS}) {
   ${rowPrelude(c)}`;
 }
 
-/** Row statistics (log-sum-exp, δ) are f32; everything else has the storage dtype. */
-const STATISTICS = ["lse", "delta"];
-
-function bindingsOf<B extends string>(
-  reads: B[],
-  writes: B[],
-  c: FlashAttentionConfig,
-): Binding<B>[] {
-  const stored = c.lanes === 4 ? `vec4<${c.dtype as "f32" | "f16"}>` as const : c.dtype;
-  const typeOf = (name: B) => STATISTICS.includes(name) ? "f32" : stored;
-  return [
-    ...reads.map((name) => ({ name, type: typeOf(name) })),
-    ...writes.map((name) => ({ name, type: typeOf(name), write: true })),
-  ];
+/** The bindings of a row kernel: vectors of `lanes` values of the dtype. */
+function rowBindings<B extends string>(reads: B[], writes: B[], c: FlashAttentionConfig) {
+  return attentionBindings(
+    reads,
+    writes,
+    c.lanes === 4 ? `vec4<${c.dtype as "f32" | "f16"}>` : c.dtype,
+  );
 }
 
 /**
@@ -189,12 +169,6 @@ function stageRows(
 function ifActive(c: FlashAttentionConfig, statements: string): string {
   return c.stage > 0 ? `if (real_row) { ${statements} }` : statements;
 }
-
-// Element e of key, value, query and output-gradient row `row`, in storage.
-const K_AT = (row: string, e: string) => `k[in0 + ${row} * p.inWidth + p.kOff + ${e}]`;
-const V_AT = (row: string, e: string) => `v[in0 + ${row} * p.inWidth + p.vOff + ${e}]`;
-const Q_AT = (row: string, e: string) => `q[in0 + ${row} * p.inWidth + p.qOff + ${e}]`;
-const DOUT_AT = (row: string, e: string) => `dout[head0 + ${row} * width + ${e}]`;
 
 /**
  * The loop over keys 0..i of a query row i (forward and dq): `body(end)`
@@ -232,8 +206,8 @@ function overKeys(
 /** Forward: o and the log-sum-exp of each query row. */
 export const flashAttentionForwardKernel = defineKernel({
   name: "flash_attention_forward",
-  bindings: (c: FlashAttentionConfig) => bindingsOf(["q", "k", "v"], ["o", "lse"], c),
-  uniforms: UNIFORMS,
+  bindings: (c: FlashAttentionConfig) => rowBindings(["q", "k", "v"], ["o", "lse"], c),
+  uniforms: ATTENTION_UNIFORMS,
   source: (c) =>
     `${header(c, { ktile: "S", vtile: "S" })}
   let i = r;
@@ -265,7 +239,7 @@ export const flashAttentionForwardKernel = defineKernel({
       let j = j0 + jj;
       let pj = exp(s[jj] - m);
       l += pj;
-      let w = pj * ${keepFactor(c, "i", "j")};
+      let w = pj * ${keepFactor(c.dropout, "i", "j")};
       for (var e = 0u; e < D; e++) { acc[e] += w * F(${vAt("j")}); }
     }
   }`)
@@ -285,8 +259,8 @@ export const flashAttentionForwardKernel = defineKernel({
 export const flashAttentionDqKernel = defineKernel({
   name: "flash_attention_dq",
   bindings: (c: FlashAttentionConfig) =>
-    bindingsOf(["q", "k", "v", "o", "dout", "lse"], ["dq", "delta"], c),
-  uniforms: UNIFORMS,
+    rowBindings(["q", "k", "v", "o", "dout", "lse"], ["dq", "delta"], c),
+  uniforms: ATTENTION_UNIFORMS,
   source: (c) =>
     `${header(c, { ktile: "S", vtile: "S" })}
   let i = r;
@@ -314,7 +288,7 @@ export const flashAttentionDqKernel = defineKernel({
       s += dotf(qs[e], krow[e]);
       dp += dotf(gi[e], F(${vAt("j")}));
     }
-    let ds = exp(s - li) * (dp * ${keepFactor(c, "i", "j")} - d);
+    let ds = exp(s - li) * (dp * ${keepFactor(c.dropout, "i", "j")} - d);
     for (var e = 0u; e < D; e++) { acc[e] += ds * krow[e]; }
   }`)
     }
@@ -374,13 +348,13 @@ function overQueries(
 export const flashAttentionDkvKernel = defineKernel({
   name: "flash_attention_dkv",
   bindings: (c: FlashAttentionConfig) =>
-    bindingsOf(
+    rowBindings(
       ["q", "k", "v", "dout", "lse", "delta"],
       // WebGPU forbids two writable bindings of one buffer: packed gradients go through one.
       c.packed ? ["dkv"] : ["dk", "dv"],
       c,
     ),
-  uniforms: UNIFORMS,
+  uniforms: ATTENTION_UNIFORMS,
   source: (c) =>
     `${header(c, { qtile: "S", gtile: "S", ltile: "f32", dtile: "f32" })}
   let j = r;
@@ -410,7 +384,7 @@ export const flashAttentionDkvKernel = defineKernel({
       dp += dotf(grow[e], vs[e]);
     }
     let pij = exp(s - ${at.lse});
-    let keep = ${keepFactor(c, "i", "j")};
+    let keep = ${keepFactor(c.dropout, "i", "j")};
     let ds = pij * (dp * keep - ${at.delta});
     let w = pij * keep;
     for (var e = 0u; e < D; e++) {

@@ -33,10 +33,19 @@
  */
 import type { AttentionTile } from "../device.ts";
 import type { DType } from "../dtype.ts";
-import { type Binding, defineKernel } from "../kernel.ts";
+import { defineKernel } from "../kernel.ts";
 import { WGSL_RANDOM } from "../random.ts";
 import { WGSL_GRID_BUILTINS, WGSL_WORKGROUP_INDEX } from "./grid.ts";
 import { WGSL_LOWEST } from "./wgsl_math.ts";
+import {
+  ATTENTION_UNIFORMS,
+  attentionBindings,
+  DOUT_AT,
+  K_AT,
+  keepFactor,
+  Q_AT,
+  V_AT,
+} from "./flash_attention_shared.ts";
 
 /** Tiled kernel config: storage dtype, head size, the tile, dropout, packed q/k/v. */
 export type TiledAttentionConfig = {
@@ -87,31 +96,14 @@ export function tiledAttentionIterations(t: AttentionTile, headSize: number, seq
     steps * (2 * staging + 2 * headSize + 2 * t.rm * tx + 2 * t.bc + 8);
 }
 
-const UNIFORMS = {
-  t: "u32",
-  bh: "u32",
-  heads: "u32",
-  blocks: "u32",
-  scale: "f32",
-  p: "f32",
-  keepScale: "f32",
-  key: "u32",
-  counter: "u32",
-  inWidth: "u32",
-  qOff: "u32",
-  kOff: "u32",
-  vOff: "u32",
-} as const;
-
 const range = (n: number) => [...Array(n).keys()];
 
 /** The largest of 8, 4, 2, 1 dividing D: the score loop's unroll. */
 const unrollOf = (d: number) => [8, 4, 2, 1].find((u) => d % u === 0)!;
 
-/** WGSL: the dropout factor of entry (z, i, j): 0, or 1/(1 − p) when kept; 1 without dropout. */
-function keepFactor(c: TiledAttentionConfig, i: string, j: string): string {
-  if (!c.dropout) return "1.0";
-  return `select(0.0, p.keepScale, random_uniform(p.key, p.counter + (z * p.t + ${i}) * p.t + ${j}) >= p.p)`;
+/** The tiled kernels bind scalars of the dtype (their staging loads are coalesced anyway). */
+function tiledBindings<B extends string>(reads: B[], writes: B[], c: TiledAttentionConfig) {
+  return attentionBindings(reads, writes, c.dtype);
 }
 
 /** Row a of this thread's rows (in its workgroup's block) and column b of the other side's. */
@@ -147,12 +139,6 @@ fn main(${WGSL_GRID_BUILTINS}) {
   let in0 = (z / p.heads) * p.t * p.inWidth + (z % p.heads) * D;
   let r0 = block * BR;`;
 }
-
-// Element e of key, value, query and output-gradient row `row`, in storage.
-const K_AT = (row: string, e: string) => `k[in0 + ${row} * p.inWidth + p.kOff + ${e}]`;
-const V_AT = (row: string, e: string) => `v[in0 + ${row} * p.inWidth + p.vOff + ${e}]`;
-const Q_AT = (row: string, e: string) => `q[in0 + ${row} * p.inWidth + p.qOff + ${e}]`;
-const DOUT_AT = (row: string, e: string) => `dout[head0 + ${row} * width + ${e}]`;
 
 /**
  * Copies `count` rows from row `first` of each source into its tile (as f32,
@@ -244,8 +230,8 @@ function eachEntry(c: TiledAttentionConfig, f: (a: number, b: number) => string)
 /** Forward: o and the log-sum-exp of each query row. */
 export const tiledAttentionForwardKernel = defineKernel({
   name: "flash_attention_tiled_forward",
-  bindings: (c: TiledAttentionConfig) => bindingsOf(["q", "k", "v"], ["o", "lse"], c),
-  uniforms: UNIFORMS,
+  bindings: (c: TiledAttentionConfig) => tiledBindings(["q", "k", "v"], ["o", "lse"], c),
+  uniforms: ATTENTION_UNIFORMS,
   source: (c) => {
     const rows = range(c.rm);
     return `${
@@ -290,7 +276,7 @@ export const tiledAttentionForwardKernel = defineKernel({
       eachEntry(c, (a, b) =>
         `let p_${a}_${b} = select(0.0, exp(s_${a}_${b} - m${a}), valid_${a}_${b});
     pt[${ROW(a)} * BC + ${COL(b)}] = p_${a}_${b} * ${
-          keepFactor(c, `r0 + ${ROW(a)}`, `k0 + ${COL(b)}`)
+          keepFactor(c.dropout, `r0 + ${ROW(a)}`, `k0 + ${COL(b)}`)
         };`)
     }
     ${
@@ -327,8 +313,8 @@ export const tiledAttentionForwardKernel = defineKernel({
 export const tiledAttentionDqKernel = defineKernel({
   name: "flash_attention_tiled_dq",
   bindings: (c: TiledAttentionConfig) =>
-    bindingsOf(["q", "k", "v", "o", "dout", "lse"], ["dq", "delta"], c),
-  uniforms: UNIFORMS,
+    tiledBindings(["q", "k", "v", "o", "dout", "lse"], ["dq", "delta"], c),
+  uniforms: ATTENTION_UNIFORMS,
   source: (c) =>
     `${
       header(c, {
@@ -365,7 +351,7 @@ export const tiledAttentionDqKernel = defineKernel({
         const i = `r0 + ${ROW(a)}`, j = `k0 + ${COL(b)}`;
         return `dst[${ROW(a)} * BC + ${COL(b)}] = select(0.0, exp(s_${a}_${b} - lt[${
           ROW(a)
-        }]) * (dp_${a}_${b} * ${keepFactor(c, i, j)} - dt[${
+        }]) * (dp_${a}_${b} * ${keepFactor(c.dropout, i, j)} - dt[${
           ROW(a)
         }]), ${j} <= ${i} && ${j} < p.t);`;
       })
@@ -382,13 +368,13 @@ export const tiledAttentionDqKernel = defineKernel({
 export const tiledAttentionDkvKernel = defineKernel({
   name: "flash_attention_tiled_dkv",
   bindings: (c: TiledAttentionConfig) =>
-    bindingsOf(
+    tiledBindings(
       ["q", "k", "v", "dout", "lse", "delta"],
       // WebGPU forbids two writable bindings of one buffer: packed gradients go through one.
       c.packed ? ["dkv"] : ["dk", "dv"],
       c,
     ),
-  uniforms: UNIFORMS,
+  uniforms: ATTENTION_UNIFORMS,
   source: (c) =>
     `${
       header(c, {
@@ -420,7 +406,7 @@ export const tiledAttentionDkvKernel = defineKernel({
         return `let p_${a}_${b} = select(0.0, exp(s_${a}_${b} - lt[${
           COL(b)
         }]), ${i} >= ${j} && ${i} < p.t);
-    let keep_${a}_${b} = ${keepFactor(c, i, j)};
+    let keep_${a}_${b} = ${keepFactor(c.dropout, i, j)};
     wt[${ROW(a)} * BC + ${COL(b)}] = p_${a}_${b} * keep_${a}_${b};`;
       })
     }
@@ -451,16 +437,3 @@ export const tiledAttentionDkvKernel = defineKernel({
     }
 }`,
 });
-
-/** Row statistics (log-sum-exp, δ) are f32; everything else has the storage dtype. */
-function bindingsOf<B extends string>(
-  reads: B[],
-  writes: B[],
-  c: TiledAttentionConfig,
-): Binding<B>[] {
-  const typeOf = (name: B) => ["lse", "delta"].includes(name) ? "f32" : c.dtype;
-  return [
-    ...reads.map((name) => ({ name, type: typeOf(name) })),
-    ...writes.map((name) => ({ name, type: typeOf(name), write: true })),
-  ];
-}

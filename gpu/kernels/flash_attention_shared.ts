@@ -1,0 +1,56 @@
+/**
+ * What both families of fused attention kernels share (the row plans of
+ * flash_attention.ts and the register tiles of flash_attention_tiled.ts):
+ * their uniforms, where a head's rows are in storage, the dropout factor of
+ * one weight, and their bindings.
+ */
+import type { Binding } from "../kernel.ts";
+
+/** The uniforms of every fused attention kernel (see `setup` in flash_attention.ts). */
+export const ATTENTION_UNIFORMS = {
+  t: "u32",
+  bh: "u32",
+  heads: "u32",
+  blocks: "u32",
+  scale: "f32",
+  p: "f32",
+  keepScale: "f32",
+  key: "u32",
+  counter: "u32",
+  inWidth: "u32",
+  qOff: "u32",
+  kOff: "u32",
+  vOff: "u32",
+} as const;
+
+/**
+ * WGSL: the dropout factor of entry (z, i, j) of the virtual [B·H, T, T]
+ * weights: 0, or 1/(1 − p) when kept; 1 without dropout.
+ */
+export function keepFactor(dropout: boolean, i: string, j: string): string {
+  if (!dropout) return "1.0";
+  return `select(0.0, p.keepScale, random_uniform(p.key, p.counter + (z * p.t + ${i}) * p.t + ${j}) >= p.p)`;
+}
+
+// Element e of key, value, query and output-gradient row `row` of head z, in
+// storage (`in0` and `head0` are the head's offsets in row 0 of its batch).
+export const K_AT = (row: string, e: string): string =>
+  `k[in0 + ${row} * p.inWidth + p.kOff + ${e}]`;
+export const V_AT = (row: string, e: string): string =>
+  `v[in0 + ${row} * p.inWidth + p.vOff + ${e}]`;
+export const Q_AT = (row: string, e: string): string =>
+  `q[in0 + ${row} * p.inWidth + p.qOff + ${e}]`;
+export const DOUT_AT = (row: string, e: string): string => `dout[head0 + ${row} * width + ${e}]`;
+
+/** Row statistics (log-sum-exp, δ) are f32; everything else is `stored`. */
+export function attentionBindings<B extends string>(
+  reads: B[],
+  writes: B[],
+  stored: Binding<B>["type"],
+): Binding<B>[] {
+  const typeOf = (name: B) => ["lse", "delta"].includes(name) ? "f32" : stored;
+  return [
+    ...reads.map((name) => ({ name, type: typeOf(name) })),
+    ...writes.map((name) => ({ name, type: typeOf(name), write: true })),
+  ];
+}
