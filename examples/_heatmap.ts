@@ -236,7 +236,7 @@ export function heatmapSvg(grid: HeatmapGrid, title: string): string {
   } else {
     grid.rows.forEach((label, r) =>
       parts.push(
-        `<text x="${LABELS - 8}" y="${TOP + (r + 0.5) * ROW_H + 4}" text-anchor="end">${
+        `<text class="row" x="${LABELS - 8}" y="${TOP + (r + 0.5) * ROW_H + 4}" text-anchor="end">${
           escape(label.length > 30 ? `${label.slice(0, 29)}…` : label)
         }</text>`,
       )

@@ -23,17 +23,19 @@ export const TABLE_ROWS = 10;
 export class InspectLog {
   readonly inspector: NumericsInspector;
   readonly intervals: InspectInterval[] = [];
+  /** The script's step before the inspector's first (its steps count from 0). */
+  #start: number;
   #last: number;
 
   /** An inspector for `model`; the first interval starts after step `firstStep`. */
   constructor(model: Module, firstStep = 0) {
     this.inspector = new NumericsInspector(model);
-    this.#last = firstStep;
+    this.#start = this.#last = firstStep;
   }
 
   /** The first interval starts after `step` (where a resumed run goes on). */
   startAfter(step: number): void {
-    this.#last = step;
+    this.#start = this.#last = step;
   }
 
   /** At a logging point after `step`: reads the counts since the last one (a sync) and resets. */
@@ -43,9 +45,12 @@ export class InspectLog {
     this.#last = step;
   }
 
-  /** The whole run's report: every interval's summed. */
+  /** The whole run's report: every interval's summed; its first NaN/Inf's step as the script counts. */
   total(): NumericsReport {
-    return mergeReports(this.intervals.map((i) => i.report));
+    const total = mergeReports(this.intervals.map((i) => i.report));
+    const first = total.firstNonFinite;
+    if (first) total.firstNonFinite = { ...first, step: this.#start + first.step + 1 };
+    return total;
   }
 
   /** Frees the inspector's GPU buffer. */

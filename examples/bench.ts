@@ -15,10 +15,12 @@
  *   MNIST MLP's first layer and the GPT's linear layers in the three
  *   orientations a linear layer uses (x·Wᵀ, g·W, gᵀ·x);
  * - `mlp`: the 784-256-256-10 MLP, batch 128, fused Adam: steps/s and peak
- *   GPU memory in f32, AMP and AMP + checkpointing;
+ *   GPU memory in f32, AMP and AMP + checkpointing, and AMP's ms/step with a
+ *   `NumericsInspector` attached against without (`amp inspect`);
  * - `checkpoint`: a 32-block MLP where activations dominate: activation
  *   memory and step time with √n segments and with a memory budget;
- * - `tiny_gpt`: the example's transformer in f32, AMP and AMP + checkpointing;
+ * - `tiny_gpt`: the example's transformer in f32, AMP and AMP + checkpointing,
+ *   and with a `NumericsInspector` attached (`amp inspect`);
  * - `gpt`: a GPT at real size (nanoGPT's shakespeare-char model) in f32, AMP
  *   and AMP + checkpointing, with the profiler's top kernels and the
  *   start-up tuning's picks;
@@ -113,6 +115,11 @@ function figureOf(result: Result): string {
     } µs JS`;
   }
   if ("speedup" in result) return `×${n("speedup").toFixed(2)} speed`;
+  if ("inspectOverhead" in result) {
+    return `${n("msPerStep").toFixed(1)} vs ${n("msPerStepDetached").toFixed(1)} ms/step ×${
+      n("inspectOverhead").toFixed(2)
+    }`;
+  }
   if ("ampMemoryRatio" in result) {
     return `mem ×${n("ampMemoryRatio").toFixed(2)} amp, ×${
       n("checkpointMemoryRatio").toFixed(2)

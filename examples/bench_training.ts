@@ -16,6 +16,7 @@ import {
   Linear,
   mean,
   type Module,
+  NumericsInspector,
   RandomGenerator,
   type SegmentSpec,
   Sequential,
@@ -82,14 +83,70 @@ async function benchClassifier(gpu: Gpu, steps: number, spec: ClassifierSpec): P
   return results;
 }
 
-/** The MNIST MLP the peers were measured on (784-256-256-10, batch 128). */
-export function benchMlp(gpu: Gpu, steps: number): Promise<Result[]> {
-  return benchClassifier(gpu, steps, {
-    bench: "mlp",
-    model: "784-256-256-10",
-    make: mnistMlp,
-    input: [128, 784],
+/** Timed rounds of {@link inspectOverhead}, alternating detached and attached. */
+const INSPECT_ROUNDS = 7;
+
+/**
+ * ms/step of AMP training with a `NumericsInspector` attached and without,
+ * timed in alternating rounds (a shared machine's noise falls on both): the
+ * median round of each, and their ratio. `make` builds a model, its input
+ * and its loss.
+ */
+async function inspectOverhead(
+  gpu: Gpu,
+  steps: number,
+  row: { bench: string; model: string },
+  make: () => { model: Module; loss: () => Tensor; free: () => void },
+): Promise<Result> {
+  const runs = [false, true].map((attached) => {
+    const { model, loss, free } = make();
+    const inspector = attached ? new NumericsInspector(model) : null;
+    const optimizer = new AdamW(model.parameters(), { lr: 1e-3 });
+    const trainer = new AmpTrainer(model, optimizer, { inspector: inspector ?? undefined });
+    return {
+      step: () => trainer.step(loss).dispose(),
+      seconds: [] as number[],
+      inspector,
+      free: () => disposeAll(trainer, optimizer, model, { dispose: free }),
+    };
   });
+  const perRound = Math.max(2, Math.ceil(steps / INSPECT_ROUNDS));
+  for (let round = 0; round < INSPECT_ROUNDS; round++) {
+    for (const run of round % 2 ? [...runs].reverse() : runs) {
+      run.seconds.push(await timed(gpu, perRound, run.step));
+    }
+  }
+  const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[xs.length >> 1];
+  const [detached, attached] = runs.map((r) => median(r.seconds) * 1000);
+  const report = await runs[1].inspector!.report(); // not timed: the read a log would do
+  runs[1].inspector!.dispose();
+  runs.forEach((r) => r.free());
+  return {
+    ...row,
+    mode: "amp inspect",
+    msPerStep: attached,
+    msPerStepDetached: detached,
+    inspectOverhead: attached / detached,
+    inspectedRows: report.rows.length,
+    stepsPerRound: perRound,
+    rounds: INSPECT_ROUNDS,
+    peakBytes: gpu.memoryStats().peakBytes,
+  };
+}
+
+/** The MNIST MLP the peers were measured on (784-256-256-10, batch 128). */
+export async function benchMlp(gpu: Gpu, steps: number): Promise<Result[]> {
+  const row = { bench: "mlp", model: "784-256-256-10" };
+  const results = await benchClassifier(gpu, steps, { ...row, make: mnistMlp, input: [128, 784] });
+  results.push(
+    await inspectOverhead(gpu, steps, row, () => {
+      const rng = new RandomGenerator(2), model = mnistMlp(rng);
+      const x = Tensor.from(rng.uniform(128 * 784), [128, 784]);
+      const y = Array.from({ length: 128 }, (_, i) => i % 10);
+      return { model, loss: () => crossEntropy(model.forward(x), y), free: () => x.dispose() };
+    }),
+  );
+  return results;
 }
 
 /** The MNIST CNN of `mnist.ts --model cnn` (batch 128; BatchNorm stays fp32 under AMP). */
@@ -272,5 +329,19 @@ export async function benchTinyGpt(gpu: Gpu, steps: number): Promise<Result[]> {
     fusedAttentionMemoryRatioAmp: amp.peakBytes / ampUnfused.peakBytes,
     peakBytes: ckpt.peakBytes,
   });
+  const model =
+    `${config.layers} blocks, dim ${config.dim}, ${config.heads} heads, context ${config.context}`;
+  results.push(
+    await inspectOverhead(gpu, n, { bench: "tiny_gpt", model }, () => {
+      const gpt = new TinyGpt(config);
+      const x = Tensor.from(inputs, [batch, config.context], { dtype: "i32" });
+      const y = Tensor.from(targets, [batch * config.context], { dtype: "i32" });
+      return {
+        model: gpt,
+        loss: () => crossEntropy(gpt.forward(x), y),
+        free: () => disposeAll(x, y),
+      };
+    }),
+  );
   return results;
 }

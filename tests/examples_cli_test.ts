@@ -7,7 +7,16 @@
  */
 import assert from "node:assert/strict";
 import { join } from "node:path";
-import { afterFirstSave, assertRefused, events, MNIST, QUICK, run, TINY_GPT } from "./_examples.ts";
+import {
+  afterFirstSave,
+  assertRefused,
+  events,
+  MNIST,
+  QUICK,
+  run,
+  TINY_GPT,
+  withTempDir,
+} from "./_examples.ts";
 
 Deno.test("examples: every bad flag is one line and exit status 2, before any training", async () => {
   const dir = await Deno.makeTempDir();
@@ -131,4 +140,107 @@ Deno.test("examples: a save that fails mid-run is one line; the run stops or goe
   } finally {
     await Deno.remove(dir, { recursive: true });
   }
+});
+
+/** The row labels of an --inspect heat map, and its overflow and underflow cells. */
+async function heatmapParts(path: string) {
+  const svg = await Deno.readTextFile(path);
+  return {
+    rows: [...svg.matchAll(/<text class="row"[^>]*>([^<]*)<\/text>/g)].map((m) => m[1]),
+    overflowCells: svg.match(/class="cell overflow"/g)?.length ?? 0,
+    underflowCells: svg.match(/class="cell underflow"/g)?.length ?? 0,
+  };
+}
+
+/** The heat-map labels the rows of a report should give: "name fwd|bwd", `op:N` as `op`. */
+function expectedLabels(rows: Record<string, unknown>[]): string[] {
+  const labels = rows.filter((r) => r.op !== "loss_scale").map((r) =>
+    `${String(r.name).replace(/:\d+$/, "")} ${r.phase === "forward" ? "fwd" : "bwd"}`
+  );
+  return [...new Set(labels)];
+}
+
+Deno.test("examples: mnist --inspect --json gives the report as an event and a heat map beside --plot", async () => {
+  await withTempDir(async (dir) => {
+    const plot = join(dir, "loss.svg");
+    // 8 AMP steps, logged (and inspected) every 2: 4 columns.
+    const args = [...QUICK, "--amp", "--log-every", "2", "--inspect", "--plot", plot, "--json"];
+    const r = await run(MNIST, args);
+    assert.equal(r.code, 0, r.stderr);
+    const all = events(r.stdout);
+    assert.equal(all.at(-1)!.event, "final");
+    const inspect = all.find((e) => e.event === "inspect")!;
+    assert.ok(inspect, "an inspect event");
+    assert.equal(inspect.steps, 8);
+    assert.equal(inspect.firstNonFinite, null);
+    assert.equal(typeof inspect.lossScale, "number");
+    assert.equal(inspect.heatmap, join(dir, "loss.numerics.svg"));
+    const rows = inspect.rows as Record<string, unknown>[];
+    const fields = ["name", "op", "phase", "dtype", "calls", "values", "nonFinite", "overflowF16"];
+    for (const row of rows) {
+      for (const f of [...fields, "underflowF16", "zeros", "amax"]) assert.ok(f in row, `${f}`);
+    }
+    // The first Linear's f16 output: one [128, 256] tensor a step, summed over the 4 intervals.
+    const first = rows.find((x) => x.name === "0" && x.op === "linear" && x.phase === "forward")!;
+    assert.deepEqual([first.dtype, first.calls, first.values], ["f16", 8, 8 * 128 * 256]);
+    for (const name of ["0", "2", "4"]) {
+      assert.ok(rows.some((x) => x.name === name && x.phase === "backward"), `${name} backward`);
+    }
+    const params = (inspect.params as { name: string }[]).map((p) => p.name).sort();
+    assert.deepEqual(params, ["0.bias", "0.weight", "2.bias", "2.weight", "4.bias", "4.weight"]);
+    const ops = inspect.ops as { op: string; calls: Record<string, number> }[];
+    assert.equal(ops.find((o) => o.op === "linear")?.calls.f16, 3 * 8, "three Linears, 8 steps");
+    const map = await heatmapParts(join(dir, "loss.numerics.svg"));
+    assert.deepEqual(map.rows, expectedLabels(rows));
+    assert.equal(map.overflowCells, map.rows.length * 4, "a cell per layer × bucket");
+    assert.equal(map.underflowCells, map.rows.length * 4);
+  });
+});
+
+Deno.test("examples: tiny_gpt --inspect prints the worst rows at the end, and where a diverged run broke", async () => {
+  await withTempDir(async (dir) => {
+    const plot = join(dir, "loss.svg");
+    const quick = ["--steps", "4", "--log-every", "2", "--eval-windows", "8", "--samples", "1"];
+    const r = await run(TINY_GPT, [...quick, "--inspect", "--plot", plot]); // f32, text
+    assert.equal(r.code, 0, r.stderr);
+    const lines = r.stdout.split("\n");
+    const at = lines.findIndex((l) => l.startsWith("numerics (--inspect)"));
+    assert.match(lines[at], /^numerics \(--inspect\) over 4 steps: first NaN\/Inf none$/);
+    assert.match(
+      lines[at + 1],
+      /^layer\s+op\s+phase\s+dtype\s+NaN\/Inf\s+overflow\s+underflow\s+zeros\s+amax$/,
+    );
+    const table = lines.slice(at + 2, at + 12);
+    assert.match(lines[at + 12], /^\(10 of \d+ rows; /);
+    assert.match(lines[at + 13], /^gradients underflowing f16: /, "no loss scale in f32");
+    // Nothing overflows here: the rows come by underflow share, largest first.
+    const shares = table.map((l) => {
+      const cells = l.split(/\s+/);
+      assert.equal(cells[4], "0", l);
+      return cells[6] === "0" ? 0 : parseFloat(cells[6]);
+    });
+    assert.deepEqual(shares, [...shares].sort((a, b) => b - a), table.join("\n"));
+    const map = await heatmapParts(join(dir, "loss.numerics.svg"));
+    assert.ok(map.rows.includes("blocks.0.attention fwd") && map.rows.includes("head bwd"));
+    assert.equal(map.overflowCells, map.rows.length * 2, "a cell per layer × bucket");
+
+    // Diverged (exit 3): the report still comes, naming the first op that made a NaN/Inf.
+    const bad = await run(TINY_GPT, [
+      ...quick,
+      "--steps",
+      "12",
+      "--log-every",
+      "4",
+      "--lr",
+      "1e30",
+      "--inspect",
+      "--json",
+    ]);
+    assert.equal(bad.code, 3, bad.stderr);
+    const inspect = events(bad.stdout).find((e) => e.event === "inspect")!;
+    const first = inspect.firstNonFinite as { step: number; name: string; phase: string };
+    assert.ok(first.step >= 1 && first.step <= 4, `step ${first.step} of the 4 before the log`);
+    assert.ok((inspect.rows as { name: string }[]).some((x) => x.name === first.name));
+    assert.ok((inspect.rows as { nonFinite: number }[]).some((x) => x.nonFinite > 0));
+  });
 });
