@@ -4,13 +4,17 @@
  * does it. A workgroup owns `br` rows (queries in forward and dq, keys in
  * dk/dv) and steps over the other side `bc` rows at a time; its threads form a
  * TY × TX grid (TY = br / rm, TX = bc / rn) and each computes an rm × rn block
- * of scores in registers from tiles staged in workgroup memory (f16 widened to
- * f32 while staging; rows padded to an odd stride so the score loop's column
- * reads do not collide in one bank). The D loops are unrolled by the
- * generator (by 8, 4, 2 or 1, whichever divides D). The same thread then owns
- * columns tx, tx + TX, … (DN = ⌈D / TX⌉ of them) of its rm rows' output or
- * gradient accumulators. Causal blocks above the diagonal are never visited;
- * the diagonal blocks are masked per entry.
+ * of scores in registers from tiles staged in workgroup memory: f16 widened
+ * to f32 while staging, in vec4<f32> elements where D is a multiple of 4
+ * (scalars otherwise), rows padded to an odd stride in elements so that
+ * threads reading different rows at one column hit different banks. The D
+ * loops are unrolled by the generator (up to 8 scalar or 4 vec4 steps per
+ * iteration; whole D would make D = 128 kernels too slow to compile). The
+ * same thread then owns column groups tx, tx + TX, … (DN = ⌈D4 / TX⌉ of them,
+ * D4 = D / 4 with vec4) of its rm rows' output or gradient accumulators.
+ * Causal blocks above the diagonal are never visited (forward and dq stop at
+ * the block's last row, dk/dv start at its first); the diagonal blocks are
+ * masked per entry.
  *
  * - Forward: online softmax per row. Each thread writes its block's row
  *   maxima and sums into workgroup memory and reads the TX partials of its
@@ -22,11 +26,14 @@
  *   the diagonal on, W = P·keep and then dS go through one tile (two
  *   accumulate steps), dv += W·dO and dk += dS·Q.
  *
- * Registers per thread (f32 scalars, named by the generator, no arrays):
- * forward rm·rn scores + rm·DN accumulators + 2·rm row statistics; dq
- * 2·rm·rn + rm·DN; dk/dv 2·rm·rn + 2·rm·DN. The largest plan at D = 64
- * ({32, 32, 4, 4}: DN = 8) holds 2·16 + 2·32 = 96 in dk/dv, at D = 128 with
- * {16, 16, 2, 2} (DN = 16) 8 + 64 = 72: all under the 255-register limit.
+ * Registers per thread (named scalars and vec4s made by the generator, no
+ * arrays, so nothing is indexed dynamically and nothing need spill), in
+ * floats, L = 4 lanes with vec4 (else 1): forward rm·rn scores and
+ * probabilities, L·rm·DN accumulators, 3·rm row statistics; dq 2·rm·rn +
+ * L·rm·DN; dk/dv 4·rm·rn (s, dp, p, keep, the last two kept across a barrier)
+ * + 2·L·rm·DN. The largest, {32, 32, 4, 4} at D = 64 (TX = 8, DN = 2), holds
+ * 64 + 64 = 128 in dk/dv; {16, 16, 2, 2} at D = 128 (DN = 4) 16 + 64 = 80;
+ * with indices and addresses, under the 255-register limit.
  *
  * Dropout uses the same counters as the row plans (entry (z, i, j) of the
  * virtual [B·H, T, T] matrix), so the mask is the same whatever the plan.
@@ -68,11 +75,17 @@ export const TILED_ATTENTION_TILES: readonly AttentionTile[] = [
   { br: 16, bc: 16, rm: 2, rn: 2 },
 ];
 
-/** Threads across (TX), columns per thread (DN) and the padded row stride (DP) of a tile. */
+/**
+ * Threads across (TX) and down (TY); lanes per tile element (vec4 where D
+ * allows) and D4, the head size in elements; DN, the column groups (of
+ * `lanes`) per thread; DP, a tile row's stride in elements: odd, so threads
+ * reading different rows at one column hit different banks.
+ */
 function layout(t: AttentionTile, headSize: number) {
   const tx = t.bc / t.rn, ty = t.br / t.rm;
-  const dn = Math.ceil(headSize / tx);
-  return { tx, ty, threads: tx * ty, dn, dp: dn * tx + 1 };
+  const lanes = headSize % 4 === 0 ? 4 : 1, d4 = headSize / lanes;
+  const dn = Math.ceil(d4 / tx);
+  return { tx, ty, threads: tx * ty, lanes, d4, dn, dp: d4 % 2 === 0 ? d4 + 1 : d4 + 2 };
 }
 
 /**
@@ -81,9 +94,9 @@ function layout(t: AttentionTile, headSize: number) {
  * tile and two f32 per row.
  */
 export function tiledAttentionBytes(t: AttentionTile, headSize: number): number {
-  const { dp, tx } = layout(t, headSize);
-  const forward = (t.br + t.bc) * dp + t.br * t.bc + 2 * t.br * tx;
-  const backward = 2 * (t.br + t.bc) * dp + t.br * t.bc + 2 * Math.max(t.br, t.bc);
+  const { tx, lanes, dp } = layout(t, headSize), row = dp * lanes;
+  const forward = (t.br + t.bc) * row + t.br * t.bc + 2 * t.br * tx;
+  const backward = 2 * (t.br + t.bc) * row + t.br * t.bc + 2 * Math.max(t.br, t.bc);
   return 4 * Math.max(forward, backward);
 }
 
@@ -98,8 +111,9 @@ export function tiledAttentionIterations(t: AttentionTile, headSize: number, seq
 
 const range = (n: number) => [...Array(n).keys()];
 
-/** The largest of 8, 4, 2, 1 dividing D: the score loop's unroll. */
-const unrollOf = (d: number) => [8, 4, 2, 1].find((u) => d % u === 0)!;
+/** The score loop's unroll: the largest of 8, 4, 2, 1 dividing D4 (at most 4 vec4 steps). */
+const unrollOf = (d4: number, lanes: number) =>
+  [8, 4, 2, 1].find((u) => d4 % u === 0 && u * lanes <= 16)!;
 
 /** The tiled kernels bind scalars of the dtype (their staging loads are coalesced anyway). */
 function tiledBindings<B extends string>(reads: B[], writes: B[], c: TiledAttentionConfig) {
@@ -110,15 +124,21 @@ function tiledBindings<B extends string>(reads: B[], writes: B[], c: TiledAttent
 const ROW = (a: number) => `(ty + ${a}u * TY)`;
 const COL = (b: number) => `(tx + ${b}u * TX)`;
 
-/** Kernel header: constants, the workgroup tiles (f32 arrays of the given sizes), prelude. */
+/**
+ * Kernel header: constants, the workgroup tiles (arrays of V, the f32 tile
+ * element, for a size given in rows × DP; of f32 otherwise), prelude.
+ */
 function header(c: TiledAttentionConfig, tiles: Record<string, string>): string {
-  const { tx, ty, threads, dn, dp } = layout(c, c.headSize);
+  const { tx, ty, threads, dn, dp, lanes, d4 } = layout(c, c.headSize);
   const declared = Object.entries(tiles).map(([name, size]) =>
-    `var<workgroup> ${name}: array<f32, ${size}>;`
+    `var<workgroup> ${name}: array<${size.includes("DP") ? "V" : "f32"}, ${size}>;`
   );
   return `${c.dropout ? WGSL_RANDOM : ""}
 alias S = ${c.dtype};
+alias V = ${lanes === 4 ? "vec4<f32>" : "f32"};
+fn dotv(a: V, b: V) -> f32 { return ${lanes === 4 ? "dot(a, b)" : "a * b"}; }
 const D = ${c.headSize}u;
+const D4 = ${d4}u;
 const DP = ${dp}u;
 const DN = ${dn}u;
 const TX = ${tx}u;
@@ -140,23 +160,30 @@ fn main(${WGSL_GRID_BUILTINS}) {
   let r0 = block * BR;`;
 }
 
+/** WGSL: tile element e (a V) of storage row `row`, read through `at` and widened. */
+function loadV(c: TiledAttentionConfig, at: (row: string, e: string) => string, row: string) {
+  if (layout(c, c.headSize).lanes === 1) return `f32(${at(row, "e")})`;
+  return `V(${range(4).map((l) => `f32(${at(row, `e * 4u + ${l}u`)})`).join(", ")})`;
+}
+
 /**
  * Copies `count` rows from row `first` of each source into its tile (as f32,
  * times `factor`; zeros past row T), then waits for the workgroup.
  */
 function stage(
+  c: TiledAttentionConfig,
   count: string,
   first: string,
   tiles: Record<string, { at: (row: string, e: string) => string; factor?: string }>,
 ): string {
   const copies = Object.entries(tiles).map(([tile, { at, factor }]) =>
-    `${tile}[row * DP + e] = select(0.0, f32(${at("min(g, p.t - 1u)", "e")})${
+    `${tile}[row * DP + e] = select(V(0.0), ${loadV(c, at, "min(g, p.t - 1u)")}${
       factor ? ` * ${factor}` : ""
     }, g < p.t);`
   );
-  return `for (var x = lid; x < ${count} * D; x += NT) {
-    let row = x / D;
-    let e = x % D;
+  return `for (var x = lid; x < ${count} * D4; x += NT) {
+    let row = x / D4;
+    let e = x % D4;
     let g = ${first} + row;
     ${copies.join("\n    ")}
   }
@@ -169,33 +196,39 @@ function stage(
  * loop unrolled by the generator.
  */
 function dotBlock(c: TiledAttentionConfig, out: string, left: string, right: string): string {
-  const unroll = unrollOf(c.headSize);
+  const { d4, lanes } = layout(c, c.headSize), unroll = unrollOf(d4, lanes);
   const decl = range(c.rm).flatMap((a) => range(c.rn).map((b) => `var ${out}_${a}_${b} = 0.0;`));
   const steps = range(unroll).map((u) => {
     const l = range(c.rm).map((a) => `let l${a} = ${left}[${ROW(a)} * DP + e + ${u}u];`);
     const r = range(c.rn).map((b) => `let r${b} = ${right}[${COL(b)} * DP + e + ${u}u];`);
     const fma = range(c.rm).flatMap((a) =>
-      range(c.rn).map((b) => `${out}_${a}_${b} = fma(l${a}, r${b}, ${out}_${a}_${b});`)
+      range(c.rn).map((b) => `${out}_${a}_${b} += dotv(l${a}, r${b});`)
     );
     return `{ ${[...l, ...r, ...fma].join(" ")} }`;
   });
   return `${decl.join(" ")}
-  for (var e = 0u; e < D; e += ${unroll}u) {
+  for (var e = 0u; e < D4; e += ${unroll}u) {
     ${steps.join("\n    ")}
   }`;
 }
 
-/** Declares the accumulators `${acc}_a_n` (a < rm, n < DN), zero. */
+/** Declares the accumulators `${acc}_a_n` (a < rm, n < DN; V each: column group tx + n·TX), zero. */
 function declareAcc(c: TiledAttentionConfig, acc: string): string {
   const { dn } = layout(c, c.headSize);
-  return range(c.rm).flatMap((a) => range(dn).map((n) => `var ${acc}_${a}_${n} = 0.0;`)).join(" ");
+  return range(c.rm).flatMap((a) => range(dn).map((n) => `var ${acc}_${a}_${n} = V(0.0);`)).join(
+    " ",
+  );
 }
 
-/** `${acc}_a_n` += Σ_j weights[ROW(a), j] · values[j, column n] over the bc rows of the step. */
+/**
+ * `${acc}_a_n` += Σ_j weights[ROW(a), j] · values[j, group n] over the bc
+ * rows of the step (groups past D4 read the last one: their sums are never stored).
+ */
 function accumulate(c: TiledAttentionConfig, acc: string, weights: string, values: string): string {
-  const { dn } = layout(c, c.headSize);
-  const w = range(c.rm).map((a) => `let w${a} = ${weights}[${ROW(a)} * BC + j];`);
-  const v = range(dn).map((n) => `let v${n} = ${values}[j * DP + tx + ${n}u * TX];`);
+  const { dn, tx, d4 } = layout(c, c.headSize);
+  const group = (n: number) => dn * tx > d4 ? `min(tx + ${n}u * TX, D4 - 1u)` : `tx + ${n}u * TX`;
+  const w = range(c.rm).map((a) => `let w${a} = V(${weights}[${ROW(a)} * BC + j]);`);
+  const v = range(dn).map((n) => `let v${n} = ${values}[j * DP + ${group(n)}];`);
   const fma = range(c.rm).flatMap((a) =>
     range(dn).map((n) => `${acc}_${a}_${n} = fma(w${a}, v${n}, ${acc}_${a}_${n});`)
   );
@@ -211,13 +244,17 @@ function store(
   at: (row: string, col: string) => string,
   factor: (a: number) => string,
 ): string {
-  const { dn } = layout(c, c.headSize);
+  const { dn, lanes } = layout(c, c.headSize);
   return range(c.rm).map((a) => {
-    const cols = range(dn).map((n) =>
-      `if (tx + ${n}u * TX < D) { ${at("row", `tx + ${n}u * TX`)} = S(${acc}_${a}_${n} * ${
-        factor(a)
-      }); }`
-    );
+    const cols = range(dn).map((n) => {
+      const g = `tx + ${n}u * TX`, value = `${acc}_${a}_${n} * ${factor(a)}`;
+      const stores = lanes === 1
+        ? `${at("row", g)} = S(${value});`
+        : `let x = ${value}; ${
+          range(4).map((l) => `${at("row", `(${g}) * 4u + ${l}u`)} = S(x[${l}]);`).join(" ")
+        }`;
+      return `if (${g} < D4) { ${stores} }`;
+    });
     return `{ let row = r0 + ${ROW(a)}; if (row < p.t) { ${cols.join(" ")} } }`;
   }).join("\n  ");
 }
@@ -243,13 +280,13 @@ export const tiledAttentionForwardKernel = defineKernel({
         sums: "BR * TX",
       })
     }
-  ${stage("BR", "r0", { qt: { at: Q_AT, factor: "p.scale" } })}
+  ${stage(c, "BR", "r0", { qt: { at: Q_AT, factor: "p.scale" } })}
   ${rows.map((a) => `var m${a} = ${WGSL_LOWEST}; var l${a} = 0.0;`).join(" ")}
   ${declareAcc(c, "acc")}
   // Keys past the block's last row are masked for all its rows: stop there.
   let keysEnd = min(r0 + BR, p.t);
   for (var k0 = 0u; k0 < keysEnd; k0 += BC) {
-    ${stage("BC", "k0", { kvt: { at: K_AT } })}
+    ${stage(c, "BC", "k0", { kvt: { at: K_AT } })}
     ${dotBlock(c, "s", "qt", "kvt")}
     ${
       eachEntry(c, (a, b) =>
@@ -285,7 +322,7 @@ export const tiledAttentionForwardKernel = defineKernel({
       ).join("\n    ")
     }
     // Every thread is past its K reads (the barrier above): V takes the tile.
-    ${stage("BC", "k0", { kvt: { at: V_AT } })}
+    ${stage(c, "BC", "k0", { kvt: { at: V_AT } })}
     ${
       rows.map((a) => {
         const scaled = range(layout(c, c.headSize).dn).map((n) => `acc_${a}_${n} *= rescale${a};`);
@@ -327,13 +364,15 @@ export const tiledAttentionDqKernel = defineKernel({
         dt: "BR",
       })
     }
-  ${stage("BR", "r0", { qt: { at: Q_AT, factor: "p.scale" }, gt: { at: DOUT_AT } })}
+  ${stage(c, "BR", "r0", { qt: { at: Q_AT, factor: "p.scale" }, gt: { at: DOUT_AT } })}
   for (var row = lid; row < BR; row += NT) {
     let i = r0 + row;
     var d = 0.0;
     var li = 0.0;
     if (i < p.t) {
-      for (var e = 0u; e < D; e++) { d += gt[row * DP + e] * f32(o[head0 + i * width + e]); }
+      for (var e = 0u; e < D4; e++) {
+        d += dotv(gt[row * DP + e], ${loadV(c, (r, e) => `o[head0 + ${r} * width + ${e}]`, "i")});
+      }
       delta[z * p.t + i] = d;
       li = lse[z * p.t + i];
     }
@@ -343,7 +382,7 @@ export const tiledAttentionDqKernel = defineKernel({
   ${declareAcc(c, "acc")}
   let keysEnd = min(r0 + BR, p.t);
   for (var k0 = 0u; k0 < keysEnd; k0 += BC) {
-    ${stage("BC", "k0", { kt: { at: K_AT }, vt: { at: V_AT } })}
+    ${stage(c, "BC", "k0", { kt: { at: K_AT }, vt: { at: V_AT } })}
     ${dotBlock(c, "s", "qt", "kt")}
     ${dotBlock(c, "dp", "gt", "vt")}
     ${
@@ -387,7 +426,7 @@ export const tiledAttentionDkvKernel = defineKernel({
         dt: "BC",
       })
     }
-  ${stage("BR", "r0", { kt: { at: K_AT, factor: "p.scale" }, vt: { at: V_AT } })}
+  ${stage(c, "BR", "r0", { kt: { at: K_AT, factor: "p.scale" }, vt: { at: V_AT } })}
   ${declareAcc(c, "dk")}
   ${declareAcc(c, "dv")}
   // Queries before the block's first key see none of its keys.
@@ -397,7 +436,7 @@ export const tiledAttentionDkvKernel = defineKernel({
       lt[row] = lse[z * p.t + i];
       dt[row] = delta[z * p.t + i];
     }
-    ${stage("BC", "q0", { qt: { at: Q_AT }, gt: { at: DOUT_AT } })}
+    ${stage(c, "BC", "q0", { qt: { at: Q_AT }, gt: { at: DOUT_AT } })}
     ${dotBlock(c, "s", "kt", "qt")}
     ${dotBlock(c, "dp", "vt", "gt")}
     ${
