@@ -23,6 +23,10 @@
  * All math is f32 whatever the storage dtype. Registers hold D values per row
  * (two or three rows of them), so D is part of the config and at most
  * {@link MAX_HEAD_SIZE}.
+ *
+ * These are the row plans; plans with a `tile` run the register-tiled kernels
+ * of flash_attention_tiled.ts instead (GPUs only; same inputs, outputs,
+ * log-sum-exp, δ and dropout mask), chosen here by the same plan lookup.
  */
 import type { AttentionPlan, Gpu } from "../device.ts";
 
@@ -415,7 +419,7 @@ export interface FlashAttentionShape {
   heads: number;
   /** Head size D. */
   headSize: number;
-  /** Rows per workgroup and staging (default: the adapter's tuned plan; the tuner sets it to time candidates). */
+  /** Rows per workgroup and staging, or a register tile (default: the adapter's tuned plan; the tuner sets it to time candidates). */
   plan?: AttentionPlan;
 }
 
