@@ -41,9 +41,23 @@ export interface AdapterProfile {
    * `subgroups` feature); false picks the workgroup-memory kernels.
    */
   subgroups: boolean;
+  /**
+   * Multiprocessors (NVIDIA SMs, AMD CUs) that run workgroups side by side:
+   * per-shape matmul tuning tries split-K slice counts that fill whole waves
+   * of them. WebGPU does not report it, so it is {@link DEFAULT_MULTIPROCESSORS}
+   * (an H100 SXM's 132) unless a profile says otherwise.
+   */
+  multiprocessors: number;
   /** The limits kernel choices are filtered by. */
   limits: ProfileLimits;
 }
+
+/**
+ * The multiprocessor count assumed where WebGPU gives none (always): an H100
+ * SXM's 132 SMs. On other GPUs a wave of slices is then mis-sized, which
+ * costs tuning time only: the candidates are still timed.
+ */
+export const DEFAULT_MULTIPROCESSORS = 132;
 
 /** The choices a device starts with, from its profile (each documented on `Gpu`). */
 export interface ProfileDefaults {
@@ -80,6 +94,7 @@ export function adapterProfileOf(
     cpu: info.isFallbackAdapter,
     subgroupSize: maxSize ?? 32,
     subgroups,
+    multiprocessors: DEFAULT_MULTIPROCESSORS,
     limits: {
       maxComputeWorkgroupStorageSize: limits.maxComputeWorkgroupStorageSize,
       maxComputeInvocationsPerWorkgroup: limits.maxComputeInvocationsPerWorkgroup,
@@ -126,6 +141,7 @@ export function gpuLikeProfile(gpu: Gpu, limits: Partial<ProfileLimits> = {}): A
     cpu: false,
     subgroupSize: 32,
     subgroups: gpu.subgroups,
+    multiprocessors: DEFAULT_MULTIPROCESSORS,
     limits: { ...capped, ...limits },
   };
 }

@@ -52,6 +52,33 @@ export interface MatmulClass {
   size: MatmulSize;
 }
 
+/**
+ * A contiguous problem of `batch` products m × n over k in `orientation`
+ * (operands laid out as `matmul` stores them; for the tuners' scratch runs).
+ *
+ * @example
+ * ```ts
+ * import { denseProblem } from "./matmul_class.ts";
+ * const p = denseProblem({ batch: 1, m: 2, n: 3, k: 4 }, "nt");
+ * console.assert(p.b.row === 1 && p.b.col === 4);
+ * ```
+ */
+export function denseProblem(
+  dims: { batch: number; m: number; n: number; k: number },
+  orientation: MatmulOrientation,
+): MatmulProblem {
+  const { batch, m, n, k } = dims;
+  const transA = orientation === "tn", transB = orientation === "nt";
+  return {
+    batch,
+    m,
+    n,
+    k,
+    a: { batch: m * k, row: transA ? 1 : k, col: transA ? m : 1 },
+    b: { batch: k * n, row: transB ? 1 : n, col: transB ? k : 1 },
+  };
+}
+
 /** The class key of a problem (used by dispatch and the cache). */
 export function matmulClassKey(c: MatmulClass): string {
   return `${c.dtype}/${c.orientation}/${c.size}`;

@@ -121,6 +121,16 @@ export {
   tuneMatmul,
   type TuneMatmulOptions,
 } from "./matmul_tuning.ts";
+export {
+  type MatmulShape,
+  matmulShapeReport,
+  SHAPE_TRIAL_BUDGET,
+  type ShapePick,
+  type ShapeTuning,
+  tuneMatmulShapes,
+  type TuneMatmulShapesOptions,
+} from "./shape_tuning.ts";
+export type { Activation } from "./kernels/wgsl_math.ts";
 export { type AttentionTuning, tuneAttention } from "./attention_tuning.ts";
 export type { CandidateTimer, TuningProgress } from "./kernel_timing.ts";
 export type { AttentionPlan, AttentionTile } from "./device.ts";

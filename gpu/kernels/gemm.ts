@@ -86,6 +86,60 @@ export function gemmSlices(gpu: Gpu, tiling: MatmulTiling, tiles: number, k: num
   return Math.max(1, wanted, needed);
 }
 
+/** The most slices a reduction over `k` is split into (each sums at least 256, at most 64 of them). */
+export function maxSlices(k: number): number {
+  return Math.min(Math.floor(k / MIN_SLICE_K), MAX_SLICES);
+}
+
+/**
+ * The split-K slice counts worth timing for an m × n result, `depth` deep,
+ * reduced over k with `tiling` on `gpu` (the per-shape tuner's candidates):
+ * counts that make tiles × slices fill whole waves of the adapter's
+ * multiprocessors (`adapterProfile.multiprocessors`), at most `count` of
+ * them, fullest last wave first. None where the unsplit grid already fills
+ * a wave or k is too short to split (each slice sums at least 256).
+ *
+ * @example
+ * ```ts
+ * import { initGpu } from "../mod.ts";
+ * import { gpuLikeProfile, withAdapterProfile } from "../adapter_profile.ts";
+ * import { waveSlices } from "./gemm.ts";
+ * const gpu = await initGpu({ matmulTiling: "default" });
+ * const tiling = { variant: "vec4", tm: 8, tn: 8, wgx: 16, wgy: 16, tk: 32 } as const;
+ * // The GPT's fc1 weight gradient: 12 × 3 tiles of 128 × 128 over 16384 tokens.
+ * const slices = await withAdapterProfile(gpu, gpuLikeProfile(gpu), () =>
+ *   Promise.resolve(waveSlices(gpu, tiling, { m: 1536, n: 384, k: 16384 }, 1)));
+ * console.assert(slices[0] === 11); // 36 × 11 = 396 = 3 waves of 132
+ * gpu.destroy();
+ * ```
+ */
+export function waveSlices(
+  gpu: Gpu,
+  tiling: MatmulTiling,
+  size: { m: number; n: number; k: number },
+  depth: number,
+  count = 2,
+): number[] {
+  const [gx, gy] = gemmGrid(tiling, size.m, size.n, depth);
+  const tiles = gx * gy * depth, wave = gpu.adapterProfile.multiprocessors;
+  const most = maxSlices(size.k);
+  if (tiles >= wave || most < 2) return [];
+  // How full the last wave is when `slices` run (1: every multiprocessor busy to the end).
+  const fill = (slices: number) => {
+    const groups = tiles * slices;
+    return groups / (Math.ceil(groups / wave) * wave);
+  };
+  const options = new Set<number>();
+  for (let waves = 1; waves <= 4; waves++) {
+    for (const s of [Math.floor(waves * wave / tiles), Math.ceil(waves * wave / tiles)]) {
+      // The count a slice length rounded to the K step really gives.
+      const real = sliceLength(size.k, Math.min(s, most), tiling).slices;
+      if (real >= 2) options.add(real);
+    }
+  }
+  return [...options].sort((a, b) => fill(b) - fill(a) || a - b).slice(0, count);
+}
+
 /**
  * How an m × n result, `depth` deep, reduced over k is split with `tiling`
  * ({@link gemmSlices}): the length of a slice and their count (1: not split).

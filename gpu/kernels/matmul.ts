@@ -17,7 +17,8 @@ import { type MatmulProblem, tilingFor } from "../matmul_class.ts";
 export type { MatmulProblem, OperandLayout } from "../matmul_class.ts";
 import { Tensor } from "../tensor.ts";
 import type { Activation } from "./wgsl_math.ts";
-import { checkGemmLoops, gemmGrid, type GemmIo, gemmSplit, gemmWgsl } from "./gemm.ts";
+import { checkGemmLoops, gemmGrid, type GemmIo, gemmSplit, gemmWgsl, sliceLength } from "./gemm.ts";
+import { shapeOf, type ShapePick, shapePickFor } from "../shape_picks.ts";
 import type { GemmVectorIo } from "./gemm_io.ts";
 import { tilingKind } from "./tilings.ts";
 import { launchReduce } from "./reduce.ts";
@@ -151,9 +152,11 @@ export const matmulKernel = defineKernel({
 
 /**
  * Records C = A·B for a resolved problem into `c` (contiguous [batch, m, n]).
- * `tiling` overrides the tiling tuned for the problem's class (the tuner uses it).
- * Without an epilogue, a long reduction over few result tiles is split
- * along k ({@link gemmSlices}).
+ * The tiling and split are, in order: `forced` (a tiling, or a tiling and
+ * slice count: the tuners and benchmarks pass one); on GPUs the pick tuned
+ * for this exact shape (`shape_picks.ts`); the winner of the problem's class
+ * with the default split. Without a per-shape pick a long reduction over few
+ * result tiles is split along k ({@link gemmSlices}); with an epilogue never.
  */
 export function dispatchMatmul(
   problem: MatmulProblem,
@@ -161,17 +164,28 @@ export function dispatchMatmul(
   b: Tensor,
   c: Tensor,
   epilogue: { bias?: Tensor; activation?: Activation } = {},
-  tiling: MatmulTiling = tilingFor(a.gpu, problem, a.dtype),
+  forced?: MatmulTiling | ShapePick,
 ): void {
   const { batch, m, n, k } = problem;
   if (batch * m * n === 0) return;
   const gpu = a.gpu;
   const activation = epilogue.activation ?? "none";
+  const bias = epilogue.bias?.dtype ?? "none";
+  const pick: { tiling: MatmulTiling; slices?: number } = forced
+    ? ("variant" in forced ? { tiling: forced } : forced)
+    : shapePickFor(
+      gpu,
+      problem,
+      () => shapeOf(problem, { dtype: a.dtype, out: c.dtype }, { bias, activation }),
+    ) ?? { tiling: tilingFor(gpu, problem, a.dtype) };
+  const tiling = pick.tiling;
   const [gx, gy] = gemmGrid(tiling, m, n, 1);
   // The epilogue acts on whole sums, so only plain products are split.
-  const split = epilogue.bias || activation !== "none"
+  const split = bias !== "none" || activation !== "none"
     ? { length: k, slices: 1 }
-    : gemmSplit(gpu, tiling, problem, batch);
+    : pick.slices === undefined
+    ? gemmSplit(gpu, tiling, problem, batch)
+    : sliceLength(k, pick.slices, tiling);
   checkGemmLoops(gpu, split.length, tiling, "matmul");
   // Slices write f32 partial results [slices, batch, m, n], added into c below.
   const out = split.slices > 1 ? Tensor.empty([split.slices * batch * m * n], "f32", gpu) : c;
@@ -186,7 +200,7 @@ export function dispatchMatmul(
       : 0,
     dtype: a.dtype,
     out: out.dtype,
-    bias: epilogue.bias?.dtype ?? "none",
+    bias,
     activation,
   };
   const kernel = gpu.kernel(matmulKernel, config);

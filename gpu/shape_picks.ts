@@ -1,0 +1,229 @@
+/**
+ * Per-shape matmul picks on GPUs: the tiling and split-K slice count chosen
+ * for one exact product shape (m, n, k, batch, orientation, dtypes,
+ * epilogue), which dispatch prefers to its class's winner. CPU adapters keep
+ * the class rule (`matmul_class.ts`): nothing here runs for them.
+ *
+ * Design (why tuning is not done at first sight): timing a candidate needs a
+ * GPU wait, and nothing in a training step may read back, so a product of a
+ * new shape runs with its class's winner, and dispatch only notes the shape
+ * (a map insert). `await tuneMatmulShapes(gpu)` (shape_tuning.ts), called
+ * between steps — after the first one, typically — times the noted shapes
+ * and records their picks here; later steps dispatch them. Picks are cached
+ * per adapter in `localStorage` (versioned key; each entry names its adapter
+ * and is checked against the candidates before use), and read when a device
+ * first dispatches on a GPU adapter, so a second run uses them without
+ * tuning again.
+ */
+import type { Gpu, MatmulTiling } from "./device.ts";
+import type { DType } from "./dtype.ts";
+import { classOf, type MatmulOrientation, type MatmulProblem } from "./matmul_class.ts";
+import { tunerCacheKey, winnerCache } from "./kernel_timing.ts";
+import { tilingFits, tilingKind } from "./kernels/tilings.ts";
+import { maxSlices } from "./kernels/gemm.ts";
+import type { Activation } from "./kernels/wgsl_math.ts";
+import { MATMUL_CANDIDATES } from "./matmul_candidates.ts";
+
+/** Bump when kernels or the pick's meaning change: older cached picks are ignored. */
+const SHAPE_PICKS_VERSION = 1;
+
+/** One product's exact shape: what a per-shape pick is for. */
+export interface MatmulShape {
+  /** Rows of the result. */
+  m: number;
+  /** Columns of the result. */
+  n: number;
+  /** The inner size. */
+  k: number;
+  /** Batch count. */
+  batch: number;
+  /** Which operand is read transposed. */
+  orientation: MatmulOrientation;
+  /** Storage dtype of A and B. */
+  dtype: "f32" | "f16";
+  /** Storage dtype of C. */
+  out: "f32" | "f16";
+  /** Bias dtype, or "none". */
+  bias: "f32" | "f16" | "none";
+  /** Activation after the bias. */
+  activation: Activation;
+}
+
+/** What a shape runs with: a tiling and how many slices of k (1: not split). */
+export interface ShapePick {
+  /** The tiling. */
+  tiling: MatmulTiling;
+  /** Split-K slices (1 with an epilogue: it acts on whole sums). */
+  slices: number;
+}
+
+/** A shape's pick with its time on the tuner's problem (null: not measured in this run). */
+export interface ShapeRecord {
+  /** The shape. */
+  shape: MatmulShape;
+  /** The pick. */
+  pick: ShapePick;
+  /** Seconds per product of the pick when it was measured (kept in the cache). */
+  seconds: number;
+}
+
+/** The cache key of a shape, e.g. `"f32>f32/nt/b1/16384x1536x384/f32/gelu"`. */
+export function matmulShapeKey(s: MatmulShape): string {
+  return `${s.dtype}>${s.out}/${s.orientation}/b${s.batch}/${s.m}x${s.n}x${s.k}/` +
+    `${s.bias}/${s.activation}`;
+}
+
+/** The shape of `problem` with operands in `dtype`, result in `out` and `epilogue`. */
+export function shapeOf(
+  problem: MatmulProblem,
+  dtypes: { dtype: DType; out: DType },
+  epilogue: { bias: DType | "none"; activation: Activation },
+): MatmulShape {
+  const half = (d: DType) => d === "f16" ? "f16" : "f32";
+  return {
+    m: problem.m,
+    n: problem.n,
+    k: problem.k,
+    batch: problem.batch,
+    orientation: classOf(problem, dtypes.dtype).orientation,
+    dtype: half(dtypes.dtype),
+    out: half(dtypes.out),
+    bias: epilogue.bias === "none" ? "none" : half(epilogue.bias),
+    activation: epilogue.activation,
+  };
+}
+
+/** Whether `pick` can run `shape` on `gpu` (a cached pick is checked before it is trusted). */
+export function pickFits(gpu: Gpu, shape: MatmulShape, pick: ShapePick): boolean {
+  const known = MATMUL_CANDIDATES.some((c) => JSON.stringify(c) === JSON.stringify(pick.tiling));
+  const split = shape.bias === "none" && shape.activation === "none";
+  return known && tilingKind(pick.tiling).forGpus &&
+    tilingFits(pick.tiling, shape.dtype, gpu.adapterProfile.limits) &&
+    Number.isInteger(pick.slices) && pick.slices >= 1 &&
+    (pick.slices === 1 || split && pick.slices <= maxSlices(shape.k));
+}
+
+/** A device's picks and the shapes it saw without one, for one adapter profile. */
+interface ShapeState {
+  /** The cache key this state belongs to (a profile switch starts another). */
+  cacheKey: string;
+  /** Picks by shape key. */
+  picks: Map<string, ShapeRecord>;
+  /** Shapes dispatched without a pick, with a problem of theirs (its strides). */
+  pending: Map<string, { shape: MatmulShape; problem: MatmulProblem }>;
+  /** Keys whose pick came from the cache. */
+  fromCache: Set<string>;
+}
+
+const states = new WeakMap<Gpu, ShapeState>();
+
+/**
+ * The `localStorage` key of `gpu`'s cached picks (per adapter, profile and
+ * version). @internal
+ *
+ * @example
+ * ```ts
+ * import { initGpu } from "./mod.ts";
+ * import { shapeCacheKey } from "./shape_picks.ts";
+ * const gpu = await initGpu({ matmulTiling: "default" });
+ * console.assert(shapeCacheKey(gpu).startsWith("halfstep.matmulShapes."));
+ * gpu.destroy();
+ * ```
+ */
+export function shapeCacheKey(gpu: Gpu): string {
+  return tunerCacheKey(gpu, "matmulShapes", SHAPE_PICKS_VERSION);
+}
+
+function cacheOf(gpu: Gpu) {
+  const adapter = adapterLabel(gpu);
+  return winnerCache(
+    shapeCacheKey(gpu),
+    (stored) => validRecord(gpu, adapter, stored),
+  );
+}
+
+/** Who measured a pick: the adapter and the profile it ran as. */
+function adapterLabel(gpu: Gpu): string {
+  return `${gpu.adapterName} [${gpu.adapterProfile.name}]`;
+}
+
+/** A stored entry as a record, or undefined when it is another adapter's or malformed. */
+function validRecord(gpu: Gpu, adapter: string, stored: unknown): ShapeRecord | undefined {
+  try {
+    const entry = stored as ShapeRecord & { adapter: string };
+    if (entry.adapter !== adapter || !(entry.seconds > 0)) return undefined;
+    if (!pickFits(gpu, entry.shape, entry.pick)) return undefined;
+    const tiling = MATMUL_CANDIDATES.find((c) =>
+      JSON.stringify(c) === JSON.stringify(entry.pick.tiling)
+    )!;
+    const shape = shapeFields(entry.shape);
+    return { shape, pick: { tiling, slices: entry.pick.slices }, seconds: entry.seconds };
+  } catch {
+    return undefined;
+  }
+}
+
+/** `s`'s fields only, in order (so its key is recomputed from what it says). */
+function shapeFields(s: MatmulShape): MatmulShape {
+  const { m, n, k, batch, orientation, dtype, out, bias, activation } = s;
+  return { m, n, k, batch, orientation, dtype, out, bias, activation };
+}
+
+/** The per-shape state of `gpu` as it is now (read from the cache on first use per profile). */
+export function shapeState(gpu: Gpu): ShapeState {
+  const cacheKey = shapeCacheKey(gpu);
+  const known = states.get(gpu);
+  if (known?.cacheKey === cacheKey) return known;
+  const picks = new Map<string, ShapeRecord>();
+  // An entry stored under another shape's key is not trusted either.
+  for (const [key, record] of Object.entries(cacheOf(gpu).read())) {
+    if (matmulShapeKey(record.shape) === key) picks.set(key, record);
+  }
+  const state = { cacheKey, picks, pending: new Map(), fromCache: new Set(picks.keys()) };
+  states.set(gpu, state);
+  return state;
+}
+
+/** Adds `records` to `gpu`'s cache of picks. */
+export function cachePicks(gpu: Gpu, records: ReadonlyMap<string, ShapeRecord>): void {
+  const adapter = adapterLabel(gpu);
+  const entries = new Map([...records].map(([k, r]) => [k, { ...r, adapter }]));
+  cacheOf(gpu).write(entries as unknown as Map<string, ShapeRecord>);
+}
+
+/**
+ * Forgets `gpu`'s picks and noted shapes (as a new run starts): the next
+ * dispatch reads the cache again. For tests and benchmarks. @internal
+ *
+ * @example
+ * ```ts
+ * import { initGpu } from "./mod.ts";
+ * import { forgetMatmulShapes } from "./shape_picks.ts";
+ * const gpu = await initGpu({ matmulTiling: "default" });
+ * forgetMatmulShapes(gpu);
+ * gpu.destroy();
+ * ```
+ */
+export function forgetMatmulShapes(gpu: Gpu): void {
+  states.delete(gpu);
+}
+
+/**
+ * The pick dispatch uses for `shape` on `gpu`: on GPU adapters the shape's
+ * own pick once tuned (the shape is noted for `tuneMatmulShapes` until
+ * then), else undefined (the class rule applies).
+ */
+export function shapePickFor(
+  gpu: Gpu,
+  problem: MatmulProblem,
+  shape: () => MatmulShape,
+): ShapePick | undefined {
+  if (gpu.adapterProfile.cpu) return undefined;
+  const state = shapeState(gpu);
+  const s = shape();
+  const key = matmulShapeKey(s);
+  const record = state.picks.get(key);
+  if (record) return record.pick;
+  if (!state.pending.has(key)) state.pending.set(key, { shape: s, problem });
+  return undefined;
+}
