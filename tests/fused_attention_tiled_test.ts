@@ -153,7 +153,7 @@ Deno.test({
 const SMALL_TILE = TILED_ATTENTION_PLANS.find((p) => p.tile!.br === 16)!;
 
 Deno.test({
-  name: "tiled attention: odd shapes (T = 1, 7, 70, 129; D = 6, 16, 64, 80), f32 and f16, " +
+  name: "tiled attention: odd shapes (T = 1, 7, 70, 129, 257; D = 6, 16, 64, 80), f32 and f16, " +
     "dropout and packed q/k/v, match f64",
   ...GPU_TEST,
   async fn() {
@@ -165,6 +165,7 @@ Deno.test({
       { dims: { b: 1, t: 70, h: 2, d: 80 }, dtype: "f16", dropout: false, packed: true },
       { dims: { b: 1, t: 129, h: 1, d: 64 }, dtype: "f16", dropout: true, packed: true },
       { dims: { b: 1, t: 129, h: 2, d: 16 }, dtype: "f32", dropout: true, packed: false },
+      { dims: { b: 1, t: 257, h: 1, d: 16 }, dtype: "f32", dropout: true, packed: false },
       // No multiple of 4: scalar tile elements instead of vec4.
       { dims: { b: 2, t: 70, h: 3, d: 6 }, dtype: "f32", dropout: true, packed: true },
     ];
