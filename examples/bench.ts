@@ -44,8 +44,9 @@
  * 2026-11-22 figures in shared/perf — GPT step 340–400 ms, ops 0.1–2.5 ms,
  * 4096³ at ≥ 10 TF, any wait ~11 ms — and an assumed ≤ 0.3 s per pipeline
  * compile; every loop is bounded by --steps and --repeats): start-up tuning
- * 20–40 s (18 classes × 7 candidates and 2 attention dtypes × 12 plans, each
- * a warm-up and 3 timed runs, the 3 finalists twice, ~110 pipelines); `gpt`
+ * 20–60 s (18 classes × 7 candidates, and 2 attention dtypes × up to 17
+ * plans at the GPT's B·H = 384, T = 256 (about 1 ms a run), each a warm-up
+ * and 3 timed runs, the 3 finalists twice, ~150 pipelines); `gpt`
  * 4 modes × (1 + 10 + 1) steps ≈ 20 s plus compiles; `ops` 2 dtypes × 15 ops
  * × ~50 runs ≈ 30 s; `matmul` 24 products, ≤ 11 runs each, ≈ 10 s;
  * `tilings` 2 dtypes × 7 products × 7 candidates, plus chunked f16 sums and
