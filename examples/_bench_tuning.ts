@@ -1,7 +1,8 @@
 /**
- * The benchmark's start-up tuning and its report: what each matmul class and
- * each attention dtype picked, and how fast the pick ran on the tuner's
- * problem. `initGpu` tunes the same way but keeps only the winners, so the
+ * The benchmark's tuning and its report: what each matmul class and each
+ * attention dtype picked at start-up, and each matmul shape `gpt` tuned
+ * after its first step (GPUs only), and how fast the pick ran on the
+ * tuner's problem. `initGpu` tunes the same way but keeps only the winners, so the
  * benchmark starts the device untuned and runs the tuners itself to keep
  * their measurements (a winner read from the per-adapter cache has none:
  * `--retune` measures again).
@@ -11,19 +12,22 @@ import {
   type ClassTuning,
   type Gpu,
   matmulClassKey,
+  matmulShapeReport,
+  type ShapeTuning,
   tilingName,
   tuneAttention,
   tuneMatmul,
+  tuneMatmulShapes,
   type TuningProgress,
 } from "../gpu/mod.ts";
 
 /** One tuned choice: what was picked for which key, and its time where it was measured. */
 export interface TunedPick {
-  /** Matmul class key (`"f32/nt/large"`) or attention storage dtype. */
+  /** Matmul class key (`"f32/nt/large"`), matmul shape key, or attention storage dtype. */
   key: string;
   /** The winner, as logs name it. */
   pick: string;
-  /** Milliseconds per run of the winner on the tuner's problem (null when cached). */
+  /** Milliseconds per run of the winner on the tuner's problem (null when a cached class or plan). */
   ms: number | null;
   /** GFLOP/s of the winner on the tuner's problem (matmul; null when cached). */
   gflops: number | null;
@@ -41,6 +45,10 @@ export interface TuningReport {
   matmul: TunedPick[];
   /** One pick per attention storage dtype. */
   attention: TunedPick[];
+  /** Whether `--retune` asked for measurements instead of cached picks (per-shape tuning follows it). */
+  retune: boolean;
+  /** Wall seconds per-shape tuning took (cache reads included; `gpt` adds to it). */
+  shapeSeconds: number;
 }
 
 /** Progress of a tuning run on stderr (stdout carries only JSON lines). */
@@ -83,7 +91,32 @@ export async function tuneForBench(gpu: Gpu, retune: boolean): Promise<TuningRep
   const attention = await tuneAttention(gpu, { force: retune, onProgress: announce });
   gpu.pool.releaseCached();
   gpu.resetPeakMemory();
-  return tuningReport(matmul, attention, (performance.now() - start) / 1000);
+  return { ...tuningReport(matmul, attention, (performance.now() - start) / 1000), retune };
+}
+
+/**
+ * Tunes every matmul shape dispatched so far at its own shape (GPUs only;
+ * from the cache unless the report says `retune`), between steps, and adds
+ * the time to the report. Frees the scratch buffers as {@link tuneForBench}.
+ */
+export async function tuneShapesForBench(gpu: Gpu, report: TuningReport): Promise<void> {
+  const start = performance.now();
+  await tuneMatmulShapes(gpu, { force: report.retune, onProgress: announce });
+  gpu.pool.releaseCached();
+  gpu.resetPeakMemory();
+  report.shapeSeconds += (performance.now() - start) / 1000;
+}
+
+/** Every per-shape pick `gpu` holds, as report lines (none on CPU adapters). */
+export function shapePicks(gpu: Gpu): TunedPick[] {
+  return matmulShapeReport(gpu).map((t: ShapeTuning) => ({
+    key: t.key,
+    pick: `${tilingName(t.pick.tiling)}${t.pick.slices > 1 ? ` split ${t.pick.slices}` : ""}`,
+    ms: t.seconds * 1000,
+    gflops: t.gflops,
+    candidates: t.trials,
+    cached: t.cached,
+  }));
 }
 
 /** The report of the tuners' results: each winner with its own measurement. */
@@ -92,21 +125,37 @@ export function tuningReport(
   attention: readonly AttentionTuning[],
   seconds: number,
 ): TuningReport {
-  return { seconds, matmul: matmul.map(matmulPick), attention: attention.map(attentionPick) };
+  return {
+    seconds,
+    matmul: matmul.map(matmulPick),
+    attention: attention.map(attentionPick),
+    retune: false,
+    shapeSeconds: 0,
+  };
+}
+
+/** One pick as a line for stderr. */
+function pickLine(kind: string, p: TunedPick): string {
+  const figures = p.ms === null
+    ? ""
+    : `${p.ms.toFixed(3)} ms${p.gflops === null ? "" : ` ${p.gflops.toPrecision(3)} GFLOP/s`} `;
+  const how = p.cached ? "cached" : `(best of ${p.candidates})`;
+  return `tuning   ${kind.padEnd(9)} ${p.key.padEnd(16)} ${p.pick.padEnd(32)} ${figures}${how}`;
 }
 
 /** The report as lines for stderr: one per pick. */
 export function tuningTable(report: TuningReport): string {
-  const line = (kind: string, p: TunedPick) => {
-    const time = p.ms === null
-      ? "cached"
-      : `${p.ms.toFixed(3)} ms${p.gflops === null ? "" : ` ${p.gflops.toPrecision(3)} GFLOP/s`} ` +
-        `(best of ${p.candidates})`;
-    return `tuning   ${kind.padEnd(9)} ${p.key.padEnd(16)} ${p.pick.padEnd(32)} ${time}`;
-  };
   return [
     `tuning   ${report.seconds.toFixed(1)} s`,
-    ...report.matmul.map((p) => line("matmul", p)),
-    ...report.attention.map((p) => line("attention", p)),
+    ...report.matmul.map((p) => pickLine("matmul", p)),
+    ...report.attention.map((p) => pickLine("attention", p)),
+  ].join("\n");
+}
+
+/** Per-shape picks as lines for stderr: shape → pick → time. */
+export function shapeTable(picks: readonly TunedPick[], seconds: number): string {
+  return [
+    `tuning   shapes ${seconds.toFixed(1)} s`,
+    ...picks.map((p) => pickLine("shape", p)),
   ].join("\n");
 }

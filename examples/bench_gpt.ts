@@ -7,8 +7,10 @@
  * time against the step's wall time (the gap is the GPU waiting on
  * JavaScript and submits). A fourth run, "amp unfused", is AMP with the
  * reference attention (matmuls around a saved T×T softmax), for the fused
- * op's time and memory. A "tuning" row says what the start-up tuning picked
- * for each matmul class and attention dtype, and how fast. `--size small`
+ * op's time and memory. On GPUs each mode's first step is followed by
+ * per-shape matmul tuning (`tuneMatmulShapes`) before the timed steps. A
+ * "tuning" row says what the start-up tuning picked for each matmul class
+ * and attention dtype, and each matmul shape's pick, and how fast. `--size small`
  * (the default on CPU adapters) shrinks it to run in seconds there.
  */
 import { TinyGpt, type TinyGptConfig } from "./tiny_gpt_model.ts";
@@ -23,6 +25,7 @@ import {
 } from "../mod.ts";
 import { type BenchOptions, disposeAll, resolveSize, type Result, timed } from "./_bench.ts";
 import { gptStepFlops } from "./_flops.ts";
+import { shapePicks, shapeTable, tuneShapesForBench } from "./_bench_tuning.ts";
 
 /** A GPT's sizes and its batch. */
 export type GptBenchConfig = Required<Omit<TinyGptConfig, "fusedAttention">> & { batch: number };
@@ -98,6 +101,8 @@ export async function benchGpt(gpu: Gpu, o: BenchOptions): Promise<Result[]> {
     };
     step();
     await gpu.sync();
+    // Between steps: time each product this step dispatched at its own shape (GPUs).
+    await tuneShapesForBench(gpu, o.tuning);
     gpu.resetPeakMemory();
     const before = gpu.batch.counters.dispatches;
     const seconds = await timed(gpu, steps, step);
@@ -121,6 +126,8 @@ export async function benchGpt(gpu: Gpu, o: BenchOptions): Promise<Result[]> {
     disposeAll(trainer, optimizer, model);
   }
   disposeAll(x, y);
+  const shapes = shapePicks(gpu);
+  if (shapes.length > 0) console.error(shapeTable(shapes, o.tuning.shapeSeconds));
   const [f32, amp, ckpt, unfused] = results;
   results.push({
     bench: "gpt",
@@ -137,11 +144,13 @@ export async function benchGpt(gpu: Gpu, o: BenchOptions): Promise<Result[]> {
   results.push({
     bench: "gpt",
     mode: "tuning",
-    model: "start-up picks: matmul tiling per class, attention plan per dtype",
+    model: "picks: matmul tiling per class, attention plan per dtype, matmul tiling per shape",
     size,
     tuningSeconds: o.tuning.seconds,
+    shapeTuningSeconds: o.tuning.shapeSeconds,
     matmul: o.tuning.matmul,
     attention: o.tuning.attention,
+    shapes,
     peakBytes: 0,
   });
   return results;

@@ -103,14 +103,14 @@ export function pickFits(gpu: Gpu, shape: MatmulShape, pick: ShapePick): boolean
     (pick.slices === 1 || split && pick.slices <= maxSlices(shape.k));
 }
 
-/** A device's picks and the shapes it saw without one, for one adapter profile. */
+/** A device's picks and the shapes it dispatched, for one adapter profile. */
 interface ShapeState {
   /** The cache key this state belongs to (a profile switch starts another). */
   cacheKey: string;
   /** Picks by shape key. */
   picks: Map<string, ShapeRecord>;
-  /** Shapes dispatched without a pick, with a problem of theirs (its strides). */
-  pending: Map<string, { shape: MatmulShape; problem: MatmulProblem }>;
+  /** Every shape dispatched, with a problem of theirs (its strides). */
+  seen: Map<string, { shape: MatmulShape; problem: MatmulProblem }>;
   /** Keys whose pick came from the cache. */
   fromCache: Set<string>;
 }
@@ -179,7 +179,7 @@ export function shapeState(gpu: Gpu): ShapeState {
   for (const [key, record] of Object.entries(cacheOf(gpu).read())) {
     if (matmulShapeKey(record.shape) === key) picks.set(key, record);
   }
-  const state = { cacheKey, picks, pending: new Map(), fromCache: new Set(picks.keys()) };
+  const state = { cacheKey, picks, seen: new Map(), fromCache: new Set(picks.keys()) };
   states.set(gpu, state);
   return state;
 }
@@ -210,8 +210,8 @@ export function forgetMatmulShapes(gpu: Gpu): void {
 
 /**
  * The pick dispatch uses for `shape` on `gpu`: on GPU adapters the shape's
- * own pick once tuned (the shape is noted for `tuneMatmulShapes` until
- * then), else undefined (the class rule applies).
+ * own pick once tuned, else undefined (the class rule applies). The shape
+ * is noted for `tuneMatmulShapes`.
  */
 export function shapePickFor(
   gpu: Gpu,
@@ -222,8 +222,6 @@ export function shapePickFor(
   const state = shapeState(gpu);
   const s = shape();
   const key = matmulShapeKey(s);
-  const record = state.picks.get(key);
-  if (record) return record.pick;
-  if (!state.pending.has(key)) state.pending.set(key, { shape: s, problem });
-  return undefined;
+  if (!state.seen.has(key)) state.seen.set(key, { shape: s, problem });
+  return state.picks.get(key)?.pick;
 }

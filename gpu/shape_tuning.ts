@@ -66,9 +66,12 @@ export interface ShapeTuning {
 
 /** Options of {@link tuneMatmulShapes}. */
 export interface TuneMatmulShapesOptions {
-  /** Shapes to tune (default: every shape dispatched on this device without a pick yet). */
+  /** Shapes to tune (default: every shape dispatched on this device since it started). */
   shapes?: readonly MatmulShape[];
-  /** Measure again even when a pick exists (default false). */
+  /**
+   * Measure again what the cache gave (and every listed shape), not only
+   * shapes without a pick (default false).
+   */
   force?: boolean;
   /** Times one trial (default: GPU timestamps, else wall time; see `secondsPerRun`). */
   timer?: CandidateTimer<ShapePick>;
@@ -80,7 +83,8 @@ export interface TuneMatmulShapesOptions {
 
 /**
  * Tunes matmuls at their own shapes (see the module comment) and returns
- * every pick of the shapes asked for. On CPU adapters it does nothing and
+ * the pick of every shape asked for (by default those dispatched so far;
+ * only shapes without a pick are timed, unless `force`). On CPU adapters it does nothing and
  * returns none: dispatch keeps the class rule there. Waits for the GPU many
  * times: call it between steps (typically after the first), never in one.
  *
@@ -104,12 +108,14 @@ export async function tuneMatmulShapes(
   const asked = options.shapes?.map((shape) => ({
     shape,
     problem: denseProblem(shape, shape.orientation),
-  })) ??
-    [...state.pending.values()];
+  })) ?? [...state.seen.values()];
   const timer = options.timer ?? ((_, run) => secondsPerRun(gpu, run));
-  const todo = asked.filter(({ shape }) =>
-    options.force || !state.picks.has(matmulShapeKey(shape))
-  );
+  const wanted = ({ shape }: { shape: MatmulShape }) => {
+    const key = matmulShapeKey(shape);
+    if (!state.picks.has(key)) return true;
+    return !!options.force && (!!options.shapes || state.fromCache.has(key));
+  };
+  const todo = asked.filter(wanted);
   const measured = progressReporter("matmul shapes", todo.length, options.onProgress);
   const fresh = new Map<string, ShapeRecord>();
   const results: ShapeTuning[] = [];
@@ -125,7 +131,6 @@ export async function tuneMatmulShapes(
       state.fromCache.delete(key);
       measured();
     }
-    state.pending.delete(key);
     const record = state.picks.get(key)!;
     results.push({
       shape,

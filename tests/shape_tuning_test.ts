@@ -21,6 +21,7 @@ import { waveSlices } from "../gpu/kernels/gemm.ts";
 import { matmulCandidates } from "../gpu/matmul_candidates.ts";
 import { tilingKind } from "../gpu/kernels/tilings.ts";
 import { asGpu, gpu, GPU_TEST } from "./_gpu.ts";
+import { shapePicks, shapeTable } from "../examples/_bench_tuning.ts";
 import { matmul64, uniform } from "./_reference.ts";
 import { assertClose, TOL } from "./_assert.ts";
 
@@ -137,6 +138,13 @@ Deno.test({
         matmulShapeReport(gpu).map((r) => [r.key, r.pick]),
         [[matmulShapeKey(LONG), l.pick], [matmulShapeKey(SHORT), s.pick]],
       );
+      // The benchmark's report: shape → pick → time.
+      const lines = shapeTable(shapePicks(gpu), 1).split("\n");
+      assert.equal(lines.length, 3, lines.join("\n"));
+      assert.ok(
+        lines[1].includes(matmulShapeKey(LONG)) && lines[1].includes(`split ${l.pick.slices}`),
+      );
+      assert.ok(lines[1].includes(`${(l.seconds * 1000).toFixed(3)} ms`), lines[1]);
     });
   },
 });
@@ -155,17 +163,23 @@ Deno.test({
       assert.equal(tuned[0].pick.tiling, last);
       assert.deepEqual(tuned.map((t) => t.key), [matmulShapeKey(SHORT)], "the noted shape");
       assert.ok(tuned[0].trials > 0 && tuned[0].trials <= SHAPE_TRIAL_BUDGET);
-      assert.deepEqual(await tuneMatmulShapes(gpu, { timer: first.timer }), [], "none left");
+      const calls = first.calls.length;
+      const again = await tuneMatmulShapes(gpu, { timer: first.timer });
+      assert.equal(first.calls.length, calls, "a shape with a pick is not timed again");
+      assert.deepEqual(again.map((t) => [t.key, t.trials, t.cached]), [[tuned[0].key, 0, false]]);
 
       forgetMatmulShapes(gpu); // a new run: only the cache remains
       const after = await dispatched(() => checkAgainstF64(SHORT, 5));
       assert.ok(keyHas(after[0].key, last), "the cached pick runs before any tuning");
       const second = favouring(() => true);
-      const again = await tuneMatmulShapes(gpu, { shapes: [SHORT], timer: second.timer });
+      const read = await tuneMatmulShapes(gpu, { timer: second.timer });
       assert.equal(second.calls.length, 0, "nothing timed");
-      assert.ok(again[0].cached && again[0].trials === 0);
-      assert.deepEqual(again[0].pick, tuned[0].pick);
-      assert.equal(again[0].seconds, tuned[0].seconds, "the cache keeps the pick's time");
+      assert.ok(read[0].cached && read[0].trials === 0);
+      assert.deepEqual(read[0].pick, tuned[0].pick);
+      assert.equal(read[0].seconds, tuned[0].seconds, "the cache keeps the pick's time");
+      // force measures what the cache gave again (a benchmark's --retune).
+      const [retuned] = await tuneMatmulShapes(gpu, { timer: second.timer, force: true });
+      assert.ok(second.calls.length > 0 && !retuned.cached);
     });
   },
 });
