@@ -184,11 +184,13 @@ async function tuneShape(
     splittable ? waveSlices(gpu, tiling, shape, shape.batch, SPLIT_COUNTS + 1) : [];
   const tilings = matmulCandidates(gpu, shape.dtype).filter((t) => tilingKind(t).forGpus)
     .slice(0, SHAPE_TRIAL_BUDGET - SPLIT_TILINGS * SPLIT_COUNTS - FINALISTS);
-  const operands = untracked(() => operandsOf(gpu, shape, problem));
+  // Made at the first run (an injected timer may time without running).
+  let operands: ReturnType<typeof operandsOf> | undefined;
   const trials: { pick: ShapePick; seconds: number }[] = [];
   const timeOf = (pick: ShapePick) =>
     timer(pick, () => {
-      dispatchMatmul(problem, operands.a, operands.b, operands.c, operands.epilogue, pick);
+      const o = operands ??= untracked(() => operandsOf(gpu, shape, problem));
+      dispatchMatmul(problem, o.a, o.b, o.c, o.epilogue, pick);
     });
   const time = async (pick: ShapePick) => trials.push({ pick, seconds: await timeOf(pick) });
   let count = 0;
@@ -206,7 +208,7 @@ async function tuneShape(
       count++;
     }
   } finally {
-    for (const t of operands.owned) t.dispose();
+    for (const t of operands?.owned ?? []) t.dispose();
   }
   const best = trials.reduce((b, t) => t.seconds < b.seconds ? t : b);
   return { pick: best.pick, seconds: best.seconds, trials: count };

@@ -302,3 +302,27 @@ Deno.test({
     assert.deepEqual(await tuneMatmulShapes(gpu, { shapes: [SHORT] }), []);
   },
 });
+
+Deno.test({
+  name: "shape tuning: every trial runs on the device (batched split, f16 with a bias and " +
+    "GELU) without a device error",
+  ...GPU_TEST,
+  async fn() {
+    await freshGpu(async () => {
+      const shapes: MatmulShape[] = [
+        { ...SHORT, m: 33, n: 7, batch: 2, orientation: "tn" },
+        { ...SHORT, m: 9, n: 12, k: 300, dtype: "f16", bias: "f16", activation: "gelu" },
+      ];
+      let runs = 0;
+      const timer = async (_: ShapePick, run: () => void) => {
+        run();
+        runs++;
+        await gpu.sync();
+        return 1e-3;
+      };
+      const results = await tuneMatmulShapes(gpu, { shapes, timer });
+      assert.equal(runs, results[0].trials + results[1].trials);
+      assert.ok(results[0].trials > gpuTilings().length, "split counts tried too");
+    });
+  },
+});
