@@ -51,8 +51,9 @@
  * × ~50 runs ≈ 30 s; `matmul` 24 products, ≤ 11 runs each, ≈ 10 s;
  * `tilings` 2 dtypes × 7 products × 7 candidates, plus chunked f16 sums and
  * unsplit weight gradients, ≈ 110 timings of ≤ 4 runs at ≤ 0.1 s each plus
- * their compiles ≈ 1 min. Each well under 5 minutes; per-shape tuning, when
- * it lands, adds its own budget to the entries that dispatch new shapes.
+ * their compiles ≈ 1 min. Each well under 5 minutes. Per-shape tuning (`gpt`,
+ * after each mode's first step): ≤ 15 shapes × 14 timings × ~25 ms ≈ 5 s per
+ * dtype plus new pipelines, once per adapter.
  *
  * @module
  */
