@@ -176,13 +176,19 @@ async function dirtyOddF16(values: number[]): Promise<Tensor> {
   return g;
 }
 
-for (const dtype of ["f32", "f16"] as const) {
+/** A per-dtype test's options: f16 is ignored, with the reason in its name, without shader-f16. */
+function dtypeTest(name: string, dtype: "f32" | "f16") {
   const ignore = dtype === "f16" && !gpu.f16;
-  Deno.test({
-    name: `GradScaler: detects +Inf, -Inf, NaN in ${dtype} gradients anywhere` +
-      (ignore ? " (ignored: the adapter has no shader-f16)" : ""),
+  return {
+    name: ignore ? `${name} (ignored: the adapter has no shader-f16)` : name,
     ignore,
     ...GPU_TEST,
+  };
+}
+
+for (const dtype of ["f32", "f16"] as const) {
+  Deno.test({
+    ...dtypeTest(`GradScaler: detects +Inf, -Inf, NaN in ${dtype} gradients anywhere`, dtype),
     fn: () => detectsNonFinite(dtype),
   });
 }
@@ -225,47 +231,56 @@ Deno.test("GradScaler: overflow from a huge scale, and from an unscale product, 
   assert.equal(await scaler.getScale(), 2 ** 126);
   scaler.dispose();
   opt.zeroGrad();
-  // A scale below 1 multiplies on unscale: finite inputs whose product overflows.
-  const cases = [["f32", 3e38, 0.5], ["f16", 60000, 0.5], ["f16", 2000, 2 ** -6]] as const;
-  for (const [dtype, big, scale] of cases) {
-    if (dtype === "f16" && !gpu.f16) continue;
-    const s = new GradScaler({ lossScale: scale });
-    const o = new FakeOptimizer([paramWithGrad([1, big, 2], dtype)]);
-    s.step(o);
-    assert.deepEqual(await o.seenFlags(), [1], `${dtype} ${big} / ${scale}`);
-    const g = await o.params[0].grad!.read();
-    assert.deepEqual([...g], [1 / scale, Infinity, 2 / scale], "overflowed values become inf");
-    s.dispose();
-    o.zeroGrad();
-  }
 });
 
-Deno.test("GradScaler: unscale divides exactly by a power-of-two scale (f32 and f16)", {
-  ...GPU_TEST,
-}, async () => {
+for (const dtype of ["f32", "f16"] as const) {
+  // A scale below 1 multiplies on unscale: finite inputs whose product overflows.
+  const cases = dtype === "f32" ? [[3e38, 0.5]] : [[60000, 0.5], [2000, 2 ** -6]];
+  Deno.test({
+    ...dtypeTest(`GradScaler: an ${dtype} unscale product that overflows is found`, dtype),
+    async fn() {
+      for (const [big, scale] of cases) {
+        const s = new GradScaler({ lossScale: scale });
+        const o = new FakeOptimizer([paramWithGrad([1, big, 2], dtype)]);
+        s.step(o);
+        assert.deepEqual(await o.seenFlags(), [1], `${dtype} ${big} / ${scale}`);
+        const g = await o.params[0].grad!.read();
+        assert.deepEqual([...g], [1 / scale, Infinity, 2 / scale], "overflowed values become inf");
+        s.dispose();
+        o.zeroGrad();
+      }
+    },
+  });
+}
+
+for (const [dtype, scale] of [["f32", 2 ** 16], ["f32", 2 ** -3], ["f16", 2 ** 4]] as const) {
+  Deno.test({
+    ...dtypeTest(`GradScaler: unscale divides ${dtype} exactly by the scale ${scale}`, dtype),
+    fn: () => unscaleExactly(dtype, scale),
+  });
+}
+
+async function unscaleExactly(dtype: "f32" | "f16", scale: number): Promise<void> {
   let seed = 7;
   const rand = () => (seed = (seed * 1103515245 + 12345) % 2 ** 31) / 2 ** 31;
-  for (const [dtype, scale] of [["f32", 2 ** 16], ["f32", 2 ** -3], ["f16", 2 ** 4]] as const) {
-    if (dtype === "f16" && !gpu.f16) continue;
-    const n = 3001;
-    const raw = Array.from({ length: n }, () => (rand() - 0.5) * 2 ** (rand() * 20 - 4));
-    const host = dtype === "f32" ? Float32Array.from(raw) : Float16Array.from(raw);
-    const scaler = new GradScaler({ lossScale: scale });
-    const opt = new FakeOptimizer([paramWithGrad(host, dtype)]);
-    scaler.unscale(opt);
-    const got = await opt.params[0].grad!.read();
-    const want = dtype === "f32"
-      ? Float32Array.from(host, (v) => v / scale)
-      : Float16Array.from(host, (v) => v / scale);
-    for (let i = 0; i < n; i++) {
-      assert.ok(Object.is(got[i], want[i]), `${dtype} /${scale} [${i}]: ${got[i]} vs ${want[i]}`);
-    }
-    scaler.step(opt);
-    assert.deepEqual(await opt.seenFlags(), [0]);
-    scaler.dispose();
-    opt.zeroGrad();
+  const n = 3001;
+  const raw = Array.from({ length: n }, () => (rand() - 0.5) * 2 ** (rand() * 20 - 4));
+  const host = dtype === "f32" ? Float32Array.from(raw) : Float16Array.from(raw);
+  const scaler = new GradScaler({ lossScale: scale });
+  const opt = new FakeOptimizer([paramWithGrad(host, dtype)]);
+  scaler.unscale(opt);
+  const got = await opt.params[0].grad!.read();
+  const want = dtype === "f32"
+    ? Float32Array.from(host, (v) => v / scale)
+    : Float16Array.from(host, (v) => v / scale);
+  for (let i = 0; i < n; i++) {
+    assert.ok(Object.is(got[i], want[i]), `${dtype} /${scale} [${i}]: ${got[i]} vs ${want[i]}`);
   }
-});
+  scaler.step(opt);
+  assert.deepEqual(await opt.seenFlags(), [0]);
+  scaler.dispose();
+  opt.zeroGrad();
+}
 
 Deno.test("GradScaler: misuse and bad options are clear errors", { ...GPU_TEST }, () => {
   const scaler = new GradScaler();
