@@ -51,10 +51,11 @@ Flags:
                      overflow and underflow over steps to PATH with
                      .numerics.svg for .svg
   --inspect          watch every op with a numerics inspector (counted on the
-                     GPU, read when the loss is logged): at the end print the
-                     layers with the most NaN/Inf, f16 overflow and underflow
-                     and the first op that produced a NaN/Inf (with --json,
-                     an "inspect" event holding the whole report)
+                     GPU, read when the loss is logged): at the end, or when
+                     training diverged, print the first op that produced a
+                     NaN/Inf and the layers with the most NaN/Inf, f16 overflow
+                     and f16 underflow (with --json, an "inspect" event holding
+                     the whole report)
   --profile N        profile N training steps (from step 11) and print the GPU
                      time of every kernel (HALFSTEP_PROFILE=N does the same)
   --json             print one JSON object per line instead of text; the last
