@@ -4,9 +4,8 @@
  * scale/unscale/step/update never read back to the CPU.
  */
 import { getGpu, type Gpu } from "../gpu/device.ts";
-import { record } from "../gpu/autograd.ts";
 import { DTypeError, fail, StateError, ValueError } from "../gpu/errors.ts";
-import { launchBinary } from "../gpu/kernels/elementwise.ts";
+import { scaleLoss } from "../gpu/ops/loss_scale.ts";
 import { untracked } from "../gpu/scope.ts";
 import { warnOnce } from "../gpu/runtime_state.ts";
 import { Tensor } from "../gpu/tensor.ts";
@@ -242,15 +241,7 @@ export class GradScaler {
         `loss ${loss.describe()} must be f32 on the scaler's device; cast it.`,
       );
     }
-    const all = (t: Tensor) => ({ mid: t.size, inner: 1 }); // every element reads scale[0]
-    const y = launchBinary("mul", loss, this.#scale, all(loss));
-    return record({
-      op: "loss_scale",
-      inputs: [loss],
-      output: y,
-      save: [this.#scale],
-      backward: (g, [s]) => [launchBinary("mul", g, s, all(g))],
-    });
+    return scaleLoss(loss, this.#scale);
   }
 
   /**

@@ -6,7 +6,7 @@
  * owner of the master → copy links: the optimizer and the autocast hook hold
  * a reference to it, not copies of its map.
  */
-import { record } from "../gpu/autograd.ts";
+import { readThroughCopy } from "../gpu/ops/loss_scale.ts";
 import { DTypeError, fail } from "../gpu/errors.ts";
 import { launchUnary } from "../gpu/kernels/elementwise.ts";
 import { untracked } from "../gpu/scope.ts";
@@ -69,12 +69,7 @@ export class MasterWeights implements WorkingCopies {
   readWorkingCopy(master: Tensor): Tensor | undefined {
     const copy = this.copyOf(master);
     if (!copy) return undefined;
-    return record({
-      op: "cast",
-      inputs: [master],
-      output: copy.share(),
-      backward: (g) => [launchUnary("identity", g, { out: "f32" })],
-    });
+    return readThroughCopy(master, copy);
   }
 
   /** Rewrites every copy from its master (after loading saved weights into the masters). */

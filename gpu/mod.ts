@@ -163,6 +163,7 @@ export {
   square,
   sub,
 } from "./ops/elementwise.ts";
+export { readThroughCopy, scaleLoss } from "./ops/loss_scale.ts";
 export { linear, type LinearOptions } from "./ops/linear.ts";
 export { layerNormLinear, type LayerNormLinearOptions } from "./ops/layer_norm_linear.ts";
 export { matmul, type MatmulOptions } from "./ops/matmul.ts";

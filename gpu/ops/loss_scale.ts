@@ -1,0 +1,72 @@
+/**
+ * The two ops mixed precision adds to the tape, here with every other op so
+ * that whatever watches the tape (the op observer, the registry test) sees
+ * them: the loss times a scale that lives on the GPU, and a tensor read
+ * through a copy of it in another dtype that is kept up to date elsewhere (an
+ * fp32 master's f16 working copy).
+ */
+import { record } from "../autograd.ts";
+import { launchBinary, launchUnary } from "../kernels/elementwise.ts";
+import type { Tensor } from "../tensor.ts";
+
+/**
+ * `loss × scale`, `scale` a one-element f32 tensor read on the GPU when the
+ * kernel runs (so a scale the GPU itself updates needs no readback); backward
+ * multiplies the incoming gradient by the same tensor, as read at backward
+ * time. The caller checks dtypes and devices.
+ *
+ * @param loss The f32 loss (any shape: every element is multiplied).
+ * @param scale A one-element f32 tensor.
+ * @returns The scaled loss, on the tape as `loss_scale`.
+ * @example
+ * ```ts
+ * import { initGpu, Tensor } from "../../mod.ts";
+ * import { scaleLoss } from "../mod.ts";
+ * const gpu = await initGpu({ matmulTiling: "default" });
+ * const loss = Tensor.from([0.5], [1], { requiresGrad: true });
+ * const scaled = scaleLoss(loss, Tensor.from([1024], [1]));
+ * scaled.backward();
+ * console.assert((await scaled.read())[0] === 512 && (await loss.grad!.read())[0] === 1024);
+ * gpu.destroy();
+ * ```
+ */
+export function scaleLoss(loss: Tensor, scale: Tensor): Tensor {
+  const all = (t: Tensor) => ({ mid: t.size, inner: 1 }); // every element reads scale[0]
+  return record({
+    op: "loss_scale",
+    inputs: [loss],
+    output: launchBinary("mul", loss, scale, all(loss)),
+    save: [scale],
+    backward: (g, [s]) => [launchBinary("mul", g, s, all(g))],
+  });
+}
+
+/**
+ * `source` read through `copy`, a copy of it in another dtype that someone
+ * else keeps up to date (no cast is dispatched): recorded as a `cast`, so the
+ * gradient reaching the copy lands, cast to `source`'s dtype, in
+ * `source.grad`. The caller owns `copy`; the result shares its memory.
+ *
+ * @param source The tensor the gradient belongs to (an fp32 master weight).
+ * @param copy Its current copy in another dtype (the f16 working copy).
+ * @returns A handle on `copy`'s memory, on the tape as a cast of `source`.
+ * @example
+ * ```ts
+ * import { initGpu, sum, Tensor } from "../../mod.ts";
+ * import { readThroughCopy } from "../mod.ts";
+ * const gpu = await initGpu({ matmulTiling: "default" });
+ * const master = Tensor.from([1, 2], [2], { requiresGrad: true });
+ * const copy = Tensor.from([1, 2], [2], { dtype: gpu.f16 ? "f16" : "f32" });
+ * sum(readThroughCopy(master, copy)).backward();
+ * console.assert((await master.grad!.read()).join() === "1,1" && master.grad!.dtype === "f32");
+ * gpu.destroy();
+ * ```
+ */
+export function readThroughCopy(source: Tensor, copy: Tensor): Tensor {
+  return record({
+    op: "cast",
+    inputs: [source],
+    output: copy.share(),
+    backward: (g) => [launchUnary("identity", g, { out: source.dtype })],
+  });
+}
