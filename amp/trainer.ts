@@ -32,6 +32,9 @@ function lossProblem(loss: Tensor): { kind: HalfstepErrorClass; what: string } |
       what: `the loss must be a scalar, got ${loss.describe()}; reduce it with mean() or sum().`,
     };
   }
+  // An empty batch shows where the loss reduces an empty tensor: follow only the scalar
+  // chain above the reductions (a sum of losses, a scaled loss), never the whole graph, so
+  // an empty piece elsewhere (a split that gives one branch no rows) is not mistaken for it.
   const seen = new Set<GradNode>();
   const stack = loss.gradFn ? [loss.gradFn] : [];
   while (stack.length > 0) {
@@ -44,8 +47,8 @@ function lossProblem(loss: Tensor): { kind: HalfstepErrorClass; what: string } |
           "skip batches with no rows.",
       };
     }
-    for (const { gradFn } of node.inputs) {
-      if (gradFn && !seen.has(gradFn)) {
+    for (const { gradFn, size } of node.inputs) {
+      if (gradFn && size === 1 && !seen.has(gradFn)) {
         seen.add(gradFn);
         stack.push(gradFn);
       }

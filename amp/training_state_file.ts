@@ -12,7 +12,7 @@
  * exactly, Dropout masks included. Loading checks everything
  * (`training_state_parse.ts`) before it writes anything.
  */
-import { fail, HalfstepError, ValueError } from "../gpu/errors.ts";
+import { checkOptionNames, fail, HalfstepError, ValueError } from "../gpu/errors.ts";
 import { untracked } from "../gpu/scope.ts";
 import { Tensor } from "../gpu/tensor.ts";
 import type { LoadStateOptions, Module } from "../nn/module.ts";
@@ -97,15 +97,12 @@ export async function saveTrainingState(
   options: SaveTrainingStateOptions = {},
 ): Promise<void> {
   const where = "saveTrainingState";
-  const unknown = Object.keys(options ?? {}).filter((k) => k !== "extra" && k !== "allowNonFinite");
-  if (unknown.length > 0) {
-    fail(
-      ValueError,
-      where,
-      `unknown option(s) ${unknown.slice(0, 3).join(", ")} (known: extra, allowNonFinite); ` +
-        "pass your own data as { extra }.",
-    );
-  }
+  checkOptionNames(
+    where,
+    options,
+    ["extra", "allowNonFinite"],
+    "pass your own data as { extra } (it was the third argument in earlier versions).",
+  );
   let extra: string;
   try {
     extra = JSON.stringify(options.extra ?? null);

@@ -12,7 +12,7 @@ import { checkRandomState, type RandomGenerator, type RandomState } from "../gpu
 import { sameShape, shapeString } from "../gpu/shape.ts";
 import { quoted } from "../gpu/short_text.ts";
 import type { Tensor } from "../gpu/tensor.ts";
-import { type LoadStateOptions, nonFiniteCount } from "../nn/module.ts";
+import { type LoadStateOptions, nonFiniteSummary } from "../nn/module.ts";
 import type { SafetensorsEntry } from "../nn/safetensors.ts";
 import type { LrSchedulerState, OptimizerStateDict } from "../optim/mod.ts";
 import { moduleGenerators } from "./module_generators.ts";
@@ -136,14 +136,11 @@ export function planTrainingState(
 
 /** Refuses the first tensor holding NaN or ±Inf (naming it and how many more there are). */
 function refuseNonFinite(entries: Map<string, SafetensorsEntry>, reject: Reject): void {
-  const bad = [...entries].map(([name, e]) => [name, nonFiniteCount(e)] as const)
-    .filter(([, n]) => n > 0);
-  if (bad.length === 0) return;
-  const [name, count] = bad[0];
-  const more = bad.length > 1 ? ` (and ${bad.length - 1} more tensor(s))` : "";
+  const bad = nonFiniteSummary(entries);
+  if (bad === null) return;
   reject(
-    `${quoted(name)} holds ${count} non-finite value(s)${more} (NaN or ±Inf: the run had ` +
-      "diverged when it was saved); pass { allowNonFinite: true } to load it anyway",
+    `${bad} (NaN or ±Inf: the run had diverged when it was saved); pass ` +
+      "{ allowNonFinite: true } to load it anyway",
   );
 }
 

@@ -77,3 +77,47 @@ export function fail(
   const list = what.length === 1 ? `: ${what[0]}.` : `:\n  - ${what.join("\n  - ")}`;
   throw new Kind(`${where}${list}`);
 }
+
+/**
+ * Throws a {@link ValueError} unless `options` is undefined or a plain object
+ * whose keys are all in `known`: from plain JavaScript an old positional
+ * argument (a metadata map, a number) passed where an options object now
+ * stands would otherwise be ignored without a word.
+ *
+ * @param where The function, e.g. `"saveModule"`.
+ * @param options What the caller passed.
+ * @param known The option names the function takes.
+ * @param hint What to do instead, appended to the message.
+ * @example
+ * ```ts
+ * import { checkOptionNames } from "./errors.ts";
+ * checkOptionNames("save", { metadata: {} }, ["metadata"], "");
+ * try {
+ *   checkOptionNames("save", { step: "1" }, ["metadata"], "put it in { metadata }.");
+ * } catch (e) {
+ *   console.assert((e as Error).message.startsWith("save: unknown option step"));
+ * }
+ * ```
+ */
+export function checkOptionNames(
+  where: string,
+  options: unknown,
+  known: readonly string[],
+  hint: string,
+): void {
+  if (options === undefined) return;
+  if (typeof options !== "object" || options === null || Array.isArray(options)) {
+    const got = options === null ? "null" : Array.isArray(options) ? "an array" : typeof options;
+    fail(ValueError, where, `options must be an object { ${known.join(", ")} }, got ${got}.`);
+  }
+  const unknown = Object.keys(options).filter((k) => !known.includes(k));
+  if (unknown.length > 0) {
+    const names = unknown.slice(0, 3).map((k) => k.length > 40 ? `${k.slice(0, 40)}…` : k);
+    fail(
+      ValueError,
+      where,
+      `unknown option${unknown.length > 1 ? "s" : ""} ${names.join(", ")} ` +
+        `(known: ${known.join(", ")}); ${hint}`,
+    );
+  }
+}

@@ -97,7 +97,9 @@ const REPRESENTATIVE: Record<MatmulSize, [number, number, number]> = {
 function cacheOf(gpu: Gpu) {
   return winnerCache(
     tunerCacheKey(gpu, "matmulTuning", TUNER_VERSION),
-    (stored) => MATMUL_CANDIDATES.find((c) => JSON.stringify(c) === JSON.stringify(stored)),
+    // Only a candidate this device's profile still offers (f16 tiles are the smaller ones).
+    (stored) =>
+      matmulCandidates(gpu, "f16").find((c) => JSON.stringify(c) === JSON.stringify(stored)),
   );
 }
 

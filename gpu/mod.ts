@@ -30,6 +30,7 @@ export {
 } from "./profiler.ts";
 export type { ProfileReport, ProfileRow } from "./profile_report.ts";
 export {
+  checkOptionNames,
   DTypeError,
   fail,
   GpuError,

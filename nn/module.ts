@@ -8,7 +8,7 @@ import { zeroGrad } from "../gpu/autograd.ts";
 import { bytesPerElement, type DType } from "../gpu/dtype.ts";
 import { untracked } from "../gpu/scope.ts";
 import { sameShape, type Shape, shapeString } from "../gpu/shape.ts";
-import { cut } from "../gpu/short_text.ts";
+import { cut, quoted } from "../gpu/short_text.ts";
 import { Tensor } from "../gpu/tensor.ts";
 
 /** Tensor data held on the CPU, e.g. read from a safetensors file. */
@@ -37,6 +37,20 @@ export function nonFiniteCount(t: HostTensor): number {
   let bad = 0;
   for (let i = 0; i < values.length; i++) if (!Number.isFinite(values[i])) bad++;
   return bad;
+}
+
+/**
+ * `tensor "name" holds N non-finite value(s)` for the first of `named` that
+ * holds NaN / ±Inf, with how many more do; null when none does. Savers and
+ * loaders append what they did about it.
+ */
+export function nonFiniteSummary(named: Iterable<readonly [string, HostTensor]>): string | null {
+  const bad = [...named].map(([name, t]) => [name, nonFiniteCount(t)] as const)
+    .filter(([, n]) => n > 0);
+  if (bad.length === 0) return null;
+  const [name, count] = bad[0];
+  const more = bad.length > 1 ? ` (and ${bad.length - 1} more tensor(s))` : "";
+  return `tensor ${quoted(name)} holds ${count} non-finite value(s)${more}`;
 }
 
 /** A load error lists at most this many problems (a whole model missing stays readable). */

@@ -2,10 +2,10 @@
  * Saving and loading safetensors files with Deno's file APIs. The format
  * itself (pure Web APIs, usable in browsers) is in `safetensors.ts`.
  */
-import { fail, ValueError } from "../gpu/errors.ts";
+import { checkOptionNames, fail, ValueError } from "../gpu/errors.ts";
 import { quoted } from "../gpu/short_text.ts";
 import type { Tensor } from "../gpu/tensor.ts";
-import { type LoadStateOptions, type Module, nonFiniteCount } from "./module.ts";
+import { type LoadStateOptions, type Module, nonFiniteSummary } from "./module.ts";
 import {
   decodeSafetensors,
   encodeSafetensorsHeader,
@@ -92,6 +92,12 @@ export async function writeTensors(
   tensors: Record<string, Tensor> | Map<string, Tensor>,
   options: SaveOptions,
 ): Promise<void> {
+  checkOptionNames(
+    where,
+    options,
+    ["metadata", "allowNonFinite"],
+    "a metadata map goes in { metadata } (it was the third argument in earlier versions).",
+  );
   const byName = tensors instanceof Map ? tensors : new Map(Object.entries(tensors));
   const specs = new Map<string, SafetensorsSpec>();
   for (const [name, t] of byName) specs.set(name, { dtype: t.dtype, shape: t.shape });
@@ -147,15 +153,12 @@ function refuseNonFinite(
   order: readonly string[],
   entries: readonly SafetensorsEntry[],
 ): void {
-  const bad = entries.map((e, i) => ({ name: order[i], count: nonFiniteCount(e) }))
-    .filter((b) => b.count > 0);
-  if (bad.length === 0) return;
-  const others = bad.length > 1 ? ` (and ${bad.length - 1} more tensor(s))` : "";
+  const bad = nonFiniteSummary(entries.map((e, i) => [order[i], e] as const));
+  if (bad === null) return;
   fail(
     ValueError,
     `${where}: ${quoted(path)}`,
-    `tensor ${quoted(bad[0].name)} holds ${bad[0].count} non-finite value(s)${others} ` +
-      "(NaN or ±Inf: training has diverged); the file was left unchanged. " +
+    `${bad} (NaN or ±Inf: training has diverged); the file was left unchanged. ` +
       "Pass { allowNonFinite: true } to save it anyway.",
   );
 }

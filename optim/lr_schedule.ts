@@ -214,7 +214,8 @@ export class LrScheduler {
     const groups = this.#optimizer.groups.length;
     const lrs = state?.baseLrs;
     if (
-      !Array.isArray(lrs) || lrs.length !== groups || !lrs.every((lr) => lr >= 0 && lr < Infinity)
+      !Array.isArray(lrs) || lrs.length !== groups ||
+      !lrs.every((lr) => typeof lr === "number" && Number.isFinite(lr) && lr >= 0)
     ) {
       fail(ValueError, where, `baseLrs must be ${groups} finite number(s) >= 0, one per group.`);
     }

@@ -10,6 +10,7 @@ import {
   type StateValue,
 } from "../nn/mod.ts";
 import { loadModule, saveModule, saveSafetensors } from "../nn/safetensors_file.ts";
+import { saveTrainingState } from "../files.ts";
 import { GPU_TEST } from "./_gpu.ts";
 
 function model(seed: number) {
@@ -258,5 +259,38 @@ Deno.test({
       await Deno.remove(dir, { recursive: true });
       m.dispose();
     }
+  },
+});
+
+Deno.test({
+  name: "saveModule / saveSafetensors / saveTrainingState: an old positional metadata map or " +
+    "extra value where the options object now stands is refused, not dropped",
+  ...GPU_TEST,
+  async fn() {
+    const dir = await Deno.makeTempDir();
+    const path = `${dir}/m.safetensors`;
+    const model = new Linear(2, 2, { seed: 1 });
+    const loose = saveModule as (p: string, m: Linear, o: unknown) => Promise<void>;
+    await assert.rejects(
+      loose(path, model, { step: "1000" }),
+      (e: Error) =>
+        e instanceof ValueError && /^saveModule: unknown option step/.test(e.message) &&
+        /\{ metadata \}/.test(e.message),
+    );
+    const looseTensors = saveSafetensors as (p: string, t: unknown, o: unknown) => Promise<void>;
+    await assert.rejects(
+      looseTensors(path, { w: model.weight }, null),
+      /options must be an object/,
+    );
+    const looseState = saveTrainingState as (
+      p: string,
+      parts: unknown,
+      o: unknown,
+    ) => Promise<void>;
+    await assert.rejects(looseState(path, { model }, 3), /^ValueError: saveTrainingState: options/);
+    await assert.rejects(Deno.stat(path), Deno.errors.NotFound, "nothing was written");
+    await saveModule(path, model, { metadata: { step: "1000" } });
+    model.dispose();
+    await Deno.remove(dir, { recursive: true });
   },
 });

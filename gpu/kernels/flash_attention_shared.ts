@@ -34,12 +34,16 @@ export function keepFactor(dropout: boolean, i: string, j: string): string {
 
 // Element e of key, value, query and output-gradient row `row` of head z, in
 // storage (`in0` and `head0` are the head's offsets in row 0 of its batch).
+/** WGSL for element `e` of key row `row`. */
 export const K_AT = (row: string, e: string): string =>
   `k[in0 + ${row} * p.inWidth + p.kOff + ${e}]`;
+/** WGSL for element `e` of value row `row`. */
 export const V_AT = (row: string, e: string): string =>
   `v[in0 + ${row} * p.inWidth + p.vOff + ${e}]`;
+/** WGSL for element `e` of query row `row`. */
 export const Q_AT = (row: string, e: string): string =>
   `q[in0 + ${row} * p.inWidth + p.qOff + ${e}]`;
+/** WGSL for element `e` of output-gradient row `row`. */
 export const DOUT_AT = (row: string, e: string): string => `dout[head0 + ${row} * width + ${e}]`;
 
 /** Row statistics (log-sum-exp, δ) are f32; everything else is `stored`. */

@@ -106,7 +106,8 @@ export function transposedIo(io: GemmIo): GemmIo {
   };
 }
 
-export const range = (n: number) => Array.from({ length: n }, (_, i) => i);
+/** `[0, 1, …, n − 1]`: the generators unroll loops over it. */
+export const range = (n: number): number[] => Array.from({ length: n }, (_, i) => i);
 
 /**
  * Stores the thread's result (i, j), `accAt(i, j)` in WGSL, at (row(i), col(j))
