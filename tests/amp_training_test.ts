@@ -20,14 +20,13 @@ import {
 import { loadTrainingState, saveTrainingState } from "../files.ts";
 import { GPU_TEST } from "./_gpu.ts";
 import { capturedWarnings } from "./_warnings.ts";
+import { batch, CLASSES, FEATURES } from "./_training_state.ts";
 
 /** The trainer's f16 working copies, master by master. */
 function workingCopies(trainer: AmpTrainer): Tensor[] {
   const masters = trainer.masters!;
   return masters.masters.map((m) => masters.copyOf(m)!);
 }
-
-const FEATURES = 6, CLASSES = 3;
 
 function mlp(seed: number): Sequential {
   const rng = new RandomGenerator(seed);
@@ -36,16 +35,6 @@ function mlp(seed: number): Sequential {
     new ReLU(),
     new Linear(16, CLASSES, { seed: rng }),
   );
-}
-
-/** A deterministic synthetic batch: the label is the argmax of three feature sums. */
-function batch(index: number, size: number): { x: Float32Array; labels: number[] } {
-  const x = new RandomGenerator(1000 + index).uniform(size * FEATURES, -1, 1);
-  const labels = Array.from({ length: size }, (_, r) => {
-    const s = [0, 1, 2].map((c) => x[r * FEATURES + 2 * c] + x[r * FEATURES + 2 * c + 1]);
-    return s.indexOf(Math.max(...s));
-  });
-  return { x, labels };
 }
 
 function trainStep(
