@@ -65,7 +65,7 @@ export async function benchTilings(gpu: Gpu, o: BenchOptions): Promise<Result[]>
   const results: Result[] = [];
   const accumulation = gpu.f16Accumulation, splitTarget = gpu.splitKWorkgroups;
   try {
-    for (const dtype of ["f32", "f16"] as FloatDType[]) {
+    for (const dtype of ["f32", "f16"] as const) {
       if (dtype === "f16" && !gpu.f16) continue;
       for (const s of shapes(size)) {
         const problem = problemOf(s);

@@ -18,7 +18,12 @@ import { fail, GpuError, ValueError } from "./errors.ts";
 export type KernelConfig = Readonly<Record<string, string | number | boolean>>;
 
 /** What a storage binding's array holds, as WGSL spells it. */
-export type ElementType = DType | "u32" | "atomic<u32>" | `vec${2 | 4}<${"f32" | "f16"}>`;
+export type ElementType =
+  | DType
+  | "u32"
+  | "atomic<u32>"
+  | `vec${2 | 4}<${"f32" | "f16"}>`
+  | "vec4<bf16>";
 
 /** One storage binding of a kernel: `var<storage, read|read_write> name: array<type>`. */
 export interface Binding<N extends string = string> {
@@ -68,7 +73,14 @@ export const wgslRuntime: { subgroupsDirective: boolean } = { subgroupsDirective
 /** Subgroup builtin functions or values in WGSL. */
 const SUBGROUP_USE = /\bsubgroup(?:[A-Z]\w*\s*\(|_size\b|_invocation_id\b)/;
 
-/** The WGSL header a declaration produces: enables, `Params`, bindings, uniform. */
+/** The WGSL array element that stores `type`: bf16 is packed two to a u32 word. */
+function storedType(b: Binding): string {
+  if (b.type === "bf16") return b.write ? "atomic<u32>" : "u32";
+  if (b.type === "vec4<bf16>") return "vec2<u32>";
+  return b.type;
+}
+
+/** The WGSL header a declaration produces: enables, `Params`, bindings, uniform, accessors. */
 function header(
   bindings: readonly Binding[],
   uniforms: UniformFields<string>,
@@ -77,18 +89,101 @@ function header(
   const fields = Object.entries(uniforms).map(([name, type]) => `${name}: ${type}`);
   const lines = bindings.map((b, i) =>
     `@group(0) @binding(${i}) var<storage, ${b.write ? "read_write" : "read"}> ${b.name}: ` +
-    `array<${b.type}>;`
+    `array<${storedType(b)}>;`
   );
   if (fields.length > 0) {
     lines.unshift(`struct Params { ${fields.join(", ")} }`);
     lines.push(`@group(0) @binding(${bindings.length}) var<uniform> p: Params;`);
   }
-  const f16 = bindings.some((b) => b.type.includes("f16"));
+  const f16 = bindings.some((b) => F16_TYPES.has(b.type));
   const subgroups = wgslRuntime.subgroupsDirective && SUBGROUP_USE.test(source);
   return `${subgroups ? "enable subgroups;\n" : ""}${wgslEnables(f16 ? "f16" : "f32")}${
     lines.join("\n")
-  }\n`;
+  }\n${accessors(bindings, source)}`;
 }
+
+const F16_TYPES: ReadonlySet<string> = new Set(["f16", "vec2<f16>", "vec4<f16>"]);
+
+/**
+ * Element accessors, so one kernel source serves every float dtype: for a
+ * binding `x` the source may call `ld_x(i) -> f32`, `st_x(i, v: f32)`,
+ * `st2_x(w, v: vec2<f32>)` (elements 2w and 2w+1: one whole word, for a thread
+ * that owns both), and on a vec4 binding `ld4_x(i) -> vec4<f32>`,
+ * `st4_x(i, v: vec4<f32>)`. Only the accessors the source calls are emitted.
+ *
+ * bf16 reads widen with a shift; writes round to nearest-even (NaN → 0x7FC0,
+ * as PyTorch). Two bf16 values share a word, so a single-element store clears
+ * and sets only its own half with two atomics: threads writing the two
+ * halves of one word never clobber each other, in any order.
+ */
+function accessors(bindings: readonly Binding[], source: string): string {
+  const out: string[] = [];
+  let bf16 = false;
+  const uses = (fn: string) => new RegExp(`\\b${fn}\\s*\\(`).test(source);
+  for (const b of bindings) {
+    const x = b.name;
+    const packed = b.type === "bf16" || b.type === "vec4<bf16>";
+    const before = out.length;
+    if (b.type === "f32" || b.type === "f16" || b.type === "bf16") {
+      if (uses(`ld_${x}`)) {
+        out.push(
+          !packed
+            ? `fn ld_${x}(i: u32) -> f32 { return f32(${x}[i]); }`
+            : `fn ld_${x}(i: u32) -> f32 { return bf16_half(${
+              b.write ? `atomicLoad(&${x}[i >> 1u])` : `${x}[i >> 1u]`
+            }, i & 1u); }`,
+        );
+      }
+      if (b.write && uses(`st_${x}`)) {
+        out.push(
+          !packed
+            ? `fn st_${x}(i: u32, v: f32) { ${x}[i] = ${b.type}(v); }`
+            : `fn st_${x}(i: u32, v: f32) {
+  let shift = (i & 1u) * 16u;
+  atomicAnd(&${x}[i >> 1u], ~(0xffffu << shift));
+  atomicOr(&${x}[i >> 1u], bf16_bits(v) << shift);
+}`,
+        );
+      }
+      if (b.write && uses(`st2_${x}`)) {
+        out.push(
+          !packed
+            ? `fn st2_${x}(w: u32, v: vec2<f32>) { ${x}[2u * w] = ${b.type}(v.x); ${x}[2u * w + 1u] = ${b.type}(v.y); }`
+            : `fn st2_${x}(w: u32, v: vec2<f32>) { atomicStore(&${x}[w], bf16_pack(v)); }`,
+        );
+      }
+    } else if (b.type === "vec4<f32>" || b.type === "vec4<f16>" || b.type === "vec4<bf16>") {
+      if (uses(`ld4_${x}`)) {
+        out.push(
+          !packed
+            ? `fn ld4_${x}(i: u32) -> vec4<f32> { return vec4<f32>(${x}[i]); }`
+            : `fn ld4_${x}(i: u32) -> vec4<f32> { let w = ${x}[i]; return vec4<f32>(bf16_half(w.x, 0u), bf16_half(w.x, 1u), bf16_half(w.y, 0u), bf16_half(w.y, 1u)); }`,
+        );
+      }
+      if (b.write && uses(`st4_${x}`)) {
+        out.push(
+          !packed
+            ? `fn st4_${x}(i: u32, v: vec4<f32>) { ${x}[i] = ${b.type}(v); }`
+            : `fn st4_${x}(i: u32, v: vec4<f32>) { ${x}[i] = vec2<u32>(bf16_pack(v.xy), bf16_pack(v.zw)); }`,
+        );
+      }
+    }
+    bf16 ||= packed && out.length > before;
+  }
+  if (bf16) out.unshift(BF16_WGSL);
+  return out.length > 0 ? out.join("\n") + "\n" : "";
+}
+
+/** WGSL helpers of the bf16 accessors (see {@link accessors}). */
+const BF16_WGSL = `fn bf16_half(word: u32, half: u32) -> f32 {
+  return bitcast<f32>(select(word << 16u, word & 0xffff0000u, half == 1u));
+}
+fn bf16_bits(v: f32) -> u32 {
+  let b = bitcast<u32>(v);
+  if ((b & 0x7fffffffu) > 0x7f800000u) { return 0x7fc0u; }
+  return (b + 0x7fffu + ((b >> 16u) & 1u)) >> 16u;
+}
+fn bf16_pack(v: vec2<f32>) -> u32 { return bf16_bits(v.x) | (bf16_bits(v.y) << 16u); }`;
 
 /**
  * Defines a kernel family from its declaration.

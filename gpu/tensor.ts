@@ -2,6 +2,7 @@
  * Tensor: a shape, a dtype and a GPU buffer from the pool. Reading values back
  * (`read`, `item`) is the only thing that waits for the GPU.
  */
+import { bf16FromF32, f32FromBf16 } from "./bf16.ts";
 import { assertDType, bytesPerElement, type DType } from "./dtype.ts";
 import { getGpu, type Gpu } from "./device.ts";
 import { DTypeError, fail, ShapeError, StateError, ValueError } from "./errors.ts";
@@ -103,7 +104,7 @@ function indexRange(data: TensorData): IndexRange {
   return { min, max, aboveMin, belowMax };
 }
 
-/** An n-dimensional array of f32, f16 or i32 values on the GPU. */
+/** An n-dimensional array of f32, f16, bf16 or i32 values on the GPU. */
 export class Tensor {
   /** Extents, outermost first. */
   readonly shape: Shape;
@@ -176,6 +177,8 @@ export class Tensor {
       ? Float32Array.from(data)
       : dtype === "f16"
       ? Float16Array.from(data)
+      : dtype === "bf16"
+      ? bf16FromF32(data)
       : Int32Array.from(data);
     t.writeBytes(new Uint8Array(host.buffer, 0, host.byteLength));
     t.requiresGrad = options.requiresGrad ?? false;
@@ -256,7 +259,7 @@ export class Tensor {
   /**
    * Copies the values to the CPU: an `Int32Array` for an i32 tensor (exact
    * over its whole range, where f32 would round above 2²⁴), a `Float32Array`
-   * for f32 and f16 ones. **A sync point**: submits pending work and waits
+   * for f32, f16 and bf16 ones (their exact values). **A sync point**: submits pending work and waits
    * for the GPU, so call it to log, not inside a training step.
    */
   async read(): Promise<TensorValues> {
@@ -266,6 +269,7 @@ export class Tensor {
       const bytes = this.size * bytesPerElement(this.dtype);
       const data = await this.gpu.readBuffer(storage.buffer, bytes);
       if (this.dtype === "i32") return new Int32Array(data);
+      if (this.dtype === "bf16") return f32FromBf16(new Uint16Array(data));
       return this.dtype === "f32"
         ? new Float32Array(data)
         : new Float32Array(new Float16Array(data));

@@ -26,7 +26,7 @@ import { Tensor } from "../gpu/tensor.ts";
 /** One tensor as the file stores it. */
 export interface SafetensorsEntry {
   /** Element type (the toolkit's `DType`, spelled out so this module documents itself). */
-  dtype: "f32" | "f16" | "i32";
+  dtype: "f32" | "f16" | "bf16" | "i32";
   /** Extents, outermost first (row-major); `[]` is a scalar. */
   shape: number[];
   /** Raw little-endian bytes: exactly `size(shape) · bytes(dtype)` of them. */
@@ -36,7 +36,7 @@ export interface SafetensorsEntry {
 /** A tensor's description without its data, as the header records it. */
 export interface SafetensorsSpec {
   /** Element type. */
-  dtype: "f32" | "f16" | "i32";
+  dtype: "f32" | "f16" | "bf16" | "i32";
   /** Extents, outermost first. */
   shape: readonly number[];
 }
@@ -46,7 +46,7 @@ export { SafetensorsError };
 /** The reference implementation refuses headers over 100 MB; so do we (it also bounds memory). */
 const MAX_HEADER_BYTES = 100_000_000;
 const METADATA_KEY = "__metadata__";
-const FILE_DTYPE: Record<DType, string> = { f32: "F32", f16: "F16", i32: "I32" };
+const FILE_DTYPE: Record<DType, string> = { f32: "F32", f16: "F16", bf16: "BF16", i32: "I32" };
 /**
  * Dtypes halfstep reads, as what it holds them in: its own, plus what PyTorch
  * writes into state dicts: BF16 (widened to f32, exactly) and I64 (narrowed
@@ -92,7 +92,7 @@ function widen(where: string, fileDtype: string, data: Uint8Array): Uint8Array {
  * files out as Python's `safetensors` does (byte-identical when metadata has
  * at most one key: the reference writes metadata in hash-map order, we sort).
  */
-const ORDER: Record<DType, number> = { f32: 0, i32: 1, f16: 2 };
+const ORDER: Record<DType, number> = { f32: 0, i32: 1, f16: 2, bf16: 2 };
 
 /** Throws unless `shape` is an array of non-negative safe integers with a safe byte size. */
 function checkShape(where: string, shape: unknown, dtype: DType, elementBytes?: number): number {
