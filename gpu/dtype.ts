@@ -40,7 +40,15 @@ export function bytesPerElement(dtype: DType): number {
   return dtype === "f16" || dtype === "bf16" ? 2 : 4;
 }
 
-/** Whether `dtype` is one of the 16-bit float types (f16, bf16): half the bytes of f32. */
+/**
+ * Whether `dtype` is one of the 16-bit float types (f16, bf16): half the bytes of f32.
+ *
+ * @example
+ * ```ts
+ * import { isHalf } from "./dtype.ts";
+ * console.assert(isHalf("bf16") && !isHalf("f32"));
+ * ```
+ */
 export function isHalf(dtype: DType): dtype is "f16" | "bf16" {
   return dtype === "f16" || dtype === "bf16";
 }
@@ -49,6 +57,12 @@ export function isHalf(dtype: DType): dtype is "f16" | "bf16" {
  * The WGSL scalar type a kernel computes `dtype` in: itself for f32, f16 and
  * i32; f32 for bf16 (which WGSL lacks: kernels read and write it through the
  * `ld_`/`st_` accessors, see `gpu/kernel.ts`).
+ *
+ * @example
+ * ```ts
+ * import { wgslType } from "./dtype.ts";
+ * console.assert(wgslType("bf16") === "f32" && wgslType("f16") === "f16");
+ * ```
  */
 export function wgslType(dtype: DType): string {
   return dtype === "bf16" ? "f32" : dtype;

@@ -85,8 +85,11 @@ export {
   type DType,
   DTYPES,
   type FloatDType,
+  isHalf,
   TENSOR_DTYPES,
+  wgslType,
 } from "./dtype.ts";
+export { BF16_NAN, bf16FromF32, f32FromBf16 } from "./bf16.ts";
 export { type Shape, shapeString, sizeOf } from "./shape.ts";
 export {
   type IndexRange,
