@@ -12,11 +12,13 @@ export interface Tolerance {
  * 6e-8), so a few hundred terms stay far inside 1e-5. f16: inputs are
  * rounded to f16 before the reference runs, but the output is stored in f16,
  * whose half-ulp is 2⁻¹¹ ≈ 4.9e-4 relative; 2e-3 leaves room for that plus
- * f32 accumulation.
+ * f32 accumulation. bf16: the same, with bf16's 8 significant bits.
  */
-export const TOL: Record<"f32" | "f16", Tolerance> = {
+export const TOL: Record<"f32" | "f16" | "bf16", Tolerance> = {
   f32: { atol: 1e-5, rtol: 1e-4 },
   f16: { atol: 2e-3, rtol: 2e-3 },
+  // bf16 keeps 8 significant bits: its half-ulp is 2⁻⁸ ≈ 3.9e-3 relative.
+  bf16: { atol: 1.6e-2, rtol: 1.6e-2 },
 };
 
 /** Fails with the worst element when any element is out of tolerance. */

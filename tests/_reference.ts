@@ -21,10 +21,27 @@ export function uniform(n: number, seed: number, lo = -1, hi = 1): Float64Array 
   return Float64Array.from({ length: n }, () => lo + (hi - lo) * r());
 }
 
-/** Values as the GPU stores them in `dtype` (f16 rounding), back in f64. */
-export function quantize(values: ArrayLike<number>, dtype: "f32" | "f16"): Float64Array {
+/** Values as the GPU stores them in `dtype` (f16 / bf16 rounding), back in f64. */
+export function quantize(values: ArrayLike<number>, dtype: "f32" | "f16" | "bf16"): Float64Array {
+  if (dtype === "bf16") return Float64Array.from(values, roundBf16);
   const q = dtype === "f32" ? Float32Array.from(values) : Float16Array.from(values);
   return Float64Array.from(q);
+}
+
+/**
+ * `v` rounded to bf16 (8 significant bits) from its f32 rounding, ties to
+ * even, written from the definition: drop the low 16 bits of the f32, and
+ * round up when they exceed half, or equal it and the kept part is odd.
+ */
+function roundBf16(v: number): number {
+  const f = new Float32Array([v]);
+  const bits = new Uint32Array(f.buffer);
+  if (Number.isNaN(f[0])) return NaN;
+  const low = bits[0] & 0xffff;
+  let high = bits[0] >>> 16;
+  if (low > 0x8000 || (low === 0x8000 && (high & 1) === 1)) high += 1;
+  bits[0] = high << 16;
+  return f[0];
 }
 
 /** C[b] = op(A[b])·op(B[b]); A stored [batch?, M, K] or [batch?, K, M] when transposed. */
