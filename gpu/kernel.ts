@@ -124,7 +124,8 @@ function accessors(bindings: readonly Binding[], source: string): string {
     const x = b.name;
     const packed = b.type === "bf16" || b.type === "vec4<bf16>";
     const before = out.length;
-    if (b.type === "f32" || b.type === "f16" || b.type === "bf16") {
+    // i32 too (widened to f32), so a kernel that also runs on i32 (a cast, a sum) needs one source.
+    if (b.type === "f32" || b.type === "f16" || b.type === "bf16" || b.type === "i32") {
       if (uses(`ld_${x}`)) {
         out.push(
           !packed
