@@ -1,5 +1,6 @@
 import assert from "node:assert/strict";
 import { autocast, causalSoftmax, customAutocastLists, mul, sum, Tensor, tidy } from "../mod.ts";
+import { DTYPES } from "../gpu/mod.ts";
 import { GPU_TEST, withEachRowLayout } from "./_gpu.ts";
 import { gradcheck } from "./_gradcheck.ts";
 import { quantize, uniform } from "./_reference.ts";
@@ -11,7 +12,7 @@ import { causalSoftmax64, causalSoftmaxGrad64 } from "./_attention_reference.ts"
 const SHAPES = [[1, 1], [5, 5], [2, 3, 7, 7], [2, 64, 64], [65, 65], [1, 129, 129]];
 
 /** Scores whose masked entries hold huge values: a kernel that read them would be wrong. */
-function scores(shape: number[], dtype: "f32" | "f16", seed: number): Float64Array {
+function scores(shape: number[], dtype: "f32" | "f16" | "bf16", seed: number): Float64Array {
   const t = shape.at(-1)!, n = shape.reduce((a, b) => a * b);
   const x = uniform(n, seed, -30, 30);
   for (let i = 0; i < n; i++) if (i % t > Math.floor(i / t) % t) x[i] = 6e4;
@@ -19,12 +20,13 @@ function scores(shape: number[], dtype: "f32" | "f16", seed: number): Float64Arr
 }
 
 Deno.test({
-  name: "causalSoftmax: forward and backward match f64, f32 and f16, masked entries exactly 0",
+  name:
+    "causalSoftmax: forward and backward match f64, f32, f16 and bf16, masked entries exactly 0",
   ...GPU_TEST,
   async fn() {
     await withEachRowLayout(async () => {
       for (const shape of SHAPES) {
-        for (const dtype of ["f32", "f16"] as const) {
+        for (const dtype of DTYPES) {
           for (const scale of [1, 0.25]) {
             const t = shape.at(-1)!, n = shape.reduce((a, b) => a * b);
             const label = `${dtype} [${shape}] scale ${scale}`;
@@ -93,7 +95,7 @@ Deno.test({
       assert.throws(() => causalSoftmax(Tensor.zeros([4])), /must be \[\.\.\., T, T\]/);
       assert.throws(
         () => causalSoftmax(Tensor.from([0, 1, 2, 3], [2, 2], { dtype: "i32" })),
-        /causalSoftmax: needs f32 or f16 scores, got i32 \[2, 2\]/,
+        /causalSoftmax: needs float scores \(f32, f16 or bf16\), got i32 \[2, 2\]/,
       );
       assert.throws(
         () => causalSoftmax(Tensor.zeros([2, 2]), { scale: NaN }),

@@ -7,7 +7,10 @@
  *
  * Short rows run one per thread, long rows one per workgroup (as the plain
  * softmax does); either way the max, the sum of exponentials and the backward
- * dot product are f32 whatever the storage dtype.
+ * dot product are f32 whatever the storage dtype. Elements are read and
+ * written through the `ld_`/`st_` accessors, so one source serves f32, f16
+ * and bf16 (whose rows of odd length share words with their neighbours: the
+ * single-element stores never clobber the other half).
  */
 import type { DType } from "../dtype.ts";
 import { defineKernel } from "../kernel.ts";
@@ -31,50 +34,50 @@ const THREAD_ROW = `let row = ${WGSL_WORKGROUP_INDEX} * ${REDUCE_THREADS}u + lid
   let valid = row % p.cols + 1u;
   let s = p.scale;`;
 
-function forwardBody(layout: RowLayout, dtype: DType): string {
+function forwardBody(layout: RowLayout): string {
   if (layout === "thread") {
     return `${THREAD_ROW}
   var m = ${WGSL_LOWEST};
-  for (var j = 0u; j < valid; j++) { m = max(m, s * f32(x[base + j])); }
+  for (var j = 0u; j < valid; j++) { m = max(m, s * ld_x(base + j)); }
   var total = 0.0;
-  for (var j = 0u; j < valid; j++) { total += exp(s * f32(x[base + j]) - m); }
+  for (var j = 0u; j < valid; j++) { total += exp(s * ld_x(base + j) - m); }
   let inv = 1.0 / total;
-  for (var j = 0u; j < valid; j++) { y[base + j] = ${dtype}(exp(s * f32(x[base + j]) - m) * inv); }
-  for (var j = valid; j < p.cols; j++) { y[base + j] = ${dtype}(0.0); }`;
+  for (var j = 0u; j < valid; j++) { st_y(base + j, exp(s * ld_x(base + j) - m) * inv); }
+  for (var j = valid; j < p.cols; j++) { st_y(base + j, 0.0); }`;
   }
   return `${ROW}
   var m = ${WGSL_LOWEST};
-  ${VISIBLE} { m = max(m, s * f32(x[base + j])); }
+  ${VISIBLE} { m = max(m, s * ld_x(base + j)); }
   m = reduce_max(m, lid);
   var total = 0.0;
-  ${VISIBLE} { total += exp(s * f32(x[base + j]) - m); }
+  ${VISIBLE} { total += exp(s * ld_x(base + j) - m); }
   total = reduce_sum(total, lid);
   let inv = 1.0 / total;
   ${ALL} {
     var v = 0.0;
-    if (j < valid) { v = exp(s * f32(x[base + j]) - m) * inv; }
-    y[base + j] = ${dtype}(v);
+    if (j < valid) { v = exp(s * ld_x(base + j) - m) * inv; }
+    st_y(base + j, v);
   }`;
 }
 
-function backwardBody(layout: RowLayout, dtype: DType): string {
+function backwardBody(layout: RowLayout): string {
   if (layout === "thread") {
     return `${THREAD_ROW}
   var d = 0.0;
-  for (var j = 0u; j < valid; j++) { d += f32(dy[base + j]) * f32(y[base + j]); }
+  for (var j = 0u; j < valid; j++) { d += ld_dy(base + j) * ld_y(base + j); }
   for (var j = 0u; j < valid; j++) {
-    dx[base + j] = ${dtype}(s * f32(y[base + j]) * (f32(dy[base + j]) - d));
+    st_dx(base + j, s * ld_y(base + j) * (ld_dy(base + j) - d));
   }
-  for (var j = valid; j < p.cols; j++) { dx[base + j] = ${dtype}(0.0); }`;
+  for (var j = valid; j < p.cols; j++) { st_dx(base + j, 0.0); }`;
   }
   return `${ROW}
   var d = 0.0;
-  ${VISIBLE} { d += f32(dy[base + j]) * f32(y[base + j]); }
+  ${VISIBLE} { d += ld_dy(base + j) * ld_y(base + j); }
   d = reduce_sum(d, lid);
   ${ALL} {
     var v = 0.0;
-    if (j < valid) { v = s * f32(y[base + j]) * (f32(dy[base + j]) - d); }
-    dx[base + j] = ${dtype}(v);
+    if (j < valid) { v = s * ld_y(base + j) * (ld_dy(base + j) - d); }
+    st_dx(base + j, v);
   }`;
 }
 
@@ -88,11 +91,11 @@ export const causalSoftmaxForwardKernel = defineKernel({
     { name: "y", type: c.dtype, write: true },
   ],
   uniforms: { rows: "u32", cols: "u32", scale: "f32" },
-  source: ({ dtype, layout }) =>
+  source: ({ layout }) =>
     `${layout === "thread" ? "" : wgslRowReduce(layout)}
 @compute @workgroup_size(${REDUCE_THREADS})
 fn main(${WGSL_GRID_BUILTINS}) {
-  ${forwardBody(layout, dtype)}
+  ${forwardBody(layout)}
 }`,
 });
 
@@ -105,11 +108,11 @@ export const causalSoftmaxBackwardKernel = defineKernel({
     { name: "dx", type: c.dtype, write: true },
   ],
   uniforms: { rows: "u32", cols: "u32", scale: "f32" },
-  source: ({ dtype, layout }) =>
+  source: ({ layout }) =>
     `${layout === "thread" ? "" : wgslRowReduce(layout)}
 @compute @workgroup_size(${REDUCE_THREADS})
 fn main(${WGSL_GRID_BUILTINS}) {
-  ${backwardBody(layout, dtype)}
+  ${backwardBody(layout)}
 }`,
 });
 

@@ -19,7 +19,7 @@ export interface CausalSoftmaxOptions {
  * dot product are f32; the output has x's dtype.
  *
  * Under autocast the op is named `"causal_softmax"`, which is on no default
- * list: f16 scores stay f16 (f32 math inside, as LayerNorm does), which keeps
+ * list: f16 (or bf16) scores stay so (f32 math inside, as LayerNorm does), which keeps
  * the saved [..., T, T] probabilities at half the bytes. Put it on the deny
  * list (`customAutocastLists({ deny: ["causal_softmax"] })`) for f32 output.
  *
@@ -42,7 +42,9 @@ export function causalSoftmax(x0: Tensor, options: CausalSoftmaxOptions = {}): T
   const [x] = autocastInputs("causal_softmax", [x0]);
   const scale = options.scale ?? 1;
   if (x.dtype === "i32") {
-    throw new DTypeError(`causalSoftmax: needs f32 or f16 scores, got ${x.describe()}.`);
+    throw new DTypeError(
+      `causalSoftmax: needs float scores (f32, f16 or bf16), got ${x.describe()}.`,
+    );
   }
   if (x.rank < 2 || x.shape.at(-1) !== x.shape.at(-2)) {
     throw new ShapeError(
