@@ -44,6 +44,18 @@ export interface TinyGptConfig {
   seed?: number;
   /** Fused attention (default true) or the reference path of matmuls and a saved softmax. */
   fusedAttention?: boolean;
+  /**
+   * The head uses the token table as its weight (default false): one
+   * parameter, `tokens.weight` and `head.weight` in the state dict, as
+   * nanoGPT's `wte` / `lm_head`.
+   */
+  tieEmbeddings?: boolean;
+  /** A bias in the head (default true; nanoGPT's `lm_head` has none). */
+  headBias?: boolean;
+  /** Biases in the blocks' projections and in every LayerNorm (default true; nanoGPT's `bias`). */
+  bias?: boolean;
+  /** The MLP's GELU: `"none"` (default) exact, PyTorch's and nanoGPT's; `"tanh"` GPT-2's. */
+  gelu?: "none" | "tanh";
 }
 
 /**
@@ -79,16 +91,21 @@ export class TinyGpt extends Module {
     super();
     this.config = config;
     const seed = new RandomGenerator(config.seed ?? 0);
-    const { vocab, context, dim, heads } = config;
+    const { vocab, context, dim, heads, bias, gelu } = config;
     this.tokens = this.registerModule("tokens", new Embedding(vocab, dim, { seed }));
     this.positions = this.registerModule("positions", new Embedding(context, dim, { seed }));
+    const attention = { fused: config.fusedAttention };
     const blocks = Array.from(
       { length: config.layers },
-      () => new TransformerBlock(dim, heads, { seed, attention: { fused: config.fusedAttention } }),
+      () => new TransformerBlock(dim, heads, { seed, attention, bias, gelu }),
     );
     this.blocks = this.registerModule("blocks", new Sequential(...blocks));
-    this.norm = this.registerModule("norm", new LayerNorm(dim));
-    this.head = this.registerModule("head", new Linear(dim, vocab, { seed }));
+    this.norm = this.registerModule("norm", new LayerNorm(dim, { bias }));
+    const weight = config.tieEmbeddings ? this.tokens.weight : undefined;
+    this.head = this.registerModule(
+      "head",
+      new Linear(dim, vocab, { seed, weight, bias: config.headBias }),
+    );
   }
 
   /** ids (i32 [B, T], T ≤ context) → logits [B·T, V]. */
@@ -164,7 +181,7 @@ export function tinyGptBuffers(
       ]));
     }
   }
-  const parameters = layers * (12 * c * c + 13 * c) + (v + t) * c + 2 * c + c * v + v;
+  const parameters = layers * (12 * c * c + 13 * c) + (v + t) * c + 2 * c + c * v + v; // the most: untied, biases
   const host = [
     f32("the initial weights", [parameters], [grow("dim", c, 2), grow("layers", layers)]),
     f32("the validation windows", [2, sizes.evalWindows, t], [

@@ -1,5 +1,6 @@
 /** The fully connected layer. */
-import { ValueError } from "../gpu/errors.ts";
+import { fail, ShapeError, ValueError } from "../gpu/errors.ts";
+import { sameShape, shapeString } from "../gpu/shape.ts";
 import { linear } from "../gpu/ops/linear.ts";
 import { layerNormLinear } from "../gpu/ops/layer_norm_linear.ts";
 import type { LayerNormOptions } from "../gpu/ops/layer_norm.ts";
@@ -20,6 +21,13 @@ export interface LinearLayerOptions extends ParameterOptions {
    * `linear`'s `geluInput`). Default: no GELU.
    */
   geluInput?: "none" | "tanh";
+  /**
+   * Use this tensor as the weight instead of drawing one: tied weights, e.g.
+   * a language model's head sharing its token embedding's table [vocab, dim]
+   * (nanoGPT's `lm_head`). It must be [out, in] in the layer's dtype; it gets
+   * the gradients of both uses, and `parameters()` lists it once.
+   */
+  weight?: Tensor;
 }
 
 /**
@@ -61,10 +69,16 @@ export class Linear extends Module {
     }
     const init = { ...options, seed: generatorOf(options.seed) };
     const bound = 1 / Math.sqrt(inFeatures);
-    this.weight = this.registerParameter(
-      "weight",
-      uniformTensor([outFeatures, inFeatures], bound, init),
-    );
+    const shape = [outFeatures, inFeatures], shared = options.weight;
+    if (shared && (shared.dtype !== (options.dtype ?? "f32") || !sameShape(shared.shape, shape))) {
+      fail(
+        ShapeError,
+        "Linear",
+        `a shared weight must be ${options.dtype ?? "f32"} ${shapeString(shape)} ` +
+          `for ${inFeatures} → ${outFeatures} features, got ${shared.describe()}.`,
+      );
+    }
+    this.weight = this.registerParameter("weight", shared ?? uniformTensor(shape, bound, init));
     this.bias = options.bias === false
       ? null
       : this.registerParameter("bias", uniformTensor([outFeatures], bound, init));

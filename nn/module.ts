@@ -102,9 +102,14 @@ export abstract class Module {
     return module;
   }
 
-  /** Parameters of this module and its descendants, with dotted names. */
+  /**
+   * Parameters of this module and its descendants, with dotted names. A
+   * parameter shared by two modules (tied weights) is listed once, under its
+   * first name, as PyTorch's `named_parameters()`: an optimizer sees it once.
+   */
   namedParameters(): [string, Tensor][] {
-    return this.#collect((m) => m.#parameters);
+    const seen = new Set<Tensor>();
+    return this.#collect((m) => m.#parameters).filter(([, t]) => !seen.has(t) && seen.add(t));
   }
 
   /** Buffers of this module and its descendants, with dotted names. */
@@ -152,9 +157,14 @@ export abstract class Module {
     return this.train(false);
   }
 
-  /** Parameters and buffers by dotted name. The tensors are the live ones, not copies. */
+  /**
+   * Parameters and buffers by dotted name. The tensors are the live ones, not
+   * copies. A tied parameter is listed under each of its names (the same
+   * tensor), as PyTorch's `state_dict()`; a file saved from it holds the data
+   * under both names.
+   */
   stateDict(): Map<string, Tensor> {
-    return new Map([...this.namedParameters(), ...this.namedBuffers()]);
+    return new Map([...this.#collect((m) => m.#parameters), ...this.namedBuffers()]);
   }
 
   /**
@@ -164,6 +174,9 @@ export abstract class Module {
    * in one error, and nothing is written unless everything passes. The
    * state may hold the module's own tensors (`m.loadStateDict(m.stateDict())`,
    * swapped or shared entries): it loads as if every tensor were copied first.
+   * A tied parameter must get the same value under each of its names (equal
+   * host data, or one tensor): two different values for one tensor are an
+   * error, never a silent last-one-wins.
    */
   loadStateDict(
     state: ReadonlyMap<string, StateValue>,
@@ -220,6 +233,7 @@ export abstract class Module {
         }
       }
     }
+    problems.push(...tiedConflicts(own, converted));
     if (problems.length > 0) {
       // One line (logs and CLI errors stay readable), at most MAX_PROBLEMS problems in it.
       const more = problems.length - MAX_PROBLEMS;
@@ -260,7 +274,7 @@ export abstract class Module {
   /** Frees the GPU memory of every parameter, gradient and buffer. */
   dispose(): void {
     this.zeroGrad();
-    for (const [, t] of [...this.namedParameters(), ...this.namedBuffers()]) t.dispose();
+    for (const t of new Set(this.stateDict().values())) t.dispose();
   }
 
   #collect(pick: (m: Module) => Map<string, Tensor>, prefix = ""): [string, Tensor][] {
@@ -282,6 +296,41 @@ export abstract class Module {
       );
     }
   }
+}
+
+/**
+ * The names of a tied parameter (one tensor under several names) whose
+ * values differ: equal host bytes or one source tensor agree; anything else
+ * would leave whichever was written last.
+ */
+function tiedConflicts(own: Map<string, Tensor>, values: Map<string, StateValue>): string[] {
+  const firstName = new Map<Tensor, string>();
+  const problems: string[] = [];
+  for (const [name, target] of own) {
+    const first = firstName.get(target);
+    if (first === undefined) {
+      firstName.set(target, name);
+      continue;
+    }
+    const a = values.get(first), b = values.get(name);
+    if (!a || !b || a === b) continue;
+    const same = isHostTensor(a) && isHostTensor(b)
+      ? sameBytes(a.data, b.data)
+      : !isHostTensor(a) && !isHostTensor(b) && a.buffer === b.buffer;
+    if (!same) {
+      problems.push(
+        `${cut(first)} and ${cut(name)} are one tied tensor but get different values ` +
+          "(load one value under both names)",
+      );
+    }
+  }
+  return problems;
+}
+
+function sameBytes(a: Uint8Array, b: Uint8Array): boolean {
+  if (a.byteLength !== b.byteLength) return false;
+  for (let i = 0; i < a.byteLength; i++) if (a[i] !== b[i]) return false;
+  return true;
 }
 
 /**

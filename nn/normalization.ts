@@ -12,6 +12,8 @@ export interface LayerNormLayerOptions {
   eps?: number;
   /** Learnable scale and shift (default true; PyTorch's `elementwise_affine` / `affine`). */
   affine?: boolean;
+  /** With `affine`, the shift too (default true; PyTorch's LayerNorm `bias`, nanoGPT's `bias`). */
+  bias?: boolean;
   /** Device (default: the one `initGpu()` made). */
   gpu?: Gpu;
 }
@@ -47,7 +49,9 @@ export class LayerNorm extends Module {
     this.weight = affine
       ? this.registerParameter("weight", Tensor.full([features], 1, { gpu }))
       : null;
-    this.bias = affine ? this.registerParameter("bias", Tensor.zeros([features], { gpu })) : null;
+    this.bias = affine && (options.bias ?? true)
+      ? this.registerParameter("bias", Tensor.zeros([features], { gpu }))
+      : null;
     this.eps = options.eps ?? 1e-5;
   }
 
@@ -58,7 +62,7 @@ export class LayerNorm extends Module {
 }
 
 /** Options of {@link BatchNorm}. */
-export interface BatchNormLayerOptions extends LayerNormLayerOptions {
+export interface BatchNormLayerOptions extends Omit<LayerNormLayerOptions, "bias"> {
   /**
    * Weight of each new batch statistic in the running average (default 0.1);
    * `null` for the cumulative average over every batch seen (PyTorch's

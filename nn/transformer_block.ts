@@ -13,10 +13,16 @@ export interface TransformerBlockOptions extends ParameterOptions {
   /** Hidden size of the MLP as a multiple of the model size (default 4). */
   mlpRatio?: number;
   /**
-   * GELU form of the MLP (default `"tanh"`, GPT-2's "gelu_new"; `"none"` is
-   * the exact erf form, PyTorch's default).
+   * GELU form of the MLP: `"none"` (default) is the exact erf form, PyTorch's
+   * `nn.GELU()` and nanoGPT's; `"tanh"` is GPT-2's approximation ("gelu_new",
+   * PyTorch's `approximate="tanh"`).
    */
   gelu?: "none" | "tanh";
+  /**
+   * Biases in the four projections and the two LayerNorms (default true;
+   * nanoGPT's `bias`, false in its training config).
+   */
+  bias?: boolean;
   /**
    * The attention's options: `fused` (default true, the fused op) and
    * `dropout` on the attention weights (default 0).
@@ -67,19 +73,20 @@ export class TransformerBlock extends Module {
     if (!(hidden > 0)) {
       throw new ValueError(`TransformerBlock: mlpRatio must be positive, got ${options.mlpRatio}.`);
     }
-    this.geluApproximate = options.gelu ?? "tanh";
+    this.geluApproximate = options.gelu ?? "none";
     if (this.geluApproximate !== "none" && this.geluApproximate !== "tanh") {
       throw new ValueError(
         `TransformerBlock: gelu must be "none" or "tanh", not ${JSON.stringify(options.gelu)}.`,
       );
     }
     const init = { ...options, seed: generatorOf(options.seed) };
-    this.norm1 = this.registerModule("norm1", new LayerNorm(dim, { gpu: options.gpu }));
+    const norm = { gpu: options.gpu, bias: options.bias };
+    this.norm1 = this.registerModule("norm1", new LayerNorm(dim, norm));
     this.attention = this.registerModule(
       "attention",
       new CausalSelfAttention(dim, heads, { ...init, ...options.attention }),
     );
-    this.norm2 = this.registerModule("norm2", new LayerNorm(dim, { gpu: options.gpu }));
+    this.norm2 = this.registerModule("norm2", new LayerNorm(dim, norm));
     this.fc1 = this.registerModule("fc1", new Linear(dim, hidden, init));
     // fc2 applies the GELU itself and recomputes it in backward: the block
     // keeps fc1's output for backward, not also its GELU.

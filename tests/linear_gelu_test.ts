@@ -140,36 +140,41 @@ Deno.test({
   name: "linear geluInput: a TransformerBlock under autocast trains as with a separate GELU",
   ...GPU_TEST,
   async fn() {
-    // The block's MLP is fc2(gelu(fc1(x))); fc2 now applies the GELU itself.
-    const block = new TransformerBlock(32, 4, { seed: 3 });
-    assert.equal(block.fc2.geluInput, "tanh");
-    const x = Tensor.from(new RandomGenerator(4).uniform(2 * 5 * 32, -1, 1), [2, 5, 32]);
-    const reference = (h: Tensor) =>
-      linear(gelu(h, { approximate: "tanh" }), block.fc2.weight, { bias: block.fc2.bias });
-    for (const amp of [false, true]) {
-      const mlp = (viaBlock: boolean) =>
-        autocast(() => {
-          const h = block.fc1.forward(x);
-          const y = viaBlock ? block.fc2.forward(h) : reference(h);
-          const loss = sum(y);
-          backward(loss);
-          return loss;
-        }, { enabled: amp });
-      const grads = async () => {
-        const out = await Promise.all(block.parameters().map((p) => p.grad?.read()));
-        block.zeroGrad();
-        return out;
-      };
-      const a = await (mlp(true)).read(), ga = await grads();
-      const b = await (mlp(false)).read(), gb = await grads();
-      assert.deepEqual(a, b, `loss, amp ${amp}`);
-      assert.deepEqual(ga, gb, `gradients, amp ${amp}`);
+    // The block's MLP is fc2(gelu(fc1(x))); fc2 now applies the GELU itself: the exact
+    // form by default (PyTorch's nn.GELU()), the tanh form when asked.
+    for (const form of [undefined, "tanh"] as const) {
+      const block = new TransformerBlock(32, 4, { seed: 3, gelu: form });
+      assert.equal(block.fc2.geluInput, form ?? "none");
+      const x = Tensor.from(new RandomGenerator(4).uniform(2 * 5 * 32, -1, 1), [2, 5, 32]);
+      const reference = (h: Tensor) =>
+        linear(gelu(h, { approximate: form }), block.fc2.weight, { bias: block.fc2.bias });
+      for (const amp of [false, true]) {
+        const mlp = (viaBlock: boolean) =>
+          autocast(() => {
+            const h = block.fc1.forward(x);
+            const y = viaBlock ? block.fc2.forward(h) : reference(h);
+            const loss = sum(y);
+            backward(loss);
+            return loss;
+          }, { enabled: amp });
+        const grads = async () => {
+          const out = await Promise.all(block.parameters().map((p) => p.grad?.read()));
+          block.zeroGrad();
+          return out;
+        };
+        const a = await (mlp(true)).read(), ga = await grads();
+        const b = await (mlp(false)).read(), gb = await grads();
+        assert.deepEqual(a, b, `loss, amp ${amp}, gelu ${form}`);
+        assert.deepEqual(ga, gb, `gradients, amp ${amp}, gelu ${form}`);
+      }
+      if (form === "tanh") {
+        assert.throws(
+          // deno-lint-ignore no-explicit-any
+          () => linear(x, block.fc1.weight, { geluInput: "erf" as any }),
+          (e: unknown) =>
+            e instanceof ValueError && /geluInput must be "none" or "tanh"/.test(e.message),
+        );
+      }
     }
-    assert.throws(
-      // deno-lint-ignore no-explicit-any
-      () => linear(x, block.fc1.weight, { geluInput: "erf" as any }),
-      (e: unknown) =>
-        e instanceof ValueError && /geluInput must be "none" or "tanh"/.test(e.message),
-    );
   },
 });
