@@ -8,7 +8,7 @@
  * that option should become the default (it must be ≥ 1.15x the f32-sum
  * kernel). A product that splits its reduction (split-K: the weight
  * gradient gᵀ·x, whose K is every row) is timed split and unsplit
- * (`gpu.splitKWorkgroups` = 0), the figure that says whether splitting pays
+ * (`matmulSettings`' `splitKWorkgroups` = 0), the figure that says whether splitting pays
  * on the adapter. Each row says which candidate the tuner chose for the
  * product's class, so "the tuner is within 10% of the best" can be read off.
  */
@@ -16,7 +16,8 @@ import { classOf, type Gpu, matmulCandidates, tilingFor, tilingName } from "../g
 import { dispatchMatmul, type MatmulProblem } from "../gpu/kernels/matmul.ts";
 import { gemmSplit } from "../gpu/kernels/gemm.ts";
 import { tilingKind } from "../gpu/kernels/tilings.ts";
-import { type FloatDType, RandomGenerator, Tensor } from "../mod.ts";
+import { matmulSettings } from "../gpu/matmul_settings.ts";
+import { RandomGenerator, Tensor } from "../mod.ts";
 import { type BenchOptions, gpuTimed, resolveSize, type Result } from "./_bench.ts";
 import { gptConfig } from "./bench_gpt.ts";
 
@@ -63,7 +64,8 @@ function problemOf(s: Shape): MatmulProblem {
 export async function benchTilings(gpu: Gpu, o: BenchOptions): Promise<Result[]> {
   const size = resolveSize(gpu, o.size);
   const results: Result[] = [];
-  const accumulation = gpu.f16Accumulation, splitTarget = gpu.splitKWorkgroups;
+  const settings = matmulSettings.of(gpu);
+  const accumulation = gpu.f16Accumulation, splitTarget = settings.splitKWorkgroups;
   try {
     for (const dtype of ["f32", "f16"] as const) {
       if (dtype === "f16" && !gpu.f16) continue;
@@ -84,7 +86,7 @@ export async function benchTilings(gpu: Gpu, o: BenchOptions): Promise<Result[]>
           for (const sum of sums) {
             for (const splitting of split > 1 ? [true, false] : [true]) {
               gpu.f16Accumulation = sum;
-              gpu.splitKWorkgroups = splitting ? splitTarget : 0;
+              settings.splitKWorkgroups = splitting ? splitTarget : 0;
               const slices = gemmSplit(gpu, tiling, problem, 1).slices;
               gpu.resetPeakMemory();
               const t = await gpuTimed(
@@ -121,7 +123,7 @@ export async function benchTilings(gpu: Gpu, o: BenchOptions): Promise<Result[]>
     }
   } finally {
     gpu.f16Accumulation = accumulation;
-    gpu.splitKWorkgroups = splitTarget;
+    settings.splitKWorkgroups = splitTarget;
   }
   return results;
 }

@@ -16,7 +16,7 @@
  * can still run there.
  */
 import type { Gpu } from "./device.ts";
-import { MAX_TENSOR_SLOTS } from "./kernels/multi_tensor.ts";
+import { withFreshTunerSettings } from "./tuners.ts";
 
 /** The device limits that choose or filter kernels (the rest are checked by WebGPU itself). */
 export interface ProfileLimits {
@@ -58,16 +58,6 @@ export interface AdapterProfile {
  * costs tuning time only: the candidates are still timed.
  */
 export const DEFAULT_MULTIPROCESSORS = 132;
-
-/** The choices a device starts with, from its profile (each documented on `Gpu`). */
-export interface ProfileDefaults {
-  /** `Gpu.threadRowMax`. */
-  threadRowMax: number;
-  /** `Gpu.multiTensorSlots`. */
-  multiTensorSlots: number;
-  /** `Gpu.splitKWorkgroups`. */
-  splitKWorkgroups: number;
-}
 
 /**
  * The profile of a real adapter, from its info and the device's limits.
@@ -120,9 +110,11 @@ const GPU_LIMITS: ProfileLimits = {
  * ```ts
  * import { initGpu } from "./mod.ts";
  * import { gpuLikeProfile, withAdapterProfile } from "./adapter_profile.ts";
+ * import { matmulSettings } from "./matmul_settings.ts";
  * const gpu = await initGpu({ matmulTiling: "default" });
  * await withAdapterProfile(gpu, gpuLikeProfile(gpu), () => {
- *   console.assert(gpu.splitKWorkgroups === 256 && !gpu.adapterProfile.cpu);
+ *   const { splitKWorkgroups } = matmulSettings.of(gpu);
+ *   console.assert(splitKWorkgroups === 256 && !gpu.adapterProfile.cpu);
  *   return Promise.resolve();
  * });
  * gpu.destroy();
@@ -147,38 +139,20 @@ export function gpuLikeProfile(gpu: Gpu, limits: Partial<ProfileLimits> = {}): A
 }
 
 /**
- * The choices a device starts with on an adapter of `profile`. NOTE (the
- * measurements behind them): on lavapipe a thread per row was 2–8x faster
- * than a workgroup at every row length up to 4096, while GPUs need a
- * workgroup's bandwidth past 64; a 6-tensor unscale ran 1.7x slower per
- * element than six one-tensor dispatches there (its LLVM code for the slot
- * switch, where a dispatch costs ~35 µs against an H100's ~17); and lavapipe runs a workgroup on one thread, so split-K aims at
- * 4 per CPU thread there and at 256 workgroups on a GPU (an H100 has 132
- * multiprocessors).
- */
-export function profileDefaults(profile: AdapterProfile): ProfileDefaults {
-  return profile.cpu
-    ? {
-      threadRowMax: 4096,
-      multiTensorSlots: 1,
-      splitKWorkgroups: 4 * navigator.hardwareConcurrency,
-    }
-    : { threadRowMax: 64, multiTensorSlots: MAX_TENSOR_SLOTS, splitKWorkgroups: 256 };
-}
-
-/**
- * Runs `fn` with `gpu` as if on an adapter of `profile`: the profile, the
- * defaults it gives (see {@link profileDefaults}) and no tuned tilings or
- * attention plans (as a new device's); then restores everything. For tests
- * of GPU-only paths on a CPU adapter; kernels still run on `gpu`. @internal
+ * Runs `fn` with `gpu` as if on an adapter of `profile`: the profile, and
+ * every kernel family's tuning settings made afresh from it (gpu/tuners.ts:
+ * the defaults it gives, no tuned tilings or attention plans, as a new
+ * device's); then restores everything. For tests of GPU-only paths on a CPU
+ * adapter; kernels still run on `gpu`. @internal
  *
  * @example
  * ```ts
  * import { initGpu } from "./mod.ts";
  * import { gpuLikeProfile, withAdapterProfile } from "./adapter_profile.ts";
+ * import { multiTensorSettings } from "./kernels/multi_tensor.ts";
  * const gpu = await initGpu({ matmulTiling: "default" });
  * const slots = await withAdapterProfile(gpu, gpuLikeProfile(gpu), () =>
- *   Promise.resolve(gpu.multiTensorSlots));
+ *   Promise.resolve(multiTensorSettings.of(gpu).slots));
  * console.assert(slots === 16);
  * gpu.destroy();
  * ```
@@ -188,24 +162,11 @@ export async function withAdapterProfile<T>(
   profile: AdapterProfile,
   fn: () => Promise<T>,
 ): Promise<T> {
-  const saved = {
-    adapterProfile: gpu.adapterProfile,
-    threadRowMax: gpu.threadRowMax,
-    multiTensorSlots: gpu.multiTensorSlots,
-    splitKWorkgroups: gpu.splitKWorkgroups,
-    matmulTiling: gpu.matmulTiling,
-  };
-  const tilings = [...gpu.matmulTilings], plans = [...gpu.attentionPlans];
-  Object.assign(gpu, { adapterProfile: profile }, profileDefaults(profile));
-  gpu.matmulTilings.clear();
-  gpu.attentionPlans.clear();
+  const saved = gpu.adapterProfile;
+  gpu.adapterProfile = profile;
   try {
-    return await fn();
+    return await withFreshTunerSettings(gpu, fn);
   } finally {
-    Object.assign(gpu, saved);
-    gpu.matmulTilings.clear();
-    gpu.attentionPlans.clear();
-    for (const [key, tiling] of tilings) gpu.matmulTilings.set(key, tiling);
-    for (const [key, plan] of plans) gpu.attentionPlans.set(key, plan);
+    gpu.adapterProfile = saved;
   }
 }

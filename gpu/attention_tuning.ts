@@ -26,6 +26,7 @@ import {
 } from "./kernel_timing.ts";
 import { untracked } from "./scope.ts";
 import { Tensor } from "./tensor.ts";
+import { attentionSettings } from "./attention_picks.ts";
 
 /** Bump when the kernels or candidates change: cached winners of older versions are ignored. */
 const TUNER_VERSION = 4;
@@ -98,16 +99,17 @@ async function tuneDtype(
 
 /**
  * Times the fused attention kernels with each plan candidate for every dtype
- * the device has, records the winners in `gpu.attentionPlans`
+ * the device has, records the winners in `attentionSettings.of(gpu).plans`
  * (which the kernels read) and caches them per adapter. `initGpu` calls it
  * unless told not to tune. Waits for the GPU many times: call it at start-up.
  *
  * @example
  * ```ts
  * import { initGpu, tuneAttention } from "./mod.ts";
+ * import { attentionSettings } from "./attention_picks.ts";
  * const gpu = await initGpu({ matmulTiling: "default" }); // no tuning at start-up
  * const [f32] = await tuneAttention(gpu);
- * console.assert(gpu.attentionPlans.get("f32") === f32.best);
+ * console.assert(attentionSettings.of(gpu).plans.get("f32") === f32.best);
  * gpu.destroy();
  * ```
  */
@@ -124,6 +126,7 @@ export async function tuneAttention(
   const timer = options.timer ?? ((_, run) => secondsPerRun(gpu, run));
   const cached = options.force || options.timer ? {} : cache.read();
   const results: AttentionTuning[] = [];
+  const { plans } = attentionSettings.of(gpu);
   const dtypes = gpu.f16 ? (["f32", "f16"] as const) : (["f32"] as const);
   const missing = dtypes.filter((d) => cached[d] === undefined).length;
   const measured = progressReporter("attention plans", missing, options.onProgress);
@@ -133,9 +136,9 @@ export async function tuneAttention(
       ? { dtype, best: hit, measurements: [], cached: true }
       : await tuneDtype(gpu, dtype, timer);
     if (hit === undefined) measured();
-    gpu.attentionPlans.set(dtype, result.best);
+    plans.set(dtype, result.best);
     results.push(result);
   }
-  if (!options.timer) cache.write(gpu.attentionPlans);
+  if (!options.timer) cache.write(plans);
   return results;
 }

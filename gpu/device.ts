@@ -1,6 +1,10 @@
 /**
  * The GPU device and everything that lives as long as it: the buffer pool,
- * the pipeline cache, the command batch and the chosen matmul tiling.
+ * the pipeline cache and the command batch. The device keeps facts about the
+ * adapter (its profile, f16, subgroups, the loop cap); tuning settings belong
+ * to the kernel family whose tuner owns them (gpu/tuners.ts: matmul tilings
+ * and split-K in `matmulSettings`, attention plans in `attentionSettings`,
+ * `multiTensorSettings`, `rowSettings`, `elementwiseSettings`).
  */
 import { BufferPool, type MemoryStats, POOL_USAGE } from "./buffer_pool.ts";
 import { CommandBatch, type FlushPolicy } from "./command_batch.ts";
@@ -17,7 +21,7 @@ import {
 } from "./kernel.ts";
 import { fail, GpuError, StateError, ValueError } from "./errors.ts";
 import { runtime } from "./runtime_state.ts";
-import { type AdapterProfile, adapterProfileOf, profileDefaults } from "./adapter_profile.ts";
+import { type AdapterProfile, adapterProfileOf } from "./adapter_profile.ts";
 
 /** How to treat f16: use it when the adapter has it, insist on it, or never use it. */
 export type F16Mode = "auto" | "require" | "off";
@@ -133,64 +137,11 @@ export class Gpu {
   readonly pipelines: PipelineCache;
   /** The open batch of commands. */
   readonly batch: CommandBatch;
-  /** The matmul tiling of classes not in {@link Gpu.matmulTilings} (the user's, or the default). */
-  matmulTiling: MatmulTiling;
-  /**
-   * The tuned tiling of each matmul class, by class key (`"f16/nt/medium"`:
-   * dtype / orientation / size); `tuneMatmul` fills it, dispatch reads it.
-   */
-  readonly matmulTilings: Map<string, MatmulTiling> = new Map();
-  /**
-   * Row kernels (softmax, LayerNorm, cross-entropy) give rows of at most this
-   * many entries one thread each, and longer rows a workgroup (see
-   * `gpu/kernels/row_layout.ts`). Default: 4096 on CPU adapters, where a
-   * thread per row was faster at every length measured (2–8x, up to 4096),
-   * and 64 on GPUs, where long rows need a workgroup's bandwidth (see
-   * `profileDefaults`).
-   */
-  threadRowMax: number;
-  /**
-   * Elementwise kernels move vec4s (16 bytes of f32, 8 of f16 per load) when
-   * the operands allow it (no broadcast, a multiple of 4 elements). Default
-   * on: on GPUs wide coalesced loads are how bandwidth is reached, and on
-   * lavapipe a 4M-element add or GELU ran 2.6–3.4x faster than the scalar
-   * kernel. Off: the scalar kernels everywhere (tests compare the two).
-   */
-  vectorElementwise: boolean;
-  /**
-   * The most tensors one dispatch of the once-per-parameter kernels
-   * (GradScaler unscale, gradient-norm clipping, optimizer updates) takes,
-   * as apex's `multi_tensor_apply` does; the device's storage-buffer limit
-   * may allow fewer (see `gpu/kernels/multi_tensor.ts`). Default 16 on GPUs
-   * and 1 (one dispatch per tensor) on CPU adapters, where it was slower.
-   * Results are the same bits either way.
-   */
-  multiTensorSlots: number;
-  /**
-   * Split-K: a product (or a convolution's weight gradient) whose result
-   * gives fewer workgroup tiles than this splits its reduction into slices
-   * summed by workgroups of their own, until about this many run (slices of
-   * at least 256, at most 64; see `gemmSlices` in `gpu/kernels/gemm.ts`).
-   * The partial sums are f32 and added in a fixed order, so a run repeats
-   * bit for bit. Default 256 on GPUs: an H100 runs 132 multiprocessors, and
-   * a weight gradient such as the GPT's fc1 gᵀ·x makes only 36 tiles of
-   * 128×128. On CPU adapters 4 per CPU thread: lavapipe runs a workgroup on
-   * one thread, so more slices only add partial sums (a 512³ product split
-   * in two ran up to 20% slower there). 0 never splits, except where a slice
-   * would pass lavapipe's loop cap.
-   */
-  splitKWorkgroups: number;
   /**
    * Loop iterations one shader invocation may run: lavapipe stops it after
    * 65535 (see `gpu/kernels/loop_limit.ts`); Infinity on other adapters.
    */
   readonly loopIterationLimit: number;
-  /**
-   * How the fused attention kernels split their work (rows per workgroup,
-   * rows staged in workgroup memory), by storage dtype; `tuneAttention`
-   * fills it (unset: 64 rows, nothing staged).
-   */
-  readonly attentionPlans: Map<string, AttentionPlan> = new Map();
   #failure: GpuError | null = null;
   /** Errors of single ops (a kernel that failed to compile), thrown at the next sync point. */
   #opErrors: GpuError[] = [];
@@ -207,7 +158,6 @@ export class Gpu {
       f16Accumulation: F16Accumulation;
       debug: boolean;
       subgroupsDirective?: boolean;
-      matmulTiling: MatmulTiling;
       flushPolicy: FlushPolicy;
     },
   ) {
@@ -218,13 +168,7 @@ export class Gpu {
     this.subgroupsDirective = this.subgroups && (options.subgroupsDirective ?? false);
     this.f16Accumulation = options.f16Accumulation;
     this.debug = options.debug;
-    this.matmulTiling = options.matmulTiling;
     this.adapterProfile = adapterProfileOf(adapterInfo, device.limits, this.subgroups);
-    const defaults = profileDefaults(this.adapterProfile);
-    this.threadRowMax = defaults.threadRowMax;
-    this.vectorElementwise = true;
-    this.multiTensorSlots = defaults.multiTensorSlots;
-    this.splitKWorkgroups = defaults.splitKWorkgroups;
     // Less a margin for the fixed loops around the ones kernels check. Not part
     // of the profile: it is a limit of the driver that executes the kernels.
     this.loopIterationLimit = /llvmpipe/i.test(this.adapterName) ? 65535 - 1024 : Infinity;

@@ -10,7 +10,8 @@ import {
 import { fail, GpuError } from "./errors.ts";
 import { checkInitGpuOptions } from "./init_options.ts";
 import { wgslRuntime } from "./kernel.ts";
-import { DEFAULT_TILING, tuneMatmul } from "./matmul_tuning.ts";
+import { tuneMatmul } from "./matmul_tuning.ts";
+import { matmulSettings } from "./matmul_settings.ts";
 import { tuneAttention } from "./attention_tuning.ts";
 import { warnOnce } from "./runtime_state.ts";
 import type { TuningProgress } from "./kernel_timing.ts";
@@ -141,7 +142,6 @@ export async function initGpu(options: InitGpuOptions = {}): Promise<Gpu> {
     f16Accumulation: accumulation,
     debug: options.debug ?? debugFromEnvironment(),
     subgroupsDirective: directive,
-    matmulTiling: typeof options.matmulTiling === "object" ? options.matmulTiling : DEFAULT_TILING,
     flushPolicy: flush === "auto"
       ? defaultFlushPolicy(adapter.info)
       : flush === "read"
@@ -149,6 +149,9 @@ export async function initGpu(options: InitGpuOptions = {}): Promise<Gpu> {
       : flush,
   });
   gpu.pool.limitBytes = memoryLimit(options.memoryLimitBytes, gpu.adapterProfile.cpu);
+  if (typeof options.matmulTiling === "object") {
+    matmulSettings.of(gpu).tiling = options.matmulTiling;
+  }
   if ((options.matmulTiling ?? "tune") === "tune") {
     const onProgress = options.onProgress ?? announceTuning;
     await tuneMatmul(gpu, { onProgress });

@@ -7,6 +7,7 @@
 import type { Gpu, MatmulTiling } from "./device.ts";
 import type { DType } from "./dtype.ts";
 import { tilingName } from "./kernels/tilings.ts";
+import { matmulSettings } from "./matmul_settings.ts";
 
 export { tilingName };
 
@@ -97,17 +98,19 @@ export function classOf(problem: MatmulProblem, dtype: DType): MatmulClass {
   };
 }
 
-/** The tiling dispatch uses for `problem`: the tuned winner of its class, else the device default. */
+/** The tiling dispatch uses for `problem`: the tuned winner of its class, else the device's default. */
 export function tilingFor(gpu: Gpu, problem: MatmulProblem, dtype: DType): MatmulTiling {
-  if (gpu.matmulTilings.size === 0) return gpu.matmulTiling;
+  const { tiling, classTilings } = matmulSettings.of(gpu);
+  if (classTilings.size === 0) return tiling;
   const c = classOf(problem, dtype);
-  return gpu.matmulTilings.get(matmulClassKey(c)) ??
+  return classTilings.get(matmulClassKey(c)) ??
     // A class not tuned (a large product on a CPU adapter): the medium winner is the nearest.
-    gpu.matmulTilings.get(matmulClassKey({ ...c, size: "medium" })) ?? gpu.matmulTiling;
+    classTilings.get(matmulClassKey({ ...c, size: "medium" })) ?? tiling;
 }
 
 /** The tiling of every tuned class by class key, and the default's, as names (for logs). */
 export function tilingNames(gpu: Gpu): Record<string, string> {
-  const named = [...gpu.matmulTilings].map(([c, t]) => [c, tilingName(t)]);
-  return { default: tilingName(gpu.matmulTiling), ...Object.fromEntries(named) };
+  const { tiling, classTilings } = matmulSettings.of(gpu);
+  const named = [...classTilings].map(([c, t]) => [c, tilingName(t)]);
+  return { default: tilingName(tiling), ...Object.fromEntries(named) };
 }

@@ -25,6 +25,7 @@ import {
   winnerCache,
 } from "./kernel_timing.ts";
 import { DEFAULT_TILING, MATMUL_CANDIDATES, matmulCandidates } from "./matmul_candidates.ts";
+import { matmulSettings } from "./matmul_settings.ts";
 
 export { DEFAULT_TILING, MATMUL_CANDIDATES, matmulCandidates };
 
@@ -146,7 +147,7 @@ async function tuneClass(
 
 /**
  * Tunes the matmul classes `options.classes` (default: those `initGpu` tunes)
- * on `gpu`, records each winner in `gpu.matmulTilings` (which dispatch reads)
+ * on `gpu`, records each winner in `matmulSettings.of(gpu).classTilings` (which dispatch reads)
  * and caches them per adapter. A class with a cached winner is not measured
  * again unless `force` is set. Waits for the GPU many times: call it at
  * start-up, never per step.
@@ -154,11 +155,12 @@ async function tuneClass(
  * @example
  * ```ts
  * import { initGpu, tuneMatmul } from "./mod.ts";
+ * import { matmulSettings } from "./matmul_settings.ts";
  * const gpu = await initGpu({ matmulTiling: "default" });
  * const [result] = await tuneMatmul(gpu, {
  *   classes: [{ dtype: "f32", orientation: "nt", size: "small" }],
  * });
- * console.assert(gpu.matmulTilings.get("f32/nt/small") === result.best);
+ * console.assert(matmulSettings.of(gpu).classTilings.get("f32/nt/small") === result.best);
  * gpu.destroy();
  * ```
  */
@@ -170,6 +172,7 @@ export async function tuneMatmul(
   const timer = options.timer ?? ((_, run) => secondsPerRun(gpu, run));
   const cached = options.force || options.timer ? {} : cache.read();
   const results: ClassTuning[] = [];
+  const { classTilings } = matmulSettings.of(gpu);
   const classes = options.classes ?? defaultTuningClasses(gpu);
   const missing = classes.filter((c) => !cached[matmulClassKey(c)]).length;
   const measured = progressReporter("matmul tilings", missing, options.onProgress);
@@ -180,9 +183,9 @@ export async function tuneMatmul(
       ? { class: c, best: hit, measurements: [], cached: true }
       : await tuneClass(gpu, c, timer);
     if (!hit) measured();
-    gpu.matmulTilings.set(key, result.best);
+    classTilings.set(key, result.best);
     results.push(result);
   }
-  if (!options.timer) cache.write(gpu.matmulTilings);
+  if (!options.timer) cache.write(classTilings);
   return results;
 }

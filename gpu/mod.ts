@@ -138,6 +138,18 @@ export type { Activation } from "./kernels/wgsl_math.ts";
 export { type AttentionTuning, tuneAttention } from "./attention_tuning.ts";
 export type { CandidateTimer, TuningProgress } from "./kernel_timing.ts";
 export type { AttentionPlan, AttentionTile } from "./device.ts";
+export { defineTunerSettings, type TunerSettings } from "./tuners.ts";
+export { type MatmulSettings, matmulSettings } from "./matmul_settings.ts";
+export {
+  type AttentionProblem,
+  type AttentionSettings,
+  attentionSettings,
+  type AttentionShape,
+  type AttentionShapeRecord,
+} from "./attention_picks.ts";
+export { type MultiTensorSettings, multiTensorSettings } from "./kernels/multi_tensor.ts";
+export { type RowSettings, rowSettings } from "./kernels/row_layout.ts";
+export { type ElementwiseSettings, elementwiseSettings } from "./kernels/elementwise.ts";
 export {
   classOf,
   type MatmulClass,

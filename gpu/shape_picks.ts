@@ -23,6 +23,7 @@ import { tilingFits, tilingKind } from "./kernels/tilings.ts";
 import { maxSlices } from "./kernels/gemm.ts";
 import type { Activation } from "./kernels/wgsl_math.ts";
 import { MATMUL_CANDIDATES } from "./matmul_candidates.ts";
+import { defineTunerSettings, type TunerSettings } from "./tuners.ts";
 
 /** Bump when kernels or the pick's meaning change: older cached picks are ignored. */
 const SHAPE_PICKS_VERSION = 1;
@@ -103,10 +104,8 @@ export function pickFits(gpu: Gpu, shape: MatmulShape, pick: ShapePick): boolean
     (pick.slices === 1 || split && pick.slices <= maxSlices(shape.k));
 }
 
-/** A device's picks and the shapes it dispatched, for one adapter profile. */
-interface ShapeState {
-  /** The cache key this state belongs to (a profile switch starts another). */
-  cacheKey: string;
+/** A device's picks and the shapes it dispatched (its matmul shape tuner's settings). */
+export interface ShapeState {
   /** Picks by shape key. */
   picks: Map<string, ShapeRecord>;
   /** Every shape dispatched, with a problem of theirs (its strides). */
@@ -115,7 +114,19 @@ interface ShapeState {
   fromCache: Set<string>;
 }
 
-const states = new WeakMap<Gpu, ShapeState>();
+/**
+ * A device's per-shape matmul picks (gpu/tuners.ts), read from the cache
+ * when first used on a GPU adapter; a profile switch (`withAdapterProfile`)
+ * starts fresh ones, read from that profile's cache.
+ */
+const shapeSettings: TunerSettings<ShapeState> = defineTunerSettings("matmul shapes", (gpu) => {
+  const picks = new Map<string, ShapeRecord>();
+  // An entry stored under another shape's key is not trusted either.
+  for (const [key, record] of Object.entries(cacheOf(gpu).read())) {
+    if (matmulShapeKey(record.shape) === key) picks.set(key, record);
+  }
+  return { picks, seen: new Map(), fromCache: new Set(picks.keys()) };
+});
 
 /**
  * The `localStorage` key of `gpu`'s cached picks (per adapter, profile and
@@ -171,17 +182,7 @@ function shapeFields(s: MatmulShape): MatmulShape {
 
 /** The per-shape state of `gpu` as it is now (read from the cache on first use per profile). */
 export function shapeState(gpu: Gpu): ShapeState {
-  const cacheKey = shapeCacheKey(gpu);
-  const known = states.get(gpu);
-  if (known?.cacheKey === cacheKey) return known;
-  const picks = new Map<string, ShapeRecord>();
-  // An entry stored under another shape's key is not trusted either.
-  for (const [key, record] of Object.entries(cacheOf(gpu).read())) {
-    if (matmulShapeKey(record.shape) === key) picks.set(key, record);
-  }
-  const state = { cacheKey, picks, seen: new Map(), fromCache: new Set(picks.keys()) };
-  states.set(gpu, state);
-  return state;
+  return shapeSettings.of(gpu);
 }
 
 /** Adds `records` to `gpu`'s cache of picks. */
@@ -205,7 +206,7 @@ export function cachePicks(gpu: Gpu, records: ReadonlyMap<string, ShapeRecord>):
  * ```
  */
 export function forgetMatmulShapes(gpu: Gpu): void {
-  states.delete(gpu);
+  shapeSettings.reset(gpu);
 }
 
 /**

@@ -162,7 +162,7 @@ export abstract class FusedOptimizer<G extends Group> implements Optimizer {
   /**
    * One fused update of every parameter that has a gradient, no readback:
    * a dispatch per group and run of up to 16 parameters of the same
-   * gradient dtype (`gpu.multiTensorSlots`). With `signals.foundInf` non-zero
+   * gradient dtype (`multiTensorSettings` in gpu/kernels/multi_tensor.ts). With `signals.foundInf` non-zero
    * nothing changes (decided on the GPU); gradients are multiplied by
    * `signals.gradScale`. Throws (before dispatching anything) on a gradient
    * whose shape or dtype is wrong.
@@ -197,7 +197,7 @@ export abstract class FusedOptimizer<G extends Group> implements Optimizer {
     }
     fail(
       ValueError,
-      `${this.kind}.step: gradients must be live f32/f16 tensors shaped like their parameter`,
+      `${this.kind}.step: gradients must be live float tensors shaped like their parameter`,
       errors,
     );
     if (work.size === 0) return;
@@ -211,7 +211,7 @@ export abstract class FusedOptimizer<G extends Group> implements Optimizer {
   }
 
   /**
-   * Registers working copies (master → f16 copy, same shape; f32 is accepted
+   * Registers working copies (master → f16 or bf16 copy, same shape; f32 is accepted
    * too), replacing any earlier registration (null: none). The optimizer
    * keeps a reference to `copies` (amp's `MasterWeights`), which stays their
    * only owner. Each non-skipped update writes the new master value into its

@@ -1,16 +1,24 @@
 /** Helpers of the fused attention tests: forcing a plan, and the dropout mask's factors. */
 import { type AttentionPlan, type RandomRange, randomUniform } from "../gpu/mod.ts";
 import { gpu } from "./_gpu.ts";
+import { attentionSettings } from "../gpu/attention_picks.ts";
 
-/** Runs `fn` with each dtype's attention plan set to `plan`, then restores the tuned ones. */
+/**
+ * Runs `fn` with each dtype's attention plan set to `plan` and no per-shape
+ * picks, then restores the tuned ones.
+ */
 export async function withPlan(plan: AttentionPlan, fn: () => Promise<void>): Promise<void> {
-  const tuned = new Map(gpu.attentionPlans);
+  const { plans, shapes } = attentionSettings.of(gpu);
+  const tuned = new Map(plans), picks = new Map(shapes);
   try {
-    for (const dtype of ["f32", "f16"]) gpu.attentionPlans.set(dtype, plan);
+    for (const dtype of ["f32", "f16"]) plans.set(dtype, plan);
+    shapes.clear();
     await fn();
   } finally {
-    gpu.attentionPlans.clear();
-    for (const [dtype, p] of tuned) gpu.attentionPlans.set(dtype, p);
+    plans.clear();
+    shapes.clear();
+    for (const [dtype, p] of tuned) plans.set(dtype, p);
+    for (const [key, p] of picks) shapes.set(key, p);
   }
 }
 

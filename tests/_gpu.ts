@@ -5,6 +5,9 @@
 import { initGpu, MATMUL_CANDIDATES, type MatmulTiling, type ProfileLimits } from "../gpu/mod.ts";
 import { gpuLikeProfile, withAdapterProfile } from "../gpu/adapter_profile.ts";
 import { tilingFits, tilingKind } from "../gpu/kernels/tilings.ts";
+import { matmulSettings } from "../gpu/matmul_settings.ts";
+import { rowSettings } from "../gpu/kernels/row_layout.ts";
+import { elementwiseSettings } from "../gpu/kernels/elementwise.ts";
 
 /** The shared device (f16 on when the adapter has it). */
 export const gpu = await initGpu({ f16: "auto", matmulTiling: "default" });
@@ -22,26 +25,51 @@ export function asGpu<T>(fn: () => Promise<T>, limits: Partial<ProfileLimits> = 
 }
 
 /**
+ * Runs `fn` with the fields `values` gives set on a kernel family's tuning
+ * `settings` (e.g. `matmulSettings.of(gpu)`), then restores the earlier values.
+ */
+export async function withSettings<S extends object, T>(
+  settings: S,
+  values: Partial<S>,
+  fn: () => Promise<T>,
+): Promise<T> {
+  const earlier = Object.fromEntries(Object.keys(values).map((k) => [k, settings[k as keyof S]]));
+  Object.assign(settings, values);
+  try {
+    return await fn();
+  } finally {
+    Object.assign(settings, earlier);
+  }
+}
+
+/**
+ * Runs `fn` with `tiling` as the shared device's matmul tiling for every
+ * class (no class winners), then restores the tiling and the winners.
+ */
+export async function withTiling<T>(tiling: MatmulTiling, fn: () => Promise<T>): Promise<T> {
+  const settings = matmulSettings.of(gpu);
+  const winners = [...settings.classTilings];
+  settings.classTilings.clear();
+  try {
+    return await withSettings(settings, { tiling }, fn);
+  } finally {
+    for (const [key, t] of winners) settings.classTilings.set(key, t);
+  }
+}
+
+/**
  * Runs `fn` once with each CPU matmul tiling candidate and the last (the
  * smallest) GPU candidate of each kind that fits the device as the device's
  * tiling, then restores it (every GPU candidate: tests/matmul_tilings_test.ts).
  */
 export async function withEachTiling(fn: (tiling: MatmulTiling) => Promise<void>): Promise<void> {
-  const chosen = gpu.matmulTiling;
   const limits = gpu.device.limits;
   const cpu = MATMUL_CANDIDATES.filter((t) => !tilingKind(t).forGpus);
   const gpuKinds = new Map<string, MatmulTiling>();
   for (const t of MATMUL_CANDIDATES) {
     if (tilingKind(t).forGpus && tilingFits(t, "f32", limits)) gpuKinds.set(t.variant, t);
   }
-  try {
-    for (const tiling of [...cpu, ...gpuKinds.values()]) {
-      gpu.matmulTiling = tiling;
-      await fn(tiling);
-    }
-  } finally {
-    gpu.matmulTiling = chosen;
-  }
+  for (const tiling of [...cpu, ...gpuKinds.values()]) await withTiling(tiling, () => fn(tiling));
 }
 
 /**
@@ -51,33 +79,21 @@ export async function withEachTiling(fn: (tiling: MatmulTiling) => Promise<void>
  * rows cannot run one per thread there.
  */
 export async function withEachRowLayout(fn: (layout: string) => Promise<void>): Promise<void> {
-  const chosen = gpu.threadRowMax;
-  try {
-    for (const [layout, max] of [["workgroup", 0], ["thread", 16384]] as const) {
-      gpu.threadRowMax = max;
-      await fn(layout);
-    }
-  } finally {
-    gpu.threadRowMax = chosen;
+  for (const [layout, threadRowMax] of [["workgroup", 0], ["thread", 16384]] as const) {
+    await withSettings(rowSettings.of(gpu), { threadRowMax }, () => fn(layout));
   }
 }
 
 /**
  * Runs `fn` with the scalar elementwise kernels, then the vec4 ones (see
- * `Gpu.vectorElementwise`; they run where operands are one-to-one and the
+ * `elementwiseSettings`; they run where operands are one-to-one and the
  * count is a multiple of 4), then restores.
  */
 export async function withEachElementwiseWidth(
   fn: (vec4: boolean) => Promise<void>,
 ): Promise<void> {
-  const chosen = gpu.vectorElementwise;
-  try {
-    for (const vec4 of [false, true]) {
-      gpu.vectorElementwise = vec4;
-      await fn(vec4);
-    }
-  } finally {
-    gpu.vectorElementwise = chosen;
+  for (const vec4 of [false, true]) {
+    await withSettings(elementwiseSettings.of(gpu), { vec4 }, () => fn(vec4));
   }
 }
 

@@ -8,6 +8,7 @@ import { tilingName } from "../gpu/matmul_class.ts";
 import { gradcheck } from "./_gradcheck.ts";
 import { quantize, uniform } from "./_reference.ts";
 import { assertClose, TOL, type Tolerance } from "./_assert.ts";
+import { matmulSettings } from "../gpu/matmul_settings.ts";
 
 /** A convolution case: sizes and PyTorch-style options. */
 interface Case {
@@ -277,10 +278,10 @@ Deno.test({
       { n: 2, c: 4, h: 27, w: 19, o: 4, k: [3, 3], padding: [1, 1], groups: 2 },
     ];
     await asGpu(async () => {
-      const chosen = gpu.matmulTiling;
+      const chosen = matmulSettings.of(gpu).tiling;
       try {
         for (const tiling of MATMUL_CANDIDATES.filter((t) => t.variant === "blocked")) {
-          gpu.matmulTiling = tiling;
+          matmulSettings.of(gpu).tiling = tiling;
           for (const [i, t] of cases.entries()) {
             const groups = t.groups ?? 1;
             const size = { m: t.o / groups, n: (t.c / groups) * 9, k: t.n * t.h * t.w };
@@ -293,7 +294,7 @@ Deno.test({
           }
         }
       } finally {
-        gpu.matmulTiling = chosen;
+        matmulSettings.of(gpu).tiling = chosen;
       }
     });
   },

@@ -24,6 +24,7 @@ import { dispatchMatmul } from "../gpu/kernels/matmul.ts";
 import { tilingName } from "../gpu/mod.ts";
 import { gpu, GPU_TEST } from "./_gpu.ts";
 import { quantize } from "./_reference.ts";
+import { matmulSettings } from "../gpu/matmul_settings.ts";
 
 const U16 = 2 ** -11, U32 = 2 ** -24;
 /** The GPU tilings that sum in f16 chunks: blocked, and vec4 (f16 tiles under chunks). */
@@ -148,8 +149,8 @@ Deno.test({
   name: "f16 chunked accumulation: an overflow inside a run reaches the result and the GradScaler",
   ...GPU_TEST,
   async fn() {
-    const chosen = gpu.matmulTiling;
-    gpu.matmulTiling = GPU_TILINGS[1];
+    const chosen = matmulSettings.of(gpu).tiling;
+    matmulSettings.of(gpu).tiling = GPU_TILINGS[1];
     try {
       // Each run's products overflow f16 (200·512 > 65504) while the exact sum is 0.
       const poisoned = await withAccumulation("chunked", async () => {
@@ -184,7 +185,7 @@ Deno.test({
       assert.deepEqual(await skippedUnder("f32"), { skipped: false, scale: 2 ** 16 });
       assert.deepEqual(await skippedUnder("chunked"), { skipped: true, scale: 2 ** 15 });
     } finally {
-      gpu.matmulTiling = chosen;
+      matmulSettings.of(gpu).tiling = chosen;
     }
   },
 });
@@ -195,14 +196,14 @@ Deno.test({
   async fn() {
     const a = Tensor.from(new RandomGenerator(5).uniform(33 * 40, -1, 1), [33, 40]);
     const b = Tensor.from(new RandomGenerator(6).uniform(40 * 9, -1, 1), [40, 9]);
-    const chosen = gpu.matmulTiling;
-    gpu.matmulTiling = GPU_TILINGS[0];
+    const chosen = matmulSettings.of(gpu).tiling;
+    matmulSettings.of(gpu).tiling = GPU_TILINGS[0];
     try {
       const plain = await withAccumulation("f32", () => matmul(a, b).read());
       const chunked = await withAccumulation("chunked", () => matmul(a, b).read());
       assert.deepEqual(chunked, plain, "f32 operands never sum in f16");
     } finally {
-      gpu.matmulTiling = chosen;
+      matmulSettings.of(gpu).tiling = chosen;
     }
     await assert.rejects(
       // deno-lint-ignore no-explicit-any

@@ -19,6 +19,7 @@ import {
   attentionPlanCandidates,
 } from "../gpu/kernels/flash_attention.ts";
 import { asGpu, dispatchedKernels, gpu, GPU_TEST } from "./_gpu.ts";
+import { attentionSettings } from "../gpu/attention_picks.ts";
 import { dropoutFactor, withPlan } from "./_attention_plans.ts";
 import { assertClose, type Tolerance } from "./_assert.ts";
 import { quantize, uniform } from "./_reference.ts";
@@ -377,12 +378,12 @@ Deno.test({
         assert.deepEqual(t.measurements.map((m) => m.plan), [...attentionPlanCandidates(gpu)]);
         const fastest = t.measurements.reduce((a, b) => (b.ms < a.ms ? b : a));
         assert.equal(t.best, fastest.plan);
-        assert.equal(gpu.attentionPlans.get(t.dtype), t.best);
+        assert.equal(attentionSettings.of(gpu).plans.get(t.dtype), t.best);
       }
       const again = await tuneAttention(gpu);
       assert.ok(again.every((r, i) => r.cached && r.best === tuned[i].best), "from the cache");
     } finally {
-      gpu.attentionPlans.clear();
+      attentionSettings.of(gpu).plans.clear();
     }
   },
 });

@@ -14,6 +14,7 @@ import {
 } from "../gpu/kernels/flash_attention.ts";
 import { tiledAttentionBytes } from "../gpu/kernels/flash_attention_tiled.ts";
 import { asGpu, dispatchedKernels, gpu, GPU_TEST } from "./_gpu.ts";
+import { attentionSettings } from "../gpu/attention_picks.ts";
 import { dropoutFactor, withPlan } from "./_attention_plans.ts";
 import { assertClose, type Tolerance } from "./_assert.ts";
 import { quantize, uniform } from "./_reference.ts";
@@ -271,7 +272,7 @@ Deno.test({
         const tuned = await tuneAttention(gpu, { timer });
         for (const t of tuned) {
           assert.equal(t.best, fastest);
-          assert.equal(gpu.attentionPlans.get(t.dtype), fastest);
+          assert.equal(attentionSettings.of(gpu).plans.get(t.dtype), fastest);
           assert.deepEqual(t.measurements.map((m) => m.plan), [
             ...attentionPlanCandidates(gpu, 64),
           ]);
@@ -282,7 +283,7 @@ Deno.test({
         for (const w of workgroups) assert.ok(w >= 8 * 384 && w < 8 * 384 + 65535, `${w}`);
         workgroups = [];
       } finally {
-        gpu.attentionPlans.clear();
+        attentionSettings.of(gpu).plans.clear();
       }
     }),
 });

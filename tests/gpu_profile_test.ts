@@ -16,6 +16,10 @@ import { attentionPlanCandidates, launchFlashAttention } from "../gpu/kernels/fl
 import { asGpu, dispatchedKernels, gpu, GPU_TEST } from "./_gpu.ts";
 import { matmul64, quantize, uniform } from "./_reference.ts";
 import { assertClose, TOL, type Tolerance } from "./_assert.ts";
+import { matmulSettings } from "../gpu/matmul_settings.ts";
+import { rowSettings } from "../gpu/kernels/row_layout.ts";
+import { multiTensorSettings } from "../gpu/kernels/multi_tensor.ts";
+import { attentionSettings } from "../gpu/attention_picks.ts";
 
 const BLOCKED = MATMUL_CANDIDATES.filter((t) => t.variant === "blocked");
 const BLOCKED_128 = BLOCKED[0];
@@ -30,7 +34,10 @@ Deno.test({
     for (const [name, value] of Object.entries(own.limits)) {
       assert.equal(value, gpu.device.limits[name as keyof typeof own.limits], name);
     }
-    const before = { slots: gpu.multiTensorSlots, split: gpu.splitKWorkgroups };
+    const before = {
+      slots: multiTensorSettings.of(gpu).slots,
+      split: matmulSettings.of(gpu).splitKWorkgroups,
+    };
     await asGpu(() => {
       const p = gpu.adapterProfile;
       assert.deepEqual([p.cpu, p.subgroupSize], [false, 32]);
@@ -40,7 +47,11 @@ Deno.test({
         assert.ok(value <= gpu.device.limits[name as keyof typeof p.limits], name);
       }
       assert.deepEqual(
-        [gpu.threadRowMax, gpu.multiTensorSlots, gpu.splitKWorkgroups],
+        [
+          rowSettings.of(gpu).threadRowMax,
+          multiTensorSettings.of(gpu).slots,
+          matmulSettings.of(gpu).splitKWorkgroups,
+        ],
         [64, 16, 256],
       );
       // Every candidate that fits, GPU ones included; every class size; staged attention plans.
@@ -64,7 +75,10 @@ Deno.test({
     });
     // Restored: the adapter's own profile and choices.
     assert.equal(gpu.adapterProfile, own);
-    assert.deepEqual({ slots: gpu.multiTensorSlots, split: gpu.splitKWorkgroups }, before);
+    assert.deepEqual({
+      slots: multiTensorSettings.of(gpu).slots,
+      split: matmulSettings.of(gpu).splitKWorkgroups,
+    }, before);
     if (own.cpu) assert.ok(matmulCandidates(gpu, "f32").every((t) => !tilingKind(t).forGpus));
   },
 });
@@ -150,7 +164,11 @@ Deno.test({
         assert.equal(tilingFor(gpu, p, "f32"), expected, `${size}: ${tilingName(expected)}`);
       }
     });
-    assert.equal(gpu.matmulTilings.size, 0, "the test profile's winners are dropped after it");
+    assert.equal(
+      matmulSettings.of(gpu).classTilings.size,
+      0,
+      "the test profile's winners are dropped after it",
+    );
   },
 });
 
@@ -174,7 +192,7 @@ Deno.test({
   ...GPU_TEST,
   async fn() {
     await asGpu(async () => {
-      const chosen = gpu.matmulTiling;
+      const chosen = matmulSettings.of(gpu).tiling;
       try {
         for (const dtype of gpu.f16 ? ["f32", "f16"] as const : ["f32"] as const) {
           const tilings = matmulCandidates(gpu, dtype).filter((t) => t.variant === "blocked");
@@ -188,7 +206,7 @@ Deno.test({
             const tb = Tensor.from(b, batched(transB ? [n, k] : [k, n]), { dtype });
             const expected = matmul64(a, b, dims);
             for (const tiling of tilings) {
-              gpu.matmulTiling = tiling;
+              matmulSettings.of(gpu).tiling = tiling;
               const split = gemmSplit(gpu, tiling, dims, batch);
               const label = `${dtype} ${tilingName(tiling)} tk ${tiling.tk} ${
                 JSON.stringify(dims)
@@ -196,15 +214,15 @@ Deno.test({
               // The split has several slices and a shorter last one.
               assert.ok(split.slices > 1, label);
               assert.ok(k - (split.slices - 1) * split.length < split.length, `${label}: uneven`);
-              for (const target of [gpu.splitKWorkgroups, 0]) {
-                const chosenTarget = gpu.splitKWorkgroups;
-                gpu.splitKWorkgroups = target;
+              for (const target of [matmulSettings.of(gpu).splitKWorkgroups, 0]) {
+                const chosenTarget = matmulSettings.of(gpu).splitKWorkgroups;
+                matmulSettings.of(gpu).splitKWorkgroups = target;
                 let c: Tensor | undefined;
                 try {
                   const kernels = dispatchedKernels(() => c = matmul(ta, tb, { transA, transB }));
                   assert.equal(kernels.length, target > 0 ? 2 : 1, `${label}: ${kernels}`);
                 } finally {
-                  gpu.splitKWorkgroups = chosenTarget;
+                  matmulSettings.of(gpu).splitKWorkgroups = chosenTarget;
                 }
                 const what = `${label} ${target > 0 ? `split in ${split.slices}` : "unsplit"}`;
                 assertClose(await c!.read(), expected, tolFor(dtype, k), what);
@@ -216,7 +234,7 @@ Deno.test({
           }
         }
       } finally {
-        gpu.matmulTiling = chosen;
+        matmulSettings.of(gpu).tiling = chosen;
       }
     });
   },
@@ -229,7 +247,7 @@ Deno.test({
   async fn() {
     /** The stage the forward kernel runs with for a tuned plan staging 32 rows. */
     const stageFor = (dtype: "f32" | "f16", headSize: number) => {
-      gpu.attentionPlans.set(dtype, { rows: 64, stage: 32 });
+      attentionSettings.of(gpu).plans.set(dtype, { rows: 64, stage: 32 });
       const shape = { batch: 1, t: 8, heads: 1, headSize };
       const qkv = Tensor.zeros([1, 8, 3 * headSize], { dtype });
       const keys = dispatchedKernels(() => {

@@ -9,6 +9,7 @@ import {
 } from "../gpu/mod.ts";
 import { matmulClassKey, tilingName } from "../gpu/matmul_class.ts";
 import { asGpu, gpu, GPU_TEST } from "./_gpu.ts";
+import { matmulSettings } from "../gpu/matmul_settings.ts";
 
 Deno.test("tuners: the finalists are timed again and keep their better time", async () => {
   // First round: c looks fastest only because a noisy spike slowed b down.
@@ -47,7 +48,7 @@ Deno.test({
       });
       assert.equal(calls.length, candidates.length + 3, "every candidate, then three finalists");
       assert.equal(result.best, candidates[7]);
-      assert.equal(gpu.matmulTilings.get(matmulClassKey(c)), candidates[7]);
+      assert.equal(matmulSettings.of(gpu).classTilings.get(matmulClassKey(c)), candidates[7]);
       assert.deepEqual(result.measurements.map((m) => m.tiling), candidates);
       assert.equal(result.measurements[7].seconds, 5e-5);
       assert.equal(result.measurements[3].seconds, 1e-4, "a finalist keeps its better time");
@@ -77,7 +78,8 @@ Deno.test({
       { dtype: "f32", orientation: "tn", size: "small" },
     ] as const;
     const seen: string[] = [];
-    const tuned = new Map(gpu.matmulTilings); // the fake timer's winners must not stay
+    const { classTilings } = matmulSettings.of(gpu);
+    const tuned = new Map(classTilings); // the fake timer's winners must not stay
     try {
       await tuneMatmul(gpu, {
         classes,
@@ -85,8 +87,8 @@ Deno.test({
         onProgress: ({ task, done, total }) => seen.push(`${task} ${done}/${total}`),
       });
     } finally {
-      gpu.matmulTilings.clear();
-      for (const [k, v] of tuned) gpu.matmulTilings.set(k, v);
+      classTilings.clear();
+      for (const [k, v] of tuned) classTilings.set(k, v);
     }
     assert.deepEqual(seen, ["matmul tilings 0/2", "matmul tilings 1/2", "matmul tilings 2/2"]);
     const anyOptions = { onProgress: 5 } as unknown as InitGpuOptions;

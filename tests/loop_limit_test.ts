@@ -1,23 +1,24 @@
 import assert from "node:assert/strict";
 import { fusedCausalAttention, linear, matmul, Tensor, tidy } from "../mod.ts";
 import { gpu, GPU_TEST } from "./_gpu.ts";
+import { matmulSettings } from "../gpu/matmul_settings.ts";
 
 Deno.test({
   name: "loop cap: a product splits a reduction too long for one invocation on a capped adapter",
   ...GPU_TEST,
   async fn() {
     const k = 70001, ones = Tensor.full([2, k], 1);
-    const chosen = gpu.splitKWorkgroups;
+    const settings = matmulSettings.of(gpu), chosen = settings.splitKWorkgroups;
     try {
       // Split for the cap alone (0: no split to fill the device) and by default: every term counts.
       for (const workgroups of [0, chosen]) {
-        gpu.splitKWorkgroups = workgroups;
+        settings.splitKWorkgroups = workgroups;
         const c = matmul(ones, ones, { transB: true });
         assert.deepEqual([...await c.read()], [k, k, k, k], `splitKWorkgroups ${workgroups}`);
         c.dispose();
       }
     } finally {
-      gpu.splitKWorkgroups = chosen;
+      settings.splitKWorkgroups = chosen;
       ones.dispose();
     }
   },

@@ -1,7 +1,8 @@
 import assert from "node:assert/strict";
 import { backward, linear, matmul, type MatmulTiling, Tensor, tidy } from "../gpu/mod.ts";
 import { gemmSlices, sliceLength } from "../gpu/kernels/gemm.ts";
-import { dispatchedKernels, gpu, GPU_TEST } from "./_gpu.ts";
+import { dispatchedKernels, gpu, GPU_TEST, withSettings } from "./_gpu.ts";
+import { matmulSettings } from "../gpu/matmul_settings.ts";
 import { matmul64, quantize, uniform } from "./_reference.ts";
 import { assertClose, TOL, type Tolerance } from "./_assert.ts";
 
@@ -11,15 +12,9 @@ function tolFor(dtype: "f32" | "f16", k: number): Tolerance {
   return { atol: t.atol * Math.max(1, Math.sqrt(k) / 4), rtol: t.rtol };
 }
 
-/** Runs `fn` with `gpu.splitKWorkgroups` set to `workgroups`, then restores it. */
-async function withSplitTarget<T>(workgroups: number, fn: () => Promise<T>): Promise<T> {
-  const chosen = gpu.splitKWorkgroups;
-  gpu.splitKWorkgroups = workgroups;
-  try {
-    return await fn();
-  } finally {
-    gpu.splitKWorkgroups = chosen;
-  }
+/** Runs `fn` with split-K aiming at `workgroups` workgroups, then restores the setting. */
+function withSplitTarget<T>(workgroups: number, fn: () => Promise<T>): Promise<T> {
+  return withSettings(matmulSettings.of(gpu), { splitKWorkgroups: workgroups }, fn);
 }
 
 const BLOCKED_128: MatmulTiling = { variant: "blocked", tm: 8, tn: 8, wgx: 16, wgy: 16, tk: 8 };

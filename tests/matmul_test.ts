@@ -3,6 +3,8 @@ import {
   add,
   backward,
   classOf,
+  DTYPES,
+  type FloatDType,
   initGpu,
   linear,
   matmul,
@@ -22,6 +24,7 @@ import { gpu, GPU_TEST, withEachTiling } from "./_gpu.ts";
 import { gradcheck } from "./_gradcheck.ts";
 import { matmul64, quantize, uniform } from "./_reference.ts";
 import { assertClose, TOL, type Tolerance } from "./_assert.ts";
+import { matmulSettings } from "../gpu/matmul_settings.ts";
 
 // Sizes that are multiples of no tile, a single element, and a long K.
 const SHAPES = [
@@ -33,13 +36,13 @@ const SHAPES = [
 ];
 
 /** Long sums lose more: allow error growing like √K times the f32 unit roundoff. */
-function tolFor(dtype: "f32" | "f16", k: number): Tolerance {
+function tolFor(dtype: FloatDType, k: number): Tolerance {
   const t = TOL[dtype];
   return { atol: t.atol * Math.max(1, Math.sqrt(k) / 4), rtol: t.rtol };
 }
 
 async function checkProduct(
-  dtype: "f32" | "f16",
+  dtype: FloatDType,
   dims: { batch: number; m: number; n: number; k: number; transA: boolean; transB: boolean },
   seed: number,
 ) {
@@ -52,7 +55,9 @@ async function checkProduct(
   const tb = Tensor.from(b, batched(bShape), { dtype });
   const c = matmul(ta, tb, { transA, transB });
   const expected = matmul64(a, b, dims);
-  const label = `${dtype} ${JSON.stringify(dims)} tiling ${JSON.stringify(gpu.matmulTiling)}`;
+  const label = `${dtype} ${JSON.stringify(dims)} tiling ${
+    JSON.stringify(matmulSettings.of(gpu).tiling)
+  }`;
   assertClose(await c.read(), expected, tolFor(dtype, k), label);
   [ta, tb, c].forEach((t) => t.dispose());
 }
@@ -62,7 +67,7 @@ Deno.test({
   ...GPU_TEST,
   async fn() {
     await withEachTiling(async () => {
-      for (const dtype of ["f32", "f16"] as const) {
+      for (const dtype of DTYPES) {
         for (const [i, s] of SHAPES.entries()) {
           for (const transA of [false, true]) {
             for (const transB of [false, true]) {
@@ -83,7 +88,7 @@ Deno.test({
   name: "matmul: batched operands and a shared right operand",
   ...GPU_TEST,
   async fn() {
-    for (const dtype of ["f32", "f16"] as const) {
+    for (const dtype of DTYPES) {
       await checkProduct(dtype, { batch: 3, m: 9, n: 17, k: 13, transA: false, transB: true }, 1);
       await checkProduct(dtype, { batch: 2, m: 5, n: 3, k: 70, transA: true, transB: false }, 2);
     }
@@ -166,7 +171,7 @@ Deno.test({
   ...GPU_TEST,
   async fn() {
     const rows = 13, inF = 21, outF = 10;
-    for (const dtype of ["f32", "f16"] as const) {
+    for (const dtype of DTYPES) {
       for (const activation of ["none", "relu"] as const) {
         const x = quantize(uniform(rows * inF, 1), dtype);
         const w = quantize(uniform(outF * inF, 2), dtype);
@@ -291,7 +296,10 @@ Deno.test({
         }
         const fastest = result.measurements.reduce((a, b) => (b.gflops > a.gflops ? b : a));
         assert.equal(result.best, fastest.tiling);
-        assert.equal(gpu.matmulTilings.get(matmulClassKey(result.class)), result.best);
+        assert.equal(
+          matmulSettings.of(gpu).classTilings.get(matmulClassKey(result.class)),
+          result.best,
+        );
       }
       const again = await tuneMatmul(gpu, { classes });
       assert.ok(again.every((r, i) => r.cached && r.best === results[i].best), "from the cache");
@@ -309,15 +317,19 @@ Deno.test({
       // A class never tuned falls back to the device default.
       assert.equal(
         tilingFor(gpu, { ...problem, b: { batch: 0, row: 16, col: 1 } }, "f16"),
-        gpu.matmulTiling,
+        matmulSettings.of(gpu).tiling,
       );
     } finally {
-      gpu.matmulTilings.clear();
+      matmulSettings.of(gpu).classTilings.clear();
     }
     const forced = MATMUL_CANDIDATES.at(-1)!;
     const other = await initGpu({ matmulTiling: forced, setDefault: false });
-    assert.equal(other.matmulTiling, forced);
-    assert.equal(other.matmulTilings.size, 0, "a given tiling is used for every class");
+    assert.equal(matmulSettings.of(other).tiling, forced);
+    assert.equal(
+      matmulSettings.of(other).classTilings.size,
+      0,
+      "a given tiling is used for every class",
+    );
     other.destroy();
   },
 });

@@ -15,7 +15,8 @@ import { matmul, MATMUL_CANDIDATES, type MatmulTiling, Tensor, tilingName } from
 import { tilingFits, tilingKind } from "../gpu/kernels/tilings.ts";
 import { dispatchMatmul } from "../gpu/kernels/matmul.ts";
 import { gemmSplit } from "../gpu/kernels/gemm.ts";
-import { asGpu, gpu, GPU_TEST } from "./_gpu.ts";
+import { asGpu, gpu, GPU_TEST, withSettings, withTiling } from "./_gpu.ts";
+import { matmulSettings } from "../gpu/matmul_settings.ts";
 import { gelu64, matmul64, quantize, uniform } from "./_reference.ts";
 import { assertClose, TOL, type Tolerance } from "./_assert.ts";
 
@@ -108,15 +109,10 @@ async function forced(
   splitTarget: number,
   fn: () => Promise<void>,
 ): Promise<void> {
-  const [chosen, target] = [gpu.matmulTiling, gpu.splitKWorkgroups];
-  gpu.matmulTiling = tiling;
-  gpu.splitKWorkgroups = splitTarget;
-  try {
-    await fn();
-  } finally {
-    gpu.matmulTiling = chosen;
-    gpu.splitKWorkgroups = target;
-  }
+  await withTiling(
+    tiling,
+    () => withSettings(matmulSettings.of(gpu), { splitKWorkgroups: splitTarget }, fn),
+  );
 }
 
 /**

@@ -8,7 +8,12 @@
 import assert from "node:assert/strict";
 import { GradScaler } from "../amp/grad_scaler.ts";
 import { Tensor } from "../gpu/mod.ts";
-import { multiTensorChunks, slotsPerDispatch, slotTable } from "../gpu/kernels/multi_tensor.ts";
+import {
+  multiTensorChunks,
+  multiTensorSettings,
+  slotsPerDispatch,
+  slotTable,
+} from "../gpu/kernels/multi_tensor.ts";
 import { Adam, type AdamOptions, clipGradNorm, SGD, type SGDOptions } from "../optim/mod.ts";
 import { adamKernel } from "../optim/kernels/update.ts";
 import { asGpu, dispatchedKernels, gpu, GPU_TEST } from "./_gpu.ts";
@@ -25,12 +30,12 @@ const gradDtype = (k: number) => F16 && k % 5 >= 3 ? "f16" : "f32";
 
 /** Runs `fn` with at most `slots` tensors per dispatch, then restores the device's setting. */
 function withSlots<T>(slots: number, fn: () => T): T {
-  const chosen = gpu.multiTensorSlots;
-  gpu.multiTensorSlots = slots;
+  const settings = multiTensorSettings.of(gpu), chosen = settings.slots;
+  settings.slots = slots;
   try {
     return fn();
   } finally {
-    gpu.multiTensorSlots = chosen;
+    settings.slots = chosen;
   }
 }
 

@@ -32,7 +32,7 @@ import {
   tidy,
 } from "../mod.ts";
 import { MATMUL_CANDIDATES } from "../gpu/mod.ts";
-import { gpu, GPU_TEST, withEachElementwiseWidth } from "./_gpu.ts";
+import { gpu, GPU_TEST, withEachElementwiseWidth, withTiling } from "./_gpu.ts";
 import { capturedWarnings } from "./_warnings.ts";
 
 const FIXTURES = new URL("./fixtures/torch/", import.meta.url);
@@ -114,17 +114,13 @@ Deno.test({
     const w = Tensor.from(numbers(ref.w), ref.w_shape);
     const bias = Tensor.from(numbers(ref.b), [ref.b.length]);
     // One tiling of each variant: each writes the epilogue in its own code.
-    const chosen = gpu.matmulTiling;
     const variants = new Map(MATMUL_CANDIDATES.map((t) => [t.variant, t]));
-    try {
-      for (const tiling of variants.values()) {
-        gpu.matmulTiling = tiling;
+    for (const tiling of variants.values()) {
+      await withTiling(tiling, async () => {
         const y = linear(x, w, { bias, activation: "relu" });
         assertLikeTorch(await y.read(), numbers(ref.y), `linear relu ${tiling.variant}`, 1e-6);
         y.dispose();
-      }
-    } finally {
-      gpu.matmulTiling = chosen;
+      });
     }
     const layer = new Linear(2, 3, { activation: "relu" });
     layer.weight.copyFrom(w);

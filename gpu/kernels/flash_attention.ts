@@ -37,6 +37,7 @@ import { type RandomRange, WGSL_RANDOM } from "../random.ts";
 import { Tensor } from "../tensor.ts";
 import { grid1d, WGSL_GRID_BUILTINS, WGSL_WORKGROUP_INDEX } from "./grid.ts";
 import { failLoopIterations } from "./loop_limit.ts";
+import { attentionPlanFor } from "../attention_picks.ts";
 import { WGSL_LOWEST } from "./wgsl_math.ts";
 import {
   ATTENTION_UNIFORMS,
@@ -478,13 +479,15 @@ function stagedBytes(stage: number, headSize: number, dtype: DType): number {
 }
 
 /**
- * The plan for T rows of head size D: the adapter's tuned one, with fewer
+ * The plan for T rows of head size D: the tuned one (this shape's pick on
+ * GPUs, else the dtype's; see gpu/attention_picks.ts), with fewer
  * rows for short sequences (the smallest candidate that covers T, so few
  * threads idle) and a smaller stage where D's tiles would not fit the
  * device's workgroup memory.
  */
-function planFor(gpu: Gpu, dtype: DType, t: number, headSize: number): AttentionPlan {
-  const tuned = gpu.attentionPlans.get(dtype) ?? DEFAULT_ATTENTION_PLAN;
+function planFor(gpu: Gpu, dtype: DType, s: FlashAttentionShape): AttentionPlan {
+  const { t, headSize } = s;
+  const tuned = attentionPlanFor(gpu, dtype, s) ?? DEFAULT_ATTENTION_PLAN;
   if (tuned.tile) {
     // Tuned at one head size: at another, the first tiled plan that fits (else the default).
     if (tileFits(gpu, tuned, headSize)) return tuned;
@@ -524,7 +527,7 @@ function setup(
   const { q } = inputTensors(inputs), dtype = q.dtype;
   const plan = s.plan
     ? { ...s.plan, stage: fittingStage(q.gpu, s.plan.stage, s.headSize, dtype) }
-    : planFor(q.gpu, dtype, s.t, s.headSize);
+    : planFor(q.gpu, dtype, s);
   const { rows, stage, tile } = plan;
   const blocks = Math.ceil(s.t / rows), bh = s.batch * s.heads;
   // The tiled kernels read scalars (their staging loads are coalesced anyway).

@@ -22,6 +22,7 @@ import { failLoopIterations } from "./loop_limit.ts";
 import type { Activation } from "./wgsl_math.ts";
 import type { GemmIo } from "./gemm_io.ts";
 import { tilingKind } from "./tilings.ts";
+import { matmulSettings } from "../matmul_settings.ts";
 
 export { type GemmIo, transposedIo } from "./gemm_io.ts";
 
@@ -74,13 +75,14 @@ const MAX_SLICES = 64;
  * summed over every token) would otherwise keep a handful of a GPU's
  * multiprocessors busy: the GPT's fc1 gᵀ·x is 36 workgroups of 128×128
  * against an H100's 132 multiprocessors. Slices are added until about
- * `gpu.splitKWorkgroups` workgroups run, each slice at least 256 long and
+ * `matmulSettings.of(gpu).splitKWorkgroups` workgroups run, each slice at least 256 long and
  * at most 64 of them; on lavapipe always enough that no slice passes the
  * loop cap. `tiles` is the workgroup count without splitting.
  */
 export function gemmSlices(gpu: Gpu, tiling: MatmulTiling, tiles: number, k: number): number {
-  const wanted = gpu.splitKWorkgroups > 0
-    ? Math.min(Math.ceil(gpu.splitKWorkgroups / tiles), Math.floor(k / MIN_SLICE_K), MAX_SLICES)
+  const target = matmulSettings.of(gpu).splitKWorkgroups;
+  const wanted = target > 0
+    ? Math.min(Math.ceil(target / tiles), Math.floor(k / MIN_SLICE_K), MAX_SLICES)
     : 1;
   const needed = Math.ceil(gemmLoopIterations(k, tiling) / gpu.loopIterationLimit);
   return Math.max(1, wanted, needed);

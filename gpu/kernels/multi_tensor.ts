@@ -19,9 +19,40 @@ import type { Gpu } from "../device.ts";
 import type { Binding, UniformFields } from "../kernel.ts";
 import type { Tensor } from "../tensor.ts";
 import { grid1d, WGSL_WORKGROUP_INDEX } from "./grid.ts";
+import { defineTunerSettings, type TunerSettings } from "../tuners.ts";
 
 /** The most tensors one dispatch takes (the slot table fills 2·16 + 1 uniform words). */
 export const MAX_TENSOR_SLOTS = 16;
+
+/** The multi-tensor kernels' tuning settings on one device (see {@link multiTensorSettings}). */
+export interface MultiTensorSettings {
+  /**
+   * The most tensors one dispatch of the once-per-parameter kernels
+   * (GradScaler unscale, gradient-norm clipping, optimizer updates) takes;
+   * the storage-buffer limit may allow fewer. Results are the same bits either way.
+   */
+  slots: number;
+}
+
+/**
+ * The multi-tensor kernels' settings of a device (`multiTensorSettings.of(gpu).slots`).
+ * Default {@link MAX_TENSOR_SLOTS} on GPUs and 1 (one dispatch per tensor)
+ * on CPU adapters: on lavapipe a 6-tensor unscale ran 1.7x slower per
+ * element than six one-tensor dispatches (its LLVM code for the slot
+ * switch), where a dispatch costs ~35 µs against an H100's ~17.
+ *
+ * @example
+ * ```ts
+ * import { initGpu, multiTensorSettings } from "../mod.ts";
+ * const gpu = await initGpu({ matmulTiling: "default" });
+ * console.assert(multiTensorSettings.of(gpu).slots === (gpu.adapterProfile.cpu ? 1 : 16));
+ * gpu.destroy();
+ * ```
+ */
+export const multiTensorSettings: TunerSettings<MultiTensorSettings> = defineTunerSettings(
+  "multi-tensor",
+  (gpu) => ({ slots: gpu.adapterProfile.cpu ? 1 : MAX_TENSOR_SLOTS }),
+);
 
 /** A field of the slot table: `wg<k>` (first workgroup of slot k) or `n<k>` (its element count). */
 export type SlotField = `wg${number}` | `n${number}`;
@@ -69,7 +100,7 @@ ${cases}
 
 /**
  * How many tensors one dispatch of a kernel may take: at most
- * {@link MAX_TENSOR_SLOTS} and `gpu.multiTensorSlots`, and as many as the
+ * {@link MAX_TENSOR_SLOTS} and the device's `multiTensorSettings`, and as many as the
  * device's storage-buffer limit leaves room for, given `perTensor` storage
  * bindings per tensor and `shared` others (at least one).
  */
@@ -77,7 +108,7 @@ export function slotsPerDispatch(gpu: Gpu, perTensor: number, shared: number): n
   const room = Math.floor(
     (gpu.adapterProfile.limits.maxStorageBuffersPerShaderStage - shared) / perTensor,
   );
-  return Math.max(1, Math.min(MAX_TENSOR_SLOTS, gpu.multiTensorSlots, room));
+  return Math.max(1, Math.min(MAX_TENSOR_SLOTS, multiTensorSettings.of(gpu).slots, room));
 }
 
 /**

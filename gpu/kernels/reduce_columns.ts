@@ -20,6 +20,7 @@ import type { DType } from "../dtype.ts";
 import { defineKernel } from "../kernel.ts";
 import { Tensor } from "../tensor.ts";
 import { grid1d, WGSL_GRID_BUILTINS, WGSL_WORKGROUP_INDEX } from "./grid.ts";
+import { rowSettings } from "./row_layout.ts";
 
 /** Contiguous columns per workgroup (one per thread of a lane). */
 export const COLUMN_WIDTH = 64;
@@ -47,11 +48,12 @@ export function columnBlocks(rows: number): ColumnBlocks {
 /**
  * Whether a sum down `rows` rows of `cols` columns runs in two coalesced
  * stages on `gpu`: on GPUs (the adapter profile), for rows a workgroup would
- * otherwise stride over (past `gpu.threadRowMax`) and at least half a
+ * otherwise stride over (past `rowSettings`' `threadRowMax`) and at least half a
  * workgroup of columns. CPU adapters keep a thread per column.
  */
 export function columnBlocksFor(gpu: Gpu, rows: number, cols: number): boolean {
-  return !gpu.adapterProfile.cpu && rows > gpu.threadRowMax && cols >= COLUMN_WIDTH / 2;
+  return !gpu.adapterProfile.cpu && rows > rowSettings.of(gpu).threadRowMax &&
+    cols >= COLUMN_WIDTH / 2;
 }
 
 /** One accumulator of a column kernel: its name and the f32 it adds for element `i` of row `r`. */

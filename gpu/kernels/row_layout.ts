@@ -8,7 +8,7 @@
  * 64-thread workgroup per 32-entry attention row took 24 ms for [128, 32, 32],
  * a thread per row about 1 ms; LayerNorm, softmax and cross-entropy
  * (forward + backward) ran 2–8x faster with a thread per row at every length
- * from 65 to 4096 (`Gpu.threadRowMax` holds the switch-over length).
+ * from 65 to 4096 (`rowSettings` holds the switch-over length).
  *
  * The helpers write WGSL that reads the same in both layouts: `row` is the
  * thread's row, `ROW_LOOP` visits its columns, `reduce_sum`/`reduce_max`
@@ -19,6 +19,7 @@ import type { Gpu } from "../device.ts";
 import { grid1d, WGSL_WORKGROUP_INDEX } from "./grid.ts";
 import { REDUCE_THREADS, WGSL_MAX_OR_NAN, WGSL_WORKGROUP_REDUCE } from "./wgsl_math.ts";
 import { useSubgroups, WGSL_SUBGROUP_REDUCE } from "./subgroups.ts";
+import { defineTunerSettings, type TunerSettings } from "../tuners.ts";
 
 /**
  * `"workgroup"`: a workgroup reduces each row through workgroup memory;
@@ -27,9 +28,34 @@ import { useSubgroups, WGSL_SUBGROUP_REDUCE } from "./subgroups.ts";
  */
 export type RowLayout = "workgroup" | "subgroup" | "thread";
 
-/** The layout for rows of `cols` entries on `gpu` (up to `gpu.threadRowMax`: a thread per row). */
+/** The row kernels' tuning settings on one device (see {@link rowSettings}). */
+export interface RowSettings {
+  /** Rows of at most this many entries get a thread each; longer rows a workgroup. */
+  threadRowMax: number;
+}
+
+/**
+ * The row kernels' settings of a device (`rowSettings.of(gpu).threadRowMax`).
+ * Default 4096 on CPU adapters, where a thread per row was faster at every
+ * length measured (2–8x, up to 4096), and 64 on GPUs, where long rows need
+ * a workgroup's bandwidth. Column sums read it too (gpu/kernels/reduce_columns.ts).
+ *
+ * @example
+ * ```ts
+ * import { initGpu, rowSettings } from "../mod.ts";
+ * const gpu = await initGpu({ matmulTiling: "default" });
+ * console.assert(rowSettings.of(gpu).threadRowMax === (gpu.adapterProfile.cpu ? 4096 : 64));
+ * gpu.destroy();
+ * ```
+ */
+export const rowSettings: TunerSettings<RowSettings> = defineTunerSettings(
+  "rows",
+  (gpu) => ({ threadRowMax: gpu.adapterProfile.cpu ? 4096 : 64 }),
+);
+
+/** The layout for rows of `cols` entries on `gpu` (up to `threadRowMax`: a thread per row). */
 export function rowLayout(gpu: Gpu, cols: number): RowLayout {
-  if (cols <= gpu.threadRowMax) return "thread";
+  if (cols <= rowSettings.of(gpu).threadRowMax) return "thread";
   return useSubgroups(gpu) ? "subgroup" : "workgroup";
 }
 
