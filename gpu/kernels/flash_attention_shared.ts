@@ -32,19 +32,29 @@ export function keepFactor(dropout: boolean, i: string, j: string): string {
   return `select(0.0, p.keepScale, random_uniform(p.key, p.counter + (z * p.t + ${i}) * p.t + ${j}) >= p.p)`;
 }
 
-// Element e of key, value, query and output-gradient row `row` of head z, in
-// storage (`in0` and `head0` are the head's offsets in row 0 of its batch).
+// Element e of key, value, query and output-gradient row `row` of head z, as
+// an index into its binding (`in0` and `head0` are the head's offsets in row
+// 0 of its batch); kernels read and write them through the dtype accessors.
+/** WGSL index of element `e` of key row `row`. */
+export const K_INDEX = (row: string, e: string): string =>
+  `in0 + ${row} * p.inWidth + p.kOff + ${e}`;
+/** WGSL index of element `e` of value row `row`. */
+export const V_INDEX = (row: string, e: string): string =>
+  `in0 + ${row} * p.inWidth + p.vOff + ${e}`;
+/** WGSL index of element `e` of query row `row`. */
+export const Q_INDEX = (row: string, e: string): string =>
+  `in0 + ${row} * p.inWidth + p.qOff + ${e}`;
+/** WGSL index of element `e` of output (and output-gradient) row `row`. */
+export const OUT_INDEX = (row: string, e: string): string => `head0 + ${row} * width + ${e}`;
+
 /** WGSL for element `e` of key row `row`. */
-export const K_AT = (row: string, e: string): string =>
-  `k[in0 + ${row} * p.inWidth + p.kOff + ${e}]`;
+export const K_AT = (row: string, e: string): string => `k[${K_INDEX(row, e)}]`;
 /** WGSL for element `e` of value row `row`. */
-export const V_AT = (row: string, e: string): string =>
-  `v[in0 + ${row} * p.inWidth + p.vOff + ${e}]`;
+export const V_AT = (row: string, e: string): string => `v[${V_INDEX(row, e)}]`;
 /** WGSL for element `e` of query row `row`. */
-export const Q_AT = (row: string, e: string): string =>
-  `q[in0 + ${row} * p.inWidth + p.qOff + ${e}]`;
+export const Q_AT = (row: string, e: string): string => `q[${Q_INDEX(row, e)}]`;
 /** WGSL for element `e` of output-gradient row `row`. */
-export const DOUT_AT = (row: string, e: string): string => `dout[head0 + ${row} * width + ${e}]`;
+export const DOUT_AT = (row: string, e: string): string => `dout[${OUT_INDEX(row, e)}]`;
 
 /** Row statistics (log-sum-exp, δ) are f32; everything else is `stored`. */
 export function attentionBindings<B extends string>(

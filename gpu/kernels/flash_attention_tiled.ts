@@ -4,8 +4,8 @@
  * does it. A workgroup owns `br` rows (queries in forward and dq, keys in
  * dk/dv) and steps over the other side `bc` rows at a time; its threads form a
  * TY × TX grid (TY = br / rm, TX = bc / rn) and each computes an rm × rn block
- * of scores in registers from tiles staged in workgroup memory: f16 widened
- * to f32 while staging, in vec4<f32> elements where D is a multiple of 4
+ * of scores in registers from tiles staged in workgroup memory: f16 and
+ * bf16 widened to f32 while staging (read through the `ld_` accessors), in vec4<f32> elements where D is a multiple of 4
  * (scalars otherwise), rows padded to an odd stride in elements so that
  * threads reading different rows at one column hit different banks. The D
  * loops are unrolled by the generator (up to 8 scalar or 4 vec4 steps per
@@ -47,11 +47,11 @@ import { WGSL_LOWEST } from "./wgsl_math.ts";
 import {
   ATTENTION_UNIFORMS,
   attentionBindings,
-  DOUT_AT,
-  K_AT,
+  K_INDEX,
   keepFactor,
-  Q_AT,
-  V_AT,
+  OUT_INDEX,
+  Q_INDEX,
+  V_INDEX,
 } from "./flash_attention_shared.ts";
 
 /** Tiled kernel config: storage dtype, head size, the tile, dropout, packed q/k/v. */
@@ -134,7 +134,6 @@ function header(c: TiledAttentionConfig, tiles: Record<string, string>): string 
     `var<workgroup> ${name}: array<${size.includes("DP") ? "V" : "f32"}, ${size}>;`
   );
   return `${c.dropout ? WGSL_RANDOM : ""}
-alias S = ${c.dtype};
 alias V = ${lanes === 4 ? "vec4<f32>" : "f32"};
 fn dotv(a: V, b: V) -> f32 { return ${lanes === 4 ? "dot(a, b)" : "a * b"}; }
 const D = ${c.headSize}u;
@@ -160,10 +159,20 @@ fn main(${WGSL_GRID_BUILTINS}) {
   let r0 = block * BR;`;
 }
 
-/** WGSL: tile element e (a V) of storage row `row`, read through `at` and widened. */
-function loadV(c: TiledAttentionConfig, at: (row: string, e: string) => string, row: string) {
-  if (layout(c, c.headSize).lanes === 1) return `f32(${at(row, "e")})`;
-  return `V(${range(4).map((l) => `f32(${at(row, `e * 4u + ${l}u`)})`).join(", ")})`;
+/** Where a binding's rows are: its name and the index of element e of a row. */
+type Rows = { name: string; index: (row: string, e: string) => string };
+
+const QUERIES: Rows = { name: "q", index: Q_INDEX };
+const KEYS: Rows = { name: "k", index: K_INDEX };
+const VALUES: Rows = { name: "v", index: V_INDEX };
+const OUTPUT: Rows = { name: "o", index: OUT_INDEX };
+const OUTPUT_GRAD: Rows = { name: "dout", index: OUT_INDEX };
+
+/** WGSL: tile element e (a V) of storage row `row`, read through the accessor (widened to f32). */
+function loadV(c: TiledAttentionConfig, from: Rows, row: string) {
+  const at = (e: string) => `ld_${from.name}(${from.index(row, e)})`;
+  if (layout(c, c.headSize).lanes === 1) return at("e");
+  return `V(${range(4).map((l) => at(`e * 4u + ${l}u`)).join(", ")})`;
 }
 
 /**
@@ -174,10 +183,10 @@ function stage(
   c: TiledAttentionConfig,
   count: string,
   first: string,
-  tiles: Record<string, { at: (row: string, e: string) => string; factor?: string }>,
+  tiles: Record<string, { from: Rows; factor?: string }>,
 ): string {
-  const copies = Object.entries(tiles).map(([tile, { at, factor }]) =>
-    `${tile}[row * DP + e] = select(V(0.0), ${loadV(c, at, "min(g, p.t - 1u)")}${
+  const copies = Object.entries(tiles).map(([tile, { from, factor }]) =>
+    `${tile}[row * DP + e] = select(V(0.0), ${loadV(c, from, "min(g, p.t - 1u)")}${
       factor ? ` * ${factor}` : ""
     }, g < p.t);`
   );
@@ -237,11 +246,16 @@ function accumulate(c: TiledAttentionConfig, acc: string, weights: string, value
   }`;
 }
 
-/** Stores `${acc}_a_n` · factor at `at(row, col)` for real rows and columns. */
+/**
+ * Stores `${acc}_a_n` · factor into binding `name` at `index(row, col)` for
+ * real rows and columns. With vec4 lanes a group's first element is at an
+ * even index (every offset is a multiple of D, itself one of 4), so each
+ * pair is one whole word of a bf16 binding: `st2_`, no atomics.
+ */
 function store(
   c: TiledAttentionConfig,
   acc: string,
-  at: (row: string, col: string) => string,
+  to: Rows,
   factor: (a: number) => string,
 ): string {
   const { dn, lanes } = layout(c, c.headSize);
@@ -249,10 +263,9 @@ function store(
     const cols = range(dn).map((n) => {
       const g = `tx + ${n}u * TX`, value = `${acc}_${a}_${n} * ${factor(a)}`;
       const stores = lanes === 1
-        ? `${at("row", g)} = S(${value});`
-        : `let x = ${value}; ${
-          range(4).map((l) => `${at("row", `(${g}) * 4u + ${l}u`)} = S(x[${l}]);`).join(" ")
-        }`;
+        ? `st_${to.name}(${to.index("row", g)}, ${value});`
+        : `let x = ${value}; let w = (${to.index("row", `(${g}) * 4u`)}) / 2u; ` +
+          `st2_${to.name}(w, x.xy); st2_${to.name}(w + 1u, x.zw);`;
       return `if (${g} < D4) { ${stores} }`;
     });
     return `{ let row = r0 + ${ROW(a)}; if (row < p.t) { ${cols.join(" ")} } }`;
@@ -280,13 +293,13 @@ export const tiledAttentionForwardKernel = defineKernel({
         sums: "BR * TX",
       })
     }
-  ${stage(c, "BR", "r0", { qt: { at: Q_AT, factor: "p.scale" } })}
+  ${stage(c, "BR", "r0", { qt: { from: QUERIES, factor: "p.scale" } })}
   ${rows.map((a) => `var m${a} = ${WGSL_LOWEST}; var l${a} = 0.0;`).join(" ")}
   ${declareAcc(c, "acc")}
   // Keys past the block's last row are masked for all its rows: stop there.
   let keysEnd = min(r0 + BR, p.t);
   for (var k0 = 0u; k0 < keysEnd; k0 += BC) {
-    ${stage(c, "BC", "k0", { kvt: { at: K_AT } })}
+    ${stage(c, "BC", "k0", { kvt: { from: KEYS } })}
     ${dotBlock(c, "s", "qt", "kvt")}
     ${
       eachEntry(c, (a, b) =>
@@ -322,7 +335,7 @@ export const tiledAttentionForwardKernel = defineKernel({
       ).join("\n    ")
     }
     // Every thread is past its K reads (the barrier above): V takes the tile.
-    ${stage(c, "BC", "k0", { kvt: { at: V_AT } })}
+    ${stage(c, "BC", "k0", { kvt: { from: VALUES } })}
     ${
       rows.map((a) => {
         const scaled = range(layout(c, c.headSize).dn).map((n) => `acc_${a}_${n} *= rescale${a};`);
@@ -334,7 +347,7 @@ export const tiledAttentionForwardKernel = defineKernel({
     ${accumulate(c, "acc", "pt", "kvt")}
     workgroupBarrier();
   }
-  ${store(c, "acc", (row, col) => `o[head0 + ${row} * width + ${col}]`, (a) => `(1.0 / l${a})`)}
+  ${store(c, "acc", OUTPUT, (a) => `(1.0 / l${a})`)}
   if (tx == 0u) {
     ${
       rows.map((a) =>
@@ -364,14 +377,14 @@ export const tiledAttentionDqKernel = defineKernel({
         dt: "BR",
       })
     }
-  ${stage(c, "BR", "r0", { qt: { at: Q_AT, factor: "p.scale" }, gt: { at: DOUT_AT } })}
+  ${stage(c, "BR", "r0", { qt: { from: QUERIES, factor: "p.scale" }, gt: { from: OUTPUT_GRAD } })}
   for (var row = lid; row < BR; row += NT) {
     let i = r0 + row;
     var d = 0.0;
     var li = 0.0;
     if (i < p.t) {
       for (var e = 0u; e < D4; e++) {
-        d += dotv(gt[row * DP + e], ${loadV(c, (r, e) => `o[head0 + ${r} * width + ${e}]`, "i")});
+        d += dotv(gt[row * DP + e], ${loadV(c, OUTPUT, "i")});
       }
       delta[z * p.t + i] = d;
       li = lse[z * p.t + i];
@@ -382,7 +395,7 @@ export const tiledAttentionDqKernel = defineKernel({
   ${declareAcc(c, "acc")}
   let keysEnd = min(r0 + BR, p.t);
   for (var k0 = 0u; k0 < keysEnd; k0 += BC) {
-    ${stage(c, "BC", "k0", { kt: { at: K_AT }, vt: { at: V_AT } })}
+    ${stage(c, "BC", "k0", { kt: { from: KEYS }, vt: { from: VALUES } })}
     ${dotBlock(c, "s", "qt", "kt")}
     ${dotBlock(c, "dp", "gt", "vt")}
     ${
@@ -399,7 +412,7 @@ export const tiledAttentionDqKernel = defineKernel({
     ${accumulate(c, "acc", "dst", "kt")}
     workgroupBarrier();
   }
-  ${store(c, "acc", (row, col) => Q_AT(row, col).replace(/^q/, "dq"), () => "p.scale")}
+  ${store(c, "acc", { ...QUERIES, name: "dq" }, () => "p.scale")}
 }`,
 });
 
@@ -426,7 +439,7 @@ export const tiledAttentionDkvKernel = defineKernel({
         dt: "BC",
       })
     }
-  ${stage(c, "BR", "r0", { kt: { at: K_AT, factor: "p.scale" }, vt: { at: V_AT } })}
+  ${stage(c, "BR", "r0", { kt: { from: KEYS, factor: "p.scale" }, vt: { from: VALUES } })}
   ${declareAcc(c, "dk")}
   ${declareAcc(c, "dv")}
   // Queries before the block's first key see none of its keys.
@@ -436,7 +449,7 @@ export const tiledAttentionDkvKernel = defineKernel({
       lt[row] = lse[z * p.t + i];
       dt[row] = delta[z * p.t + i];
     }
-    ${stage(c, "BC", "q0", { qt: { at: Q_AT }, gt: { at: DOUT_AT } })}
+    ${stage(c, "BC", "q0", { qt: { from: QUERIES }, gt: { from: OUTPUT_GRAD } })}
     ${dotBlock(c, "s", "kt", "qt")}
     ${dotBlock(c, "dp", "vt", "gt")}
     ${
@@ -462,17 +475,7 @@ export const tiledAttentionDkvKernel = defineKernel({
     ${accumulate(c, "dk", "wt", "qt")}
     workgroupBarrier();
   }
-  ${
-      store(
-        c,
-        "dk",
-        (row, col) => K_AT(row, col).replace(/^k/, c.packed ? "dkv" : "dk"),
-        () => "p.scale",
-      )
-    }
-  ${
-      store(c, "dv", (row, col) => V_AT(row, col).replace(/^v/, c.packed ? "dkv" : "dv"), () =>
-        "1.0")
-    }
+  ${store(c, "dk", { ...KEYS, name: c.packed ? "dkv" : "dk" }, () => "p.scale")}
+  ${store(c, "dv", { ...VALUES, name: c.packed ? "dkv" : "dv" }, () => "1.0")}
 }`,
 });

@@ -38,8 +38,9 @@ const MAX_DROPOUT_ENTRIES = 2 ** 32;
  * memory is linear in T; backward recomputes the probabilities.
  *
  * Under autocast the op (`"fused_attention"`, on the f16 list) casts q, k and
- * v to f16 and returns f16; its statistics and sums are f32 inside. Inputs
- * and output must share one float dtype. The head size D may be at most 256.
+ * v to the autocast dtype (f16 or bf16) and returns it; its statistics and
+ * sums are f32 inside. Inputs and output must share one float dtype (f32,
+ * f16 or bf16). The head size D may be at most 256.
  *
  * @example
  * ```ts
@@ -113,7 +114,7 @@ export function fusedCausalAttentionPacked(
     );
   }
   if (qkv.dtype === "i32") {
-    fail(DTypeError, where, `qkv must be f32 or f16; got ${qkv.describe()}.`);
+    fail(DTypeError, where, `qkv must be f32, f16 or bf16; got ${qkv.describe()}.`);
   }
   const shape = checkedShape(where, qkv, qkv.shape[2] / 3, options.heads);
   return attention({ qkv }, [qkv], shape, checkedDropout(options.dropout, shape));
