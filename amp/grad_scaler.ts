@@ -362,6 +362,24 @@ export class GradScaler {
     return this.enabled ? (await this.#readCounters())[COUNTER.skippedSteps] : 0;
   }
 
+  /**
+   * The options in force, as {@link stateDict} saves them (no sync): what a
+   * saved state that carries only PyTorch's fields is completed with.
+   *
+   * @example
+   * ```ts
+   * import { GradScaler, initGpu } from "../mod.ts";
+   * const gpu = await initGpu({ matmulTiling: "default" });
+   * const scaler = new GradScaler({ growthInterval: 100 });
+   * console.assert(scaler.options.growthInterval === 100 && scaler.options.hysteresis === 1);
+   * scaler.dispose();
+   * gpu.destroy();
+   * ```
+   */
+  get options(): GradScalerState["options"] {
+    return { ...this.#live("options").#s };
+  }
+
   /** The state as plain numbers (for checkpoints). **A sync point.** */
   async stateDict(): Promise<GradScalerState> {
     const c = await this.#readCounters();

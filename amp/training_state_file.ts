@@ -2,15 +2,23 @@
  * Training-state files: model, optimizer and AMP state in one safetensors
  * file, written atomically, so a killed run can be resumed exactly. (In
  * halfstep "checkpoint" means gradient checkpointing, the recompute; a saved
- * run is a training state.) Tensors hold the model's parameters and buffers
- * (`model.<name>`), gradients accumulated so far in an unfinished effective
- * batch (`grad.<name>`), and the optimizer's fp32 state (`optimizer.<param>.<buffer>`);
- * the header's metadata holds the rest as JSON (optimizer hyper-parameters
- * and step count, the loss scaler and accumulation counters, the LR
- * scheduler, where each random generator of the model stands, which
- * gradients were saved, user data). Resuming from it continues a run
- * exactly, Dropout masks included. Loading checks everything
- * (`training_state_parse.ts`) before it writes anything.
+ * run is a training state.) The layout is PyTorch's checkpoint dict
+ * flattened (`training_state_torch.ts`), so `examples/torch/` continues a run
+ * in PyTorch and writes one back:
+ *
+ * - tensors: `model.<name>` (the model's state dict), `optimizer.state.<i>.<key>`
+ *   (`exp_avg`, `exp_avg_sq`, `momentum_buffer` of parameter i), and, saved
+ *   mid-accumulation, `grad.<name>` (the gradients summed so far);
+ * - metadata, as JSON: `optimizer` (`optimizer.state_dict()` without its
+ *   tensors: per-parameter `step`, `param_groups` with PyTorch's keys; plus
+ *   `kind`), `scaler` (`GradScaler.state_dict()`), `scheduler`
+ *   (`LambdaLR.state_dict()`), each with halfstep's own fields under
+ *   `halfstep`; and halfstep's `trainer` counters, `grads` (which gradients
+ *   were saved), `random` (where each random generator of the model stands:
+ *   Dropout masks), `extra` (user data), `format`.
+ *
+ * Older formats (`halfstep-training-state-2` and before) are still read.
+ * Loading checks everything (`training_state_parse.ts`) before it writes anything.
  */
 import { checkOptionNames, fail, HalfstepError, ValueError } from "../gpu/errors.ts";
 import { untracked } from "../gpu/scope.ts";
@@ -22,9 +30,14 @@ import type { LrScheduler, OptimizerStateDict } from "../optim/mod.ts";
 import { moduleGenerators } from "./module_generators.ts";
 import type { AmpTrainer } from "./trainer.ts";
 import {
+  optimizerToTorch,
+  scalerToTorch,
+  schedulerToTorch,
+  trainerToTorch,
+} from "./training_state_torch.ts";
+import {
   FORMAT,
   oneLine,
-  type OptimizerSkeleton,
   planTrainingState,
   type Reject,
   rejecter,
@@ -33,6 +46,8 @@ import {
 
 /** An optimizer whose state can be saved (`SGD`, `Adam`, `AdamW`). */
 export interface SavableOptimizer {
+  /** Its parameters, in the order its state dict numbers them. */
+  readonly params: readonly Tensor[];
   /** Its state as plain data (a sync point). */
   stateDict(): Promise<OptimizerStateDict>;
   /** Throws unless `state` can be loaded; changes nothing. */
@@ -130,21 +145,23 @@ export async function saveTrainingState(
   try {
     if (parts.optimizer) {
       const state = await parts.optimizer.stateDict();
-      const skeleton: OptimizerSkeleton = {
-        ...state,
-        state: state.state.map((s) => ({ ...s, buffers: Object.keys(s.buffers) })),
-      };
-      metadata.optimizer = JSON.stringify(skeleton);
-      for (const s of state.state) {
-        for (const [buffer, values] of Object.entries(s.buffers)) {
-          const t = untracked(() => Tensor.from(values, s.shape));
-          temporary.push(t);
-          tensors.set(`optimizer.${s.param}.${buffer}`, t);
-        }
+      const torch = optimizerToTorch(state, parts.scheduler?.baseLrs ?? null);
+      metadata.optimizer = JSON.stringify(torch.metadata);
+      for (const { name, shape, data } of torch.tensors) {
+        const t = untracked(() => Tensor.from(data, shape));
+        temporary.push(t);
+        tensors.set(name, t);
       }
     }
-    if (parts.trainer) metadata.trainer = JSON.stringify(await parts.trainer.stateDict());
-    if (parts.scheduler) metadata.scheduler = JSON.stringify(parts.scheduler.stateDict());
+    if (parts.trainer) {
+      const state = await parts.trainer.stateDict();
+      metadata.scaler = JSON.stringify(scalerToTorch(state.scaler));
+      metadata.trainer = JSON.stringify(trainerToTorch(state));
+    }
+    if (parts.scheduler) {
+      const { scheduler } = parts;
+      metadata.scheduler = JSON.stringify(schedulerToTorch(scheduler.stateDict(), scheduler.lrs));
+    }
     await writeTensors("saveTrainingState", path, tensors, {
       metadata,
       allowNonFinite: options.allowNonFinite,

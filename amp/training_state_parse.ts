@@ -17,13 +17,27 @@ import type { SafetensorsEntry } from "../nn/safetensors.ts";
 import type { LrSchedulerState, OptimizerStateDict } from "../optim/mod.ts";
 import { moduleGenerators } from "./module_generators.ts";
 import type { TrainingStateParts } from "./training_state_file.ts";
+import {
+  liveTorchKind,
+  optimizerFromTorch,
+  scalerFromTorch,
+  schedulerFromTorch,
+  trainerFromTorch,
+} from "./training_state_torch.ts";
 import type { AmpTrainerState } from "./trainer.ts";
 
 /** The format id written in the header's metadata. */
-export const FORMAT = "halfstep-training-state-2";
+export const FORMAT = "halfstep-training-state-3";
 /**
- * Older formats, still read: they hold no list of saved gradients and no
- * random generators, so those two checks (and the generators' restore) are skipped.
+ * Format 2 laid the optimizer, scaler and scheduler out in halfstep's own
+ * vocabulary (`optimizer.<param>.<buffer>` tensors, the state dicts as JSON,
+ * the scaler inside the trainer's); still read.
+ */
+const FORMAT_2 = "halfstep-training-state-2";
+/**
+ * Older formats still, read as format 2: they hold no list of saved
+ * gradients and no random generators, so those two checks (and the
+ * generators' restore) are skipped.
  */
 const LEGACY_FORMATS = ["halfstep-training-state-1", "halfstep-checkpoint-1"];
 
@@ -45,8 +59,8 @@ export interface TrainingStatePlan {
   extra: unknown;
 }
 
-/** The optimizer state's description in the metadata: buffers by name, their data in `optimizer.*` tensors. */
-export type OptimizerSkeleton = Omit<OptimizerStateDict, "state"> & {
+/** Format 2's optimizer state in the metadata: buffers by name, their data in `optimizer.*` tensors. */
+type OptimizerSkeleton = Omit<OptimizerStateDict, "state"> & {
   state: { param: number; shape: number[]; buffers: string[] }[];
 };
 
@@ -88,7 +102,10 @@ export function planTrainingState(
 ): TrainingStatePlan {
   const { entries, metadata } = file;
   const legacy = LEGACY_FORMATS.includes(metadata.format);
-  if (metadata.format !== FORMAT && !legacy) reject("not a halfstep training-state file");
+  const torch = metadata.format === FORMAT;
+  if (!torch && metadata.format !== FORMAT_2 && !legacy) {
+    reject("not a halfstep training-state file");
+  }
   if (!options.allowNonFinite) refuseNonFinite(entries, reject);
   const json = (key: string): unknown => {
     if (typeof metadata[key] !== "string") reject(`it holds no ${key} metadata`);
@@ -106,25 +123,38 @@ export function planTrainingState(
   const grads = gradients(entries, parts, legacy ? null : json("grads"), reject);
   for (const name of entries.keys()) if (name.startsWith("grad.")) used.add(name);
   let optimizer: OptimizerStateDict | null = null;
-  if (metadata.optimizer !== undefined) {
-    const state = optimizerState(json("optimizer"), entries, used, reject);
-    if (parts.optimizer) {
-      checked("its optimizer state", reject, () => parts.optimizer!.checkStateDict(state, options));
-      optimizer = state;
-    }
+  if (metadata.optimizer !== undefined && parts.optimizer) {
+    const live = parts.optimizer;
+    const state = torch
+      ? optimizerFromTorch(json("optimizer"), { entries, used }, {
+        kind: liveTorchKind(live),
+        shapes: live.params.map((p) => p.shape),
+      }, reject)
+      : optimizerState(json("optimizer"), entries, used, reject);
+    checked("its optimizer state", reject, () => live.checkStateDict(state, options));
+    optimizer = state;
   } else if (parts.optimizer) reject("it holds no optimizer state");
+  else for (const name of entries.keys()) if (name.startsWith("optimizer.")) used.add(name);
   const unknown = [...entries.keys()].find((name) => !used.has(name));
   if (unknown !== undefined) reject(`it holds an unknown tensor ${quoted(unknown)}`);
   let scheduler: LrSchedulerState | null = null;
   if (parts.scheduler) {
-    const state = json("scheduler") as LrSchedulerState;
+    const saved = json("scheduler");
+    const state = torch ? schedulerFromTorch(saved, reject) : saved as LrSchedulerState;
     checked("its LR scheduler state", reject, () => parts.scheduler!.checkStateDict(state));
     scheduler = state;
   }
   let trainer: AmpTrainerState | null = null;
   if (parts.trainer) {
-    const state = json("trainer") as AmpTrainerState;
-    checked("its AMP trainer state", reject, () => parts.trainer!.checkStateDict(state));
+    const live = parts.trainer;
+    const state = torch
+      ? trainerFromTorch(
+        json("trainer"),
+        scalerFromTorch(json("scaler"), live.scaler.options, reject),
+        reject,
+      )
+      : json("trainer") as AmpTrainerState;
+    checked("its AMP trainer state", reject, () => live.checkStateDict(state));
     trainer = state;
   }
   const generators = legacy && metadata.random === undefined
@@ -186,7 +216,7 @@ function gradients(
 }
 
 /**
- * The optimizer state the metadata describes, with its buffers read from
+ * The optimizer state format 2's metadata describes, with its buffers read from
  * the `optimizer.<param>.<buffer>` tensors (each added to `used`). Checks
  * the description's structure; `checkStateDict` checks the rest.
  */

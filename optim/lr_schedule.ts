@@ -9,6 +9,31 @@ import { fail, ValueError } from "../gpu/errors.ts";
 /** A schedule: the factor in [0, 1] the base learning rate is multiplied by at `step` (0, 1, 2, ...). */
 export type LrSchedule = (step: number) => number;
 
+/**
+ * What a schedule made by {@link cosineSchedule} or {@link linearWarmupDecay}
+ * is, saved with the scheduler's state so that another program (PyTorch's
+ * `LambdaLR` in `examples/torch/`) can go on with the same learning rates.
+ */
+export interface LrScheduleDescription {
+  /** Which shape: the half cosine or the linear decay, each after a linear warmup. */
+  name: "cosine" | "linear";
+  /** Steps of linear warmup. */
+  warmupSteps: number;
+  /** The step at which the decay reaches `minFactor`. */
+  totalSteps: number;
+  /** The factor at and after `totalSteps`. */
+  minFactor: number;
+}
+
+/** The descriptions of the schedules this file made (a schedule is a plain function). */
+const descriptions = new WeakMap<LrSchedule, LrScheduleDescription>();
+
+/** `schedule`, remembered as `description`. */
+function described(schedule: LrSchedule, description: LrScheduleDescription): LrSchedule {
+  descriptions.set(schedule, description);
+  return schedule;
+}
+
 /** Options of {@link linearWarmupDecay}. */
 export interface LinearWarmupDecayOptions {
   /** Steps of linear warmup from 0 to 1 (0: none). */
@@ -66,13 +91,13 @@ function checkStep(name: string, step: number): void {
 export function linearWarmupDecay(options: LinearWarmupDecayOptions): LrSchedule {
   const { warmupSteps, totalSteps, minFactor = 0 } = options;
   checkOptions("linearWarmupDecay", warmupSteps, totalSteps, minFactor);
-  return (step) => {
+  return described((step) => {
     checkStep("linearWarmupDecay", step);
     if (step < warmupSteps) return step / warmupSteps;
     if (step >= totalSteps) return minFactor;
     const remaining = (totalSteps - step) / (totalSteps - warmupSteps);
     return minFactor + (1 - minFactor) * remaining;
-  };
+  }, { name: "linear", warmupSteps, totalSteps, minFactor });
 }
 
 /**
@@ -91,13 +116,13 @@ export function linearWarmupDecay(options: LinearWarmupDecayOptions): LrSchedule
 export function cosineSchedule(options: CosineScheduleOptions): LrSchedule {
   const { warmupSteps = 0, totalSteps, minFactor = 0 } = options;
   checkOptions("cosineSchedule", warmupSteps, totalSteps, minFactor);
-  return (step) => {
+  return described((step) => {
     checkStep("cosineSchedule", step);
     if (step < warmupSteps) return step / warmupSteps;
     if (step >= totalSteps) return minFactor;
     const progress = (step - warmupSteps) / (totalSteps - warmupSteps);
     return minFactor + (1 - minFactor) * 0.5 * (1 + Math.cos(Math.PI * progress));
-  };
+  }, { name: "cosine", warmupSteps, totalSteps, minFactor });
 }
 
 /** What {@link LrScheduler} drives: anything with parameter groups that have a settable `lr`. */
@@ -177,7 +202,10 @@ export class LrScheduler {
   /**
    * The scheduler's state as plain data (base learning rates and step), so a
    * resumed run goes on with the same learning rates whatever order the
-   * scheduler and the optimizer were restored in.
+   * scheduler and the optimizer were restored in. A schedule made by
+   * {@link cosineSchedule} or {@link linearWarmupDecay} is described too, so
+   * another program can rebuild it (the live scheduler's own schedule is
+   * what a load goes on with).
    *
    * @returns A JSON-safe copy.
    * @example
@@ -190,10 +218,16 @@ export class LrScheduler {
    * const resumed = new LrScheduler({ groups: [{ lr: 0.5 }] }, cosineSchedule({ totalSteps: 10 }));
    * resumed.loadStateDict(state);
    * console.assert(resumed.stepCount === 1 && resumed.lrs[0] === scheduler.lrs[0]);
+   * console.assert(state.schedule?.name === "cosine" && state.schedule.totalSteps === 10);
    * ```
    */
   stateDict(): LrSchedulerState {
-    return { baseLrs: [...this.#baseLrs], step: this.#step };
+    const schedule = descriptions.get(this.#schedule);
+    return {
+      baseLrs: [...this.#baseLrs],
+      step: this.#step,
+      ...(schedule && { schedule: { ...schedule } }),
+    };
   }
 
   /**
@@ -273,4 +307,6 @@ export interface LrSchedulerState {
   baseLrs: number[];
   /** The schedule's step. */
   step: number;
+  /** What the schedule is, when {@link cosineSchedule} or {@link linearWarmupDecay} made it. */
+  schedule?: LrScheduleDescription;
 }

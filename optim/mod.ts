@@ -21,6 +21,7 @@ export {
   type LinearWarmupDecayOptions,
   type LrGroups,
   type LrSchedule,
+  type LrScheduleDescription,
   LrScheduler,
   type LrSchedulerState,
 } from "./lr_schedule.ts";

@@ -219,7 +219,11 @@ Deno.test(
     const scheduler = new LrScheduler(a, schedule);
     for (let i = 0; i < 4; i++) scheduler.step();
     const state = scheduler.stateDict();
-    assert.deepEqual(JSON.parse(JSON.stringify(state)), { baseLrs: [0.1, 0.02], step: 4 });
+    assert.deepEqual(JSON.parse(JSON.stringify(state)), {
+      baseLrs: [0.1, 0.02],
+      step: 4,
+      schedule: { name: "cosine", warmupSteps: 2, totalSteps: 10, minFactor: 0 },
+    });
     const resumed = new LrScheduler(b, schedule); // made with other lrs: the file's win
     for (
       const [bad, re] of [

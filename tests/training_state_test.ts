@@ -10,10 +10,12 @@
  */
 import assert from "node:assert/strict";
 import {
+  cosineSchedule,
   decodeSafetensors,
   Dropout,
   HalfstepError,
   Linear,
+  LrScheduler,
   RandomGenerator,
   Sequential,
   Tensor,
@@ -40,12 +42,18 @@ function target(): Run {
 const trainerField = (key: string, value: unknown) => (f: FileParts) => {
   f.metadata.trainer = JSON.stringify({ ...JSON.parse(f.metadata.trainer), [key]: value });
 };
-const optimizerMeta =
-  (edit: (o: { state: Record<string, unknown>[] }) => void) => (f: FileParts) => {
-    const o = JSON.parse(f.metadata.optimizer);
-    edit(o);
-    f.metadata.optimizer = JSON.stringify(o);
-  };
+/** The optimizer metadata, as PyTorch's state_dict lays it out. */
+interface TorchOptimizerJson {
+  kind: string;
+  state: Record<string, Record<string, unknown>>;
+  param_groups: Record<string, unknown>[];
+  halfstep: Record<string, unknown>;
+}
+const optimizerMeta = (edit: (o: TorchOptimizerJson) => void) => (f: FileParts) => {
+  const o = JSON.parse(f.metadata.optimizer);
+  edit(o);
+  f.metadata.optimizer = JSON.stringify(o);
+};
 const setFloat = (name: string, index: number, value: number) => (f: FileParts) => {
   const e = f.entries.get(name)!;
   new DataView(e.data.buffer, e.data.byteOffset).setFloat32(4 * index, value, true);
@@ -55,7 +63,7 @@ const cases: { name: string; run?: () => Run; edit?: (f: FileParts) => void; err
   {
     name: "AdamW state into SGD",
     run: () => sgdTarget(),
-    error: /optimizer state does not fit.*it is the state of "Adam", this optimizer is "SGD"/,
+    error: /it holds the state of AdamW, the optimizer given is SGD/,
   },
   {
     name: "a scaler of the other mode",
@@ -65,12 +73,31 @@ const cases: { name: string; run?: () => Run; edit?: (f: FileParts) => void; err
   { name: 'trainer.steps "abc"', edit: trainerField("steps", "abc"), error: /steps must be/ },
   { name: "trainer.steps -5", edit: trainerField("steps", -5), error: /steps must be/ },
   { name: "trainer.steps 1.5", edit: trainerField("steps", 1.5), error: /steps must be/ },
-  { name: "trainer.microStep 2 of 2", edit: trainerField("microStep", 2), error: /microStep/ },
-  { name: "trainer.scaler null", edit: trainerField("scaler", null), error: /AMP trainer state/ },
+  { name: "trainer.micro_step 2 of 2", edit: trainerField("micro_step", 2), error: /microStep/ },
+  {
+    name: "scaler metadata null",
+    edit: (f) => (f.metadata.scaler = "null"),
+    error: /scaler metadata/,
+  },
+  {
+    name: "a scale of -1",
+    edit: (f) => (f.metadata.scaler = f.metadata.scaler.replace(/"scale":\d+/, '"scale":-1')),
+    error: /AMP trainer state.*scale must be a positive/,
+  },
+  {
+    name: "a growth tracker at the growth interval",
+    edit: (
+      f,
+    ) => (f.metadata.scaler = f.metadata.scaler.replace(
+      /"_growth_tracker":\d+/,
+      '"_growth_tracker":2',
+    )),
+    error: /growthTracker 2 must be below 2/,
+  },
   {
     name: "trainer metadata null",
     edit: (f) => (f.metadata.trainer = "null"),
-    error: /must be an object/,
+    error: /trainer metadata is not an object/,
   },
   {
     name: "truncated trainer JSON",
@@ -104,20 +131,60 @@ const cases: { name: string; run?: () => Run; edit?: (f: FileParts) => void; err
     error: /unknown tensor "junk"/,
   },
   {
-    name: "a negative expAvgSq",
-    edit: setFloat("optimizer.0.expAvgSq", 5, -1e-3),
+    name: "a negative exp_avg_sq",
+    edit: setFloat("optimizer.state.0.exp_avg_sq", 5, -1e-3),
     error: /expAvgSq holds 1 negative/,
   },
-  { name: "a NaN moment", edit: setFloat("optimizer.1.expAvg", 0, NaN), error: /non-finite/ },
   {
-    name: "buffers that are not a list",
-    edit: optimizerMeta((o) => (o.state[0].buffers = 5 as unknown as string[])),
-    error: /parameter state 0 is malformed/,
+    name: "a NaN moment",
+    edit: setFloat("optimizer.state.1.exp_avg", 0, NaN),
+    error: /non-finite/,
+  },
+  {
+    name: "a parameter state that is not an object",
+    edit: optimizerMeta((o) => (o.state[0] = 5 as unknown as Record<string, unknown>)),
+    error: /optimizer state 0 is malformed/,
   },
   {
     name: "a missing optimizer buffer",
-    edit: (f) => f.entries.delete("optimizer.1.expAvg"),
-    error: /"optimizer.1.expAvg" is missing/,
+    edit: (f) => f.entries.delete("optimizer.state.1.exp_avg"),
+    error: /"optimizer.state.1.exp_avg" is missing/,
+  },
+  {
+    name: "a moment of the wrong shape",
+    edit: (f) => (f.entries.get("optimizer.state.0.exp_avg")!.shape = [6, 16]),
+    error: /"optimizer.state.0.exp_avg" is f32 \[6, 16\], not f32 \[16, 6\]/,
+  },
+  {
+    name: "per-parameter step counts that differ",
+    edit: optimizerMeta((o) => (o.state[2] = { step: 7 })),
+    error: /step counts differ; halfstep's Adam keeps one step for all/,
+  },
+  {
+    name: "amsgrad",
+    edit: optimizerMeta((o) => (o.param_groups[0].amsgrad = true)),
+    error: /group 0 has "amsgrad" = "true", which halfstep's AdamW does not implement/,
+  },
+  {
+    name: "the state of Adam (L2 weight decay) into AdamW",
+    edit: optimizerMeta((o) => (o.kind = "Adam")),
+    error: /it holds the state of Adam, the optimizer given is AdamW/,
+  },
+  {
+    name: "an optimizer kind halfstep lacks",
+    edit: optimizerMeta((o) => (o.kind = "RMSprop")),
+    error: /its optimizer is "RMSprop", not one halfstep has/,
+  },
+  {
+    name: "an Adam without bias correction into one with",
+    edit: optimizerMeta((o) => (o.halfstep = { bias_correction: false })),
+    error: /setting biasCorrection is false/,
+  },
+  {
+    name: "a scheduler step of -1",
+    run: () => scheduled(target()),
+    edit: (f) => (f.metadata.scheduler = JSON.stringify({ base_lrs: [1], last_epoch: -1 })),
+    error: /LR scheduler state does not fit.*step must be an integer >= 0/,
   },
   {
     name: "a random generator offset of the wrong type",
@@ -147,6 +214,14 @@ const cases: { name: string; run?: () => Run; edit?: (f: FileParts) => void; err
     error: /model state does not fit/,
   },
 ];
+
+/** `run` with the cosine LR scheduler of the format-2 fixtures. */
+function scheduled(run: Run): Run & { scheduler: LrScheduler } {
+  return {
+    ...run,
+    scheduler: new LrScheduler(run.optimizer, cosineSchedule({ warmupSteps: 1, totalSteps: 20 })),
+  };
+}
 
 function sgdTarget(): Run {
   const run = ampRun(2, { sgd: true });
@@ -225,22 +300,76 @@ Deno.test({
   },
 });
 
+/**
+ * Files of format 2, halfstep's own vocabulary, written by saveTrainingState
+ * at commit f48e404 (just before the PyTorch layout): an AdamW and an SGD run
+ * (tests/_training_state.ts, seed 1) with a cosine scheduler, saved after 5
+ * micro-batches (mid-accumulation) with `extra: { epoch: 1 }`.
+ */
+const FORMAT_2 = ["adamw", "sgd"].map((kind) => ({
+  kind,
+  path: new URL(`./fixtures/training_state_v2_${kind}.safetensors`, import.meta.url).pathname,
+}));
+
+for (const { kind, path } of FORMAT_2) {
+  Deno.test({
+    name: `a file of format 2 (${kind}) loads every value it holds, and saves again losslessly`,
+    ...GPU_TEST,
+    async fn() {
+      const file = decodeSafetensors(await Deno.readFile(path));
+      assert.equal(file.metadata.format, "halfstep-training-state-2");
+      const make = () => scheduled(kind === "sgd" ? sgdTarget() : target());
+      const run = make();
+      assert.deepEqual(await loadTrainingState(path, run), { epoch: 1 });
+      const state = await snapshot(run);
+      for (const [name, e] of file.entries) {
+        const [part, ...rest] = name.split(".");
+        if (part === "optimizer") {
+          const [param, buffer] = rest;
+          const o = state.optimizer as { state: { buffers: Record<string, Uint8Array> }[] };
+          assert.deepEqual(o.state[Number(param)].buffers[buffer], e.data, name);
+        } else assert.deepEqual(state[name], e.data, name);
+      }
+      const saved = JSON.parse(file.metadata.optimizer),
+        trainer = JSON.parse(file.metadata.trainer);
+      const { state: _, ...counters } = saved;
+      const { state: __, ...loaded } = state.optimizer as Record<string, unknown>;
+      assert.deepEqual(loaded, counters, "kind, settings, step and groups");
+      assert.deepEqual(state.trainer, trainer, "the trainer and its scaler");
+      const scheduler = JSON.parse(file.metadata.scheduler);
+      assert.deepEqual(run.scheduler.stateDict().baseLrs, scheduler.baseLrs);
+      assert.equal(run.scheduler.stepCount, scheduler.step);
+      const [{ seed, offset }] = JSON.parse(file.metadata.random);
+      assert.deepEqual(state.dropout, { seed, offset }, "the Dropout generator");
+      // Saved again (in the current format) and loaded into a third run: bit-identical.
+      const again = `${dir}/from_format2_${kind}.safetensors`;
+      await saveTrainingState(again, run, { extra: { epoch: 1 } });
+      const copy = make();
+      assert.deepEqual(await loadTrainingState(again, copy), { epoch: 1 });
+      assert.deepEqual(await snapshot(copy), state);
+      assert.equal(copy.scheduler.stepCount, run.scheduler.stepCount);
+      for (const r of [run, copy]) (r.trainer.dispose(), r.optimizer.dispose());
+    },
+  });
+}
+
 Deno.test({
   name:
     "a file of format 1 (no list of gradients, no generators) still loads, generators untouched",
   ...GPU_TEST,
   async fn() {
     const path = `${dir}/format1.safetensors`;
-    await rewrite(good, path, (f) => {
+    await rewrite(FORMAT_2[0].path, path, (f) => {
       f.metadata.format = "halfstep-training-state-1";
       delete f.metadata.grads;
       delete f.metadata.random;
     });
-    const run = target();
+    const run = target(), reference = target();
     const { dropout: generator } = await snapshot(run);
     await loadTrainingState(path, run);
+    await loadTrainingState(FORMAT_2[0].path, reference);
     const { dropout, ...loaded } = await snapshot(run);
-    const { dropout: _, ...saved } = await snapshot(source);
+    const { dropout: _, ...saved } = await snapshot(reference);
     assert.deepEqual(loaded, saved);
     assert.deepEqual(dropout, generator);
   },
@@ -270,7 +399,10 @@ Deno.test({
     const state = await run.optimizer.stateDict();
     state.state[1].buffers.expAvg[0] = Infinity;
     run.optimizer.loadStateDict(state, { allowNonFinite: true });
-    await assert.rejects(saveTrainingState(path, run), /"optimizer\.1\.expAvg" holds 1 non-finite/);
+    await assert.rejects(
+      saveTrainingState(path, run),
+      /"optimizer\.state\.1\.exp_avg" holds 1 non-finite/,
+    );
     assert.deepEqual(await Deno.readFile(path), kept, "the good file is untouched");
     await saveTrainingState(path, run, { allowNonFinite: true, extra: { epoch: 2 } });
     const copy = target();
