@@ -225,7 +225,7 @@ export class NumericsInspector {
 
   /** Dispatches the statistics of `t` into `row` (and `paramRow`). */
   #count(t: Tensor, row: number, paramRow: number): void {
-    if ((t.dtype !== "f32" && t.dtype !== "f16") || t.size === 0) return;
+    if (t.dtype === "i32" || t.size === 0) return;
     const gpu = t.gpu;
     const stats = this.#statsFor(gpu, Math.max(row, paramRow === NONE ? 0 : paramRow) + 1);
     for (const r of paramRow === NONE ? [row] : [row, paramRow]) {

@@ -175,8 +175,20 @@ function accessors(bindings: readonly Binding[], source: string): string {
   return out.length > 0 ? out.join("\n") + "\n" : "";
 }
 
-/** WGSL helpers of the bf16 accessors (see {@link accessors}). */
-const BF16_WGSL = `fn bf16_half(word: u32, half: u32) -> f32 {
+/**
+ * WGSL helpers of the bf16 accessors (see {@link accessors}):
+ * `bf16_half(word, half) -> f32`, `bf16_bits(v: f32) -> u32` (rounded to
+ * nearest-even, NaN → 0x7FC0) and `bf16_pack(v: vec2<f32>) -> u32`. Exported
+ * for kernels that work on the raw words of bf16 data bound as `u32` (which
+ * then must not call the accessors, or the helpers are defined twice).
+ *
+ * @example
+ * ```ts
+ * import { BF16_WGSL } from "./kernel.ts";
+ * console.assert(BF16_WGSL.includes("fn bf16_bits(v: f32) -> u32"));
+ * ```
+ */
+export const BF16_WGSL = `fn bf16_half(word: u32, half: u32) -> f32 {
   return bitcast<f32>(select(word << 16u, word & 0xffff0000u, half == 1u));
 }
 fn bf16_bits(v: f32) -> u32 {

@@ -1,8 +1,9 @@
 /**
  * SGD over fp32 master weights as one fused kernel (up to 16 parameter tensors
- * per dispatch): for each tensor it reads the gradient (f32 or f16), the momentum buffer and the step signals,
- * and writes the new master and its f16 working copy. A step with `foundInf`
- * set is skipped on the GPU; nothing reads back to the CPU.
+ * per dispatch): for each tensor it reads the gradient (f32, f16 or bf16), the
+ * momentum buffer and the step signals, and writes the new master and its f16
+ * or bf16 working copy. A step with `foundInf` set is skipped on the GPU;
+ * nothing reads back to the CPU.
  *
  * Every group's `lr` (and `weightDecay`) may be assigned between steps,
  * `optimizer.groups[i].lr = 1e-4`, which is what `LrScheduler` does. Other

@@ -11,7 +11,7 @@ import { assertClose, TOL } from "./_assert.ts";
 import { quantize, uniform } from "./_reference.ts";
 
 export type Opt = SGD | Adam;
-export type GradDType = "f32" | "f16";
+export type GradDType = "f32" | "f16" | "bf16";
 
 // 1 element, a few, and one that is no multiple of the 1024-element workgroup span.
 export const SIZES = [1, 7, 1031];
@@ -79,13 +79,16 @@ export class CopyMap extends Map<Tensor, Tensor> implements WorkingCopies {
   }
 }
 
-/** Parameters of every size (f32 values in [-1, 1)) with f16 working copies when the adapter has f16. */
-export function setup(seed: number) {
+/**
+ * Parameters of every size (f32 values in [-1, 1)) with working copies in
+ * `copyDtype`: bf16 ones always, f16 ones when the adapter has f16.
+ */
+export function setup(seed: number, copyDtype: "f16" | "bf16" = "f16") {
   const init = SIZES.map((n, k) => quantize(uniform(n, seed + k), "f32"));
   const params = init.map((v) => Tensor.from(v, [v.length]));
   const copies = new CopyMap();
-  if (gpu.f16) {
-    params.forEach((p, k) => copies.set(p, Tensor.from(init[k], p.shape, { dtype: "f16" })));
+  if (gpu.f16 || copyDtype === "bf16") {
+    params.forEach((p, k) => copies.set(p, Tensor.from(init[k], p.shape, { dtype: copyDtype })));
   }
   return { init, params, copies };
 }
@@ -104,7 +107,7 @@ export function setGrads(params: Tensor[], s: number, dtype: GradDType): Float64
   });
 }
 
-/** Masters against the references, and each working copy equal to its master rounded to f16. */
+/** Masters against the references, and each working copy equal to its master rounded to its dtype. */
 export async function check(
   what: string,
   params: Tensor[],
@@ -116,7 +119,8 @@ export async function check(
   for (const [k, p] of params.entries()) {
     const copy = copies.get(p);
     if (copy) {
-      assert.deepStrictEqual(await copy.read(), new Float32Array(Float16Array.from(masters[k])));
+      const want = Float32Array.from(quantize(masters[k], copy.dtype as GradDType));
+      assert.deepStrictEqual(await copy.read(), want, `${what}, copy ${k}`);
     }
   }
 }
@@ -129,7 +133,8 @@ export async function matchesReference(
   dtype: GradDType,
   options: { steps?: number; gradScale?: number; groupOf?: (k: number) => number } = {},
 ): Promise<void> {
-  const { init, params, copies } = setup(11);
+  // bf16 gradients come with bf16 working copies (an AMP bf16 run), the others with f16 ones.
+  const { init, params, copies } = setup(11, dtype === "bf16" ? "bf16" : "f16");
   const opt = make(params);
   opt.setWorkingCopies(copies);
   const refs = init.map(refOf);

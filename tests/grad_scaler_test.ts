@@ -2,10 +2,13 @@ import assert from "node:assert/strict";
 import type { Optimizer, StepSignals } from "../optim/optimizer.ts";
 import { GradScaler, type GradScalerOptions } from "../amp/grad_scaler.ts";
 import { launchCopy, launchUnary } from "../gpu/kernels/elementwise.ts";
-import { mul, sum, Tensor } from "../gpu/mod.ts";
+import { DTYPES, type FloatDType, mul, sum, Tensor } from "../gpu/mod.ts";
 import { gpu, GPU_TEST } from "./_gpu.ts";
+import { quantize } from "./_reference.ts";
 
 const F32_MAX = 3.4028234663852886e38;
+/** The largest finite bf16, (2 − 2⁻⁷)·2¹²⁷. */
+const BF16_MAX = (2 - 2 ** -7) * 2 ** 127;
 
 /** The update rule in plain numbers, written from the docs (PyTorch + DeepSpeed hysteresis). */
 class ReferenceScaler {
@@ -62,7 +65,7 @@ class FakeOptimizer implements Optimizer {
 }
 
 /** A parameter whose gradient is `grad` (uploaded as `dtype`). */
-function paramWithGrad(grad: ArrayLike<number>, dtype: "f32" | "f16" = "f32"): Tensor {
+function paramWithGrad(grad: ArrayLike<number>, dtype: FloatDType = "f32"): Tensor {
   const p = Tensor.zeros([grad.length]);
   p.grad = Tensor.from(grad, [grad.length], { dtype });
   return p;
@@ -176,8 +179,28 @@ async function dirtyOddF16(values: number[]): Promise<Tensor> {
   return g;
 }
 
+/** Values of bf16 storage with the padding half of an odd length holding +Inf bits. */
+async function dirtyOddBf16(values: number[]): Promise<Tensor> {
+  assert.equal(values.length % 2, 1);
+  const g = Tensor.from(values, [values.length], { dtype: "bf16" });
+  const bits = new Uint16Array(values.length + 1);
+  bits.set(new Uint16Array(await gpu.readBuffer(g.buffer, values.length * 2)));
+  bits[values.length] = 0x7f80; // +Inf
+  gpu.batch.write(g.buffer, new Uint8Array(bits.buffer));
+  const raw = new Uint16Array(await gpu.readBuffer(g.buffer, (values.length + 1) * 2));
+  assert.equal(raw[values.length], 0x7f80, "precondition: the padding half holds +inf bits");
+  return g;
+}
+
+/** A gradient of `values` in `dtype`; f16 and bf16 ones of odd length with a dirty padding half. */
+function dirtyGrad(values: number[], dtype: FloatDType): Promise<Tensor> | Tensor {
+  if (dtype === "f16") return dirtyOddF16(values);
+  if (dtype === "bf16") return dirtyOddBf16(values);
+  return Tensor.from(values, [values.length]);
+}
+
 /** A per-dtype test's options: f16 is ignored, with the reason in its name, without shader-f16. */
-function dtypeTest(name: string, dtype: "f32" | "f16") {
+function dtypeTest(name: string, dtype: FloatDType) {
   const ignore = dtype === "f16" && !gpu.f16;
   return {
     name: ignore ? `${name} (ignored: the adapter has no shader-f16)` : name,
@@ -186,21 +209,21 @@ function dtypeTest(name: string, dtype: "f32" | "f16") {
   };
 }
 
-for (const dtype of ["f32", "f16"] as const) {
+for (const dtype of DTYPES) {
   Deno.test({
     ...dtypeTest(`GradScaler: detects +Inf, -Inf, NaN in ${dtype} gradients anywhere`, dtype),
     fn: () => detectsNonFinite(dtype),
   });
 }
 
-async function detectsNonFinite(dtype: "f32" | "f16") {
-  const n = 5001; // several workgroups, odd (f16 padding half)
+async function detectsNonFinite(dtype: FloatDType) {
+  const n = 5001; // several workgroups, odd (f16 / bf16 padding half)
   const scaler = new GradScaler({ lossScale: 2 ** 4 });
   for (const bad of [Infinity, -Infinity, NaN, null]) {
     for (const at of [0, 2500, n - 1]) {
       const values = Array.from({ length: n }, (_, i) => (i % 7) - 3);
       if (bad !== null) values[at] = bad;
-      const grad = dtype === "f16" ? await dirtyOddF16(values) : Tensor.from(values, [n]);
+      const grad = await dirtyGrad(values, dtype);
       const p = Tensor.zeros([1]);
       p.grad = grad;
       const opt = new FakeOptimizer([p]);
@@ -233,9 +256,14 @@ Deno.test("GradScaler: overflow from a huge scale, and from an unscale product, 
   opt.zeroGrad();
 });
 
-for (const dtype of ["f32", "f16"] as const) {
-  // A scale below 1 multiplies on unscale: finite inputs whose product overflows.
-  const cases = dtype === "f32" ? [[3e38, 0.5]] : [[60000, 0.5], [2000, 2 ** -6]];
+for (const dtype of DTYPES) {
+  // A scale below 1 multiplies on unscale: finite inputs whose product overflows
+  // (in bf16 also a product finite in f32 that rounds up past the largest bf16).
+  const cases = {
+    f32: [[3e38, 0.5]],
+    f16: [[60000, 0.5], [2000, 2 ** -6]],
+    bf16: [[3e38, 0.5], [BF16_MAX, 0.5], [2 ** 120, 2 ** -10]],
+  }[dtype];
   Deno.test({
     ...dtypeTest(`GradScaler: an ${dtype} unscale product that overflows is found`, dtype),
     async fn() {
@@ -245,7 +273,8 @@ for (const dtype of ["f32", "f16"] as const) {
         s.step(o);
         assert.deepEqual(await o.seenFlags(), [1], `${dtype} ${big} / ${scale}`);
         const g = await o.params[0].grad!.read();
-        assert.deepEqual([...g], [1 / scale, Infinity, 2 / scale], "overflowed values become inf");
+        const want = [1 / scale, Infinity, 2 / scale];
+        assert.deepEqual([...g], [...quantize(want, dtype)], "overflowed values become inf");
         s.dispose();
         o.zeroGrad();
       }
@@ -253,26 +282,31 @@ for (const dtype of ["f32", "f16"] as const) {
   });
 }
 
-for (const [dtype, scale] of [["f32", 2 ** 16], ["f32", 2 ** -3], ["f16", 2 ** 4]] as const) {
+const EXACT_CASES = [
+  ["f32", 2 ** 16],
+  ["f32", 2 ** -3],
+  ["f16", 2 ** 4],
+  ["bf16", 2 ** 16],
+  ["bf16", 2 ** -3],
+] as const;
+for (const [dtype, scale] of EXACT_CASES) {
   Deno.test({
     ...dtypeTest(`GradScaler: unscale divides ${dtype} exactly by the scale ${scale}`, dtype),
     fn: () => unscaleExactly(dtype, scale),
   });
 }
 
-async function unscaleExactly(dtype: "f32" | "f16", scale: number): Promise<void> {
+async function unscaleExactly(dtype: FloatDType, scale: number): Promise<void> {
   let seed = 7;
   const rand = () => (seed = (seed * 1103515245 + 12345) % 2 ** 31) / 2 ** 31;
   const n = 3001;
   const raw = Array.from({ length: n }, () => (rand() - 0.5) * 2 ** (rand() * 20 - 4));
-  const host = dtype === "f32" ? Float32Array.from(raw) : Float16Array.from(raw);
+  const host = quantize(raw, dtype);
   const scaler = new GradScaler({ lossScale: scale });
   const opt = new FakeOptimizer([paramWithGrad(host, dtype)]);
   scaler.unscale(opt);
   const got = await opt.params[0].grad!.read();
-  const want = dtype === "f32"
-    ? Float32Array.from(host, (v) => v / scale)
-    : Float16Array.from(host, (v) => v / scale);
+  const want = quantize(host.map((v) => v / scale), dtype);
   for (let i = 0; i < n; i++) {
     assert.ok(Object.is(got[i], want[i]), `${dtype} /${scale} [${i}]: ${got[i]} vs ${want[i]}`);
   }

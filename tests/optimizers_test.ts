@@ -15,7 +15,10 @@ import {
   snapshot,
 } from "./_optimizer_reference.ts";
 
-/** Deno.test options of a test run once per gradient dtype: f16 is ignored without shader-f16. */
+/**
+ * Deno.test options of a test run once per gradient dtype (bf16 with bf16
+ * working copies): f16 is ignored without shader-f16.
+ */
 function perDtype(name: string, dtype: GradDType, fn: () => Promise<void>): Deno.TestDefinition {
   const ignore = dtype === "f16" && !gpu.f16;
   return {
@@ -26,7 +29,7 @@ function perDtype(name: string, dtype: GradDType, fn: () => Promise<void>): Deno
   };
 }
 
-for (const dtype of ["f32", "f16"] as const) {
+for (const dtype of ["f32", "f16", "bf16"] as const) {
   Deno.test(perDtype(
     "SGD matches torch.optim.SGD: plain, momentum, Nesterov, weight decay",
     dtype,

@@ -3,12 +3,12 @@
  * gradient tensors, see `gpu/kernels/multi_tensor.ts`) and
  * the one-thread scale update. WGSL has no `isnan`/`isinf` and may assume
  * floats never overflow, so every check here is on bits: a value is non-finite
- * when its exponent field is all ones (f32 `0x7f800000`, f16 `0x7c00`).
- * Gradients are bound as `array<u32>` (an f16 word holds two halves), so the
- * kernels need no `shader-f16`.
+ * when its exponent field is all ones (f32 `0x7f800000`, f16 `0x7c00`, bf16
+ * `0x7f80`). Gradients are bound as `array<u32>` (an f16 or bf16 word holds
+ * two halves), so the kernels need no `shader-f16`.
  */
 import { DTypeError } from "../../gpu/errors.ts";
-import { defineKernel } from "../../gpu/kernel.ts";
+import { BF16_WGSL, defineKernel } from "../../gpu/kernel.ts";
 import { WGSL_GRID_BUILTINS } from "../../gpu/kernels/grid.ts";
 import { useSubgroups } from "../../gpu/kernels/subgroups.ts";
 import {
@@ -19,11 +19,25 @@ import {
   wgslForEachSlot,
 } from "../../gpu/kernels/multi_tensor.ts";
 import type { Tensor } from "../../gpu/tensor.ts";
+import { isHalf } from "../../gpu/dtype.ts";
 
 const WORKGROUP = 256;
 const PER_THREAD = 4;
 /** Bits of 1.0f: what a kernel stores into found_inf. */
 const ONE_BITS = 0x3f800000;
+
+/** The gradient dtypes the unscale kernel takes. */
+type GradDType = "f32" | "f16" | "bf16";
+
+// h · inv in bf16 bits, rounded to nearest-even; an input or product that is not finite
+// (rounding up past the largest bf16 included) sets bad.
+const UNSCALED_BF16 = `${BF16_WGSL}
+fn unscaled_bf16(h: u32, inv: f32) -> u32 {
+  if ((h & 0x7f80u) == 0x7f80u) { bad = true; return h; }
+  let r = bf16_bits(bitcast<f32>(h << 16u) * inv);
+  if ((r & 0x7f80u) == 0x7f80u) { bad = true; }
+  return r;
+}`;
 
 /** Word indices of the scaler's u32 counter tensor (i32 [4]). */
 export const COUNTER = { growthTracker: 0, hysteresisLeft: 1, skippedSteps: 2, lastSkipped: 3 };
@@ -49,23 +63,24 @@ const WGSL_RECIPROCAL = `fn reciprocal(s: f32) -> f32 {
 export const unscaleKernel = defineKernel({
   name: "grad_scaler_unscale",
   // Gradients are bound as u32 words whatever their dtype: no shader-f16 needed.
-  bindings: (c: { dtype: "f32" | "f16"; slots: number; subgroups: boolean }) => [
+  bindings: (c: { dtype: GradDType; slots: number; subgroups: boolean }) => [
     ...slotBindings(c.slots, [{ name: "grad", type: "u32", write: true }]),
     { name: "scale", type: "f32" },
     { name: "found", type: "atomic<u32>", write: true },
   ],
   uniforms: SLOT_UNIFORMS,
   source: ({ dtype, slots, subgroups }) => {
-    // f32: one value per word. f16: two halves per word; the high half of the
-    // last word is padding when n is odd and is never tested or changed.
+    // f32: one value per word. f16, bf16: two halves per word; the high half of
+    // the last word is padding when n is odd and is never tested or changed.
     const body = (g: string) =>
       dtype === "f32" ? `${g}[w] = unscaled_f32(${g}[w], inv);` : `let b = ${g}[w];
-          let lo = unscaled_f16(b & 0xffffu, inv);
+          let lo = unscaled_${dtype}(b & 0xffffu, inv);
           var hi = b >> 16u;
-          if (2u * w + 1u < n) { hi = unscaled_f16(hi, inv); }
+          if (2u * w + 1u < n) { hi = unscaled_${dtype}(hi, inv); }
           ${g}[w] = lo | (hi << 16u);`;
     return `var<private> bad: bool = false;
 ${WGSL_RECIPROCAL}
+${dtype === "bf16" ? UNSCALED_BF16 : ""}
 fn unscaled_f32(b: u32, inv: f32) -> u32 {
   if ((b & 0x7f800000u) == 0x7f800000u) { bad = true; return b; }
   let r = bitcast<u32>(bitcast<f32>(b) * inv);
@@ -164,15 +179,15 @@ fn main() {
 });
 
 /**
- * Unscales `grads` (f32 or f16, distinct buffers) in place by 1/`scale`[0]
+ * Unscales `grads` (f32, f16 or bf16, distinct buffers) in place by 1/`scale`[0]
  * and stores 1.0 in `foundInf`[0] when any element is (or becomes)
  * non-finite: gradients of one dtype share a dispatch, up to the device's
  * slots per dispatch. No sync.
  */
 export function launchUnscale(grads: readonly Tensor[], scale: Tensor, foundInf: Tensor): void {
-  const bad = grads.find((g) => g.dtype !== "f32" && g.dtype !== "f16");
+  const bad = grads.find((g) => g.dtype === "i32");
   if (bad) {
-    throw new DTypeError(`GradScaler.unscale: gradient ${bad.describe()} is not f32 or f16.`);
+    throw new DTypeError(`GradScaler.unscale: gradient ${bad.describe()} is not a float tensor.`);
   }
   const gpu = scale.gpu;
   const dispatches = multiTensorDispatches(gpu, grads.filter((g) => g.size > 0), {
@@ -180,11 +195,11 @@ export function launchUnscale(grads: readonly Tensor[], scale: Tensor, foundInf:
     shared: 2,
     key: (g) => g.dtype,
     size: (g) => g.size,
-    // An f16 gradient is read two halves to a u32 word.
-    workgroups: (g) => Math.ceil(g.size / (g.dtype === "f16" ? 2 : 1) / (WORKGROUP * PER_THREAD)),
+    // An f16 or bf16 gradient is read two halves to a u32 word.
+    workgroups: (g) => Math.ceil(g.size / (isHalf(g.dtype) ? 2 : 1) / (WORKGROUP * PER_THREAD)),
   });
   for (const { chunk, table } of dispatches) {
-    const dtype = chunk[0].dtype as "f32" | "f16";
+    const dtype = chunk[0].dtype as GradDType;
     gpu.dispatch(
       gpu.kernel(unscaleKernel, { dtype, slots: chunk.length, subgroups: useSubgroups(gpu) }),
       { ...slotBuffers("grad", chunk), scale, found: foundInf },

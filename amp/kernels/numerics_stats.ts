@@ -5,7 +5,8 @@
  * statistics buffer with atomics, so nothing is read back per step. Values are
  * classified from bits (WGSL has no `isnan`/`isinf`, and implementations may
  * assume floats are finite), with the tensor bound as `array<u32>` (an f16
- * word holds two halves), so the kernel needs no `shader-f16`.
+ * or bf16 word holds two halves), so the kernel needs no `shader-f16`. A bf16
+ * half shifted up is its value's f32 bits, so bf16 is classified as f32.
  *
  * The buffer starts with a header that records the first non-finite tensor
  * ever seen: an atomic min over a sequence number that grows with every
@@ -13,6 +14,7 @@
  * the row, step, call and loss scale beside it.
  */
 import type { Gpu } from "../../gpu/device.ts";
+import { isHalf } from "../../gpu/dtype.ts";
 import { defineKernel } from "../../gpu/kernel.ts";
 import { grid1d, WGSL_GRID_BUILTINS, WGSL_WORKGROUP_INDEX } from "../../gpu/kernels/grid.ts";
 import { untracked } from "../../gpu/scope.ts";
@@ -40,7 +42,10 @@ export const ROW_WORDS = 9;
 const F16_MAX_BITS = 0x477fe000;
 const F16_MIN_NORMAL_BITS = 0x38800000;
 
-/** Per-thread classification of one value's |bits|, for each dtype. */
+/** The dtypes the statistics kernel reads. */
+type StatsDType = "f32" | "f16" | "bf16";
+
+/** Per-thread classification of one value's |bits|, for each dtype (bf16 uses f32's). */
 const CLASSIFY = {
   f32: `fn classify(b: u32) {
   let a = b & 0x7fffffffu;
@@ -67,7 +72,7 @@ fn as_f32_bits(a: u32) -> u32 {
 /** Accumulates one tensor's statistics into a row (and a parameter's row). */
 export const numericsStatsKernel = defineKernel({
   name: "numerics_stats",
-  bindings: (_: { dtype: "f32" | "f16" }) => [
+  bindings: (_: { dtype: StatsDType }) => [
     { name: "x", type: "u32" },
     { name: "scale", type: "f32" },
     { name: "stats", type: "atomic<u32>", write: true },
@@ -75,16 +80,19 @@ export const numericsStatsKernel = defineKernel({
   uniforms: { n: "u32", row: "u32", param_row: "u32", seq: "u32", step: "u32", call: "u32" },
   source: ({ dtype }) => {
     const words = dtype === "f32" ? "p.n" : "(p.n + 1u) / 2u";
-    // f16: two halves per word; the high half of the last word is padding when n is odd.
-    const body = dtype === "f32" ? "classify(x[w]);" : `classify(x[w] & 0xffffu);
-        if (2u * w + 1u < p.n) { classify(x[w] >> 16u); }`;
+    // f16, bf16: two halves per word; the high half of the last word is padding when n is odd.
+    const [lo, hi] = dtype === "f16"
+      ? ["x[w] & 0xffffu", "x[w] >> 16u"]
+      : ["x[w] << 16u", "x[w] & 0xffff0000u"];
+    const body = dtype === "f32" ? "classify(x[w]);" : `classify(${lo});
+        if (2u * w + 1u < p.n) { classify(${hi}); }`;
     return `var<private> non_finite: u32 = 0u;
 var<private> overflow: u32 = 0u;
 var<private> underflow: u32 = 0u;
 var<private> zeros: u32 = 0u;
 var<private> amax: u32 = 0u;
 var<workgroup> totals: array<atomic<u32>, 5>;
-${CLASSIFY[dtype]}
+${CLASSIFY[dtype === "bf16" ? "f32" : dtype]}
 fn add64(at: u32, v: u32) {
   if (v == 0u) { return; }
   let old = atomicAdd(&stats[at], v);
@@ -146,7 +154,7 @@ export interface StatsTarget {
 }
 
 /**
- * Dispatches one statistics pass over `x` (f32 or f16, at least one element)
+ * Dispatches one statistics pass over `x` (f32, f16 or bf16, at least one element)
  * into `stats` (u32 words, bound as i32) at `target`; `scale` is an f32 [1]
  * copied into the header when `x` is the first non-finite tensor. No sync.
  */
@@ -157,8 +165,8 @@ export function launchNumericsStats(
   stats: Tensor,
   target: StatsTarget,
 ): void {
-  const dtype = x.dtype as "f32" | "f16";
-  const words = dtype === "f16" ? Math.ceil(x.size / 2) : x.size;
+  const dtype = x.dtype as StatsDType;
+  const words = isHalf(dtype) ? Math.ceil(x.size / 2) : x.size;
   gpu.dispatch(
     gpu.kernel(numericsStatsKernel, { dtype }),
     { x, scale, stats },

@@ -1,6 +1,6 @@
 /**
  * Fused optimizer kernels: for each parameter tensor the kernel reads the
- * fp32 master, its gradient (f32 or f16), the fp32 optimizer state and the
+ * fp32 master, its gradient (f32, f16 or bf16), the fp32 optimizer state and the
  * step signals, and writes the updated master and, when it has one, its
  * working copy. One dispatch takes up to 16 parameter tensors (apex's
  * `multi_tensor_apply`, see `gpu/kernels/multi_tensor.ts`), each over the
@@ -72,20 +72,22 @@ const SKIP = "if ((found_inf[0] & 0x7fffffffu) != 0u) { return; }";
  * gradient) and `i`; its state buffers carry the slot's suffix `k`.
  */
 function elementLoops(c: UpdateConfig, body: (k: number) => string): string {
-  // NOTE: a master beyond the f16 range saturates to ±65504 in its working
-  // copy: WGSL leaves the conversion of out-of-range values undefined.
+  // NOTE: a master beyond the f16 range saturates to ±65504 in its f16 working
+  // copy: WGSL leaves the conversion of out-of-range values undefined. A bf16
+  // copy rounds to nearest-even like PyTorch's (beyond its range: ±Inf). Its
+  // store touches only the element's half of the word its neighbour shares.
   const write = (k: number) =>
     c.copy === "none"
       ? ""
       : c.copy === "f16"
-      ? `\n        copy${k}[i] = f16(clamp(w, -${F16_MAX}, ${F16_MAX}));`
-      : `\n        copy${k}[i] = w;`;
+      ? `\n        st_copy${k}(i, clamp(w, -${F16_MAX}, ${F16_MAX}));`
+      : `\n        st_copy${k}(i, w);`;
   return wgslForEachSlot(c.slots, (k) =>
     `for (var e = 0u; e < ${PER_THREAD}u; e++) {
         let i = (wg * ${PER_THREAD}u + e) * ${WORKGROUP}u + lid;
         if (i >= n) { break; }
         var w = param${k}[i];
-        var g = f32(grad${k}[i]) * scale;
+        var g = ld_grad${k}(i) * scale;
         ${body(k)}
         param${k}[i] = w;${write(k)}
       }`);
@@ -207,7 +209,7 @@ fn main() {
 export interface ParamUpdate {
   /** fp32 master (updated in place). */
   param: Tensor;
-  /** Its gradient, f32 or f16, same size. */
+  /** Its gradient, f32, f16 or bf16, same size. */
   grad: Tensor;
   /** Working copy written with the new value, if any. */
   copy?: Tensor | undefined;
