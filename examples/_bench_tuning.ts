@@ -1,13 +1,16 @@
 /**
  * The benchmark's tuning and its report: what each matmul class and each
- * attention dtype picked at start-up, and each matmul shape `gpt` tuned
- * after its first step (GPUs only), and how fast the pick ran on the
+ * attention dtype picked at start-up, and each matmul and attention shape
+ * `gpt` tuned after its first step (GPUs only), and how fast the pick ran on the
  * tuner's problem. `initGpu` tunes the same way but keeps only the winners, so the
  * benchmark starts the device untuned and runs the tuners itself to keep
  * their measurements (a winner read from the per-adapter cache has none:
  * `--retune` measures again).
  */
 import {
+  type AttentionPlan,
+  attentionShapeReport,
+  type AttentionShapeTuning,
   type AttentionTuning,
   type ClassTuning,
   type Gpu,
@@ -16,6 +19,7 @@ import {
   type ShapeTuning,
   tilingName,
   tuneAttention,
+  tuneAttentionShapes,
   tuneMatmul,
   tuneMatmulShapes,
   type TuningProgress,
@@ -23,7 +27,7 @@ import {
 
 /** One tuned choice: what was picked for which key, and its time where it was measured. */
 export interface TunedPick {
-  /** Matmul class key (`"f32/nt/large"`), matmul shape key, or attention storage dtype. */
+  /** Matmul class key (`"f32/nt/large"`), matmul shape key, attention storage dtype, or `attention` and an attention shape key. */
   key: string;
   /** The winner, as logs name it. */
   pick: string;
@@ -72,7 +76,7 @@ function attentionPick(t: AttentionTuning): TunedPick {
   const best = t.measurements.find((m) => m.plan === t.best);
   return {
     key: t.dtype,
-    pick: `rows ${t.best.rows} stage ${t.best.stage}`,
+    pick: planName(t.best),
     ms: best ? best.ms : null,
     gflops: null,
     candidates: t.measurements.length,
@@ -94,22 +98,31 @@ export async function tuneForBench(gpu: Gpu, retune: boolean): Promise<TuningRep
   return { ...tuningReport(matmul, attention, (performance.now() - start) / 1000), retune };
 }
 
+/** An attention plan as logs name it: its register tile, or rows and stage. */
+function planName(plan: AttentionPlan): string {
+  const t = plan.tile;
+  return t
+    ? `tile ${t.br}x${t.bc} per thread ${t.rm}x${t.rn}`
+    : `rows ${plan.rows} stage ${plan.stage}`;
+}
+
 /**
- * Tunes every matmul shape dispatched so far at its own shape (GPUs only;
+ * Tunes every matmul and attention shape run so far at its own shape (GPUs only;
  * from the cache unless the report says `retune`), between steps, and adds
  * the time to the report. Frees the scratch buffers as {@link tuneForBench}.
  */
 export async function tuneShapesForBench(gpu: Gpu, report: TuningReport): Promise<void> {
   const start = performance.now();
   await tuneMatmulShapes(gpu, { force: report.retune, onProgress: announce });
+  await tuneAttentionShapes(gpu, { force: report.retune, onProgress: announce });
   gpu.pool.releaseCached();
   gpu.resetPeakMemory();
   report.shapeSeconds += (performance.now() - start) / 1000;
 }
 
-/** Every per-shape pick `gpu` holds, as report lines (none on CPU adapters). */
+/** Every per-shape pick `gpu` holds, matmul then attention, as report lines (none on CPU adapters). */
 export function shapePicks(gpu: Gpu): TunedPick[] {
-  return matmulShapeReport(gpu).map((t: ShapeTuning) => ({
+  const matmuls = matmulShapeReport(gpu).map((t: ShapeTuning) => ({
     key: t.key,
     pick: `${tilingName(t.pick.tiling)}${t.pick.slices > 1 ? ` split ${t.pick.slices}` : ""}`,
     ms: t.seconds * 1000,
@@ -117,6 +130,15 @@ export function shapePicks(gpu: Gpu): TunedPick[] {
     candidates: t.trials,
     cached: t.cached,
   }));
+  const attention = attentionShapeReport(gpu).map((t: AttentionShapeTuning) => ({
+    key: `attention ${t.key}`,
+    pick: planName(t.plan),
+    ms: t.seconds * 1000,
+    gflops: null,
+    candidates: t.trials,
+    cached: t.cached,
+  }));
+  return [...matmuls, ...attention];
 }
 
 /** The report of the tuners' results: each winner with its own measurement. */

@@ -8,9 +8,10 @@
  * JavaScript and submits). A fourth run, "amp unfused", is AMP with the
  * reference attention (matmuls around a saved T×T softmax), for the fused
  * op's time and memory. On GPUs each mode's first step is followed by
- * per-shape matmul tuning (`tuneMatmulShapes`) before the timed steps. A
+ * per-shape matmul and attention tuning (`tuneMatmulShapes`,
+ * `tuneAttentionShapes`) before the timed steps. A
  * "tuning" row says what the start-up tuning picked for each matmul class
- * and attention dtype, and each matmul shape's pick, and how fast. `--size small`
+ * and attention dtype, and each matmul and attention shape's pick, and how fast. `--size small`
  * (the default on CPU adapters) shrinks it to run in seconds there.
  */
 import { TinyGpt, type TinyGptConfig } from "./tiny_gpt_model.ts";
@@ -27,8 +28,10 @@ import { type BenchOptions, disposeAll, resolveSize, type Result, timed } from "
 import { gptStepFlops } from "./_flops.ts";
 import { shapePicks, shapeTable, tuneShapesForBench } from "./_bench_tuning.ts";
 
-/** A GPT's sizes and its batch. */
-export type GptBenchConfig = Required<Omit<TinyGptConfig, "fusedAttention">> & { batch: number };
+/** A GPT's sizes and its batch (the model's other options keep their defaults). */
+export type GptBenchConfig =
+  & Required<Pick<TinyGptConfig, "vocab" | "context" | "layers" | "dim" | "heads" | "seed">>
+  & { batch: number };
 
 /** The sizes of each benchmark size. */
 export function gptConfig(size: "real" | "small"): GptBenchConfig {

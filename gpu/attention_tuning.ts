@@ -26,7 +26,14 @@ import {
 } from "./kernel_timing.ts";
 import { untracked } from "./scope.ts";
 import { Tensor } from "./tensor.ts";
-import { attentionSettings } from "./attention_picks.ts";
+import {
+  type AttentionProblem,
+  attentionSettings,
+  type AttentionShape,
+  attentionShapeKey,
+  type AttentionShapeRecord,
+  cacheAttentionPicks,
+} from "./attention_picks.ts";
 
 /** Bump when the kernels or candidates change: cached winners of older versions are ignored. */
 const TUNER_VERSION = 4;
@@ -70,31 +77,48 @@ async function tuneDtype(
   dtype: "f32" | "f16",
   timer: CandidateTimer<AttentionPlan>,
 ): Promise<AttentionTuning> {
-  const shape = attentionTuningProblem(gpu);
-  const c = shape.heads * shape.headSize;
-  // Packed q, k, v: the layout CausalSelfAttention runs.
-  const [qkv, dout] = untracked(() => [
-    Tensor.full([shape.batch, shape.t, 3 * c], 0.5, { dtype, gpu }),
-    Tensor.full([shape.batch, shape.t, c], 0.01, { dtype, gpu }),
-  ]);
-  const candidates = attentionPlanCandidates(gpu, shape.headSize);
-  let timed: { best: AttentionPlan; seconds: number[] };
+  const timed = await timePlans(gpu, attentionTuningProblem(gpu), dtype, timer);
+  const measurements = timed.candidates.map((plan, i) => ({ plan, ms: timed.seconds[i] * 1000 }));
+  return { dtype, best: timed.best, measurements, cached: false };
+}
+
+/**
+ * Each plan candidate's seconds of forward + backward on `problem` (packed
+ * q, k, v: the layout CausalSelfAttention runs), the fastest, and how many
+ * timings that took. The scratch tensors are made at the first run (an
+ * injected timer that never runs allocates nothing).
+ */
+async function timePlans(
+  gpu: Gpu,
+  problem: AttentionProblem,
+  dtype: "f32" | "f16",
+  timer: CandidateTimer<AttentionPlan>,
+): Promise<
+  { candidates: readonly AttentionPlan[]; best: AttentionPlan; seconds: number[]; trials: number }
+> {
+  const { batch, t, heads, headSize } = problem, c = heads * headSize;
+  let scratch: { qkv: Tensor; dout: Tensor } | undefined;
+  const candidates = attentionPlanCandidates(gpu, headSize);
+  let trials = 0;
   try {
-    timed = await timeCandidates(candidates, (plan) => {
-      const s = { ...shape, plan };
+    const timed = await timeCandidates(candidates, (plan) => {
+      trials++;
+      const s = { batch, t, heads, headSize, plan };
       return timer(plan, () =>
         untracked(() => {
+          const { qkv, dout } = scratch ??= {
+            qkv: Tensor.full([batch, t, 3 * c], 0.5, { dtype, gpu }),
+            dout: Tensor.full([batch, t, c], 0.01, { dtype, gpu }),
+          };
           const { o, lse } = launchFlashAttention({ qkv }, s, null);
           const grads = launchFlashAttentionBackward({ inputs: { qkv }, o, lse }, dout, s, null);
-          for (const t of [o, lse, ...grads]) t.dispose();
+          for (const x of [o, lse, ...grads]) x.dispose();
         }));
     });
+    return { candidates, ...timed, trials };
   } finally {
-    for (const t of [qkv, dout]) t.dispose();
+    if (scratch) { for (const x of [scratch.qkv, scratch.dout]) x.dispose(); }
   }
-  const measurements = candidates.map((plan, i) => ({ plan, ms: timed.seconds[i] * 1000 }));
-  const best = timed.best;
-  return { dtype, best, measurements, cached: false };
 }
 
 /**
@@ -141,4 +165,127 @@ export async function tuneAttention(
   }
   if (!options.timer) cache.write(plans);
   return results;
+}
+
+/** One attention shape's tuning: its plan, and its time where this run or the cache has one. */
+export interface AttentionShapeTuning {
+  /** The shape: B·H, T, D, dtype. */
+  shape: AttentionShape;
+  /** Its key (`"f32/bh384/t256/d64"`). */
+  key: string;
+  /** The plan it runs. */
+  plan: AttentionPlan;
+  /** Seconds of forward + backward with the plan (measured by this run, or when cached). */
+  seconds: number;
+  /** Timings this run made for it (0 when it had a pick). */
+  trials: number;
+  /** True when the pick came from the per-adapter cache. */
+  cached: boolean;
+}
+
+/** Options of {@link tuneAttentionShapes}. */
+export interface TuneAttentionShapesOptions {
+  /**
+   * Shapes to tune, timed as B = B·H heads of one (default: every shape the
+   * fused attention ran on this device since it started, timed at its own B and H).
+   */
+  shapes?: readonly AttentionShape[];
+  /** Measure again what the cache gave (and every listed shape), not only shapes without a pick. */
+  force?: boolean;
+  /** Times one candidate's run (default: GPU timestamps, else wall time; see `secondsPerRun`). */
+  timer?: CandidateTimer<AttentionPlan>;
+  /** Write picks to the per-adapter cache (default: only when `timer` is not given). */
+  cache?: boolean;
+  /** Told before the first shape is measured and after each. */
+  onProgress?: (progress: TuningProgress) => void;
+}
+
+/**
+ * Tunes the fused attention kernels at their own shapes on GPUs: each
+ * (B·H, T, D, dtype) the kernels ran (or `options.shapes`) without a pick is
+ * timed with every plan candidate at that shape — the real number of heads,
+ * not a representative problem — and the fastest is kept per device,
+ * cached per adapter, and run by later steps (gpu/attention_picks.ts).
+ * Budget: one timing per candidate and three finalists again (about 15 per
+ * shape; a GPT has one attention shape per dtype). On CPU adapters it does
+ * nothing and returns none. Waits for the GPU many times: call it between
+ * steps (after the first), never in one.
+ *
+ * @example
+ * ```ts
+ * import { fusedCausalAttention, initGpu, Tensor, tuneAttentionShapes } from "./mod.ts";
+ * const gpu = await initGpu({ matmulTiling: "default" });
+ * const q = Tensor.full([1, 8, 32], 0.1);
+ * fusedCausalAttention(q, q, q, { heads: 2 }).dispose(); // a first step
+ * const picks = await tuneAttentionShapes(gpu);
+ * console.assert(picks.length === (gpu.adapterProfile.cpu ? 0 : 1));
+ * gpu.destroy();
+ * ```
+ */
+export async function tuneAttentionShapes(
+  gpu: Gpu,
+  options: TuneAttentionShapesOptions = {},
+): Promise<AttentionShapeTuning[]> {
+  if (gpu.adapterProfile.cpu) return [];
+  const settings = attentionSettings.of(gpu);
+  const asked = options.shapes?.map((shape) => ({
+    shape,
+    problem: { batch: shape.heads, heads: 1, t: shape.t, headSize: shape.headSize },
+  })) ?? [...settings.seen.values()];
+  const timer = options.timer ?? ((_, run) => secondsPerRun(gpu, run));
+  const wanted = (shape: AttentionShape) => {
+    const key = attentionShapeKey(shape);
+    if (!settings.shapes.has(key)) return true;
+    return !!options.force && (!!options.shapes || settings.fromCache.has(key));
+  };
+  const todo = asked.filter(({ shape }) => wanted(shape));
+  const measured = progressReporter("attention shapes", todo.length, options.onProgress);
+  const fresh = new Map<string, AttentionShapeRecord>();
+  const results: AttentionShapeTuning[] = [];
+  for (const { shape, problem } of asked) {
+    const key = attentionShapeKey(shape);
+    let trials = 0;
+    if (todo.some((t) => t.shape === shape)) {
+      const timed = await timePlans(gpu, problem, shape.dtype, timer);
+      trials = timed.trials;
+      const seconds = Math.min(...timed.seconds);
+      fresh.set(key, { shape, plan: timed.best, seconds });
+      settings.shapes.set(key, fresh.get(key)!);
+      settings.fromCache.delete(key);
+      measured();
+    }
+    results.push(shapeTuning(key, settings.shapes.get(key)!, trials, settings.fromCache.has(key)));
+  }
+  if (options.cache ?? !options.timer) cacheAttentionPicks(gpu, fresh);
+  return results;
+}
+
+/**
+ * Every per-shape attention pick `gpu` holds, with its time (shape → plan →
+ * time, as the benchmark prints). Empty on CPU adapters.
+ *
+ * @example
+ * ```ts
+ * import { attentionShapeReport, initGpu } from "./mod.ts";
+ * const gpu = await initGpu({ matmulTiling: "default" });
+ * console.assert(Array.isArray(attentionShapeReport(gpu)));
+ * gpu.destroy();
+ * ```
+ */
+export function attentionShapeReport(gpu: Gpu): AttentionShapeTuning[] {
+  if (gpu.adapterProfile.cpu) return [];
+  const settings = attentionSettings.of(gpu);
+  return [...settings.shapes].map(([key, record]) =>
+    shapeTuning(key, record, 0, settings.fromCache.has(key))
+  );
+}
+
+function shapeTuning(
+  key: string,
+  record: AttentionShapeRecord,
+  trials: number,
+  fromCache: boolean,
+): AttentionShapeTuning {
+  const { shape, plan, seconds } = record;
+  return { shape, key, plan, seconds, trials, cached: trials === 0 && fromCache };
 }

@@ -135,7 +135,14 @@ export {
   type TuneMatmulShapesOptions,
 } from "./shape_tuning.ts";
 export type { Activation } from "./kernels/wgsl_math.ts";
-export { type AttentionTuning, tuneAttention } from "./attention_tuning.ts";
+export {
+  attentionShapeReport,
+  type AttentionShapeTuning,
+  type AttentionTuning,
+  tuneAttention,
+  tuneAttentionShapes,
+  type TuneAttentionShapesOptions,
+} from "./attention_tuning.ts";
 export type { CandidateTimer, TuningProgress } from "./kernel_timing.ts";
 export type { AttentionPlan, AttentionTile } from "./device.ts";
 export { defineTunerSettings, type TunerSettings } from "./tuners.ts";
