@@ -31,7 +31,9 @@ import {
   Tensor,
   tidy,
 } from "../mod.ts";
+import { saveSafetensors } from "../files.ts";
 import { TinyGpt, tinyGptBuffers } from "./tiny_gpt_model.ts";
+import { toNanoGpt } from "./nanogpt.ts";
 import type { PlotPoint } from "./_plot.ts";
 import { report, reportStart } from "./tiny_gpt_report.ts";
 import {
@@ -92,6 +94,7 @@ async function parseFlags(args: string[]): Promise<TinyGptArgs | null> {
   try {
     cfg = parseTinyGptArgs(args);
     if (cfg?.plot) await checkOutputPath("plot", cfg.plot);
+    if (cfg?.saveNanoGpt) await checkOutputPath("save-nanogpt", cfg.saveNanoGpt);
   } catch (e) {
     if (!(e instanceof UsageError || e instanceof TypeError)) throw e;
     console.error(`tiny_gpt: ${e.message} (see --help)`);
@@ -299,6 +302,7 @@ async function main(): Promise<void> {
   const inspect = cfg.inspect ? new InspectLog(model) : null;
   const trainer = new AmpTrainer(model, optimizer, {
     enabled: cfg.amp,
+    dtype: cfg.ampDtype,
     maxGradNorm: 1,
     inspector: inspect?.inspector,
   });
@@ -312,6 +316,14 @@ async function main(): Promise<void> {
   if (inspect) {
     await finishInspect(inspect, inspectOutput(run));
     inspect.dispose();
+  }
+  if (cfg.saveNanoGpt) {
+    await saveSafetensors(cfg.saveNanoGpt, toNanoGpt(model));
+    emit(
+      "saved",
+      { path: cfg.saveNanoGpt, layout: "nanogpt" },
+      `saved ${cfg.saveNanoGpt} (nanoGPT's names)`,
+    );
   }
   await report(run, training, { validation, evalSeconds, samples }, started);
   model.dispose();

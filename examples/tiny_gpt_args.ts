@@ -5,6 +5,7 @@
  */
 import { integerFlag, numberFlag, UsageError, withNegativeValues } from "./_cli.ts";
 import { profileSteps } from "./_profile_window.ts";
+import { ampDtypeFlag, type AmpFlagDtype } from "./_amp_flag.ts";
 import { parseArgs } from "node:util";
 
 /** `tiny_gpt.ts --help`. */
@@ -35,6 +36,20 @@ Flags:
   --amp, --fp16      mixed precision: f16 autocast, fp32 master weights with f16
                      working copies, dynamic loss scaling (needs shader-f16;
                      falls back to f32 and says so without it)
+  --amp bf16         mixed precision in bf16: bf16 autocast and working copies,
+                     no loss scaling; needs no shader-f16
+  --tie-embeddings   the head uses the token table as its weight: one parameter
+                     (nanoGPT's wte / lm_head weight tying)
+  --no-head-bias     no bias in the head (nanoGPT's lm_head)
+  --no-bias          no biases in the blocks' projections and LayerNorms
+                     (nanoGPT's bias=False)
+  --gelu none|tanh   the MLP's GELU: none = exact erf, PyTorch's nn.GELU() and
+                     nanoGPT's (default); tanh = GPT-2's approximation
+  --save-nanogpt PATH
+                     after training, save the model under nanoGPT's names
+                     (safetensors; transformer.wte, transformer.h.{i}.attn.c_attn,
+                     lm_head, ...); with --tie-embeddings --no-head-bias nanoGPT's
+                     GPT loads it with load_state_dict(strict=True)
   --checkpoint       gradient checkpointing: each block keeps only its input and
                      recomputes its activations in backward (same gradients,
                      less peak memory, one more forward pass per block)
@@ -89,6 +104,8 @@ const VALUE_FLAGS = [
   "temperature",
   "plot",
   "profile",
+  "gelu",
+  "save-nanogpt",
 ];
 
 /** The parsed flags. */
@@ -102,6 +119,8 @@ export interface TinyGptArgs {
   lr: number;
   warmup: number;
   amp: boolean;
+  /** The dtype of --amp: f16 (`--amp` alone, `--fp16`) or bf16 (`--amp bf16`). */
+  ampDtype: AmpFlagDtype;
   checkpoint: boolean;
   seed: number;
   logEvery: number;
@@ -114,6 +133,16 @@ export interface TinyGptArgs {
   inspect: boolean;
   /** Steps to profile (from --profile or HALFSTEP_PROFILE), if any. */
   profile: number | undefined;
+  /** The head shares the token table (--tie-embeddings). */
+  tieEmbeddings: boolean;
+  /** A bias in the head (false with --no-head-bias). */
+  headBias: boolean;
+  /** Biases in the blocks and LayerNorms (false with --no-bias). */
+  bias: boolean;
+  /** The MLP's GELU (--gelu). */
+  gelu: "none" | "tanh";
+  /** Where to save the model under nanoGPT's names (--save-nanogpt), if anywhere. */
+  saveNanoGpt: string | undefined;
 }
 
 export { UsageError };
@@ -133,8 +162,9 @@ export function parseTinyGptArgs(args: string[]): TinyGptArgs | null {
   const text = (d: string) => ({ type: "string" as const, default: d });
   const size = (flag: string) => text(String(TINY_GPT_SIZES[flag]));
   const flag = { type: "boolean" as const, default: false };
+  const ampFlag = ampDtypeFlag(args);
   const { values: v } = parseArgs({
-    args: withNegativeValues(args, VALUE_FLAGS),
+    args: withNegativeValues(ampFlag.args, VALUE_FLAGS),
     strict: true,
     allowPositionals: false,
     options: {
@@ -158,6 +188,11 @@ export function parseTinyGptArgs(args: string[]): TinyGptArgs | null {
       inspect: flag,
       plot: { type: "string" },
       profile: { type: "string" },
+      "tie-embeddings": flag,
+      "no-head-bias": flag,
+      "no-bias": flag,
+      gelu: text("none"),
+      "save-nanogpt": { type: "string" },
       help: { ...flag, short: "h" },
     },
   });
@@ -175,6 +210,7 @@ export function parseTinyGptArgs(args: string[]): TinyGptArgs | null {
     lr: positive("lr", v.lr),
     warmup: int("warmup", v.warmup, 0),
     amp: v.amp || v.fp16,
+    ampDtype: ampFlag.dtype,
     checkpoint: v.checkpoint,
     seed: int("seed", v.seed, 0),
     logEvery: int("log-every", v["log-every"], 1),
@@ -185,9 +221,22 @@ export function parseTinyGptArgs(args: string[]): TinyGptArgs | null {
     plot: v.plot,
     inspect: v.inspect,
     profile: profileSteps(v.profile === undefined ? undefined : int("profile", v.profile, 1)),
+    tieEmbeddings: v["tie-embeddings"],
+    headBias: !v["no-head-bias"],
+    bias: !v["no-bias"],
+    gelu: geluFlag(v.gelu),
+    saveNanoGpt: v["save-nanogpt"],
   };
   if (parsed.dim % parsed.heads !== 0) {
     throw new UsageError(`--heads (${parsed.heads}) must divide --dim (${parsed.dim}).`);
   }
   return parsed;
+}
+
+/** The value of --gelu: PyTorch's `approximate` names. */
+function geluFlag(value: string): "none" | "tanh" {
+  if (value === "none" || value === "tanh") return value;
+  throw new UsageError(
+    `--gelu must be none (exact) or tanh, got ${JSON.stringify(value.slice(0, 20))}.`,
+  );
 }

@@ -8,6 +8,7 @@
 import assert from "node:assert/strict";
 import {
   AdamW,
+  AmpTrainer,
   autocast,
   crossEntropy,
   RandomGenerator,
@@ -15,7 +16,7 @@ import {
   tidy,
   ValueError,
 } from "../mod.ts";
-import { loadModule, saveModule } from "../files.ts";
+import { loadModule, loadTrainingState, saveModule, saveTrainingState } from "../files.ts";
 import { TinyGpt, type TinyGptConfig } from "../examples/tiny_gpt_model.ts";
 import { fromNanoGpt, nanoGptConfig, toNanoGpt } from "../examples/nanogpt.ts";
 import { assertClose } from "./_assert.ts";
@@ -182,5 +183,52 @@ Deno.test({
       /fromNanoGpt: "transformer.h.0.attn.c_attn.scale", "lm_head.extra" are not names of nanoGPT's GPT/,
     );
     for (const m of [model, fresh, untied]) m.dispose();
+  },
+});
+
+Deno.test({
+  name: "TinyGpt tieEmbeddings under AmpTrainer: one master and working copy for the table, " +
+    "and a saved run resumes exactly, still tied",
+  ...GPU_TEST,
+  async fn() {
+    const dir = await Deno.makeTempDir();
+    const make = () => {
+      const model = new TinyGpt(NANOGPT);
+      const optimizer = new AdamW(model.parameters(), { lr: 0.01 });
+      const trainer = new AmpTrainer(model, optimizer, { maxGradNorm: 1 });
+      return { model, optimizer, trainer };
+    };
+    const step = (run: ReturnType<typeof make>, seed: number) => {
+      const { x, targets } = ids(seed);
+      run.trainer.step(() => crossEntropy(run.model.forward(x), targets)).dispose();
+      x.dispose();
+    };
+    try {
+      const a = make();
+      if (a.trainer.masters) {
+        const masters = a.trainer.masters.masters;
+        assert.equal(masters.filter((t) => t === a.model.tokens.weight).length, 1);
+        assert.equal(masters.length, a.model.parameters().length);
+      }
+      step(a, 1);
+      step(a, 2);
+      const path = `${dir}/run.safetensors`;
+      await saveTrainingState(path, a);
+      const b = make();
+      await loadTrainingState(path, b);
+      assert.equal(b.model.head.weight, b.model.tokens.weight);
+      step(a, 3);
+      step(b, 3);
+      for (const [name, t] of a.model.stateDict()) {
+        assert.deepEqual(await b.model.stateDict().get(name)!.read(), await t.read(), name);
+      }
+      for (const run of [a, b]) {
+        run.trainer.dispose();
+        run.optimizer.dispose();
+        run.model.dispose();
+      }
+    } finally {
+      await Deno.remove(dir, { recursive: true });
+    }
   },
 });

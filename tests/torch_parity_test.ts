@@ -27,6 +27,7 @@ import { loadModule, saveModule } from "../nn/safetensors_file.ts";
 import { GPU_TEST } from "./_gpu.ts";
 import { uniform } from "./_reference.ts";
 import { assertClose, TOL } from "./_assert.ts";
+import { torchPython } from "./_torch_python.ts";
 
 const FIXTURES = new URL("./fixtures/torch/", import.meta.url);
 const parity = JSON.parse(await Deno.readTextFile(new URL("parity.json", FIXTURES)));
@@ -332,23 +333,6 @@ Deno.test({
 
 const size = (shape: number[]) => shape.reduce((a, b) => a * b, 1);
 
-/**
- * A Python that imports torch: $HALFSTEP_TORCH_PYTHON, else `python3` on the
- * PATH, else Debian's /usr/bin/python3 (where python3-torch installs), or null.
- */
-function torchPython(): string | null {
-  const candidates = [Deno.env.get("HALFSTEP_TORCH_PYTHON"), "python3", "/usr/bin/python3"];
-  for (const python of candidates) {
-    if (!python) continue;
-    try {
-      const args = ["-c", "import torch"];
-      if (new Deno.Command(python, { args, stderr: "null" }).outputSync().success) return python;
-    } catch {
-      // Not installed: try the next one.
-    }
-  }
-  return null;
-}
 const TORCH_PYTHON = torchPython();
 
 Deno.test({
