@@ -77,12 +77,13 @@ const UNARY = [
 const SIZES = { scalar: [1, 1031, 70001], vec4: [4, 1036, 70004] };
 
 Deno.test({
-  name: "unary ops: forward and backward match f64 in f32 and f16, on odd sizes, scalar and vec4",
+  name:
+    "unary ops: forward and backward match f64 in f32, f16 and bf16, on odd sizes, scalar and vec4",
   ...GPU_TEST,
   fn: () =>
     withEachElementwiseWidth(async (vec4) => {
       for (const u of UNARY) {
-        for (const dtype of ["f32", "f16"] as const) {
+        for (const dtype of ["f32", "f16", "bf16"] as const) {
           for (const n of SIZES[vec4 ? "vec4" : "scalar"]) {
             const x = quantize(uniform(n, n, u.lo, u.hi), dtype);
             const g = quantize(uniform(n, n + 1), dtype);
@@ -149,13 +150,14 @@ const BROADCASTS = [
 ];
 
 Deno.test({
-  name: "binary ops with broadcasting: forward and both gradients match f64, scalar and vec4",
+  name:
+    "binary ops with broadcasting: forward and both gradients match f64, f32, f16 and bf16, scalar and vec4",
   ...GPU_TEST,
   fn: () =>
     withEachElementwiseWidth(async () => {
       for (const op of BINARY) {
         for (const bc of BROADCASTS) {
-          for (const dtype of ["f32", "f16"] as const) {
+          for (const dtype of ["f32", "f16", "bf16"] as const) {
             const na = bc.a.reduce((x, y) => x * y), nb = bc.b.reduce((x, y) => x * y);
             const a = quantize(uniform(na, 1), dtype);
             // Keep divisors away from zero.
@@ -175,8 +177,12 @@ Deno.test({
             const da = a.map((v, i) => g[i] * op.da(v, b[bc.index(i)]));
             const db = new Float64Array(nb);
             a.forEach((v, i) => (db[bc.index(i)] += g[i] * op.db(v, b[bc.index(i)])));
-            // db sums up to 91 products; in f16 its terms are rounded once each: loosen atol.
-            const tolB = dtype === "f16" ? { atol: 2e-2, rtol: 5e-3 } : TOL.f32;
+            // db sums up to 91 products; in f16 and bf16 its terms are rounded once each: loosen atol.
+            const tolB = dtype === "f16"
+              ? { atol: 2e-2, rtol: 5e-3 }
+              : dtype === "bf16"
+              ? { atol: 8e-2, rtol: 1.6e-2 }
+              : TOL.f32;
             assertClose(await ta.grad!.read(), da, TOL[dtype], `${label} da`);
             assertClose(await tb.grad!.read(), db, tolB, `${label} db`);
             assert.deepEqual(tb.grad!.shape, bc.b, `${label}: db has b's shape`);
@@ -266,11 +272,11 @@ Deno.test({
 });
 
 Deno.test({
-  name: "a tensor used three times accumulates its gradients, scalar and vec4",
+  name: "a tensor used three times accumulates its gradients, f32, f16 and bf16, scalar and vec4",
   ...GPU_TEST,
   fn: () =>
     withEachElementwiseWidth(async (vec4) => {
-      for (const dtype of ["f32", "f16"] as const) {
+      for (const dtype of ["f32", "f16", "bf16"] as const) {
         for (const n of SIZES[vec4 ? "vec4" : "scalar"]) {
           const x = quantize(uniform(n, 5), dtype), g = quantize(uniform(n, 6), dtype);
           const tx = Tensor.from(x, [n], { dtype, requiresGrad: true });

@@ -9,7 +9,7 @@ import { embedding, Tensor, tidy } from "../gpu/mod.ts";
 import { IDS_PER_PASS, launchScatterAdd } from "../gpu/kernels/embedding.ts";
 import { asGpu, dispatchedKernels, GPU_TEST } from "./_gpu.ts";
 import { quantize, rng, uniform } from "./_reference.ts";
-import { assertClose, type Tolerance } from "./_assert.ts";
+import { assertClose, TOL, type Tolerance } from "./_assert.ts";
 
 /** f64 table gradient: row v sums the rows of g whose id is v. */
 function scatter64(g: Float64Array, ids: number[], vocab: number, dim: number): Float64Array {
@@ -52,7 +52,7 @@ Deno.test({
   ...GPU_TEST,
   async fn() {
     for (const [n, vocab, dim, kind] of CASES) {
-      for (const dtype of ["f32", "f16"] as const) {
+      for (const dtype of ["f32", "f16", "bf16"] as const) {
         const label = `${dtype} ids ${n} table [${vocab}, ${dim}] ${kind}`;
         const ids = idsOf(n, vocab, kind, n + vocab);
         const g = quantize(uniform(n * dim, n + dim), dtype);
@@ -72,7 +72,12 @@ Deno.test({
           return out;
         });
         const ref = scatter64(g, ids, vocab, dim);
-        assertClose(runs[0], ref, dtype === "f32" ? F32_TOL : F16_TOL, label);
+        assertClose(
+          runs[0],
+          ref,
+          dtype === "f32" ? F32_TOL : dtype === "f16" ? F16_TOL : TOL.bf16,
+          label,
+        );
         assert.deepEqual(runs[1], runs[0], `${label}: a second run`);
         assert.deepEqual(runs[2], runs[0], `${label}: a third run`);
         assert.deepEqual(runs[0], cpu, `${label}: the CPU kernel's bits`);

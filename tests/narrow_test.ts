@@ -23,7 +23,7 @@ function window64(
 }
 
 Deno.test({
-  name: "narrow and split: windows and gradients along every axis, f32 and f16",
+  name: "narrow and split: windows and gradients along every axis, f32, f16 and bf16 (odd offsets)",
   ...GPU_TEST,
   async fn() {
     const cases = [
@@ -35,7 +35,7 @@ Deno.test({
       { shape: [2, 3, 4], axis: 1, start: 3, length: 0 },
     ];
     for (const { shape, axis, start, length } of cases) {
-      for (const dtype of ["f32", "f16"] as const) {
+      for (const dtype of ["f32", "f16", "bf16"] as const) {
         const n = shape.reduce((a, b) => a * b, 1), a = axis < 0 ? axis + shape.length : axis;
         const xs = quantize(uniform(n, n + start, -3, 3), dtype);
         const x = Tensor.from(xs, shape, { dtype, requiresGrad: true });

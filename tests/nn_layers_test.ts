@@ -41,10 +41,11 @@ Deno.test("random: a generator is reproducible, never straddles keys, and saves 
 });
 
 Deno.test({
-  name: "dropout: the GPU mask is the CPU generator's, regenerated exactly in backward",
+  name:
+    "dropout: the GPU mask is the CPU generator's, regenerated exactly in backward, f32, f16 and bf16",
   ...GPU_TEST,
   async fn() {
-    for (const dtype of ["f32", "f16"] as const) {
+    for (const dtype of ["f32", "f16", "bf16"] as const) {
       const n = 5003, p = 0.3;
       const x = quantize(uniform(n, 1, 0.5, 2), dtype); // no zeros: a zero output means dropped
       const range = new RandomGenerator(11, 12345).take(n);
@@ -147,10 +148,10 @@ Deno.test({
 
 Deno.test({
   name:
-    "Embedding: lookup and scatter-add gradient with repeated ids, f32 and f16; bad ids are clear errors",
+    "Embedding: lookup and scatter-add gradient with repeated ids, f32, f16 and bf16; bad ids are clear errors",
   ...GPU_TEST,
   async fn() {
-    for (const dtype of ["f32", "f16"] as const) {
+    for (const dtype of ["f32", "f16", "bf16"] as const) {
       const emb = new Embedding(7, 5, { seed: 2, dtype });
       const table = await emb.weight.read();
       const ids = [3, 0, 3, 6, 3, 1];

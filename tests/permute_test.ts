@@ -24,14 +24,14 @@ const invert = (order: number[]) => {
 };
 
 Deno.test({
-  name: "permute: values, shape and gradient match f64 exactly, f32, f16 and i32",
+  name: "permute: values, shape and gradient match f64 exactly, f32, f16, bf16 and i32",
   ...GPU_TEST,
   async fn() {
     for (const { shape, order } of CASES) {
       const n = shape.reduce((a, b) => a * b);
       const resolved = order.map((a) => (a < 0 ? a + shape.length : a));
       const outShape = resolved.map((a) => shape[a]);
-      for (const dtype of ["f32", "f16", "i32"] as const) {
+      for (const dtype of ["f32", "f16", "bf16", "i32"] as const) {
         const label = `${dtype} [${shape}] order [${order}]`;
         const x = dtype === "i32"
           ? Float64Array.from({ length: n }, (_, i) => i * 7 - 100)

@@ -22,23 +22,25 @@ const COLS = [1, 7, 384, 385];
 const SUM_TOL: Tolerance = { atol: 2e-4, rtol: 1e-5 };
 // An f16 result is the f32 sum rounded to f16 (half an ulp: 4.9e-4 relative).
 const F16_OUT_TOL: Tolerance = { atol: 1e-3, rtol: 1e-3 };
+// A bf16 result: half an ulp is 3.9e-3 relative.
+const BF16_OUT_TOL: Tolerance = { atol: 8e-3, rtol: 8e-3 };
 
 Deno.test({
-  name: "column sum: two stages match f64 at odd shapes, f32 and f16 in and out, outer > 1",
+  name: "column sum: two stages match f64 at odd shapes, f32, f16 and bf16 in and out, outer > 1",
   ...GPU_TEST,
   async fn() {
     for (const rows of ROWS) {
       for (const cols of COLS) {
-        for (const dtype of ["f32", "f16"] as const) {
+        for (const dtype of ["f32", "f16", "bf16"] as const) {
           const outer = rows * cols < 4096 ? 3 : 1;
           const n = outer * rows * cols, label = `${dtype} [${outer}, ${rows}, ${cols}]`;
           const x = quantize(uniform(n, rows + cols, -1, 1), dtype);
           const ref = reduceSum64(x, { outer, axis: rows, inner: cols }, 0.5);
           const src = Tensor.from(x, [n], { dtype });
-          for (const out of dtype === "f16" ? ["f32", "f16"] as const : ["f32"] as const) {
+          for (const out of dtype === "f32" ? ["f32"] as const : ["f32", dtype] as const) {
             const dst = Tensor.empty([outer * cols], out);
             launchColumnSum(src, { outer, rows, cols }, dst, 0.5);
-            const tol = out === "f16" ? F16_OUT_TOL : SUM_TOL;
+            const tol = out === "f16" ? F16_OUT_TOL : out === "bf16" ? BF16_OUT_TOL : SUM_TOL;
             assertClose(await dst.read(), ref, tol, `${label} -> ${out}`);
             dst.dispose();
           }

@@ -25,19 +25,24 @@ function view(shape: number[], axis?: number) {
 }
 
 Deno.test({
-  name: "sum, mean, max: forward and gradients match f64 along every axis, f32 and f16",
+  name: "sum, mean, max: forward and gradients match f64 along every axis, f32, f16 and bf16",
   ...GPU_TEST,
   async fn() {
     await withEachRowLayout(async () => {
       for (const { shape, axis } of CASES) {
-        for (const dtype of ["f32", "f16"] as const) {
+        for (const dtype of ["f32", "f16", "bf16"] as const) {
           const n = shape.reduce((a, b) => a * b);
           const x = quantize(uniform(n, n), dtype);
           const v = view(shape, axis);
           const label = `${dtype} [${shape}] axis ${axis}`;
           // Sums of n terms of size ≤ 1 in f16 output: relative rounding of the result plus
           // f32 accumulation over up to 600001 terms.
-          const tol = dtype === "f16" ? { atol: 5e-3, rtol: 2e-3 } : { atol: 1e-4, rtol: 1e-4 };
+          // bf16 output: its half-ulp is 2⁻⁸ ≈ 3.9e-3 relative.
+          const tol = dtype === "f16"
+            ? { atol: 5e-3, rtol: 2e-3 }
+            : dtype === "bf16"
+            ? { atol: 2e-2, rtol: 8e-3 }
+            : { atol: 1e-4, rtol: 1e-4 };
           for (const op of ["sum", "mean"] as const) {
             const tx = Tensor.from(x, shape, { dtype, requiresGrad: true });
             const y = (op === "sum" ? sum : mean)(tx, { axis });

@@ -21,19 +21,19 @@ export const dropoutKernel = defineKernel({
     { name: "dst", type: c.dtype, write: true },
   ],
   uniforms: { n: "u32", key: "u32", counter: "u32", p: "f32", scale: "f32" },
-  source: ({ dtype }) =>
+  source: () =>
     `${WGSL_RANDOM}
 @compute @workgroup_size(${WORKGROUP})
 fn main(${WGSL_GRID_BUILTINS}) {
   let i = ${WGSL_WORKGROUP_INDEX} * ${WORKGROUP}u + lid;
   if (i >= p.n) { return; }
   let keep = random_uniform(p.key, p.counter + i) >= p.p;
-  let x = f32(src[i]);
+  let x = ld_src(i);
   // PyTorch multiplies by the mask, so a dropped NaN or ±inf is x·0 = NaN, not 0: set the
   // quiet bit of its all-ones exponent (from bits: WGSL may assume no NaN or inf).
   let non_finite = (bitcast<u32>(x) & 0x7f800000u) == 0x7f800000u;
   let dropped = select(0.0, bitcast<f32>(bitcast<u32>(x) | 0x00400000u), non_finite);
-  dst[i] = ${dtype}(select(dropped, x * p.scale, keep));
+  st_dst(i, select(dropped, x * p.scale, keep));
 }`,
 });
 

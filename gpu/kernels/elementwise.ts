@@ -69,42 +69,56 @@ const BROADCAST_INDEX = `fn source_index(i: u32, mid: u32, inner: u32) -> u32 {
 }
 `;
 
-function loop(body: string): string {
-  return `let base = (${WGSL_WORKGROUP_INDEX} * ${WORKGROUP}u + lid) * ${PER_THREAD}u;
+/**
+ * The scalar kernels' loop: each thread stores PER_THREAD consecutive
+ * elements of `out`, element `i` being `value(i)` (a WGSL function the
+ * kernel defines). A bf16 output is stored a whole word (two elements) at a
+ * time: a thread's elements start at a multiple of 4, so no two threads
+ * share a word and no atomics are needed.
+ */
+function loop(out: string, dtype: DType): string {
+  const first = `let base = (${WGSL_WORKGROUP_INDEX} * ${WORKGROUP}u + lid) * ${PER_THREAD}u;`;
+  if (dtype !== "bf16") {
+    return `${first}
   for (var k = 0u; k < ${PER_THREAD}u; k++) {
     let i = base + k;
     if (i >= p.n) { return; }
-    ${body}
+    st_${out}(i, value(i));
+  }`;
+  }
+  return `${first}
+  for (var k = 0u; k < ${PER_THREAD}u; k += 2u) {
+    let i = base + k;
+    if (i >= p.n) { return; }
+    var second = 0.0;
+    if (i + 1u < p.n) { second = value(i + 1u); }
+    st2_${out}(i / 2u, vec2<f32>(value(i), second));
   }`;
 }
 
 /**
  * The vec4 form of {@link loop} (operands bound as arrays of vec4, `i` a
  * vec4 index): each thread moves PER_THREAD vec4s, strided by the workgroup
- * so that neighbouring threads touch neighbouring 16 (f32) or 8 (f16) bytes.
- * `scalars` names each loaded operand's lane as the scalar the expression
- * `expr` reads (`{ x: "src" }`: x = f32(src[i][lane])); the result goes to
- * the same lane of `out`.
+ * so that neighbouring threads touch neighbouring 16 (f32) or 8 (f16, bf16)
+ * bytes. `scalars` names each loaded operand's lane as the scalar the
+ * expression `expr` reads (`{ x: "src" }`: x = lane of ld4_src(i)); the
+ * result goes to the same lane of `out`.
  */
-function loop4(
-  scalars: Readonly<Record<string, string>>,
-  out: { name: string; dtype: DType },
-  expr: string,
-): string {
+function loop4(scalars: Readonly<Record<string, string>>, out: string, expr: string): string {
   const operands = [...new Set(Object.values(scalars))];
-  const loads = operands.map((name) => `let ${name}4 = ${name}[i];`).join(" ");
+  const loads = operands.map((name) => `let ${name}4 = ld4_${name}(i);`).join(" ");
   const lanes = [0, 1, 2, 3].map((c) => {
-    const lets = Object.entries(scalars).map(([x, name]) => `let ${x} = f32(${name}4[${c}]);`);
-    return `{ ${lets.join(" ")} r[${c}] = ${out.dtype}(${expr}); }`;
+    const lets = Object.entries(scalars).map(([x, name]) => `let ${x} = ${name}4[${c}];`);
+    return `{ ${lets.join(" ")} r[${c}] = ${expr}; }`;
   });
   return `let base = ${WGSL_WORKGROUP_INDEX} * ${WORKGROUP * PER_THREAD}u + lid;
   for (var k = 0u; k < ${PER_THREAD}u; k++) {
     let i = base + k * ${WORKGROUP}u;
     if (i >= p.n / 4u) { return; }
     ${loads}
-    var r: vec4<${out.dtype}>;
+    var r: vec4<f32>;
     ${lanes.join("\n    ")}
-    ${out.name}[i] = r;
+    st4_${out}(i, r);
   }`;
 }
 
@@ -135,18 +149,19 @@ export const elementwiseSettings: TunerSettings<ElementwiseSettings> = defineTun
 
 /** A binding's element type: the dtype, or vec4 of it in the vec4 kernels. */
 function element(dtype: DType, vec4: boolean): ElementType {
-  return vec4 ? `vec4<${dtype as "f32" | "f16"}>` : dtype;
+  return vec4 ? `vec4<${dtype as "f32" | "f16" | "bf16"}>` : dtype;
 }
 
 /**
  * Whether an op over `n` elements of these dtypes may use the vec4 kernels:
- * one-to-one operands (no broadcast), n a multiple of 4, float storage, and
- * an adapter where vec4 pays ({@link elementwiseSettings}).
+ * one-to-one operands (no broadcast), n a multiple of 4, float storage (bf16
+ * included: a vec4 of it is two whole words), and an adapter where vec4 pays
+ * ({@link elementwiseSettings}).
  */
 function useVec4(gpu: Gpu, n: number, dtypes: readonly DType[], broadcast: Broadcast): boolean {
   return elementwiseSettings.of(gpu).vec4 && n % 4 === 0 && broadcast.mid === 1 &&
     broadcast.inner === 1 &&
-    dtypes.every((d) => d === "f32" || d === "f16");
+    dtypes.every((d) => d !== "i32");
 }
 
 export const unaryKernel = defineKernel({
@@ -158,16 +173,17 @@ export const unaryKernel = defineKernel({
   uniforms: { n: "u32", s: "f32", mid: "u32", inner: "u32" },
   source: ({ op, out, vec4 }) =>
     `${WGSL_MATH}${op === "gelu_erf" ? WGSL_ERF : ""}${BROADCAST_INDEX}
+${
+      vec4 ? "" : `fn value(i: u32) -> f32 {
+  let s = p.s;
+  let x = ld_src(source_index(i, p.mid, p.inner));
+  return ${UNARY_OPS[op]};
+}`
+    }
 @compute @workgroup_size(${WORKGROUP})
 fn main(${WGSL_GRID_BUILTINS}) {
   let s = p.s;
-  ${
-      vec4 ? loop4({ x: "src" }, { name: "dst", dtype: out }, UNARY_OPS[op]) : loop(
-        `let x = f32(src[source_index(i, p.mid, p.inner)]);\n    dst[i] = ${out}(${
-          UNARY_OPS[op]
-        });`,
-      )
-    }
+  ${vec4 ? loop4({ x: "src" }, "dst", UNARY_OPS[op]) : loop("dst", out)}
 }`,
 });
 
@@ -181,14 +197,16 @@ export const binaryKernel = defineKernel({
   uniforms: { n: "u32", mid: "u32", inner: "u32" },
   source: ({ op, out, vec4 }) =>
     `${WGSL_MATH}${op === "gelu_erf_grad" ? WGSL_ERF : ""}${BROADCAST_INDEX}
+${
+      vec4 ? "" : `fn value(i: u32) -> f32 {
+  let a = ld_lhs(i);
+  let b = ld_rhs(source_index(i, p.mid, p.inner));
+  return ${BINARY_OPS[op]};
+}`
+    }
 @compute @workgroup_size(${WORKGROUP})
 fn main(${WGSL_GRID_BUILTINS}) {
-  ${
-      vec4 ? loop4({ a: "lhs", b: "rhs" }, { name: "dst", dtype: out }, BINARY_OPS[op]) : loop(
-        `let a = f32(lhs[i]);\n    let b = f32(rhs[source_index(i, p.mid, p.inner)]);\n    ` +
-          `dst[i] = ${out}(${BINARY_OPS[op]});`,
-      )
-    }
+  ${vec4 ? loop4({ a: "lhs", b: "rhs" }, "dst", BINARY_OPS[op]) : loop("dst", out)}
 }`,
 });
 
@@ -200,13 +218,10 @@ export const accumulateKernel = defineKernel({
   ],
   uniforms: { n: "u32", alpha: "f32", beta: "f32" },
   source: ({ dst, vec4 }) =>
-    `@compute @workgroup_size(${WORKGROUP})
+    `${vec4 ? "" : "fn value(i: u32) -> f32 { return p.beta * ld_acc(i) + p.alpha * ld_add(i); }"}
+@compute @workgroup_size(${WORKGROUP})
 fn main(${WGSL_GRID_BUILTINS}) {
-  ${
-      vec4
-        ? loop4({ x: "acc", y: "add" }, { name: "acc", dtype: dst }, "p.beta * x + p.alpha * y")
-        : loop(`acc[i] = ${dst}(p.beta * f32(acc[i]) + p.alpha * f32(add[i]));`)
-    }
+  ${vec4 ? loop4({ x: "acc", y: "add" }, "acc", "p.beta * x + p.alpha * y") : loop("acc", dst)}
 }`,
 });
 

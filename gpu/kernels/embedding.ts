@@ -11,6 +11,7 @@ import type { Shape } from "../shape.ts";
 import { Tensor } from "../tensor.ts";
 import { grid1d, WGSL_GRID_BUILTINS, WGSL_WORKGROUP_INDEX } from "./grid.ts";
 import { launchGroupedScatter } from "./embedding_grad.ts";
+import { movedType, moveGrid, wgslMoveMain } from "./move_elements.ts";
 
 const WORKGROUP = 256;
 
@@ -18,19 +19,14 @@ const WORKGROUP = 256;
 export const gatherKernel = defineKernel({
   name: "embedding_gather",
   bindings: (c: { dtype: DType }) => [
-    { name: "table", type: c.dtype },
+    { name: "table", type: movedType(c.dtype) },
     { name: "ids", type: "i32" },
-    { name: "out", type: c.dtype, write: true },
+    { name: "out", type: movedType(c.dtype), write: true },
   ],
   uniforms: { n: "u32", dim: "u32" },
-  source: () =>
-    `@compute @workgroup_size(${WORKGROUP})
-fn main(${WGSL_GRID_BUILTINS}) {
-  let i = ${WGSL_WORKGROUP_INDEX} * ${WORKGROUP}u + lid;
-  if (i >= p.n * p.dim) { return; }
-  let row = u32(ids[i / p.dim]);
-  out[i] = table[row * p.dim + i % p.dim];
-}`,
+  source: ({ dtype }) =>
+    `fn source_index(i: u32) -> u32 { return u32(ids[i / p.dim]) * p.dim + i % p.dim; }
+${wgslMoveMain(dtype, "table", "out", "p.n * p.dim")}`,
 });
 
 /**
@@ -49,18 +45,18 @@ export const scatterAddKernel = defineKernel({
     { name: "grad", type: c.out, write: true },
   ],
   uniforms: { first: "u32", count: "u32", dim: "u32", vocab: "u32", accumulate: "u32" },
-  source: ({ out }) =>
+  source: () =>
     `@compute @workgroup_size(${WORKGROUP})
 fn main(${WGSL_GRID_BUILTINS}) {
   let i = ${WGSL_WORKGROUP_INDEX} * ${WORKGROUP}u + lid;
   if (i >= p.vocab * p.dim) { return; }
   let v = i32(i / p.dim);
   let d = i % p.dim;
-  var acc = select(0.0, f32(grad[i]), p.accumulate != 0u);
+  var acc = select(0.0, ld_grad(i), p.accumulate != 0u);
   for (var r = p.first; r < p.first + p.count; r++) {
-    if (ids[r] == v) { acc += f32(g[r * p.dim + d]); }
+    if (ids[r] == v) { acc += ld_g(r * p.dim + d); }
   }
-  grad[i] = ${out}(acc);
+  st_grad(i, acc);
 }`,
 });
 
@@ -75,7 +71,7 @@ export function launchGather(table: Tensor, ids: Tensor): Tensor {
     kernel,
     { table, ids, out },
     { n: ids.size, dim },
-    grid1d(Math.ceil(total / WORKGROUP)),
+    moveGrid(table.dtype, total),
   );
   return out;
 }

@@ -126,7 +126,7 @@ export const groupedSumKernel = defineKernel({
     vocab: "u32",
     accumulate: "u32",
   },
-  source: ({ out }) =>
+  source: () =>
     `@compute @workgroup_size(${WORKGROUP})
 fn main(${WGSL_GRID_BUILTINS}) {
   ${THREAD}
@@ -135,9 +135,9 @@ fn main(${WGSL_GRID_BUILTINS}) {
   let d = t % p.dim;
   let start = offsets[v * p.blocks];
   let stop = select(p.count, offsets[(v + 1u) * p.blocks], v + 1u < p.vocab);
-  var acc = select(0.0, f32(grad[t]), p.accumulate != 0u);
-  for (var k = start; k < stop; k++) { acc += f32(g[(p.first + order[k]) * p.dim + d]); }
-  grad[t] = ${out}(acc);
+  var acc = select(0.0, ld_grad(t), p.accumulate != 0u);
+  for (var k = start; k < stop; k++) { acc += ld_g((p.first + order[k]) * p.dim + d); }
+  st_grad(t, acc);
 }`,
 });
 

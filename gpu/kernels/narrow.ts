@@ -8,48 +8,38 @@
 import type { DType } from "../dtype.ts";
 import { defineKernel } from "../kernel.ts";
 import { Tensor } from "../tensor.ts";
-import { grid1d, WGSL_GRID_BUILTINS, WGSL_WORKGROUP_INDEX } from "./grid.ts";
-
-const WORKGROUP = 256;
+import { movedType, moveGrid, WGSL_ZERO_SOURCE, wgslMoveMain } from "./move_elements.ts";
 
 const UNIFORMS = { n: "u32", wide: "u32", offset: "u32", width: "u32" } as const;
-
-const INDEX = `let i = ${WGSL_WORKGROUP_INDEX} * ${WORKGROUP}u + lid;
-  if (i >= p.n) { return; }`;
 
 /** narrow[r, c] = x[r, offset + c]. */
 export const narrowKernel = defineKernel({
   name: "narrow",
   bindings: (c: { dtype: DType }) => [
-    { name: "x", type: c.dtype },
-    { name: "y", type: c.dtype, write: true },
+    { name: "x", type: movedType(c.dtype) },
+    { name: "y", type: movedType(c.dtype), write: true },
   ],
   uniforms: UNIFORMS,
-  source: () =>
-    `@compute @workgroup_size(${WORKGROUP})
-fn main(${WGSL_GRID_BUILTINS}) {
-  ${INDEX}
-  y[i] = x[(i / p.width) * p.wide + p.offset + i % p.width];
-}`,
+  source: ({ dtype }) =>
+    `fn source_index(i: u32) -> u32 { return (i / p.width) * p.wide + p.offset + i % p.width; }
+${wgslMoveMain(dtype, "x", "y", "p.n")}`,
 });
 
 /** dx[r, c] = g[r, c − offset] inside the window, 0 outside. */
 export const narrowBackwardKernel = defineKernel({
   name: "narrow_backward",
   bindings: (c: { dtype: DType }) => [
-    { name: "g", type: c.dtype },
-    { name: "dx", type: c.dtype, write: true },
+    { name: "g", type: movedType(c.dtype) },
+    { name: "dx", type: movedType(c.dtype), write: true },
   ],
   uniforms: UNIFORMS,
   source: ({ dtype }) =>
-    `@compute @workgroup_size(${WORKGROUP})
-fn main(${WGSL_GRID_BUILTINS}) {
-  ${INDEX}
+    `fn source_index(i: u32) -> u32 {
   let c = i % p.wide;
-  var value = ${dtype}(0);
-  if (c >= p.offset && c < p.offset + p.width) { value = g[(i / p.wide) * p.width + c - p.offset]; }
-  dx[i] = value;
-}`,
+  if (c < p.offset || c >= p.offset + p.width) { return ${WGSL_ZERO_SOURCE}; }
+  return (i / p.wide) * p.width + c - p.offset;
+}
+${wgslMoveMain(dtype, "g", "dx", "p.n")}`,
 });
 
 /** The window of one narrow: x's shape, the axis, and start and length along it. */
@@ -76,7 +66,7 @@ export function launchNarrow(x: Tensor, w: NarrowWindow): Tensor {
     x.gpu.kernel(narrowKernel, { dtype: x.dtype }),
     { x, y },
     { n: y.size, ...uniformsOf(x.shape, w) },
-    grid1d(Math.ceil(y.size / WORKGROUP)),
+    moveGrid(x.dtype, y.size),
   );
   return y;
 }
@@ -89,7 +79,7 @@ export function launchNarrowBackward(g: Tensor, shape: readonly number[], w: Nar
     g.gpu.kernel(narrowBackwardKernel, { dtype: g.dtype }),
     { g, dx },
     { n: dx.size, ...uniformsOf(shape, w) },
-    grid1d(Math.ceil(dx.size / WORKGROUP)),
+    moveGrid(g.dtype, dx.size),
   );
   return dx;
 }

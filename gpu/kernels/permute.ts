@@ -9,9 +9,7 @@ import type { DType } from "../dtype.ts";
 import { defineKernel } from "../kernel.ts";
 import type { Shape } from "../shape.ts";
 import { Tensor } from "../tensor.ts";
-import { grid1d, WGSL_GRID_BUILTINS, WGSL_WORKGROUP_INDEX } from "./grid.ts";
-
-const WORKGROUP = 256;
+import { movedType, moveGrid, wgslMoveMain } from "./move_elements.ts";
 
 /** The most axes a permutation handles. */
 export const PERMUTE_MAX_RANK = 4;
@@ -20,8 +18,8 @@ export const PERMUTE_MAX_RANK = 4;
 export const permuteKernel = defineKernel({
   name: "permute",
   bindings: (c: { dtype: DType }) => [
-    { name: "x", type: c.dtype },
-    { name: "y", type: c.dtype, write: true },
+    { name: "x", type: movedType(c.dtype) },
+    { name: "y", type: movedType(c.dtype), write: true },
   ],
   uniforms: {
     n: "u32",
@@ -33,19 +31,17 @@ export const permuteKernel = defineKernel({
     s2: "u32",
     s3: "u32",
   },
-  source: () =>
-    `@compute @workgroup_size(${WORKGROUP})
-fn main(${WGSL_GRID_BUILTINS}) {
-  let i = ${WGSL_WORKGROUP_INDEX} * ${WORKGROUP}u + lid;
-  if (i >= p.n) { return; }
+  source: ({ dtype }) =>
+    `fn source_index(i: u32) -> u32 {
   let c3 = i % p.d3;
   var t = i / p.d3;
   let c2 = t % p.d2;
   t = t / p.d2;
   let c1 = t % p.d1;
   let c0 = t / p.d1;
-  y[i] = x[c0 * p.s0 + c1 * p.s1 + c2 * p.s2 + c3 * p.s3];
-}`,
+  return c0 * p.s0 + c1 * p.s1 + c2 * p.s2 + c3 * p.s3;
+}
+${wgslMoveMain(dtype, "x", "y", "p.n")}`,
 });
 
 /** Row-major strides of `shape`. */
@@ -78,7 +74,7 @@ export function launchPermute(x: Tensor, order: readonly number[]): Tensor {
     kernel,
     { x, y },
     { n: y.size, d1: dims[1], d2: dims[2], d3: dims[3], s0, s1, s2, s3 },
-    grid1d(Math.ceil(y.size / WORKGROUP)),
+    moveGrid(x.dtype, y.size),
   );
   return y;
 }

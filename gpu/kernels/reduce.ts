@@ -58,7 +58,7 @@ export const reduceKernel = defineKernel({
   },
   // Output `row` is (outer index, chunk, inner index); its chunk covers
   // axis positions chunk·p.chunk .. min(+p.chunk, p.axis).
-  source: ({ op, out, layout }) =>
+  source: ({ op, layout }) =>
     `${wgslRowReduce(layout)}
 @compute @workgroup_size(${REDUCE_THREADS})
 fn main(${WGSL_GRID_BUILTINS}) {
@@ -69,11 +69,11 @@ fn main(${WGSL_GRID_BUILTINS}) {
   let base = ((within / p.chunks) * p.axis + first) * p.inner + row % p.inner;
   var acc = ${op === "sum" ? "0.0" : WGSL_LOWEST};
   ${wgslRowLoop(layout, "count")} {
-    let v = f32(src[base + j * p.inner]);
+    let v = ld_src(base + j * p.inner);
     acc = ${op === "sum" ? "acc + v" : "max_or_nan(acc, v)"};
   }
   let total = reduce_${op}(acc, lid);
-  if (${wgslRowLeader(layout)}) { dst[row] = ${out}(total${op === "sum" ? " * p.scale" : ""}); }
+  if (${wgslRowLeader(layout)}) { st_dst(row, total${op === "sum" ? " * p.scale" : ""}); }
 }`,
 });
 

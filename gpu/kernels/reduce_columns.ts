@@ -152,10 +152,11 @@ export const columnSumKernel = defineKernel({
     offset: "u32",
     scale: "f32",
   },
-  source: ({ out }) =>
+  // Each column's total is stored by its own thread: st_ keeps a bf16 neighbour's half.
+  source: () =>
     wgslColumnMain(
-      [{ name: "s", value: "f32(src[p.offset + i])" }],
-      (total, _, k) => `dst[${k}] = ${out}(${total} * p.scale);`,
+      [{ name: "s", value: "ld_src(p.offset + i)" }],
+      (total, _, k) => `st_dst(${k}, ${total} * p.scale);`,
     ),
 });
 
