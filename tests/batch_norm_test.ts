@@ -1,5 +1,5 @@
 import assert from "node:assert/strict";
-import { mul, sum, Tensor, tidy } from "../gpu/mod.ts";
+import { DTYPES, mul, sum, Tensor, tidy } from "../gpu/mod.ts";
 import { batchNorm, batchNormCounter } from "../gpu/ops/batch_norm.ts";
 import { GPU_TEST } from "./_gpu.ts";
 import { gradcheck } from "./_gradcheck.ts";
@@ -73,11 +73,11 @@ const SHAPES = [[7, 5], [257, 3], [2, 3, 129], [3, 5, 7, 9], [1, 2, 1, 3]];
 
 Deno.test({
   name: "batchNorm: forward, backward and running statistics match f64 over several steps, " +
-    "training and eval, f32 and f16 input",
+    "training and eval, f32, f16 and bf16 input",
   ...GPU_TEST,
   async fn() {
     for (const shape of SHAPES) {
-      for (const dtype of ["f32", "f16"] as const) {
+      for (const dtype of DTYPES) {
         for (const momentum of dtype === "f32" ? [0.1, 0.35, null] : [0.1]) {
           const [n, c, s] = view(shape), size = n * c * s;
           const label = `${dtype} [${shape}] momentum ${momentum}`;
@@ -107,14 +107,15 @@ Deno.test({
             const what = `${label} step ${step} (${training ? "training" : "eval"})`;
             assert.equal(y.dtype, dtype);
             // f16: only the storage of y and dx is f16 (relative half-ulp 4.9e-4 of values up to
-            // ~4), the inputs were rounded before the reference ran: TOL.f16. f32: TOL.f32.
+            // ~4), the inputs were rounded before the reference ran: TOL.f16; bf16 likewise
+            // (half-ulp 3.9e-3): TOL.bf16. f32: TOL.f32.
             assertClose(await y.read(), ref.y, TOL[dtype], `y ${what}`);
             y.backward({ gradient: Tensor.from(g, shape, { dtype }) });
             assert.equal(tx.grad!.dtype, dtype);
             assertClose(await tx.grad!.read(), ref.dx, TOL[dtype], `dx ${what}`);
             assertClose(await tw.grad!.read(), ref.dw, SUM_TOL, `dweight ${what}`);
             assertClose(await tb.grad!.read(), ref.db, SUM_TOL, `dbias ${what}`);
-            // Parameters, their gradients and the statistics stay f32 for an f16 input.
+            // Parameters, their gradients and the statistics stay f32 for a half input.
             for (const t of [tw, tb, tw.grad!, tb.grad!, rm, rv]) assert.equal(t.dtype, "f32");
             assertClose(await rm.read(), run.mean, STAT_TOL, `runningMean ${what}`);
             assertClose(await rv.read(), run.var, STAT_TOL, `runningVar ${what}`);
@@ -246,7 +247,7 @@ Deno.test({
             runningVar: v,
             ...run,
           }),
-        /batchNorm: input i32 \[4, 3\] must be f32 or f16/,
+        /batchNorm: input i32 \[4, 3\] must be f32, f16 or bf16/,
       );
       assert.throws(
         () => batchNorm(Tensor.zeros([1, 3, 1, 1]), { runningMean: v, runningVar: v, ...run }),

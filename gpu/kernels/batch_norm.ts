@@ -68,10 +68,10 @@ const START = `let c = ${WGSL_WORKGROUP_INDEX};
   let count = p.n * p.s;`;
 
 const BATCH_STATS = `var s = 0.0;
-  ${LOOP} { s += f32(x[at(i, c)]); }
+  ${LOOP} { s += ld_x(at(i, c)); }
   let mu = reduce_sum(s, lid) * p.inv_count;
   var q = 0.0;
-  ${LOOP} { let d = f32(x[at(i, c)]) - mu; q += d * d; }
+  ${LOOP} { let d = ld_x(at(i, c)) - mu; q += d * d; }
   let v = reduce_sum(q, lid) * p.inv_count;
   let r = 1.0 / sqrt(v + p.eps);`;
 
@@ -117,7 +117,7 @@ fn main(${WGSL_GRID_BUILTINS}) {
   let scale = r${c.weight ? " * w[c]" : ""};
   ${LOOP} {
     let k = at(i, c);
-    y[k] = ${c.out}((f32(x[k]) - mu) * scale${c.bias ? " + b[c]" : ""});
+    st_y(k, (ld_x(k) - mu) * scale${c.bias ? " + b[c]" : ""});
   }
 }`,
 });
@@ -150,9 +150,9 @@ fn main(${WGSL_GRID_BUILTINS}) {
   var sgx = 0.0;
   ${LOOP} {
     let k = at(i, c);
-    let gv = f32(g[k]);
+    let gv = ld_g(k);
     sg += gv;
-    sgx += gv * (f32(x[k]) - mu) * r;
+    sgx += gv * (ld_x(k) - mu) * r;
   }
   sg = reduce_sum(sg, lid);
   sgx = reduce_sum(sgx, lid);
@@ -162,11 +162,11 @@ fn main(${WGSL_GRID_BUILTINS}) {
   let mgx = sgx * p.inv_count;
   ${LOOP} {
     let k = at(i, c);
-    let gv = f32(g[k]);
+    let gv = ld_g(k);
     ${
       c.training
-        ? "let xh = (f32(x[k]) - mu) * r;\n    dx[k] = " + c.dtype + "(wr * (gv - mg - xh * mgx));"
-        : "dx[k] = " + c.dtype + "(gv * wr);"
+        ? "let xh = (ld_x(k) - mu) * r;\n    st_dx(k, wr * (gv - mg - xh * mgx));"
+        : "st_dx(k, gv * wr);"
     }
   }
 }`,

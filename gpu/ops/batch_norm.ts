@@ -1,7 +1,7 @@
 /**
  * Differentiable BatchNorm over axis 1 of [N, C], [N, C, L] or [N, C, H, W].
  * Parameters, running statistics and arithmetic are fp32; x may be stored in
- * f16 (the output then is too). Running statistics are updated in place on the
+ * f16 or bf16 (the output then is too). Running statistics are updated in place on the
  * GPU: nothing here reads back to the CPU.
  */
 import { DTypeError, ShapeError, StateError, ValueError } from "../errors.ts";
@@ -102,8 +102,8 @@ export function batchNormCounter(runningMean: Tensor): Tensor | null {
 }
 
 function viewOf(x: Tensor): BatchNormView {
-  if (x.dtype !== "f32" && x.dtype !== "f16") {
-    throw new DTypeError(`batchNorm: input ${x.describe()} must be f32 or f16.`);
+  if (x.dtype === "i32") {
+    throw new DTypeError(`batchNorm: input ${x.describe()} must be f32, f16 or bf16.`);
   }
   if (x.rank < 2 || x.rank > 4) {
     throw new ShapeError(
@@ -120,7 +120,7 @@ function checkVector(name: string, t: Tensor | null, x: Tensor, c: number): void
   if (t.dtype !== "f32") {
     throw new DTypeError(
       `batchNorm: ${name} is ${t.describe()}, but BatchNorm keeps its parameters and ` +
-        `statistics in fp32 (also for an f16 input, here ${x.describe()}). ` +
+        `statistics in fp32 (also for a half input, here ${x.describe()}). ` +
         `Make ${name} an f32 tensor of shape ${shapeString([c])}.`,
     );
   }
@@ -174,7 +174,7 @@ function checkOptions(
  * false. In eval mode the running statistics normalise.
  *
  * `weight`, `bias` (or null), `runningMean` and `runningVar` must be f32 [C];
- * `x` may be f32 or f16 and y has its dtype, while every statistic and all the
+ * `x` may be f32, f16 or bf16 and y has its dtype, while every statistic and all the
  * arithmetic stay f32. Gradients: dx in x's dtype, dweight and dbias in f32.
  * Saved for backward: x (shared, no copy), the weight, and the mean and rstd
  * the forward used (f32 [C]), so later running-stat updates cannot change it.
@@ -196,7 +196,7 @@ function checkOptions(
  * ```
  */
 export function batchNorm(x0: Tensor, options: BatchNormOptions): Tensor {
-  // On the f32 list by default: under autocast an f16 input is read as it is
+  // On the f32 list by default: under autocast a half input is read as it is
   // and y written in f32 (the kernels compute in f32), as if it were cast up.
   const { inputs: [x], widened } = autocastInputsWidenedInKernel("batch_norm", [x0]);
   const { runningMean, runningVar } = options;
