@@ -120,6 +120,26 @@ Deno.test({
 });
 
 Deno.test({
+  name:
+    "layerNormLinear: backward normalises the rows again from the forward's saved statistics, " +
+    "with no second statistics pass",
+  ...GPU_TEST,
+  fn() {
+    const rng = new RandomGenerator(4);
+    const grad = { requiresGrad: true };
+    const x = Tensor.from(rng.uniform(9 * 40, -1, 1), [9, 40], grad);
+    const w = Tensor.from(rng.uniform(6 * 40, -0.5, 0.5), [6, 40], grad);
+    const y = layerNormLinear(x, w, { norm: {} });
+    const loss = sum(y);
+    const keys = dispatchedKernels(() => backward(loss));
+    const norms = keys.filter((k) => k.startsWith("layer_norm_forward"));
+    assert.equal(norms.length, 1, `LayerNorm passes in backward: ${norms.join(" | ")}`);
+    assert.ok(norms[0].includes("saved=true"), `the recompute computed statistics: ${norms[0]}`);
+    for (const t of [x, w, y, loss, x.grad, w.grad]) t?.dispose();
+  },
+});
+
+Deno.test({
   name: "layerNormLinear: keeps x, not the normalised rows, for backward",
   ...GPU_TEST,
   fn() {

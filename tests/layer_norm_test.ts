@@ -16,41 +16,8 @@ import {
 import { layerNorm } from "../gpu/ops/layer_norm.ts";
 import { gpu, GPU_TEST, withEachRowLayout } from "./_gpu.ts";
 import { gradcheck } from "./_gradcheck.ts";
-import { quantize, uniform } from "./_reference.ts";
+import { layerNorm64, quantize, uniform } from "./_reference.ts";
 import { assertClose, TOL, type Tolerance } from "./_assert.ts";
-
-/** f64 LayerNorm over rows of length `cols` from the definition, and its gradients. */
-function layerNorm64(
-  x: Float64Array,
-  g: Float64Array,
-  cols: number,
-  w: Float64Array | null,
-  b: Float64Array | null,
-  eps: number,
-) {
-  const rows = x.length / cols;
-  const y = new Float64Array(x.length), dx = new Float64Array(x.length);
-  const dw = new Float64Array(cols), db = new Float64Array(cols);
-  for (let r = 0; r < rows; r++) {
-    const row = x.subarray(r * cols, (r + 1) * cols), gr = g.subarray(r * cols, (r + 1) * cols);
-    const mu = row.reduce((a, v) => a + v, 0) / cols;
-    const variance = row.reduce((a, v) => a + (v - mu) ** 2, 0) / cols;
-    const rstd = 1 / Math.sqrt(variance + eps);
-    const xhat = row.map((v) => (v - mu) * rstd);
-    // dL/dx̂_j = g_j·w_j; through x̂ = (x − μ)·rstd the Jacobian is
-    // rstd·(δ_ij − 1/C − x̂_i·x̂_j/C), which gives the usual closed form.
-    const gx = gr.map((v, j) => v * (w ? w[j] : 1));
-    const m1 = gx.reduce((a, v) => a + v, 0) / cols;
-    const m2 = gx.reduce((a, v, j) => a + v * xhat[j], 0) / cols;
-    for (let j = 0; j < cols; j++) {
-      y[r * cols + j] = xhat[j] * (w ? w[j] : 1) + (b ? b[j] : 0);
-      dx[r * cols + j] = rstd * (gx[j] - m1 - xhat[j] * m2);
-      dw[j] += gr[j] * xhat[j];
-      db[j] += gr[j];
-    }
-  }
-  return { y, dx, dw, db };
-}
 
 // dweight / dbias are f32 sums over up to 129 rows of terms up to ~3 in size,
 // accumulated in f32 (as are the f16 cases: their inputs are rounded to f16
@@ -257,7 +224,7 @@ Deno.test({
       );
       assert.throws(
         () => layerNorm(Tensor.zeros([2, 4], { dtype: "i32" })),
-        /layerNorm: input i32 \[2, 4\] must be f32 or f16/,
+        /layerNorm: input i32 \[2, 4\] must be f32, f16 or bf16/,
       );
       assert.throws(() => layerNorm(Tensor.zeros([])), /layerNorm: input f32 \[\]/);
       assert.throws(() => layerNorm(x, { eps: -1 }), /eps must be/);

@@ -18,18 +18,19 @@ import { grid1d, WGSL_GRID_BUILTINS, WGSL_WORKGROUP_INDEX } from "./grid.ts";
 import {
   rowGrid,
   type RowLayout,
-  rowLayout,
+  rowPlan,
   wgslRowIndex,
   wgslRowLeader,
   wgslRowLoop,
   wgslRowReduce,
 } from "./row_layout.ts";
-import { REDUCE_THREADS, WGSL_LOWEST } from "./wgsl_math.ts";
+import { ld, ldEntry, rowElement, type RowWidth, st, wgslRowWidth } from "./row_width.ts";
+import { REDUCE_THREADS, WGSL_LOWEST, WGSL_MAX_OR_NAN } from "./wgsl_math.ts";
 
 const WORKGROUP = 256;
 
-/** Which variant to compile: the logits' dtype, and whether class weights are bound. */
-export type CrossEntropyConfig = { dtype: DType; weighted: boolean };
+/** Which variant to compile: the logits' dtype, whether class weights are bound, and the load width. */
+export type CrossEntropyConfig = { dtype: DType; weighted: boolean; width: RowWidth };
 
 const UNIFORMS = {
   rows: "u32",
@@ -39,53 +40,69 @@ const UNIFORMS = {
   per_class_smoothing: "f32",
 } as const;
 
-/** WGSL for w_c of class `c` (1 without weights). */
+/** WGSL for the class weights (a V) of the unit of classes at `unit` (1 without weights). */
+function classWeights(c: CrossEntropyConfig, unit: string): string {
+  return c.weighted ? `weight[${unit}]` : "V(1.0)";
+}
+
+/** WGSL for w_c (an f32) of the single class `index` (1 without weights). */
 function classWeight(c: CrossEntropyConfig, index: string): string {
-  return c.weighted ? `weight[${index}]` : "1.0";
+  if (!c.weighted) return "1.0";
+  return c.width === 4 ? `weight[(${index}) / 4u][(${index}) % 4u]` : `weight[${index}]`;
+}
+
+/** The logits and the optional class weights, bound at the config's width. */
+function inputs(c: CrossEntropyConfig) {
+  return [
+    { name: "x", type: rowElement(c.dtype, c.width) },
+    { name: "targets", type: "i32" },
+    ...optional(c.weighted, { name: "weight", type: rowElement("f32", c.width) }),
+  ] as const;
 }
 
 /** Per-row losses, target weights and the (lse, k) pair the backward needs (rows laid out by length). */
 export const crossEntropyForwardKernel = defineKernel({
   name: "cross_entropy_forward",
-  bindings: (c: CrossEntropyConfig & { layout: RowLayout }) => [
-    { name: "x", type: c.dtype },
-    { name: "targets", type: "i32" },
-    ...optional(c.weighted, { name: "weight", type: "f32" }),
+  bindings: (c: CrossEntropyConfig & { layout: RowLayout; lanes: number }) => [
+    ...inputs(c),
     { name: "loss", type: "f32", write: true },
     { name: "target_weight", type: "f32", write: true },
     { name: "stats", type: "f32", write: true },
   ],
   uniforms: UNIFORMS,
   source: (c) => {
-    const loop = wgslRowLoop(c.layout, "p.classes");
-    return `${wgslRowReduce(c.layout)}
+    const loop = wgslRowLoop(c.layout, "n", c.lanes);
+    const x = ld(c.width, "x", "base + j");
+    return `${wgslRowReduce(c.layout, c.lanes)}${wgslRowWidth(c.width)}
 @compute @workgroup_size(${REDUCE_THREADS})
 fn main(${WGSL_GRID_BUILTINS}) {
-  ${wgslRowIndex(c.layout, "rows")}
-  let base = row * p.classes;
-  var m = ${WGSL_LOWEST};
-  var w_total = 0.0;
-  ${loop} { m = max(m, f32(x[base + j])); w_total += ${classWeight(c, "j")}; }
-  m = reduce_max(m, lid);
-  w_total = reduce_sum(w_total, lid);
+  ${wgslRowIndex(c.layout, "rows", c.lanes)}
+  let n = p.classes / ${c.width}u;
+  let base = row * n;
+  var mv = V(${WGSL_LOWEST});
+  var wv = V(0.0);
+  ${loop} { mv = max(mv, ${x}); wv += ${classWeights(c, "j")}; }
+  let m = reduce_max(hmax(mv), lid);
+  let w_total = reduce_sum(hsum(wv), lid);
   // Σ w_c·(lse − x_c) = W·(lse − m) + Σ w_c·(m − x_c): two non-negative parts, no cancellation.
-  var s = 0.0;
-  var below_max = 0.0;
+  var sv = V(0.0);
+  var bv = V(0.0);
   ${loop} {
-    let v = f32(x[base + j]);
-    s += exp(v - m);
-    below_max += ${classWeight(c, "j")} * (m - v);
+    let v = ${x};
+    sv += exp(v - m);
+    bv += ${classWeights(c, "j")} * (m - v);
   }
-  s = reduce_sum(s, lid);
-  below_max = reduce_sum(below_max, lid);
-  if (${wgslRowLeader(c.layout)}) {
+  let s = reduce_sum(hsum(sv), lid);
+  let below_max = reduce_sum(hsum(bv), lid);
+  if (${wgslRowLeader(c.layout)} && in_rows) {
     let l = m + log(s);
     let t = targets[row];
     let kept = t != p.ignore_index;
     let tc = min(u32(max(t, 0)), p.classes - 1u);
     let w_t = select(0.0, ${classWeight(c, "tc")}, kept);
     let smooth_part = p.per_class_smoothing * (w_total * (l - m) + below_max);
-    loss[row] = select(0.0, p.keep * w_t * (l - f32(x[base + tc])) + smooth_part, kept);
+    let x_t = ${ldEntry(c.width, "x", "row * p.classes + tc")};
+    loss[row] = select(0.0, p.keep * w_t * (l - x_t) + smooth_part, kept);
     target_weight[row] = w_t;
     stats[2u * row] = l;
     stats[2u * row + 1u] = select(0.0, p.keep * w_t + p.per_class_smoothing * w_total, kept);
@@ -94,34 +111,37 @@ fn main(${WGSL_GRID_BUILTINS}) {
   },
 });
 
-/** dx from the per-row upstream gradient g (f32 [rows]). */
+/** dx from the per-row upstream gradient g (f32 [rows]): a thread per unit (1 or 4 classes of one row). */
 export const crossEntropyBackwardKernel = defineKernel({
   name: "cross_entropy_backward",
   bindings: (c: CrossEntropyConfig) => [
-    { name: "x", type: c.dtype },
-    { name: "targets", type: "i32" },
-    ...optional(c.weighted, { name: "weight", type: "f32" }),
+    ...inputs(c),
     { name: "stats", type: "f32" },
     { name: "g", type: "f32" },
-    { name: "dx", type: c.dtype, write: true },
+    { name: "dx", type: rowElement(c.dtype, c.width), write: true },
   ],
   uniforms: UNIFORMS,
-  source: (c) =>
-    `@compute @workgroup_size(${WORKGROUP})
+  source: (c) => {
+    const columns = c.width === 4 ? "vec4<u32>(j) + vec4<u32>(0u, 1u, 2u, 3u)" : "j";
+    return `${WGSL_MAX_OR_NAN}${wgslRowWidth(c.width)}
+@compute @workgroup_size(${WORKGROUP})
 fn main(${WGSL_GRID_BUILTINS}) {
   let i = ${WGSL_WORKGROUP_INDEX} * ${WORKGROUP}u + lid;
-  if (i >= p.rows * p.classes) { return; }
-  let row = i / p.classes;
-  let j = i % p.classes;
+  if (i >= p.rows * p.classes / ${c.width}u) { return; }
+  let row = (i * ${c.width}u) / p.classes;
+  let j = (i * ${c.width}u) % p.classes;
   let t = targets[row];
   let tc = min(u32(max(t, 0)), p.classes - 1u);
-  let prob = exp(f32(x[i]) - stats[2u * row]);
-  let hit = select(0.0, p.keep * ${classWeight(c, "tc")}, tc == j);
-  let d = g[row] * (stats[2u * row + 1u] * prob - hit - p.per_class_smoothing * ${
-      classWeight(c, "j")
+  let prob = exp(${ld(c.width, "x", "i")} - stats[2u * row]);
+  let hit = select(V(0.0), V(p.keep * ${classWeight(c, "tc")}), ${columns} == ${
+      c.width === 4 ? "vec4<u32>(tc)" : "tc"
     });
-  dx[i] = ${c.dtype}(select(0.0, d, t != p.ignore_index));
-}`,
+  let d = g[row] * (stats[2u * row + 1u] * prob - hit - p.per_class_smoothing * ${
+      classWeights(c, `j / ${c.width}u`)
+    });
+  ${st(c.width, "dx", "i", "select(V(0.0), d, t != p.ignore_index)")}
+}`;
+  },
 });
 
 /** What the cross-entropy kernels need besides the logits and targets. */
@@ -136,7 +156,8 @@ export interface CrossEntropyParams {
 
 function launchConfig(logits: Tensor, params: CrossEntropyParams) {
   const [rows, classes] = logits.shape;
-  const config = { dtype: logits.dtype, weighted: params.weight !== null };
+  const width = rowPlan(logits.gpu, classes).width;
+  const config = { dtype: logits.dtype, weighted: params.weight !== null, width };
   const uniforms = {
     rows,
     classes,
@@ -165,16 +186,16 @@ export function launchCrossEntropy(
   params: CrossEntropyParams,
 ): CrossEntropyRows {
   const { rows, classes, config, uniforms, weight } = launchConfig(logits, params);
-  const layout = rowLayout(logits.gpu, classes);
+  const { layout, lanes } = rowPlan(logits.gpu, classes);
   const loss = Tensor.empty([rows], "f32", logits.gpu);
   const targetWeight = Tensor.empty([rows], "f32", logits.gpu);
   const stats = Tensor.empty([rows, 2], "f32", logits.gpu);
   if (rows === 0) return { loss, targetWeight, stats };
   logits.gpu.dispatch(
-    logits.gpu.kernel(crossEntropyForwardKernel, { ...config, layout }),
+    logits.gpu.kernel(crossEntropyForwardKernel, { ...config, layout, lanes }),
     { x: logits, targets, ...weight, loss, target_weight: targetWeight, stats },
     uniforms,
-    rowGrid(layout, rows),
+    rowGrid({ layout, lanes }, rows),
   );
   return { loss, targetWeight, stats };
 }
@@ -194,7 +215,7 @@ export function launchCrossEntropyBackward(
     logits.gpu.kernel(crossEntropyBackwardKernel, config),
     { x: logits, targets, ...weight, stats, g, dx },
     uniforms,
-    grid1d(Math.ceil((rows * classes) / WORKGROUP)),
+    grid1d(Math.ceil((rows * classes) / config.width / WORKGROUP)),
   );
   return dx;
 }

@@ -24,12 +24,13 @@ import { grid1d, WGSL_GRID_BUILTINS, WGSL_WORKGROUP_INDEX } from "./grid.ts";
 import {
   rowGrid,
   type RowLayout,
-  rowLayout,
+  rowPlan,
   wgslRowIndex,
   wgslRowLeader,
   wgslRowLoop,
   wgslRowReduce,
 } from "./row_layout.ts";
+import { ld, rowElement, type RowWidth, st, wgslRowWidth } from "./row_width.ts";
 import { REDUCE_THREADS, WGSL_WORKGROUP_REDUCE } from "./wgsl_math.ts";
 import { columnBlocksFor } from "./reduce_columns.ts";
 import { launchLayerNormColumnGrads } from "./layer_norm_columns.ts";
@@ -44,87 +45,101 @@ export type LayerNormConfig = {
   bias: boolean;
 };
 
-/** A row kernel's config: the above plus how rows map to threads. */
-type RowConfig = LayerNormConfig & { layout: RowLayout };
+/** A row kernel's config: the above plus how rows map to threads and how wide its loads are. */
+type RowConfig = LayerNormConfig & { layout: RowLayout; lanes: number; width: RowWidth };
 
-/** The storage dtype of y (forward). */
-type OutDtype = { out: DType };
+/**
+ * The storage dtype of y, and whether the statistics are `saved` ones read
+ * back (a recompute of y: no reductions, bit for bit the forward's y) rather
+ * than computed and written.
+ */
+type ForwardConfig = { out: DType; saved: boolean };
 
 /** The storage dtype of the upstream gradient g (backward). */
 type GradDtype = { grad: DType };
 
-function rowStart(layout: RowLayout): string {
-  return `${wgslRowIndex(layout, "rows")}
-  let base = row * p.cols;
-  let inv_n = p.inv_cols;`;
+/** The helpers and the entry point of a row kernel, up to the row's `base` unit and its length `n` in units. */
+function rowStart(c: RowConfig): string {
+  return `${wgslRowReduce(c.layout, c.lanes)}${wgslRowWidth(c.width)}
+@compute @workgroup_size(${REDUCE_THREADS})
+fn main(${WGSL_GRID_BUILTINS}) {
+  ${wgslRowIndex(c.layout, "rows", c.lanes)}
+  let n = p.cols / ${c.width}u;
+  let base = row * n;`;
 }
 
-/** Forward: y, mean and rstd, one workgroup per row. */
+/** `* w[j]` / `+ b[j]` where the config binds them (V-wide, f32). */
+function affine(c: LayerNormConfig, v: string): string {
+  return `${v}${c.weight ? " * w[j]" : ""}${c.bias ? " + b[j]" : ""}`;
+}
+
+/**
+ * Forward: y, mean and rstd. With `saved`, mean and rstd are read instead:
+ * y again from the forward's statistics, by the same expression.
+ */
 export const layerNormForwardKernel = defineKernel({
   name: "layer_norm_forward",
-  bindings: (c: RowConfig & OutDtype) => [
-    { name: "x", type: c.dtype },
-    ...optional(c.weight, { name: "w", type: "f32" }),
-    ...optional(c.bias, { name: "b", type: "f32" }),
-    { name: "y", type: c.out, write: true },
-    { name: "mean", type: "f32", write: true },
-    { name: "rstd", type: "f32", write: true },
+  bindings: (c: RowConfig & ForwardConfig) => [
+    { name: "x", type: rowElement(c.dtype, c.width) },
+    ...optional(c.weight, { name: "w", type: rowElement("f32", c.width) }),
+    ...optional(c.bias, { name: "b", type: rowElement("f32", c.width) }),
+    { name: "y", type: rowElement(c.out, c.width), write: true },
+    { name: "mean", type: "f32", write: !c.saved },
+    { name: "rstd", type: "f32", write: !c.saved },
   ],
   uniforms: { rows: "u32", cols: "u32", inv_cols: "f32", eps: "f32" },
   source: (c) => {
-    const loop = wgslRowLoop(c.layout, "p.cols");
-    return `${wgslRowReduce(c.layout)}
-@compute @workgroup_size(${REDUCE_THREADS})
-fn main(${WGSL_GRID_BUILTINS}) {
-  ${rowStart(c.layout)}
-  var s = 0.0;
-  ${loop} { s += f32(x[base + j]); }
-  let mu = reduce_sum(s, lid) * inv_n;
-  var q = 0.0;
-  ${loop} { let d = f32(x[base + j]) - mu; q += d * d; }
-  let r = 1.0 / sqrt(reduce_sum(q, lid) * inv_n + p.eps);
-  ${loop} {
-    let v = (f32(x[base + j]) - mu) * r${c.weight ? " * w[j]" : ""}${c.bias ? " + b[j]" : ""};
-    y[base + j] = ${c.out}(v);
-  }
-  if (${wgslRowLeader(c.layout)}) { mean[row] = mu; rstd[row] = r; }
+    const loop = wgslRowLoop(c.layout, "n", c.lanes);
+    const x = ld(c.width, "x", "base + j");
+    const statistics = c.saved
+      ? `let mu = mean[row];
+  let r = rstd[row];`
+      : `var s = V(0.0);
+  ${loop} { s += ${x}; }
+  let mu = reduce_sum(hsum(s), lid) * p.inv_cols;
+  var q = V(0.0);
+  ${loop} { let d = ${x} - mu; q += d * d; }
+  let r = 1.0 / sqrt(reduce_sum(hsum(q), lid) * p.inv_cols + p.eps);`;
+    return `${rowStart(c)}
+  ${statistics}
+  ${loop} { ${st(c.width, "y", "base + j", affine(c, `(${x} - mu) * r`))} }
+  ${c.saved ? "" : `if (${wgslRowLeader(c.layout)} && in_rows) { mean[row] = mu; rstd[row] = r; }`}
 }`;
   },
 });
 
-/** dx = rstd · (g·w − mean(g·w) − x̂ · mean(g·w·x̂)), one workgroup per row. */
+/** dx = rstd · (g·w − mean(g·w) − x̂ · mean(g·w·x̂)). */
 export const layerNormBackwardKernel = defineKernel({
   name: "layer_norm_backward",
   bindings: (c: RowConfig & GradDtype) => [
-    { name: "x", type: c.dtype },
-    ...optional(c.weight, { name: "w", type: "f32" }),
-    { name: "g", type: c.grad },
+    { name: "x", type: rowElement(c.dtype, c.width) },
+    ...optional(c.weight, { name: "w", type: rowElement("f32", c.width) }),
+    { name: "g", type: rowElement(c.grad, c.width) },
     { name: "mean", type: "f32" },
     { name: "rstd", type: "f32" },
-    { name: "dx", type: c.dtype, write: true },
+    { name: "dx", type: rowElement(c.dtype, c.width), write: true },
   ],
   uniforms: { rows: "u32", cols: "u32", inv_cols: "f32" },
   source: (c) => {
-    const loop = wgslRowLoop(c.layout, "p.cols");
-    return `${wgslRowReduce(c.layout)}
-@compute @workgroup_size(${REDUCE_THREADS})
-fn main(${WGSL_GRID_BUILTINS}) {
-  ${rowStart(c.layout)}
+    const loop = wgslRowLoop(c.layout, "n", c.lanes);
+    const gw = `let gw = ${ld(c.width, "g", "base + j")}${c.weight ? " * w[j]" : ""};`;
+    const x = ld(c.width, "x", "base + j");
+    return `${rowStart(c)}
   let mu = mean[row];
   let r = rstd[row];
-  var s1 = 0.0;
-  var s2 = 0.0;
+  var s1 = V(0.0);
+  var s2 = V(0.0);
   ${loop} {
-    let gw = f32(g[base + j])${c.weight ? " * w[j]" : ""};
+    ${gw}
     s1 += gw;
-    s2 += gw * (f32(x[base + j]) - mu) * r;
+    s2 += gw * (${x} - mu) * r;
   }
-  let m1 = reduce_sum(s1, lid) * inv_n;
-  let m2 = reduce_sum(s2, lid) * inv_n;
+  let m1 = reduce_sum(hsum(s1), lid) * p.inv_cols;
+  let m2 = reduce_sum(hsum(s2), lid) * p.inv_cols;
   ${loop} {
-    let gw = f32(g[base + j])${c.weight ? " * w[j]" : ""};
-    let xh = (f32(x[base + j]) - mu) * r;
-    dx[base + j] = ${c.dtype}(r * (gw - m1 - xh * m2));
+    ${gw}
+    let xh = (${x} - mu) * r;
+    ${st(c.width, "dx", "base + j", "r * (gw - m1 - xh * m2)")}
   }
 }`;
   },
@@ -154,9 +169,9 @@ fn main(${WGSL_GRID_BUILTINS}) {
   var sb = 0.0;
   for (var r = lid; r < p.rows; r += ${REDUCE_THREADS}u) {
     let i = r * p.cols + col;
-    let gv = f32(g[i]);
+    let gv = ld_g(i);
     sb += gv;
-    sw += gv * (f32(x[i]) - mean[r]) * rstd[r];
+    sw += gv * (ld_x(i) - mean[r]) * rstd[r];
   }
   sw = reduce_sum(sw, lid);
   sb = reduce_sum(sb, lid);
@@ -169,6 +184,47 @@ function rowsCols(x: Tensor): { rows: number; cols: number } {
   return { rows: x.shape.slice(0, -1).reduce((a, b) => a * b, 1), cols };
 }
 
+/** The statistics of a LayerNorm's rows, f32 [rows]: what backward and a recompute of y read. */
+export interface LayerNormStats {
+  /** Each row's mean. */
+  mean: Tensor;
+  /** Each row's 1/√(var + eps). */
+  rstd: Tensor;
+}
+
+/** Dispatches the forward kernel: statistics computed (`stats` null) or read. */
+function dispatchForward(
+  x: Tensor,
+  affine: { weight: Tensor | null; bias: Tensor | null; eps: number },
+  y: Tensor,
+  stats: LayerNormStats,
+  saved: boolean,
+): void {
+  const { rows, cols } = rowsCols(x);
+  if (rows * cols === 0) return;
+  const { weight, bias, eps } = affine;
+  const plan = rowPlan(x.gpu, cols);
+  const config = {
+    dtype: x.dtype,
+    out: y.dtype,
+    weight: weight !== null,
+    bias: bias !== null,
+    saved,
+    ...plan,
+  };
+  const kernel = x.gpu.kernel(layerNormForwardKernel, config);
+  const tensors = {
+    x,
+    y,
+    mean: stats.mean,
+    rstd: stats.rstd,
+    ...(weight && { w: weight }),
+    ...(bias && { b: bias }),
+  };
+  const uniforms = { rows, cols, inv_cols: 1 / cols, eps };
+  x.gpu.dispatch(kernel, tensors, uniforms, rowGrid(plan, rows));
+}
+
 /**
  * y (in `out`, default x's dtype), and the per-row f32 `mean` and `rstd`
  * ([rows]) that the backward pass needs (no autograd).
@@ -179,25 +235,32 @@ export function launchLayerNorm(
   bias: Tensor | null,
   eps: number,
   out: DType = x.dtype,
-): { y: Tensor; mean: Tensor; rstd: Tensor } {
-  const { rows, cols } = rowsCols(x);
+): { y: Tensor } & LayerNormStats {
+  const { rows } = rowsCols(x);
   const y = Tensor.empty(x.shape, out, x.gpu);
-  const mean = Tensor.empty([rows], "f32", x.gpu);
-  const rstd = Tensor.empty([rows], "f32", x.gpu);
-  if (rows * cols === 0) return { y, mean, rstd };
-  const layout = rowLayout(x.gpu, cols);
-  const config = {
-    dtype: x.dtype,
-    out,
-    weight: weight !== null,
-    bias: bias !== null,
-    layout,
+  const stats = {
+    mean: Tensor.empty([rows], "f32", x.gpu),
+    rstd: Tensor.empty([rows], "f32", x.gpu),
   };
-  const kernel = x.gpu.kernel(layerNormForwardKernel, config);
-  const tensors = { x, y, mean, rstd, ...(weight && { w: weight }), ...(bias && { b: bias }) };
-  const uniforms = { rows, cols, inv_cols: 1 / cols, eps };
-  x.gpu.dispatch(kernel, tensors, uniforms, rowGrid(layout, rows));
-  return { y, mean, rstd };
+  dispatchForward(x, { weight, bias, eps }, y, stats, false);
+  return { y, ...stats };
+}
+
+/**
+ * y again (in `out`) from statistics {@link launchLayerNorm} saved for the
+ * same x, weight and bias: one elementwise pass, no reductions, and bit for
+ * bit the y the forward wrote (the same expression of the same values).
+ * No autograd.
+ */
+export function launchLayerNormFromStats(
+  x: Tensor,
+  affine: { weight: Tensor | null; bias: Tensor | null },
+  stats: LayerNormStats,
+  out: DType,
+): Tensor {
+  const y = Tensor.empty(x.shape, out, x.gpu);
+  dispatchForward(x, { ...affine, eps: 0 }, y, stats, true);
+  return y;
 }
 
 /** dx of LayerNorm from the saved x, mean, rstd, the weight (if any) and upstream `g` (no autograd). */
@@ -211,11 +274,11 @@ export function launchLayerNormBackward(
   const { rows, cols } = rowsCols(x);
   const dx = Tensor.empty(x.shape, x.dtype, x.gpu);
   if (rows * cols === 0) return dx;
-  const layout = rowLayout(x.gpu, cols);
-  const config = { dtype: x.dtype, grad: g.dtype, weight: weight !== null, bias: false, layout };
+  const plan = rowPlan(x.gpu, cols);
+  const config = { dtype: x.dtype, grad: g.dtype, weight: weight !== null, bias: false, ...plan };
   const kernel = x.gpu.kernel(layerNormBackwardKernel, config);
   const tensors = { x, g, mean, rstd, dx, ...(weight && { w: weight }) };
-  x.gpu.dispatch(kernel, tensors, { rows, cols, inv_cols: 1 / cols }, rowGrid(layout, rows));
+  x.gpu.dispatch(kernel, tensors, { rows, cols, inv_cols: 1 / cols }, rowGrid(plan, rows));
   return dx;
 }
 

@@ -36,8 +36,8 @@ export const layerNormColumnPartialsKernel = defineKernel({
   source: () =>
     wgslColumnMain(
       [
-        { name: "sw", value: "f32(g[i]) * (f32(x[i]) - mean[r]) * rstd[r]" },
-        { name: "sb", value: "f32(g[i])" },
+        { name: "sw", value: "ld_g(i) * (ld_x(i) - mean[r]) * rstd[r]" },
+        { name: "sb", value: "ld_g(i)" },
       ],
       (total, term, k) =>
         term.name === "sw"

@@ -11,51 +11,59 @@ import { WGSL_GRID_BUILTINS } from "./grid.ts";
 import {
   rowGrid,
   type RowLayout,
-  rowLayout,
+  rowPlan,
   wgslRowIndex,
   wgslRowLoop,
   wgslRowReduce,
 } from "./row_layout.ts";
+import { ld, rowElement, type RowWidth, st, wgslRowWidth } from "./row_width.ts";
 import { REDUCE_THREADS, WGSL_LOWEST } from "./wgsl_math.ts";
 
 /** `softmax` or `log_softmax`. */
 export type SoftmaxKind = "softmax" | "log_softmax";
 
-/** A row kernel: the reduction helpers, the entry point and the row's base index around `body`. */
-function rowKernel(layout: RowLayout, body: string): string {
-  return `${wgslRowReduce(layout)}
+type Config = {
+  kind: SoftmaxKind;
+  dtype: DType;
+  layout: RowLayout;
+  lanes: number;
+  width: RowWidth;
+};
+
+/** A row kernel: the helpers, the entry point and the row's `base` unit and length `n` (in units) around `body`. */
+function rowKernel(c: Config, body: string): string {
+  return `${wgslRowReduce(c.layout, c.lanes)}${wgslRowWidth(c.width)}
 @compute @workgroup_size(${REDUCE_THREADS})
 fn main(${WGSL_GRID_BUILTINS}) {
-  ${wgslRowIndex(layout, "rows")}
-  let base = row * p.cols;
+  ${wgslRowIndex(c.layout, "rows", c.lanes)}
+  let n = p.cols / ${c.width}u;
+  let base = row * n;
   ${body}
 }`;
 }
 
-type Config = { kind: SoftmaxKind; dtype: DType; layout: RowLayout };
-
 export const softmaxForwardKernel = defineKernel({
   name: "softmax_forward",
   bindings: (c: Config) => [
-    { name: "x", type: c.dtype },
-    { name: "y", type: c.dtype, write: true },
+    { name: "x", type: rowElement(c.dtype, c.width) },
+    { name: "y", type: rowElement(c.dtype, c.width), write: true },
   ],
   uniforms: { rows: "u32", cols: "u32" },
-  source: ({ kind, dtype, layout }) => {
-    const loop = wgslRowLoop(layout, "p.cols");
+  source: (c) => {
+    const loop = wgslRowLoop(c.layout, "n", c.lanes);
+    const x = ld(c.width, "x", "base + j");
+    const out = c.kind === "softmax"
+      ? `let inv = 1.0 / s;\n  ${loop} { ${st(c.width, "y", "base + j", `exp(${x} - m) * inv`)} }`
+      : `let shift = m + log(s);\n  ${loop} { ${st(c.width, "y", "base + j", `${x} - shift`)} }`;
     return rowKernel(
-      layout,
-      `var m = ${WGSL_LOWEST};
-  ${loop} { m = max(m, f32(x[base + j])); }
-  m = reduce_max(m, lid);
-  var s = 0.0;
-  ${loop} { s += exp(f32(x[base + j]) - m); }
-  s = reduce_sum(s, lid);
-  ${
-        kind === "softmax"
-          ? `let inv = 1.0 / s;\n  ${loop} { y[base + j] = ${dtype}(exp(f32(x[base + j]) - m) * inv); }`
-          : `let shift = m + log(s);\n  ${loop} { y[base + j] = ${dtype}(f32(x[base + j]) - shift); }`
-      }`,
+      c,
+      `var mv = V(${WGSL_LOWEST});
+  ${loop} { mv = max(mv, ${x}); }
+  let m = reduce_max(hmax(mv), lid);
+  var sv = V(0.0);
+  ${loop} { sv += exp(${x} - m); }
+  let s = reduce_sum(hsum(sv), lid);
+  ${out}`,
     );
   },
 });
@@ -65,22 +73,24 @@ export const softmaxForwardKernel = defineKernel({
 export const softmaxBackwardKernel = defineKernel({
   name: "softmax_backward",
   bindings: (c: Config) => [
-    { name: "y", type: c.dtype },
-    { name: "dy", type: c.dtype },
-    { name: "dx", type: c.dtype, write: true },
+    { name: "y", type: rowElement(c.dtype, c.width) },
+    { name: "dy", type: rowElement(c.dtype, c.width) },
+    { name: "dx", type: rowElement(c.dtype, c.width), write: true },
   ],
   uniforms: { rows: "u32", cols: "u32" },
-  source: ({ kind, dtype, layout }) => {
-    const loop = wgslRowLoop(layout, "p.cols");
+  source: (c) => {
+    const loop = wgslRowLoop(c.layout, "n", c.lanes);
+    const y = ld(c.width, "y", "base + j"), dy = ld(c.width, "dy", "base + j");
+    const dx = c.kind === "softmax" ? "yj * (gj - d)" : "gj - exp(yj) * d";
     return rowKernel(
-      layout,
-      `var d = 0.0;
-  ${loop} { d += f32(dy[base + j])${kind === "softmax" ? " * f32(y[base + j])" : ""}; }
-  d = reduce_sum(d, lid);
+      c,
+      `var dv = V(0.0);
+  ${loop} { dv += ${dy}${c.kind === "softmax" ? ` * ${y}` : ""}; }
+  let d = reduce_sum(hsum(dv), lid);
   ${loop} {
-    let yj = f32(y[base + j]);
-    let gj = f32(dy[base + j]);
-    dx[base + j] = ${dtype}(${kind === "softmax" ? "yj * (gj - d)" : "gj - exp(yj) * d"});
+    let yj = ${y};
+    let gj = ${dy};
+    ${st(c.width, "dx", "base + j", dx)}
   }`,
     );
   },
@@ -97,9 +107,9 @@ export function launchSoftmax(kind: SoftmaxKind, x: Tensor): Tensor {
   const y = Tensor.empty(x.shape, x.dtype, x.gpu);
   const { rows, cols } = rowsOf(x);
   if (rows === 0) return y;
-  const layout = rowLayout(x.gpu, cols);
-  const kernel = x.gpu.kernel(softmaxForwardKernel, { kind, dtype: x.dtype, layout });
-  x.gpu.dispatch(kernel, { x, y }, { rows, cols }, rowGrid(layout, rows));
+  const plan = rowPlan(x.gpu, cols);
+  const kernel = x.gpu.kernel(softmaxForwardKernel, { kind, dtype: x.dtype, ...plan });
+  x.gpu.dispatch(kernel, { x, y }, { rows, cols }, rowGrid(plan, rows));
   return y;
 }
 
@@ -108,8 +118,8 @@ export function launchSoftmaxBackward(kind: SoftmaxKind, y: Tensor, dy: Tensor):
   const dx = Tensor.empty(y.shape, y.dtype, y.gpu);
   const { rows, cols } = rowsOf(y);
   if (rows === 0) return dx;
-  const layout = rowLayout(y.gpu, cols);
-  const kernel = y.gpu.kernel(softmaxBackwardKernel, { kind, dtype: y.dtype, layout });
-  y.gpu.dispatch(kernel, { y, dy, dx }, { rows, cols }, rowGrid(layout, rows));
+  const plan = rowPlan(y.gpu, cols);
+  const kernel = y.gpu.kernel(softmaxBackwardKernel, { kind, dtype: y.dtype, ...plan });
+  y.gpu.dispatch(kernel, { y, dy, dx }, { rows, cols }, rowGrid(plan, rows));
   return dx;
 }

@@ -1,5 +1,5 @@
 /** Differentiable per-row cross-entropy from logits (f32 math inside). */
-import { fail, ShapeError, ValueError } from "../errors.ts";
+import { DTypeError, fail, ShapeError, ValueError } from "../errors.ts";
 import { record } from "../autograd.ts";
 import { autocastInputsWidenedInKernel } from "../autocast_hook.ts";
 import {
@@ -48,6 +48,9 @@ function checkedParams(
         `and targets ${targets.describe()}.`,
     );
   }
+  if (logits.dtype === "i32") {
+    fail(DTypeError, where, `logits ${logits.describe()} must be f32, f16 or bf16.`);
+  }
   const classes = logits.shape[1];
   const smoothing = options.smoothing ?? 0;
   if (!(smoothing >= 0 && smoothing <= 1)) {
@@ -74,7 +77,7 @@ function checkedParams(
 }
 
 /**
- * The cross-entropy of each row of `logits` ([rows, classes], f32 or f16)
+ * The cross-entropy of each row of `logits` ([rows, classes], f32, f16 or bf16)
  * against i32 class ids `targets` ([rows]), as f32 losses [rows], with
  * PyTorch's class weights, ignore index and label smoothing. The
  * log-sum-exp is computed stably in f32, and the backward needs no softmax
@@ -85,8 +88,8 @@ export function crossEntropyPerRow(
   targets: Tensor,
   options: CrossEntropyRowOptions = {},
 ): CrossEntropyPerRow {
-  // The kernels compute in f32 whatever the logits' dtype: f16 logits are read, not cast up, and
-  // their gradient is written in f16.
+  // The kernels compute in f32 whatever the logits' dtype: f16 and bf16 logits are read, not cast
+  // up, and their gradient is written in their dtype.
   const { inputs: [logits] } = autocastInputsWidenedInKernel("cross_entropy", [logits0]);
   const params = checkedParams(logits, targets, options);
   const { loss, targetWeight, stats } = launchCrossEntropy(logits, targets, params);

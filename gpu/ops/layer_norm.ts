@@ -47,8 +47,8 @@ export function checkLayerNormInputs(
   bias: Tensor | null,
   eps: number,
 ): number {
-  if (x.dtype !== "f32" && x.dtype !== "f16") {
-    throw new DTypeError(`layerNorm: input ${x.describe()} must be f32 or f16.`);
+  if (x.dtype === "i32") {
+    throw new DTypeError(`layerNorm: input ${x.describe()} must be f32, f16 or bf16.`);
   }
   if (x.rank === 0) {
     throw new ShapeError(
@@ -66,8 +66,8 @@ export function checkLayerNormInputs(
 
 /**
  * LayerNorm over the last axis (size C): y = (x − mean) / √(var + eps) · weight + bias,
- * with the mean and biased variance of each row computed in f32. `x` is f32 or
- * f16 and y has its dtype; `weight` and `bias` are f32 [C] or null (no affine
+ * with the mean and biased variance of each row computed in f32. `x` is f32,
+ * f16 or bf16 and y has its dtype; `weight` and `bias` are f32 [C] or null (no affine
  * term). Gradients: dx in x's dtype, dweight and dbias in f32.
  *
  * Saved for backward: x (a shared handle, no copy), the per-row mean and rstd

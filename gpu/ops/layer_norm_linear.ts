@@ -1,7 +1,8 @@
 /**
  * LayerNorm then a linear layer as one op that keeps the LayerNorm's input
  * instead of its output: backward normalises the rows again for the weight
- * gradient. A transformer block has two such pairs (norm1 → qkv, norm2 →
+ * gradient, from the per-row mean and rstd the forward saved (one
+ * elementwise pass, no second statistics pass). A transformer block has two such pairs (norm1 → qkv, norm2 →
  * fc1), and the LayerNorm's input (the residual stream) is kept anyway, so
  * each pair keeps one activation fewer.
  */
@@ -10,6 +11,7 @@ import { autocastDtypes, autocastInputs, releaseCasts } from "../autocast_hook.t
 import {
   launchLayerNorm,
   launchLayerNormBackward,
+  launchLayerNormFromStats,
   launchLayerNormParamGrads,
 } from "../kernels/layer_norm.ts";
 import type { Tensor } from "../tensor.ts";
@@ -89,16 +91,21 @@ export function layerNormLinear(
         const sy = options.activation === "relu" ? saved.at(-1) : undefined;
         // needs follows inputs: x, then the LayerNorm's weight and bias, W, the bias.
         const at = { nw: 1, nb: 1 + (nw ? 1 : 0), w: 1 + (nw ? 1 : 0) + (nb ? 1 : 0) };
-        const again = launchLayerNorm(sx, sNw, sNb, eps, rowsDtype);
-        [again.mean, again.rstd].forEach((t) => t.dispose());
+        // The forward's statistics, not a second pass of reductions: the same rows bit for bit.
+        const again = launchLayerNormFromStats(
+          sx,
+          { weight: sNw, bias: sNb },
+          { mean, rstd },
+          rowsDtype,
+        );
         const needsNormGrad = needs[0] || (nw !== null && needs[at.nw]) ||
           (nb !== null && needs[at.nb]);
-        const [dRead, dW, dBias] = layer!.backward(g, again.y, sw, sy, [
+        const [dRead, dW, dBias] = layer!.backward(g, again, sw, sy, [
           needsNormGrad,
           needs[at.w],
           bias !== null && needs[at.w + 1],
         ]);
-        again.y.dispose();
+        again.dispose();
         let dx: Tensor | null = null, dNw: Tensor | null = null, dNb: Tensor | null = null;
         if (dRead) {
           // dRead is in the product's dtype: the kernels read it as it is.

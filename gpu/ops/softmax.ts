@@ -1,5 +1,5 @@
-/** Differentiable softmax and log-softmax over the last axis (f32 math inside). */
-import { ShapeError } from "../errors.ts";
+/** Differentiable softmax and log-softmax over the last axis (f32 math inside; f32, f16 or bf16 storage). */
+import { DTypeError, fail, ShapeError } from "../errors.ts";
 import { record } from "../autograd.ts";
 import { autocastInputs } from "../autocast_hook.ts";
 import { launchSoftmax, launchSoftmaxBackward, type SoftmaxKind } from "../kernels/softmax.ts";
@@ -16,9 +16,11 @@ function checkAxis(op: string, x: Tensor, axis: number): void {
 }
 
 function softmaxOp(kind: SoftmaxKind, x0: Tensor, axis: number): Tensor {
-  assertTensors(kind === "softmax" ? "softmax" : "logSoftmax", x0);
+  const where = kind === "softmax" ? "softmax" : "logSoftmax";
+  assertTensors(where, x0);
   const [x] = autocastInputs(kind, [x0]);
   checkAxis(kind, x, axis);
+  if (x.dtype === "i32") fail(DTypeError, where, `input ${x.describe()} must be f32, f16 or bf16.`);
   const y = launchSoftmax(kind, x);
   return record({
     op: kind,

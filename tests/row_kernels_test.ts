@@ -1,0 +1,258 @@
+/**
+ * The row kernels (LayerNorm, softmax, log-softmax, cross-entropy; forward
+ * and backward) against the f64 references at odd and vec4-sized row
+ * lengths and several row counts, f32, f16 and bf16, on every row path:
+ * the CPU adapter's (a thread per row up to 4096 entries), and as a GPU with
+ * several rows per workgroup through workgroup memory and through subgroups.
+ * bf16 rows of odd length share words with their neighbours, so this also
+ * checks that no row's stores clobber the next row's first entry.
+ */
+import assert from "node:assert/strict";
+import { DTYPES, logSoftmax, softmax, Tensor, tidy } from "../gpu/mod.ts";
+import { layerNorm } from "../gpu/ops/layer_norm.ts";
+import { crossEntropyPerRow } from "../gpu/ops/cross_entropy.ts";
+import { launchLayerNorm, launchLayerNormFromStats } from "../gpu/kernels/layer_norm.ts";
+import { rowSettings } from "../gpu/kernels/row_layout.ts";
+import { gpuLikeProfile, withAdapterProfile } from "../gpu/adapter_profile.ts";
+import { dispatchedKernels, gpu, GPU_TEST, withSettings } from "./_gpu.ts";
+import { crossEntropy64, layerNorm64, quantize, softmax64, uniform } from "./_reference.ts";
+import { assertClose, TOL, type Tolerance } from "./_assert.ts";
+
+/** [rows, cols]: one-entry rows, odd lengths (65, 383, 4097), and vec4 lengths (20, 384, 4096). */
+const SHAPES = [[7, 1], [70, 65], [33, 383], [3, 4097], [9, 20], [33, 384], [2, 4096]];
+
+const FLOATS = DTYPES.filter((d) => d !== "f16" || gpu.f16);
+
+/** A row path: how it is entered, and what its kernel keys must show. */
+interface Path {
+  name: string;
+  run<T>(fn: () => Promise<T>): Promise<T>;
+}
+
+/** As a GPU (subgroups on or off) with every row on the workgroup/subgroup path (no thread rows). */
+function asGpuRows(subgroups: boolean): Path {
+  return {
+    name: subgroups ? "gpu subgroups" : "gpu workgroup memory",
+    run: (fn) =>
+      withAdapterProfile(
+        gpu,
+        { ...gpuLikeProfile(gpu), subgroups },
+        () => withSettings(rowSettings.of(gpu), { threadRowMax: 0 }, fn),
+      ),
+  };
+}
+
+const PATHS: Path[] = [
+  { name: "cpu", run: (fn) => fn() },
+  asGpuRows(false),
+  ...(gpu.subgroups ? [asGpuRows(true)] : []),
+];
+
+// Row statistics in f32 over up to 4097 terms (their order differs per path).
+const STAT_TOL: Tolerance = { atol: 2e-4, rtol: 1e-4 };
+
+/** Each kernel key dispatched while `fn` runs, for the path checks. */
+async function keysOf(fn: () => Promise<void>): Promise<string[]> {
+  const keys: string[] = [];
+  const start = gpu.batch.dispatch.bind(gpu.batch);
+  gpu.batch.dispatch = (kernel, ...rest) => {
+    keys.push(kernel.key);
+    start(kernel, ...rest);
+  };
+  try {
+    await fn();
+  } finally {
+    gpu.batch.dispatch = start;
+  }
+  return keys;
+}
+
+Deno.test({
+  name: "row kernels: LayerNorm forward, backward and the recompute from saved statistics " +
+    "match f64 on every row path, f32, f16 and bf16",
+  ...GPU_TEST,
+  async fn() {
+    for (const path of PATHS) {
+      const keys = await keysOf(() =>
+        path.run(async () => {
+          for (const [rows, cols] of SHAPES) {
+            for (const dtype of FLOATS) {
+              const n = rows * cols, label = `${path.name} ${dtype} [${rows}, ${cols}]`;
+              const x = quantize(uniform(n, n + cols, -2, 3), dtype);
+              const g = quantize(uniform(n, 11), dtype);
+              const w = quantize(uniform(cols, 5, 0.5, 1.5), "f32");
+              const b = quantize(uniform(cols, 6), "f32");
+              const tx = Tensor.from(x, [rows, cols], { dtype, requiresGrad: true });
+              const tw = Tensor.from(w, [cols], { requiresGrad: true });
+              const tb = Tensor.from(b, [cols], { requiresGrad: true });
+              const y = layerNorm(tx, { weight: tw, bias: tb });
+              const ref = layerNorm64(x, g, cols, w, b, 1e-5);
+              assertClose(await y.read(), ref.y, TOL[dtype], `y ${label}`);
+              y.backward({ gradient: Tensor.from(g, [rows, cols], { dtype }) });
+              assertClose(await tx.grad!.read(), ref.dx, TOL[dtype], `dx ${label}`);
+              assertClose(await tw.grad!.read(), ref.dw, STAT_TOL, `dweight ${label}`);
+              assertClose(await tb.grad!.read(), ref.db, STAT_TOL, `dbias ${label}`);
+              // The recompute from saved statistics gives the forward's y bit for bit.
+              const again = tidy(() => {
+                const forward = launchLayerNorm(tx, tw, tb, 1e-5);
+                return {
+                  y: forward.y,
+                  redo: launchLayerNormFromStats(tx, { weight: tw, bias: tb }, forward, dtype),
+                };
+              });
+              assert.deepEqual(await again.redo.read(), await again.y.read(), `recompute ${label}`);
+              for (const t of [tx, tw, tb]) t.grad!.dispose();
+              for (const t of [tx, tw, tb, y, again.y, again.redo]) t.dispose();
+            }
+          }
+        })
+      );
+      assertPathKeys(path, keys.filter((k) => k.startsWith("layer_norm_")));
+    }
+  },
+});
+
+/** The kernels ran on the path's layout, several rows per workgroup and vec4 where the path has them. */
+function assertPathKeys(path: Path, keys: string[]): void {
+  const has = (s: string) => keys.some((k) => k.includes(s));
+  assert.ok(keys.length > 0, path.name);
+  if (path.name === "cpu") {
+    assert.ok(has("layout=thread") && has("width=4"), `${path.name}: ${keys[0]}`);
+    return;
+  }
+  const layout = path.name === "gpu subgroups" ? "layout=subgroup" : "layout=workgroup";
+  assert.ok(keys.every((k) => !k.includes("layout=thread")), `${path.name}: a thread row`);
+  for (const lanes of [4, 32, 64]) assert.ok(has(`lanes=${lanes}`), `${path.name}: lanes ${lanes}`);
+  assert.ok(has(layout) && has("width=4") && has("width=1"), `${path.name}: ${keys[0]}`);
+}
+
+Deno.test({
+  name: "row kernels: softmax and log-softmax forward and backward match f64 on every row path, " +
+    "f32, f16 and bf16",
+  ...GPU_TEST,
+  async fn() {
+    for (const path of PATHS) {
+      const keys = await keysOf(() =>
+        path.run(async () => {
+          for (const [rows, cols] of SHAPES) {
+            for (const dtype of FLOATS) {
+              for (const log of [false, true]) {
+                const n = rows * cols;
+                const label = `${path.name} ${
+                  log ? "log_softmax" : "softmax"
+                } ${dtype} [${rows}, ${cols}]`;
+                const x = quantize(uniform(n, cols + 1, -30, 30), dtype);
+                const g = quantize(uniform(n, 2), dtype);
+                const tx = Tensor.from(x, [rows, cols], { dtype, requiresGrad: true });
+                const y = (log ? logSoftmax : softmax)(tx);
+                const ref = softmax64(x, cols, log);
+                assertClose(await y.read(), ref, TOL[dtype], label);
+                y.backward({ gradient: Tensor.from(g, [rows, cols], { dtype }) });
+                const dx = new Float64Array(n);
+                for (let r = 0; r < rows; r++) {
+                  let d = 0;
+                  for (let j = 0; j < cols; j++) {
+                    d += g[r * cols + j] * (log ? 1 : ref[r * cols + j]);
+                  }
+                  for (let j = 0; j < cols; j++) {
+                    const k = r * cols + j;
+                    dx[k] = log ? g[k] - Math.exp(ref[k]) * d : ref[k] * (g[k] - d);
+                  }
+                }
+                assertClose(await tx.grad!.read(), dx, TOL[dtype], `${label} grad`);
+                tx.grad!.dispose();
+                tx.dispose();
+                y.dispose();
+              }
+            }
+          }
+        })
+      );
+      assertPathKeys(path, keys.filter((k) => k.startsWith("softmax_")));
+    }
+  },
+});
+
+Deno.test({
+  name: "row kernels: cross-entropy (class weights, smoothing, an ignored row) forward and " +
+    "backward match f64 on every row path, f32, f16 and bf16",
+  ...GPU_TEST,
+  async fn() {
+    for (const path of PATHS) {
+      const keys = await keysOf(() =>
+        path.run(async () => {
+          for (const [rows, cols] of SHAPES) {
+            for (const dtype of FLOATS) {
+              for (const weighted of [false, true]) {
+                const n = rows * cols;
+                const label = `${path.name} ${dtype} [${rows}, ${cols}] weighted ${weighted}`;
+                const x = quantize(uniform(n, n + 3, -4, 4), dtype);
+                const targets = Array.from(uniform(rows, 7, 0, cols), Math.floor);
+                if (rows > 1) targets[1] = -100;
+                const weight = weighted ? quantize(uniform(cols, 8, 0.5, 2), "f32") : null;
+                const g = quantize(uniform(rows, 9, 0.5, 1.5), "f32");
+                const tx = Tensor.from(x, [rows, cols], { dtype, requiresGrad: true });
+                const tw = weight ? Tensor.from(weight, [cols]) : undefined;
+                const ids = Tensor.from(targets, [rows], { dtype: "i32" });
+                const { losses, targetWeights } = crossEntropyPerRow(tx, ids, {
+                  weight: tw,
+                  smoothing: 0.1,
+                });
+                const ref = crossEntropy64(x, targets, cols, {
+                  smoothing: 0.1,
+                  weight,
+                  reduction: "none",
+                });
+                assertClose(await losses.read(), ref.loss, STAT_TOL, `loss ${label}`);
+                losses.backward({ gradient: Tensor.from(g, [rows]) });
+                const dx = ref.grad.map((v, i) => v * g[Math.floor(i / cols)]);
+                assertClose(await tx.grad!.read(), dx, TOL[dtype], `dx ${label}`);
+                for (const t of [tx.grad!, tx, tw, ids, losses, targetWeights]) t?.dispose();
+              }
+            }
+          }
+        })
+      );
+      assertPathKeys(path, keys.filter((k) => k.startsWith("cross_entropy_forward")));
+    }
+  },
+});
+
+Deno.test({
+  name:
+    "row kernels: vec4 loads off (rowSettings.vec4 false) give the one-entry kernels, same results",
+  ...GPU_TEST,
+  async fn() {
+    const x = uniform(5 * 384, 3, -2, 2);
+    const run = async () => {
+      const t = Tensor.from(x, [5, 384]);
+      const keys = dispatchedKernels(() => tidy(() => void softmax(t)));
+      const y = await tidy(() => softmax(t)).read();
+      t.dispose();
+      return { keys, y };
+    };
+    const wide = await run();
+    const narrow = await withSettings(rowSettings.of(gpu), { vec4: false }, run);
+    assert.ok(wide.keys[0].includes("width=4") && narrow.keys[0].includes("width=1"));
+    assertClose(narrow.y, wide.y, TOL.f32, "softmax");
+  },
+});
+
+Deno.test({
+  name: "row kernels: i32 input to softmax, logSoftmax, crossEntropyPerRow is a clear error",
+  ...GPU_TEST,
+  fn() {
+    tidy(() => {
+      const ids = Tensor.from([1, 2, 3, 4], [1, 4], { dtype: "i32" });
+      assert.throws(() => softmax(ids), /softmax: input i32 \[1, 4\] must be f32, f16 or bf16/);
+      assert.throws(
+        () => logSoftmax(ids),
+        /logSoftmax: input i32 \[1, 4\] must be f32, f16 or bf16/,
+      );
+      assert.throws(
+        () => crossEntropyPerRow(ids, Tensor.from([0], [1], { dtype: "i32" })),
+        /crossEntropy: logits i32 \[1, 4\] must be f32, f16 or bf16/,
+      );
+    });
+  },
+});
