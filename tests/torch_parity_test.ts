@@ -27,7 +27,7 @@ import { loadModule, saveModule } from "../nn/safetensors_file.ts";
 import { GPU_TEST } from "./_gpu.ts";
 import { uniform } from "./_reference.ts";
 import { assertClose, TOL } from "./_assert.ts";
-import { torchPython } from "./_torch_python.ts";
+import { TORCH_PYTHON } from "./_torch.ts";
 
 const FIXTURES = new URL("./fixtures/torch/", import.meta.url);
 const parity = JSON.parse(await Deno.readTextFile(new URL("parity.json", FIXTURES)));
@@ -332,8 +332,6 @@ Deno.test({
 });
 
 const size = (shape: number[]) => shape.reduce((a, b) => a * b, 1);
-
-const TORCH_PYTHON = torchPython();
 
 Deno.test({
   name: "torch parity: a trained halfstep Sequential loads with load_state_dict(strict=True) " +
