@@ -25,13 +25,13 @@ import { assertClose, TOL, type Tolerance } from "./_assert.ts";
 const PARAM_TOL: Tolerance = { atol: 1e-4, rtol: 1e-4 };
 
 Deno.test({
-  name: "layerNorm: forward and backward match f64, f32 and f16, odd shapes",
+  name: "layerNorm: forward and backward match f64, f32, f16 and bf16, odd shapes",
   ...GPU_TEST,
   async fn() {
     await withEachRowLayout(async () => {
       for (const rows of [1, 7, 129]) {
         for (const cols of [1, 5, 33, 1000]) {
-          for (const dtype of ["f32", "f16"] as const) {
+          for (const dtype of ["f32", "f16", "bf16"] as const) {
             const n = rows * cols, label = `${dtype} [${rows}, ${cols}]`;
             const x = quantize(uniform(n, n + cols, -2, 3), dtype);
             const g = quantize(uniform(n, 11), dtype);
@@ -43,8 +43,8 @@ Deno.test({
             const y = layerNorm(tx, { weight: tw, bias: tb });
             assert.equal(y.dtype, dtype);
             const ref = layerNorm64(x, g, cols, w, b, 1e-5);
-            // f16: y and dx are stored in f16 (relative half-ulp 4.9e-4 of values up to ~4);
-            // TOL.f16 covers that. f32: f32 statistics and arithmetic, TOL.f32.
+            // f16/bf16: y and dx are stored in f16/bf16 (relative half-ulp 4.9e-4 / 3.9e-3 of
+            // values up to ~4); TOL covers that. f32: f32 statistics and arithmetic, TOL.f32.
             assertClose(await y.read(), ref.y, TOL[dtype], `y ${label}`);
             y.backward({ gradient: Tensor.from(g, [rows, cols], { dtype }) });
             assert.equal(tx.grad!.dtype, dtype);
@@ -97,14 +97,15 @@ Deno.test({
 });
 
 Deno.test({
-  name: "layerNorm over one feature: y is the bias and dx exactly 0, bit for bit, f32 and f16",
+  name:
+    "layerNorm over one feature: y is the bias and dx exactly 0, bit for bit, f32, f16 and bf16",
   ...GPU_TEST,
   async fn() {
     await withEachRowLayout(async () => {
       // The row mean must equal its one element exactly, or x − mean is a rounding
       // residue that 1/sqrt(eps) magnifies (an NVIDIA GPU gave dx = −1.7e-5).
       const rows = 129;
-      for (const dtype of ["f32", "f16"] as const) {
+      for (const dtype of ["f32", "f16", "bf16"] as const) {
         const x = quantize(uniform(rows, 5, -300, 300), dtype);
         const tx = Tensor.from(x, [rows, 1], { dtype, requiresGrad: true });
         const w = Tensor.from([1.5], [1], { requiresGrad: true });

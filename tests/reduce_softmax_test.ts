@@ -95,12 +95,13 @@ Deno.test({
 });
 
 Deno.test({
-  name: "softmax and log-softmax: forward and backward match f64, f32 and f16, odd row lengths",
+  name:
+    "softmax and log-softmax: forward and backward match f64, f32, f16 and bf16, odd row lengths",
   ...GPU_TEST,
   async fn() {
     await withEachRowLayout(async () => {
       for (const [rows, cols] of [[1, 1], [5, 7], [3, 129], [2, 4099], [300, 10]]) {
-        for (const dtype of ["f32", "f16"] as const) {
+        for (const dtype of ["f32", "f16", "bf16"] as const) {
           for (const log of [false, true]) {
             // Large logits: a naive exp would overflow; the max shift must keep it finite.
             const x = quantize(uniform(rows * cols, cols, -30, 30), dtype);
