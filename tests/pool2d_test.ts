@@ -1,6 +1,6 @@
 import assert from "node:assert/strict";
 import { autocast, customAutocastLists } from "../amp/mod.ts";
-import { mul, noGrad, sum, Tensor } from "../gpu/mod.ts";
+import { DTYPES, mul, noGrad, sum, Tensor } from "../gpu/mod.ts";
 import { flatten } from "../gpu/ops/flatten.ts";
 import {
   adaptiveAvgPool2d,
@@ -156,7 +156,7 @@ function paddingFor(k: Pair, p: number): Pair | null {
 
 Deno.test({
   name: "maxPool2d: forward and backward match f64 (ties: first maximum), odd shapes, " +
-    "kernels 1/2/3/3×1, strides 1/2, padding 0/1, dilation 1/2, f32 and f16",
+    "kernels 1/2/3/3×1, strides 1/2, padding 0/1, dilation 1/2, f32, f16 and bf16",
   ...GPU_TEST,
   async fn() {
     let cases = 0, tooSmall = 0;
@@ -179,7 +179,7 @@ Deno.test({
                 x.dispose();
                 continue;
               }
-              for (const dtype of ["f32", "f16"] as const) {
+              for (const dtype of DTYPES) {
                 const n = N * C * h * w;
                 const x = ties(n, n + k[0] + stride + dilation);
                 const g = quantize(uniform(N * C * oh * ow, oh * ow + 3), dtype);
@@ -188,7 +188,7 @@ Deno.test({
                 const y = maxPool2d(tx, options);
                 assert.deepEqual(y.shape, [N, C, oh, ow], label);
                 assert.equal(y.dtype, dtype);
-                // Values are copied, never computed: exact in both dtypes.
+                // Values are copied, never computed: exact in every dtype.
                 assert.deepEqual(
                   Array.from(await y.read()),
                   Array.from(ref.y),
@@ -216,7 +216,7 @@ Deno.test({
   name: "maxPool2d: continuous values, rank-3 input, overlapping windows sum their gradients",
   ...GPU_TEST,
   async fn() {
-    for (const dtype of ["f32", "f16"] as const) {
+    for (const dtype of DTYPES) {
       // [C, H, W] input: the same as N = 1.
       const [c, h, w] = [4, 33, 9];
       const x = quantize(uniform(c * h * w, 5, -3, 3), dtype);
@@ -267,7 +267,7 @@ Deno.test({
     "padding counts as −∞; an all-padding window gives −∞ and no gradient",
   ...GPU_TEST,
   async fn() {
-    for (const dtype of ["f32", "f16"] as const) {
+    for (const dtype of DTYPES) {
       const x = [1, NaN, 2, 3, -4, NaN, -5, -6, 7, 8, -9, -1, 0, 2, 2, 1];
       const g = [1, 2, 3, 4, 5, 6, 7, 8, 9];
       const win: Window = { k: [2, 2], s: [1, 1], p: [0, 0], d: [1, 1] };
@@ -312,7 +312,7 @@ Deno.test({
 
 Deno.test({
   name: "avgPool2d: forward and backward match f64, odd shapes, kernels 1/2/3/3×1, " +
-    "strides 1/2, padding 0/1, countIncludePad both ways, f32 and f16",
+    "strides 1/2, padding 0/1, countIncludePad both ways, f32, f16 and bf16",
   ...GPU_TEST,
   async fn() {
     let cases = 0;
@@ -333,7 +333,7 @@ Deno.test({
                 countIncludePad,
               };
               const label: string = `[${h}, ${w}] ${JSON.stringify(options)}`;
-              for (const dtype of ["f32", "f16"] as const) {
+              for (const dtype of DTYPES) {
                 const n = N * C * h * w;
                 const x = quantize(uniform(n, n + k[1], -2, 3), dtype);
                 const g = quantize(uniform(N * C * oh * ow, oh + ow), dtype);
@@ -375,7 +375,7 @@ Deno.test({
 
 Deno.test({
   name: "adaptiveAvgPool2d: global and general output sizes (overlapping, uneven and " +
-    "upsampling windows) match f64, forward and backward, f32 and f16",
+    "upsampling windows) match f64, forward and backward, f32, f16 and bf16",
   ...GPU_TEST,
   async fn() {
     let cases = 0;
@@ -383,7 +383,7 @@ Deno.test({
       for (const size of [1, [2, 3], [5, 4], [null, 3], [h + 2, 1]] as const) {
         const oh = typeof size === "number" ? size : size[0] ?? h;
         const ow = typeof size === "number" ? size : size[1] ?? w;
-        for (const dtype of ["f32", "f16"] as const) {
+        for (const dtype of DTYPES) {
           const n = N * C * h * w, label = `[${h}, ${w}] → ${JSON.stringify(size)} ${dtype}`;
           const x = quantize(uniform(n, n + oh, -2, 2), dtype);
           const g = quantize(uniform(N * C * oh * ow, ow + 1), dtype);
@@ -402,7 +402,7 @@ Deno.test({
         }
       }
     }
-    assert.equal(cases, 50);
+    assert.equal(cases, 75);
     // Global average pooling of an unbatched [C, H, W] input.
     const x = Tensor.from(uniform(2 * 9 * 33, 3), [2, 9, 33]);
     const y = adaptiveAvgPool2d(x, [1, 1]);
@@ -475,7 +475,7 @@ Deno.test({
       );
       assert.throws(
         () => pool(ids, {}),
-        new RegExp(`${name}: input i32 \\[1, 1, 2, 2\\] must be f32 or f16`),
+        new RegExp(`${name}: input i32 \\[1, 1, 2, 2\\] must be f32, f16 or bf16`),
       );
       assert.throws(
         () => pool(x, { kernelSize: 0 }),
@@ -547,7 +547,7 @@ Deno.test({
     );
     assert.throws(
       () => adaptiveAvgPool2d(ids, 1),
-      /adaptiveAvgPool2d: input i32 .* must be f32 or f16/,
+      /adaptiveAvgPool2d: input i32 .* must be f32, f16 or bf16/,
     );
     for (const bad of [0, 1.5, [1], [2, 0], -1]) {
       assert.throws(

@@ -2,7 +2,8 @@
  * 2-D pooling over the last two axes of a contiguous [planes, H, W] view
  * (NCHW: planes = N·C), one thread per output element forward and one per
  * input element backward. Sums and comparisons run in f32; x, y, the
- * gradients and dx are stored in the input's dtype.
+ * gradients and dx are stored in the input's dtype (f32, f16 or bf16, read
+ * and written through the `ld_`/`st_` accessors of gpu/kernel.ts).
  *
  * Backward is a gather, never a scatter: each input element walks the few
  * output windows that can contain it (at most kh·kw of them; for adaptive
@@ -147,7 +148,7 @@ export const maxPool2dKernel = defineKernel({
     ...optional(c.indices, { name: "idx", type: "i32", write: true }),
   ],
   uniforms: { ...WINDOW_UNIFORMS, neg_inf: "f32" },
-  source: ({ dtype, indices }) =>
+  source: ({ indices }) =>
     `fn is_nan(v: f32) -> bool {
   return ${wgslIsNan("v")};
 }
@@ -166,7 +167,7 @@ fn main(${WGSL_GRID_BUILTINS}) {
       let ix = x0 + i32(kx * p.dw);
       if (ix < 0 || ix >= i32(p.w)) { continue; }
       let pos = iy * i32(p.w) + ix;
-      let v = f32(x[base + u32(pos)]);
+      let v = ld_x(base + u32(pos));
       let v_nan = is_nan(v);
       if (v_nan || (!nan_seen && (arg < 0 || v > best))) {
         best = v;
@@ -175,8 +176,9 @@ fn main(${WGSL_GRID_BUILTINS}) {
       }
     }
   }
-  // Copy the chosen element itself: exact in any dtype, NaN payload included.
-  if (arg >= 0) { y[i] = x[base + u32(arg)]; } else { y[i] = ${dtype}(p.neg_inf); }
+  // The chosen element itself, widened and stored back: exact in every dtype
+  // (a bf16 NaN becomes the quiet 0x7FC0, as every conversion to bf16 does).
+  if (arg >= 0) { st_y(i, ld_x(base + u32(arg))); } else { st_y(i, p.neg_inf); }
   ${indices ? "idx[i] = arg;" : ""}
 }`,
 });
@@ -190,15 +192,15 @@ export const maxPool2dBackwardKernel = defineKernel({
     { name: "dx", type: c.dtype, write: true },
   ],
   uniforms: WINDOW_UNIFORMS,
-  source: ({ dtype, disjoint }) =>
+  source: ({ disjoint }) =>
     `@compute @workgroup_size(${WORKGROUP})
 fn main(${WGSL_GRID_BUILTINS}) {
   ${THREAD_INDEX}
   ${INPUT_COORDS}
   let here = i32(iy * p.w + ix);
   var acc = 0.0;
-  ${forEachWindow("if (idx[o] == here) { acc += f32(g[o]); }", disjoint)}
-  dx[i] = ${dtype}(acc);
+  ${forEachWindow("if (idx[o] == here) { acc += ld_g(o); }", disjoint)}
+  st_dx(i, acc);
 }`,
 });
 
@@ -206,7 +208,7 @@ fn main(${WGSL_GRID_BUILTINS}) {
 const WGSL_WINDOW_SUM = `fn window_sum(base: u32, ya: u32, yb: u32, xa: u32, xb: u32) -> f32 {
   var acc = 0.0;
   for (var iy = ya; iy < yb; iy++) {
-    for (var ix = xa; ix < xb; ix++) { acc += f32(x[base + iy * p.w + ix]); }
+    for (var ix = xa; ix < xb; ix++) { acc += ld_x(base + iy * p.w + ix); }
   }
   return acc;
 }
@@ -243,7 +245,7 @@ export const avgPool2dKernel = defineKernel({
     { name: "y", type: c.dtype, write: true },
   ],
   uniforms: AVG_UNIFORMS,
-  source: ({ dtype }) =>
+  source: () =>
     `${WGSL_WINDOW_SUM}${WGSL_AVG_DIVISOR}
 @compute @workgroup_size(${WORKGROUP})
 fn main(${WGSL_GRID_BUILTINS}) {
@@ -253,7 +255,7 @@ fn main(${WGSL_GRID_BUILTINS}) {
   let yb = u32(min(y0 + i32(p.kh), i32(p.h)));
   let xa = u32(max(x0, 0));
   let xb = u32(min(x0 + i32(p.kw), i32(p.w)));
-  y[i] = ${dtype}(window_sum(base, ya, yb, xa, xb) / divisor(oy, ox));
+  st_y(i, window_sum(base, ya, yb, xa, xb) / divisor(oy, ox));
 }`,
 });
 
@@ -265,15 +267,15 @@ export const avgPool2dBackwardKernel = defineKernel({
     { name: "dx", type: c.dtype, write: true },
   ],
   uniforms: AVG_UNIFORMS,
-  source: ({ dtype, disjoint }) =>
+  source: ({ disjoint }) =>
     `${WGSL_AVG_DIVISOR}
 @compute @workgroup_size(${WORKGROUP})
 fn main(${WGSL_GRID_BUILTINS}) {
   ${THREAD_INDEX}
   ${INPUT_COORDS}
   var acc = 0.0;
-  ${forEachWindow("acc += f32(g[o]) / divisor(oy, ox);", disjoint)}
-  dx[i] = ${dtype}(acc);
+  ${forEachWindow("acc += ld_g(o) / divisor(oy, ox);", disjoint)}
+  st_dx(i, acc);
 }`,
 });
 
@@ -292,7 +294,7 @@ export const adaptiveAvgPool2dKernel = defineKernel({
     { name: "y", type: c.dtype, write: true },
   ],
   uniforms: ADAPTIVE_UNIFORMS,
-  source: ({ dtype }) =>
+  source: () =>
     `${WGSL_ADAPTIVE}${WGSL_WINDOW_SUM}
 @compute @workgroup_size(${WORKGROUP})
 fn main(${WGSL_GRID_BUILTINS}) {
@@ -305,7 +307,7 @@ fn main(${WGSL_GRID_BUILTINS}) {
   let xa = win_start(ox, p.ow, p.w);
   let xb = win_end(ox, p.ow, p.w);
   let acc = window_sum(base, ya, yb, xa, xb);
-  y[i] = ${dtype}(acc / f32((yb - ya) * (xb - xa)));
+  st_y(i, acc / f32((yb - ya) * (xb - xa)));
 }`,
 });
 
@@ -321,7 +323,7 @@ export const adaptiveAvgPool2dBackwardKernel = defineKernel({
     { name: "dx", type: c.dtype, write: true },
   ],
   uniforms: ADAPTIVE_UNIFORMS,
-  source: ({ dtype }) =>
+  source: () =>
     `${WGSL_ADAPTIVE}
 @compute @workgroup_size(${WORKGROUP})
 fn main(${WGSL_GRID_BUILTINS}) {
@@ -338,10 +340,10 @@ fn main(${WGSL_GRID_BUILTINS}) {
       let xa = win_start(ox, p.ow, p.w);
       let xb = win_end(ox, p.ow, p.w);
       if (ix < xa || ix >= xb) { continue; }
-      acc += f32(g[obase + oy * p.ow + ox]) / f32((yb - ya) * (xb - xa));
+      acc += ld_g(obase + oy * p.ow + ox) / f32((yb - ya) * (xb - xa));
     }
   }
-  dx[i] = ${dtype}(acc);
+  st_dx(i, acc);
 }`,
 });
 

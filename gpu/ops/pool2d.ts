@@ -1,7 +1,7 @@
 /**
  * Differentiable 2-D pooling in NCHW layout (PyTorch's): max pooling, average
  * pooling and adaptive average pooling over the last two axes of an
- * [N, C, H, W] (or unbatched [C, H, W]) tensor. f32 or f16 in, the same dtype
+ * [N, C, H, W] (or unbatched [C, H, W]) tensor. f32, f16 or bf16 in, the same dtype
  * out, f32 arithmetic inside. The backward rules gather per input element, so
  * overlapping windows add up without atomics (see gpu/kernels/pool2d.ts).
  */
@@ -193,11 +193,11 @@ export function resolveAdaptiveSize(
 
 /** Checks x's rank and dtype; returns [planes, H, W]. */
 function planesOf(where: string, x: Tensor): [number, number, number] {
-  if (x.dtype !== "f32" && x.dtype !== "f16") {
+  if (x.dtype === "i32") {
     fail(
       DTypeError,
       where,
-      `input ${x.describe()} must be f32 or f16; cast it with cast(x, "f32") first.`,
+      `input ${x.describe()} must be f32, f16 or bf16; cast it with cast(x, "f32") first.`,
     );
   }
   if (x.rank !== 3 && x.rank !== 4) {
