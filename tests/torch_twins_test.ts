@@ -15,7 +15,7 @@ import { fromNanoGpt, nanoGptConfig, toNanoGpt } from "../examples/nanogpt.ts";
 import { assertClose, type Tolerance } from "./_assert.ts";
 import { GPU_TEST } from "./_gpu.ts";
 import { uniform } from "./_reference.ts";
-import { runTorchScript } from "./_torch.ts";
+import { runTorchScript } from "./_torch_script.ts";
 import { events, run, TINY_GPT, withTempDir } from "./_examples.ts";
 import { join } from "node:path";
 
