@@ -190,6 +190,8 @@ export {
 
 // amp/: autocast, master weights, loss scaling, the trainer.
 export {
+  AMP_DTYPES,
+  type AmpDType,
   AmpTrainer,
   type AmpTrainerOptions,
   type AmpTrainerState,
@@ -212,6 +214,7 @@ export {
   type HasParameters,
   isStaticLossScale,
   MasterWeights,
+  type MasterWeightsOptions,
   type NumericsCounts,
   NumericsInspector,
   type NumericsPhase,

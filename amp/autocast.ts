@@ -1,10 +1,10 @@
 /**
- * autocast: run ops in f16 or f32 as the policy lists say, like
+ * autocast: run ops in f16 (or bf16) or f32 as the policy lists say, like
  * `torch.autocast`. Inside `autocast(fn)`, every op that consults autocast
- * asks the installed hook how to cast its float inputs: f16-list ops
- * (matmul, linear) get f16 inputs (an fp32 master weight through its working
- * copy, when `masterWeights` has one), f32-list ops get f32 inputs, and the
- * rest follow the widest input.
+ * asks the installed hook how to cast its float inputs: ops of the
+ * low-precision list (named `f16`: matmul, linear) get inputs in the autocast
+ * dtype (an fp32 master weight through its working copy, when `masterWeights`
+ * has one), f32-list ops get f32 inputs, and the rest follow the widest input.
  */
 import { type CastHook, markCastForOp } from "../gpu/autocast_hook.ts";
 import { getGpu, type Gpu } from "../gpu/device.ts";
@@ -14,6 +14,7 @@ import { cast } from "../gpu/ops/elementwise.ts";
 import { warnOnce, withState } from "../gpu/runtime_state.ts";
 import type { Tensor } from "../gpu/tensor.ts";
 import { fail, ValueError } from "../gpu/errors.ts";
+import { type AmpDType, ampDType } from "./amp_dtype.ts";
 import type { MasterWeights } from "./master_weights.ts";
 import { type AutocastLists, DEFAULT_AUTOCAST_LISTS, policyIn } from "./policy.ts";
 
@@ -21,40 +22,78 @@ import { type AutocastLists, DEFAULT_AUTOCAST_LISTS, policyIn } from "./policy.t
 export interface AutocastOptions {
   /** false runs `fn` with autocast off (a region inside another autocast). Default true. */
   enabled?: boolean;
+  /**
+   * The dtype the low-precision list runs in: "f16" (default; without
+   * shader-f16 autocast runs f32) or "bf16" (PyTorch's `dtype=torch.bfloat16`;
+   * needs no shader-f16).
+   */
+  dtype?: AmpDType;
   /** The op lists (default {@link DEFAULT_AUTOCAST_LISTS}; see `customAutocastLists`). */
   lists?: AutocastLists;
   /**
-   * fp32 masters whose f16 working copies f16 ops read instead of casting
-   * the master on every use (`AmpTrainer` passes its own).
+   * fp32 masters whose working copies low-precision ops read instead of
+   * casting the master on every use (`AmpTrainer` passes its own; copies in
+   * another dtype than `dtype` are not used).
    */
   masterWeights?: MasterWeights | null;
-  /** The device (default: the one `initGpu()` made); without shader-f16 autocast runs f32. */
+  /** The device (default: the one `initGpu()` made); without shader-f16, f16 autocast runs f32. */
   gpu?: Gpu;
 }
 
 function isFloat(dtype: DType): boolean {
-  return dtype === "f32" || dtype === "f16";
+  return dtype !== "i32";
 }
 
-/** The dtypes `op`'s inputs take under `lists`: the one decision both halves of the hook use. */
-function policyDtypes(lists: AutocastLists, op: AutocastOpName, dtypes: readonly DType[]): DType[] {
+/**
+ * The dtypes `op`'s inputs take under `lists` with `low` the low-precision
+ * dtype: the one decision both halves of the hook use. Promotion of mixed
+ * floats (f32 with a half, or f16 with bf16) goes to f32, as in PyTorch.
+ */
+function policyDtypes(
+  lists: AutocastLists,
+  low: AmpDType,
+  op: AutocastOpName,
+  dtypes: readonly DType[],
+): DType[] {
   const policy = policyIn(lists, op);
-  let want: DType | null = policy === "f16" || policy === "f32" ? policy : null;
-  if (policy === "promote") {
-    const floats = dtypes.filter(isFloat);
-    if (floats.includes("f32") && floats.includes("f16")) want = "f32";
-  }
+  let want: DType | null = policy === "f16" ? low : policy === "f32" ? "f32" : null;
+  if (policy === "promote" && new Set(dtypes.filter(isFloat)).size > 1) want = "f32";
   return dtypes.map((d) => want !== null && isFloat(d) ? want : d);
 }
 
-/** The cast hook for `lists`, reading working copies from `masters` where they exist. */
-export function autocastHook(lists: AutocastLists, masters: MasterWeights | null = null): CastHook {
+/** Options of {@link autocastHook}. */
+export interface AutocastHookOptions {
+  /** The dtype of the low-precision list (default "f16"). */
+  dtype?: AmpDType;
+}
+
+/**
+ * The cast hook for `lists`, reading working copies from `masters` where
+ * they exist in the hook's dtype.
+ *
+ * @example
+ * ```ts
+ * import { autocastHook, DEFAULT_AUTOCAST_LISTS } from "./mod.ts";
+ * const hook = autocastHook(DEFAULT_AUTOCAST_LISTS, null, { dtype: "bf16" });
+ * console.assert(hook.dtypes!("matmul", ["f32", "f32"]).join() === "bf16,bf16");
+ * console.assert(hook.dtypes!("add", ["bf16", "f32"]).join() === "f32,f32");
+ * ```
+ */
+export function autocastHook(
+  lists: AutocastLists,
+  masters: MasterWeights | null = null,
+  options: AutocastHookOptions = {},
+): CastHook {
+  const low = ampDType("autocastHook", options.dtype);
   const castTo = (t: Tensor, dtype: DType) => {
     if (t.dtype === dtype) return t;
-    if (dtype === "f16") return masters?.readWorkingCopy(t) ?? markCastForOp(cast(t, "f16"));
+    if (dtype === low) {
+      return masters?.readWorkingCopy(t, low) ?? markCastForOp(cast(t, low));
+    }
     return markCastForOp(cast(t, dtype));
   };
-  const dtypes = (op: AutocastOpName, given: readonly DType[]) => policyDtypes(lists, op, given);
+  const dtypes = (op: AutocastOpName, given: readonly DType[]) =>
+    policyDtypes(lists, low, op, given);
   const hook = (op: AutocastOpName, inputs: readonly Tensor[]) => {
     const want = dtypes(op, inputs.map((t) => t.dtype));
     return inputs.map((t, i) => castTo(t, want[i]));
@@ -64,7 +103,8 @@ export function autocastHook(lists: AutocastLists, masters: MasterWeights | null
 
 /**
  * Runs `fn` with automatic mixed precision. Synchronous, like `tidy`.
- * Without shader-f16 on the adapter it runs `fn` in f32 and says so once.
+ * Without shader-f16 on the adapter f16 autocast runs `fn` in f32 and says
+ * so once; `{ dtype: "bf16" }` runs anywhere (it needs no shader-f16).
  *
  * @example
  * ```ts
@@ -76,16 +116,25 @@ export function autocastHook(lists: AutocastLists, masters: MasterWeights | null
  * console.assert(logits.dtype === (gpu.f16 ? "f16" : "f32")); // the matmul ran in f16
  * const loss = tidy(() => autocast(() => crossEntropy(model.forward(x), labels)));
  * console.assert(loss.dtype === "f32"); // losses are f32
+ * const bf16 = autocast(() => model.forward(x), { dtype: "bf16" });
+ * console.assert(bf16.dtype === "bf16"); // bf16 needs no shader-f16
  * gpu.destroy();
  * ```
  */
 export function autocast<T>(fn: () => T, options: AutocastOptions = {}): T {
   let hook: CastHook | null = null;
+  const dtype = ampDType("autocast", options.dtype);
   if (options.enabled ?? true) {
     const gpu = options.gpu ?? getGpu();
-    if (gpu.f16) {
-      hook = autocastHook(options.lists ?? DEFAULT_AUTOCAST_LISTS, options.masterWeights ?? null);
-    } else warnOnce("autocast: the adapter has no shader-f16; running in f32.");
+    if (gpu.f16 || dtype === "bf16") {
+      hook = autocastHook(options.lists ?? DEFAULT_AUTOCAST_LISTS, options.masterWeights ?? null, {
+        dtype,
+      });
+    } else {
+      warnOnce(
+        'autocast: the adapter has no shader-f16; running in f32 (dtype "bf16" needs none).',
+      );
+    }
   }
   return withState({ castHook: hook }, () => {
     const result = fn();

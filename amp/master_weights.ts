@@ -1,6 +1,6 @@
 /**
- * fp32 master weights and their f16 working copies. Parameters stay fp32;
- * each gets one f16 copy that f16 ops read under autocast. The copy is
+ * fp32 master weights and their f16 (or bf16) working copies. Parameters stay
+ * fp32; each gets one copy that low-precision ops read under autocast. The copy is
  * written once per optimizer step by the fused update kernel (and once here
  * at the start), never per op or per micro-batch. `MasterWeights` is the only
  * owner of the master → copy links: the optimizer and the autocast hook hold
@@ -12,9 +12,16 @@ import { launchUnary } from "../gpu/kernels/elementwise.ts";
 import { untracked } from "../gpu/scope.ts";
 import type { Tensor } from "../gpu/tensor.ts";
 import type { WorkingCopies } from "../optim/optimizer.ts";
+import { type AmpDType, ampDType } from "./amp_dtype.ts";
+
+/** Options of {@link MasterWeights}. */
+export interface MasterWeightsOptions {
+  /** The working copies' dtype: "f16" (default; none without shader-f16) or "bf16". */
+  dtype?: AmpDType;
+}
 
 /**
- * f16 working copies for a set of fp32 parameters.
+ * f16 (or bf16) working copies for a set of fp32 parameters.
  *
  * @example
  * ```ts
@@ -28,25 +35,33 @@ import type { WorkingCopies } from "../optim/optimizer.ts";
  * autocast(() => sum(linear(x, w)), { masterWeights }).backward(); // reads the copy
  * optimizer.step();
  * console.assert((await masterWeights.copyOf(w)!.read()).join() === "0.5,1.5");
+ * const bf16 = new MasterWeights([w], { dtype: "bf16" }); // needs no shader-f16
+ * console.assert(bf16.copyOf(w)!.dtype === "bf16");
  * gpu.destroy();
  * ```
  */
 export class MasterWeights implements WorkingCopies {
+  /** The working copies' dtype. */
+  readonly dtype: AmpDType;
   #copies = new Map<Tensor, Tensor>();
 
-  /** Makes (and fills) a working copy for every f32 parameter in `params`. */
-  constructor(params: readonly Tensor[]) {
+  /**
+   * Makes (and fills) a working copy for every f32 parameter in `params`:
+   * f16 ones only where the device has shader-f16 (else none: f32 runs).
+   */
+  constructor(params: readonly Tensor[], options: MasterWeightsOptions = {}) {
+    const dtype = this.dtype = ampDType("MasterWeights", options.dtype);
     for (const p of params) {
       if (p.dtype !== "f32") {
         fail(
           DTypeError,
           "MasterWeights",
           `parameter ${p.describe()} is not f32; master weights are fp32 ` +
-            "(create layers with the default dtype and let autocast run them in f16).",
+            `(create layers with the default dtype and let autocast run them in ${dtype}).`,
         );
       }
-      if (!p.gpu.f16) continue; // no shader-f16: everything runs in f32
-      this.#copies.set(p, untracked(() => launchUnary("identity", p, { out: "f16" })));
+      if (dtype === "f16" && !p.gpu.f16) continue; // no shader-f16: everything runs in f32
+      this.#copies.set(p, untracked(() => launchUnary("identity", p, { out: dtype })));
     }
   }
 
@@ -55,33 +70,34 @@ export class MasterWeights implements WorkingCopies {
     return [...this.#copies.keys()];
   }
 
-  /** The f16 working copy of `master`, or undefined when it has none (or it was freed). */
+  /** The working copy of `master`, or undefined when it has none (or it was freed). */
   copyOf(master: Tensor): Tensor | undefined {
     const copy = this.#copies.get(master);
     return copy && !copy.disposed ? copy : undefined;
   }
 
   /**
-   * `master` as an f16 tensor for an f16 op: its working copy, recorded on the
-   * tape as a cast so the f16 gradient lands, cast up, in the fp32 master's
-   * `.grad` (accumulated +=). Undefined when `master` has no working copy.
+   * `master` as a low-precision tensor for a low-precision op: its working
+   * copy, recorded on the tape as a cast so the copy's gradient lands, cast
+   * up, in the fp32 master's `.grad` (accumulated +=). Undefined when
+   * `master` has no working copy, or its copy is not of `dtype` (when given).
    */
-  readWorkingCopy(master: Tensor): Tensor | undefined {
+  readWorkingCopy(master: Tensor, dtype: AmpDType = this.dtype): Tensor | undefined {
     const copy = this.copyOf(master);
-    if (!copy) return undefined;
+    if (!copy || copy.dtype !== dtype) return undefined;
     return readThroughCopy(master, copy);
   }
 
   /** Rewrites every copy from its master (after loading saved weights into the masters). */
   refresh(): void {
     for (const [master, copy] of this.#copies) {
-      const fresh = launchUnary("identity", master, { out: "f16" });
+      const fresh = launchUnary("identity", master, { out: this.dtype });
       copy.copyFrom(fresh);
       fresh.dispose();
     }
   }
 
-  /** Frees the copies; f16 ops then cast the masters themselves. */
+  /** Frees the copies; low-precision ops then cast the masters themselves. */
   dispose(): void {
     for (const copy of this.#copies.values()) copy.dispose();
     this.#copies.clear();

@@ -17,8 +17,14 @@ export {
   type CustomListsOptions,
   DEFAULT_AUTOCAST_LISTS,
 } from "./policy.ts";
-export { autocast, autocastHook, type AutocastOptions } from "./autocast.ts";
-export { MasterWeights } from "./master_weights.ts";
+export {
+  autocast,
+  autocastHook,
+  type AutocastHookOptions,
+  type AutocastOptions,
+} from "./autocast.ts";
+export { AMP_DTYPES, type AmpDType } from "./amp_dtype.ts";
+export { MasterWeights, type MasterWeightsOptions } from "./master_weights.ts";
 export {
   GradScaler,
   type GradScalerOptions,

@@ -14,6 +14,7 @@ import { tidy } from "../gpu/scope.ts";
 import type { Tensor } from "../gpu/tensor.ts";
 import { clipGradNorm } from "../optim/clip.ts";
 import type { Optimizer } from "../optim/optimizer.ts";
+import { type AmpDType, ampDType } from "./amp_dtype.ts";
 import { autocast } from "./autocast.ts";
 import { GradScaler, type GradScalerOptions, type GradScalerState } from "./grad_scaler.ts";
 import { MasterWeights } from "./master_weights.ts";
@@ -60,10 +61,16 @@ function lossProblem(loss: Tensor): { kind: HalfstepErrorClass; what: string } |
 /** Options of {@link AmpTrainer}. */
 export interface AmpTrainerOptions {
   /**
-   * Run f16 autocast with loss scaling (default true); false trains in plain
-   * f32. Without shader-f16 it is f32 with loss scaling off either way.
+   * Run autocast (with loss scaling for f16) (default true); false trains in
+   * plain f32. Without shader-f16, f16 is f32 with loss scaling off either way.
    */
   enabled?: boolean;
+  /**
+   * The low-precision dtype: "f16" (default) or "bf16" (fp32 masters write
+   * bf16 working copies; loss scaling off by default, since bf16 has f32's
+   * range, as PyTorch needs no GradScaler for bf16; needs no shader-f16).
+   */
+  dtype?: AmpDType;
   /** apex's `--loss_scale`: 0 = dynamic (default), a power of two = static. */
   lossScale?: number;
   /** Micro-batches per optimizer step (default 1). */
@@ -75,8 +82,9 @@ export interface AmpTrainerOptions {
   /**
    * Further GradScaler options (growth interval, hysteresis, ...). Its
    * `enabled` defaults to whether f16 runs: without shader-f16 (or with
-   * `initGpu({ f16: "off" })`) training is f32 and loss scaling is off, as
-   * PyTorch's GradScaler turns itself off where autocast cannot run; give
+   * `initGpu({ f16: "off" })`) f16 training is f32 and loss scaling is off, as
+   * PyTorch's GradScaler turns itself off where autocast cannot run, and
+   * bf16 training has it off (a scale of 1, no step skipped); give
    * `enabled: true` to scale anyway.
    */
   scaler?: Omit<GradScalerOptions, "lossScale" | "gpu">;
@@ -122,14 +130,23 @@ export interface AmpTrainerState {
  * }
  * console.assert(trainer.steps === 2); // two micro-batches per optimizer step
  * trainer.dispose();
+ * // bf16: fp32 masters write bf16 working copies, no loss scaling, no shader-f16 needed
+ * const bf16 = new AmpTrainer(model, new AdamW(model.parameters()), { dtype: "bf16" });
+ * console.assert(bf16.masters!.dtype === "bf16" && !bf16.scaler.enabled);
+ * bf16.dispose();
  * gpu.destroy();
  * ```
  */
 export class AmpTrainer {
   /** The loss scaler (its scale and skip counts can be read, as sync points). */
   readonly scaler: GradScaler;
-  /** The f16 working copies of the parameters (none when disabled or without shader-f16). */
+  /**
+   * The working copies of the parameters, in {@link AmpTrainer.dtype} (none
+   * when disabled, or for f16 without shader-f16).
+   */
   readonly masters: MasterWeights | null;
+  /** The low-precision dtype autocast runs in (whether or not it runs). */
+  readonly dtype: AmpDType;
   /** Micro-batches per optimizer step. */
   readonly accumulationSteps: number;
   #model: HasParameters;
@@ -159,24 +176,26 @@ export class AmpTrainer {
       );
     }
     const enabled = options.enabled ?? true;
+    const dtype = this.dtype = ampDType("AmpTrainer", options.dtype);
     this.#model = model;
     this.#optimizer = optimizer;
     this.#options = options;
     this.accumulationSteps = accumulation;
     const params = model.parameters();
     const gpu = params[0]?.gpu ?? getGpu();
-    this.masters = enabled && gpu.f16 ? new MasterWeights(params) : null;
+    const runs = enabled && (gpu.f16 || dtype === "bf16");
+    this.masters = runs ? new MasterWeights(params, { dtype }) : null;
     if (this.masters) optimizer.setWorkingCopies(this.masters);
-    if (enabled && !gpu.f16 && options.scaler?.enabled === undefined) {
+    if (enabled && !runs && options.scaler?.enabled === undefined) {
       warnOnce(
         "AmpTrainer: the adapter has no shader-f16 (or f16 is off), so training runs in f32 " +
-          "with loss scaling off (scale 1, no step skipped); pass scaler: { enabled: true } to scale anyway.",
+          'with loss scaling off (scale 1, no step skipped); dtype: "bf16" needs no shader-f16.',
       );
     }
     this.scaler = new GradScaler({
       ...options.scaler,
       lossScale: options.lossScale ?? 0,
-      enabled: options.scaler?.enabled ?? this.masters !== null,
+      enabled: options.scaler?.enabled ?? (runs && dtype === "f16"),
       gpu,
     });
   }
@@ -228,6 +247,7 @@ export class AmpTrainer {
   autocast<T>(fn: () => T): T {
     return autocast(fn, {
       enabled: this.masters !== null,
+      dtype: this.dtype,
       lists: this.#options.lists,
       masterWeights: this.masters,
     });

@@ -4,7 +4,7 @@
  * to `autocastInputs(op, inputs)`, which returns them unchanged unless a hook
  * is installed in the runtime state (amp's `autocast()` installs one).
  */
-import type { DType } from "./dtype.ts";
+import { type DType, isHalf } from "./dtype.ts";
 import type { AutocastOpName } from "./op_registry.ts";
 import { runtime, withState } from "./runtime_state.ts";
 import type { Tensor } from "./tensor.ts";
@@ -39,18 +39,19 @@ export function autocastDtypes(op: AutocastOpName, inputs: readonly Tensor[]): D
 }
 
 /**
- * {@link autocastInputs} for an op whose kernel reads f16 and f32 alike and
- * computes in f32: when autocast would only widen f16 inputs to f32, they are
- * passed as they are (the kernel's read widens them, exactly) and no cast is
- * dispatched; `widened` then says the op must compute and write f32 as if
- * its inputs had been cast. Otherwise the inputs are cast as usual.
+ * {@link autocastInputs} for an op whose kernel reads f16, bf16 and f32 alike
+ * and computes in f32: when autocast would only widen half inputs (f16,
+ * bf16) to f32, they are passed as they are (the kernel's read widens them,
+ * exactly) and no cast is dispatched; `widened` then says the op must compute
+ * and write f32 as if its inputs had been cast. Otherwise the inputs are cast
+ * as usual.
  */
 export function autocastInputsWidenedInKernel(
   op: AutocastOpName,
   inputs: readonly Tensor[],
 ): { inputs: readonly Tensor[]; widened: boolean } {
   const want = autocastDtypes(op, inputs);
-  const widens = (t: Tensor, i: number) => t.dtype === "f16" && want[i] === "f32";
+  const widens = (t: Tensor, i: number) => isHalf(t.dtype) && want[i] === "f32";
   if (inputs.some(widens) && inputs.every((t, i) => want[i] === t.dtype || widens(t, i))) {
     return { inputs, widened: true };
   }

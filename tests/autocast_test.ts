@@ -199,8 +199,8 @@ Deno.test({
 });
 
 /**
- * `op` over `inputs` under autocast (which widens its f16 inputs inside the
- * kernel) and over the inputs cast to f32 by hand: the output, every
+ * `op` over `inputs` under autocast (which widens its f16 and bf16 inputs
+ * inside the kernel) and over the inputs cast to f32 by hand: the output, every
  * input's gradient (in the input's own dtype), and the dispatches of each
  * forward.
  */
@@ -215,7 +215,7 @@ async function widenedAndCastFirst(
     const kernels = dispatchedKernels(() => {
       y = inKernel
         ? autocast(() => op(...inputs))
-        : op(...inputs.map((t) => t.dtype === "f16" ? cast(t, "f32") : t));
+        : op(...inputs.map((t) => t.dtype !== "f32" ? cast(t, "f32") : t));
     });
     backward(y, { gradient });
     const out = [await y.read()];
@@ -231,112 +231,133 @@ async function widenedAndCastFirst(
   return { inKernel: await run(true), castFirst: await run(false) };
 }
 
-Deno.test({
-  name: "autocast: binary ops promote an f16 operand in their kernel (one dispatch, no cast), " +
-    "with the bits of casting it first, and hand each operand a gradient in its dtype",
-  ...GPU_TEST,
-  async fn() {
-    const [m, n] = [7, 33];
-    const ops = { add, sub, mul, div };
-    // [first, second] operand shapes and dtypes: f16 on either side, broadcast or not.
-    const pairs = [
-      [[m, n], "f32", [m, n], "f16"],
-      [[m, n], "f16", [m, n], "f32"],
-      [[m, n], "f32", [n], "f16"],
-      [[m, n], "f16", [1, n], "f32"],
-    ] as const;
-    for (const [name, op] of Object.entries(ops)) {
-      for (const [shapeA, dtypeA, shapeB, dtypeB] of pairs) {
-        const label = `${name} ${dtypeA}[${shapeA}] ${dtypeB}[${shapeB}]`;
-        const sizeA = shapeA.reduce((p, d) => p * d, 1), sizeB = shapeB.reduce((p, d) => p * d, 1);
-        const grad = { requiresGrad: true };
-        const a = Tensor.from(uniform(sizeA, 3, 0.5, 2), [...shapeA], { dtype: dtypeA, ...grad });
-        const b = Tensor.from(uniform(sizeB, 4, 0.5, 2), [...shapeB], { dtype: dtypeB, ...grad });
-        const g = Tensor.from(uniform(m * n, 5), [m, n]);
-        const { inKernel, castFirst } = await widenedAndCastFirst(label, [a, b], op, g);
-        assert.equal(inKernel.kernels.length, 1, `${label}: ${inKernel.kernels}`);
-        assert.equal(castFirst.kernels.length, 2, label);
-        assert.deepEqual(inKernel.out, castFirst.out, label);
-        for (const t of [a, b, g]) t.dispose();
+/** The half dtypes whose reads widen in kernels; f16 is skipped without shader-f16. */
+const HALVES = (["f16", "bf16"] as const).filter((d) => d === "bf16" || sharedGpu.f16);
+
+for (const half of HALVES) {
+  Deno.test({
+    name:
+      `autocast: binary ops promote an ${half} operand in their kernel (one dispatch, no cast), ` +
+      "with the bits of casting it first, and hand each operand a gradient in its dtype",
+    ...GPU_TEST,
+    async fn() {
+      const [m, n] = [7, 33];
+      const ops = { add, sub, mul, div };
+      // [first, second] operand shapes and dtypes: the half on either side, broadcast or not.
+      const pairs = [
+        [[m, n], "f32", [m, n], half],
+        [[m, n], half, [m, n], "f32"],
+        [[m, n], "f32", [n], half],
+        [[m, n], half, [1, n], "f32"],
+      ] as const;
+      for (const [name, op] of Object.entries(ops)) {
+        for (const [shapeA, dtypeA, shapeB, dtypeB] of pairs) {
+          const label = `${name} ${dtypeA}[${shapeA}] ${dtypeB}[${shapeB}]`;
+          const sizeA = shapeA.reduce((p, d) => p * d, 1),
+            sizeB = shapeB.reduce((p, d) => p * d, 1);
+          const grad = { requiresGrad: true };
+          const a = Tensor.from(uniform(sizeA, 3, 0.5, 2), [...shapeA], { dtype: dtypeA, ...grad });
+          const b = Tensor.from(uniform(sizeB, 4, 0.5, 2), [...shapeB], { dtype: dtypeB, ...grad });
+          const g = Tensor.from(uniform(m * n, 5), [m, n]);
+          const { inKernel, castFirst } = await widenedAndCastFirst(label, [a, b], op, g);
+          assert.equal(inKernel.kernels.length, 1, `${label}: ${inKernel.kernels}`);
+          assert.equal(castFirst.kernels.length, 2, label);
+          assert.deepEqual(inKernel.out, castFirst.out, label);
+          for (const t of [a, b, g]) t.dispose();
+        }
       }
-    }
-  },
-});
+    },
+  });
+}
 
-Deno.test({
-  name:
-    "autocast: sum and mean read f16 in their kernel (no cast up) and write the gradient in f16, " +
-    "with the bits of casting first",
-  ...GPU_TEST,
-  async fn() {
-    const x = Tensor.from(uniform(7 * 33, 8), [7, 33], { dtype: "f16", requiresGrad: true });
-    const cases = [
-      ["sum", (t: Tensor) => sum(t), []],
-      ["mean over rows", (t: Tensor) => mean(t, { axis: 0 }), [33]],
-    ] as const;
-    for (const [label, op, shape] of cases) {
-      const g = Tensor.from(uniform(shape.length === 0 ? 1 : 33, 9), [...shape]);
-      const { inKernel, castFirst } = await widenedAndCastFirst(label, [x], op, g);
+for (const half of HALVES) {
+  Deno.test({
+    name: `autocast: sum and mean read ${half} in their kernel (no cast up) and write the ` +
+      `gradient in ${half}, with the bits of casting first`,
+    ...GPU_TEST,
+    async fn() {
+      const x = Tensor.from(uniform(7 * 33, 8), [7, 33], { dtype: half, requiresGrad: true });
+      const cases = [
+        ["sum", (t: Tensor) => sum(t), []],
+        ["mean over rows", (t: Tensor) => mean(t, { axis: 0 }), [33]],
+      ] as const;
+      for (const [label, op, shape] of cases) {
+        const g = Tensor.from(uniform(shape.length === 0 ? 1 : 33, 9), [...shape]);
+        const { inKernel, castFirst } = await widenedAndCastFirst(label, [x], op, g);
+        assert.ok(!inKernel.kernels.some((k) => k.includes("op=identity")), `${inKernel.kernels}`);
+        assert.deepEqual(inKernel.out, castFirst.out, label);
+        g.dispose();
+      }
+      x.dispose();
+    },
+  });
+}
+
+for (const half of HALVES) {
+  Deno.test({
+    name: `autocast: BatchNorm reads ${half} input in its kernel (no cast up, ${half} saved), ` +
+      `writes f32, and gives dx in ${half}, with the bits of casting first`,
+    ...GPU_TEST,
+    async fn() {
+      const shape = [3, 4, 5, 7], c = 4;
+      const grad = { requiresGrad: true };
+      const x = Tensor.from(uniform(3 * 4 * 35, 10, -2, 3), shape, { dtype: half, ...grad });
+      const w = Tensor.from(uniform(c, 11, 0.5, 1.5), [c], grad);
+      const b = Tensor.from(uniform(c, 12), [c], grad);
+      const runningMean = Tensor.zeros([c]), runningVar = Tensor.full([c], 1);
+      const op = (t: Tensor, weight: Tensor, bias: Tensor) =>
+        batchNorm(t, { weight, bias, runningMean, runningVar, training: true });
+      const g = Tensor.from(uniform(3 * 4 * 35, 13), shape);
+      const { inKernel, castFirst } = await widenedAndCastFirst("batchNorm", [x, w, b], op, g);
       assert.ok(!inKernel.kernels.some((k) => k.includes("op=identity")), `${inKernel.kernels}`);
-      assert.deepEqual(inKernel.out, castFirst.out, label);
-      g.dispose();
-    }
-    x.dispose();
-  },
-});
+      assert.deepEqual(inKernel.out, castFirst.out);
+      const held = autocast(() => {
+        const before = x.gpu.memoryStats().allocatedBytes;
+        const y = op(x, w, b);
+        const bytes = x.gpu.memoryStats().allocatedBytes - before;
+        y.dispose();
+        return bytes;
+      });
+      // y (f32) and the f32 [C] mean and rstd: the tape keeps x itself, not an f32 copy.
+      assert.equal(held, sizeClass(x.size * 4) + 2 * sizeClass(c * 4));
+      for (const t of [x, w, b, runningMean, runningVar, g]) t.dispose();
+    },
+  });
+}
 
-Deno.test({
-  name: "autocast: BatchNorm reads f16 input in its kernel (no cast up, f16 saved), writes f32, " +
-    "and gives dx in f16, with the bits of casting first",
-  ...GPU_TEST,
-  async fn() {
-    const shape = [3, 4, 5, 7], c = 4;
-    const grad = { requiresGrad: true };
-    const x = Tensor.from(uniform(3 * 4 * 35, 10, -2, 3), shape, { dtype: "f16", ...grad });
-    const w = Tensor.from(uniform(c, 11, 0.5, 1.5), [c], grad);
-    const b = Tensor.from(uniform(c, 12), [c], grad);
-    const runningMean = Tensor.zeros([c]), runningVar = Tensor.full([c], 1);
-    const op = (t: Tensor, weight: Tensor, bias: Tensor) =>
-      batchNorm(t, { weight, bias, runningMean, runningVar, training: true });
-    const g = Tensor.from(uniform(3 * 4 * 35, 13), shape);
-    const { inKernel, castFirst } = await widenedAndCastFirst("batchNorm", [x, w, b], op, g);
-    assert.ok(!inKernel.kernels.some((k) => k.includes("op=identity")), `${inKernel.kernels}`);
-    assert.deepEqual(inKernel.out, castFirst.out);
-    const held = autocast(() => {
-      const before = x.gpu.memoryStats().allocatedBytes;
-      const y = op(x, w, b);
-      const bytes = x.gpu.memoryStats().allocatedBytes - before;
-      y.dispose();
-      return bytes;
-    });
-    // y (f32) and the f32 [C] mean and rstd: the tape keeps x itself, not an f32 copy.
-    assert.equal(held, sizeClass(x.size * 4) + 2 * sizeClass(c * 4));
-    for (const t of [x, w, b, runningMean, runningVar, g]) t.dispose();
-  },
-});
-
-Deno.test({
-  name: "autocast: cross-entropy reads f16 logits in its kernel (no cast up) and writes their " +
-    "gradient in f16, with the bits of casting them first",
-  ...GPU_TEST,
-  async fn() {
-    const [rows, classes] = [9, 13];
-    const logits = Tensor.from(uniform(rows * classes, 6, -4, 4), [rows, classes], {
-      dtype: "f16",
-      requiresGrad: true,
-    });
-    const targets = Tensor.from(Array.from({ length: rows }, (_, i) => (i * 5) % classes), [rows], {
-      dtype: "i32",
-    });
-    const loss = (x: Tensor) => crossEntropy(x, targets, { labelSmoothing: 0.1 });
-    const one = Tensor.full([], 1);
-    const { inKernel, castFirst } = await widenedAndCastFirst("crossEntropy", [logits], loss, one);
-    assert.ok(!inKernel.kernels.some((k) => k.includes("op=identity")), `${inKernel.kernels}`);
-    assert.ok(castFirst.kernels.some((k) => k.includes("op=identity")), "the reference casts");
-    assert.deepEqual(inKernel.out, castFirst.out);
-    for (const t of [logits, targets, one]) t.dispose();
-  },
-});
+for (const half of HALVES) {
+  Deno.test({
+    name: `autocast: cross-entropy reads ${half} logits in its kernel (no cast up) and writes ` +
+      `their gradient in ${half}, with the bits of casting them first`,
+    ...GPU_TEST,
+    async fn() {
+      const [rows, classes] = [9, 13];
+      const logits = Tensor.from(uniform(rows * classes, 6, -4, 4), [rows, classes], {
+        dtype: half,
+        requiresGrad: true,
+      });
+      const targets = Tensor.from(
+        Array.from({ length: rows }, (_, i) => (i * 5) % classes),
+        [rows],
+        {
+          dtype: "i32",
+        },
+      );
+      const loss = (x: Tensor) => crossEntropy(x, targets, { labelSmoothing: 0.1 });
+      const one = Tensor.full([], 1);
+      const { inKernel, castFirst } = await widenedAndCastFirst(
+        "crossEntropy",
+        [logits],
+        loss,
+        one,
+      );
+      assert.ok(!inKernel.kernels.some((k) => k.includes("op=identity")), `${inKernel.kernels}`);
+      assert.ok(castFirst.kernels.some((k) => k.includes("op=identity")), "the reference casts");
+      assert.deepEqual(inKernel.out, castFirst.out);
+      for (const t of [logits, targets, one]) t.dispose();
+    },
+  });
+}
 
 Deno.test({
   name:

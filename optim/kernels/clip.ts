@@ -51,7 +51,7 @@ fn main(${WGSL_GRID_BUILTINS}) {
         `let start = wg * ${SUM_SQUARES_CHUNK}u;
       let stop = min(n, start + ${SUM_SQUARES_CHUNK}u);
       var acc = 0.0;
-      for (var i = start + lid; i < stop; i += ${REDUCE_THREADS}u) { let v = f32(g${k}[i]); acc += v * v; }
+      for (var i = start + lid; i < stop; i += ${REDUCE_THREADS}u) { let v = ld_g${k}(i); acc += v * v; }
       let total = reduce_sum(acc, lid);
       if (lid == 0u) { partials[p.base + all_wg] = total; }`)
     }
@@ -85,13 +85,13 @@ export const scaleByCoefficientKernel = defineKernel({
     { name: "coef", type: "f32" },
   ],
   uniforms: SLOT_UNIFORMS,
-  source: ({ dtype, slots }) =>
+  source: ({ slots }) =>
     `@compute @workgroup_size(${WORKGROUP})
 fn main(${WGSL_GRID_BUILTINS}) {
   ${
       wgslForEachSlot(slots, (k) =>
         `let i = wg * ${WORKGROUP}u + lid;
-      if (i < n) { g${k}[i] = ${dtype}(f32(g${k}[i]) * coef[0]); }`)
+      if (i < n) { st_g${k}(i, ld_g${k}(i) * coef[0]); }`)
     }
 }`,
 });
