@@ -80,7 +80,8 @@ Deno.test({
 });
 
 Deno.test({
-  name: "causalSoftmax: f16 scores stay f16 under autocast unless denied; bad shapes are errors",
+  name:
+    "causalSoftmax: f16 and bf16 scores stay so under autocast unless denied; bad shapes are errors",
   ...GPU_TEST,
   fn() {
     tidy(() => {
@@ -88,6 +89,9 @@ Deno.test({
       assert.equal(autocast(() => causalSoftmax(x)).dtype, "f16");
       const lists = customAutocastLists({ deny: ["causal_softmax"] });
       assert.equal(autocast(() => causalSoftmax(x), { lists }).dtype, "f32");
+      const bf16 = Tensor.zeros([2, 4, 4], { dtype: "bf16" });
+      assert.equal(autocast(() => causalSoftmax(bf16), { dtype: "bf16" }).dtype, "bf16");
+      assert.equal(autocast(() => causalSoftmax(bf16), { dtype: "bf16", lists }).dtype, "f32");
       assert.throws(
         () => causalSoftmax(Tensor.zeros([2, 3, 4])),
         /causalSoftmax: scores f32 \[2, 3, 4\] must be \[\.\.\., T, T\]/,

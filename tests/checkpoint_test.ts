@@ -3,10 +3,12 @@ import {
   autocast,
   BatchNorm,
   BatchNorm2d,
+  causalSoftmax,
   checkpoint,
   checkpointSequential,
   Conv2d,
   Dropout,
+  fusedCausalAttentionPacked,
   GELU,
   LayerNorm,
   Linear,
@@ -234,5 +236,46 @@ Deno.test({
     const checkpointed = tidy(() => sum(checkpoint((t) => layer.forward(t), x)));
     checkpointed.backward();
     assert.deepEqual(await layer.weight.grad!.read(), expected);
+  },
+});
+
+/**
+ * A bf16 attention block at odd sizes: fused attention over packed q/k/v ([2, 7, 3·7], one
+ * head of size 7, dropout drawn inside), then a causal softmax of its [2, 7, 7] output.
+ * Returns the input's gradient and the generator's offset after the step.
+ */
+async function bf16AttentionStep(checkpointed: boolean): Promise<[number[], number]> {
+  const generator = new RandomGenerator(12);
+  const qkv = Tensor.from(new RandomGenerator(13).uniform(2 * 7 * 21, -2, 2), [2, 7, 21], {
+    dtype: "bf16",
+    requiresGrad: true,
+  });
+  const block = (x: Tensor) =>
+    tidy(() => {
+      const dropout = { p: 0.2, range: generator.take(2 * 7 * 7) };
+      return causalSoftmax(fusedCausalAttentionPacked(x, { heads: 1, dropout }), { scale: 3 });
+    });
+  const y = checkpointed ? checkpoint(block, qkv) : block(qkv);
+  assert.equal(y.dtype, "bf16");
+  const g = Tensor.from(new RandomGenerator(14).uniform(2 * 7 * 7, -1, 1), [2, 7, 7], {
+    dtype: "bf16",
+  });
+  y.backward({ gradient: g });
+  const grad = [...await qkv.grad!.read()];
+  assert.equal(qkv.grad!.dtype, "bf16");
+  [qkv, y, g].forEach((t) => t.dispose());
+  return [grad, generator.offset];
+}
+
+Deno.test({
+  name: "checkpoint: a bf16 attention block with dropout gets the plain run's gradients, bit " +
+    "for bit, and replays its mask",
+  ...GPU_TEST,
+  async fn() {
+    const [expected, offset] = await bf16AttentionStep(false);
+    const [actual, checkpointedOffset] = await bf16AttentionStep(true);
+    assert.ok(expected.some((v) => v !== 0), "the gradient is not all zeros");
+    assert.deepEqual(actual, expected);
+    assert.equal(checkpointedOffset, offset, "the recompute drew no new numbers");
   },
 });

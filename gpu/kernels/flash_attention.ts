@@ -20,7 +20,9 @@
  * o_i = Σ_j w_ij v_j (l is the undropped sum), and since Σ_j p_ij·dp_ij =
  * dO_i·O_i still holds with the dropped weights, δ_i needs no change.
  *
- * All math is f32 whatever the storage dtype. Registers hold D values per row
+ * All math is f32 whatever the storage dtype: elements are read and written
+ * through the dtype accessors (`ld_`/`st_`, `ld4_`/`st4_` on vec4 bindings),
+ * so one source serves f32, f16 and bf16. Registers hold D values per row
  * (two or three rows of them), so D is part of the config and at most
  * {@link MAX_HEAD_SIZE}.
  *
@@ -32,7 +34,7 @@ import type { AttentionPlan, Gpu } from "../device.ts";
 
 export type { AttentionPlan } from "../device.ts";
 import type { DType } from "../dtype.ts";
-import { defineKernel } from "../kernel.ts";
+import { defineKernel, type ElementType } from "../kernel.ts";
 import { type RandomRange, WGSL_RANDOM } from "../random.ts";
 import { Tensor } from "../tensor.ts";
 import { grid1d, WGSL_GRID_BUILTINS, WGSL_WORKGROUP_INDEX } from "./grid.ts";
@@ -42,11 +44,12 @@ import { WGSL_LOWEST } from "./wgsl_math.ts";
 import {
   ATTENTION_UNIFORMS,
   attentionBindings,
-  DOUT_AT,
-  K_AT,
+  type AttentionRows,
   keepFactor,
-  Q_AT,
-  V_AT,
+  KEYS,
+  OUTPUT_GRAD,
+  QUERIES,
+  VALUES,
 } from "./flash_attention_shared.ts";
 import {
   TILED_ATTENTION_TILES,
@@ -76,7 +79,7 @@ export type FlashAttentionConfig = {
   /** q, k and v are one packed [B, T, 3C] tensor: the dk/dv pass writes both into one binding. */
   packed: boolean;
   /**
-   * Rows of the other side (keys in forward and dq, queries in dkv) the
+   * AttentionRows of the other side (keys in forward and dq, queries in dkv) the
    * workgroup stages in workgroup memory per step, shared by all its threads
    * (a multiple of the key chunk); 0: each thread reads them from storage.
    */
@@ -108,24 +111,35 @@ function rowPrelude(c: FlashAttentionConfig): string {
   let in0 = (z / p.heads) * p.t * p.inWidth + (z % p.heads) * D;`;
 }
 
+/** WGSL: element (a value or a vec4, as f32) `index` of binding `name`, through its accessor. */
+function load(c: FlashAttentionConfig, name: string, index: string): string {
+  return `${c.lanes === 4 ? "ld4" : "ld"}_${name}(${index})`;
+}
+
+/** WGSL: stores `value` (f32 or vec4<f32>) at element `index` of binding `name`. */
+function store(c: FlashAttentionConfig, name: string, index: string, value: string): string {
+  return `${c.lanes === 4 ? "st4" : "st"}_${name}(${index}, ${value});`;
+}
+
 /**
- * The aliases the bodies are written in: S, the stored element (a value or a
- * vec4 of the dtype), F, its f32 form, and dotf, their dot product; D is the
- * head size in S elements.
+ * The aliases the bodies are written in: F, an element in f32 (a value or a
+ * vec4), T, a staged tile element (the f16 element for f16, keeping its tiles
+ * at half the bytes; F otherwise: bf16 is widened while staged), and dotf,
+ * their dot product; D is the head size in F elements.
  */
-function header(c: FlashAttentionConfig, staged: Record<string, "S" | "f32"> = {}): string {
+function header(c: FlashAttentionConfig, staged: Record<string, "T" | "f32"> = {}): string {
   const vector = c.lanes === 4;
   // Staged rows: `stage` rows of D elements each, or one f32 per row.
   const tiles = c.stage > 0
     ? Object.entries(staged).map(([name, type]) =>
       `var<workgroup> ${name}: array<${type}, ${
-        type === "S" ? c.stage * c.headSize / c.lanes : c.stage
+        type === "T" ? c.stage * c.headSize / c.lanes : c.stage
       }>;`
     )
     : [];
   return `${c.dropout ? WGSL_RANDOM : ""}
-alias S = ${vector ? `vec4<${c.dtype}>` : c.dtype};
 alias F = ${vector ? "vec4<f32>" : "f32"};
+alias T = ${c.dtype !== "f16" ? "F" : vector ? "vec4<f16>" : "f16"};
 fn dotf(a: F, b: F) -> f32 { return ${vector ? "dot(a, b)" : "a * b"}; }
 const D = ${c.headSize / c.lanes}u;
 ${tiles.join("\n")}
@@ -139,23 +153,25 @@ function rowBindings<B extends string>(reads: B[], writes: B[], c: FlashAttentio
   return attentionBindings(
     reads,
     writes,
-    c.lanes === 4 ? `vec4<${c.dtype as "f32" | "f16"}>` : c.dtype,
+    (c.lanes === 4 ? `vec4<${c.dtype}>` : c.dtype) as ElementType,
   );
 }
 
 /**
  * Staged kernels: statements that copy rows t0 .. t0 + stage − 1 (those below
  * `limit`) of each operand into its workgroup tile, then wait for all
- * threads. `rows` gives, per tile, the storage element (row, col) of a row of
- * D elements; `values` per tile the single f32 of a row.
+ * threads. `rows` gives, per tile, the binding whose rows of D elements it
+ * holds; `values` per tile the single f32 of a row.
  */
 function stageRows(
   c: FlashAttentionConfig,
   limit: string,
-  rows: Record<string, (row: string, col: string) => string>,
+  rows: Record<string, AttentionRows>,
   values: Record<string, (row: string) => string> = {},
 ): string {
-  const copies = Object.entries(rows).map(([tile, at]) => `${tile}[e] = ${at("row", "e % D")};`);
+  const copies = Object.entries(rows).map(([tile, from]) =>
+    `${tile}[e] = T(${load(c, from.name, from.index("row", "e % D"))});`
+  );
   const singles = Object.entries(values).map(([tile, at]) =>
     `for (var e = lid; e < ${c.stage}u; e += ${c.rows}u) {
       let row = t0 + e;
@@ -190,12 +206,17 @@ function overKeys(
   ) => string,
 ): string {
   if (c.stage === 0) {
-    return body("0u", "i + 1u", (j) => K_AT(j, "e"), (j) => V_AT(j, "e"));
+    return body(
+      "0u",
+      "i + 1u",
+      (j) => load(c, "k", KEYS.index(j, "e")),
+      (j) => load(c, "v", VALUES.index(j, "e")),
+    );
   }
   // The workgroup's last row needs keys up to it: stage those, tile by tile.
   return `let last = min((block + 1u) * ${c.rows}u, p.t);
   for (var t0 = 0u; t0 < last; t0 += ${c.stage}u) {
-    ${stageRows(c, "last", { ktile: K_AT, vtile: V_AT })}
+    ${stageRows(c, "last", { ktile: KEYS, vtile: VALUES })}
     ${
     body(
       "t0",
@@ -214,13 +235,13 @@ export const flashAttentionForwardKernel = defineKernel({
   bindings: (c: FlashAttentionConfig) => rowBindings(["q", "k", "v"], ["o", "lse"], c),
   uniforms: ATTENTION_UNIFORMS,
   source: (c) =>
-    `${header(c, { ktile: "S", vtile: "S" })}
+    `${header(c, { ktile: "T", vtile: "T" })}
   let i = r;
   let qi = in0 + i * p.inWidth + p.qOff;
   let oi = head0 + i * width;
   var qs: array<F, D>;
   var acc: array<F, D>;
-  for (var e = 0u; e < D; e++) { qs[e] = F(q[qi + e]) * p.scale; acc[e] = F(0.0); }
+  for (var e = 0u; e < D; e++) { qs[e] = ${load(c, "q", "qi + e")} * p.scale; acc[e] = F(0.0); }
   var m = ${WGSL_LOWEST};
   var l = 0.0;
   var s: array<f32, ${KEY_CHUNK}>;
@@ -253,7 +274,7 @@ export const flashAttentionForwardKernel = defineKernel({
   ${
       ifActive(
         c,
-        `for (var e = 0u; e < D; e++) { o[oi + e] = S(acc[e] * inv); }
+        `for (var e = 0u; e < D; e++) { ${store(c, "o", "oi + e", "acc[e] * inv")} }
   lse[z * p.t + i] = m + log(l);`,
       )
     }
@@ -267,7 +288,7 @@ export const flashAttentionDqKernel = defineKernel({
     rowBindings(["q", "k", "v", "o", "dout", "lse"], ["dq", "delta"], c),
   uniforms: ATTENTION_UNIFORMS,
   source: (c) =>
-    `${header(c, { ktile: "S", vtile: "S" })}
+    `${header(c, { ktile: "T", vtile: "T" })}
   let i = r;
   let qi = in0 + i * p.inWidth + p.qOff;
   let oi = head0 + i * width;
@@ -276,9 +297,9 @@ export const flashAttentionDqKernel = defineKernel({
   var acc: array<F, D>;
   var d = 0.0;
   for (var e = 0u; e < D; e++) {
-    qs[e] = F(q[qi + e]) * p.scale;
-    gi[e] = F(dout[oi + e]);
-    d += dotf(gi[e], F(o[oi + e]));
+    qs[e] = ${load(c, "q", "qi + e")} * p.scale;
+    gi[e] = ${load(c, "dout", "oi + e")};
+    d += dotf(gi[e], ${load(c, "o", "oi + e")});
     acc[e] = F(0.0);
   }
   let li = lse[z * p.t + i];
@@ -300,7 +321,7 @@ export const flashAttentionDqKernel = defineKernel({
   ${
       ifActive(
         c,
-        `for (var e = 0u; e < D; e++) { dq[qi + e] = S(acc[e] * p.scale); }
+        `for (var e = 0u; e < D; e++) { ${store(c, "dq", "qi + e", "acc[e] * p.scale")} }
   delta[z * p.t + i] = d;`,
       )
     }
@@ -323,8 +344,8 @@ function overQueries(
 ): string {
   if (c.stage === 0) {
     return body("j", "p.t", {
-      q: (i) => Q_AT(i, "e"),
-      g: (i) => DOUT_AT(i, "e"),
+      q: (i) => load(c, "q", QUERIES.index(i, "e")),
+      g: (i) => load(c, "dout", OUTPUT_GRAD.index(i, "e")),
       lse: "lse[z * p.t + i]",
       delta: "delta[z * p.t + i]",
     });
@@ -332,7 +353,7 @@ function overQueries(
   // The workgroup's first key row needs every query from it on.
   return `for (var t0 = block * ${c.rows}u; t0 < p.t; t0 += ${c.stage}u) {
     ${
-    stageRows(c, "p.t", { qtile: Q_AT, gtile: DOUT_AT }, {
+    stageRows(c, "p.t", { qtile: QUERIES, gtile: OUTPUT_GRAD }, {
       ltile: (row) => `lse[z * p.t + ${row}]`,
       dtile: (row) => `delta[z * p.t + ${row}]`,
     })
@@ -361,7 +382,7 @@ export const flashAttentionDkvKernel = defineKernel({
     ),
   uniforms: ATTENTION_UNIFORMS,
   source: (c) =>
-    `${header(c, { qtile: "S", gtile: "S", ltile: "f32", dtile: "f32" })}
+    `${header(c, { qtile: "T", gtile: "T", ltile: "f32", dtile: "f32" })}
   let j = r;
   let kj = in0 + j * p.inWidth + p.kOff;
   let vj = in0 + j * p.inWidth + p.vOff;
@@ -370,8 +391,8 @@ export const flashAttentionDkvKernel = defineKernel({
   var dks: array<F, D>;
   var dvs: array<F, D>;
   for (var e = 0u; e < D; e++) {
-    ks[e] = F(k[kj + e]) * p.scale;
-    vs[e] = F(v[vj + e]);
+    ks[e] = ${load(c, "k", "kj + e")} * p.scale;
+    vs[e] = ${load(c, "v", "vj + e")};
     dks[e] = F(0.0);
     dvs[e] = F(0.0);
   }
@@ -402,8 +423,8 @@ export const flashAttentionDkvKernel = defineKernel({
       ifActive(
         c,
         `for (var e = 0u; e < D; e++) {
-    ${c.packed ? "dkv" : "dk"}[kj + e] = S(dks[e] * p.scale);
-    ${c.packed ? "dkv" : "dv"}[vj + e] = S(dvs[e]);
+    ${store(c, c.packed ? "dkv" : "dk", "kj + e", "dks[e] * p.scale")}
+    ${store(c, c.packed ? "dkv" : "dv", "vj + e", "dvs[e]")}
   }`,
       )
     }
@@ -420,7 +441,7 @@ export interface FlashAttentionShape {
   heads: number;
   /** Head size D. */
   headSize: number;
-  /** Rows per workgroup and staging, or a register tile (default: the adapter's tuned plan; the tuner sets it to time candidates). */
+  /** AttentionRows per workgroup and staging, or a register tile (default: the adapter's tuned plan; the tuner sets it to time candidates). */
   plan?: AttentionPlan;
 }
 
@@ -432,7 +453,7 @@ export interface AttentionDropout {
   range: RandomRange;
 }
 
-/** Rows per workgroup the tuner tries (one thread per row). */
+/** AttentionRows per workgroup the tuner tries (one thread per row). */
 export const ATTENTION_ROW_CANDIDATES = [16, 32, 64, 128] as const;
 
 /** Every plan the tuner knows: each rows count, reading from storage or staging 16 or 32 rows. */
@@ -473,7 +494,10 @@ function tileFits(gpu: Gpu, plan: AttentionPlan, headSize: number): boolean {
 /** The plan before tuning (and where it was skipped). */
 export const DEFAULT_ATTENTION_PLAN: AttentionPlan = { rows: 64, stage: 0 };
 
-/** Workgroup memory of a staged plan: the dkv pass's two tiles of D and two f32 per staged row. */
+/**
+ * Workgroup memory of a staged plan: the dkv pass's two tiles of D and two f32
+ * per staged row (f16 tiles hold f16; bf16 ones are widened to f32).
+ */
 function stagedBytes(stage: number, headSize: number, dtype: DType): number {
   return stage * (2 * headSize * (dtype === "f16" ? 2 : 4) + 8);
 }

@@ -47,14 +47,19 @@ export const Q_INDEX = (row: string, e: string): string =>
 /** WGSL index of element `e` of output (and output-gradient) row `row`. */
 export const OUT_INDEX = (row: string, e: string): string => `head0 + ${row} * width + ${e}`;
 
-/** WGSL for element `e` of key row `row`. */
-export const K_AT = (row: string, e: string): string => `k[${K_INDEX(row, e)}]`;
-/** WGSL for element `e` of value row `row`. */
-export const V_AT = (row: string, e: string): string => `v[${V_INDEX(row, e)}]`;
-/** WGSL for element `e` of query row `row`. */
-export const Q_AT = (row: string, e: string): string => `q[${Q_INDEX(row, e)}]`;
-/** WGSL for element `e` of output-gradient row `row`. */
-export const DOUT_AT = (row: string, e: string): string => `dout[${OUT_INDEX(row, e)}]`;
+/** Where a binding's rows are: its name and the WGSL index of element e of a row. */
+export type AttentionRows = { name: string; index: (row: string, e: string) => string };
+
+/** Query rows. */
+export const QUERIES: AttentionRows = { name: "q", index: Q_INDEX };
+/** Key rows. */
+export const KEYS: AttentionRows = { name: "k", index: K_INDEX };
+/** Value rows. */
+export const VALUES: AttentionRows = { name: "v", index: V_INDEX };
+/** Output rows. */
+export const OUTPUT: AttentionRows = { name: "o", index: OUT_INDEX };
+/** Output-gradient rows. */
+export const OUTPUT_GRAD: AttentionRows = { name: "dout", index: OUT_INDEX };
 
 /** Row statistics (log-sum-exp, δ) are f32; everything else is `stored`. */
 export function attentionBindings<B extends string>(

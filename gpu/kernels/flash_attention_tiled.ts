@@ -47,11 +47,13 @@ import { WGSL_LOWEST } from "./wgsl_math.ts";
 import {
   ATTENTION_UNIFORMS,
   attentionBindings,
-  K_INDEX,
+  type AttentionRows,
   keepFactor,
-  OUT_INDEX,
-  Q_INDEX,
-  V_INDEX,
+  KEYS,
+  OUTPUT,
+  OUTPUT_GRAD,
+  QUERIES,
+  VALUES,
 } from "./flash_attention_shared.ts";
 
 /** Tiled kernel config: storage dtype, head size, the tile, dropout, packed q/k/v. */
@@ -159,17 +161,8 @@ fn main(${WGSL_GRID_BUILTINS}) {
   let r0 = block * BR;`;
 }
 
-/** Where a binding's rows are: its name and the index of element e of a row. */
-type Rows = { name: string; index: (row: string, e: string) => string };
-
-const QUERIES: Rows = { name: "q", index: Q_INDEX };
-const KEYS: Rows = { name: "k", index: K_INDEX };
-const VALUES: Rows = { name: "v", index: V_INDEX };
-const OUTPUT: Rows = { name: "o", index: OUT_INDEX };
-const OUTPUT_GRAD: Rows = { name: "dout", index: OUT_INDEX };
-
 /** WGSL: tile element e (a V) of storage row `row`, read through the accessor (widened to f32). */
-function loadV(c: TiledAttentionConfig, from: Rows, row: string) {
+function loadV(c: TiledAttentionConfig, from: AttentionRows, row: string) {
   const at = (e: string) => `ld_${from.name}(${from.index(row, e)})`;
   if (layout(c, c.headSize).lanes === 1) return at("e");
   return `V(${range(4).map((l) => at(`e * 4u + ${l}u`)).join(", ")})`;
@@ -183,7 +176,7 @@ function stage(
   c: TiledAttentionConfig,
   count: string,
   first: string,
-  tiles: Record<string, { from: Rows; factor?: string }>,
+  tiles: Record<string, { from: AttentionRows; factor?: string }>,
 ): string {
   const copies = Object.entries(tiles).map(([tile, { from, factor }]) =>
     `${tile}[row * DP + e] = select(V(0.0), ${loadV(c, from, "min(g, p.t - 1u)")}${
@@ -255,7 +248,7 @@ function accumulate(c: TiledAttentionConfig, acc: string, weights: string, value
 function store(
   c: TiledAttentionConfig,
   acc: string,
-  to: Rows,
+  to: AttentionRows,
   factor: (a: number) => string,
 ): string {
   const { dn, lanes } = layout(c, c.headSize);
