@@ -5,7 +5,8 @@
  */
 import { fail, ValueError } from "../gpu/errors.ts";
 import { zeroGrad } from "../gpu/autograd.ts";
-import { bytesPerElement, type DType } from "../gpu/dtype.ts";
+import { bytesPerElement, type DType, type FloatDType } from "../gpu/dtype.ts";
+import { bytesOfFloats, floatsOfBytes } from "./host_floats.ts";
 import { untracked } from "../gpu/scope.ts";
 import { sameShape, type Shape, shapeString } from "../gpu/shape.ts";
 import { cut, quoted } from "../gpu/short_text.ts";
@@ -30,10 +31,7 @@ export interface LoadStateOptions {
 /** How many NaN / ±Inf values float host data holds (0 for i32). */
 export function nonFiniteCount(t: HostTensor): number {
   if (t.dtype === "i32") return 0;
-  const bytes = t.data.byteOffset % bytesPerElement(t.dtype) === 0 ? t.data : t.data.slice();
-  const values = t.dtype === "f32"
-    ? new Float32Array(bytes.buffer, bytes.byteOffset, bytes.byteLength / 4)
-    : new Float16Array(bytes.buffer, bytes.byteOffset, bytes.byteLength / 2);
+  const values = floatsOfBytes(t.data, t.dtype);
   let bad = 0;
   for (let i = 0; i < values.length; i++) if (!Number.isFinite(values[i])) bad++;
   return bad;
@@ -205,13 +203,13 @@ export abstract class Module {
         problems.push(`${shown}: the source tensor was disposed`);
         continue;
       }
-      // Host floats of another width (an f16 or bf16 file into fp32 parameters) are
+      // Host floats of another type (an f16 or bf16 file into fp32 parameters) are
       // converted, as PyTorch's load_state_dict copies with a cast.
       if (
         isHostTensor(value) && value.dtype !== target.dtype && isFloat(value) &&
         target.dtype !== "i32"
       ) {
-        value = convertFloats(value, target.dtype);
+        value = convertFloats(value, target.dtype as FloatDType);
       }
       converted.set(name, value);
       if (value.dtype !== target.dtype || !sameShape(value.shape, target.shape)) {
@@ -361,18 +359,16 @@ function writeAll(own: Map<string, Tensor>, values: Map<string, StateValue>): vo
   for (const snapshot of snapshots.values()) snapshot.dispose();
 }
 
-function isFloat(t: HostTensor): boolean {
-  return t.dtype === "f32" || t.dtype === "f16";
+function isFloat(t: HostTensor): t is HostTensor & { dtype: FloatDType } {
+  return t.dtype !== "i32";
 }
 
-/** Host float data as `dtype` (f32 ↔ f16, rounding to nearest when narrowing). */
-function convertFloats(t: HostTensor, dtype: DType): HostTensor {
-  const bytes = t.data.slice(); // aligned copy
-  const source = t.dtype === "f32"
-    ? new Float32Array(bytes.buffer)
-    : new Float16Array(bytes.buffer);
-  const out = dtype === "f32" ? Float32Array.from(source) : Float16Array.from(source);
-  return { dtype, shape: t.shape, data: new Uint8Array(out.buffer) };
+/**
+ * Host float data as another float dtype: exact when widening (a bf16 file
+ * into f32 parameters), rounding to nearest-even once when narrowing.
+ */
+function convertFloats(t: HostTensor & { dtype: FloatDType }, dtype: FloatDType): HostTensor {
+  return { dtype, shape: t.shape, data: bytesOfFloats(floatsOfBytes(t.data, t.dtype), dtype) };
 }
 
 /** True when `value` is host data (from a file), not a GPU tensor. */

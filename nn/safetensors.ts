@@ -49,14 +49,15 @@ const METADATA_KEY = "__metadata__";
 const FILE_DTYPE: Record<DType, string> = { f32: "F32", f16: "F16", bf16: "BF16", i32: "I32" };
 /**
  * Dtypes halfstep reads, as what it holds them in: its own, plus what PyTorch
- * writes into state dicts: BF16 (widened to f32, exactly) and I64 (narrowed
- * to i32 when every value fits: `num_batches_tracked`).
+ * writes into state dicts as I64 (narrowed to i32 when every value fits:
+ * `num_batches_tracked`). BF16 loads as bf16, bit for bit; loading it into
+ * f32 parameters widens it exactly (`Module.loadStateDict`).
  */
 const READ_AS: Record<string, { ours: DType; bytes: number }> = {
   F32: { ours: "f32", bytes: 4 },
   F16: { ours: "f16", bytes: 2 },
   I32: { ours: "i32", bytes: 4 },
-  BF16: { ours: "f32", bytes: 2 },
+  BF16: { ours: "bf16", bytes: 2 },
   I64: { ours: "i32", bytes: 8 },
 };
 /** Dtypes of the format that halfstep cannot hold (so the error can say "not supported"). */
@@ -65,12 +66,6 @@ const OTHER_DTYPES = new Set("BOOL U8 I8 F8_E5M2 F8_E4M3 I16 U16 U32 F64 U64".sp
 /** `data` in the file's dtype as bytes of the dtype halfstep holds it in. */
 function widen(where: string, fileDtype: string, data: Uint8Array): Uint8Array {
   const view = new DataView(data.buffer, data.byteOffset, data.byteLength);
-  if (fileDtype === "BF16") {
-    // bfloat16 is the top half of an f32: shifting the bits up is exact.
-    const out = new Uint32Array(data.byteLength / 2);
-    for (let i = 0; i < out.length; i++) out[i] = view.getUint16(2 * i, true) << 16;
-    return new Uint8Array(out.buffer);
-  }
   if (fileDtype === "I64") {
     const out = new Int32Array(data.byteLength / 8);
     for (let i = 0; i < out.length; i++) {
@@ -86,13 +81,14 @@ function widen(where: string, fileDtype: string, data: Uint8Array): Uint8Array {
 }
 /**
  * Data order: descending alignment, then name. NOTE: this is the reference
- * implementation's order (`Reverse(dtype)`, then name), not plain name order:
+ * implementation's order (`Reverse(dtype)`: its enum lists F16, BF16, I32, F32,
+ * so F32, I32, BF16, F16; then name), not plain name order:
  * with an 8-aligned header it keeps every tensor aligned to its element size
  * in the file (zero-copy typed-array views), stays deterministic, and lays
  * files out as Python's `safetensors` does (byte-identical when metadata has
  * at most one key: the reference writes metadata in hash-map order, we sort).
  */
-const ORDER: Record<DType, number> = { f32: 0, i32: 1, f16: 2, bf16: 2 };
+const ORDER: Record<DType, number> = { f32: 0, i32: 1, bf16: 2, f16: 3 };
 
 /** Throws unless `shape` is an array of non-negative safe integers with a safe byte size. */
 function checkShape(where: string, shape: unknown, dtype: DType, elementBytes?: number): number {
@@ -114,7 +110,9 @@ function checkShape(where: string, shape: unknown, dtype: DType, elementBytes?: 
 /** `Object.hasOwn`, not `in`: `"toString" in FILE_DTYPE` is true. */
 function checkDType(where: string, dtype: unknown): void {
   if (!Object.hasOwn(FILE_DTYPE, String(dtype))) {
-    throw new SafetensorsError(`${where}: dtype ${cut(String(dtype))} is not f32, f16 or i32.`);
+    throw new SafetensorsError(
+      `${where}: dtype ${cut(String(dtype))} is not f32, f16, bf16 or i32.`,
+    );
   }
 }
 
@@ -248,9 +246,9 @@ function isObject(v: unknown): v is Record<string, unknown> {
  * Parses and validates safetensors bytes: header length, UTF-8, JSON, every
  * dtype, shape and offset, that the tensors tile the data buffer exactly, and
  * the checksums halfstep stores (files without them, like PyTorch's, load).
- * The returned `data` arrays are views into `bytes` (no copy), except for two
- * dtypes PyTorch writes: BF16 comes back widened to f32 (exactly) and I64
- * narrowed to i32 (an error if a value does not fit), as new arrays.
+ * The returned `data` arrays are views into `bytes` (no copy), BF16 included
+ * (it loads as bf16), except for I64, which PyTorch writes for counters:
+ * narrowed to i32 (an error if a value does not fit), as a new array.
  *
  * @param bytes The whole file.
  * @returns The tensors by name and the `__metadata__` map (`{}` when absent),
@@ -328,7 +326,7 @@ export function decodeSafetensors(
     }
     if (OTHER_DTYPES.has(dtype)) {
       throw new SafetensorsError(
-        `${where}: dtype ${dtype} is not supported (F32, F16, I32; BF16 and I64 are converted).`,
+        `${where}: dtype ${dtype} is not supported (F32, F16, BF16, I32; I64 is converted).`,
       );
     }
     if (!Object.hasOwn(READ_AS, dtype)) {

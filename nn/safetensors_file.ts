@@ -39,7 +39,7 @@ export interface SaveOptions {
   /** Free-form string → string map stored in the header (`__metadata__`). */
   metadata?: Record<string, string>;
   /**
-   * Save f32 / f16 tensors that hold NaN or ±Inf (default false: the save is
+   * Save float tensors that hold NaN or ±Inf (default false: the save is
    * refused, naming the tensor, so a diverged run never replaces a good file).
    */
   allowNonFinite?: boolean;

@@ -21,16 +21,22 @@ function findTorchPython(): string | null {
 /** The Python that imports torch, or null (tests that need it are ignored, saying so). */
 export const TORCH_PYTHON: string | null = findTorchPython();
 
-/** Runs `script` on {@link TORCH_PYTHON} with `stdin` as its input: its stdout, or an error with stderr. */
-export async function runTorch(script: string, stdin = ""): Promise<string> {
+/**
+ * Runs `script` on {@link TORCH_PYTHON} with `options.args` (its sys.argv[1:]) and
+ * `options.stdin` as its input: its stdout, or an error with its stderr.
+ */
+export async function runTorch(
+  script: string,
+  options: { args?: string[]; stdin?: string } = {},
+): Promise<string> {
   const child = new Deno.Command(TORCH_PYTHON!, {
-    args: ["-c", script],
+    args: ["-c", script, ...(options.args ?? [])],
     stdin: "piped",
     stdout: "piped",
     stderr: "piped",
   }).spawn();
   const writer = child.stdin.getWriter();
-  await writer.write(new TextEncoder().encode(stdin));
+  await writer.write(new TextEncoder().encode(options.stdin ?? ""));
   await writer.close();
   const { success, stdout, stderr } = await child.output();
   const text = new TextDecoder();

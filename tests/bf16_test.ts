@@ -258,7 +258,7 @@ for t in (b.view(torch.int16), b.to(torch.float16).view(torch.int16), h.to(torch
     print(" ".join(str(v & 0xffff) for v in t.tolist()))
 `;
     const inputs = [...EDGES, ...randomBits(3001, 4)];
-    const out = await runTorch(script, inputs.map((b) => b.toString(16)).join(" "));
+    const out = await runTorch(script, { stdin: inputs.map((b) => b.toString(16)).join(" ") });
     const [torchBf16, torchBf16ToF16, torchF16ToBf16, torchF16] = out.trim().split("\n")
       .map((line) => line.split(" ").map(Number));
     // NaN bits differ: torch 1.13's CPU kernels write every bf16 NaN as 0xffff (c10's scalar

@@ -49,6 +49,11 @@ function stateCases(): Case[] {
     },
   });
   const raw: SafetensorsEntry = { dtype: "f16", shape: [3, 3], data: f16Bits(f16Raw) };
+  // bf16: 1, a NaN payload, a negative NaN, ±Inf, −0, the smallest subnormal (odd count).
+  const bf16Raw = [0x3f80, 0x7f81, 0xffc3, 0x7f80, 0xff80, 0x8000, 0x0001];
+  const rawBf16: SafetensorsEntry = { dtype: "bf16", shape: [7], data: f16Bits(bf16Raw) };
+  // Values already bf16 (8 significant bits), so Tensor.from keeps them exactly.
+  const bf16 = [1, -2, 0.375, 3.3895313892515355e38, -1.1754943508222875e-38];
   return [
     from("layer.0.weight", f32Big, [3, 5], "f32"),
     from("layer.0.bias", f16, [7], "f16"), // odd count: the GPU buffer is padded
@@ -58,6 +63,16 @@ function stateCases(): Case[] {
     from("empty_ids", [], [0, 3], "i32"),
     from("cube", [1, 2, 3, 4, 5, 6], [2, 1, 3], "f16"),
     { name: "nan_payloads", make: () => entryToTensor(raw), expected: raw },
+    { name: "bf16_bits", make: () => entryToTensor(rawBf16), expected: rawBf16 },
+    {
+      name: "weights.bf16",
+      make: () => Tensor.from(bf16, [5], { dtype: "bf16" }),
+      expected: {
+        dtype: "bf16",
+        shape: [5],
+        data: f16Bits(bf16.map((v) => new Uint32Array(new Float32Array([v]).buffer)[0] >>> 16)),
+      },
+    },
   ];
 }
 
@@ -170,9 +185,10 @@ Deno.test("safetensors: the file follows the published layout", GPU_TEST, async 
       bitwiseCrc32c(new TextEncoder().encode(metadataText)).toString(16).padStart(8, "0"),
     );
     assert.equal(Object.keys(header)[0], "__metadata__");
-    const sizes: Record<string, number> = { F32: 4, F16: 2, I32: 4 };
+    const sizes: Record<string, number> = { F32: 4, F16: 2, BF16: 2, I32: 4 };
     let cursor = 0;
-    // The reference order: keys in data order, f32 before i32 before f16, then by name.
+    // The reference order: keys in data order, f32, i32, bf16, f16 (the reverse of the format's
+    // dtype enum), then by name.
     type Info = { dtype: string; shape: number[]; data_offsets: number[] };
     for (const [name, info] of Object.entries(infos) as [string, Info][]) {
       const c = cases.find((c) => c.name === name)!;
@@ -191,6 +207,8 @@ Deno.test("safetensors: the file follows the published layout", GPU_TEST, async 
       "scalar",
       "embed.ids",
       "empty_ids",
+      "bf16_bits",
+      "weights.bf16",
       "cube",
       "layer.0.bias",
       "nan_payloads",
@@ -419,7 +437,7 @@ Deno.test(
   },
 );
 
-Deno.test("decodeSafetensors: PyTorch's BF16 widens to f32 and I64 narrows to i32, exactly", () => {
+Deno.test("decodeSafetensors: BF16 loads as bf16 with its bits, I64 narrows to i32, exactly", () => {
   // bf16 bit patterns: 1, −2, the largest finite, the smallest subnormal, −0, +Inf, a NaN.
   const bf16 = [0x3f80, 0xc000, 0x7f7f, 0x0001, 0x8000, 0x7f80, 0x7fc1];
   const ids = [0n, -1n, 3n, 2n ** 31n - 1n, -(2n ** 31n)];
@@ -430,9 +448,8 @@ Deno.test("decodeSafetensors: PyTorch's BF16 widens to f32 and I64 narrows to i3
   }, new Uint8Array([...f16Bits(bf16), 0, 0, ...new Uint8Array(new BigInt64Array(ids).buffer)]));
   const { entries } = decodeSafetensors(file);
   const b = entries.get("b")!;
-  assert.deepEqual([b.dtype, b.shape], ["f32", [7]]);
-  const widened = new Uint32Array(b.data.slice().buffer);
-  assert.deepEqual(Array.from(widened), bf16.map((v) => (v << 16) >>> 0), "the bits, shifted up");
+  assert.deepEqual([b.dtype, b.shape], ["bf16", [7]]);
+  assert.deepEqual([...b.data], [...f16Bits(bf16)], "the file's bytes");
   const n = entries.get("n")!;
   assert.deepEqual([n.dtype, n.shape], ["i32", [5]]);
   assert.deepEqual(Array.from(new Int32Array(n.data.slice().buffer)), ids.map(Number));

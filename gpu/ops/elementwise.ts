@@ -35,9 +35,10 @@ function reduceToOperand(g: Tensor, operand: Tensor, b: Broadcast, scale = 1): T
 
 /**
  * Casts the operands as autocast says, checks them, and runs the kernel.
- * An f16 operand that autocast promotes to f32 (an f16 residual branch added
- * to the f32 stream) is not cast first: the kernel reads it as f16, which is
- * exact, and writes f32; backward casts that operand's gradient back.
+ * A half (f16 or bf16) operand that autocast promotes to f32 (a half
+ * residual branch added to the f32 stream) is not cast first: the kernel
+ * reads it as it is, which is exact, and writes f32; backward casts that
+ * operand's gradient back.
  */
 function binary(
   op: BinaryOp & AutocastOpName,
@@ -273,7 +274,20 @@ export function gelu(x: Tensor, options: GeluOptions = {}): Tensor {
   return unary("gelu", x, 0, approximate === "tanh" ? "gelu" : "gelu_erf");
 }
 
-/** `x` converted to `dtype` (a copy even when the dtype is unchanged); the gradient casts back. */
+/**
+ * `x` converted to `dtype` (a copy even when the dtype is unchanged); the
+ * gradient casts back. Among f32, f16 and bf16 each value is rounded once,
+ * to nearest-even, from its exact value (bf16: NaN becomes 0x7FC0).
+ *
+ * @example
+ * ```ts
+ * import { cast, initGpu, Tensor } from "../../mod.ts";
+ * const gpu = await initGpu({ f16: "off", matmulTiling: "default" });
+ * const x = Tensor.from([1 + 2 ** -8, 1 + 3 * 2 ** -8], [2]); // ties of bf16
+ * console.assert((await cast(x, "bf16").read()).join() === [1, 1 + 2 ** -6].join());
+ * gpu.destroy();
+ * ```
+ */
 export function cast(x: Tensor, dtype: DType): Tensor {
   assertDType("cast", dtype);
   const y = launchUnary("identity", x, { out: dtype });

@@ -7,7 +7,7 @@ import type { Tensor } from "../tensor.ts";
 
 /**
  * dst ← beta · dst + alpha · src, in place, with f32 math (dtypes may differ:
- * an f16 gradient can be added into an f32 tensor). alpha and beta default to
+ * an f16 or bf16 gradient can be added into an f32 tensor). alpha and beta default to
  * 1 (dst += src). Meant for optimizer updates: call it inside `noGrad()` when
  * `dst` requires grad.
  *

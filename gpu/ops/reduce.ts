@@ -45,7 +45,7 @@ function plan(op: string, x: Tensor, options: ReduceOptions): { view: ReduceView
 }
 
 function reduceWithGrad(op: "sum" | "mean", x0: Tensor, options: ReduceOptions): Tensor {
-  // The kernel sums in f32 whatever it reads: f16 input is not cast up first under autocast.
+  // The kernel sums in f32 whatever it reads: f16 or bf16 input is not cast up first under autocast.
   const { inputs: [x], widened } = autocastInputsWidenedInKernel(op, [x0]);
   const out = widened ? "f32" : x.dtype;
   const { view, shape } = plan(op, x, options);
