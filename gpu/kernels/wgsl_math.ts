@@ -21,7 +21,8 @@ export const WGSL_MAX_OR_NAN = `fn max_or_nan(a: f32, b: f32) -> f32 {
 `;
 
 /**
- * `relu`, `gelu` (tanh form) and `gelu_derivative`; NaN in gives NaN out, as
+ * `relu`, `gelu` (tanh form) and `gelu_derivative` (and their `_from_exp`
+ * forms, for a kernel that needs both from one exponential); NaN in gives NaN out, as
  * in PyTorch (ReLU must not hide from the loss scaler the NaN it looks for).
  * The tanh form is written as a sigmoid, 0.5·(1 + tanh u) = 1 / (1 + e^(−2u)),
  * so its left tail does not cancel to a rounding residue; beyond |x| = 10 it
@@ -38,11 +39,16 @@ fn gelu_exp(x: f32) -> f32 {
   let c = clamp(x, -10.0, 10.0);
   return exp(-${TWO_GELU_C} * (c + 0.044715 * c * c * c));
 }
+fn gelu_from_exp(x: f32, e: f32) -> f32 {
+  return select(select(x / (1.0 + e), -0.0, x < -10.0), x, is_nan(x));
+}
 fn gelu(x: f32) -> f32 {
-  return select(select(x / (1.0 + gelu_exp(x)), -0.0, x < -10.0), x, is_nan(x));
+  return gelu_from_exp(x, gelu_exp(x));
 }
 fn gelu_derivative(x: f32) -> f32 {
-  let e = gelu_exp(x);
+  return gelu_derivative_from_exp(x, gelu_exp(x));
+}
+fn gelu_derivative_from_exp(x: f32, e: f32) -> f32 {
   let s = 1.0 / (1.0 + e);
   let c = clamp(x, -10.0, 10.0);
   let d = s + c * ${TWO_GELU_C} * (1.0 + 3.0 * 0.044715 * c * c) * s * (e * s);
@@ -95,10 +101,16 @@ fn normal_cdf(x: f32) -> f32 {
   return select(1.0 - tail, tail, z < 0.0);
 }
 fn gelu_erf(x: f32) -> f32 {
-  return x * normal_cdf(x);
+  return gelu_erf_from_cdf(x, normal_cdf(x));
+}
+fn gelu_erf_from_cdf(x: f32, cdf: f32) -> f32 {
+  return x * cdf;
 }
 fn gelu_erf_derivative(x: f32) -> f32 {
-  return normal_cdf(x) + x * exp(-0.5 * x * x) * 0.3989422804014327;
+  return gelu_erf_derivative_from_cdf(x, normal_cdf(x));
+}
+fn gelu_erf_derivative_from_cdf(x: f32, cdf: f32) -> f32 {
+  return cdf + x * exp(-0.5 * x * x) * 0.3989422804014327;
 }
 `;
 

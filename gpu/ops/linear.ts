@@ -6,6 +6,7 @@
 import { ShapeError, ValueError } from "../errors.ts";
 import { record } from "../autograd.ts";
 import { launchBinary, launchUnary } from "../kernels/elementwise.ts";
+import { launchGeluBackward } from "../kernels/gelu_backward.ts";
 import { dispatchMatmul } from "../kernels/matmul.ts";
 import { launchReduce } from "../kernels/reduce.ts";
 import { Tensor } from "../tensor.ts";
@@ -25,8 +26,9 @@ export interface LinearOptions {
    * transformer MLP's second layer (`"none"`: exact erf GELU, `"tanh"`: the
    * tanh approximation). Unlike `linear(gelu(x), W)`, gelu(x) is not kept for
    * backward: only x is, and backward recomputes gelu(x) for the weight
-   * gradient, so the layer keeps one activation of its input's size instead
-   * of two. Default: no GELU.
+   * gradient in the same pass that applies gelu′(x) to x's gradient (GELU
+   * evaluated once, gpu/kernels/gelu_backward.ts), so the layer keeps one
+   * activation of its input's size instead of two. Default: no GELU.
    */
   geluInput?: "none" | "tanh";
 }
@@ -158,22 +160,30 @@ export function linearForward(
     const gPre = activation === "relu" ? launchBinary("relu_grad", g, sy!) : g;
     const g2 = gPre.share([rows, outFeatures]), xs = sx.share([rows, inFeatures]);
     let gw: Tensor | null = null;
-    if (needs[1]) {
-      const read = geluInput ? geluOf(xs) : xs;
+    let flat: Tensor | null = null;
+    if (geluInput && needs[0] && needs[1]) {
+      // One pass gives gelu(x) and, over the product's gradient, x's gradient: GELU once.
+      flat = product(g2, sw, false, false);
+      const read = launchGeluBackward(GELU_KERNEL[geluInput], xs, flat);
       gw = product(g2, read, true, false, weightGradDtype);
-      if (read !== xs) read.dispose();
-    }
-    let gx: Tensor | null = null;
-    if (needs[0]) {
-      let flat = product(g2, sw, false, false);
-      if (geluInput) {
-        const through = launchBinary(`${GELU_KERNEL[geluInput]}_grad`, flat, xs);
-        flat.dispose();
-        flat = through;
+      read.dispose();
+    } else {
+      if (needs[1]) {
+        const read = geluInput ? geluOf(xs) : xs;
+        gw = product(g2, read, true, false, weightGradDtype);
+        if (read !== xs) read.dispose();
       }
-      gx = flat.share(sx.shape);
-      flat.dispose();
+      if (needs[0]) {
+        flat = product(g2, sw, false, false);
+        if (geluInput) {
+          const through = launchBinary(`${GELU_KERNEL[geluInput]}_grad`, flat, xs);
+          flat.dispose();
+          flat = through;
+        }
+      }
     }
+    const gx = flat ? flat.share(sx.shape) : null;
+    flat?.dispose();
     const gb = bias && needs[2]
       ? launchReduce("sum", g2, { outer: 1, axis: rows, inner: outFeatures }, bias.shape, {
         out: bias.dtype,
