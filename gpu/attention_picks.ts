@@ -14,7 +14,7 @@
 import type { AttentionPlan, Gpu } from "./device.ts";
 import type { DType } from "./dtype.ts";
 import { attentionPlanCandidates, type FlashAttentionShape } from "./kernels/flash_attention.ts";
-import { tunerCacheKey, winnerCache } from "./kernel_timing.ts";
+import { cachedPicks, pickCacheKey, type PickStore, type ShapePicks } from "./shape_picks_store.ts";
 import { defineTunerSettings, type TunerSettings } from "./tuners.ts";
 
 /** Bump when the kernels, candidates or the key change: older cached picks are ignored. */
@@ -58,12 +58,12 @@ export interface AttentionShapeRecord {
 export interface AttentionSettings {
   /** The plan of each storage dtype (`tuneAttention` fills it; unset: 64 rows, nothing staged). */
   readonly plans: Map<string, AttentionPlan>;
-  /** Per-shape picks on GPUs, by {@link attentionShapeKey} (read from the cache on first use). */
-  readonly shapes: Map<string, AttentionShapeRecord>;
-  /** Every shape run on a GPU, with a problem of theirs (B and H apart), for `tuneAttentionShapes`. */
-  readonly seen: Map<string, { shape: AttentionShape; problem: AttentionProblem }>;
-  /** Keys whose pick came from the cache. */
-  readonly fromCache: Set<string>;
+  /**
+   * Per-shape picks on GPUs by {@link attentionShapeKey} (read from the
+   * cache on first use), and every shape run there with a problem of
+   * theirs (B and H apart), for `tuneAttentionShapes`.
+   */
+  readonly shapes: ShapePicks<AttentionShape, AttentionShapeRecord, AttentionProblem>;
 }
 
 /**
@@ -81,16 +81,12 @@ export interface AttentionSettings {
  */
 export const attentionSettings: TunerSettings<AttentionSettings> = defineTunerSettings(
   "attention",
-  (gpu) => {
-    const shapes = new Map<string, AttentionShapeRecord>();
-    if (!gpu.adapterProfile.cpu) {
-      // An entry stored under another shape's key is not trusted either.
-      for (const [key, record] of Object.entries(cacheOf(gpu).read())) {
-        if (attentionShapeKey(record.shape) === key) shapes.set(key, record);
-      }
-    }
-    return { plans: new Map(), shapes, seen: new Map(), fromCache: new Set(shapes.keys()) };
-  },
+  (gpu) => ({
+    plans: new Map(),
+    shapes: gpu.adapterProfile.cpu
+      ? { picks: new Map(), seen: new Map(), fromCache: new Set() }
+      : cachedPicks(gpu, ATTENTION_SHAPE_STORE),
+  }),
 );
 
 /** The key of an attention shape, e.g. `"f32/bh384/t256/d64"`. */
@@ -103,6 +99,22 @@ export function attentionShapeOf(problem: AttentionProblem, dtype: DType): Atten
   const { batch, heads, t, headSize } = problem;
   return { heads: batch * heads, t, headSize, dtype: dtype === "f16" ? "f16" : "f32" };
 }
+
+/** How attention picks are keyed, cached and checked (gpu/shape_picks_store.ts). @internal */
+export const ATTENTION_SHAPE_STORE: PickStore<AttentionShape, AttentionShapeRecord> = {
+  tuner: "attentionShapes",
+  version: ATTENTION_SHAPES_VERSION,
+  keyOf: attentionShapeKey,
+  check(gpu, entry) {
+    const { heads, t, headSize, dtype } = entry.shape;
+    if (![heads, t, headSize].every((c) => Number.isInteger(c) && c > 0)) return undefined;
+    if (dtype !== "f32" && dtype !== "f16") return undefined;
+    const plan = attentionPlanCandidates(gpu, headSize).find((c) =>
+      JSON.stringify(c) === JSON.stringify(entry.plan)
+    );
+    return plan && { shape: { heads, t, headSize, dtype }, plan, seconds: entry.seconds };
+  },
+};
 
 /**
  * The `localStorage` key of `gpu`'s cached attention picks (per adapter,
@@ -118,49 +130,7 @@ export function attentionShapeOf(problem: AttentionProblem, dtype: DType): Atten
  * ```
  */
 export function attentionShapeCacheKey(gpu: Gpu): string {
-  return tunerCacheKey(gpu, "attentionShapes", ATTENTION_SHAPES_VERSION);
-}
-
-/** Who measured a pick: the adapter and the profile it ran as. */
-function adapterLabel(gpu: Gpu): string {
-  return `${gpu.adapterName} [${gpu.adapterProfile.name}]`;
-}
-
-function cacheOf(gpu: Gpu) {
-  const adapter = adapterLabel(gpu);
-  return winnerCache(attentionShapeCacheKey(gpu), (stored) => validRecord(gpu, adapter, stored));
-}
-
-/** A stored entry as a record, or undefined when it is another adapter's, malformed or not a candidate. */
-function validRecord(
-  gpu: Gpu,
-  adapter: string,
-  stored: unknown,
-): AttentionShapeRecord | undefined {
-  try {
-    const entry = stored as AttentionShapeRecord & { adapter: string };
-    if (entry.adapter !== adapter || !(entry.seconds > 0)) return undefined;
-    const { heads, t, headSize, dtype } = entry.shape;
-    const counts = [heads, t, headSize];
-    if (!counts.every((c) => Number.isInteger(c) && c > 0)) return undefined;
-    if (dtype !== "f32" && dtype !== "f16") return undefined;
-    const plan = attentionPlanCandidates(gpu, headSize).find((c) =>
-      JSON.stringify(c) === JSON.stringify(entry.plan)
-    );
-    return plan && { shape: { heads, t, headSize, dtype }, plan, seconds: entry.seconds };
-  } catch {
-    return undefined;
-  }
-}
-
-/** Adds `records` to `gpu`'s cache of attention picks. @internal */
-export function cacheAttentionPicks(
-  gpu: Gpu,
-  records: ReadonlyMap<string, AttentionShapeRecord>,
-): void {
-  const adapter = adapterLabel(gpu);
-  const entries = new Map([...records].map(([k, r]) => [k, { ...r, adapter }]));
-  cacheOf(gpu).write(entries as unknown as Map<string, AttentionShapeRecord>);
+  return pickCacheKey(gpu, ATTENTION_SHAPE_STORE);
 }
 
 /**
@@ -179,10 +149,10 @@ export function attentionPlanFor(
     const shape = attentionShapeOf(problem, dtype);
     const key = attentionShapeKey(shape);
     const { batch, heads, t, headSize } = problem;
-    if (!settings.seen.has(key)) {
-      settings.seen.set(key, { shape, problem: { batch, heads, t, headSize } });
+    if (!settings.shapes.seen.has(key)) {
+      settings.shapes.seen.set(key, { shape, problem: { batch, heads, t, headSize } });
     }
-    const pick = settings.shapes.get(key)?.plan;
+    const pick = settings.shapes.picks.get(key)?.plan;
     if (pick) return pick;
   }
   return settings.plans.get(dtype);

@@ -27,13 +27,18 @@ import {
 import { untracked } from "./scope.ts";
 import { Tensor } from "./tensor.ts";
 import {
+  ATTENTION_SHAPE_STORE,
   type AttentionProblem,
   attentionSettings,
   type AttentionShape,
-  attentionShapeKey,
   type AttentionShapeRecord,
-  cacheAttentionPicks,
 } from "./attention_picks.ts";
+import {
+  type PickOutcome,
+  pickReport,
+  type ShapeTuningOptions,
+  tunePicks,
+} from "./shape_picks_store.ts";
 
 /** Bump when the kernels or candidates change: cached winners of older versions are ignored. */
 const TUNER_VERSION = 4;
@@ -183,22 +188,11 @@ export interface AttentionShapeTuning {
   cached: boolean;
 }
 
-/** Options of {@link tuneAttentionShapes}. */
-export interface TuneAttentionShapesOptions {
-  /**
-   * Shapes to tune, timed as B = B·H heads of one (default: every shape the
-   * fused attention ran on this device since it started, timed at its own B and H).
-   */
-  shapes?: readonly AttentionShape[];
-  /** Measure again what the cache gave (and every listed shape), not only shapes without a pick. */
-  force?: boolean;
-  /** Times one candidate's run (default: GPU timestamps, else wall time; see `secondsPerRun`). */
-  timer?: CandidateTimer<AttentionPlan>;
-  /** Write picks to the per-adapter cache (default: only when `timer` is not given). */
-  cache?: boolean;
-  /** Told before the first shape is measured and after each. */
-  onProgress?: (progress: TuningProgress) => void;
-}
+/**
+ * Options of {@link tuneAttentionShapes}; listed shapes are timed as
+ * B = B·H heads of one (the default, every shape run, at its own B and H).
+ */
+export type TuneAttentionShapesOptions = ShapeTuningOptions<AttentionShape, AttentionPlan>;
 
 /**
  * Tunes the fused attention kernels at their own shapes on GPUs: each
@@ -227,37 +221,24 @@ export async function tuneAttentionShapes(
   options: TuneAttentionShapesOptions = {},
 ): Promise<AttentionShapeTuning[]> {
   if (gpu.adapterProfile.cpu) return [];
-  const settings = attentionSettings.of(gpu);
-  const asked = options.shapes?.map((shape) => ({
-    shape,
-    problem: { batch: shape.heads, heads: 1, t: shape.t, headSize: shape.headSize },
-  })) ?? [...settings.seen.values()];
   const timer = options.timer ?? ((_, run) => secondsPerRun(gpu, run));
-  const wanted = (shape: AttentionShape) => {
-    const key = attentionShapeKey(shape);
-    if (!settings.shapes.has(key)) return true;
-    return !!options.force && (!!options.shapes || settings.fromCache.has(key));
-  };
-  const todo = asked.filter(({ shape }) => wanted(shape));
-  const measured = progressReporter("attention shapes", todo.length, options.onProgress);
-  const fresh = new Map<string, AttentionShapeRecord>();
-  const results: AttentionShapeTuning[] = [];
-  for (const { shape, problem } of asked) {
-    const key = attentionShapeKey(shape);
-    let trials = 0;
-    if (todo.some((t) => t.shape === shape)) {
+  const outcomes = await tunePicks(gpu, attentionSettings.of(gpu).shapes, {
+    store: ATTENTION_SHAPE_STORE,
+    listed: options.shapes?.map((shape) => ({
+      shape,
+      problem: { batch: shape.heads, heads: 1, t: shape.t, headSize: shape.headSize },
+    })),
+    force: options.force,
+    cache: options.cache ?? !options.timer,
+    task: "attention shapes",
+    onProgress: options.onProgress,
+    async measure(shape, problem) {
       const timed = await timePlans(gpu, problem, shape.dtype, timer);
-      trials = timed.trials;
-      const seconds = Math.min(...timed.seconds);
-      fresh.set(key, { shape, plan: timed.best, seconds });
-      settings.shapes.set(key, fresh.get(key)!);
-      settings.fromCache.delete(key);
-      measured();
-    }
-    results.push(shapeTuning(key, settings.shapes.get(key)!, trials, settings.fromCache.has(key)));
-  }
-  if (options.cache ?? !options.timer) cacheAttentionPicks(gpu, fresh);
-  return results;
+      const record = { shape, plan: timed.best, seconds: Math.min(...timed.seconds) };
+      return { record, trials: timed.trials };
+    },
+  });
+  return outcomes.map(shapeTuning);
 }
 
 /**
@@ -274,18 +255,13 @@ export async function tuneAttentionShapes(
  */
 export function attentionShapeReport(gpu: Gpu): AttentionShapeTuning[] {
   if (gpu.adapterProfile.cpu) return [];
-  const settings = attentionSettings.of(gpu);
-  return [...settings.shapes].map(([key, record]) =>
-    shapeTuning(key, record, 0, settings.fromCache.has(key))
-  );
+  return pickReport(attentionSettings.of(gpu).shapes).map(shapeTuning);
 }
 
+/** An outcome as the report's row. */
 function shapeTuning(
-  key: string,
-  record: AttentionShapeRecord,
-  trials: number,
-  fromCache: boolean,
+  { key, record, trials, cached }: PickOutcome<AttentionShapeRecord>,
 ): AttentionShapeTuning {
   const { shape, plan, seconds } = record;
-  return { shape, key, plan, seconds, trials, cached: trials === 0 && fromCache };
+  return { shape, key, plan, seconds, trials, cached };
 }

@@ -144,6 +144,7 @@ export {
   type TuneAttentionShapesOptions,
 } from "./attention_tuning.ts";
 export type { CandidateTimer, TuningProgress } from "./kernel_timing.ts";
+export type { ShapePicks, ShapeTuningOptions, TimedPick } from "./shape_picks_store.ts";
 export type { AttentionPlan, AttentionTile } from "./device.ts";
 export { defineTunerSettings, type TunerSettings } from "./tuners.ts";
 export { type MatmulSettings, matmulSettings } from "./matmul_settings.ts";

@@ -18,7 +18,7 @@
 import type { Gpu, MatmulTiling } from "./device.ts";
 import type { DType } from "./dtype.ts";
 import { classOf, type MatmulOrientation, type MatmulProblem } from "./matmul_class.ts";
-import { tunerCacheKey, winnerCache } from "./kernel_timing.ts";
+import { cachedPicks, pickCacheKey, type PickStore, type ShapePicks } from "./shape_picks_store.ts";
 import { tilingFits, tilingKind } from "./kernels/tilings.ts";
 import { maxSlices } from "./kernels/gemm.ts";
 import type { Activation } from "./kernels/wgsl_math.ts";
@@ -58,7 +58,7 @@ export interface ShapePick {
   slices: number;
 }
 
-/** A shape's pick with its time on the tuner's problem (null: not measured in this run). */
+/** A shape's pick with its time on the tuner's problem. */
 export interface ShapeRecord {
   /** The shape. */
   shape: MatmulShape;
@@ -105,28 +105,32 @@ export function pickFits(gpu: Gpu, shape: MatmulShape, pick: ShapePick): boolean
 }
 
 /** A device's picks and the shapes it dispatched (its matmul shape tuner's settings). */
-export interface ShapeState {
-  /** Picks by shape key. */
-  picks: Map<string, ShapeRecord>;
-  /** Every shape dispatched, with a problem of theirs (its strides). */
-  seen: Map<string, { shape: MatmulShape; problem: MatmulProblem }>;
-  /** Keys whose pick came from the cache. */
-  fromCache: Set<string>;
-}
+export type ShapeState = ShapePicks<MatmulShape, ShapeRecord, MatmulProblem>;
+
+/** How matmul picks are keyed, cached and checked (gpu/shape_picks_store.ts). @internal */
+export const MATMUL_SHAPE_STORE: PickStore<MatmulShape, ShapeRecord> = {
+  tuner: "matmulShapes",
+  version: SHAPE_PICKS_VERSION,
+  keyOf: matmulShapeKey,
+  check(gpu, entry) {
+    if (!pickFits(gpu, entry.shape, entry.pick)) return undefined;
+    const tiling = MATMUL_CANDIDATES.find((c) =>
+      JSON.stringify(c) === JSON.stringify(entry.pick.tiling)
+    )!;
+    const shape = shapeFields(entry.shape);
+    return { shape, pick: { tiling, slices: entry.pick.slices }, seconds: entry.seconds };
+  },
+};
 
 /**
  * A device's per-shape matmul picks (gpu/tuners.ts), read from the cache
  * when first used on a GPU adapter; a profile switch (`withAdapterProfile`)
  * starts fresh ones, read from that profile's cache.
  */
-const shapeSettings: TunerSettings<ShapeState> = defineTunerSettings("matmul shapes", (gpu) => {
-  const picks = new Map<string, ShapeRecord>();
-  // An entry stored under another shape's key is not trusted either.
-  for (const [key, record] of Object.entries(cacheOf(gpu).read())) {
-    if (matmulShapeKey(record.shape) === key) picks.set(key, record);
-  }
-  return { picks, seen: new Map(), fromCache: new Set(picks.keys()) };
-});
+const shapeSettings: TunerSettings<ShapeState> = defineTunerSettings(
+  "matmul shapes",
+  (gpu) => cachedPicks(gpu, MATMUL_SHAPE_STORE),
+);
 
 /**
  * The `localStorage` key of `gpu`'s cached picks (per adapter, profile and
@@ -142,36 +146,7 @@ const shapeSettings: TunerSettings<ShapeState> = defineTunerSettings("matmul sha
  * ```
  */
 export function shapeCacheKey(gpu: Gpu): string {
-  return tunerCacheKey(gpu, "matmulShapes", SHAPE_PICKS_VERSION);
-}
-
-function cacheOf(gpu: Gpu) {
-  const adapter = adapterLabel(gpu);
-  return winnerCache(
-    shapeCacheKey(gpu),
-    (stored) => validRecord(gpu, adapter, stored),
-  );
-}
-
-/** Who measured a pick: the adapter and the profile it ran as. */
-function adapterLabel(gpu: Gpu): string {
-  return `${gpu.adapterName} [${gpu.adapterProfile.name}]`;
-}
-
-/** A stored entry as a record, or undefined when it is another adapter's or malformed. */
-function validRecord(gpu: Gpu, adapter: string, stored: unknown): ShapeRecord | undefined {
-  try {
-    const entry = stored as ShapeRecord & { adapter: string };
-    if (entry.adapter !== adapter || !(entry.seconds > 0)) return undefined;
-    if (!pickFits(gpu, entry.shape, entry.pick)) return undefined;
-    const tiling = MATMUL_CANDIDATES.find((c) =>
-      JSON.stringify(c) === JSON.stringify(entry.pick.tiling)
-    )!;
-    const shape = shapeFields(entry.shape);
-    return { shape, pick: { tiling, slices: entry.pick.slices }, seconds: entry.seconds };
-  } catch {
-    return undefined;
-  }
+  return pickCacheKey(gpu, MATMUL_SHAPE_STORE);
 }
 
 /** `s`'s fields only, in order (so its key is recomputed from what it says). */
@@ -183,13 +158,6 @@ function shapeFields(s: MatmulShape): MatmulShape {
 /** The per-shape state of `gpu` as it is now (read from the cache on first use per profile). */
 export function shapeState(gpu: Gpu): ShapeState {
   return shapeSettings.of(gpu);
-}
-
-/** Adds `records` to `gpu`'s cache of picks. */
-export function cachePicks(gpu: Gpu, records: ReadonlyMap<string, ShapeRecord>): void {
-  const adapter = adapterLabel(gpu);
-  const entries = new Map([...records].map(([k, r]) => [k, { ...r, adapter }]));
-  cacheOf(gpu).write(entries as unknown as Map<string, ShapeRecord>);
 }
 
 /**

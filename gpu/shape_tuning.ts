@@ -18,23 +18,23 @@ import { dispatchMatmul } from "./kernels/matmul.ts";
 import { denseProblem, type MatmulProblem } from "./matmul_class.ts";
 import { Tensor } from "./tensor.ts";
 import { untracked } from "./scope.ts";
-import {
-  type CandidateTimer,
-  progressReporter,
-  secondsPerRun,
-  type TuningProgress,
-} from "./kernel_timing.ts";
+import { type CandidateTimer, secondsPerRun } from "./kernel_timing.ts";
 import { tilingKind } from "./kernels/tilings.ts";
 import { waveSlices } from "./kernels/gemm.ts";
 import { matmulCandidates } from "./matmul_candidates.ts";
 import {
-  cachePicks,
+  MATMUL_SHAPE_STORE,
   type MatmulShape,
-  matmulShapeKey,
   type ShapePick,
   type ShapeRecord,
   shapeState,
 } from "./shape_picks.ts";
+import {
+  type PickOutcome,
+  pickReport,
+  type ShapeTuningOptions,
+  tunePicks,
+} from "./shape_picks_store.ts";
 
 export type { MatmulShape, ShapePick } from "./shape_picks.ts";
 
@@ -65,21 +65,7 @@ export interface ShapeTuning {
 }
 
 /** Options of {@link tuneMatmulShapes}. */
-export interface TuneMatmulShapesOptions {
-  /** Shapes to tune (default: every shape dispatched on this device since it started). */
-  shapes?: readonly MatmulShape[];
-  /**
-   * Measure again what the cache gave (and every listed shape), not only
-   * shapes without a pick (default false).
-   */
-  force?: boolean;
-  /** Times one trial (default: GPU timestamps, else wall time; see `secondsPerRun`). */
-  timer?: CandidateTimer<ShapePick>;
-  /** Write picks to the per-adapter cache (default: only when `timer` is not given). */
-  cache?: boolean;
-  /** Told before the first shape is measured and after each. */
-  onProgress?: (progress: TuningProgress) => void;
-}
+export type TuneMatmulShapesOptions = ShapeTuningOptions<MatmulShape, ShapePick>;
 
 /**
  * Tunes matmuls at their own shapes (see the module comment) and returns
@@ -104,46 +90,30 @@ export async function tuneMatmulShapes(
   options: TuneMatmulShapesOptions = {},
 ): Promise<ShapeTuning[]> {
   if (gpu.adapterProfile.cpu) return [];
-  const state = shapeState(gpu);
-  const asked = options.shapes?.map((shape) => ({
-    shape,
-    problem: denseProblem(shape, shape.orientation),
-  })) ?? [...state.seen.values()];
   const timer = options.timer ?? ((_, run) => secondsPerRun(gpu, run));
-  const wanted = ({ shape }: { shape: MatmulShape }) => {
-    const key = matmulShapeKey(shape);
-    if (!state.picks.has(key)) return true;
-    return !!options.force && (!!options.shapes || state.fromCache.has(key));
-  };
-  const todo = asked.filter(wanted);
-  const measured = progressReporter("matmul shapes", todo.length, options.onProgress);
-  const fresh = new Map<string, ShapeRecord>();
-  const results: ShapeTuning[] = [];
-  for (const { shape, problem } of asked) {
-    const key = matmulShapeKey(shape);
-    const flops = 2 * shape.batch * shape.m * shape.n * shape.k;
-    let trials = 0;
-    if (todo.some((t) => t.shape === shape)) {
-      const timed = await tuneShape(gpu, shape, problem, timer);
-      trials = timed.trials;
-      fresh.set(key, { shape, pick: timed.pick, seconds: timed.seconds });
-      state.picks.set(key, fresh.get(key)!);
-      state.fromCache.delete(key);
-      measured();
-    }
-    const record = state.picks.get(key)!;
-    results.push({
+  const outcomes = await tunePicks(gpu, shapeState(gpu), {
+    store: MATMUL_SHAPE_STORE,
+    listed: options.shapes?.map((shape) => ({
       shape,
-      key,
-      pick: record.pick,
-      seconds: record.seconds,
-      gflops: flops / record.seconds / 1e9,
-      trials,
-      cached: trials === 0 && state.fromCache.has(key),
-    });
-  }
-  if (options.cache ?? !options.timer) cachePicks(gpu, fresh);
-  return results;
+      problem: denseProblem(shape, shape.orientation),
+    })),
+    force: options.force,
+    cache: options.cache ?? !options.timer,
+    task: "matmul shapes",
+    onProgress: options.onProgress,
+    async measure(shape, problem) {
+      const timed = await tuneShape(gpu, shape, problem, timer);
+      return { record: { shape, pick: timed.pick, seconds: timed.seconds }, trials: timed.trials };
+    },
+  });
+  return outcomes.map(shapeTuning);
+}
+
+/** An outcome as the report's row, with GFLOP/s: 2·batch·m·n·k over the pick's time. */
+function shapeTuning({ key, record, trials, cached }: PickOutcome<ShapeRecord>): ShapeTuning {
+  const { shape, pick, seconds } = record;
+  const flops = 2 * shape.batch * shape.m * shape.n * shape.k;
+  return { shape, key, pick, seconds, gflops: flops / seconds / 1e9, trials, cached };
 }
 
 /**
@@ -160,16 +130,7 @@ export async function tuneMatmulShapes(
  */
 export function matmulShapeReport(gpu: Gpu): ShapeTuning[] {
   if (gpu.adapterProfile.cpu) return [];
-  const state = shapeState(gpu);
-  return [...state.picks].map(([key, { shape, pick, seconds }]) => ({
-    shape,
-    key,
-    pick,
-    seconds,
-    gflops: 2 * shape.batch * shape.m * shape.n * shape.k / seconds / 1e9,
-    trials: 0,
-    cached: state.fromCache.has(key),
-  }));
+  return pickReport(shapeState(gpu)).map(shapeTuning);
 }
 
 /** The trials of one shape, in the order of the budget (module comment). */
