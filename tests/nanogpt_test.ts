@@ -19,6 +19,7 @@ import {
 import { loadModule, loadTrainingState, saveModule, saveTrainingState } from "../files.ts";
 import { TinyGpt, type TinyGptConfig } from "../examples/tiny_gpt_model.ts";
 import { fromNanoGpt, nanoGptConfig, toNanoGpt } from "../examples/nanogpt.ts";
+import { parseTinyGptArgs, UsageError } from "../examples/tiny_gpt_args.ts";
 import { assertClose } from "./_assert.ts";
 import { GPU_TEST } from "./_gpu.ts";
 
@@ -231,4 +232,30 @@ Deno.test({
       await Deno.remove(dir, { recursive: true });
     }
   },
+});
+
+Deno.test("tiny_gpt flags: nanoGPT's options reach the model's config; a bad --gelu is a usage error", () => {
+  const cfg = parseTinyGptArgs([
+    "--tie-embeddings",
+    "--no-head-bias",
+    "--no-bias",
+    "--gelu",
+    "tanh",
+  ])!;
+  assert.deepEqual(
+    [cfg.tieEmbeddings, cfg.headBias, cfg.bias, cfg.gelu, cfg.saveNanoGpt],
+    [true, false, false, "tanh", undefined],
+  );
+  const plain = parseTinyGptArgs([])!;
+  assert.deepEqual([plain.tieEmbeddings, plain.headBias, plain.bias, plain.gelu], [
+    false,
+    true,
+    true,
+    "none",
+  ]);
+  assert.throws(
+    () => parseTinyGptArgs(["--gelu", "erf"]),
+    (e: unknown) =>
+      e instanceof UsageError && e.message === '--gelu must be none (exact) or tanh, got "erf".',
+  );
 });
