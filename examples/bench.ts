@@ -15,18 +15,18 @@
  *   MNIST MLP's first layer and the GPT's linear layers in the three
  *   orientations a linear layer uses (x·Wᵀ, g·W, gᵀ·x);
  * - `mlp`: the 784-256-256-10 MLP, batch 128, fused Adam: steps/s and peak
- *   GPU memory in f32, AMP and AMP + checkpointing, and AMP's ms/step with a
+ *   GPU memory in f32, AMP, AMP bf16 and AMP + checkpointing, and AMP's ms/step with a
  *   `NumericsInspector` attached against without (`amp inspect`);
  * - `checkpoint`: a 32-block MLP where activations dominate: activation
  *   memory and step time with √n segments and with a memory budget;
  * - `tiny_gpt`: the example's transformer in f32, AMP and AMP + checkpointing,
  *   and with a `NumericsInspector` attached (`amp inspect`);
- * - `gpt`: a GPT at real size (nanoGPT's shakespeare-char model) in f32, AMP
- *   and AMP + checkpointing, with the profiler's top kernels and the
+ * - `gpt`: a GPT at real size (nanoGPT's shakespeare-char model) in f32, AMP,
+ *   AMP bf16 and AMP + checkpointing, with the profiler's top kernels and the
  *   start-up tuning's picks;
  * - `ops`: each op of that GPT's forward and backward at its shapes, f32 and
  *   f16: GPU ms, TFLOP/s or GB/s, and JavaScript µs per op recorded;
- * - `cnn`: the MNIST CNN in f32, AMP and AMP + checkpointing, and conv2d
+ * - `cnn`: the MNIST CNN in f32, AMP, AMP bf16 and AMP + checkpointing, and conv2d
  *   GFLOP/s at ResNet-like shapes (forward, and forward + backward);
  * - `soak`: 20 × --steps AMP steps: GPU bytes and JS heap after warm-up and
  *   at the end;

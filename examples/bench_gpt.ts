@@ -7,8 +7,9 @@
  * time against the step's wall time (the gap is the GPU waiting on
  * JavaScript and submits). A fourth run, "amp unfused", is AMP with the
  * reference attention (matmuls around a saved T×T softmax), for the fused
- * op's time and memory. On GPUs each mode's first step is followed by
- * per-shape matmul and attention tuning (`tuneMatmulShapes`,
+ * op's time and memory; a fifth, "amp bf16", is AMP in bf16 (its speed and
+ * memory against AMP's in the "ratios" row). On GPUs each mode's first step
+ * is followed by per-shape matmul and attention tuning (`tuneMatmulShapes`,
  * `tuneAttentionShapes`) before the timed steps. A
  * "tuning" row says what the start-up tuning picked for each matmul class
  * and attention dtype, and each matmul and attention shape's pick, and how fast. `--size small`
@@ -92,11 +93,15 @@ export async function benchGpt(gpu: Gpu, o: BenchOptions): Promise<Result[]> {
   const label = `${g.layers} layers, ${g.heads} heads, dim ${g.dim}, context ${g.context}, ` +
     `batch ${g.batch}, vocab ${g.vocab}`;
   const results: Result[] = [];
-  for (const mode of ["f32", "amp", "amp+ckpt", "amp unfused"] as const) {
+  for (const mode of ["f32", "amp", "amp+ckpt", "amp unfused", "amp bf16"] as const) {
     const model = new TinyGpt({ ...g, fusedAttention: mode !== "amp unfused" });
     if (mode === "amp+ckpt") model.blocks.checkpoint = g.layers;
     const optimizer = new AdamW(model.parameters(), { lr: 1e-3 });
-    const trainer = new AmpTrainer(model, optimizer, { enabled: mode !== "f32", maxGradNorm: 1 });
+    const trainer = new AmpTrainer(model, optimizer, {
+      enabled: mode !== "f32",
+      dtype: mode === "amp bf16" ? "bf16" : "f16",
+      maxGradNorm: 1,
+    });
     let loss: Tensor | null = null;
     const step = () => {
       loss?.dispose();
@@ -131,17 +136,19 @@ export async function benchGpt(gpu: Gpu, o: BenchOptions): Promise<Result[]> {
   disposeAll(x, y);
   const shapes = shapePicks(gpu);
   if (shapes.length > 0) console.error(shapeTable(shapes, o.tuning.shapeSeconds));
-  const [f32, amp, ckpt, unfused] = results;
+  const [f32, amp, ckpt, unfused, bf16] = results;
   results.push({
     bench: "gpt",
     mode: "ratios",
-    model: "amp/f32, amp+ckpt/amp, and fused/unfused attention under amp",
+    model: "amp/f32, amp+ckpt/amp, fused/unfused attention under amp, and bf16/f16 amp",
     size,
     ampSpeedup: (amp.stepsPerSec as number) / (f32.stepsPerSec as number),
     ampMemoryRatio: amp.peakBytes / f32.peakBytes,
     checkpointMemoryRatio: ckpt.peakBytes / amp.peakBytes,
     fusedAttentionSpeedup: (amp.stepsPerSec as number) / (unfused.stepsPerSec as number),
     fusedAttentionMemoryRatio: amp.peakBytes / unfused.peakBytes,
+    bf16Speedup: (bf16.stepsPerSec as number) / (amp.stepsPerSec as number),
+    bf16MemoryRatio: bf16.peakBytes / amp.peakBytes,
     peakBytes: ckpt.peakBytes,
   });
   results.push({

@@ -37,17 +37,21 @@ interface ClassifierSpec {
 
 /**
  * Steps/s and peak GPU memory of `spec`'s model trained with fused Adam on a
- * synthetic batch, in f32, AMP and AMP + checkpointing, and AMP's ratios.
+ * synthetic batch, in f32, AMP (f16), AMP in bf16 and AMP + checkpointing,
+ * and AMP's ratios (f16 against f32, bf16 against f16).
  */
 async function benchClassifier(gpu: Gpu, steps: number, spec: ClassifierSpec): Promise<Result[]> {
   const results: Result[] = [];
   const batch = spec.input[0], size = spec.input.reduce((a, b) => a * b, 1);
-  for (const mode of ["f32", "amp", "amp+ckpt"] as const) {
+  for (const mode of ["f32", "amp", "amp bf16", "amp+ckpt"] as const) {
     const rng = new RandomGenerator(2);
     const model = spec.make(rng);
     if (mode === "amp+ckpt") model.checkpoint = "auto";
     const optimizer = new Adam(model.parameters(), { lr: 1e-3 });
-    const trainer = new AmpTrainer(model, optimizer, { enabled: mode !== "f32" });
+    const trainer = new AmpTrainer(model, optimizer, {
+      enabled: mode !== "f32",
+      dtype: mode === "amp bf16" ? "bf16" : "f16",
+    });
     const x = Tensor.from(rng.uniform(size), spec.input);
     const y = Tensor.from(Array.from({ length: batch }, (_, i) => i % 10), [batch], {
       dtype: "i32",
@@ -71,7 +75,7 @@ async function benchClassifier(gpu: Gpu, steps: number, spec: ClassifierSpec): P
     });
     disposeAll(trainer, optimizer, model, x, y);
   }
-  const [f32, amp] = results;
+  const [f32, amp, bf16] = results;
   results.push({
     bench: spec.bench,
     mode: "amp/f32",
@@ -79,6 +83,13 @@ async function benchClassifier(gpu: Gpu, steps: number, spec: ClassifierSpec): P
     speedup: (amp.stepsPerSec as number) / (f32.stepsPerSec as number),
     memoryRatio: amp.peakBytes / f32.peakBytes,
     peakBytes: amp.peakBytes,
+  }, {
+    bench: spec.bench,
+    mode: "bf16/f16",
+    model: spec.model,
+    speedup: (bf16.stepsPerSec as number) / (amp.stepsPerSec as number),
+    memoryRatio: bf16.peakBytes / amp.peakBytes,
+    peakBytes: bf16.peakBytes,
   });
   return results;
 }

@@ -42,6 +42,7 @@ import { Progress } from "./_progress.ts";
 import { profileFields, ProfileWindow } from "./_profile_window.ts";
 import { checkRun, type MnistArgs, parseMnistArgsOrExit } from "./mnist_args.ts";
 import { orExit } from "./_cli.ts";
+import { precisionName } from "./_amp_flag.ts";
 import { gather, loadData, randomShifts, shuffle } from "./mnist_batches.ts";
 import { MNIST_CLASSES, MNIST_PIXELS, type MnistSplit } from "./mnist_data.ts";
 import { mnistBuffers, mnistInputShape, mnistModel } from "./mnist_model.ts";
@@ -110,6 +111,7 @@ function makeTrainer(cfg: MnistArgs, optimizerSteps: number) {
   const trainer = new AmpTrainer(model, optimizer, {
     inspector: inspect?.inspector,
     enabled: cfg.amp,
+    dtype: cfg.ampDtype,
     lossScale: cfg.lossScale,
     accumulationSteps: cfg.accum,
   });
@@ -142,13 +144,13 @@ function runFlags(run: Run): { shape: FlagValues; steering: FlagValues } {
     limit: run.train.count,
     batch: run.batch,
     accum: cfg.accum,
-    amp: cfg.amp,
+    amp: cfg.amp && cfg.ampDtype === "bf16" ? "bf16" : cfg.amp, // true: f16, as before bf16
     seed: cfg.seed,
   };
   // The optimizer's state restores momentum, so it cannot be overridden.
   if (cfg.optimizer === "sgd") shape.momentum = cfg.momentum;
   const steering: FlagValues = { lr: cfg.lr };
-  if (cfg.amp) steering["loss-scale"] = cfg.lossScale;
+  if (cfg.amp && cfg.ampDtype === "f16") steering["loss-scale"] = cfg.lossScale;
   return { shape, steering };
 }
 
@@ -426,7 +428,9 @@ async function stopIfDiverged(run: Run, tally: Tally, watch: DivergenceWatch, ep
 
 /** The title of --inspect's heat map. */
 function heatmapTitle(cfg: MnistArgs): string {
-  return `MNIST ${cfg.model.toUpperCase()}, ${cfg.amp ? "AMP" : "f32"}: values f16 cannot hold`;
+  return `MNIST ${cfg.model.toUpperCase()}, ${
+    precisionName(cfg.amp, cfg.ampDtype)
+  }: values f16 cannot hold`;
 }
 
 /** With --inspect: prints the run's numerics report and writes its heat map beside --plot. */

@@ -13,6 +13,7 @@ import {
   UsageError,
   withNegativeValues,
 } from "./_cli.ts";
+import { ampDtypeFlag, type AmpFlagDtype } from "./_amp_flag.ts";
 import { profileSteps } from "./_profile_window.ts";
 import type { MnistModel } from "./mnist_model.ts";
 
@@ -42,7 +43,10 @@ Flags:
   --amp, --fp16    mixed precision: f16 autocast, fp32 master weights with f16
                    working copies, dynamic loss scaling (needs shader-f16;
                    falls back to f32 and says so without it)
-  --loss-scale N   needs --amp: 0 = dynamic (default), a power of two = static
+  --amp bf16       mixed precision in bf16: bf16 autocast and working copies,
+                   no loss scaling (bf16 has f32's range); needs no shader-f16
+  --loss-scale N   needs --amp (f16): 0 = dynamic (default), a power of two =
+                   static
   --checkpoint     gradient checkpointing: keep only segment inputs and
                    recompute activations in backward (same results, less memory)
   --accum N        micro-batches per optimizer step (default 1); each step
@@ -122,6 +126,8 @@ export interface MnistArgs {
   profile: number | undefined;
   momentum: number;
   amp: boolean;
+  /** The dtype of --amp: f16 (`--amp` alone, `--fp16`) or bf16 (`--amp bf16`). */
+  ampDtype: AmpFlagDtype;
   lossScale: number;
   accum: number;
   checkpoint: boolean;
@@ -164,8 +170,9 @@ const VALUE_FLAGS = [
 
 /** The flags in `args`, or null for --help. Every value is checked; a bad one is a UsageError. */
 export function parseMnistArgs(args: string[]): MnistArgs | null {
+  const ampFlag = ampDtypeFlag(args);
   const { values } = parseArgs({
-    args: withNegativeValues(args, VALUE_FLAGS),
+    args: withNegativeValues(ampFlag.args, VALUE_FLAGS),
     strict: true,
     allowPositionals: false,
     options: {
@@ -203,6 +210,9 @@ export function parseMnistArgs(args: string[]): MnistArgs | null {
   const amp = values.amp || values.fp16;
   if (values["loss-scale"] !== undefined && !amp) {
     throw new UsageError("--loss-scale needs --amp: f32 training has no loss scaling.");
+  }
+  if (values["loss-scale"] !== undefined && ampFlag.dtype === "bf16") {
+    throw new UsageError("--loss-scale is for --amp f16: bf16 has f32's range, no loss scaling.");
   }
   if (values.momentum !== undefined && optimizer !== "sgd") {
     throw new UsageError("--momentum is for --optimizer sgd; Adam keeps its own moments.");
@@ -242,6 +252,7 @@ export function parseMnistArgs(args: string[]): MnistArgs | null {
       "a number in [0, 1)",
     ),
     amp,
+    ampDtype: ampFlag.dtype,
     lossScale: numberFlag(
       "loss-scale",
       values["loss-scale"] ?? "0",

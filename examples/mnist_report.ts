@@ -8,6 +8,7 @@
 import { tilingNames } from "../gpu/mod.ts";
 import type { Run, Tally } from "./mnist.ts";
 import { writeLossChart } from "./_plot.ts";
+import { precisionName } from "./_amp_flag.ts";
 import { mnistStepFlops } from "./_flops.ts";
 
 const mib = (bytes: number): string => `${(bytes / 2 ** 20).toFixed(2)} MiB`;
@@ -41,7 +42,11 @@ export function reportStart(
         loadSeconds.toFixed(2)
       } s); GPU ready in ${initSeconds.toFixed(2)} s`,
       `${MODEL_NAMES[cfg.model]}, ${
-        cfg.amp ? "AMP (f16 + loss scaling)" : "f32"
+        !cfg.amp
+          ? "f32"
+          : cfg.ampDtype === "bf16"
+          ? "AMP (bf16, no loss scaling)"
+          : "AMP (f16 + loss scaling)"
       }, ${cfg.optimizer} lr ${cfg.lr}` +
       `${cfg.optimizer === "sgd" ? ` momentum ${cfg.momentum}` : ""}, batch ${batch}${
         cfg.accum > 1 ? ` × ${cfg.accum} accumulated` : ""
@@ -61,7 +66,9 @@ const MODEL_NAMES = {
 export async function writePlot(run: Run, tally: Tally): Promise<void> {
   const { cfg } = run;
   if (!cfg.plot) return;
-  const title = `MNIST ${cfg.model.toUpperCase()}, ${cfg.amp ? "AMP" : "f32"}, ${cfg.optimizer}`;
+  const title = `MNIST ${cfg.model.toUpperCase()}, ${
+    precisionName(cfg.amp, cfg.ampDtype)
+  }, ${cfg.optimizer}`;
   await writeLossChart(cfg.plot, { title, points: tally.plotPoints });
 }
 

@@ -302,6 +302,7 @@ async function main(): Promise<void> {
   const inspect = cfg.inspect ? new InspectLog(model) : null;
   const trainer = new AmpTrainer(model, optimizer, {
     enabled: cfg.amp,
+    dtype: cfg.ampDtype,
     maxGradNorm: 1,
     inspector: inspect?.inspector,
   });

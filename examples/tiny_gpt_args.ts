@@ -5,6 +5,7 @@
  */
 import { integerFlag, numberFlag, UsageError, withNegativeValues } from "./_cli.ts";
 import { profileSteps } from "./_profile_window.ts";
+import { ampDtypeFlag, type AmpFlagDtype } from "./_amp_flag.ts";
 import { parseArgs } from "node:util";
 
 /** `tiny_gpt.ts --help`. */
@@ -35,6 +36,8 @@ Flags:
   --amp, --fp16      mixed precision: f16 autocast, fp32 master weights with f16
                      working copies, dynamic loss scaling (needs shader-f16;
                      falls back to f32 and says so without it)
+  --amp bf16         mixed precision in bf16: bf16 autocast and working copies,
+                     no loss scaling; needs no shader-f16
   --tie-embeddings   the head uses the token table as its weight: one parameter
                      (nanoGPT's wte / lm_head weight tying)
   --no-head-bias     no bias in the head (nanoGPT's lm_head)
@@ -116,6 +119,8 @@ export interface TinyGptArgs {
   lr: number;
   warmup: number;
   amp: boolean;
+  /** The dtype of --amp: f16 (`--amp` alone, `--fp16`) or bf16 (`--amp bf16`). */
+  ampDtype: AmpFlagDtype;
   checkpoint: boolean;
   seed: number;
   logEvery: number;
@@ -157,8 +162,9 @@ export function parseTinyGptArgs(args: string[]): TinyGptArgs | null {
   const text = (d: string) => ({ type: "string" as const, default: d });
   const size = (flag: string) => text(String(TINY_GPT_SIZES[flag]));
   const flag = { type: "boolean" as const, default: false };
+  const ampFlag = ampDtypeFlag(args);
   const { values: v } = parseArgs({
-    args: withNegativeValues(args, VALUE_FLAGS),
+    args: withNegativeValues(ampFlag.args, VALUE_FLAGS),
     strict: true,
     allowPositionals: false,
     options: {
@@ -204,6 +210,7 @@ export function parseTinyGptArgs(args: string[]): TinyGptArgs | null {
     lr: positive("lr", v.lr),
     warmup: int("warmup", v.warmup, 0),
     amp: v.amp || v.fp16,
+    ampDtype: ampFlag.dtype,
     checkpoint: v.checkpoint,
     seed: int("seed", v.seed, 0),
     logEvery: int("log-every", v["log-every"], 1),

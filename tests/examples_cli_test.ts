@@ -17,6 +17,8 @@ import {
   TINY_GPT,
   withTempDir,
 } from "./_examples.ts";
+import { parseMnistArgs } from "../examples/mnist_args.ts";
+import { parseTinyGptArgs } from "../examples/tiny_gpt_args.ts";
 
 Deno.test("examples: every bad flag is one line and exit status 2, before any training", async () => {
   const dir = await Deno.makeTempDir();
@@ -31,6 +33,12 @@ Deno.test("examples: every bad flag is one line and exit status 2, before any tr
       [["--epochs", "1e9"], /--epochs must be an integer from 1 to 1000, not "1e9"/],
       [["--loss-scale", "8"], /--loss-scale needs --amp/],
       [["--amp", "--loss-scale", "1000"], /--loss-scale must be 0 \(dynamic\) or a power of two/],
+      [["--amp=bfloat16"], /^mnist: --amp takes f16 \(the default\) or bf16, not "bfloat16"/],
+      [["--amp", "fp8"], /^mnist: --amp takes f16 \(the default\) or bf16, not "fp8"/],
+      [
+        ["--amp", "bf16", "--loss-scale", "8"],
+        /--loss-scale is for --amp f16: bf16 has f32's range/,
+      ],
       [["--momentum", "0.5"], /--momentum is for --optimizer sgd/],
       [["--model", "resnet"], /--model must be mlp or cnn, not "resnet"/],
       [["--model", "cnn", "--shift", "9"], /--shift must be an integer from 0 to 8, not "9"/],
@@ -59,6 +67,43 @@ Deno.test("examples: every bad flag is one line and exit status 2, before any tr
   } finally {
     await Deno.remove(dir, { recursive: true });
   }
+});
+
+Deno.test("examples: --amp bf16 picks bf16; --amp alone, --amp f16 and --fp16 stay f16", () => {
+  for (const parse of [parseMnistArgs, parseTinyGptArgs]) {
+    const dtypeOf = (args: string[]) => {
+      const cfg = parse(args)!;
+      return cfg.amp ? cfg.ampDtype : "f32";
+    };
+    assert.equal(dtypeOf(["--amp", "bf16", "--seed", "2"]), "bf16");
+    assert.equal(dtypeOf(["--amp=bf16"]), "bf16");
+    assert.equal(dtypeOf(["--amp", "--seed", "2"]), "f16");
+    assert.equal(dtypeOf(["--seed", "2", "--amp"]), "f16");
+    assert.equal(dtypeOf(["--amp", "f16"]), "f16");
+    assert.equal(dtypeOf(["--fp16"]), "f16");
+    assert.equal(dtypeOf([]), "f32");
+    assert.equal(
+      parse(["--amp", "bf16", "--seed", "2"])!.seed,
+      2,
+      "the flags after it still parse",
+    );
+  }
+});
+
+Deno.test("examples: mnist and tiny_gpt --amp bf16 train in bf16 without loss scaling", async () => {
+  const r = await run(MNIST, [...QUICK, "--amp", "bf16", "--json"]);
+  assert.equal(r.code, 0, r.stderr);
+  const start = events(r.stdout).find((e) => e.event === "start")!,
+    final = events(r.stdout).at(-1)!;
+  assert.equal(start.ampDtype, "bf16");
+  assert.equal(final.event, "final");
+  assert.equal(final.lossScale, 1, "no loss scaling");
+  assert.ok((final.testAccuracy as number) > 0.6, `bf16 learns: ${final.testAccuracy}`);
+  const quick = ["--steps", "3", "--log-every", "3", "--eval-windows", "4", "--samples", "1"];
+  const gpt = await run(TINY_GPT, [...quick, "--amp", "bf16", "--json"]);
+  assert.equal(gpt.code, 0, gpt.stderr);
+  assert.equal(events(gpt.stdout).find((e) => e.event === "start")!.ampDtype, "bf16");
+  assert.equal(events(gpt.stdout).at(-1)!.lossScale, 1);
 });
 
 /** The number of points of the loss line in an SVG chart written by --plot. */
