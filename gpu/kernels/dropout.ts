@@ -9,9 +9,7 @@ import type { DType } from "../dtype.ts";
 import { defineKernel } from "../kernel.ts";
 import { type RandomRange, WGSL_RANDOM } from "../random.ts";
 import { Tensor } from "../tensor.ts";
-import { grid1d, WGSL_GRID_BUILTINS, WGSL_WORKGROUP_INDEX } from "./grid.ts";
-
-const WORKGROUP = 256;
+import { moveGrid, wgslComputeMain } from "./move_elements.ts";
 
 /** The dropout kernel family (one per dtype). */
 export const dropoutKernel = defineKernel({
@@ -21,20 +19,18 @@ export const dropoutKernel = defineKernel({
     { name: "dst", type: c.dtype, write: true },
   ],
   uniforms: { n: "u32", key: "u32", counter: "u32", p: "f32", scale: "f32" },
-  source: () =>
+  source: ({ dtype }) =>
     `${WGSL_RANDOM}
-@compute @workgroup_size(${WORKGROUP})
-fn main(${WGSL_GRID_BUILTINS}) {
-  let i = ${WGSL_WORKGROUP_INDEX} * ${WORKGROUP}u + lid;
-  if (i >= p.n) { return; }
+fn value(i: u32) -> f32 {
   let keep = random_uniform(p.key, p.counter + i) >= p.p;
   let x = ld_src(i);
   // PyTorch multiplies by the mask, so a dropped NaN or ±inf is x·0 = NaN, not 0: set the
   // quiet bit of its all-ones exponent (from bits: WGSL may assume no NaN or inf).
   let non_finite = (bitcast<u32>(x) & 0x7f800000u) == 0x7f800000u;
   let dropped = select(0.0, bitcast<f32>(bitcast<u32>(x) | 0x00400000u), non_finite);
-  st_dst(i, select(dropped, x * p.scale, keep));
-}`,
+  return select(dropped, x * p.scale, keep);
+}
+${wgslComputeMain(dtype, "dst", "p.n")}`,
 });
 
 /** src masked and scaled by the dropout mask of `range` with drop probability `p` (no autograd). */
@@ -47,7 +43,7 @@ export function launchDropout(src: Tensor, p: number, range: RandomRange): Tenso
     kernel,
     { src, dst },
     { n, key: range.key, counter: range.counter, p, scale: 1 / (1 - p) },
-    grid1d(Math.ceil(n / WORKGROUP)),
+    moveGrid(src.dtype, n),
   );
   return dst;
 }

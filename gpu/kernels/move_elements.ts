@@ -54,7 +54,34 @@ fn main(${WGSL_GRID_BUILTINS}) {
 }`;
 }
 
-/** The grid of a moving kernel over `n` output elements of `dtype` (a thread per bf16 word). */
+/**
+ * The WGSL `main` of a kernel that computes each output element alone:
+ * element `i` (of `count`) of binding `y` is `value(i)`, a
+ * `fn value(i: u32) -> f32` the caller's WGSL defines. bf16 goes a word per
+ * thread as above (one `st2_` store, no atomics); other dtypes an element.
+ * Dispatch it over {@link moveGrid}.
+ */
+export function wgslComputeMain(dtype: DType, y: string, count: string): string {
+  const thread = `${WGSL_WORKGROUP_INDEX} * ${WORKGROUP}u + lid`;
+  if (dtype !== "bf16") {
+    return `@compute @workgroup_size(${WORKGROUP})
+fn main(${WGSL_GRID_BUILTINS}) {
+  let i = ${thread};
+  if (i < ${count}) { st_${y}(i, value(i)); }
+}`;
+  }
+  return `@compute @workgroup_size(${WORKGROUP})
+fn main(${WGSL_GRID_BUILTINS}) {
+  let w = ${thread};
+  let i = 2u * w;
+  if (i >= ${count}) { return; }
+  var second = 0.0;
+  if (i + 1u < ${count}) { second = value(i + 1u); }
+  st2_${y}(w, vec2<f32>(value(i), second));
+}`;
+}
+
+/** The grid of a moving or computing kernel over `n` output elements of `dtype` (a thread per bf16 word). */
 export function moveGrid(dtype: DType, n: number): [number, number] {
   const threads = dtype === "bf16" ? Math.ceil(n / 2) : n;
   return grid1d(Math.ceil(threads / WORKGROUP));
