@@ -13,6 +13,7 @@ import { runtime, withState } from "../gpu/runtime_state.ts";
 import { tidy, untracked } from "../gpu/scope.ts";
 import type { Tensor } from "../gpu/tensor.ts";
 import type { Module } from "../nn/module.ts";
+import type { AmpDType } from "./amp_dtype.ts";
 import { autocast } from "./autocast.ts";
 import { moduleGenerators } from "./module_generators.ts";
 import { OpNames } from "./op_names.ts";
@@ -60,6 +61,8 @@ export interface DriftReport {
 export interface CompareToF32Options {
   /** The autocast lists of the mixed-precision run (default: the standard ones). */
   lists?: AutocastLists;
+  /** The dtype of the mixed-precision run: "f16" (default) or "bf16". */
+  dtype?: AmpDType;
 }
 
 /** What one run kept: op outputs and the keys of each op's inputs, by key; gradients by name. */
@@ -111,7 +114,9 @@ export async function compareToF32(
     for (const [, p] of params) p.grad = null;
     const captured = captureOutputs(model, () =>
       tidy(() => {
-        const loss = amp ? autocast(fn, { lists: options.lists, gpu: params[0]?.[1].gpu }) : fn();
+        const loss = amp
+          ? autocast(fn, { lists: options.lists, dtype: options.dtype, gpu: params[0]?.[1].gpu })
+          : fn();
         loss.backward();
       }));
     const grads = new Map<string, Tensor>();

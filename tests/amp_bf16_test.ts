@@ -12,6 +12,7 @@ import {
   AmpTrainer,
   type AmpTrainerOptions,
   autocast,
+  compareToF32,
   crossEntropy,
   DTypeError,
   initGpu,
@@ -339,5 +340,30 @@ Deno.test({
     const ratio = bf16.step / f16.step;
     assert.ok(Math.abs(ratio - 1) <= 0.05, `step peak bf16 ${bf16.step} vs f16 ${f16.step}`);
     assert.ok(Math.abs(bf16.total / f16.total - 1) <= 0.05, `${bf16.total} vs ${f16.total}`);
+  },
+});
+
+Deno.test({
+  name:
+    "compareToF32 in bf16: the Linear runs in bf16 and drifts by bf16's rounding, more than f16's",
+  ...GPU_TEST,
+  async fn() {
+    const model = new Sequential(new Linear(8, 16, { seed: new RandomGenerator(1) }));
+    const x = Tensor.from(uniform(4 * 8, 3), [4, 8]);
+    const loss = () => sum(model.forward(x));
+    const report = await compareToF32(model, loss, { dtype: "bf16" });
+    const linear = report.ops.find((d) => d.op === "linear")!;
+    assert.equal(linear.dtype, "bf16");
+    // Inputs and weights rounded to 8 significant bits: a relative error near 2⁻⁸, not 2⁻¹¹.
+    assert.ok(
+      linear.relativeError > 2e-4 && linear.relativeError < 2e-2,
+      `${linear.relativeError}`,
+    );
+    if (sharedGpu.f16) {
+      const f16 = (await compareToF32(model, loss)).ops.find((d) => d.op === "linear")!;
+      assert.ok(f16.relativeError < linear.relativeError, `f16 ${f16.relativeError}`);
+    }
+    model.dispose();
+    x.dispose();
   },
 });
