@@ -9,16 +9,16 @@ import { attentionSettings } from "../gpu/attention_picks.ts";
  */
 export async function withPlan(plan: AttentionPlan, fn: () => Promise<void>): Promise<void> {
   const { plans, shapes } = attentionSettings.of(gpu);
-  const tuned = new Map(plans), picks = new Map(shapes);
+  const tuned = new Map(plans), picks = new Map(shapes.picks);
   try {
     for (const dtype of ["f32", "f16"]) plans.set(dtype, plan);
-    shapes.clear();
+    shapes.picks.clear();
     await fn();
   } finally {
     plans.clear();
-    shapes.clear();
+    shapes.picks.clear();
     for (const [dtype, p] of tuned) plans.set(dtype, p);
-    for (const [key, p] of picks) shapes.set(key, p);
+    for (const [key, p] of picks) shapes.picks.set(key, p);
   }
 }
 
