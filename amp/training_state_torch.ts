@@ -14,6 +14,7 @@
  * per-parameter step counts that differ); each object's own `checkStateDict`
  * checks the rest.
  */
+import { fail, ValueError } from "../gpu/errors.ts";
 import { quoted } from "../gpu/short_text.ts";
 import { sameShape, shapeString } from "../gpu/shape.ts";
 import type { SafetensorsEntry } from "../nn/safetensors.ts";
@@ -91,6 +92,13 @@ export function optimizerToTorch(
   baseLrs: readonly number[] | null,
 ): TorchOptimizerFile {
   const kind = torchKindOf(s) as TorchOptimizerKind;
+  if (!Object.hasOwn(HYPER_NAMES, kind)) {
+    fail(
+      ValueError,
+      "saveTrainingState",
+      `the optimizer ${quoted(String(s.kind))} is not SGD, Adam or AdamW.`,
+    );
+  }
   const renamed = Object.entries(HYPER_NAMES[kind]);
   const paramGroups = s.groups.map((g, gi) => ({
     ...Object.fromEntries(renamed.map(([torch, ours]) => [torch, g.hyper[ours]])),
@@ -134,7 +142,7 @@ export function optimizerFromTorch(
     reject("its optimizer metadata is not an optimizer state_dict (state, param_groups)");
   }
   const kind = o.kind as TorchOptimizerKind;
-  if (!(kind in HYPER_NAMES)) {
+  if (!Object.hasOwn(HYPER_NAMES, kind)) {
     reject(`its optimizer is ${quoted(String(o.kind))}, not one halfstep has (Adam, AdamW, SGD)`);
   }
   if (live.kind !== null && live.kind !== kind) {
@@ -192,8 +200,7 @@ function groupFromTorch(
   if (!isObject(g)) reject(`its optimizer group ${gi} is not an object`);
   const hyper: Record<string, unknown> = {};
   for (const [key, value] of Object.entries(g)) {
-    const ours = HYPER_NAMES[kind][key];
-    if (ours) hyper[ours] = value;
+    if (Object.hasOwn(HYPER_NAMES[kind], key)) hyper[HYPER_NAMES[kind][key]] = value;
     else if (key === "params" || HOW_TO_RUN.includes(key)) continue;
     else if (value !== false && value !== 0 && value !== null) {
       reject(

@@ -173,12 +173,11 @@ def write_run(path, model, optimizer, scheduler=None, schedule=None, scaler=None
         sd["halfstep"] = {"schedule": schedule} if schedule else {}
         metadata["scheduler"] = json.dumps(sd)
         steps = sd["last_epoch"]
-    if scaler is not None:
-        sd = scaler if isinstance(scaler, dict) else scaler.state_dict()
-        metadata["scaler"] = json.dumps(sd)
-        if steps is None:
-            steps = max([int(s["step"]) for s in state.values() if "step" in s], default=0)
-        metadata["trainer"] = json.dumps({"micro_step": 0, "steps": steps})
+    # No scaler is PyTorch's disabled one ({}): an f32 run for halfstep's AmpTrainer.
+    metadata["scaler"] = json.dumps((scaler if isinstance(scaler, dict) else scaler.state_dict()) if scaler else {})
+    if steps is None:
+        steps = max([s["step"] for s in state.values() if "step" in s], default=0)
+    metadata["trainer"] = json.dumps({"micro_step": 0, "steps": steps})
     write_safetensors(path, tensors, metadata)
 
 
