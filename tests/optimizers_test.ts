@@ -231,8 +231,8 @@ Deno.test(
           adamRef(p, { lr: 0.01, weightDecay: 0.01, decoupledWeightDecay: true }),
       },
     ];
-    for (const c of cases) {
-      const { init, params, copies } = setup(21);
+    for (const [c, copyDtype] of cases.flatMap((c) => [[c, "f16"], [c, "bf16"]] as const)) {
+      const { init, params, copies } = setup(21, copyDtype);
       const opt = c.make(params);
       opt.setWorkingCopies(copies);
       const refs = init.map(c.ref);

@@ -69,13 +69,14 @@ const SKIP = "if ((found_inf[0] & 0x7fffffffu) != 0u) { return; }";
  * The element loop of every slot: each pass of the workgroup covers
  * WORKGROUP consecutive elements, so neighbouring threads touch neighbouring
  * addresses. `body(k)` updates `w` (the master) and may read `g` (the scaled
- * gradient) and `i`; its state buffers carry the slot's suffix `k`.
+ * gradient) and `i`; its state buffers carry the slot's suffix `k`. With a
+ * bf16 working copy each thread updates two neighbouring elements per pass
+ * (see {@link pairLoops}).
  */
 function elementLoops(c: UpdateConfig, body: (k: number) => string): string {
+  if (c.copy === "bf16") return pairLoops(c, body);
   // NOTE: a master beyond the f16 range saturates to ±65504 in its f16 working
-  // copy: WGSL leaves the conversion of out-of-range values undefined. A bf16
-  // copy rounds to nearest-even like PyTorch's (beyond its range: ±Inf). Its
-  // store touches only the element's half of the word its neighbour shares.
+  // copy: WGSL leaves the conversion of out-of-range values undefined.
   const write = (k: number) =>
     c.copy === "none"
       ? ""
@@ -91,6 +92,36 @@ function elementLoops(c: UpdateConfig, body: (k: number) => string): string {
         ${body(k)}
         param${k}[i] = w;${write(k)}
       }`);
+}
+
+/**
+ * {@link elementLoops} for a bf16 working copy: each thread updates the two
+ * elements of one copy word, so it writes the word whole (rounded to
+ * nearest-even, as PyTorch; beyond bf16's range ±Inf) instead of two
+ * single-half stores with atomics; an odd last element stores its half alone.
+ */
+function pairLoops(c: UpdateConfig, body: (k: number) => string): string {
+  return wgslForEachSlot(c.slots, (k) =>
+    `for (var e = 0u; e < ${PER_THREAD}u; e++) {
+        let pair = (wg * ${PER_THREAD}u + e) * ${WORKGROUP}u + lid;
+        if (2u * pair >= n) { break; }
+        var pair_out = vec2<f32>(0.0);
+        for (var h = 0u; h < 2u; h++) {
+          let i = 2u * pair + h;
+          if (i >= n) { break; }
+          var w = param${k}[i];
+          var g = ld_grad${k}(i) * scale;
+          ${body(k)}
+          param${k}[i] = w;
+          pair_out[h] = w;
+        }
+        if (2u * pair + 1u < n) { st2_copy${k}(pair, pair_out); } else { st_copy${k}(2u * pair, pair_out.x); }
+      }`);
+}
+
+/** Elements one workgroup updates: twice as many with a bf16 copy (two per thread and pass). */
+function elementsPerWorkgroup(copy: DType | "none"): number {
+  return WORKGROUP * PER_THREAD * (copy === "bf16" ? 2 : 1);
 }
 
 /** SGD kernel config: momentum and Nesterov change the bindings and the code. */
@@ -247,7 +278,7 @@ function launchUpdates<C extends UpdateConfig, U extends string>(
     shared: Object.keys(shared).length,
     key: (u) => `${u.grad.dtype}/${u.copy?.dtype ?? "none"}`,
     size: (u) => u.param.size,
-    workgroups: (u) => Math.ceil(u.param.size / (WORKGROUP * PER_THREAD)),
+    workgroups: (u) => Math.ceil(u.param.size / elementsPerWorkgroup(u.copy?.dtype ?? "none")),
   });
   for (const { chunk, table } of dispatches) {
     const copy = chunk[0].copy?.dtype ?? "none";
