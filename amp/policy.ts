@@ -1,6 +1,6 @@
 /**
- * The autocast policy as data: which ops run in f16, which must stay f32, and
- * which follow the widest input. The defaults come from the op registry
+ * The autocast policy as data: which ops run in f16 (or bf16: autocast's
+ * dtype), which must stay f32, and which follow the widest input. The defaults come from the op registry
  * (each op's line names its class); users move ops with custom allow and
  * deny lists, as with Paddle's `AutoMixedPrecisionLists`. Every name is
  * checked against the registry: a typo, or an op that never consults
@@ -20,7 +20,10 @@ export type CastPolicy = AutocastClass;
 
 /** The three op lists; together they hold every op that consults autocast exactly once. */
 export interface AutocastLists {
-  /** Ops that run in f16 (their inputs are cast down): the matmul family. */
+  /**
+   * Ops that run in low precision (their inputs are cast down): the matmul
+   * family. In f16, or in bf16 under `autocast(fn, { dtype: "bf16" })`.
+   */
   readonly f16: ReadonlySet<AutocastOpName>;
   /**
    * Ops that must run in f32 (inputs cast up): exp/log, reductions, softmax,
