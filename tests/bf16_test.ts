@@ -8,10 +8,13 @@
  */
 import assert from "node:assert/strict";
 import {
+  add,
   bf16FromF32,
   cast,
   dropout,
+  embedding,
   flatten,
+  initGpu,
   narrow,
   permute,
   RandomGenerator,
@@ -19,6 +22,7 @@ import {
   split,
   sum,
   Tensor,
+  tidy,
 } from "../gpu/mod.ts";
 import { launchReduce } from "../gpu/kernels/reduce.ts";
 import { gpu, GPU_TEST } from "./_gpu.ts";
@@ -416,5 +420,44 @@ Deno.test({
       }
       assert.deepEqual([...dx], want.map((v) => f32Of(bf16Reference(v) << 16)));
     });
+  },
+});
+
+Deno.test({
+  name: "bf16 needs no shader-f16: casts, elementwise, sums, views, dropout and embedding run " +
+    "on a device made with initGpu({ f16: 'off' })",
+  ...GPU_TEST,
+  async fn() {
+    const plain = await initGpu({ f16: "off", matmulTiling: "default", setDefault: false });
+    assert.equal(plain.f16, false);
+    try {
+      const values = [1, -2, 0.5, 3, 1 + 2 ** -8, -0.25, 7];
+      const x = Tensor.from(values, [7], { dtype: "bf16", gpu: plain });
+      const table = Tensor.from(values.slice(0, 6), [3, 2], { dtype: "bf16", gpu: plain });
+      const ids = Tensor.from([2, 0, 2], [3], { dtype: "i32", gpu: plain });
+      const results = tidy(() => ({
+        wide: cast(x, "f32"),
+        doubled: add(x, x),
+        total: sum(x),
+        window: narrow(x, 0, 1, 5),
+        swapped: permute(reshape(table, [3, 2]), [1, 0]),
+        kept: dropout(x, 0, new RandomGenerator(2).take(7)),
+        rows: embedding(table, ids),
+      }));
+      const r = Object.fromEntries(
+        await Promise.all(Object.entries(results).map(async ([k, t]) => [k, [...await t.read()]])),
+      );
+      const bf16 = values.map((v) => f32Of(bf16Reference(v) << 16));
+      assert.deepEqual(r.wide, bf16);
+      assert.deepEqual(r.doubled, bf16.map((v) => 2 * v));
+      assert.deepEqual(r.total, [f32Of(bf16Reference(bf16.reduce((a, b) => a + b)) << 16)]);
+      assert.deepEqual(r.window, bf16.slice(1, 6));
+      assert.deepEqual(r.swapped, [bf16[0], bf16[2], bf16[4], bf16[1], bf16[3], bf16[5]]);
+      assert.deepEqual(r.kept, bf16);
+      assert.deepEqual(r.rows, [bf16[4], bf16[5], bf16[0], bf16[1], bf16[4], bf16[5]]);
+      for (const t of [x, table, ids, ...Object.values(results)]) t.dispose();
+    } finally {
+      plain.destroy();
+    }
   },
 });
