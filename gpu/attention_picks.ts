@@ -12,7 +12,7 @@
  * when a device first runs attention. CPU adapters keep the dtype's plan.
  */
 import type { AttentionPlan, Gpu } from "./device.ts";
-import type { DType } from "./dtype.ts";
+import { type DType, DTYPES, type FloatDType } from "./dtype.ts";
 import { attentionPlanCandidates, type FlashAttentionShape } from "./kernels/flash_attention.ts";
 import { cachedPicks, pickCacheKey, type PickStore, type ShapePicks } from "./shape_picks_store.ts";
 import { defineTunerSettings, type TunerSettings } from "./tuners.ts";
@@ -29,7 +29,7 @@ export interface AttentionShape {
   /** Head size D. */
   headSize: number;
   /** Storage dtype of q, k and v. */
-  dtype: "f32" | "f16";
+  dtype: FloatDType;
 }
 
 /** An attention problem as the kernels see it: batch B, heads H, sequence length T, head size D. */
@@ -97,7 +97,8 @@ export function attentionShapeKey(s: AttentionShape): string {
 /** The attention shape of `problem` with q, k, v stored in `dtype`. */
 export function attentionShapeOf(problem: AttentionProblem, dtype: DType): AttentionShape {
   const { batch, heads, t, headSize } = problem;
-  return { heads: batch * heads, t, headSize, dtype: dtype === "f16" ? "f16" : "f32" };
+  // bf16 is keyed apart from f32: its kernels read half the bytes and widen them.
+  return { heads: batch * heads, t, headSize, dtype: dtype === "i32" ? "f32" : dtype };
 }
 
 /** How attention picks are keyed, cached and checked (gpu/shape_picks_store.ts). @internal */
@@ -108,7 +109,7 @@ export const ATTENTION_SHAPE_STORE: PickStore<AttentionShape, AttentionShapeReco
   check(gpu, entry) {
     const { heads, t, headSize, dtype } = entry.shape;
     if (![heads, t, headSize].every((c) => Number.isInteger(c) && c > 0)) return undefined;
-    if (dtype !== "f32" && dtype !== "f16") return undefined;
+    if (!DTYPES.includes(dtype)) return undefined;
     const plan = attentionPlanCandidates(gpu, headSize).find((c) =>
       JSON.stringify(c) === JSON.stringify(entry.plan)
     );

@@ -7,6 +7,7 @@
  * offers it.
  */
 import type { AttentionPlan, Gpu } from "./device.ts";
+import type { FloatDType } from "./dtype.ts";
 import {
   ATTENTION_PLAN_CANDIDATES,
   attentionPlanCandidates,
@@ -46,7 +47,7 @@ const TUNER_VERSION = 4;
 /** One dtype's result. */
 export interface AttentionTuning {
   /** Storage dtype. */
-  dtype: "f32" | "f16";
+  dtype: FloatDType;
   /** The fastest plan. */
   best: AttentionPlan;
   /** Milliseconds of forward + backward per candidate (empty when cached). */
@@ -79,7 +80,7 @@ export function attentionTuningProblem(gpu: Gpu): FlashAttentionShape {
 
 async function tuneDtype(
   gpu: Gpu,
-  dtype: "f32" | "f16",
+  dtype: FloatDType,
   timer: CandidateTimer<AttentionPlan>,
 ): Promise<AttentionTuning> {
   const timed = await timePlans(gpu, attentionTuningProblem(gpu), dtype, timer);
@@ -96,7 +97,7 @@ async function tuneDtype(
 async function timePlans(
   gpu: Gpu,
   problem: AttentionProblem,
-  dtype: "f32" | "f16",
+  dtype: FloatDType,
   timer: CandidateTimer<AttentionPlan>,
 ): Promise<
   { candidates: readonly AttentionPlan[]; best: AttentionPlan; seconds: number[]; trials: number }
@@ -128,7 +129,8 @@ async function timePlans(
 
 /**
  * Times the fused attention kernels with each plan candidate for every dtype
- * the device has, records the winners in `attentionSettings.of(gpu).plans`
+ * the device has (f32 and bf16, and f16 with `shader-f16`), records the
+ * winners in `attentionSettings.of(gpu).plans`
  * (which the kernels read) and caches them per adapter. `initGpu` calls it
  * unless told not to tune. Waits for the GPU many times: call it at start-up.
  *
@@ -156,7 +158,8 @@ export async function tuneAttention(
   const cached = options.force || options.timer ? {} : cache.read();
   const results: AttentionTuning[] = [];
   const { plans } = attentionSettings.of(gpu);
-  const dtypes = gpu.f16 ? (["f32", "f16"] as const) : (["f32"] as const);
+  // bf16 needs no shader-f16: every adapter has it.
+  const dtypes: FloatDType[] = gpu.f16 ? ["f32", "f16", "bf16"] : ["f32", "bf16"];
   const missing = dtypes.filter((d) => cached[d] === undefined).length;
   const measured = progressReporter("attention plans", missing, options.onProgress);
   for (const dtype of dtypes) {

@@ -1,5 +1,5 @@
 /** Helpers of the fused attention tests: forcing a plan, and the dropout mask's factors. */
-import { type AttentionPlan, type RandomRange, randomUniform } from "../gpu/mod.ts";
+import { type AttentionPlan, DTYPES, type RandomRange, randomUniform } from "../gpu/mod.ts";
 import { gpu } from "./_gpu.ts";
 import { attentionSettings } from "../gpu/attention_picks.ts";
 
@@ -11,7 +11,7 @@ export async function withPlan(plan: AttentionPlan, fn: () => Promise<void>): Pr
   const { plans, shapes } = attentionSettings.of(gpu);
   const tuned = new Map(plans), picks = new Map(shapes.picks);
   try {
-    for (const dtype of ["f32", "f16"]) plans.set(dtype, plan);
+    for (const dtype of DTYPES) plans.set(dtype, plan);
     shapes.picks.clear();
     await fn();
   } finally {

@@ -13,7 +13,7 @@ import {
   Tensor,
   tidy,
 } from "../mod.ts";
-import { type RandomRange, tuneAttention } from "../gpu/mod.ts";
+import { type FloatDType, type RandomRange, tuneAttention } from "../gpu/mod.ts";
 import {
   ATTENTION_PLAN_CANDIDATES,
   attentionPlanCandidates,
@@ -37,17 +37,27 @@ const DIMS: AttentionDims[] = [
   { b: 2, t: 9, h: 2, d: 6 }, // a head size that is no multiple of 4: the scalar kernels
 ];
 
+// bf16 at odd sizes: T = 1, 7 and 129 (past a 64-row workgroup), several heads and batches.
+const BF16_DIMS: AttentionDims[] = [
+  { b: 2, t: 1, h: 2, d: 16 },
+  { b: 2, t: 7, h: 3, d: 16 },
+  { b: 1, t: 129, h: 1, d: 64 },
+];
+
 // f32: sums of up to 257 products, with exp and a division; 2e-5 + 2e-4 relative keeps
 // a margin over f32 roundoff. f16: q, k, v, dout and the results are stored in f16
-// (half-ulp 4.9e-4 relative); the statistics are f32.
-const TOLERANCE: Record<"f32" | "f16", Tolerance> = {
+// (half-ulp 4.9e-4 relative); the statistics are f32. bf16: the same stored in bf16
+// (half-ulp 2⁻⁹ ≈ 2e-3 relative; the saved output enters δ = dO·O again in backward): the
+// worst errors seen are about one half-ulp of the largest values (1.2e-2 on dv up to 5).
+const TOLERANCE: Record<FloatDType, Tolerance> = {
   f32: { atol: 2e-5, rtol: 2e-4 },
   f16: { atol: 4e-3, rtol: 4e-3 },
+  bf16: { atol: 1.6e-2, rtol: 1.6e-2 },
 };
 
 type Inputs = { q: Float64Array; k: Float64Array; v: Float64Array; g: Float64Array };
 
-function inputsFor(dims: AttentionDims, dtype: "f32" | "f16", seed: number): Inputs {
+function inputsFor(dims: AttentionDims, dtype: FloatDType, seed: number): Inputs {
   const n = dims.b * dims.t * dims.h * dims.d;
   const [q, k, v, g] = [1, 2, 3, 4].map((s) => quantize(uniform(n, seed + s * 7919, -2, 2), dtype));
   return { q, k, v, g };
@@ -56,7 +66,7 @@ function inputsFor(dims: AttentionDims, dtype: "f32" | "f16", seed: number): Inp
 type RunOptions = { fused: boolean; dropout?: { p: number; range: RandomRange } };
 
 /** Output and the three gradients on the GPU, read back. */
-async function runOnGpu(x: Inputs, dims: AttentionDims, dtype: "f32" | "f16", options: RunOptions) {
+async function runOnGpu(x: Inputs, dims: AttentionDims, dtype: FloatDType, options: RunOptions) {
   return (await runRecorded(x, dims, dtype, options)).out;
 }
 
@@ -64,7 +74,7 @@ async function runOnGpu(x: Inputs, dims: AttentionDims, dtype: "f32" | "f16", op
 async function runRecorded(
   x: Inputs,
   dims: AttentionDims,
-  dtype: "f32" | "f16",
+  dtype: FloatDType,
   options: RunOptions,
 ) {
   const shape = [dims.b, dims.t, dims.h * dims.d];
@@ -101,19 +111,21 @@ function assertAllClose(
 
 Deno.test({
   name:
-    "fusedCausalAttention: output and dq, dk, dv match f64 at odd sizes, f32 and f16, direct and staged",
+    "fusedCausalAttention: output and dq, dk, dv match f64 at odd sizes, f32, f16 and bf16, direct and staged",
   ...GPU_TEST,
   async fn() {
+    const cases = [
+      ...DIMS.flatMap((dims) => (["f32", "f16"] as const).map((dtype) => ({ dims, dtype }))),
+      ...BF16_DIMS.map((dims) => ({ dims, dtype: "bf16" as const })),
+    ];
     for (const plan of [{ rows: 64, stage: 0 }, { rows: 16, stage: 32 }]) {
       await withPlan(plan, async () => {
-        for (const dims of DIMS) {
-          for (const dtype of ["f32", "f16"] as const) {
-            const x = inputsFor(dims, dtype, dims.t * 31 + dims.d);
-            const expected = causalAttentionWithGrads64(x.q, x.k, x.v, x.g, dims);
-            const actual = await runOnGpu(x, dims, dtype, { fused: true });
-            const label = `${dtype} ${JSON.stringify(dims)} ${JSON.stringify(plan)}`;
-            assertAllClose(actual, expected, TOLERANCE[dtype], label);
-          }
+        for (const { dims, dtype } of cases) {
+          const x = inputsFor(dims, dtype, dims.t * 31 + dims.d);
+          const expected = causalAttentionWithGrads64(x.q, x.k, x.v, x.g, dims);
+          const actual = await runOnGpu(x, dims, dtype, { fused: true });
+          const label = `${dtype} ${JSON.stringify(dims)} ${JSON.stringify(plan)}`;
+          assertAllClose(actual, expected, TOLERANCE[dtype], label);
         }
       });
     }
@@ -129,13 +141,15 @@ Deno.test({
 // f16 with dropout (the scalar kernels: every rows and stage code path); at 64, the GPU's
 // usual size, f16 runs one plan per stage with the rows count below, equal to and above
 // the stage, and f32 one staged plan per stage. Head size 128 runs in the odd-size test
-// above (unstaged, and staged by 32 in f16 and by 16 in f32).
+// above (unstaged, and staged by 32 in f16 and by 16 in f32). bf16 runs every plan at head
+// size 6 with dropout too (scalar elements: neighbouring rows' threads write the two halves
+// of one word).
 const PLAN_DIMS: Record<number, AttentionDims> = {
   6: { b: 1, t: 70, h: 2, d: 6 },
   64: { b: 1, t: 70, h: 2, d: 64 },
 };
 
-type PlanCase = { d: 6 | 64; dtype: "f32" | "f16"; dropout: boolean };
+type PlanCase = { d: 6 | 64; dtype: FloatDType; dropout: boolean };
 
 /** Plans (as "rows stage") that also run at head size 64, and in which dtypes. */
 const AT_64: Record<string, ("f32" | "f16")[]> = {
@@ -151,6 +165,7 @@ function planCases(plan: { rows: number; stage: number }): PlanCase[] {
   const at64 = AT_64[`${plan.rows} ${plan.stage}`] ?? [];
   return [
     { d: 6, dtype: "f16", dropout: true },
+    { d: 6, dtype: "bf16", dropout: true },
     ...at64.map((dtype) => ({ d: 64 as const, dtype, dropout: false })),
   ];
 }
@@ -164,8 +179,8 @@ function stagesOf(kernels: string[]): Set<number> {
 }
 
 Deno.test({
-  name: "fusedCausalAttention: as on a GPU, every plan matches f64 (f16 with dropout at head " +
-    "size 6; at 64 one plan per stage and rows relation, f32 and f16)",
+  name: "fusedCausalAttention: as on a GPU, every plan matches f64 (f16 and bf16 with dropout " +
+    "at head size 6; at 64 one plan per stage and rows relation, f32 and f16)",
   ...GPU_TEST,
   // As a GPU: every plan is a candidate, and stages fit the GPU-like workgroup memory.
   fn: () => asGpu(everyPlanAgainstF64),
@@ -310,12 +325,21 @@ Deno.test({
 });
 
 Deno.test({
-  name: "fusedCausalAttention: f16 under autocast; clear errors for bad shapes, dtypes, dropout",
+  name: "fusedCausalAttention: f16 or bf16 under autocast; clear errors for bad shapes, " +
+    "dtypes, dropout",
   ...GPU_TEST,
   fn() {
     tidy(() => {
       const q = Tensor.zeros([2, 3, 8]);
-      assert.equal(autocast(() => fusedCausalAttention(q, q, q, { heads: 2 })).dtype, "f16");
+      const low = gpu.f16 ? "f16" : "f32"; // autocast in f16 runs f32 without shader-f16
+      assert.equal(autocast(() => fusedCausalAttention(q, q, q, { heads: 2 })).dtype, low);
+      const bf16 = autocast(
+        () => fusedCausalAttentionPacked(Tensor.zeros([2, 3, 24]), { heads: 2 }),
+        {
+          dtype: "bf16",
+        },
+      );
+      assert.equal(bf16.dtype, "bf16");
       assert.throws(
         () => fusedCausalAttention(q, Tensor.zeros([2, 4, 8]), q, { heads: 2 }),
         /fusedCausalAttention: q, k and v must all be \[batch, T, heads·headSize\]/,
@@ -372,7 +396,7 @@ Deno.test({
     }
     try {
       const tuned = await tuneAttention(gpu, { force: true });
-      assert.equal(tuned.length, gpu.f16 ? 2 : 1);
+      assert.equal(tuned.length, gpu.f16 ? 3 : 2, "f32, f16 where the adapter has it, bf16");
       for (const t of tuned) {
         assert.equal(t.cached, false);
         assert.deepEqual(t.measurements.map((m) => m.plan), [...attentionPlanCandidates(gpu)]);
@@ -393,10 +417,11 @@ Deno.test({
   ...GPU_TEST,
   async fn() {
     for (
-      const [dims, dtype] of [[{ b: 2, t: 33, h: 3, d: 16 }, "f32"], [
-        { b: 1, t: 9, h: 2, d: 6 },
-        "f16",
-      ]] as const
+      const [dims, dtype] of [
+        [{ b: 2, t: 33, h: 3, d: 16 }, "f32"],
+        [{ b: 1, t: 9, h: 2, d: 6 }, "f16"],
+        [{ b: 1, t: 9, h: 2, d: 6 }, "bf16"],
+      ] as const
     ) {
       const x = inputsFor(dims, dtype, 23), c = dims.h * dims.d, rows = dims.b * dims.t;
       const separate = await runOnGpu(x, dims, dtype, { fused: true });
@@ -433,4 +458,25 @@ Deno.test({
       );
     });
   },
+});
+
+Deno.test({
+  name: "attention tuning keys bf16 apart from f32: its shapes are noted as bf16 and " +
+    "tuneAttention picks a bf16 plan",
+  ...GPU_TEST,
+  // As a GPU (fresh settings): shapes are noted there, and the timer below runs nothing.
+  fn: () =>
+    asGpu(async () => {
+      const dims = { b: 1, t: 7, h: 2, d: 16 };
+      await runOnGpu(inputsFor(dims, "bf16", 5), dims, "bf16", { fused: true });
+      const { shapes, plans } = attentionSettings.of(gpu);
+      assert.deepEqual([...shapes.seen.keys()], ["bf16/bh2/t7/d16"]);
+      const slowest = ATTENTION_PLAN_CANDIDATES.at(-1)!;
+      const tuned = await tuneAttention(gpu, {
+        timer: (plan) => Promise.resolve(plan === slowest ? 1e-3 : 2e-3),
+      });
+      const dtypes = gpu.f16 ? ["f32", "f16", "bf16"] : ["f32", "bf16"];
+      assert.deepEqual(tuned.map((t) => t.dtype), dtypes);
+      assert.equal(plans.get("bf16"), slowest);
+    }),
 });

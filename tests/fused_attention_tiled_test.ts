@@ -6,7 +6,7 @@ import {
   RandomGenerator,
   Tensor,
 } from "../mod.ts";
-import { type AttentionPlan, tuneAttention } from "../gpu/mod.ts";
+import { type AttentionPlan, type FloatDType, tuneAttention } from "../gpu/mod.ts";
 import {
   ATTENTION_PLAN_CANDIDATES,
   attentionPlanCandidates,
@@ -21,15 +21,17 @@ import { quantize, uniform } from "./_reference.ts";
 import { type AttentionDims, causalAttentionWithGrads64 } from "./_attention_reference.ts";
 
 // f32: sums of up to 129 products with exp and a division; f16: inputs and results stored in
-// f16 (half-ulp 4.9e-4 relative), statistics and math in f32.
-const TOLERANCE: Record<"f32" | "f16", Tolerance> = {
+// f16 (half-ulp 4.9e-4 relative), statistics and math in f32; bf16: the same in bf16
+// (half-ulp 2⁻⁹ ≈ 2e-3 relative), as in fused_attention_test.ts.
+const TOLERANCE: Record<FloatDType, Tolerance> = {
   f32: { atol: 2e-5, rtol: 2e-4 },
   f16: { atol: 4e-3, rtol: 4e-3 },
+  bf16: { atol: 1.6e-2, rtol: 1.6e-2 },
 };
 
-type Case = { dims: AttentionDims; dtype: "f32" | "f16"; dropout: boolean; packed: boolean };
+type Case = { dims: AttentionDims; dtype: FloatDType; dropout: boolean; packed: boolean };
 
-function inputsFor(dims: AttentionDims, dtype: "f32" | "f16", seed: number) {
+function inputsFor(dims: AttentionDims, dtype: FloatDType, seed: number) {
   const n = dims.b * dims.t * dims.h * dims.d;
   const [q, k, v, g] = [1, 2, 3, 4].map((s) => quantize(uniform(n, seed + s * 7919, -2, 2), dtype));
   return { q, k, v, g };
@@ -127,25 +129,28 @@ const tileName = (p: AttentionPlan) => {
 
 // lavapipe compiles these kernels slowly (about 2 s per plan at head size 16, more at 64 and
 // 80), so every plan runs once at head size 16 (T = 70: blocks past the last row and more
-// than one block above the diagonal) with dropout, in f32 or f16 by turns; one plan, the one
-// that fits lavapipe's 32 KiB at every head size, runs the odd shapes.
+// than one block above the diagonal) with dropout, in f32 or f16 by turns, and in bf16 with
+// packed q/k/v (the dk/dv pass writes both through one binding); one plan, the one that fits
+// lavapipe's 32 KiB at every head size, runs the odd shapes.
 Deno.test({
   name: "tiled attention: every register-tiled plan, forced, matches f64 with dropout " +
-    "(output and dq, dk, dv)",
+    "(output and dq, dk, dv), f32 or f16 and bf16",
   ...GPU_TEST,
   async fn() {
     for (const [n, plan] of TILED_ATTENTION_PLANS.entries()) {
-      const c: Case = {
-        dims: { b: 1, t: 70, h: 2, d: 16 },
-        dtype: n % 2 === 0 ? "f32" : "f16",
-        dropout: true,
-        packed: false,
-      };
+      const dims = { b: 1, t: 70, h: 2, d: 16 };
+      const cases: Case[] = [
+        { dims, dtype: n % 2 === 0 ? "f32" : "f16", dropout: true, packed: false },
+        { dims, dtype: "bf16", dropout: true, packed: true },
+      ];
       await withPlan(plan, async () => {
-        const r = await runCase(c, 11 + n);
-        assert.deepEqual(tilesOf(r.kernels), [0, 1, 2].map(() => tileName(plan)), "3 tiled passes");
-        assertCase(r, c, `${tileName(plan)} ${c.dtype}`);
-        r.dispose();
+        for (const c of cases) {
+          const r = await runCase(c, 11 + n);
+          const tiles = [0, 1, 2].map(() => tileName(plan));
+          assert.deepEqual(tilesOf(r.kernels), tiles, "3 tiled passes");
+          assertCase(r, c, `${tileName(plan)} ${c.dtype}`);
+          r.dispose();
+        }
       });
     }
   },
@@ -154,8 +159,8 @@ Deno.test({
 const SMALL_TILE = TILED_ATTENTION_PLANS.find((p) => p.tile!.br === 16)!;
 
 Deno.test({
-  name: "tiled attention: odd shapes (T = 1, 7, 70, 129, 257; D = 6, 16, 64, 80), f32 and f16, " +
-    "dropout and packed q/k/v, match f64",
+  name: "tiled attention: odd shapes (T = 1, 7, 70, 129, 257; D = 6, 16, 64, 80), f32, f16 " +
+    "and bf16, dropout and packed q/k/v, match f64",
   ...GPU_TEST,
   async fn() {
     // Three new kernel configs (f16 at D = 80 packed; f16 at 64 packed with dropout; f32 at 6
@@ -169,6 +174,12 @@ Deno.test({
       { dims: { b: 1, t: 257, h: 1, d: 16 }, dtype: "f32", dropout: true, packed: false },
       // No multiple of 4: scalar tile elements instead of vec4.
       { dims: { b: 2, t: 70, h: 3, d: 6 }, dtype: "f32", dropout: true, packed: true },
+      // bf16: the D = 16 cases reuse the packed dropout kernels of the test above; D = 6 stores
+      // single elements (neighbouring threads write the two halves of one word).
+      { dims: { b: 2, t: 1, h: 2, d: 16 }, dtype: "bf16", dropout: true, packed: true },
+      { dims: { b: 2, t: 7, h: 3, d: 80 }, dtype: "bf16", dropout: false, packed: false },
+      { dims: { b: 1, t: 129, h: 2, d: 16 }, dtype: "bf16", dropout: true, packed: true },
+      { dims: { b: 2, t: 70, h: 3, d: 7 }, dtype: "bf16", dropout: true, packed: true },
     ];
     await withPlan(SMALL_TILE, async () => {
       for (const [n, c] of cases.entries()) {
