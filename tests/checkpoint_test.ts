@@ -54,13 +54,21 @@ function bnMlp(): Sequential {
 const input = () =>
   Tensor.from(new RandomGenerator(9).uniform(BATCH * WIDTH, -1, 1), [BATCH, WIDTH]);
 
+/** Autocast off, or on in a half dtype. */
+type Amp = false | "f16" | "bf16";
+
 /** One forward + backward; returns every parameter gradient and buffer, read back. */
 async function gradients(
   model: Sequential,
-  amp: boolean,
+  amp: Amp,
   x = input(),
 ): Promise<(Float32Array | Int32Array)[]> {
-  const loss = tidy(() => autocast(() => mean(square(model.forward(x))), { enabled: amp }));
+  const loss = tidy(() =>
+    autocast(() => mean(square(model.forward(x))), {
+      enabled: amp !== false,
+      dtype: amp === false ? undefined : amp,
+    })
+  );
   loss.backward();
   loss.dispose();
   x.dispose();
@@ -73,10 +81,10 @@ async function gradients(
 
 Deno.test({
   name:
-    "checkpointing: a 32-block MLP with LayerNorm, GELU and Dropout gets bit-identical gradients, f32 and AMP",
+    "checkpointing: a 32-block MLP with LayerNorm, GELU and Dropout gets bit-identical gradients, f32 and AMP in f16 and bf16",
   ...GPU_TEST,
   async fn() {
-    for (const amp of [false, true]) {
+    for (const amp of [false, "f16", "bf16"] as const) {
       const plain = deepMlp(), checkpointed = deepMlp();
       checkpointed.checkpoint = "auto";
       const expected = await gradients(plain, amp);
@@ -94,10 +102,10 @@ Deno.test({
 
 Deno.test({
   name:
-    "checkpointing: BatchNorm gradients and running statistics equal the plain step's, f32 and AMP",
+    "checkpointing: BatchNorm gradients and running statistics equal the plain step's, f32 and AMP in f16 and bf16",
   ...GPU_TEST,
   async fn() {
-    for (const amp of [false, true]) {
+    for (const amp of [false, "f16", "bf16"] as const) {
       const plain = bnMlp(), checkpointed = bnMlp();
       checkpointed.checkpoint = 3;
       for (let step = 0; step < 2; step++) {
@@ -145,10 +153,11 @@ const images = () =>
   Tensor.from(new RandomGenerator(8).uniform(4 * 3 * 16 * 16, -1, 1), [4, 3, 16, 16]);
 
 Deno.test({
-  name: "checkpointing a CNN: bit-identical gradients, BatchNorm statistics moved once, lower peak",
+  name: "checkpointing a CNN: bit-identical gradients (f32, AMP in f16 and bf16), BatchNorm " +
+    "statistics moved once, lower peak",
   ...GPU_TEST,
   async fn() {
-    for (const amp of [false, true]) {
+    for (const amp of [false, "f16", "bf16"] as const) {
       const plain = convNet(), checkpointed = convNet();
       checkpointed.checkpoint = "auto";
       for (let step = 0; step < 2; step++) {
