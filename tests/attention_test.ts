@@ -163,6 +163,7 @@ Deno.test({
     tidy(() => {
       const x = Tensor.from(uniform(2 * 3 * 8, 1), [2, 3, 8]);
       assert.equal(autocast(() => block.forward(x)).dtype, "f32");
+      assert.equal(autocast(() => block.forward(x), { dtype: "bf16" }).dtype, "f32");
       const q = Tensor.zeros([2, 3, 8]);
       for (const fused of [true, false]) {
         const op = fused ? "fusedCausalAttention" : "causalAttention";
