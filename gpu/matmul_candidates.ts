@@ -5,6 +5,7 @@
  * tuner (`shape_tuning.ts`) read them; cached picks are checked against them.
  */
 import type { Gpu, MatmulTiling } from "./device.ts";
+import type { FloatDType } from "./dtype.ts";
 import { tilingFits, tilingKind } from "./kernels/tilings.ts";
 
 /** The tilings CPU adapters try, register blocks first. */
@@ -50,7 +51,7 @@ export const MATMUL_CANDIDATES: readonly MatmulTiling[] = [...CPU_CANDIDATES, ..
  * adapters the register, interleaved and shared tilings; on GPUs every one
  * whose workgroup fits the device's limits.
  */
-export function matmulCandidates(gpu: Gpu, dtype: "f32" | "f16"): readonly MatmulTiling[] {
+export function matmulCandidates(gpu: Gpu, dtype: FloatDType): readonly MatmulTiling[] {
   if (gpu.adapterProfile.cpu) return MATMUL_CANDIDATES.filter((t) => !tilingKind(t).forGpus);
   return MATMUL_CANDIDATES.filter((t) => tilingFits(t, dtype, gpu.adapterProfile.limits));
 }

@@ -5,7 +5,7 @@
  * best tiling differs between them and with the problem's size.
  */
 import type { Gpu, MatmulTiling } from "./device.ts";
-import type { DType } from "./dtype.ts";
+import type { DType, FloatDType } from "./dtype.ts";
 import { tilingName } from "./kernels/tilings.ts";
 import { matmulSettings } from "./matmul_settings.ts";
 
@@ -46,7 +46,7 @@ export type MatmulSize = "small" | "medium" | "large";
 /** A matmul class: what a tiling is chosen for. */
 export interface MatmulClass {
   /** Storage dtype of A and B. */
-  dtype: "f32" | "f16";
+  dtype: FloatDType;
   /** Which operand is transposed. */
   orientation: MatmulOrientation;
   /** Size class. */
@@ -92,7 +92,7 @@ export function classOf(problem: MatmulProblem, dtype: DType): MatmulClass {
   const transB = problem.b.col !== 1 && problem.n > 1;
   const macs = problem.batch * problem.m * problem.n * problem.k;
   return {
-    dtype: dtype === "f16" ? "f16" : "f32",
+    dtype: dtype === "i32" ? "f32" : dtype,
     orientation: transA ? "tn" : transB ? "nt" : "nn",
     size: macs < 2 ** 22 ? "small" : macs < 2 ** 28 ? "medium" : "large",
   };

@@ -11,6 +11,7 @@
  * offers it; dispatch picks the winner of the class at hand.
  */
 import type { Gpu, MatmulTiling } from "./device.ts";
+import type { FloatDType } from "./dtype.ts";
 import { dispatchMatmul, type MatmulProblem } from "./kernels/matmul.ts";
 import { denseProblem, type MatmulClass, matmulClassKey, type MatmulSize } from "./matmul_class.ts";
 import { Tensor } from "./tensor.ts";
@@ -78,7 +79,8 @@ export interface TuneMatmulOptions {
  */
 export function defaultTuningClasses(gpu: Gpu): MatmulClass[] {
   const sizes: MatmulSize[] = gpu.adapterProfile.cpu ? ["medium"] : ["small", "medium", "large"];
-  const dtypes: ("f32" | "f16")[] = gpu.f16 ? ["f32", "f16"] : ["f32"];
+  // bf16 needs no shader-f16: every adapter tunes it.
+  const dtypes: FloatDType[] = gpu.f16 ? ["f32", "f16", "bf16"] : ["f32", "bf16"];
   const out: MatmulClass[] = [];
   for (const dtype of dtypes) {
     for (const orientation of ["nn", "nt", "tn"] as const) {

@@ -16,7 +16,7 @@
  * tuning again.
  */
 import type { Gpu, MatmulTiling } from "./device.ts";
-import type { DType } from "./dtype.ts";
+import type { DType, FloatDType } from "./dtype.ts";
 import { classOf, type MatmulOrientation, type MatmulProblem } from "./matmul_class.ts";
 import { cachedPicks, pickCacheKey, type PickStore, type ShapePicks } from "./shape_picks_store.ts";
 import { tilingFits, tilingKind } from "./kernels/tilings.ts";
@@ -41,11 +41,11 @@ export interface MatmulShape {
   /** Which operand is read transposed. */
   orientation: MatmulOrientation;
   /** Storage dtype of A and B. */
-  dtype: "f32" | "f16";
+  dtype: FloatDType;
   /** Storage dtype of C. */
-  out: "f32" | "f16";
+  out: FloatDType;
   /** Bias dtype, or "none". */
-  bias: "f32" | "f16" | "none";
+  bias: FloatDType | "none";
   /** Activation after the bias. */
   activation: Activation;
 }
@@ -80,7 +80,7 @@ export function shapeOf(
   dtypes: { dtype: DType; out: DType },
   epilogue: { bias: DType | "none"; activation: Activation },
 ): MatmulShape {
-  const half = (d: DType) => d === "f16" ? "f16" : "f32";
+  const half = (d: DType): FloatDType => d === "i32" ? "f32" : d;
   return {
     m: problem.m,
     n: problem.n,

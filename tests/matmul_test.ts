@@ -25,6 +25,7 @@ import { gradcheck } from "./_gradcheck.ts";
 import { matmul64, quantize, uniform } from "./_reference.ts";
 import { assertClose, TOL, type Tolerance } from "./_assert.ts";
 import { matmulSettings } from "../gpu/matmul_settings.ts";
+import { matmulShapeKey, shapeOf } from "../gpu/shape_picks.ts";
 
 // Sizes that are multiples of no tile, a single element, and a long K.
 const SHAPES = [
@@ -279,13 +280,18 @@ Deno.test({
     const classes = [
       { dtype: "f32", orientation: "nt", size: "small" },
       { dtype: "f32", orientation: "tn", size: "small" },
+      // bf16 is a class of its own (its own key and winner), on any adapter.
+      { dtype: "bf16", orientation: "nt", size: "small" },
     ] as const;
     try {
       const results = await tuneMatmul(gpu, { classes, force: true });
-      assert.equal(results.length, 2);
+      assert.equal(results.length, 3);
       for (const result of results) {
         assert.equal(result.cached, false);
-        assert.equal(result.measurements.length, matmulCandidates(gpu, "f32").length);
+        assert.equal(
+          result.measurements.length,
+          matmulCandidates(gpu, result.class.dtype).length,
+        );
         // The figures agree: GFLOP/s × seconds is the class's 2·m·n·k (64×128×256 for small).
         for (const m of result.measurements) {
           assert.ok(m.seconds > 0 && Number.isFinite(m.seconds), tilingName(m.tiling));
@@ -314,6 +320,15 @@ Deno.test({
       };
       assert.deepEqual(classOf(problem, "f32"), classes[0]);
       assert.equal(tilingFor(gpu, problem, "f32"), results[0].best);
+      assert.deepEqual(classOf(problem, "bf16"), classes[2]);
+      assert.equal(matmulClassKey(classes[2]), "bf16/nt/small");
+      assert.equal(tilingFor(gpu, problem, "bf16"), results[2].best);
+      // And per-shape picks key bf16 products apart from f32 ones.
+      const shape = shapeOf(problem, { dtype: "bf16", out: "bf16" }, {
+        bias: "bf16",
+        activation: "relu",
+      });
+      assert.equal(matmulShapeKey(shape), "bf16>bf16/nt/b1/8x16x32/bf16/relu");
       // A class never tuned falls back to the device default.
       assert.equal(
         tilingFor(gpu, { ...problem, b: { batch: 0, row: 16, col: 1 } }, "f16"),

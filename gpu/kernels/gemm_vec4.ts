@@ -14,13 +14,16 @@
  *   workgroup indices: these clamps stay loop-invariant);
  * - f16 operands are widened to f32 while staged (35.8–36.0 TF converting in
  *   the inner loop against 39–42); under `f16Accumulation: "chunked"` the
- *   tiles stay f16 and the chunks are summed in f16, as in `blocked`;
+ *   tiles stay f16 and the chunks are summed in f16, as in `blocked`. bf16
+ *   operands (bound as `vec4<bf16>`: a vec4 load is two u32 words) are
+ *   widened the same way, always into f32 tiles;
  * - each workgroup decides outside the k loop whether its tile is interior
  *   (whole in m and n, operands vec4-aligned): interior tiles load vec4s
  *   without checks except on a last, partial k-tile; edge tiles load scalars
  *   with bounds checks. The inner loop never checks bounds;
  * - interior tiles store vec4s with the bias (loaded once per column group)
- *   and activation fused; edge tiles store checked scalars.
+ *   and activation fused (a bf16 result: two whole words); edge tiles store
+ *   checked scalars (bf16: one half of a word, see `st_` in gpu/kernel.ts).
  * Needs `GemmIo.vector` (matmul); other GEMMs get the blocked kernel.
  */
 import type { MatmulTiling } from "../device.ts";

@@ -5,11 +5,13 @@
  * same compiled kernel with other strides: no explicit transpose is needed.
  * The tilings come from `tilings.ts`; the vec4 one binds A, B and C as vec4
  * arrays and reads them as vec4 where a workgroup's tile allows.
+ * Operands and results go through the dtype accessors of gpu/kernel.ts
+ * (`ld_a`, `ld4_a`, `st_c`, ...), so one source serves f32, f16 and bf16.
  * A product of few result tiles and a long reduction (a weight gradient)
  * is split along k (split-K, see `gemmSlices`): each slice of k writes f32
- * partial results and a reduction adds them into C.
+ * partial results and a reduction adds them into C (in C's dtype, bf16 too).
  */
-import type { DType } from "../dtype.ts";
+import type { DType, FloatDType } from "../dtype.ts";
 import type { MatmulTiling } from "../device.ts";
 import { defineKernel, optional } from "../kernel.ts";
 import { type MatmulProblem, tilingFor } from "../matmul_class.ts";
@@ -73,9 +75,14 @@ const UNIFORMS = {
  */
 function stridedIo(c: MatmulConfig): GemmIo {
   const vector = tilingKind(c).vectorOperands;
-  // Element i of an operand bound as vec4s is component i % 4 of vec4 i / 4.
-  const at = (name: string, i: string) =>
-    vector ? `${name}[(${i}) / 4u][(${i}) % 4u]` : `${name}[${i}]`;
+  // Element i of an operand bound as vec4s is component i % 4 of vec4 i / 4
+  // (bf16: of the two words `ld4_` widens).
+  const load = (name: string, i: string) =>
+    !vector
+      ? `ld_${name}(${i})`
+      : c.dtype === "bf16"
+      ? `ld4_${name}((${i}) / 4u)[(${i}) % 4u]`
+      : `f32(${name}[(${i}) / 4u][(${i}) % 4u])`;
   return {
     setup: `let zb = z % p.batch;
   let k_first = (z / p.batch) * p.k_slice;
@@ -86,12 +93,15 @@ function stridedIo(c: MatmulConfig): GemmIo {
     kCount: "k_count",
     aRow: (i, row) => `let ao${i} = a_base + ${row} * p.a_row;`,
     bCol: (j, col) => `let bo${j} = b_base + ${col} * p.b_col;`,
-    aLoad: (i) => `f32(a[ao${i} + k * p.a_col])`,
-    bLoad: (j) => `f32(b[bo${j} + k * p.b_row])`,
-    aAt: (row, k) => `f32(${at("a", `a_base + ${row} * p.a_row + ${k} * p.a_col`)})`,
-    bAt: (k, col) => `f32(${at("b", `b_base + ${k} * p.b_row + ${col} * p.b_col`)})`,
-    store: (row, col, v) => `${at("c", `c_base + ${row} * p.n + ${col}`)} = ${c.out}(${v});`,
-    bias: c.bias === "none" ? undefined : (_row, col) => `f32(bias[${col}])`,
+    aLoad: (i) => `ld_a(ao${i} + k * p.a_col)`,
+    bLoad: (j) => `ld_b(bo${j} + k * p.b_row)`,
+    aAt: (row, k) => load("a", `a_base + ${row} * p.a_row + ${k} * p.a_col`),
+    bAt: (k, col) => load("b", `b_base + ${k} * p.b_row + ${col} * p.b_col`),
+    store: (row, col, v) => {
+      const i = `c_base + ${row} * p.n + ${col}`;
+      return vectorOut(c) ? `c[(${i}) / 4u][(${i}) % 4u] = ${c.out}(${v});` : `st_c(${i}, ${v});`;
+    },
+    bias: c.bias === "none" ? undefined : (_row, col) => `ld_bias(${col})`,
     tileType: c.dtype === "f16" ? "f16" : "f32",
     f16Chunk: c.f16Chunk,
     aAlong: c.aAlong,
@@ -108,17 +118,33 @@ function stridedIo(c: MatmulConfig): GemmIo {
 function vectorIo(c: MatmulConfig): GemmVectorIo {
   return {
     aligned: "p.vec4_loads != 0u",
-    aVec: (row, k) => `vec4<f32>(a[(a_base + ${row} * p.a_row + ${k} * p.a_col) / 4u])`,
-    bVec: (k, col) => `vec4<f32>(b[(b_base + ${k} * p.b_row + ${col} * p.b_col) / 4u])`,
+    aVec: (row, k) => `ld4_a((a_base + ${row} * p.a_row + ${k} * p.a_col) / 4u)`,
+    bVec: (k, col) => `ld4_b((b_base + ${k} * p.b_row + ${col} * p.b_col) / 4u)`,
     storeAligned: "p.n % 4u == 0u",
-    storeVec: (row, col, v) => `c[(c_base + ${row} * p.n + ${col}) / 4u] = vec4<${c.out}>(${v});`,
+    storeVec: (row, col, v) => {
+      const i = `c_base + ${row} * p.n + ${col}`;
+      // A bf16 C is bound by element (see `vectorOut`): four aligned elements are two whole words.
+      return vectorOut(c)
+        ? `st4_c((${i}) / 4u, ${v});`
+        : `{ let w = (${i}) / 2u; let s = ${v}; st2_c(w, s.xy); st2_c(w + 1u, s.zw); }`;
+    },
     biasVec: c.bias === "none"
       ? undefined
-      : (col) => `vec4<f32>(${range4.map((i) => `f32(bias[${col} + ${i}u])`).join(", ")})`,
+      : (col) => `vec4<f32>(${range4.map((i) => `ld_bias(${col} + ${i}u)`).join(", ")})`,
   };
 }
 
 const range4 = [0, 1, 2, 3];
+
+/**
+ * Whether C is bound as vec4s: with the vec4 tiling, unless C is bf16. Two
+ * bf16 values share a word, and an edge tile's single-element stores (n not
+ * a multiple of 4) need the atomics of an element binding's `st_c`, which a
+ * `vec4<bf16>` binding (plain words) has not.
+ */
+function vectorOut(c: MatmulConfig): boolean {
+  return tilingKind(c).vectorOperands && c.out !== "bf16";
+}
 
 /**
  * Whether an operand laid out as `o` can be read as aligned vec4s along the
@@ -138,11 +164,11 @@ export const matmulKernel = defineKernel({
   name: "matmul",
   bindings: (c: MatmulConfig) => {
     const vector = tilingKind(c).vectorOperands;
-    const type = (d: DType) => vector ? `vec4<${d as "f32" | "f16"}>` as const : d;
+    const type = (d: DType) => vector ? `vec4<${d as FloatDType}>` as const : d;
     return [
       { name: "a", type: type(c.dtype) },
       { name: "b", type: type(c.dtype) },
-      { name: "c", type: type(c.out), write: true },
+      { name: "c", type: vectorOut(c) ? type(c.out) : c.out, write: true },
       ...optional(c.bias !== "none", { name: "bias", type: c.bias as DType }),
     ];
   },

@@ -7,6 +7,7 @@
  * switches on `MatmulTiling.variant`.
  */
 import type { MatmulTiling } from "../device.ts";
+import type { FloatDType } from "../dtype.ts";
 import type { GemmIo } from "./gemm_io.ts";
 import type { Activation } from "./wgsl_math.ts";
 import { registerWgsl, sharedWgsl } from "./gemm_register.ts";
@@ -19,8 +20,11 @@ export interface TilingKind {
   wgsl(t: MatmulTiling, io: GemmIo, activation: Activation): string;
   /** Loop iterations one invocation runs for a reduction over `k`. */
   loopIterations(t: MatmulTiling, k: number): number;
-  /** Bytes of workgroup memory with operands stored in `dtype` (0: none). */
-  workgroupBytes(t: MatmulTiling, dtype: "f32" | "f16"): number;
+  /**
+   * Bytes of workgroup memory with tiles in `tileType` (0: none): f16 for f16
+   * operands, f32 otherwise (bf16 is widened while staged; see {@link tileTypeOf}).
+   */
+  workgroupBytes(t: MatmulTiling, tileType: "f32" | "f16"): number;
   /** Why the kernel cannot be built with `t`'s sizes, or null. */
   shapeProblem(t: MatmulTiling): string | null;
   /** Matmul binds A, B and C as vec4 arrays and provides `GemmIo.vector`. */
@@ -74,7 +78,8 @@ export const TILING_KINDS: Readonly<Record<MatmulTiling["variant"], TilingKind>>
     wgsl: vec4Wgsl,
     loopIterations: (t, k) => Math.ceil(k / t.tk),
     // Without vec4 io (a convolution) it generates the blocked kernel of its shape.
-    workgroupBytes: (t, dtype) => Math.max(vec4TileBytes(t, "f32"), blockedTileBytes(t, dtype)),
+    workgroupBytes: (t, tileType) =>
+      Math.max(vec4TileBytes(t, "f32"), blockedTileBytes(t, tileType)),
     shapeProblem: vec4ShapeProblem,
     vectorOperands: true,
     layoutAware: true,
@@ -96,11 +101,31 @@ export interface TilingLimits {
   maxComputeWorkgroupStorageSize: number;
 }
 
-/** Whether `t` with operands stored in `dtype` fits `limits` and its kind's shape constraints. */
-export function tilingFits(t: MatmulTiling, dtype: "f32" | "f16", limits: TilingLimits): boolean {
+/**
+ * The type the workgroup tiles of operands stored in `dtype` hold: f16 keeps
+ * its f16 tiles (half the memory); bf16, which WGSL lacks, is widened to f32
+ * while staged, as f32 is stored.
+ */
+export function tileTypeOf(dtype: FloatDType): "f32" | "f16" {
+  return dtype === "f16" ? "f16" : "f32";
+}
+
+/**
+ * Whether `t` with operands stored in `dtype` fits `limits` and its kind's
+ * shape constraints. Every tiling takes every float dtype.
+ *
+ * @example
+ * ```ts
+ * import { tilingFits } from "./tilings.ts";
+ * const t = { variant: "vec4", tm: 8, tn: 8, wgx: 16, wgy: 16, tk: 32 } as const;
+ * const limits = { maxComputeInvocationsPerWorkgroup: 256, maxComputeWorkgroupStorageSize: 16384 };
+ * console.assert(!tilingFits(t, "bf16", limits) && tilingFits(t, "bf16", { ...limits, maxComputeWorkgroupStorageSize: 65536 }));
+ * ```
+ */
+export function tilingFits(t: MatmulTiling, dtype: FloatDType, limits: TilingLimits): boolean {
   const kind = tilingKind(t);
   return t.wgx * t.wgy <= limits.maxComputeInvocationsPerWorkgroup &&
-    kind.workgroupBytes(t, dtype) <= limits.maxComputeWorkgroupStorageSize &&
+    kind.workgroupBytes(t, tileTypeOf(dtype)) <= limits.maxComputeWorkgroupStorageSize &&
     kind.shapeProblem(t) === null;
 }
 
