@@ -53,7 +53,8 @@
  * unsplit weight gradients, ≈ 110 timings of ≤ 4 runs at ≤ 0.1 s each plus
  * their compiles ≈ 1 min. Each well under 5 minutes. Per-shape tuning (`gpt`,
  * after each mode's first step): ≤ 15 shapes × 14 timings × ~25 ms ≈ 5 s per
- * dtype plus new pipelines, once per adapter.
+ * dtype plus new pipelines, and one attention shape per dtype × up to 20
+ * timings (17 plans, 3 finalists again) of ≥ 0.1 s ≈ 2–4 s, once per adapter.
  *
  * @module
  */
