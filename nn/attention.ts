@@ -8,7 +8,7 @@
  * layout, for x [B, T, C] with H heads of size D = C / H:
  *
  * ```
- * q, k, v      [B, T, C]    projections (Linear, f16 under autocast)
+ * q, k, v      [B, T, C]    projections (Linear, f16 or bf16 under autocast)
  * qh, kh, vh   [B·H, T, D]  heads split: reshape [B, T, H, D] → permute → [B, H, T, D] → reshape
  * scores       [B·H, T, T]  qh·khᵀ (matmul, transB)       freed at once: not saved
  * probs        [B·H, T, T]  causal softmax of scores/√D    saved (its backward and probs·vh need it)
@@ -81,8 +81,8 @@ function mergeHeads(o: Tensor, b: number, heads: number): Tensor {
  * split into `options.heads` heads of size D: for each batch and head,
  * softmax(q·kᵀ/√D) with query i seeing keys 0..i, times v; the heads are
  * concatenated back to [B, T, C]. By default this is `fusedCausalAttention`;
- * with `fused: false` the two products are batched matmuls (f16 under
- * autocast, f32 accumulation) around a causal softmax (f32 math inside).
+ * with `fused: false` the two products are batched matmuls (f16 or bf16
+ * under autocast, f32 accumulation) around a causal softmax (f32 math inside).
  *
  * @example
  * ```ts
