@@ -300,6 +300,36 @@ Deno.test({
   },
 });
 
+Deno.test({
+  name:
+    "an SGD run is saved as torch.optim.SGD's state_dict; dampening it cannot honour is refused",
+  ...GPU_TEST,
+  async fn() {
+    const path = `${dir}/sgd.safetensors`, mutant = `${dir}/sgd_dampening.safetensors`;
+    const sgd = ampRun(3, { sgd: true });
+    train(sgd, 0, 4);
+    await saveTrainingState(path, sgd);
+    const { metadata, entries } = decodeSafetensors(await Deno.readFile(path));
+    const optimizer = JSON.parse(metadata.optimizer);
+    assert.equal(optimizer.kind, "SGD");
+    // The keys torch 1.13's SGD writes (torch.optim.SGD(params, lr=0.1).state_dict()).
+    const torchKeys = ["lr", "momentum", "dampening", "weight_decay", "nesterov", "maximize"];
+    const keys = [...torchKeys, "foreach", "differentiable", "params"];
+    assert.deepEqual(Object.keys(optimizer.param_groups[0]).sort(), keys.sort());
+    assert.deepEqual(optimizer.state[0], {});
+    assert.ok(entries.has("optimizer.state.0.momentum_buffer"));
+    await rewrite(path, mutant, optimizerMeta((o) => (o.param_groups[0].dampening = 0.5)));
+    const run = sgdTarget(), before = await snapshot(run);
+    await assert.rejects(
+      loadTrainingState(mutant, run),
+      /"dampening" = "0.5", which halfstep's SGD does not implement; nothing was loaded/,
+    );
+    assert.deepEqual(await snapshot(run), before);
+    await loadTrainingState(path, run);
+    assert.deepEqual(await snapshot(run), await snapshot(sgd));
+  },
+});
+
 /**
  * Files of format 2, halfstep's own vocabulary, written by saveTrainingState
  * at commit f48e404 (just before the PyTorch layout): an AdamW and an SGD run
