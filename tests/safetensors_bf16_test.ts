@@ -15,7 +15,7 @@ import {
   saveModule,
   saveSafetensors,
 } from "../nn/safetensors_file.ts";
-import { GPU_TEST } from "./_gpu.ts";
+import { gpu, GPU_TEST } from "./_gpu.ts";
 import { runTorch, TORCH_PYTHON } from "./_torch.ts";
 
 /** bf16 bits as little-endian bytes. */
@@ -54,7 +54,7 @@ const BIAS_BITS = [0x3f80, 0x8001, 0x4b00];
 
 Deno.test({
   name: "saveModule of a bf16 model writes BF16 entries; loadModule gives bf16 parameters the " +
-    "same bits and f32 parameters the exact values",
+    "same bits, f32 parameters the exact values and f16 ones each rounded once",
   ...GPU_TEST,
   async fn() {
     const dir = await Deno.makeTempDir();
@@ -76,6 +76,22 @@ Deno.test({
       assert.equal(wide.weight.dtype, "f32");
       assert.deepEqual([...await wide.weight.read()], WEIGHT_BITS.map(valueOf));
       assert.deepEqual([...await wide.bias!.read()], BIAS_BITS.map(valueOf));
+      if (gpu.f16) {
+        // Into f16 parameters: rounded once from the exact value (past 65504: ±Inf, refused).
+        const half = new Linear(5, 3, { seed: 4, dtype: "f16" });
+        try {
+          const small = WEIGHT_BITS.map((b) => (b & 0x7f80) > 0x4700 ? b & 0x807f : b);
+          model.weight.writeBytes(bytesOfBits(small));
+          model.bias!.writeBytes(bytesOfBits([0x3f80, 0x8001, 0x4300]));
+          await saveModule(`${dir}/small.safetensors`, model);
+          await loadModule(`${dir}/small.safetensors`, half);
+          const want = Float16Array.from(small.map(valueOf));
+          assert.deepEqual([...await half.weight.read()], [...want]);
+          assert.deepEqual([...await half.bias!.read()], [1, -0, 128]);
+        } finally {
+          half.dispose();
+        }
+      }
       // A NaN in a bf16 weight is refused by name, and the module is left as it was.
       model.weight.writeBytes(bytesOfBits([0x7fc1, ...WEIGHT_BITS.slice(1)]));
       await assert.rejects(
