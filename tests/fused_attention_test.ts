@@ -4,6 +4,7 @@ import {
   backward,
   causalAttention,
   CausalSelfAttention,
+  causalSoftmax,
   Checkpointed,
   fusedCausalAttention,
   fusedCausalAttentionPacked,
@@ -13,7 +14,7 @@ import {
   Tensor,
   tidy,
 } from "../mod.ts";
-import { type FloatDType, type RandomRange, tuneAttention } from "../gpu/mod.ts";
+import { type FloatDType, type Gpu, initGpu, type RandomRange, tuneAttention } from "../gpu/mod.ts";
 import {
   ATTENTION_PLAN_CANDIDATES,
   attentionPlanCandidates,
@@ -479,4 +480,39 @@ Deno.test({
       assert.deepEqual(tuned.map((t) => t.dtype), dtypes);
       assert.equal(plans.get("bf16"), slowest);
     }),
+});
+
+/** Output and qkv gradient bits of bf16 packed attention with dropout, then a causal softmax, on `device`. */
+async function bf16AttentionOn(device: Gpu): Promise<number[][]> {
+  const [b, t, h, d] = [2, 9, 2, 6], range = { key: 7, counter: 3 };
+  const qkv = Tensor.from(uniform(b * t * 3 * h * d, 61, -2, 2), [b, t, 3 * h * d], {
+    dtype: "bf16",
+    requiresGrad: true,
+    gpu: device,
+  });
+  const g = Tensor.from(uniform(b * t * h * d, 62), [b, t, h * d], { dtype: "bf16", gpu: device });
+  const o = fusedCausalAttentionPacked(qkv, { heads: h, dropout: { p: 0.2, range } });
+  backward(o, { gradient: g });
+  const scores = Tensor.from(uniform(2 * 7 * 7, 63, -4, 4), [2, 7, 7], {
+    dtype: "bf16",
+    gpu: device,
+  });
+  const probs = causalSoftmax(scores, { scale: 0.5 });
+  const out = [[...await o.read()], [...await qkv.grad!.read()], [...await probs.read()]];
+  for (const x of [qkv, g, o, scores, probs]) x.dispose();
+  return out;
+}
+
+Deno.test({
+  name: "bf16 attention and causal softmax run on a device without shader-f16, the same bits",
+  ...GPU_TEST,
+  async fn() {
+    const plain = await initGpu({ f16: "off", matmulTiling: "default", setDefault: false });
+    try {
+      assert.equal(plain.f16, false);
+      assert.deepEqual(await bf16AttentionOn(plain), await bf16AttentionOn(gpu));
+    } finally {
+      plain.destroy();
+    }
+  },
 });
