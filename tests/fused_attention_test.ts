@@ -263,31 +263,42 @@ Deno.test({
 });
 
 Deno.test({
-  name: "CausalSelfAttention: attention dropout under checkpoint recompute gives identical grads",
+  name: "CausalSelfAttention: attention dropout under checkpoint recompute gives identical " +
+    "grads, f32 and under bf16 autocast",
   ...GPU_TEST,
   async fn() {
-    const [b, t, c] = [2, 9, 16];
-    const x = Tensor.from(uniform(b * t * c, 41), [b, t, c]);
-    const w = Tensor.from(uniform(b * t * c, 42), [b, t, c]);
-    const grads = async (checkpointed: boolean) => {
-      const layer = new CausalSelfAttention(c, 4, { seed: 8, dropout: 0.3 });
-      const model = checkpointed ? new Checkpointed(layer) : layer;
-      const before = layer.generator.offset;
-      const loss = tidy(() => sum(mul(model.forward(x), w)));
-      loss.backward();
-      loss.dispose();
-      const out = await Promise.all(layer.parameters().map((p) => p.grad!.read()));
-      // One mask drawn per forward: the recompute replays it instead of drawing again.
-      assert.equal(layer.generator.offset - before, b * 4 * t * t);
-      layer.dispose();
-      return out;
-    };
-    const plain = await grads(false), recomputed = await grads(true);
-    plain.forEach((g, i) => assert.deepEqual(recomputed[i], g, `parameter ${i}`));
-    x.dispose();
-    w.dispose();
+    for (const dtype of ["f32", "bf16"] as const) await recomputedGradsEqual(dtype);
   },
 });
+
+/** Checks that checkpointing a CausalSelfAttention with dropout changes none of its gradients. */
+async function recomputedGradsEqual(dtype: "f32" | "bf16") {
+  const [b, t, c] = [2, 9, 16];
+  const x = Tensor.from(uniform(b * t * c, 41), [b, t, c]);
+  const w = Tensor.from(uniform(b * t * c, 42), [b, t, c]);
+  const grads = async (checkpointed: boolean) => {
+    const layer = new CausalSelfAttention(c, 4, { seed: 8, dropout: 0.3 });
+    const model = checkpointed ? new Checkpointed(layer) : layer;
+    const before = layer.generator.offset;
+    const forward = () => {
+      const y = model.forward(x);
+      assert.equal(y.dtype, dtype, "the layer runs in the autocast dtype");
+      return sum(mul(y, w));
+    };
+    const loss = tidy(() => autocast(forward, { enabled: dtype === "bf16", dtype: "bf16" }));
+    loss.backward();
+    loss.dispose();
+    const out = await Promise.all(layer.parameters().map((p) => p.grad!.read()));
+    // One mask drawn per forward: the recompute replays it instead of drawing again.
+    assert.equal(layer.generator.offset - before, b * 4 * t * t);
+    layer.dispose();
+    return out;
+  };
+  const plain = await grads(false), recomputed = await grads(true);
+  plain.forEach((g, i) => assert.deepEqual(recomputed[i], g, `${dtype} parameter ${i}`));
+  x.dispose();
+  w.dispose();
+}
 
 /** Bytes allocated at the peak of one forward + backward of attention over T tokens, above the inputs. */
 async function attentionPeak(t: number, fused: boolean): Promise<number> {
