@@ -1,5 +1,14 @@
 import assert from "node:assert/strict";
-import { backward, linear, matmul, type MatmulTiling, Tensor, tidy } from "../gpu/mod.ts";
+import {
+  backward,
+  DTYPES,
+  type FloatDType,
+  linear,
+  matmul,
+  type MatmulTiling,
+  Tensor,
+  tidy,
+} from "../gpu/mod.ts";
 import { gemmSlices, sliceLength } from "../gpu/kernels/gemm.ts";
 import { dispatchedKernels, gpu, GPU_TEST, withSettings } from "./_gpu.ts";
 import { matmulSettings } from "../gpu/matmul_settings.ts";
@@ -7,7 +16,7 @@ import { matmul64, quantize, uniform } from "./_reference.ts";
 import { assertClose, TOL, type Tolerance } from "./_assert.ts";
 
 /** As matmul_test: error may grow like √K times the unit roundoff. */
-function tolFor(dtype: "f32" | "f16", k: number): Tolerance {
+function tolFor(dtype: FloatDType, k: number): Tolerance {
   const t = TOL[dtype];
   return { atol: t.atol * Math.max(1, Math.sqrt(k) / 4), rtol: t.rtol };
 }
@@ -49,14 +58,15 @@ Deno.test({
 
 Deno.test({
   name: "split-K: a long reduction over few tiles is split and still matches f64, " +
-    "every orientation, f32 and f16, batched, the same bits every run",
+    "every orientation, f32, f16 and bf16, batched, the same bits every run",
   ...GPU_TEST,
   async fn() {
     const shapes = [
       { batch: 1, m: 33, n: 17, k: 2500 },
       { batch: 2, m: 5, n: 9, k: 1031 },
     ];
-    for (const dtype of gpu.f16 ? ["f32", "f16"] as const : ["f32"] as const) {
+    // The slices' f32 partial sums are rounded once, into C's dtype (bf16 needs no shader-f16).
+    for (const dtype of DTYPES.filter((d) => d !== "f16" || gpu.f16)) {
       for (const [s, dims] of shapes.entries()) {
         for (const [transA, transB] of [[false, true], [false, false], [true, false]]) {
           const { batch, m, n, k } = dims;
@@ -94,29 +104,35 @@ Deno.test({
 
 Deno.test({
   name: "split-K: a linear layer's weight gradient over many rows matches f64; " +
-    "products with a bias are not split; partial sums are freed",
+    "products with a bias are not split; partial sums are freed; f32 and bf16",
   ...GPU_TEST,
   async fn() {
     const rows = 1500, inF = 24, outF = 10;
-    const x = uniform(rows * inF, 11), w = uniform(outF * inF, 12), g = uniform(rows * outF, 13);
-    const before = gpu.memoryStats().allocatedBytes;
-    const tx = Tensor.from(x, [rows, inF]);
-    const tw = Tensor.from(w, [outF, inF], { requiresGrad: true });
-    const bias = Tensor.zeros([outF]);
-    const forward = dispatchedKernels(() => tidy(() => linear(tx, tw, { bias }).dispose()));
-    assert.deepEqual(forward.map((key) => key.split(/[^a-z_0-9]/)[0]), ["matmul"]);
-    const y = linear(tx, tw);
-    const gradient = Tensor.from(g, [rows, outF]);
-    backward(y, { gradient });
-    // dW = gᵀ·x: K is the rows.
-    const dw = new Float64Array(outF * inF);
-    for (let r = 0; r < rows; r++) {
-      for (let o = 0; o < outF; o++) {
-        for (let i = 0; i < inF; i++) dw[o * inF + i] += g[r * outF + o] * x[r * inF + i];
+    for (const dtype of ["f32", "bf16"] as const) {
+      const x = quantize(uniform(rows * inF, 11), dtype);
+      const w = quantize(uniform(outF * inF, 12), dtype);
+      const g = quantize(uniform(rows * outF, 13), dtype);
+      const before = gpu.memoryStats().allocatedBytes;
+      const tx = Tensor.from(x, [rows, inF], { dtype });
+      const tw = Tensor.from(w, [outF, inF], { dtype, requiresGrad: true });
+      const bias = Tensor.zeros([outF]);
+      const forward = dispatchedKernels(() => tidy(() => linear(tx, tw, { bias }).dispose()));
+      assert.deepEqual(forward.map((key) => key.split(/[^a-z_0-9]/)[0]), ["matmul"]);
+      const y = linear(tx, tw);
+      const gradient = Tensor.from(g, [rows, outF], { dtype });
+      const kernels = dispatchedKernels(() => backward(y, { gradient }));
+      assert.ok(kernels.some((key) => key.startsWith("reduce")), `${dtype}: ${kernels}`);
+      // dW = gᵀ·x: K is the rows.
+      const dw = new Float64Array(outF * inF);
+      for (let r = 0; r < rows; r++) {
+        for (let o = 0; o < outF; o++) {
+          for (let i = 0; i < inF; i++) dw[o * inF + i] += g[r * outF + o] * x[r * inF + i];
+        }
       }
+      assertClose(await tw.grad!.read(), dw, tolFor(dtype, rows), `dW ${dtype}`);
+      assert.equal(tw.grad!.dtype, dtype);
+      [tx, tw, tw.grad!, y, bias, gradient].forEach((t) => t.dispose());
+      assert.equal(gpu.memoryStats().allocatedBytes, before, `${dtype}: partial sums released`);
     }
-    assertClose(await tw.grad!.read(), dw, tolFor("f32", rows), "dW");
-    [tx, tw, tw.grad!, y, bias, gradient].forEach((t) => t.dispose());
-    assert.equal(gpu.memoryStats().allocatedBytes, before, "every partial sum released");
   },
 });
