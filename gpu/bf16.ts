@@ -3,10 +3,12 @@
  * conversion is bit arithmetic. Rounding follows PyTorch's
  * `tensor.to(torch.bfloat16)` exactly: round to nearest, ties to even, on the
  * f32 bits (so the largest finite values round up to ±Inf, ±0 and subnormals
- * keep their bits), and every NaN becomes the quiet NaN 0x7FC0.
+ * keep their bits), and every NaN becomes a quiet NaN: 0x7FC0, what c10's
+ * scalar `round_to_nearest_even` returns (PyTorch's vectorised CPU path
+ * writes 0xFFFF instead; both are NaN, which is all a NaN promises).
  */
 
-/** The bf16 bits every NaN converts to (PyTorch's `round_to_nearest_even`). */
+/** The bf16 bits every NaN converts to (c10's scalar `round_to_nearest_even`). */
 export const BF16_NAN = 0x7fc0;
 
 const F32 = new Float32Array(1);

@@ -111,8 +111,8 @@ const F16_TYPES: ReadonlySet<string> = new Set(["f16", "vec2<f16>", "vec4<f16>"]
  * that owns both), and on a vec4 binding `ld4_x(i) -> vec4<f32>`,
  * `st4_x(i, v: vec4<f32>)`. Only the accessors the source calls are emitted.
  *
- * bf16 reads widen with a shift; writes round to nearest-even (NaN → 0x7FC0,
- * as PyTorch). Two bf16 values share a word, so a single-element store clears
+ * bf16 reads widen with a shift; writes round to nearest-even (NaN → the quiet
+ * NaN 0x7FC0, see gpu/bf16.ts). Two bf16 values share a word, so a single-element store clears
  * and sets only its own half with two atomics: threads writing the two
  * halves of one word never clobber each other, in any order.
  */
