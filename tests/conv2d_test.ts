@@ -1,5 +1,5 @@
 import assert from "node:assert/strict";
-import { mul, sum, Tensor, tidy } from "../gpu/mod.ts";
+import { DTYPES, type FloatDType, mul, sum, Tensor, tidy } from "../gpu/mod.ts";
 import { conv2d, type Conv2dOptions } from "../gpu/ops/conv2d.ts";
 import { asGpu, dispatchedKernels, gpu, GPU_TEST, withEachTiling } from "./_gpu.ts";
 import { MATMUL_CANDIDATES } from "../gpu/matmul_tuning.ts";
@@ -109,9 +109,11 @@ const CASES: Case[] = [
 ];
 
 // dweight and dbias are sums over every output position (up to 4356 terms of size ≤ ~3).
-const SUM_TOL: Record<"f32" | "f16", Tolerance> = {
+// bf16 results round to 8 significant bits (2⁻⁸ relative at worst).
+const SUM_TOL: Record<FloatDType, Tolerance> = {
   f32: { atol: 1e-4, rtol: 1e-4 },
   f16: { atol: 2e-2, rtol: 3e-3 },
+  bf16: { atol: 2e-2, rtol: 1e-2 },
 };
 
 const label = (t: Case) =>
@@ -119,7 +121,7 @@ const label = (t: Case) =>
   `d ${t.dilation ?? 1}, g ${t.groups ?? 1}${t.bias ? ", bias" : ""}${t.relu ? ", relu" : ""}`;
 
 /** Runs case `t` in `dtype` forward and backward and checks everything against f64. */
-async function checkCase(t: Case, dtype: "f32" | "f16", tiling: string): Promise<void> {
+async function checkCase(t: Case, dtype: FloatDType, tiling: string): Promise<void> {
   const cg = t.c / (t.groups ?? 1);
   const x = quantize(uniform(t.n * t.c * t.h * t.w, 1, -1, 1), dtype);
   const w = quantize(uniform(t.o * cg * t.k[0] * t.k[1], 2, -0.5, 0.5), dtype);
@@ -152,11 +154,11 @@ async function checkCase(t: Case, dtype: "f32" | "f16", tiling: string): Promise
 }
 
 Deno.test({
-  name: "conv2d: forward, dx, dweight and dbias match f64 at odd shapes, f32 and f16",
+  name: "conv2d: forward, dx, dweight and dbias match f64 at odd shapes, f32, f16 and bf16",
   ...GPU_TEST,
   async fn() {
     for (const t of CASES) {
-      for (const dtype of ["f32", "f16"] as const) await checkCase(t, dtype, "default tiling");
+      for (const dtype of DTYPES) await checkCase(t, dtype, "default tiling");
     }
   },
 });
@@ -166,8 +168,14 @@ Deno.test({
     "conv2d: every matmul tiling candidate (register, interleaved, shared, blocked) computes the same",
   ...GPU_TEST,
   async fn() {
+    const bf16Variants = new Set<string>();
     await withEachTiling(async (tiling) => {
       for (const t of [CASES[1], CASES[4], CASES[9]]) await checkCase(t, "f32", tilingName(tiling));
+      // bf16 once per kind (each case compiles three kernels), with odd planes:
+      // neighbouring threads store the two halves of a word.
+      if (bf16Variants.has(tiling.variant)) return;
+      bf16Variants.add(tiling.variant);
+      await checkCase(CASES[4], "bf16", tilingName(tiling));
     });
   },
 });
@@ -245,7 +253,7 @@ Deno.test({
 });
 
 /** The weight gradient of case `t` in `dtype` (x needs none: only that pass runs) against f64. */
-async function checkWeightGrad(t: Case, dtype: "f32" | "f16", what: string): Promise<void> {
+async function checkWeightGrad(t: Case, dtype: FloatDType, what: string): Promise<void> {
   const groups = t.groups ?? 1;
   const x = quantize(uniform(t.n * t.c * t.h * t.w, 1, -1, 1), dtype);
   const w = quantize(uniform(t.o * (t.c / groups) * t.k[0] * t.k[1], 2, -0.5, 0.5), dtype);
@@ -269,7 +277,7 @@ async function checkWeightGrad(t: Case, dtype: "f32" | "f16", what: string): Pro
 
 Deno.test({
   name: "conv2d: as on a GPU, the weight gradient is split with an uneven last slice and " +
-    "matches f64 under every blocked tiling, f32 and f16, grouped",
+    "matches f64 under every blocked tiling, f32, f16 and bf16, grouped",
   ...GPU_TEST,
   async fn() {
     // 1500 and 1026 positions: the weight gradient's reduction, split into 5 and 4 slices.
@@ -291,6 +299,7 @@ Deno.test({
             assert.ok(split.slices > 1 && last < split.length, `${what}: ${JSON.stringify(split)}`);
             await checkWeightGrad(t, "f32", what);
             if (gpu.f16 && i === 0) await checkWeightGrad(t, "f16", what);
+            if (i === 1) await checkWeightGrad(t, "bf16", what);
           }
         }
       } finally {

@@ -80,7 +80,11 @@ type ConvDtypes = {
   unitStride: boolean;
 };
 
-/** Which of the three products, and what changes its code. */
+/**
+ * Which of the three products, and what changes its code. Operands are read
+ * and results written through the `ld_`/`st_` accessors (gpu/kernel.ts), so
+ * one source serves f32, f16 and bf16.
+ */
 export type Conv2dConfig = MatmulTiling & ConvDtypes & {
   pass: "forward" | "input_grad" | "weight_grad";
   /** Computed as the transposed product (rows ↔ columns; see `transposedIo`). */
@@ -133,7 +137,7 @@ fn x_at(o: Origin, t: Tap) -> f32 {
   let inside = ih >= 0 && ih < i32(p.in_h) && iw >= 0 && iw < i32(p.in_w);
   let i = o.base + t.off + u32(clamp(ih, 0, i32(p.in_h) - 1)) * p.in_w +
     u32(clamp(iw, 0, i32(p.in_w) - 1));
-  return select(0.0, f32(x[i]), inside);
+  return select(0.0, ld_x(i), inside);
 }
 `;
 
@@ -155,11 +159,11 @@ fn y_index(row: u32, channel: u32) -> u32 {
     bCol: (j, col) => `let wo${j} = (g * p.og + ${col}) * p.k;`,
     kStep: "let tp = tap_of(k);",
     aLoad: (i) => `x_at(o${i}, tp)`,
-    bLoad: (j) => `f32(w[wo${j} + k])`,
+    bLoad: (j) => `ld_w(wo${j} + k)`,
     aAt: (row, k) => `x_at(out_origin(${row}, g), tap_of(${k}))`,
-    bAt: (k, col) => `f32(w[(g * p.og + ${col}) * p.k + ${k}])`,
-    store: (row, col, v) => `y[y_index(${row}, g * p.og + ${col})] = ${c.out}(${v});`,
-    bias: c.bias === "none" ? undefined : (_row, col) => `f32(bias[g * p.og + ${col}])`,
+    bAt: (k, col) => `ld_w((g * p.og + ${col}) * p.k + ${k})`,
+    store: (row, col, v) => `st_y(y_index(${row}, g * p.og + ${col}), ${v});`,
+    bias: c.bias === "none" ? undefined : (_row, col) => `ld_bias(g * p.og + ${col})`,
   };
 }
 
@@ -196,7 +200,7 @@ fn dy_at(q: InPos, t: OutTap) -> f32 {
   let inside = hit && oh < i32(p.out_h) && ow < i32(p.out_w);
   let i = q.base + t.off + u32(clamp(oh, 0, i32(p.out_h) - 1)) * p.out_w +
     u32(clamp(ow, 0, i32(p.out_w) - 1));
-  return select(0.0, f32(dy[i]), inside);
+  return select(0.0, ld_dy(i), inside);
 }
 fn dx_index(row: u32, channel: u32) -> u32 {
   let plane = p.in_h * p.in_w;
@@ -208,15 +212,15 @@ fn dx_index(row: u32, channel: u32) -> u32 {
     bCol: (j, col) => `let wc${j} = ${col} * p.kk;`,
     kStep: "let ot = out_tap(k, g);",
     aLoad: (i) => `dy_at(q${i}, ot)`,
-    bLoad: (j) => `f32(w[ot.w + wc${j}])`,
+    bLoad: (j) => `ld_w(ot.w + wc${j})`,
     aAt: (row, k) => `dy_at(in_pos(${row}, g), out_tap(${k}, g))`,
-    bAt: (k, col) => `f32(w[out_tap(${k}, g).w + ${col} * p.kk])`,
-    store: (row, col, v) => `dx[dx_index(${row}, g * p.cg + ${col})] = ${c.out}(${v});`,
+    bAt: (k, col) => `ld_w(out_tap(${k}, g).w + ${col} * p.kk)`,
+    store: (row, col, v) => `st_dx(dx_index(${row}, g * p.cg + ${col}), ${v});`,
   };
 }
 
 /** dw = dyᵀ · x̃ over one chunk of (n, oh, ow): rows o, columns (c, kh, kw). */
-function weightGradIo(c: Conv2dConfig): GemmIo {
+function weightGradIo(_c: Conv2dConfig): GemmIo {
   return {
     prelude: `${WGSL_INPUT_TAPS}
 struct Sample { dy: u32, at: Origin, valid: bool }
@@ -229,7 +233,7 @@ fn sample_of(s: u32, g: u32) -> Sample {
   return Sample((n * p.out_c + g * p.og) * plane + pos, origin_of(n, pos, g), s < p.k_total);
 }
 fn dy_of(s: Sample, row: u32) -> f32 {
-  return select(0.0, f32(dy[s.dy + row * p.out_h * p.out_w]), s.valid);
+  return select(0.0, ld_dy(s.dy + row * p.out_h * p.out_w), s.valid);
 }
 fn x_of(s: Sample, t: Tap) -> f32 {
   return select(0.0, x_at(s.at, t), s.valid);
@@ -247,7 +251,7 @@ fn x_of(s: Sample, t: Tap) -> f32 {
     bAt: (k, col) => `x_of(sample_of(k_base + ${k}, g), tap_of(${col}))`,
     // [splits, O, C/groups·KH·KW]: with one chunk, the weight's own layout.
     store: (row, col, v) =>
-      `dw[(chunk * p.out_c + g * p.og + ${row}) * p.cg * p.kk + ${col}] = ${c.out}(${v});`,
+      `st_dw((chunk * p.out_c + g * p.og + ${row}) * p.cg * p.kk + ${col}, ${v});`,
   };
 }
 

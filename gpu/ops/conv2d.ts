@@ -53,8 +53,8 @@ export function conv2dGeometry(x: Tensor, weight: Tensor, options: Conv2dOptions
   if (weight.rank !== 4) {
     fail(ShapeError, "conv2d", `weight must be [O, C/groups, KH, KW] (got ${shapes}).`);
   }
-  if (x.dtype !== "f32" && x.dtype !== "f16") {
-    fail(DTypeError, "conv2d", `input and weight must be f32 or f16 (got ${shapes}).`);
+  if (x.dtype === "i32") {
+    fail(DTypeError, "conv2d", `input and weight must be f32, f16 or bf16 (got ${shapes}).`);
   }
   const groups = options.groups ?? 1;
   if (!Number.isInteger(groups) || groups < 1) {
@@ -153,8 +153,8 @@ function tilingOf(
  * 2-D convolution of `x` [N, C, H, W] with `weight` [O, C/groups, KH, KW]
  * (PyTorch's layouts): stride, padding (numbers, pairs, `"same"`,
  * `"valid"`), dilation, groups (depthwise when groups = C), an optional bias
- * and a fused ReLU. f32 accumulation; f16 under autocast (it is on the f16
- * list). Implicit GEMM: the unfolded input is gathered inside the kernel and
+ * and a fused ReLU. f32, f16 or bf16 storage, f32 accumulation; f16 (or
+ * bf16) under autocast (it is on the f16 list). Implicit GEMM: the unfolded input is gathered inside the kernel and
  * never stored; backward computes dx, dweight and dbias the same way.
  *
  * @example
