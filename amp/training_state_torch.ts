@@ -198,6 +198,9 @@ function groupFromTorch(
   reject: Reject,
 ): OptimizerStateDict["groups"][number] {
   if (!isObject(g)) reject(`its optimizer group ${gi} is not an object`);
+  if (!Array.isArray(g.params) || !g.params.every(Number.isSafeInteger)) {
+    reject(`its optimizer group ${gi}'s params are not a list of parameter indices`);
+  }
   const hyper: Record<string, unknown> = {};
   for (const [key, value] of Object.entries(g)) {
     if (Object.hasOwn(HYPER_NAMES[kind], key)) hyper[HYPER_NAMES[kind][key]] = value;

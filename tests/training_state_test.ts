@@ -161,6 +161,11 @@ const cases: { name: string; run?: () => Run; edit?: (f: FileParts) => void; err
     error: /step counts differ; halfstep's Adam keeps one step for all/,
   },
   {
+    name: "group params that are not a list",
+    edit: optimizerMeta((o) => (o.param_groups[0].params = 5)),
+    error: /group 0's params are not a list of parameter indices/,
+  },
+  {
     name: "amsgrad",
     edit: optimizerMeta((o) => (o.param_groups[0].amsgrad = true)),
     error: /group 0 has "amsgrad" = "true", which halfstep's AdamW does not implement/,
