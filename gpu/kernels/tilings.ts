@@ -106,7 +106,7 @@ export interface TilingLimits {
  * its f16 tiles (half the memory); bf16, which WGSL lacks, is widened to f32
  * while staged, as f32 is stored.
  */
-export function tileTypeOf(dtype: FloatDType): "f32" | "f16" {
+function tileTypeOf(dtype: FloatDType): "f32" | "f16" {
   return dtype === "f16" ? "f16" : "f32";
 }
 
