@@ -76,21 +76,15 @@ async function benchClassifier(gpu: Gpu, steps: number, spec: ClassifierSpec): P
     disposeAll(trainer, optimizer, model, x, y);
   }
   const [f32, amp, bf16] = results;
-  results.push({
+  const ratio = (mode: string, run: Result, base: Result): Result => ({
     bench: spec.bench,
-    mode: "amp/f32",
+    mode,
     model: spec.model,
-    speedup: (amp.stepsPerSec as number) / (f32.stepsPerSec as number),
-    memoryRatio: amp.peakBytes / f32.peakBytes,
-    peakBytes: amp.peakBytes,
-  }, {
-    bench: spec.bench,
-    mode: "bf16/f16",
-    model: spec.model,
-    speedup: (bf16.stepsPerSec as number) / (amp.stepsPerSec as number),
-    memoryRatio: bf16.peakBytes / amp.peakBytes,
-    peakBytes: bf16.peakBytes,
+    speedup: (run.stepsPerSec as number) / (base.stepsPerSec as number),
+    memoryRatio: run.peakBytes / base.peakBytes,
+    peakBytes: run.peakBytes,
   });
+  results.push(ratio("amp/f32", amp, f32), ratio("bf16/f16", bf16, amp));
   return results;
 }
 
