@@ -107,7 +107,11 @@ Deno.test({
           }
         })
       );
-      assertPathKeys(path, keys.filter((k) => k.startsWith("layer_norm_")));
+      const norms = keys.filter((k) => k.startsWith("layer_norm_"));
+      assertPathKeys(path, norms);
+      // Parameter gradients: a workgroup per column on CPU adapters, two coalesced stages on GPUs.
+      const columns = path.name === "cpu" ? "layer_norm_param_grad" : "layer_norm_column_partials";
+      assert.ok(norms.some((k) => k.startsWith(columns)), `${path.name}: ${columns}`);
     }
   },
 });

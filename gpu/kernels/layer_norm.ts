@@ -1,15 +1,19 @@
 /**
  * LayerNorm over the last axis. The input is viewed as [rows, cols]; each
- * row (a workgroup per row, or a thread per short row: see row_layout.ts)
- * gets its mean and biased variance in f32 (two
- * passes, so a large mean does not cancel the variance away), writes y (in
- * the input's dtype, or the one the next op reads: an f32 residual stream
- * normalised straight into f16 for the product after it, no cast) and saves the per-row mean and rstd = 1/√(var + eps) (f32) for
- * the backward pass. Weight and bias are optional f32 vectors of length cols;
- * whether each is bound is part of the config.
+ * row (a thread, or `lanes` threads of a workgroup that holds several rows,
+ * with vec4 loads where cols is a multiple of 4: see row_layout.ts and
+ * row_width.ts) gets its mean and biased variance in f32 (two passes, so a
+ * large mean does not cancel the variance away), writes y (in the input's
+ * dtype, or the one the next op reads: an f32 residual stream normalised
+ * straight into f16 or bf16 for the product after it, no cast) and saves the
+ * per-row mean and rstd = 1/√(var + eps) (f32) for the backward pass and for
+ * a recompute of y from them (`launchLayerNormFromStats`). Weight and bias
+ * are optional f32 vectors of length cols; whether each is bound is part of
+ * the config. x, y, g and dx go through the dtype accessors: f32, f16, bf16.
  *
- * Backward: the same row layout for dx, and one workgroup per column for
- * dweight = Σ_rows g·x̂ and dbias = Σ_rows g (f32). The upstream gradient g
+ * Backward: the same row layout for dx, and column sums for dweight =
+ * Σ_rows g·x̂ and dbias = Σ_rows g (f32; a workgroup per column on CPU
+ * adapters, two coalesced stages on GPUs: layer_norm_columns.ts). The upstream gradient g
  * may have its own dtype (f16 from an f16 product into an f32 stream); dx
  * takes x's.
  *

@@ -1,8 +1,9 @@
 /**
  * Softmax and log-softmax over the last axis, and their backward rules. A
- * workgroup per row, or a thread per short row (see row_layout.ts); the max,
- * the sum of exponentials and the backward dot products are f32 whatever the
- * storage dtype.
+ * thread per short row, or several threads per row and several rows per
+ * workgroup (see row_layout.ts), vec4 loads where the row length is a
+ * multiple of 4 (row_width.ts); the max, the sum of exponentials and the
+ * backward dot products are f32 whatever the storage dtype (f32, f16, bf16).
  */
 import type { DType } from "../dtype.ts";
 import { defineKernel } from "../kernel.ts";
