@@ -111,7 +111,19 @@ fn main(${WGSL_GRID_BUILTINS}) {
   },
 });
 
-/** dx from the per-row upstream gradient g (f32 [rows]): a thread per unit (1 or 4 classes of one row). */
+/**
+ * Whether the backward writes bf16 one-entry units as pairs: a thread per
+ * u32 word stores both halves at once, where single-entry stores would take
+ * two atomics each (rows of odd length share words).
+ */
+function storesPairs(c: CrossEntropyConfig): boolean {
+  return c.dtype === "bf16" && c.width === 1;
+}
+
+/**
+ * dx from the per-row upstream gradient g (f32 [rows]): a thread per unit (1
+ * or 4 classes of one row), or per pair of entries for bf16 rows of one-entry units.
+ */
 export const crossEntropyBackwardKernel = defineKernel({
   name: "cross_entropy_backward",
   bindings: (c: CrossEntropyConfig) => [
@@ -123,11 +135,15 @@ export const crossEntropyBackwardKernel = defineKernel({
   uniforms: UNIFORMS,
   source: (c) => {
     const columns = c.width === 4 ? "vec4<u32>(j) + vec4<u32>(0u, 1u, 2u, 3u)" : "j";
+    const store = storesPairs(c)
+      ? `if (2u * i >= units) { return; }
+  var second = 0.0;
+  if (2u * i + 1u < units) { second = grad_unit(2u * i + 1u); }
+  st2_dx(i, vec2<f32>(grad_unit(2u * i), second));`
+      : `if (i >= units) { return; }
+  ${st(c.width, "dx", "i", "grad_unit(i)")}`;
     return `${WGSL_MAX_OR_NAN}${wgslRowWidth(c.width)}
-@compute @workgroup_size(${WORKGROUP})
-fn main(${WGSL_GRID_BUILTINS}) {
-  let i = ${WGSL_WORKGROUP_INDEX} * ${WORKGROUP}u + lid;
-  if (i >= p.rows * p.classes / ${c.width}u) { return; }
+fn grad_unit(i: u32) -> V {
   let row = (i * ${c.width}u) / p.classes;
   let j = (i * ${c.width}u) % p.classes;
   let t = targets[row];
@@ -139,7 +155,13 @@ fn main(${WGSL_GRID_BUILTINS}) {
   let d = g[row] * (stats[2u * row + 1u] * prob - hit - p.per_class_smoothing * ${
       classWeights(c, `j / ${c.width}u`)
     });
-  ${st(c.width, "dx", "i", "select(V(0.0), d, t != p.ignore_index)")}
+  return select(V(0.0), d, t != p.ignore_index);
+}
+@compute @workgroup_size(${WORKGROUP})
+fn main(${WGSL_GRID_BUILTINS}) {
+  let i = ${WGSL_WORKGROUP_INDEX} * ${WORKGROUP}u + lid;
+  let units = p.rows * p.classes / ${c.width}u;
+  ${store}
 }`;
   },
 });
@@ -215,7 +237,7 @@ export function launchCrossEntropyBackward(
     logits.gpu.kernel(crossEntropyBackwardKernel, config),
     { x: logits, targets, ...weight, stats, g, dx },
     uniforms,
-    grid1d(Math.ceil((rows * classes) / config.width / WORKGROUP)),
+    grid1d(Math.ceil((rows * classes) / (storesPairs(config) ? 2 : config.width) / WORKGROUP)),
   );
   return dx;
 }
