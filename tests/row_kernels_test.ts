@@ -12,6 +12,7 @@ import { DTYPES, logSoftmax, softmax, Tensor, tidy } from "../gpu/mod.ts";
 import { layerNorm } from "../gpu/ops/layer_norm.ts";
 import { crossEntropyPerRow } from "../gpu/ops/cross_entropy.ts";
 import { launchLayerNorm, launchLayerNormFromStats } from "../gpu/kernels/layer_norm.ts";
+import { softmaxForwardKernel } from "../gpu/kernels/softmax.ts";
 import { rowSettings } from "../gpu/kernels/row_layout.ts";
 import { gpuLikeProfile, withAdapterProfile } from "../gpu/adapter_profile.ts";
 import { dispatchedKernels, gpu, GPU_TEST, withSettings } from "./_gpu.ts";
@@ -258,5 +259,16 @@ Deno.test({
         /crossEntropy: logits i32 \[1, 4\] must be f32, f16 or bf16/,
       );
     });
+  },
+});
+
+Deno.test({
+  name: "row kernels: a thread that owns a bf16 row stores its interior entries a word at a time",
+  fn() {
+    const config = { kind: "softmax", layout: "thread", lanes: 1, width: 1 } as const;
+    assert.match(softmaxForwardKernel.wgsl({ ...config, dtype: "bf16" }), /st2_y\(/);
+    assert.doesNotMatch(softmaxForwardKernel.wgsl({ ...config, dtype: "f16" }), /st2_y\(/);
+    const lanes = { ...config, layout: "workgroup", lanes: 8, dtype: "bf16" } as const;
+    assert.doesNotMatch(softmaxForwardKernel.wgsl(lanes), /st2_y\(/, "lanes interleave entries");
   },
 });

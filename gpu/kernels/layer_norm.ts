@@ -34,7 +34,7 @@ import {
   wgslRowLoop,
   wgslRowReduce,
 } from "./row_layout.ts";
-import { ld, rowElement, type RowWidth, st, wgslRowWidth } from "./row_width.ts";
+import { ld, rowElement, type RowWidth, wgslRowStores, wgslRowWidth } from "./row_width.ts";
 import { REDUCE_THREADS, WGSL_WORKGROUP_REDUCE } from "./wgsl_math.ts";
 import { columnBlocksFor } from "./reduce_columns.ts";
 import { launchLayerNormColumnGrads } from "./layer_norm_columns.ts";
@@ -106,7 +106,13 @@ export const layerNormForwardKernel = defineKernel({
   let r = 1.0 / sqrt(reduce_sum(hsum(q), lid) * p.inv_cols + p.eps);`;
     return `${rowStart(c)}
   ${statistics}
-  ${loop} { ${st(c.width, "y", "base + j", affine(c, `(${x} - mu) * r`))} }
+  ${
+      wgslRowStores({ ...c, dtype: c.out }, loop, {
+        name: "y",
+        body: "",
+        value: affine(c, `(${x} - mu) * r`),
+      })
+    }
   ${c.saved ? "" : `if (${wgslRowLeader(c.layout)} && in_rows) { mean[row] = mu; rstd[row] = r; }`}
 }`;
   },
@@ -140,11 +146,13 @@ export const layerNormBackwardKernel = defineKernel({
   }
   let m1 = reduce_sum(hsum(s1), lid) * p.inv_cols;
   let m2 = reduce_sum(hsum(s2), lid) * p.inv_cols;
-  ${loop} {
-    ${gw}
-    let xh = (${x} - mu) * r;
-    ${st(c.width, "dx", "base + j", "r * (gw - m1 - xh * m2)")}
-  }
+  ${
+      wgslRowStores(c, loop, {
+        name: "dx",
+        body: `${gw} let xh = (${x} - mu) * r;`,
+        value: "r * (gw - m1 - xh * m2)",
+      })
+    }
 }`;
   },
 });

@@ -58,3 +58,44 @@ export function ldEntry(width: RowWidth, name: string, element: string): string 
     ? `ld4_${name}((${element}) / 4u)[(${element}) % 4u]`
     : `ld_${name}(${element})`;
 }
+
+/** What {@link wgslRowStores} needs of a kernel's config. */
+export interface RowStoreConfig {
+  /** Threads per row: pairs need a thread that owns its whole row (1). */
+  lanes: number;
+  /** Entries per unit. */
+  width: RowWidth;
+}
+
+/**
+ * WGSL storing entry j of the row (units from `base`, `n` of them) as
+ * `value`, after the statements `body`, both written in terms of `j`, for
+ * every j the thread's row loop `loop` visits. Where a thread owns a whole
+ * bf16 row of one-entry units (rows of odd length share words with their
+ * neighbours), interior entries go two per u32 word (`st2_`, one store)
+ * and only a row's unpaired first and last entries take the single-entry
+ * store (two atomics); otherwise each entry is stored on its own.
+ */
+export function wgslRowStores(
+  c: RowStoreConfig & { dtype: DType },
+  loop: string,
+  store: { name: string; body: string; value: string },
+): string {
+  const { name, body, value } = store;
+  if (c.lanes !== 1 || c.width !== 1 || c.dtype !== "bf16") {
+    return `${loop} {
+    ${body}
+    ${st(c.width, name, "base + j", value)}
+  }`;
+  }
+  const one = (j: string) => `{ let j = ${j}; ${body} st_${name}(base + j, ${value}); }`;
+  return `var jj = base & 1u;
+  if (jj == 1u) ${one("0u")}
+  for (; jj + 1u < n; jj += 2u) {
+    var pair: vec2<f32>;
+    { let j = jj; ${body} pair.x = ${value}; }
+    { let j = jj + 1u; ${body} pair.y = ${value}; }
+    st2_${name}((base + jj) / 2u, pair);
+  }
+  if (jj < n) ${one("jj")}`;
+}

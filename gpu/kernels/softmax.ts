@@ -17,7 +17,7 @@ import {
   wgslRowLoop,
   wgslRowReduce,
 } from "./row_layout.ts";
-import { ld, rowElement, type RowWidth, st, wgslRowWidth } from "./row_width.ts";
+import { ld, rowElement, type RowWidth, wgslRowStores, wgslRowWidth } from "./row_width.ts";
 import { REDUCE_THREADS, WGSL_LOWEST } from "./wgsl_math.ts";
 
 /** `softmax` or `log_softmax`. */
@@ -54,8 +54,12 @@ export const softmaxForwardKernel = defineKernel({
     const loop = wgslRowLoop(c.layout, "n", c.lanes);
     const x = ld(c.width, "x", "base + j");
     const out = c.kind === "softmax"
-      ? `let inv = 1.0 / s;\n  ${loop} { ${st(c.width, "y", "base + j", `exp(${x} - m) * inv`)} }`
-      : `let shift = m + log(s);\n  ${loop} { ${st(c.width, "y", "base + j", `${x} - shift`)} }`;
+      ? `let inv = 1.0 / s;\n  ${
+        wgslRowStores(c, loop, { name: "y", body: "", value: `exp(${x} - m) * inv` })
+      }`
+      : `let shift = m + log(s);\n  ${
+        wgslRowStores(c, loop, { name: "y", body: "", value: `${x} - shift` })
+      }`;
     return rowKernel(
       c,
       `var mv = V(${WGSL_LOWEST});
@@ -88,11 +92,7 @@ export const softmaxBackwardKernel = defineKernel({
       `var dv = V(0.0);
   ${loop} { dv += ${dy}${c.kind === "softmax" ? ` * ${y}` : ""}; }
   let d = reduce_sum(hsum(dv), lid);
-  ${loop} {
-    let yj = ${y};
-    let gj = ${dy};
-    ${st(c.width, "dx", "base + j", dx)}
-  }`,
+  ${wgslRowStores(c, loop, { name: "dx", body: `let yj = ${y}; let gj = ${dy};`, value: dx })}`,
     );
   },
 });
