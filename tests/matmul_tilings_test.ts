@@ -1,6 +1,6 @@
 /**
  * Every GPU tiling candidate, forced, against f64 references: all three
- * orientations, f32 and f16, batched, split-K and unsplit, bias and
+ * orientations, f32, f16 and bf16, batched, split-K and unsplit, bias and
  * activation epilogues, at shapes chosen per tiling so that each code path
  * of the vec4 kernel runs: interior tiles (vec4 loads, vec4 stores with the
  * fused bias), a last partial k-tile, edge tiles in m and n (checked scalar
@@ -11,7 +11,15 @@
  * the same per-thread block and k-step.
  */
 import assert from "node:assert/strict";
-import { matmul, MATMUL_CANDIDATES, type MatmulTiling, Tensor, tilingName } from "../gpu/mod.ts";
+import {
+  DTYPES,
+  type FloatDType,
+  matmul,
+  MATMUL_CANDIDATES,
+  type MatmulTiling,
+  Tensor,
+  tilingName,
+} from "../gpu/mod.ts";
 import { tilingFits, tilingKind } from "../gpu/kernels/tilings.ts";
 import { dispatchMatmul } from "../gpu/kernels/matmul.ts";
 import { gemmSplit } from "../gpu/kernels/gemm.ts";
@@ -21,7 +29,7 @@ import { gelu64, matmul64, quantize, uniform } from "./_reference.ts";
 import { assertClose, TOL, type Tolerance } from "./_assert.ts";
 
 /** As matmul_test: error may grow like √K times the unit roundoff. */
-function tolFor(dtype: "f32" | "f16", k: number): Tolerance {
+function tolFor(dtype: FloatDType, k: number): Tolerance {
   const t = TOL[dtype];
   return { atol: t.atol * Math.max(1, Math.sqrt(k) / 4), rtol: t.rtol };
 }
@@ -37,7 +45,7 @@ interface Product {
 
 /**
  * Runs op(A)·op(B) with the device's tiling in each of `orientations`
- * (default all three) and `dtypes` (default f32 and f16); compares with f64.
+ * (default all three) and `dtypes` (default every float dtype); compares with f64.
  */
 async function checkProducts(
   dims: Product,
@@ -45,11 +53,11 @@ async function checkProducts(
   label: string,
   only: {
     tolerance?: Tolerance;
-    dtypes?: readonly ("f32" | "f16")[];
+    dtypes?: readonly FloatDType[];
     orientations?: readonly (readonly [boolean, boolean])[];
   } = {},
 ): Promise<void> {
-  for (const dtype of only.dtypes ?? ["f32", "f16"]) {
+  for (const dtype of only.dtypes ?? DTYPES) {
     for (const [transA, transB] of only.orientations ?? ORIENTATIONS) {
       const { batch, m, n, k } = dims;
       const a = quantize(uniform(batch * m * k, seed), dtype);
@@ -70,21 +78,22 @@ async function checkProducts(
 
 /**
  * x·Wᵀ + bias through an activation, as one kernel (the epilogue linear and
- * conv use; gelu is the kernels' tanh form), against f64. Output f32.
+ * conv use; gelu is the kernels' tanh form), against f64. Output in `out`
+ * (default f32), bias in x's dtype.
  */
 async function checkEpilogue(
   dims: { m: number; n: number; k: number },
-  epilogue: { activation: "relu" | "gelu"; dtype: "f32" | "f16" },
+  epilogue: { activation: "relu" | "gelu"; dtype: FloatDType; out?: FloatDType },
   label: string,
 ): Promise<void> {
   const { m, n, k } = dims;
-  const { activation, dtype } = epilogue;
+  const { activation, dtype, out = "f32" } = epilogue;
   {
     const x = quantize(uniform(m * k, 5), dtype);
     const w = quantize(uniform(n * k, 6), dtype);
     const bias = quantize(uniform(n, 7), dtype);
     const tx = Tensor.from(x, [m, k], { dtype }), tw = Tensor.from(w, [n, k], { dtype });
-    const tb = Tensor.from(bias, [n], { dtype }), y = Tensor.empty([m, n], "f32", gpu);
+    const tb = Tensor.from(bias, [n], { dtype }), y = Tensor.empty([m, n], out, gpu);
     const problem = {
       batch: 1,
       m,
@@ -97,8 +106,8 @@ async function checkEpilogue(
     const product = matmul64(x, w, { batch: 1, m, n, k, transA: false, transB: true });
     const act = activation === "relu" ? (v: number) => Math.max(v, 0) : gelu64;
     const expected = product.map((v, i) => act(v + bias[i % n]));
-    const what = `${label} bias ${activation} ${dtype} ${m}x${n}x${k}`;
-    assertClose(await y.read(), expected, tolFor("f32", k), what);
+    const what = `${label} bias ${activation} ${dtype}>${out} ${m}x${n}x${k}`;
+    assertClose(await y.read(), expected, tolFor(out, k), what);
     [tx, tw, tb, y].forEach((t) => t.dispose());
   }
 }
@@ -144,7 +153,8 @@ Deno.test({
         tilings.some((t) => t.tk === 32) && tilings.some((t) => t.tn === 12),
         "k-step 32 and 8×12 covered",
       );
-      // Each kernel compiles in about a second on lavapipe: the checks reuse few (3 orientations × 2 dtypes, 2 epilogues, 1 split f16).
+      // Each kernel compiles in about a second on lavapipe (bf16 ones in two): the checks
+      // reuse few (3 orientations × 3 dtypes, an epilogue per dtype, split f16 and bf16 in one).
       for (const tiling of tilings) {
         const bm = tiling.tm * tiling.wgy, bn = tiling.tn * tiling.wgx, tk = tiling.tk;
         const name = tilingName(tiling);
@@ -153,14 +163,29 @@ Deno.test({
           await checkProducts({ batch: 2, m: bm + 4, n: bn + 4, k: 2 * tk + 4 }, 1, name);
           // Odd sizes: misaligned strides (scalar loads on the interior tile), n not a multiple of 4 (scalar stores).
           await checkProducts({ batch: 1, m: 129, n: 385, k: 33 }, 2, name);
-          await checkProducts({ batch: 1, m: 383, n: 7, k: 1 }, 3, name, { dtypes: ["f32"] });
-          await checkProducts({ batch: 1, m: 1, n: 1, k: 1 }, 4, name, { dtypes: ["f32"] });
+          // bf16: odd n, so two threads store the two halves of one word.
+          await checkProducts({ batch: 1, m: 383, n: 7, k: 1 }, 3, name, {
+            dtypes: ["f32", "bf16"],
+          });
+          await checkProducts({ batch: 1, m: 1, n: 1, k: 1 }, 4, name, { dtypes: ["f32", "bf16"] });
           // The fused epilogue: vec4 stores with the bias per column group, and scalar edge stores.
           await checkEpilogue({ m: bm + 4, n: bn + 4, k: tk + 4 }, {
             activation: "gelu",
             dtype: "f32",
           }, name);
           await checkEpilogue({ m: 7, n: 33, k: 9 }, { activation: "relu", dtype: "f16" }, name);
+          // bf16 results: whole-word pairs from interior vec4 stores, single halves at the edges.
+          const bf16 = { dtype: "bf16", out: "bf16" } as const;
+          await checkEpilogue({ m: bm + 4, n: bn + 4, k: tk + 4 }, {
+            activation: "gelu",
+            ...bf16,
+          }, name);
+          await checkEpilogue({ m: 7, n: 33, k: 9 }, { activation: "gelu", ...bf16 }, name);
+          // bf16 operands into an f32 result (a weight gradient for an f32 master), once.
+          if (tiling === tilings[0]) {
+            const dims = { m: bm + 4, n: bn + 4, k: tk + 4 };
+            await checkEpilogue(dims, { activation: "relu", dtype: "bf16", out: "f32" }, name);
+          }
         });
         await forced(tiling, 256, async () => {
           for (const [m, n, k] of [[33, 7, 4092], [bm, bn, 520]]) {
@@ -173,6 +198,11 @@ Deno.test({
           // interior vec4 tiles over two slices of uneven length.
           await checkProducts({ batch: 1, m: 33, n: 7, k: 4092 }, 5, `${name} split`, {
             dtypes: ["f32"],
+          });
+          // bf16 (the kernel of the next check): slices summed in f32, rounded once into bf16.
+          await checkProducts({ batch: 1, m: 33, n: 7, k: 4092 }, 5, `${name} split`, {
+            dtypes: ["bf16"],
+            orientations: [[true, false]],
           });
           await checkProducts({ batch: 1, m: bm, n: bn, k: 520 }, 6, `${name} split`, {
             orientations: [[true, false]],
