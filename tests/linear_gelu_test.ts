@@ -8,6 +8,7 @@ import assert from "node:assert/strict";
 import {
   autocast,
   backward,
+  type FloatDType,
   gelu,
   linear,
   RandomGenerator,
@@ -16,6 +17,7 @@ import {
   TransformerBlock,
   ValueError,
 } from "../mod.ts";
+import { DTYPES } from "../gpu/mod.ts";
 import { gpu, GPU_TEST } from "./_gpu.ts";
 import { assertClose, TOL } from "./_assert.ts";
 import { quantize } from "./_reference.ts";
@@ -45,7 +47,7 @@ interface Run {
 async function run(
   fused: boolean,
   approximate: "none" | "tanh",
-  dtype: "f32" | "f16",
+  dtype: FloatDType,
   [rows, inF, outF]: number[],
 ): Promise<Run> {
   const rng = new RandomGenerator(rows + inF + outF);
@@ -74,7 +76,7 @@ Deno.test({
   name: "linear geluInput: equals linear(gelu(x)) bit for bit and the f64 reference, odd shapes",
   ...GPU_TEST,
   async fn() {
-    for (const dtype of ["f32", "f16"] as const) {
+    for (const dtype of DTYPES) {
       for (const approximate of ["none", "tanh"] as const) {
         for (const dims of [[1, 1, 1], [7, 33, 5], [33, 65, 129]]) {
           const label = `${dtype} ${approximate} ${dims}`;
@@ -92,15 +94,19 @@ Deno.test({
             for (let o = 0; o < outF; o++) {
               let acc = b[o];
               for (let i = 0; i < inF; i++) {
-                // The f16 path stores gelu(x) in f16 before the product, as the composition does.
+                // A half path stores gelu(x) in its dtype before the product, as the composition does.
                 const a = quantize([gelu64(x[r * inF + i], approximate)], dtype)[0];
                 acc += a * w[o * inF + i];
               }
               expected[r * outF + o] = acc;
             }
           }
+          // bf16: 2⁻⁸ rounding of y and of gelu(x) (one ulp off where the GPU's f32 GELU
+          // rounds the other way from the f64 one), 8 times f16's 2⁻¹¹.
           const tol = dtype === "f16"
             ? { atol: 4e-3 * Math.sqrt(inF), rtol: 4e-3 }
+            : dtype === "bf16"
+            ? { atol: 3.2e-2 * Math.sqrt(inF), rtol: 3.2e-2 }
             : { atol: TOL.f32.atol * Math.sqrt(inF), rtol: TOL.f32.rtol };
           assertClose(fused.y, expected, tol, label);
         }
