@@ -13,7 +13,7 @@
  */
 import type { AttentionPlan, Gpu } from "./device.ts";
 import { type DType, DTYPES, type FloatDType } from "./dtype.ts";
-import { attentionPlanCandidates, type FlashAttentionShape } from "./kernels/flash_attention.ts";
+import { attentionPlanCandidates, type FlashAttentionShape } from "./kernels/attention_plans.ts";
 import { cachedPicks, pickCacheKey, type PickStore, type ShapePicks } from "./shape_picks_store.ts";
 import { defineTunerSettings, type TunerSettings } from "./tuners.ts";
 
