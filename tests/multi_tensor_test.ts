@@ -325,7 +325,9 @@ Deno.test(
     for (let k = 0; k < 16; k++) {
       const body = wgsl.split(`case ${k}u: {`)[1]?.split(/case \d+u: \{|default: \{\}/)[0] ?? "";
       for (const name of ["param", "grad", "exp_avg", "exp_avg_sq", ...(F16 ? ["copy"] : [])]) {
-        assert.match(body, new RegExp(`\\b${name}${k}\\[i\\]`), `slot ${k} reads ${name}${k}`);
+        // Directly (`grad3[i]`) or through the dtype accessors (`ld_grad3(i)`, `st_copy3(i, …)`).
+        const access = new RegExp(`\\b(${name}${k}\\[i\\]|(ld|st)_${name}${k}\\(i\\b)`);
+        assert.match(body, access, `slot ${k} reads ${name}${k}`);
       }
       assert.match(wgsl, new RegExp(`if \\(all_wg >= p\\.wg${k + 1}\\) \\{ slot = ${k + 1}u; \\}`));
     }
