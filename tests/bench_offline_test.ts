@@ -94,7 +94,7 @@ Deno.test("bench: gpt reports its top kernels and the tuning's picks, with no np
   assert.deepEqual(tuning.matmul.map((p: { key: string }) => p.key).sort(), classes.sort());
   assert.deepEqual(
     tuning.attention.map((p: { key: string }) => p.key),
-    tuning.f16 ? ["f32", "f16"] : ["f32"],
+    tuning.f16 ? ["f32", "f16", "bf16"] : ["f32", "bf16"], // bf16 needs no shader-f16
   );
   for (const p of [...tuning.matmul, ...tuning.attention]) {
     assert.ok(p.pick && (p.cached ? p.ms === null : p.ms > 0), JSON.stringify(p));
