@@ -99,16 +99,33 @@ export async function withEachElementwiseWidth(
 
 /** The kernel key of each dispatch `fn` records on the shared device, in order. */
 export function dispatchedKernels(fn: () => void): string[] {
+  const { keys, stop } = recordDispatches();
+  try {
+    fn();
+  } finally {
+    stop();
+  }
+  return keys;
+}
+
+/** {@link dispatchedKernels} for an async `fn` (one that awaits reads between dispatches). */
+export async function dispatchedKernelsAsync(fn: () => Promise<void>): Promise<string[]> {
+  const { keys, stop } = recordDispatches();
+  try {
+    await fn();
+  } finally {
+    stop();
+  }
+  return keys;
+}
+
+/** Appends each dispatch's kernel key to `keys` until `stop` puts the device's dispatch back. */
+function recordDispatches(): { keys: string[]; stop: () => void } {
   const keys: string[] = [];
   const dispatch = gpu.batch.dispatch.bind(gpu.batch);
   gpu.batch.dispatch = (kernel, ...rest) => {
     keys.push(kernel.key);
     dispatch(kernel, ...rest);
   };
-  try {
-    fn();
-  } finally {
-    gpu.batch.dispatch = dispatch;
-  }
-  return keys;
+  return { keys, stop: () => void (gpu.batch.dispatch = dispatch) };
 }

@@ -134,6 +134,29 @@ export function softmax64(x: ArrayLike<number>, cols: number, log: boolean): Flo
   return y;
 }
 
+/**
+ * The gradient through row-wise softmax / log-softmax (rows of length `cols`)
+ * given its f64 output `y` (from {@link softmax64}) and the upstream gradient
+ * `g`: softmax y·(g − Σ g·y), log-softmax g − exp(y)·Σ g.
+ */
+export function softmaxBackward64(
+  y: ArrayLike<number>,
+  g: ArrayLike<number>,
+  cols: number,
+  log: boolean,
+): Float64Array {
+  const dx = new Float64Array(y.length);
+  for (let r = 0; r < y.length / cols; r++) {
+    let d = 0;
+    for (let j = 0; j < cols; j++) d += g[r * cols + j] * (log ? 1 : y[r * cols + j]);
+    for (let j = 0; j < cols; j++) {
+      const k = r * cols + j;
+      dx[k] = log ? g[k] - Math.exp(y[k]) * d : y[k] * (g[k] - d);
+    }
+  }
+  return dx;
+}
+
 /** Sum over the middle axis of an [outer, axis, inner] view, times `scale`. */
 export function reduceSum64(
   x: ArrayLike<number>,

@@ -22,6 +22,15 @@ function findTorchPython(): string | null {
 export const TORCH_PYTHON: string | null = findTorchPython();
 
 /**
+ * `Deno.test`'s name and ignore for a test that needs PyTorch: where no
+ * {@link TORCH_PYTHON} is found it is ignored, and its name says why.
+ */
+export function needsTorch(name: string): { name: string; ignore: boolean } {
+  if (TORCH_PYTHON) return { name, ignore: false };
+  return { name: `${name} (needs python3 with torch)`, ignore: true };
+}
+
+/**
  * Runs `script` on {@link TORCH_PYTHON} with `options.args` (its sys.argv[1:]) and
  * `options.stdin` as its input: its stdout, or an error with its stderr.
  */

@@ -16,6 +16,7 @@ import {
 import { layerNorm } from "../gpu/ops/layer_norm.ts";
 import { gpu, GPU_TEST, withEachRowLayout } from "./_gpu.ts";
 import { gradcheck } from "./_gradcheck.ts";
+import { layerNormCase } from "./_layer_norm_case.ts";
 import { layerNorm64, quantize, uniform } from "./_reference.ts";
 import { assertClose, TOL, type Tolerance } from "./_assert.ts";
 
@@ -32,17 +33,10 @@ Deno.test({
       for (const rows of [1, 7, 129]) {
         for (const cols of [1, 5, 33, 1000]) {
           for (const dtype of ["f32", "f16", "bf16"] as const) {
-            const n = rows * cols, label = `${dtype} [${rows}, ${cols}]`;
-            const x = quantize(uniform(n, n + cols, -2, 3), dtype);
-            const g = quantize(uniform(n, 11), dtype);
-            const w = quantize(uniform(cols, 5, 0.5, 1.5), "f32");
-            const b = quantize(uniform(cols, 6), "f32");
-            const tx = Tensor.from(x, [rows, cols], { dtype, requiresGrad: true });
-            const tw = Tensor.from(w, [cols], { requiresGrad: true });
-            const tb = Tensor.from(b, [cols], { requiresGrad: true });
+            const label = `${dtype} [${rows}, ${cols}]`;
+            const { g, b, tx, tw, tb, ref } = layerNormCase(rows, cols, dtype);
             const y = layerNorm(tx, { weight: tw, bias: tb });
             assert.equal(y.dtype, dtype);
-            const ref = layerNorm64(x, g, cols, w, b, 1e-5);
             // f16/bf16: y and dx are stored in f16/bf16 (relative half-ulp 4.9e-4 / 3.9e-3 of
             // values up to ~4); TOL covers that. f32: f32 statistics and arithmetic, TOL.f32.
             assertClose(await y.read(), ref.y, TOL[dtype], `y ${label}`);

@@ -8,15 +8,16 @@
  * checks that no row's stores clobber the next row's first entry.
  */
 import assert from "node:assert/strict";
-import { DTYPES, logSoftmax, softmax, Tensor, tidy } from "../gpu/mod.ts";
+import { DTYPES, type FloatDType, logSoftmax, softmax, Tensor, tidy } from "../gpu/mod.ts";
 import { layerNorm } from "../gpu/ops/layer_norm.ts";
 import { crossEntropyPerRow } from "../gpu/ops/cross_entropy.ts";
 import { launchLayerNorm, launchLayerNormFromStats } from "../gpu/kernels/layer_norm.ts";
 import { softmaxForwardKernel } from "../gpu/kernels/softmax.ts";
 import { rowSettings } from "../gpu/kernels/row_layout.ts";
 import { gpuLikeProfile, withAdapterProfile } from "../gpu/adapter_profile.ts";
-import { dispatchedKernels, gpu, GPU_TEST, withSettings } from "./_gpu.ts";
-import { crossEntropy64, layerNorm64, quantize, softmax64, uniform } from "./_reference.ts";
+import { dispatchedKernels, dispatchedKernelsAsync, gpu, GPU_TEST, withSettings } from "./_gpu.ts";
+import { layerNormCase } from "./_layer_norm_case.ts";
+import { crossEntropy64, quantize, softmax64, softmaxBackward64, uniform } from "./_reference.ts";
 import { assertClose, TOL, type Tolerance } from "./_assert.ts";
 
 /** [rows, cols]: one-entry rows, odd lengths (65, 383, 4097), and vec4 lengths (20, 384, 4096). */
@@ -52,20 +53,28 @@ const PATHS: Path[] = [
 // Row statistics in f32 over up to 4097 terms (their order differs per path).
 const STAT_TOL: Tolerance = { atol: 2e-4, rtol: 1e-4 };
 
-/** Each kernel key dispatched while `fn` runs, for the path checks. */
-async function keysOf(fn: () => Promise<void>): Promise<string[]> {
-  const keys: string[] = [];
-  const start = gpu.batch.dispatch.bind(gpu.batch);
-  gpu.batch.dispatch = (kernel, ...rest) => {
-    keys.push(kernel.key);
-    start(kernel, ...rest);
-  };
-  try {
-    await fn();
-  } finally {
-    gpu.batch.dispatch = start;
-  }
-  return keys;
+/**
+ * Runs `check` on `path` for every shape and dtype (`label` names the case),
+ * asserts the kernels whose keys start with `kernel` ran on the path's layout,
+ * and returns those keys.
+ */
+async function checkEveryCase(
+  path: Path,
+  kernel: string,
+  check: (rows: number, cols: number, dtype: FloatDType, label: string) => Promise<void>,
+): Promise<string[]> {
+  const keys = await dispatchedKernelsAsync(() =>
+    path.run(async () => {
+      for (const [rows, cols] of SHAPES) {
+        for (const dtype of FLOATS) {
+          await check(rows, cols, dtype, `${path.name} ${dtype} [${rows}, ${cols}]`);
+        }
+      }
+    })
+  );
+  const ours = keys.filter((k) => k.startsWith(kernel));
+  assertPathKeys(path, ours);
+  return ours;
 }
 
 Deno.test({
@@ -74,42 +83,26 @@ Deno.test({
   ...GPU_TEST,
   async fn() {
     for (const path of PATHS) {
-      const keys = await keysOf(() =>
-        path.run(async () => {
-          for (const [rows, cols] of SHAPES) {
-            for (const dtype of FLOATS) {
-              const n = rows * cols, label = `${path.name} ${dtype} [${rows}, ${cols}]`;
-              const x = quantize(uniform(n, n + cols, -2, 3), dtype);
-              const g = quantize(uniform(n, 11), dtype);
-              const w = quantize(uniform(cols, 5, 0.5, 1.5), "f32");
-              const b = quantize(uniform(cols, 6), "f32");
-              const tx = Tensor.from(x, [rows, cols], { dtype, requiresGrad: true });
-              const tw = Tensor.from(w, [cols], { requiresGrad: true });
-              const tb = Tensor.from(b, [cols], { requiresGrad: true });
-              const y = layerNorm(tx, { weight: tw, bias: tb });
-              const ref = layerNorm64(x, g, cols, w, b, 1e-5);
-              assertClose(await y.read(), ref.y, TOL[dtype], `y ${label}`);
-              y.backward({ gradient: Tensor.from(g, [rows, cols], { dtype }) });
-              assertClose(await tx.grad!.read(), ref.dx, TOL[dtype], `dx ${label}`);
-              assertClose(await tw.grad!.read(), ref.dw, STAT_TOL, `dweight ${label}`);
-              assertClose(await tb.grad!.read(), ref.db, STAT_TOL, `dbias ${label}`);
-              // The recompute from saved statistics gives the forward's y bit for bit.
-              const again = tidy(() => {
-                const forward = launchLayerNorm(tx, tw, tb, 1e-5);
-                return {
-                  y: forward.y,
-                  redo: launchLayerNormFromStats(tx, { weight: tw, bias: tb }, forward, dtype),
-                };
-              });
-              assert.deepEqual(await again.redo.read(), await again.y.read(), `recompute ${label}`);
-              for (const t of [tx, tw, tb]) t.grad!.dispose();
-              for (const t of [tx, tw, tb, y, again.y, again.redo]) t.dispose();
-            }
-          }
-        })
-      );
-      const norms = keys.filter((k) => k.startsWith("layer_norm_"));
-      assertPathKeys(path, norms);
+      const norms = await checkEveryCase(path, "layer_norm_", async (rows, cols, dtype, label) => {
+        const { g, tx, tw, tb, ref } = layerNormCase(rows, cols, dtype);
+        const y = layerNorm(tx, { weight: tw, bias: tb });
+        assertClose(await y.read(), ref.y, TOL[dtype], `y ${label}`);
+        y.backward({ gradient: Tensor.from(g, [rows, cols], { dtype }) });
+        assertClose(await tx.grad!.read(), ref.dx, TOL[dtype], `dx ${label}`);
+        assertClose(await tw.grad!.read(), ref.dw, STAT_TOL, `dweight ${label}`);
+        assertClose(await tb.grad!.read(), ref.db, STAT_TOL, `dbias ${label}`);
+        // The recompute from saved statistics gives the forward's y bit for bit.
+        const again = tidy(() => {
+          const forward = launchLayerNorm(tx, tw, tb, 1e-5);
+          return {
+            y: forward.y,
+            redo: launchLayerNormFromStats(tx, { weight: tw, bias: tb }, forward, dtype),
+          };
+        });
+        assert.deepEqual(await again.redo.read(), await again.y.read(), `recompute ${label}`);
+        for (const t of [tx, tw, tb]) t.grad!.dispose();
+        for (const t of [tx, tw, tb, y, again.y, again.redo]) t.dispose();
+      });
       // Parameter gradients: a workgroup per column on CPU adapters, two coalesced stages on GPUs.
       const columns = path.name === "cpu" ? "layer_norm_param_grad" : "layer_norm_column_partials";
       assert.ok(norms.some((k) => k.startsWith(columns)), `${path.name}: ${columns}`);
@@ -137,43 +130,23 @@ Deno.test({
   ...GPU_TEST,
   async fn() {
     for (const path of PATHS) {
-      const keys = await keysOf(() =>
-        path.run(async () => {
-          for (const [rows, cols] of SHAPES) {
-            for (const dtype of FLOATS) {
-              for (const log of [false, true]) {
-                const n = rows * cols;
-                const label = `${path.name} ${
-                  log ? "log_softmax" : "softmax"
-                } ${dtype} [${rows}, ${cols}]`;
-                const x = quantize(uniform(n, cols + 1, -30, 30), dtype);
-                const g = quantize(uniform(n, 2), dtype);
-                const tx = Tensor.from(x, [rows, cols], { dtype, requiresGrad: true });
-                const y = (log ? logSoftmax : softmax)(tx);
-                const ref = softmax64(x, cols, log);
-                assertClose(await y.read(), ref, TOL[dtype], label);
-                y.backward({ gradient: Tensor.from(g, [rows, cols], { dtype }) });
-                const dx = new Float64Array(n);
-                for (let r = 0; r < rows; r++) {
-                  let d = 0;
-                  for (let j = 0; j < cols; j++) {
-                    d += g[r * cols + j] * (log ? 1 : ref[r * cols + j]);
-                  }
-                  for (let j = 0; j < cols; j++) {
-                    const k = r * cols + j;
-                    dx[k] = log ? g[k] - Math.exp(ref[k]) * d : ref[k] * (g[k] - d);
-                  }
-                }
-                assertClose(await tx.grad!.read(), dx, TOL[dtype], `${label} grad`);
-                tx.grad!.dispose();
-                tx.dispose();
-                y.dispose();
-              }
-            }
-          }
-        })
-      );
-      assertPathKeys(path, keys.filter((k) => k.startsWith("softmax_")));
+      await checkEveryCase(path, "softmax_", async (rows, cols, dtype, shapeLabel) => {
+        for (const log of [false, true]) {
+          const n = rows * cols, label = `${log ? "log_softmax" : "softmax"} ${shapeLabel}`;
+          const x = quantize(uniform(n, cols + 1, -30, 30), dtype);
+          const g = quantize(uniform(n, 2), dtype);
+          const tx = Tensor.from(x, [rows, cols], { dtype, requiresGrad: true });
+          const y = (log ? logSoftmax : softmax)(tx);
+          const ref = softmax64(x, cols, log);
+          assertClose(await y.read(), ref, TOL[dtype], label);
+          y.backward({ gradient: Tensor.from(g, [rows, cols], { dtype }) });
+          const dx = softmaxBackward64(ref, g, cols, log);
+          assertClose(await tx.grad!.read(), dx, TOL[dtype], `${label} grad`);
+          tx.grad!.dispose();
+          tx.dispose();
+          y.dispose();
+        }
+      });
     }
   },
 });
@@ -184,41 +157,33 @@ Deno.test({
   ...GPU_TEST,
   async fn() {
     for (const path of PATHS) {
-      const keys = await keysOf(() =>
-        path.run(async () => {
-          for (const [rows, cols] of SHAPES) {
-            for (const dtype of FLOATS) {
-              for (const weighted of [false, true]) {
-                const n = rows * cols;
-                const label = `${path.name} ${dtype} [${rows}, ${cols}] weighted ${weighted}`;
-                const x = quantize(uniform(n, n + 3, -4, 4), dtype);
-                const targets = Array.from(uniform(rows, 7, 0, cols), Math.floor);
-                if (rows > 1) targets[1] = -100;
-                const weight = weighted ? quantize(uniform(cols, 8, 0.5, 2), "f32") : null;
-                const g = quantize(uniform(rows, 9, 0.5, 1.5), "f32");
-                const tx = Tensor.from(x, [rows, cols], { dtype, requiresGrad: true });
-                const tw = weight ? Tensor.from(weight, [cols]) : undefined;
-                const ids = Tensor.from(targets, [rows], { dtype: "i32" });
-                const { losses, targetWeights } = crossEntropyPerRow(tx, ids, {
-                  weight: tw,
-                  smoothing: 0.1,
-                });
-                const ref = crossEntropy64(x, targets, cols, {
-                  smoothing: 0.1,
-                  weight,
-                  reduction: "none",
-                });
-                assertClose(await losses.read(), ref.loss, STAT_TOL, `loss ${label}`);
-                losses.backward({ gradient: Tensor.from(g, [rows]) });
-                const dx = ref.grad.map((v, i) => v * g[Math.floor(i / cols)]);
-                assertClose(await tx.grad!.read(), dx, TOL[dtype], `dx ${label}`);
-                for (const t of [tx.grad!, tx, tw, ids, losses, targetWeights]) t?.dispose();
-              }
-            }
-          }
-        })
-      );
-      assertPathKeys(path, keys.filter((k) => k.startsWith("cross_entropy_forward")));
+      await checkEveryCase(path, "cross_entropy_forward", async (rows, cols, dtype, shapeLabel) => {
+        for (const weighted of [false, true]) {
+          const n = rows * cols, label = `${shapeLabel} weighted ${weighted}`;
+          const x = quantize(uniform(n, n + 3, -4, 4), dtype);
+          const targets = Array.from(uniform(rows, 7, 0, cols), Math.floor);
+          if (rows > 1) targets[1] = -100;
+          const weight = weighted ? quantize(uniform(cols, 8, 0.5, 2), "f32") : null;
+          const g = quantize(uniform(rows, 9, 0.5, 1.5), "f32");
+          const tx = Tensor.from(x, [rows, cols], { dtype, requiresGrad: true });
+          const tw = weight ? Tensor.from(weight, [cols]) : undefined;
+          const ids = Tensor.from(targets, [rows], { dtype: "i32" });
+          const { losses, targetWeights } = crossEntropyPerRow(tx, ids, {
+            weight: tw,
+            smoothing: 0.1,
+          });
+          const ref = crossEntropy64(x, targets, cols, {
+            smoothing: 0.1,
+            weight,
+            reduction: "none",
+          });
+          assertClose(await losses.read(), ref.loss, STAT_TOL, `loss ${label}`);
+          losses.backward({ gradient: Tensor.from(g, [rows]) });
+          const dx = ref.grad.map((v, i) => v * g[Math.floor(i / cols)]);
+          assertClose(await tx.grad!.read(), dx, TOL[dtype], `dx ${label}`);
+          for (const t of [tx.grad!, tx, tw, ids, losses, targetWeights]) t?.dispose();
+        }
+      });
     }
   },
 });

@@ -27,7 +27,7 @@ import { loadModule, saveModule } from "../nn/safetensors_file.ts";
 import { GPU_TEST } from "./_gpu.ts";
 import { uniform } from "./_reference.ts";
 import { assertClose, TOL } from "./_assert.ts";
-import { TORCH_PYTHON } from "./_torch.ts";
+import { needsTorch, TORCH_PYTHON } from "./_torch.ts";
 
 const FIXTURES = new URL("./fixtures/torch/", import.meta.url);
 const parity = JSON.parse(await Deno.readTextFile(new URL("parity.json", FIXTURES)));
@@ -334,11 +334,10 @@ Deno.test({
 const size = (shape: number[]) => shape.reduce((a, b) => a * b, 1);
 
 Deno.test({
-  name: "torch parity: a trained halfstep Sequential loads with load_state_dict(strict=True) " +
-    `into its torch.nn twin, eval outputs within 1e-5${
-      TORCH_PYTHON ? "" : " (needs python3 with torch)"
-    }`,
-  ignore: TORCH_PYTHON === null,
+  ...needsTorch(
+    "torch parity: a trained halfstep Sequential loads with load_state_dict(strict=True) " +
+      "into its torch.nn twin, eval outputs within 1e-5",
+  ),
   ...GPU_TEST,
   async fn() {
     const dir = await Deno.makeTempDir();
