@@ -17,7 +17,8 @@ import { rowSettings } from "../gpu/kernels/row_layout.ts";
 import { gpuLikeProfile, withAdapterProfile } from "../gpu/adapter_profile.ts";
 import { dispatchedKernels, dispatchedKernelsAsync, gpu, GPU_TEST, withSettings } from "./_gpu.ts";
 import { layerNormCase } from "./_layer_norm_case.ts";
-import { crossEntropy64, quantize, softmax64, softmaxBackward64, uniform } from "./_reference.ts";
+import { crossEntropy64, quantize, uniform } from "./_reference.ts";
+import { checkSoftmaxCase } from "./_softmax_case.ts";
 import { assertClose, TOL, type Tolerance } from "./_assert.ts";
 
 /** [rows, cols]: one-entry rows, odd lengths (65, 383, 4097), and vec4 lengths (20, 384, 4096). */
@@ -130,21 +131,9 @@ Deno.test({
   ...GPU_TEST,
   async fn() {
     for (const path of PATHS) {
-      await checkEveryCase(path, "softmax_", async (rows, cols, dtype, shapeLabel) => {
+      await checkEveryCase(path, "softmax_", async (rows, cols, dtype, where) => {
         for (const log of [false, true]) {
-          const n = rows * cols, label = `${log ? "log_softmax" : "softmax"} ${shapeLabel}`;
-          const x = quantize(uniform(n, cols + 1, -30, 30), dtype);
-          const g = quantize(uniform(n, 2), dtype);
-          const tx = Tensor.from(x, [rows, cols], { dtype, requiresGrad: true });
-          const y = (log ? logSoftmax : softmax)(tx);
-          const ref = softmax64(x, cols, log);
-          assertClose(await y.read(), ref, TOL[dtype], label);
-          y.backward({ gradient: Tensor.from(g, [rows, cols], { dtype }) });
-          const dx = softmaxBackward64(ref, g, cols, log);
-          assertClose(await tx.grad!.read(), dx, TOL[dtype], `${label} grad`);
-          tx.grad!.dispose();
-          tx.dispose();
-          y.dispose();
+          await checkSoftmaxCase(rows, cols, dtype, { log, seed: cols + 1, where });
         }
       });
     }
