@@ -50,3 +50,12 @@ export function ampDtypeFlag(args: readonly string[]): { args: string[]; dtype: 
 export function precisionName(amp: boolean, dtype: AmpFlagDtype): string {
   return !amp ? "f32" : dtype === "bf16" ? "AMP bf16" : "AMP";
 }
+
+/** The start line's precision: "f32", "AMP (f16 + loss scaling)" or "AMP (bf16, no loss scaling)". */
+export function precisionDetail(amp: boolean, dtype: AmpFlagDtype): string {
+  return !amp
+    ? "f32"
+    : dtype === "bf16"
+    ? "AMP (bf16, no loss scaling)"
+    : "AMP (f16 + loss scaling)";
+}

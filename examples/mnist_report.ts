@@ -8,7 +8,7 @@
 import { tilingNames } from "../gpu/mod.ts";
 import type { Run, Tally } from "./mnist.ts";
 import { writeLossChart } from "./_plot.ts";
-import { precisionName } from "./_amp_flag.ts";
+import { precisionDetail, precisionName } from "./_amp_flag.ts";
 import { mnistStepFlops } from "./_flops.ts";
 
 const mib = (bytes: number): string => `${(bytes / 2 ** 20).toFixed(2)} MiB`;
@@ -42,11 +42,7 @@ export function reportStart(
         loadSeconds.toFixed(2)
       } s); GPU ready in ${initSeconds.toFixed(2)} s`,
       `${MODEL_NAMES[cfg.model]}, ${
-        !cfg.amp
-          ? "f32"
-          : cfg.ampDtype === "bf16"
-          ? "AMP (bf16, no loss scaling)"
-          : "AMP (f16 + loss scaling)"
+        precisionDetail(cfg.amp, cfg.ampDtype)
       }, ${cfg.optimizer} lr ${cfg.lr}` +
       `${cfg.optimizer === "sgd" ? ` momentum ${cfg.momentum}` : ""}, batch ${batch}${
         cfg.accum > 1 ? ` × ${cfg.accum} accumulated` : ""

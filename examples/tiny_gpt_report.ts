@@ -7,6 +7,7 @@
  */
 import type { Run, Training } from "./tiny_gpt.ts";
 import { writeLossChart } from "./_plot.ts";
+import { precisionDetail, precisionName } from "./_amp_flag.ts";
 
 const mib = (bytes: number): string => `${(bytes / 2 ** 20).toFixed(2)} MiB`;
 
@@ -35,7 +36,7 @@ export function reportStart(
       `adapter: ${gpu.adapterName}; words: ${corpus.trainWords.size} train / ${corpus.validationWords} ` +
       `held out (${corpus.train.length} training characters, vocab ${corpus.vocab.length})`,
       `GPT: ${c.layers} blocks, dim ${c.dim}, ${c.heads} heads, context ${c.context}, ` +
-      `${parameters} parameters; ${c.amp ? "AMP (f16 + loss scaling)" : "f32"}` +
+      `${parameters} parameters; ${precisionDetail(c.amp, c.ampDtype)}` +
       `${
         c.checkpoint ? ", checkpointed blocks" : ""
       }; AdamW lr ${c.lr}, batch ${c.batch}, ${c.steps} steps`,
@@ -82,7 +83,7 @@ export async function report(
   };
   if (c.plot) {
     await writeLossChart(c.plot, {
-      title: `tiny GPT (${c.layers} blocks, dim ${c.dim}), ${c.amp ? "AMP" : "f32"}`,
+      title: `tiny GPT (${c.layers} blocks, dim ${c.dim}), ${precisionName(c.amp, c.ampDtype)}`,
       points: training.plotPoints,
       // Validation runs once, after the last step; the bigram model is the bar to beat.
       validation: [{ step: c.steps, loss: validation }],
