@@ -382,7 +382,12 @@ async function save(run: Run, tally: Tally, epoch: number): Promise<void> {
     const saved = await writeOutput(
       run,
       cfg.save,
-      () => saveTrainingState(cfg.save!, { model, optimizer, trainer }, { extra: state }),
+      // The schedule goes in the file so PyTorch continues it (examples/torch/); resuming here
+      // rebuilds it from the flags instead, so `--override --lr` can change its base.
+      () =>
+        saveTrainingState(cfg.save!, { model, optimizer, trainer, scheduler: run.scheduler }, {
+          extra: state,
+        }),
     );
     if (saved) {
       run.emit("save", { path: cfg.save, epoch, step }, `saved ${cfg.save} (epoch ${epoch})`);
