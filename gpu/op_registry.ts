@@ -48,7 +48,7 @@ export const OPS = {
   scale: { autocast: "promote" },
   add_scalar: { autocast: "promote" },
   relu: { autocast: "promote" },
-  gelu: { autocast: "promote" }, // tanh in f32 inside
+  gelu: { autocast: "promote" }, // erf (default) or tanh form, in f32 inside
   // Range-hungry math and reductions: f32.
   exp: { autocast: "f32" },
   log: { autocast: "f32" },
