@@ -205,6 +205,8 @@ function groupFromTorch(
   for (const [key, value] of Object.entries(g)) {
     if (Object.hasOwn(HYPER_NAMES[kind], key)) hyper[HYPER_NAMES[kind][key]] = value;
     else if (key === "params" || HOW_TO_RUN.includes(key)) continue;
+    // Newer PyTorch makes AdamW an Adam with `decoupled_weight_decay: true`: it must match the kind.
+    else if (key === "decoupled_weight_decay" && value === (kind === "AdamW")) continue;
     else if (value !== false && value !== 0 && value !== null) {
       reject(
         `its optimizer group ${gi} has ${quoted(key)} = ${quoted(JSON.stringify(value))}, ` +

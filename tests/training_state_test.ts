@@ -166,6 +166,11 @@ const cases: { name: string; run?: () => Run; edit?: (f: FileParts) => void; err
     error: /group 0's params are not a list of parameter indices/,
   },
   {
+    name: "an AdamW file whose group says its weight decay is not decoupled",
+    edit: optimizerMeta((o) => (o.param_groups[0].decoupled_weight_decay = 1)),
+    error: /group 0 has "decoupled_weight_decay" = "1"/,
+  },
+  {
     name: "amsgrad",
     edit: optimizerMeta((o) => (o.param_groups[0].amsgrad = true)),
     error: /group 0 has "amsgrad" = "true", which halfstep's AdamW does not implement/,
@@ -269,6 +274,23 @@ Deno.test({
   async fn() {
     const run = target();
     assert.equal(await loadTrainingState(good, run), null);
+    assert.deepEqual(await snapshot(run), await snapshot(source));
+  },
+});
+
+Deno.test({
+  name:
+    "an AdamW state from a newer PyTorch (AdamW is Adam with decoupled_weight_decay: true) loads",
+  ...GPU_TEST,
+  async fn() {
+    const path = `${dir}/newer_torch.safetensors`;
+    await rewrite(
+      good,
+      path,
+      optimizerMeta((o) => o.param_groups.forEach((g) => (g.decoupled_weight_decay = true))),
+    );
+    const run = target();
+    assert.equal(await loadTrainingState(path, run), null);
     assert.deepEqual(await snapshot(run), await snapshot(source));
   },
 });

@@ -89,7 +89,9 @@ export function wgslRowStores(
   }`;
   }
   const one = (j: string) => `{ let j = ${j}; ${body} st_${name}(base + j, ${value}); }`;
-  return `var jj = base & 1u;
+  // Not through `loop`, which hides rows past the end: `in_rows` guards them here.
+  return `if (in_rows) {
+  var jj = base & 1u;
   if (jj == 1u) ${one("0u")}
   for (; jj + 1u < n; jj += 2u) {
     var pair: vec2<f32>;
@@ -97,5 +99,6 @@ export function wgslRowStores(
     { let j = jj + 1u; ${body} pair.y = ${value}; }
     st2_${name}((base + jj) / 2u, pair);
   }
-  if (jj < n) ${one("jj")}`;
+  if (jj < n) ${one("jj")}
+  }`;
 }
