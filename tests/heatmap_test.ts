@@ -147,37 +147,28 @@ Deno.test("inspect: reports merge across intervals; the table puts NaN, overflow
     call: 0,
     scale: 8,
   };
+  // One call's statistics of the f16 weight "0.weight" (10 values).
+  const weightStats = (underflowF16: number, amax: number) => ({
+    name: "0.weight",
+    dtype: "f16" as const,
+    calls: 1,
+    values: 10,
+    nonFinite: 0,
+    overflowF16: 0,
+    underflowF16,
+    zeros: 0,
+    amax,
+    underflowFraction: underflowF16 / 10,
+  });
   const a = report([row("0", "forward", { underflowF16: 5, amax: 7 })], {
-    params: [{
-      name: "0.weight",
-      dtype: "f16",
-      calls: 1,
-      values: 10,
-      nonFinite: 0,
-      overflowF16: 0,
-      underflowF16: 1,
-      zeros: 0,
-      amax: 1,
-      underflowFraction: 0.1,
-    }],
+    params: [weightStats(1, 1)],
     ops: [{ op: "linear", calls: { f16: 2 } }],
   });
   const b = report(
     [row("0", "forward", { underflowF16: 1, amax: 3 }), row("2", "backward", { nonFinite: 1 })],
     {
       firstNonFinite: first,
-      params: [{
-        name: "0.weight",
-        dtype: "f16",
-        calls: 1,
-        values: 10,
-        nonFinite: 0,
-        overflowF16: 0,
-        underflowF16: 3,
-        zeros: 0,
-        amax: 2,
-        underflowFraction: 0.3,
-      }],
+      params: [weightStats(3, 2)],
       ops: [{ op: "linear", calls: { f16: 1, f32: 1 } }],
       lossScale: 4,
     },
