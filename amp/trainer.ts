@@ -109,6 +109,11 @@ export interface AmpTrainerState {
   microStep: number;
   /** Optimizer steps run (including skipped ones). */
   steps: number;
+  /**
+   * The low-precision dtype of the trainer that saved it (absent in states
+   * saved before bf16 existed, and in ones PyTorch wrote: not checked then).
+   */
+  dtype?: AmpDType;
 }
 
 /**
@@ -278,6 +283,7 @@ export class AmpTrainer {
       scaler: await this.scaler.stateDict(),
       microStep: this.#microStep,
       steps: this.#steps,
+      dtype: this.dtype,
     };
   }
 
@@ -302,6 +308,22 @@ export class AmpTrainer {
     }
     if (!Number.isSafeInteger(steps) || steps < 0) {
       fail(ValueError, where, `steps must be an integer >= 0, got ${shown(steps)}.`);
+    }
+    // A bf16 run resumed by an f16 trainer (or the reverse) would go on in
+    // another precision, with or without loss scaling, without a word.
+    const { dtype } = state;
+    if (dtype !== undefined && dtype !== "f16" && dtype !== "bf16") {
+      fail(ValueError, where, `dtype must be "f16" or "bf16" (or absent), got ${shown(dtype)}.`);
+    }
+    if (dtype !== undefined && dtype !== this.dtype) {
+      fail(
+        ValueError,
+        where,
+        `the state was saved by a ${dtype} trainer and this one runs ${this.dtype}; ` +
+          `create it with new AmpTrainer(model, optimizer, { dtype: ${
+            JSON.stringify(dtype)
+          } }) to resume the run.`,
+      );
     }
     this.scaler.checkStateDict(state.scaler);
   }

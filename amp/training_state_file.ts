@@ -13,7 +13,8 @@
  *   tensors: per-parameter `step`, `param_groups` with PyTorch's keys; plus
  *   `kind`), `scaler` (`GradScaler.state_dict()`), `scheduler`
  *   (`LambdaLR.state_dict()`), each with halfstep's own fields under
- *   `halfstep`; and halfstep's `trainer` counters, `grads` (which gradients
+ *   `halfstep`; and halfstep's `trainer` (counters and AMP dtype: a bf16 run
+ *   does not resume in f16), `grads` (which gradients
  *   were saved), `random` (where each random generator of the model stands:
  *   Dropout masks), `extra` (user data), `format`.
  *

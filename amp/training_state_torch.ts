@@ -20,6 +20,7 @@ import { sameShape, shapeString } from "../gpu/shape.ts";
 import type { SafetensorsEntry } from "../nn/safetensors.ts";
 import { Adam, type LrSchedulerState, type OptimizerStateDict, SGD } from "../optim/mod.ts";
 import type { GradScalerState } from "./grad_scaler.ts";
+import type { AmpDType } from "./amp_dtype.ts";
 import type { AmpTrainerState } from "./trainer.ts";
 
 /** A JSON object as parsed. */
@@ -294,7 +295,7 @@ export function scalerFromTorch(
 
 /** The trainer's own counters (its scaler is saved apart, as PyTorch's). */
 export function trainerToTorch(s: AmpTrainerState): Json {
-  return { micro_step: s.microStep, steps: s.steps };
+  return { micro_step: s.microStep, steps: s.steps, dtype: s.dtype ?? null };
 }
 
 /** A trainer state from its counters and its scaler's state. */
@@ -304,7 +305,13 @@ export function trainerFromTorch(
   reject: Reject,
 ): AmpTrainerState {
   if (!isObject(json)) reject("its trainer metadata is not an object");
-  return { scaler, microStep: json.micro_step as number, steps: json.steps as number };
+  const state: AmpTrainerState = {
+    scaler,
+    microStep: json.micro_step as number,
+    steps: json.steps as number,
+  };
+  if (json.dtype !== undefined && json.dtype !== null) state.dtype = json.dtype as AmpDType;
+  return state;
 }
 
 /**

@@ -289,13 +289,18 @@ Deno.test({
     train(first, 0, 5);
     assert.equal((await first.trainer.stateDict()).microStep, 1);
     await saveTrainingState(path, first);
+    const f16 = ampRun(7); // the default dtype: f16, with loss scaling
+    await assert.rejects(
+      loadTrainingState(path, f16),
+      /saved by a bf16 trainer and this one runs f16.*\{ dtype: "bf16" \}.*nothing was loaded/,
+    );
     const resumed = bf16Run(7); // other weights, other Dropout seed: everything comes from the file
     await loadTrainingState(path, resumed);
     assert.equal(resumed.trainer.masters!.dtype, "bf16");
     await assertCopiesRounded(resumed.trainer.masters!, "after the load");
     train(resumed, 5, 6);
     assert.deepEqual(await snapshot(resumed), await snapshot(straight));
-    for (const r of [straight, first, resumed]) {
+    for (const r of [straight, first, f16, resumed]) {
       r.trainer.dispose();
       r.optimizer.dispose();
       r.model.dispose();

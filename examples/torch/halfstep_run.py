@@ -13,6 +13,8 @@ out as PyTorch's checkpoint dict, flattened:
 - metadata ``scheduler`` (JSON)            ``LambdaLR.state_dict()``; ``halfstep.schedule`` says
   which schedule (``cosine`` or ``linear`` after a linear warmup)
 - metadata ``trainer``, ``grads``, ``random``, ``extra``, ``format``: halfstep's own
+  (``trainer.dtype``, "f16" or "bf16", is the AMP dtype; absent, as :func:`write_run`
+  leaves it, it is not checked)
 
 Fields PyTorch's objects do not have sit under a ``halfstep`` key of their
 object. :func:`read_run` returns the checkpoint dict with tensors put back in
