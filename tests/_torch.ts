@@ -1,4 +1,8 @@
-/** Running PyTorch from a test: find a Python that imports torch, run a script on it. */
+/**
+ * Running PyTorch from a test. Tests that need it fail, never skip, where no
+ * Python has torch: CI installs python3-torch, so every comparison with
+ * PyTorch runs there.
+ */
 
 /**
  * A Python that imports torch: $HALFSTEP_TORCH_PYTHON, else `python3` on the
@@ -18,37 +22,48 @@ function findTorchPython(): string | null {
   return null;
 }
 
-/** The Python that imports torch, or null (tests that need it are ignored, saying so). */
-export const TORCH_PYTHON: string | null = findTorchPython();
+let found: string | null | undefined;
 
-/**
- * `Deno.test`'s name and ignore for a test that needs PyTorch: where no
- * {@link TORCH_PYTHON} is found it is ignored, and its name says why.
- */
-export function needsTorch(name: string): { name: string; ignore: boolean } {
-  if (TORCH_PYTHON) return { name, ignore: false };
-  return { name: `${name} (needs python3 with torch)`, ignore: true };
+/** The Python that imports torch; throws, saying how to install it, where there is none. */
+export function torchPython(): string {
+  found ??= findTorchPython();
+  if (found === null) {
+    throw new Error(
+      "PyTorch is missing: install python3-torch (Debian; .ci/run does) or point " +
+        "HALFSTEP_TORCH_PYTHON at a python with torch",
+    );
+  }
+  return found;
 }
 
 /**
- * Runs `script` on {@link TORCH_PYTHON} with `options.args` (its sys.argv[1:]) and
- * `options.stdin` as its input: its stdout, or an error with its stderr.
+ * Runs `args` (a script's path and its arguments, or `-c` and a program) on
+ * {@link torchPython} with `stdin` as its input: its stdout, or an error with
+ * the end of its stderr.
  */
-export async function runTorch(
-  script: string,
-  options: { args?: string[]; stdin?: string } = {},
-): Promise<string> {
-  const child = new Deno.Command(TORCH_PYTHON!, {
-    args: ["-c", script, ...(options.args ?? [])],
+export async function runPython(args: string[], stdin = ""): Promise<string> {
+  const child = new Deno.Command(torchPython(), {
+    args: ["-B", ...args],
     stdin: "piped",
     stdout: "piped",
     stderr: "piped",
   }).spawn();
   const writer = child.stdin.getWriter();
-  await writer.write(new TextEncoder().encode(options.stdin ?? ""));
+  await writer.write(new TextEncoder().encode(stdin));
   await writer.close();
   const { success, stdout, stderr } = await child.output();
   const text = new TextDecoder();
-  if (!success) throw new Error(`python failed: ${text.decode(stderr).slice(-2000)}`);
+  if (!success) throw new Error(`${args[0]} failed:\n${text.decode(stderr).slice(-3000)}`);
   return text.decode(stdout);
+}
+
+/**
+ * Runs the Python program `script` with `options.args` (its sys.argv[1:]) and
+ * `options.stdin` as its input: its stdout.
+ */
+export function runTorch(
+  script: string,
+  options: { args?: string[]; stdin?: string } = {},
+): Promise<string> {
+  return runPython(["-c", script, ...(options.args ?? [])], options.stdin);
 }

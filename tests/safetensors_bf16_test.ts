@@ -16,7 +16,7 @@ import {
   saveSafetensors,
 } from "../nn/safetensors_file.ts";
 import { gpu, GPU_TEST } from "./_gpu.ts";
-import { needsTorch, runTorch } from "./_torch.ts";
+import { runTorch } from "./_torch.ts";
 
 /** bf16 bits as little-endian bytes. */
 const bytesOfBits = (bits: readonly number[]) => new Uint8Array(Uint16Array.from(bits).buffer);
@@ -160,9 +160,7 @@ open(sys.argv[2], "wb").write(struct.pack("<Q", len(head)) + head.encode() + dat
 `;
 
 Deno.test({
-  ...needsTorch(
-    "PyTorch reads our BF16 file as torch.bfloat16 with the same bits, and we read its",
-  ),
+  name: "PyTorch reads our BF16 file as torch.bfloat16 with the same bits, and we read its",
   ...GPU_TEST,
   async fn() {
     const dir = await Deno.makeTempDir();

@@ -27,7 +27,7 @@ import { loadModule, saveModule } from "../nn/safetensors_file.ts";
 import { GPU_TEST } from "./_gpu.ts";
 import { uniform } from "./_reference.ts";
 import { assertClose, TOL } from "./_assert.ts";
-import { needsTorch, TORCH_PYTHON } from "./_torch.ts";
+import { runPython } from "./_torch.ts";
 
 const FIXTURES = new URL("./fixtures/torch/", import.meta.url);
 const parity = JSON.parse(await Deno.readTextFile(new URL("parity.json", FIXTURES)));
@@ -334,10 +334,8 @@ Deno.test({
 const size = (shape: number[]) => shape.reduce((a, b) => a * b, 1);
 
 Deno.test({
-  ...needsTorch(
-    "torch parity: a trained halfstep Sequential loads with load_state_dict(strict=True) " +
-      "into its torch.nn twin, eval outputs within 1e-5",
-  ),
+  name: "torch parity: a trained halfstep Sequential loads with load_state_dict(strict=True) " +
+    "into its torch.nn twin, eval outputs within 1e-5",
   ...GPU_TEST,
   async fn() {
     const dir = await Deno.makeTempDir();
@@ -361,13 +359,7 @@ Deno.test({
         model.eval();
         const ours = await model.forward(Tensor.from(x, shape)).read();
         const script = new URL("load_sequential_in_torch.py", FIXTURES).pathname;
-        const run = await new Deno.Command(TORCH_PYTHON!, {
-          args: ["-B", script, kind, path, inputPath],
-        })
-          .output();
-        const stderr = new TextDecoder().decode(run.stderr);
-        assert.ok(run.success, `${kind}: PyTorch refused the file:\n${stderr.slice(-2000)}`);
-        const theirs = JSON.parse(new TextDecoder().decode(run.stdout));
+        const theirs = JSON.parse(await runPython([script, kind, path, inputPath]));
         assert.deepEqual(theirs.keys.sort(), [...model.stateDict().keys()].sort());
         assertClose(ours, theirs.y, EVAL_TOL, `${kind}: PyTorch's eval output of halfstep's file`);
         optimizer.dispose();

@@ -29,12 +29,11 @@ import { loadData } from "../examples/mnist_batches.ts";
 import { MNIST_PIXELS, mnistDataDir } from "../examples/mnist_data.ts";
 import { mnistMlp } from "../examples/mnist_model.ts";
 import { gpu, GPU_TEST } from "./_gpu.ts";
+import { runPython } from "./_torch.ts";
 
 /** Images used, the global batch, steps trained in halfstep and continued elsewhere. */
 const LIMIT = 4096, BATCH = 64, TRAINED = 200, CONTINUED = 50, BACK = 20;
 const SCRIPT = new URL("../examples/torch/continue_ddp.py", import.meta.url).pathname;
-/** Debian's Python, where python3-torch installs (HALFSTEP_TORCH_PYTHON names another). */
-const PYTHON = Deno.env.get("HALFSTEP_TORCH_PYTHON") ?? "/usr/bin/python3";
 const dir = await Deno.makeTempDir();
 const { train } = await loadData({ limit: LIMIT });
 const amp = gpu.f16;
@@ -110,21 +109,6 @@ async function resumed(path: string, withAmp: boolean): Promise<Run> {
   return run;
 }
 
-/** Runs `args` under {@link PYTHON}; fails (never skips) where it lacks torch, and on any error. */
-async function python(args: string[]): Promise<string> {
-  const torch = new Deno.Command(PYTHON, { args: ["-c", "import torch"], stderr: "null" });
-  const found = await torch.output().then((o) => o.success, () => false);
-  assert.ok(found, `PyTorch is missing from ${PYTHON}: install python3-torch (.ci/run does)`);
-  const run = await new Deno.Command(PYTHON, {
-    args: ["-B", ...args],
-    stdout: "piped",
-    stderr: "piped",
-  }).output();
-  const stderr = new TextDecoder().decode(run.stderr);
-  assert.ok(run.success, `${args[0]} failed:\n${stderr.slice(-3000)}`);
-  return new TextDecoder().decode(run.stdout);
-}
-
 /** Runs continue_ddp.py; returns each rank's log. */
 async function continueInTorch(
   path: string,
@@ -134,7 +118,7 @@ async function continueInTorch(
   const flags = { mnist: mnistDataDir(), limit: LIMIT, batch: BATCH, ...options, log };
   const args = Object.entries({ ...flags, device: "cpu" }).filter(([, v]) => v !== undefined)
     .flatMap(([k, v]) => [`--${k}`, `${v}`]);
-  await python([SCRIPT, path, ...args]);
+  await runPython([SCRIPT, path, ...args]);
   return Promise.all(Array.from({ length: options.procs }, async (_, r) => {
     const text = await Deno.readTextFile(`${log}.rank${r}.jsonl`);
     return text.trim().split("\n").map((l) => JSON.parse(l));
@@ -253,9 +237,9 @@ Deno.test({
   async fn() {
     const scripts = new URL("../examples/torch/", import.meta.url).pathname;
     const checkpoint = join(dir, "torch.pt"), path = join(dir, "from_torch.safetensors");
-    const torch = JSON.parse(await python(["-c", TORCH_LOOP, scripts, checkpoint]));
+    const torch = JSON.parse(await runPython(["-c", TORCH_LOOP, scripts, checkpoint]));
     const schedule = "cosine:warmup=20,total=400";
-    await python([
+    await runPython([
       `${scripts}to_halfstep.py`,
       checkpoint,
       path,
