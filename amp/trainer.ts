@@ -110,10 +110,11 @@ export interface AmpTrainerState {
   /** Optimizer steps run (including skipped ones). */
   steps: number;
   /**
-   * The low-precision dtype of the trainer that saved it (absent in states
-   * saved before bf16 existed, and in ones PyTorch wrote: not checked then).
+   * What the trainer that saved it computed in: its low-precision dtype, or
+   * "f32" when it was disabled. Absent in states saved before bf16 existed
+   * and in ones PyTorch wrote: not checked then.
    */
-  dtype?: AmpDType;
+  dtype?: AmpDType | "f32";
 }
 
 /**
@@ -157,6 +158,7 @@ export class AmpTrainer {
   #model: HasParameters;
   #optimizer: Optimizer;
   #options: AmpTrainerOptions;
+  #enabled: boolean;
   #microStep = 0;
   #steps = 0;
 
@@ -180,7 +182,7 @@ export class AmpTrainer {
         "options.inspector watches another model; make it with new NumericsInspector(model).",
       );
     }
-    const enabled = options.enabled ?? true;
+    const enabled = this.#enabled = options.enabled ?? true;
     const dtype = this.dtype = ampDType("AmpTrainer", options.dtype);
     this.#model = model;
     this.#optimizer = optimizer;
@@ -283,7 +285,7 @@ export class AmpTrainer {
       scaler: await this.scaler.stateDict(),
       microStep: this.#microStep,
       steps: this.#steps,
-      dtype: this.dtype,
+      dtype: this.#precision(),
     };
   }
 
@@ -309,23 +311,38 @@ export class AmpTrainer {
     if (!Number.isSafeInteger(steps) || steps < 0) {
       fail(ValueError, where, `steps must be an integer >= 0, got ${shown(steps)}.`);
     }
-    // A bf16 run resumed by an f16 trainer (or the reverse) would go on in
+    // A bf16 run resumed by an f16 trainer (or an f32 one) would go on in
     // another precision, with or without loss scaling, without a word.
     const { dtype } = state;
-    if (dtype !== undefined && dtype !== "f16" && dtype !== "bf16") {
-      fail(ValueError, where, `dtype must be "f16" or "bf16" (or absent), got ${shown(dtype)}.`);
-    }
-    if (dtype !== undefined && dtype !== this.dtype) {
+    if (dtype !== undefined && dtype !== "f16" && dtype !== "bf16" && dtype !== "f32") {
       fail(
         ValueError,
         where,
-        `the state was saved by a ${dtype} trainer and this one runs ${this.dtype}; ` +
-          `create it with new AmpTrainer(model, optimizer, { dtype: ${
-            JSON.stringify(dtype)
-          } }) to resume the run.`,
+        `dtype must be "f16", "bf16" or "f32" (or absent), got ${shown(dtype)}.`,
+      );
+    }
+    const live = this.#precision();
+    if (dtype !== undefined && dtype !== live) {
+      const fix = dtype === "f32"
+        ? "{ enabled: false } (examples: no --amp)"
+        : `{ ${
+          this.#enabled ? "" : "enabled: true, "
+        }dtype: "${dtype}" } (examples: --amp ${dtype})`;
+      const name = (d: string) => d === "f32" ? "f32 (AMP off)" : d;
+      fail(
+        ValueError,
+        where,
+        `the run was saved in ${name(dtype)} and this trainer runs ${
+          name(live)
+        }: create it with ${fix}.`,
       );
     }
     this.scaler.checkStateDict(state.scaler);
+  }
+
+  /** What this trainer computes in, as its saved state says it: its dtype, or "f32" when disabled. */
+  #precision(): AmpDType | "f32" {
+    return this.#enabled ? this.dtype : "f32";
   }
 
   /** Restores {@link stateDict} output; load the model and optimizer states yourself. */

@@ -310,7 +310,7 @@ export function trainerFromTorch(
     microStep: json.micro_step as number,
     steps: json.steps as number,
   };
-  if (json.dtype !== undefined && json.dtype !== null) state.dtype = json.dtype as AmpDType;
+  if (json.dtype !== undefined && json.dtype !== null) state.dtype = json.dtype as AmpDType | "f32";
   return state;
 }
 

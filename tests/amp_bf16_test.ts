@@ -292,7 +292,7 @@ Deno.test({
     const f16 = ampRun(7); // the default dtype: f16, with loss scaling
     await assert.rejects(
       loadTrainingState(path, f16),
-      /saved by a bf16 trainer and this one runs f16.*\{ dtype: "bf16" \}.*nothing was loaded/,
+      /saved in bf16 and this trainer runs f16: create it with \{ dtype: "bf16" \}.*nothing was loaded/,
     );
     const resumed = bf16Run(7); // other weights, other Dropout seed: everything comes from the file
     await loadTrainingState(path, resumed);

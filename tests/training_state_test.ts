@@ -77,7 +77,13 @@ const cases: { name: string; run?: () => Run; edit?: (f: FileParts) => void; err
   {
     name: "a bf16 run into an f16 trainer",
     edit: trainerField("dtype", "bf16"),
-    error: /saved by a bf16 trainer and this one runs f16.*dtype: "bf16"/,
+    error: /saved in bf16 and this trainer runs f16: create it with \{ dtype: "bf16" \}/,
+  },
+  {
+    name: "an f32 run (AMP off) into an f16 trainer",
+    edit: trainerField("dtype", "f32"),
+    error:
+      /saved in f32 \(AMP off\) and this trainer runs f16: create it with \{ enabled: false \}/,
   },
   { name: 'trainer.dtype "f8"', edit: trainerField("dtype", "f8"), error: /dtype must be/ },
   {
