@@ -225,5 +225,6 @@ export {
   type ParameterDrift,
   type ParameterGradientRow,
   type ReportOptions,
+  type TrainerPrecision,
   type WatchOptions,
 } from "./amp/mod.ts";

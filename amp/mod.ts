@@ -36,6 +36,7 @@ export {
   type AmpTrainerOptions,
   type AmpTrainerState,
   type HasParameters,
+  type TrainerPrecision,
 } from "./trainer.ts";
 export { NumericsInspector, type ReportOptions, type WatchOptions } from "./numerics_inspector.ts";
 export {

@@ -114,8 +114,12 @@ export interface AmpTrainerState {
    * "f32" when it was disabled. Absent in states saved before bf16 existed
    * and in ones PyTorch wrote: not checked then.
    */
-  dtype?: AmpDType | "f32";
+  dtype?: TrainerPrecision;
 }
+
+/** What a trainer computes in, as its saved state records it: its AMP dtype, or "f32" when disabled. */
+export type TrainerPrecision = AmpDType | "f32";
+const PRECISIONS: readonly TrainerPrecision[] = ["f16", "bf16", "f32"];
 
 /**
  * Drives mixed-precision training of `model` with `optimizer`.
@@ -314,7 +318,7 @@ export class AmpTrainer {
     // A bf16 run resumed by an f16 trainer (or an f32 one) would go on in
     // another precision, with or without loss scaling, without a word.
     const { dtype } = state;
-    if (dtype !== undefined && dtype !== "f16" && dtype !== "bf16" && dtype !== "f32") {
+    if (dtype !== undefined && !PRECISIONS.includes(dtype)) {
       fail(
         ValueError,
         where,
@@ -323,25 +327,20 @@ export class AmpTrainer {
     }
     const live = this.#precision();
     if (dtype !== undefined && dtype !== live) {
-      const fix = dtype === "f32"
+      const named = (d: TrainerPrecision) => d === "f32" ? "f32 (AMP off)" : d;
+      const option = dtype === "f32"
         ? "{ enabled: false } (examples: no --amp)"
         : `{ ${
           this.#enabled ? "" : "enabled: true, "
         }dtype: "${dtype}" } (examples: --amp ${dtype})`;
-      const name = (d: string) => d === "f32" ? "f32 (AMP off)" : d;
-      fail(
-        ValueError,
-        where,
-        `the run was saved in ${name(dtype)} and this trainer runs ${
-          name(live)
-        }: create it with ${fix}.`,
-      );
+      const why = `the run was saved in ${named(dtype)} and this trainer runs ${named(live)}`;
+      fail(ValueError, where, `${why}: create it with ${option}.`);
     }
     this.scaler.checkStateDict(state.scaler);
   }
 
-  /** What this trainer computes in, as its saved state says it: its dtype, or "f32" when disabled. */
-  #precision(): AmpDType | "f32" {
+  /** What this trainer computes in, as its saved state records it. */
+  #precision(): TrainerPrecision {
     return this.#enabled ? this.dtype : "f32";
   }
 

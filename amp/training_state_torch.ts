@@ -20,8 +20,7 @@ import { sameShape, shapeString } from "../gpu/shape.ts";
 import type { SafetensorsEntry } from "../nn/safetensors.ts";
 import { Adam, type LrSchedulerState, type OptimizerStateDict, SGD } from "../optim/mod.ts";
 import type { GradScalerState } from "./grad_scaler.ts";
-import type { AmpDType } from "./amp_dtype.ts";
-import type { AmpTrainerState } from "./trainer.ts";
+import type { AmpTrainerState, TrainerPrecision } from "./trainer.ts";
 
 /** A JSON object as parsed. */
 type Json = Record<string, unknown>;
@@ -310,7 +309,7 @@ export function trainerFromTorch(
     microStep: json.micro_step as number,
     steps: json.steps as number,
   };
-  if (json.dtype !== undefined && json.dtype !== null) state.dtype = json.dtype as AmpDType | "f32";
+  if (json.dtype !== undefined && json.dtype !== null) state.dtype = json.dtype as TrainerPrecision;
   return state;
 }
 

@@ -104,10 +104,7 @@ Deno.test("examples guards: the --save lock refuses a live owner, takes over a s
       (e) =>
         e instanceof UsageError &&
         // The host is named where Deno may read it (-A, --allow-sys), else from $HOSTNAME.
-        new RegExp(`run\\.safetensors is in use by another run \\(pid ${Deno.pid}( on [^)]+)?\\)`)
-          .test(
-            e.message,
-          ),
+        new RegExp(`in use by another run \\(pid ${Deno.pid}( on [^)]+)?\\)`).test(e.message),
     );
     lock.release();
     lock.release(); // once
