@@ -26,88 +26,91 @@
  * @module
  */
 
-// gpu/: the device, tensors, the tape and the ops.
-export { initGpu, type InitGpuOptions } from "./gpu/init.ts";
-export {
-  type F16Accumulation,
-  type F16Mode,
-  Gpu,
-  type MatmulTiling,
-  type ProfileOptions,
-} from "./gpu/device.ts";
-export type { FlushPolicy } from "./gpu/command_batch.ts";
-export type { ProfileReport, ProfileRow } from "./gpu/profile_report.ts";
-export type { MemoryStats } from "./gpu/buffer_pool.ts";
-export {
-  DTypeError,
-  GpuError,
-  HalfstepError,
-  ShapeError,
-  StateError,
-  ValueError,
-} from "./gpu/errors.ts";
-export type { DType, FloatDType } from "./gpu/dtype.ts";
-export type { Shape } from "./gpu/shape.ts";
-export { Tensor, type TensorData, type TensorOptions, type TensorValues } from "./gpu/tensor.ts";
-export { keep, tidy } from "./gpu/scope.ts";
-export {
-  backward,
-  type BackwardOptions,
-  enableGrad,
-  isGradEnabled,
-  noGrad,
-} from "./gpu/autograd.ts";
-export { checkpoint } from "./gpu/checkpoint.ts";
-export { RandomGenerator, type RandomRange, type RandomState } from "./gpu/random.ts";
-export {
-  add,
-  addScalar,
-  cast,
-  div,
-  exp,
-  gelu,
-  type GeluOptions,
-  log,
-  mul,
-  neg,
-  relu,
-  scale,
-  sqrt,
-  square,
-  sub,
-} from "./gpu/ops/elementwise.ts";
-export { linear, type LinearOptions } from "./gpu/ops/linear.ts";
-export { layerNormLinear, type LayerNormLinearOptions } from "./gpu/ops/layer_norm_linear.ts";
-export { matmul, type MatmulOptions } from "./gpu/ops/matmul.ts";
-export { F16_CHUNK } from "./gpu/kernels/matmul.ts";
-export { max, mean, type ReduceOptions, sum } from "./gpu/ops/reduce.ts";
-export { logSoftmax, softmax } from "./gpu/ops/softmax.ts";
-export { causalSoftmax, type CausalSoftmaxOptions } from "./gpu/ops/causal_softmax.ts";
-export { reshape } from "./gpu/ops/reshape.ts";
-export { permute } from "./gpu/ops/permute.ts";
-export { narrow, split } from "./gpu/ops/narrow.ts";
-export {
-  fusedCausalAttention,
-  type FusedCausalAttentionOptions,
-  fusedCausalAttentionPacked,
-} from "./gpu/ops/fused_attention.ts";
-export { addInPlace } from "./gpu/ops/in_place.ts";
-export { layerNorm, type LayerNormOptions } from "./gpu/ops/layer_norm.ts";
-export { batchNorm, batchNormCounter, type BatchNormOptions } from "./gpu/ops/batch_norm.ts";
-export { dropout } from "./gpu/ops/dropout.ts";
-export { embedding } from "./gpu/ops/embedding.ts";
-export { conv2d, type Conv2dOptions } from "./gpu/ops/conv2d.ts";
+// gpu/: the device, tensors, the tape and the ops (its internals stay on `./gpu`).
 export {
   adaptiveAvgPool2d,
   type AdaptiveSize2d,
+  add,
+  addInPlace,
+  addScalar,
   avgPool2d,
   type AvgPool2dOptions,
+  backward,
+  type BackwardOptions,
+  batchNorm,
+  type BatchNormOptions,
+  cast,
+  causalSoftmax,
+  type CausalSoftmaxOptions,
+  checkpoint,
+  conv2d,
+  type Conv2dOptions,
+  div,
+  dropout,
+  type DType,
+  DTypeError,
+  embedding,
+  enableGrad,
+  exp,
+  flatten,
+  type FloatDType,
+  fusedCausalAttention,
+  type FusedCausalAttentionOptions,
+  fusedCausalAttentionPacked,
+  gelu,
+  type GeluOptions,
+  Gpu,
+  GpuError,
+  HalfstepError,
+  initGpu,
+  type InitGpuOptions,
+  isGradEnabled,
+  keep,
+  layerNorm,
+  layerNormLinear,
+  type LayerNormLinearOptions,
+  type LayerNormOptions,
+  linear,
+  type LinearOptions,
+  log,
+  logSoftmax,
+  matmul,
+  type MatmulOptions,
+  max,
   maxPool2d,
   type MaxPool2dIndicesOptions,
   type MaxPool2dOptions,
-} from "./gpu/ops/pool2d.ts";
-export { flatten } from "./gpu/ops/flatten.ts";
-export type { Size2d } from "./gpu/ops/size2d.ts";
+  mean,
+  mul,
+  narrow,
+  neg,
+  noGrad,
+  permute,
+  type ProfileReport,
+  RandomGenerator,
+  type RandomRange,
+  type RandomState,
+  type ReduceOptions,
+  relu,
+  reshape,
+  scale,
+  type Shape,
+  ShapeError,
+  type Size2d,
+  softmax,
+  split,
+  sqrt,
+  square,
+  StateError,
+  sub,
+  sum,
+  Tensor,
+  type TensorData,
+  type TensorOptions,
+  type TensorValues,
+  tidy,
+  ValueError,
+} from "./gpu/mod.ts";
 
 // optim/: optimizers, schedules, clipping.
 export type {
@@ -158,14 +161,10 @@ export {
   type Conv2dLayerOptions,
   crossEntropy,
   type CrossEntropyOptions,
-  decodeSafetensors,
   Dropout,
   Embedding,
-  encodeSafetensors,
   Flatten,
   GELU,
-  type HostTensor,
-  type InitSource,
   LayerNorm,
   type LayerNormLayerOptions,
   Linear,
@@ -174,13 +173,9 @@ export {
   MaxPool2d,
   Module,
   mseLoss,
-  type ParameterOptions,
-  planCheckpointSegments,
   type Reduction,
   ReLU,
-  type SafetensorsEntry,
   SafetensorsError,
-  type SafetensorsSpec,
   type SegmentSpec,
   Sequential,
   type StateValue,
@@ -198,8 +193,6 @@ export {
   autocast,
   type AutocastLists,
   type AutocastOptions,
-  type CastPolicy,
-  castPolicyOf,
   compareToF32,
   type CompareToF32Options,
   customAutocastLists,

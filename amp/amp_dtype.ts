@@ -4,8 +4,7 @@
  * gradients neither overflow nor underflow and loss scaling is off by default;
  * stored two values to a u32 word, so it needs no `shader-f16` at all).
  */
-import { DTypeError, fail } from "../gpu/errors.ts";
-import { shortValue } from "../gpu/short_text.ts";
+import { DTypeError, fail, shortValue } from "../gpu/mod.ts";
 
 /** A dtype autocast can run ops in, as `torch.autocast(dtype=...)` takes float16 or bfloat16. */
 export type AmpDType = "f16" | "bf16";

@@ -6,14 +6,20 @@
  * dtype (an fp32 master weight through its working copy, when `masterWeights`
  * has one), f32-list ops get f32 inputs, and the rest follow the widest input.
  */
-import { type CastHook, markCastForOp } from "../gpu/autocast_hook.ts";
-import { getGpu, type Gpu } from "../gpu/device.ts";
-import type { DType } from "../gpu/dtype.ts";
-import type { AutocastOpName } from "../gpu/op_registry.ts";
-import { cast } from "../gpu/ops/elementwise.ts";
-import { warnOnce, withState } from "../gpu/runtime_state.ts";
-import type { Tensor } from "../gpu/tensor.ts";
-import { fail, ValueError } from "../gpu/errors.ts";
+import {
+  type AutocastOpName,
+  cast,
+  type CastHook,
+  type DType,
+  fail,
+  getGpu,
+  type Gpu,
+  markCastForOp,
+  type Tensor,
+  ValueError,
+  warnOnce,
+  withState,
+} from "../gpu/mod.ts";
 import { type AmpDType, ampDType } from "./amp_dtype.ts";
 import type { MasterWeights } from "./master_weights.ts";
 import { type AutocastLists, DEFAULT_AUTOCAST_LISTS, policyIn } from "./policy.ts";

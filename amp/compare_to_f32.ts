@@ -5,13 +5,18 @@
  * one process, without dump files. Ops are named as the numerics inspector
  * names them (`amp/op_names.ts`) and paired by name, op and call index.
  */
-import type { DType } from "../gpu/dtype.ts";
-import { fail, ValueError } from "../gpu/errors.ts";
-import type { OpObserver } from "../gpu/op_observer.ts";
-import type { OpName } from "../gpu/op_registry.ts";
-import { runtime, withState } from "../gpu/runtime_state.ts";
-import { tidy, untracked } from "../gpu/scope.ts";
-import type { Tensor } from "../gpu/tensor.ts";
+import {
+  type DType,
+  fail,
+  type OpName,
+  type OpObserver,
+  runtime,
+  type Tensor,
+  tidy,
+  untracked,
+  ValueError,
+  withState,
+} from "../gpu/mod.ts";
 import type { Module } from "../nn/module.ts";
 import type { AmpDType } from "./amp_dtype.ts";
 import { autocast } from "./autocast.ts";

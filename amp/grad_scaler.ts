@@ -3,12 +3,18 @@
  * scale, the found-inf flag and the counters live in GPU buffers, so
  * scale/unscale/step/update never read back to the CPU.
  */
-import { getGpu, type Gpu } from "../gpu/device.ts";
-import { DTypeError, fail, StateError, ValueError } from "../gpu/errors.ts";
-import { scaleLoss } from "../gpu/ops/loss_scale.ts";
-import { untracked } from "../gpu/scope.ts";
-import { warnOnce } from "../gpu/runtime_state.ts";
-import { Tensor } from "../gpu/tensor.ts";
+import {
+  DTypeError,
+  fail,
+  getGpu,
+  type Gpu,
+  scaleLoss,
+  StateError,
+  Tensor,
+  untracked,
+  ValueError,
+  warnOnce,
+} from "../gpu/mod.ts";
 import { COUNTER, launchScaleUpdate, launchUnscale, UPDATE_MODE } from "./kernels/grad_scaler.ts";
 import type { Optimizer, StepSignals } from "../optim/optimizer.ts";
 

@@ -6,11 +6,14 @@
  * owner of the master → copy links: the optimizer and the autocast hook hold
  * a reference to it, not copies of its map.
  */
-import { readThroughCopy } from "../gpu/ops/loss_scale.ts";
-import { DTypeError, fail } from "../gpu/errors.ts";
-import { launchUnary } from "../gpu/kernels/elementwise.ts";
-import { untracked } from "../gpu/scope.ts";
-import type { Tensor } from "../gpu/tensor.ts";
+import {
+  DTypeError,
+  fail,
+  readThroughCopy,
+  type Tensor,
+  untracked,
+  workingCopy,
+} from "../gpu/mod.ts";
 import type { WorkingCopies } from "../optim/optimizer.ts";
 import { type AmpDType, ampDType } from "./amp_dtype.ts";
 
@@ -61,7 +64,7 @@ export class MasterWeights implements WorkingCopies {
         );
       }
       if (dtype === "f16" && !p.gpu.f16) continue; // no shader-f16: everything runs in f32
-      this.#copies.set(p, untracked(() => launchUnary("identity", p, { out: dtype })));
+      this.#copies.set(p, untracked(() => workingCopy(p, dtype)));
     }
   }
 
@@ -91,7 +94,7 @@ export class MasterWeights implements WorkingCopies {
   /** Rewrites every copy from its master (after loading saved weights into the masters). */
   refresh(): void {
     for (const [master, copy] of this.#copies) {
-      const fresh = launchUnary("identity", master, { out: this.dtype });
+      const fresh = workingCopy(master, this.dtype);
       copy.copyFrom(fresh);
       fresh.dispose();
     }

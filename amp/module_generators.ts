@@ -6,7 +6,7 @@
  * `RandomGenerator` passed to every layer) is one stream, listed once with
  * every place that holds it.
  */
-import { RandomGenerator } from "../gpu/random.ts";
+import { RandomGenerator } from "../gpu/mod.ts";
 import type { Module } from "../nn/module.ts";
 
 /** One generator of a model and every place it is held. */

@@ -8,15 +8,20 @@
  * (`gpu/op_observer.ts`), and names them by the module that ran them, which it
  * learns by wrapping each submodule's `forward` for the length of a step.
  */
-import type { GradNode } from "../gpu/autograd.ts";
-import type { Gpu } from "../gpu/device.ts";
-import type { DType } from "../gpu/dtype.ts";
-import { fail, StateError, ValueError } from "../gpu/errors.ts";
-import type { OpObserver } from "../gpu/op_observer.ts";
-import type { OpName } from "../gpu/op_registry.ts";
-import { runtime, withState } from "../gpu/runtime_state.ts";
-import { untracked } from "../gpu/scope.ts";
-import { Tensor } from "../gpu/tensor.ts";
+import {
+  type DType,
+  fail,
+  type Gpu,
+  type GradNode,
+  type OpName,
+  type OpObserver,
+  runtime,
+  StateError,
+  Tensor,
+  untracked,
+  ValueError,
+  withState,
+} from "../gpu/mod.ts";
 import type { Module } from "../nn/module.ts";
 import type { GradScaler } from "./grad_scaler.ts";
 import { OpNames } from "./op_names.ts";

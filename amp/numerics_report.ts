@@ -3,8 +3,7 @@
  * and the first non-finite tensor, decoded from the statistics buffer's words
  * read back (`raw`, null before any tensor was counted) and the CPU's row table.
  */
-import type { DType } from "../gpu/dtype.ts";
-import type { OpName } from "../gpu/op_registry.ts";
+import type { DType, OpName } from "../gpu/mod.ts";
 import { HEADER, HEADER_WORDS, NONE, ROW, ROW_WORDS } from "./kernels/numerics_stats.ts";
 
 /** Whether a row counts op outputs (forward) or the gradients rules produce (backward). */

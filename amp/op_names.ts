@@ -6,7 +6,7 @@
  * `forward*` variants, such as the fused forward `Sequential` calls) for the
  * length of a step only, so a model that is not being named runs untouched.
  */
-import type { OpName } from "../gpu/op_registry.ts";
+import type { OpName } from "../gpu/mod.ts";
 import type { Module } from "../nn/module.ts";
 
 /** Names ops by the module of `model` that runs them (see the module docs). */

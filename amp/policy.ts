@@ -6,14 +6,15 @@
  * checked against the registry: a typo, or an op that never consults
  * autocast, is an error that lists the valid names.
  */
-import { fail, ValueError } from "../gpu/errors.ts";
 import {
   AUTOCAST_OP_NAMES,
   type AutocastClass,
   type AutocastOpName,
   autocastOpName,
+  fail,
   OPS,
-} from "../gpu/op_registry.ts";
+  ValueError,
+} from "../gpu/mod.ts";
 
 /** Where an op runs under autocast. */
 export type CastPolicy = AutocastClass;

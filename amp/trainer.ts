@@ -5,13 +5,18 @@
  * global norm, the fused optimizer step (skipped on the GPU on overflow) and
  * the scale update. Nothing in it reads back to the CPU.
  */
-import { getGpu } from "../gpu/device.ts";
-import { fail, type HalfstepErrorClass, ShapeError, ValueError } from "../gpu/errors.ts";
-import type { GradNode } from "../gpu/autograd.ts";
-import { warnOnce } from "../gpu/runtime_state.ts";
-import { scale } from "../gpu/ops/elementwise.ts";
-import { tidy } from "../gpu/scope.ts";
-import type { Tensor } from "../gpu/tensor.ts";
+import {
+  fail,
+  getGpu,
+  type GradNode,
+  type HalfstepErrorClass,
+  scale,
+  ShapeError,
+  type Tensor,
+  tidy,
+  ValueError,
+  warnOnce,
+} from "../gpu/mod.ts";
 import { clipGradNorm } from "../optim/clip.ts";
 import type { Optimizer } from "../optim/optimizer.ts";
 import { type AmpDType, ampDType } from "./amp_dtype.ts";

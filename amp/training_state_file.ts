@@ -21,9 +21,14 @@
  * Older formats (`halfstep-training-state-2` and before) are still read.
  * Loading checks everything (`training_state_parse.ts`) before it writes anything.
  */
-import { checkOptionNames, fail, HalfstepError, ValueError } from "../gpu/errors.ts";
-import { untracked } from "../gpu/scope.ts";
-import { Tensor } from "../gpu/tensor.ts";
+import {
+  checkOptionNames,
+  fail,
+  HalfstepError,
+  Tensor,
+  untracked,
+  ValueError,
+} from "../gpu/mod.ts";
 import type { LoadStateOptions, Module } from "../nn/module.ts";
 import { entryToTensor } from "../nn/safetensors.ts";
 import { loadSafetensors, writeTensors } from "../nn/safetensors_file.ts";

@@ -7,11 +7,18 @@
  * itself). Failures are one short line: names are cut and values are not
  * echoed.
  */
-import { fail, HalfstepError, ValueError } from "../gpu/errors.ts";
-import { checkRandomState, type RandomGenerator, type RandomState } from "../gpu/random.ts";
-import { sameShape, shapeString } from "../gpu/shape.ts";
-import { quoted } from "../gpu/short_text.ts";
-import type { Tensor } from "../gpu/tensor.ts";
+import {
+  checkRandomState,
+  fail,
+  HalfstepError,
+  quoted,
+  type RandomGenerator,
+  type RandomState,
+  sameShape,
+  shapeString,
+  type Tensor,
+  ValueError,
+} from "../gpu/mod.ts";
 import { type LoadStateOptions, nonFiniteSummary } from "../nn/module.ts";
 import type { SafetensorsEntry } from "../nn/safetensors.ts";
 import type { LrSchedulerState, OptimizerStateDict } from "../optim/mod.ts";

@@ -14,9 +14,7 @@
  * per-parameter step counts that differ); each object's own `checkStateDict`
  * checks the rest.
  */
-import { fail, ValueError } from "../gpu/errors.ts";
-import { quoted } from "../gpu/short_text.ts";
-import { sameShape, shapeString } from "../gpu/shape.ts";
+import { fail, quoted, sameShape, shapeString, ValueError } from "../gpu/mod.ts";
 import type { SafetensorsEntry } from "../nn/safetensors.ts";
 import { Adam, type LrSchedulerState, type OptimizerStateDict, SGD } from "../optim/mod.ts";
 import type { GradScalerState } from "./grad_scaler.ts";

@@ -90,8 +90,10 @@ export {
   wgslType,
 } from "./dtype.ts";
 export { BF16_NAN, bf16FromF32, f32FromBf16 } from "./bf16.ts";
-export { type Shape, shapeString, sizeOf } from "./shape.ts";
+export { sameShape, type Shape, shapeString, sizeOf } from "./shape.ts";
+export { cut, quoted, shortValue } from "./short_text.ts";
 export {
+  assertTensorFits,
   type IndexRange,
   Tensor,
   type TensorData,
@@ -104,6 +106,7 @@ export {
   autocastInputs,
   autocastInputsWidenedInKernel,
   type CastHook,
+  markCastForOp,
 } from "./autocast_hook.ts";
 export {
   backward,
@@ -115,6 +118,7 @@ export {
   noGrad,
   record,
   type RecordSpec,
+  zeroGrad,
 } from "./autograd.ts";
 export {
   type ClassTuning,
@@ -187,7 +191,10 @@ export {
   square,
   sub,
 } from "./ops/elementwise.ts";
-export { readThroughCopy, scaleLoss } from "./ops/loss_scale.ts";
+export { readThroughCopy, scaleLoss, workingCopy } from "./ops/loss_scale.ts";
+export { assertTensors } from "./ops/checks.ts";
+export { broadcastInto } from "./ops/broadcast.ts";
+export type { Broadcast } from "./kernels/elementwise.ts";
 export { linear, type LinearOptions } from "./ops/linear.ts";
 export { layerNormLinear, type LayerNormLinearOptions } from "./ops/layer_norm_linear.ts";
 export { matmul, type MatmulOptions } from "./ops/matmul.ts";
@@ -210,8 +217,11 @@ export {
   maxPool2d,
   type MaxPool2dIndicesOptions,
   type MaxPool2dOptions,
+  resolveAdaptiveSize,
+  type ResolvedPool2dOptions,
+  resolvePool2dOptions,
 } from "./ops/pool2d.ts";
-export { flatten } from "./ops/flatten.ts";
+export { checkFlattenDims, flatten } from "./ops/flatten.ts";
 export type { Size2d } from "./ops/size2d.ts";
 export type { Conv2dGeometry } from "./kernels/conv2d.ts";
 export {
@@ -232,4 +242,8 @@ export {
 export { causalSoftmax, type CausalSoftmaxOptions } from "./ops/causal_softmax.ts";
 export { permute } from "./ops/permute.ts";
 export { narrow, split } from "./ops/narrow.ts";
-export { fusedCausalAttention, type FusedCausalAttentionOptions } from "./ops/fused_attention.ts";
+export {
+  fusedCausalAttention,
+  type FusedCausalAttentionOptions,
+  fusedCausalAttentionPacked,
+} from "./ops/fused_attention.ts";

@@ -1,7 +1,5 @@
 /** Activation layers. */
-import { gelu, type GeluOptions, relu } from "../gpu/ops/elementwise.ts";
-import { ValueError } from "../gpu/errors.ts";
-import type { Tensor } from "../gpu/tensor.ts";
+import { gelu, type GeluOptions, relu, type Tensor, ValueError } from "../gpu/mod.ts";
 import { Module } from "./module.ts";
 
 /** max(x, 0). */

@@ -7,11 +7,11 @@
  * the model keeps PyTorch's structure and names (`0.weight`, `2.weight` for
  * `Sequential(Linear, ReLU, Linear)`); only the forward pass is planned.
  */
+import type { Tensor } from "../gpu/mod.ts";
 import { GELU, ReLU } from "./activation.ts";
 import { Conv2d } from "./conv.ts";
 import { Linear } from "./linear.ts";
 import { Module } from "./module.ts";
-import type { Tensor } from "../gpu/tensor.ts";
 
 /** One step of a planned forward pass: layers [first, end) run as `module`. */
 export interface ForwardStep {

@@ -20,17 +20,22 @@
  * has consumed them, so the forward pass never holds scores and probs at once
  * longer than one op.
  */
-import { ShapeError, ValueError } from "../gpu/errors.ts";
-import { causalSoftmax } from "../gpu/ops/causal_softmax.ts";
-import { dropout } from "../gpu/ops/dropout.ts";
-import { fusedCausalAttention, fusedCausalAttentionPacked } from "../gpu/ops/fused_attention.ts";
-import { matmul } from "../gpu/ops/matmul.ts";
-import { split } from "../gpu/ops/narrow.ts";
-import { permute } from "../gpu/ops/permute.ts";
-import { reshape } from "../gpu/ops/reshape.ts";
-import type { RandomGenerator, RandomRange } from "../gpu/random.ts";
-import type { Tensor } from "../gpu/tensor.ts";
-import type { LayerNormOptions } from "../gpu/ops/layer_norm.ts";
+import {
+  causalSoftmax,
+  dropout,
+  fusedCausalAttention,
+  fusedCausalAttentionPacked,
+  type LayerNormOptions,
+  matmul,
+  permute,
+  type RandomGenerator,
+  type RandomRange,
+  reshape,
+  ShapeError,
+  split,
+  type Tensor,
+  ValueError,
+} from "../gpu/mod.ts";
 import { generatorOf, type ParameterOptions } from "./init.ts";
 import { Linear } from "./linear.ts";
 import { type HostTensor, isHostTensor, Module, type StateValue } from "./module.ts";

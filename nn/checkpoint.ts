@@ -4,13 +4,16 @@
  * segments (√n of them by default, or as many as a memory budget needs) and
  * checkpoints each, as PyTorch's `checkpoint_sequential` does.
  */
-import { fail, ValueError } from "../gpu/errors.ts";
-import { shortValue } from "../gpu/short_text.ts";
-import { noGrad } from "../gpu/autograd.ts";
-import { bytesPerElement } from "../gpu/dtype.ts";
-import { checkpoint } from "../gpu/checkpoint.ts";
-import { tidy } from "../gpu/scope.ts";
-import type { Tensor } from "../gpu/tensor.ts";
+import {
+  bytesPerElement,
+  checkpoint,
+  fail,
+  noGrad,
+  shortValue,
+  type Tensor,
+  tidy,
+  ValueError,
+} from "../gpu/mod.ts";
 import { Module } from "./module.ts";
 
 /**

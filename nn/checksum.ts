@@ -13,8 +13,8 @@
  * copy and hand-edit damage look like — and slicing-by-8 (eight 256-entry
  * tables) reads 8 bytes per step. It guards against accidents, not attackers.
  */
+import { quoted } from "../gpu/mod.ts";
 import { SafetensorsError } from "./safetensors_error.ts";
-import { quoted } from "../gpu/short_text.ts";
 
 /** The metadata key that holds the checksums (refused in user metadata). */
 export const CHECKSUMS_KEY = "halfstep.checksums";

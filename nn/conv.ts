@@ -1,7 +1,5 @@
 /** The 2-D convolution layer. */
-import { ValueError } from "../gpu/errors.ts";
-import { conv2d, type Conv2dOptions, type Size2d } from "../gpu/ops/conv2d.ts";
-import type { Tensor } from "../gpu/tensor.ts";
+import { conv2d, type Conv2dOptions, type Size2d, type Tensor, ValueError } from "../gpu/mod.ts";
 import { generatorOf, type ParameterOptions, uniformTensor } from "./init.ts";
 import { Module } from "./module.ts";
 

@@ -1,8 +1,5 @@
 /** The Dropout layer. */
-import { ValueError } from "../gpu/errors.ts";
-import { dropout } from "../gpu/ops/dropout.ts";
-import type { RandomGenerator } from "../gpu/random.ts";
-import type { Tensor } from "../gpu/tensor.ts";
+import { dropout, type RandomGenerator, type Tensor, ValueError } from "../gpu/mod.ts";
 import { generatorOf } from "./init.ts";
 import { Module } from "./module.ts";
 

@@ -1,6 +1,5 @@
 /** The Embedding layer. */
-import { embedding } from "../gpu/ops/embedding.ts";
-import type { Tensor } from "../gpu/tensor.ts";
+import { embedding, type Tensor } from "../gpu/mod.ts";
 import { normalTensor, type ParameterOptions } from "./init.ts";
 import { Module } from "./module.ts";
 

@@ -3,8 +3,7 @@
  * and bf16: reading is exact (every value of the three is an f32), writing
  * rounds to nearest-even, as a GPU cast does.
  */
-import { bf16FromF32, f32FromBf16 } from "../gpu/bf16.ts";
-import type { FloatDType } from "../gpu/dtype.ts";
+import { bf16FromF32, f32FromBf16, type FloatDType } from "../gpu/mod.ts";
 
 /**
  * The exact values of little-endian float bytes of `dtype`.

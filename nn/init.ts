@@ -1,10 +1,14 @@
 /** Seeded parameter initialisation (PyTorch's defaults), drawn on the CPU then uploaded. */
-import type { FloatDType } from "../gpu/dtype.ts";
-import { getGpu, type Gpu } from "../gpu/device.ts";
-import { RandomGenerator } from "../gpu/random.ts";
-import type { Shape } from "../gpu/shape.ts";
-import { sizeOf } from "../gpu/shape.ts";
-import { assertTensorFits, Tensor } from "../gpu/tensor.ts";
+import {
+  assertTensorFits,
+  type FloatDType,
+  getGpu,
+  type Gpu,
+  RandomGenerator,
+  type Shape,
+  sizeOf,
+  Tensor,
+} from "../gpu/mod.ts";
 
 /** Where initial values come from: a seed, or a shared generator. */
 export type InitSource = number | RandomGenerator;

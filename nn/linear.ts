@@ -1,10 +1,15 @@
 /** The fully connected layer. */
-import { fail, ShapeError, ValueError } from "../gpu/errors.ts";
-import { sameShape, shapeString } from "../gpu/shape.ts";
-import { linear } from "../gpu/ops/linear.ts";
-import { layerNormLinear } from "../gpu/ops/layer_norm_linear.ts";
-import type { LayerNormOptions } from "../gpu/ops/layer_norm.ts";
-import type { Tensor } from "../gpu/tensor.ts";
+import {
+  fail,
+  layerNormLinear,
+  type LayerNormOptions,
+  linear,
+  sameShape,
+  ShapeError,
+  shapeString,
+  type Tensor,
+  ValueError,
+} from "../gpu/mod.ts";
 import { generatorOf, type ParameterOptions, uniformTensor } from "./init.ts";
 import { Module } from "./module.ts";
 

@@ -1,14 +1,21 @@
 /** Loss functions. Both compute in f32 and return an f32 loss whatever the input dtype. */
-import { crossEntropyPerRow } from "../gpu/ops/cross_entropy.ts";
-import { cast, div, square, sub } from "../gpu/ops/elementwise.ts";
-import { fail, ValueError } from "../gpu/errors.ts";
-import { broadcastInto } from "../gpu/ops/broadcast.ts";
-import { warnOnce } from "../gpu/runtime_state.ts";
-import { sameShape } from "../gpu/shape.ts";
-import { mean, sum } from "../gpu/ops/reduce.ts";
-import { Tensor } from "../gpu/tensor.ts";
-import { assertTensors } from "../gpu/ops/checks.ts";
-import { shortValue } from "../gpu/short_text.ts";
+import {
+  assertTensors,
+  broadcastInto,
+  cast,
+  crossEntropyPerRow,
+  div,
+  fail,
+  mean,
+  sameShape,
+  shortValue,
+  square,
+  sub,
+  sum,
+  Tensor,
+  ValueError,
+  warnOnce,
+} from "../gpu/mod.ts";
 
 /** How per-element losses are combined. */
 export type Reduction = "mean" | "sum" | "none";

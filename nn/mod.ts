@@ -2,14 +2,14 @@
  * Neural-network building blocks: the `Module` base with named parameters,
  * buffers and state dicts; layers (Linear, activations, Dropout, Embedding,
  * Conv2d, pooling, Flatten, LayerNorm, BatchNorm in fp32, Sequential, Checkpointed); gradient
- * checkpointing of layer sequences; losses; the functional layer ops; and the
- * safetensors format. Reading and writing files lives apart, in `files.ts`
- * (the `./files` export), so this module runs in browsers too. Optimizers are
- * in `optim/`.
+ * checkpointing of layer sequences; losses; and the safetensors format. The
+ * functional ops layers are built from (`relu`, `linear`, `conv2d`, ...) are
+ * the root module's, as `torch.nn.functional`'s are torch's. Reading and
+ * writing files lives apart, in `files.ts` (the `./files` export), so this
+ * module runs in browsers too. Optimizers are in `optim/`.
  *
  * @module
  */
-export * from "./functional.ts";
 export {
   type HostTensor,
   type LoadStateOptions,

@@ -3,14 +3,22 @@
  * tensors), named buffers (state such as running statistics) and named child
  * modules; names join with dots (`layers.0.weight`), as in PyTorch.
  */
-import { fail, ValueError } from "../gpu/errors.ts";
-import { zeroGrad } from "../gpu/autograd.ts";
-import { bytesPerElement, type DType, type FloatDType } from "../gpu/dtype.ts";
+import {
+  bytesPerElement,
+  cut,
+  type DType,
+  fail,
+  type FloatDType,
+  quoted,
+  sameShape,
+  type Shape,
+  shapeString,
+  Tensor,
+  untracked,
+  ValueError,
+  zeroGrad,
+} from "../gpu/mod.ts";
 import { bytesOfFloats, floatsOfBytes } from "./host_floats.ts";
-import { untracked } from "../gpu/scope.ts";
-import { sameShape, type Shape, shapeString } from "../gpu/shape.ts";
-import { cut, quoted } from "../gpu/short_text.ts";
-import { Tensor } from "../gpu/tensor.ts";
 
 /** Tensor data held on the CPU, e.g. read from a safetensors file. */
 export interface HostTensor {

@@ -1,9 +1,5 @@
 /** Normalisation layers. Their parameters and statistics are always fp32. */
-import { ShapeError } from "../gpu/errors.ts";
-import { batchNorm } from "../gpu/ops/batch_norm.ts";
-import { layerNorm } from "../gpu/ops/layer_norm.ts";
-import type { Gpu } from "../gpu/device.ts";
-import { Tensor } from "../gpu/tensor.ts";
+import { batchNorm, type Gpu, layerNorm, ShapeError, Tensor } from "../gpu/mod.ts";
 import { Module } from "./module.ts";
 
 /** Options of {@link LayerNorm}. */

@@ -2,19 +2,20 @@
  * Pooling and flatten layers (NCHW, as PyTorch). They have no parameters;
  * their options are checked in the constructor, not at the first forward.
  */
-import { checkFlattenDims, flatten } from "../gpu/ops/flatten.ts";
 import {
   adaptiveAvgPool2d,
   type AdaptiveSize2d,
   avgPool2d,
   type AvgPool2dOptions,
+  checkFlattenDims,
+  flatten,
   maxPool2d,
   type MaxPool2dOptions,
   resolveAdaptiveSize,
   resolvePool2dOptions,
   type Size2d,
-} from "../gpu/ops/pool2d.ts";
-import type { Tensor } from "../gpu/tensor.ts";
+  type Tensor,
+} from "../gpu/mod.ts";
 import { Module } from "./module.ts";
 
 /** `{ kernelSize: k }` for a bare size, else the options themselves. */

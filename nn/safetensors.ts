@@ -9,7 +9,16 @@
  * little-endian data buffer; offsets are relative to the data buffer, which
  * the tensors cover exactly, without holes or overlaps.
  */
-import { cut, quoted } from "../gpu/short_text.ts";
+import {
+  bytesPerElement,
+  cut,
+  type DType,
+  type Gpu,
+  quoted,
+  shapeString,
+  sizeOf,
+  Tensor,
+} from "../gpu/mod.ts";
 import {
   CHECKSUMS_KEY,
   refuseReservedKey,
@@ -18,10 +27,6 @@ import {
   withChecksums,
 } from "./checksum.ts";
 import { SafetensorsError } from "./safetensors_error.ts";
-import { bytesPerElement, type DType } from "../gpu/dtype.ts";
-import type { Gpu } from "../gpu/device.ts";
-import { shapeString, sizeOf } from "../gpu/shape.ts";
-import { Tensor } from "../gpu/tensor.ts";
 
 /** One tensor as the file stores it. */
 export interface SafetensorsEntry {

@@ -1,5 +1,5 @@
 /** The error of malformed safetensors files (its own file: the checksums throw it too). */
-import { HalfstepError } from "../gpu/errors.ts";
+import { HalfstepError } from "../gpu/mod.ts";
 
 /** A file or entry that breaks the safetensors format; the message says what and where. */
 export class SafetensorsError extends HalfstepError {

@@ -2,9 +2,7 @@
  * Saving and loading safetensors files with Deno's file APIs. The format
  * itself (pure Web APIs, usable in browsers) is in `safetensors.ts`.
  */
-import { checkOptionNames, fail, ValueError } from "../gpu/errors.ts";
-import { quoted } from "../gpu/short_text.ts";
-import type { Tensor } from "../gpu/tensor.ts";
+import { checkOptionNames, fail, quoted, type Tensor, ValueError } from "../gpu/mod.ts";
 import { type LoadStateOptions, type Module, nonFiniteSummary } from "./module.ts";
 import {
   decodeSafetensors,

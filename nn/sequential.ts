@@ -1,6 +1,5 @@
 /** Sequential: modules applied one after another, optionally checkpointed. */
-import { isGradEnabled } from "../gpu/autograd.ts";
-import type { Tensor } from "../gpu/tensor.ts";
+import { fail, isGradEnabled, shortValue, type Tensor, ValueError } from "../gpu/mod.ts";
 import {
   type CheckpointPlan,
   checkSegmentSpec,
@@ -10,8 +9,6 @@ import {
 } from "./checkpoint.ts";
 import { Module } from "./module.ts";
 import { type ForwardStep, planForwardSteps } from "./activation_fusion.ts";
-import { fail, ValueError } from "../gpu/errors.ts";
-import { shortValue } from "../gpu/short_text.ts";
 
 /**
  * Applies its layers in order; they are named "0", "1", ... so parameters

@@ -1,7 +1,5 @@
 /** The pre-LayerNorm decoder block of GPT-2: causal self-attention and an MLP, each residual. */
-import { ValueError } from "../gpu/errors.ts";
-import { add } from "../gpu/ops/elementwise.ts";
-import type { Tensor } from "../gpu/tensor.ts";
+import { add, type Tensor, ValueError } from "../gpu/mod.ts";
 import { CausalSelfAttention, type CausalSelfAttentionOptions } from "./attention.ts";
 import { generatorOf, type ParameterOptions } from "./init.ts";
 import { Linear } from "./linear.ts";

@@ -4,11 +4,16 @@
  * step signals, and state dicts that load all-or-nothing.
  * @internal
  */
-import { zeroGrad } from "../gpu/autograd.ts";
-import { DTypeError, fail, StateError, ValueError } from "../gpu/errors.ts";
-import { untracked } from "../gpu/scope.ts";
-import { sameShape } from "../gpu/shape.ts";
-import { Tensor } from "../gpu/tensor.ts";
+import {
+  DTypeError,
+  fail,
+  sameShape,
+  StateError,
+  Tensor,
+  untracked,
+  ValueError,
+  zeroGrad,
+} from "../gpu/mod.ts";
 import type { ParamUpdate, UpdateSignals } from "./kernels/update.ts";
 import type { Optimizer, StepSignals, WorkingCopies } from "./optimizer.ts";
 import {

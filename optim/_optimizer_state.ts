@@ -2,9 +2,7 @@
  * Optimizer state dicts as plain data, and their all-or-nothing validation.
  * @internal
  */
-import { sameShape, shapeString } from "../gpu/shape.ts";
-import { quoted } from "../gpu/short_text.ts";
-import type { Tensor } from "../gpu/tensor.ts";
+import { quoted, sameShape, shapeString, type Tensor } from "../gpu/mod.ts";
 
 /** A hyper-parameter value as groups and state dicts hold it. */
 export type HyperValue = number | boolean | readonly number[];

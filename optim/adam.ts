@@ -8,9 +8,7 @@
  * `optimizer.groups[i].lr = 1e-4`, which is what `LrScheduler` does. Other
  * hyper-parameters are fixed at construction (or restored by `loadStateDict`).
  */
-import { fail, ValueError } from "../gpu/errors.ts";
-import { untracked } from "../gpu/scope.ts";
-import { Tensor } from "../gpu/tensor.ts";
+import { fail, Tensor, untracked, ValueError } from "../gpu/mod.ts";
 import {
   checkOptionKeys,
   commonChecks,

@@ -1,8 +1,5 @@
 /** Clipping by global norm, computed in f32 on the GPU with no readback. */
-import { ValueError } from "../gpu/errors.ts";
-import { noGrad } from "../gpu/autograd.ts";
-import { untracked } from "../gpu/scope.ts";
-import { Tensor } from "../gpu/tensor.ts";
+import { noGrad, Tensor, untracked, ValueError } from "../gpu/mod.ts";
 import {
   launchClipCoefficient,
   launchScaleByCoefficient,

@@ -4,7 +4,7 @@
  * here runs on the CPU: a new learning rate is just a different uniform word
  * in the next fused update, so scheduling costs no GPU work and no sync.
  */
-import { fail, ValueError } from "../gpu/errors.ts";
+import { fail, ValueError } from "../gpu/mod.ts";
 
 /** A schedule: the factor in [0, 1] the base learning rate is multiplied by at `step` (0, 1, 2, ...). */
 export type LrSchedule = (step: number) => number;

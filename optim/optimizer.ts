@@ -5,7 +5,7 @@
  * signal they send lives in a GPU buffer: nothing here reads back to the CPU,
  * so a skipped step is decided on the GPU.
  */
-import type { Tensor } from "../gpu/tensor.ts";
+import type { Tensor } from "../gpu/mod.ts";
 
 /** GPU-resident signals for one optimizer step. */
 export interface StepSignals {

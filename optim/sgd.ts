@@ -9,7 +9,7 @@
  * `optimizer.groups[i].lr = 1e-4`, which is what `LrScheduler` does. Other
  * hyper-parameters are fixed at construction (or restored by `loadStateDict`).
  */
-import type { Tensor } from "../gpu/tensor.ts";
+import type { Tensor } from "../gpu/mod.ts";
 import {
   checkOptionKeys,
   commonChecks,

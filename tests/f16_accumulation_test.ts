@@ -9,11 +9,9 @@
 import assert from "node:assert/strict";
 import {
   AmpTrainer,
-  F16_CHUNK,
   initGpu,
   Linear,
   matmul,
-  type MatmulTiling,
   mean,
   RandomGenerator,
   SGD,
@@ -21,7 +19,7 @@ import {
   ValueError,
 } from "../mod.ts";
 import { dispatchMatmul } from "../gpu/kernels/matmul.ts";
-import { tilingName } from "../gpu/mod.ts";
+import { F16_CHUNK, type MatmulTiling, tilingName } from "../gpu/mod.ts";
 import { gpu, GPU_TEST } from "./_gpu.ts";
 import { quantize } from "./_reference.ts";
 import { matmulSettings } from "../gpu/matmul_settings.ts";

@@ -1,5 +1,6 @@
 import assert from "node:assert/strict";
-import { castPolicyOf, customAutocastLists, DEFAULT_AUTOCAST_LISTS, ValueError } from "../mod.ts";
+import { castPolicyOf } from "../amp/mod.ts";
+import { customAutocastLists, DEFAULT_AUTOCAST_LISTS, ValueError } from "../mod.ts";
 import { AUTOCAST_OP_NAMES, type AutocastOpName, OPS } from "../gpu/mod.ts";
 
 Deno.test("autocast lists: matmul in f16, reductions and softmax in f32, arithmetic promotes", () => {

@@ -14,12 +14,12 @@
  */
 import assert from "node:assert/strict";
 import { join } from "node:path";
+import { decodeSafetensors } from "../nn/mod.ts";
 import {
   AdamW,
   AmpTrainer,
   cosineSchedule,
   crossEntropy,
-  decodeSafetensors,
   LrScheduler,
   type Sequential,
   Tensor,

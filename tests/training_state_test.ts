@@ -9,9 +9,9 @@
  * is refused (finding 1).
  */
 import assert from "node:assert/strict";
+import { decodeSafetensors } from "../nn/mod.ts";
 import {
   cosineSchedule,
-  decodeSafetensors,
   Dropout,
   HalfstepError,
   Linear,

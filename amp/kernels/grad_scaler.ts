@@ -7,19 +7,20 @@
  * `0x7f80`). Gradients are bound as `array<u32>` (an f16 or bf16 word holds
  * two halves), so the kernels need no `shader-f16`.
  */
-import { DTypeError } from "../../gpu/errors.ts";
-import { BF16_WGSL, defineKernel } from "../../gpu/kernel.ts";
-import { WGSL_GRID_BUILTINS } from "../../gpu/kernels/grid.ts";
-import { useSubgroups } from "../../gpu/kernels/subgroups.ts";
 import {
+  BF16_WGSL,
+  defineKernel,
+  DTypeError,
+  isHalf,
   multiTensorDispatches,
   SLOT_UNIFORMS,
   slotBindings,
   slotBuffers,
+  useSubgroups,
+  WGSL_GRID_BUILTINS,
   wgslForEachSlot,
-} from "../../gpu/kernels/multi_tensor.ts";
-import type { Tensor } from "../../gpu/tensor.ts";
-import { isHalf } from "../../gpu/dtype.ts";
+} from "../../gpu/kernels/mod.ts";
+import type { Tensor } from "../../gpu/mod.ts";
 
 const WORKGROUP = 256;
 const PER_THREAD = 4;

@@ -13,12 +13,15 @@
  * watched tensor, in execution order; the one workgroup that lowers it writes
  * the row, step, call and loss scale beside it.
  */
-import type { Gpu } from "../../gpu/device.ts";
-import { isHalf } from "../../gpu/dtype.ts";
-import { defineKernel } from "../../gpu/kernel.ts";
-import { grid1d, WGSL_GRID_BUILTINS, WGSL_WORKGROUP_INDEX } from "../../gpu/kernels/grid.ts";
-import { untracked } from "../../gpu/scope.ts";
-import { Tensor } from "../../gpu/tensor.ts";
+import {
+  defineKernel,
+  type Gpu,
+  grid1d,
+  isHalf,
+  WGSL_GRID_BUILTINS,
+  WGSL_WORKGROUP_INDEX,
+} from "../../gpu/kernels/mod.ts";
+import { Tensor, untracked } from "../../gpu/mod.ts";
 
 const WORKGROUP = 256;
 const PER_THREAD = 4;

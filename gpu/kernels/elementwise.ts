@@ -57,7 +57,9 @@ export type BinaryOp = keyof typeof BINARY_OPS;
  * an [M, N] output has mid = M, inner = N; a per-row value has mid = N, inner = 1.
  */
 export interface Broadcast {
+  /** Times the operand repeats along the middle axis. */
   mid: number;
+  /** Elements of the operand's block after the middle axis. */
   inner: number;
 }
 

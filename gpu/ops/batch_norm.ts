@@ -85,7 +85,7 @@ function implicitCounter(runningMean: Tensor): Tensor {
  *
  * @example
  * ```ts
- * import { batchNorm, batchNormCounter, initGpu, Tensor } from "../../mod.ts";
+ * import { batchNorm, batchNormCounter, initGpu, Tensor } from "../mod.ts";
  * const gpu = await initGpu({ matmulTiling: "default" });
  * const runningMean = Tensor.zeros([2]), runningVar = Tensor.full([2], 1);
  * const x = Tensor.from([1, 10, 3, 30], [2, 2]);

@@ -7,6 +7,7 @@
  */
 import { record } from "../autograd.ts";
 import { launchBinary, launchUnary } from "../kernels/elementwise.ts";
+import type { DType } from "../dtype.ts";
 import type { Tensor } from "../tensor.ts";
 
 /**
@@ -69,4 +70,13 @@ export function readThroughCopy(source: Tensor, copy: Tensor): Tensor {
     output: copy.share(),
     backward: (g) => [launchUnary("identity", g, { out: source.dtype })],
   });
+}
+
+/**
+ * A copy of `source` in `dtype`, off the tape and unseen by an op observer:
+ * how a master weight's working copy is made and refreshed (the gradient
+ * reaches the master through {@link readThroughCopy}, not through this).
+ */
+export function workingCopy(source: Tensor, dtype: DType): Tensor {
+  return launchUnary("identity", source, { out: dtype });
 }

@@ -6,19 +6,21 @@
  * min(1, maxNorm / (norm + 1e-6)); gradients are scaled by reading it. The
  * per-gradient kernels take several gradients per dispatch (`multi_tensor.ts`).
  */
-import type { DType } from "../../gpu/dtype.ts";
-import { defineKernel } from "../../gpu/kernel.ts";
-import { WGSL_GRID_BUILTINS } from "../../gpu/kernels/grid.ts";
 import {
+  defineKernel,
+  type DType,
   multiTensorDispatches,
+  REDUCE_THREADS,
   SLOT_UNIFORMS,
   slotBindings,
   slotBuffers,
+  useSubgroups,
+  WGSL_GRID_BUILTINS,
+  WGSL_SUBGROUP_REDUCE,
+  WGSL_WORKGROUP_REDUCE,
   wgslForEachSlot,
-} from "../../gpu/kernels/multi_tensor.ts";
-import { REDUCE_THREADS, WGSL_WORKGROUP_REDUCE } from "../../gpu/kernels/wgsl_math.ts";
-import { useSubgroups, WGSL_SUBGROUP_REDUCE } from "../../gpu/kernels/subgroups.ts";
-import type { Tensor } from "../../gpu/tensor.ts";
+} from "../../gpu/kernels/mod.ts";
+import type { Tensor } from "../../gpu/mod.ts";
 
 const WORKGROUP = 256;
 

@@ -13,24 +13,22 @@
  * then found_inf (read as u32 bits, so a NaN or -0 flag is handled without
  * float compares), grad_scale and the kernel's shared buffers.
  */
-import type { DType } from "../../gpu/dtype.ts";
 import {
   type Binding,
   defineKernel,
   type DispatchUniforms,
+  type DType,
   type KernelDefinition,
-  optional,
-} from "../../gpu/kernel.ts";
-import { WGSL_GRID_BUILTINS } from "../../gpu/kernels/grid.ts";
-import {
   multiTensorDispatches,
+  optional,
   SLOT_UNIFORMS,
   slotBindings,
   slotBuffers,
   type SlotField,
+  WGSL_GRID_BUILTINS,
   wgslForEachSlot,
-} from "../../gpu/kernels/multi_tensor.ts";
-import type { Tensor } from "../../gpu/tensor.ts";
+} from "../../gpu/kernels/mod.ts";
+import type { Tensor } from "../../gpu/mod.ts";
 
 const WORKGROUP = 256;
 const PER_THREAD = 4;

@@ -1,0 +1,30 @@
+/**
+ * The face of gpu/ for kernel authors outside it (amp/kernels/,
+ * optim/kernels/): kernels as data, dtypes, the shared WGSL building blocks
+ * and the multi-tensor helpers. A kernel here works on device buffers; the
+ * ops that put its results on the tape are in `gpu/mod.ts`.
+ *
+ * @module
+ */
+export { DTypeError } from "../errors.ts";
+export { type DType, isHalf } from "../dtype.ts";
+export type { Gpu } from "../device.ts";
+export {
+  BF16_WGSL,
+  type Binding,
+  defineKernel,
+  type DispatchUniforms,
+  type KernelDefinition,
+  optional,
+} from "../kernel.ts";
+export { grid1d, WGSL_GRID_BUILTINS, WGSL_WORKGROUP_INDEX } from "./grid.ts";
+export { REDUCE_THREADS, WGSL_WORKGROUP_REDUCE } from "./wgsl_math.ts";
+export { useSubgroups, WGSL_SUBGROUP_REDUCE } from "./subgroups.ts";
+export {
+  multiTensorDispatches,
+  SLOT_UNIFORMS,
+  slotBindings,
+  slotBuffers,
+  type SlotField,
+  wgslForEachSlot,
+} from "./multi_tensor.ts";
