@@ -13,10 +13,10 @@
  * product's class, so "the tuner is within 10% of the best" can be read off.
  */
 import { classOf, type Gpu, matmulCandidates, tilingFor, tilingName } from "../gpu/mod.ts";
-import { dispatchMatmul, type MatmulProblem } from "../gpu/kernels/matmul.ts";
-import { gemmSplit } from "../gpu/kernels/gemm.ts";
-import { tilingKind } from "../gpu/kernels/tilings.ts";
-import { matmulSettings } from "../gpu/matmul_settings.ts";
+import { dispatchMatmul, type MatmulProblem } from "../gpu/kernels/gemm/matmul.ts";
+import { gemmSplit } from "../gpu/kernels/gemm/gemm.ts";
+import { tilingKind } from "../gpu/kernels/gemm/tilings.ts";
+import { matmulSettings } from "../gpu/kernels/gemm/settings.ts";
 import { RandomGenerator, Tensor } from "../mod.ts";
 import { type BenchOptions, gpuTimed, resolveSize, type Result } from "./_bench.ts";
 import { gptConfig } from "./bench_gpt.ts";

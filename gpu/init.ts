@@ -1,20 +1,20 @@
 /** Device acquisition: `initGpu()` is the first call of every program. */
-import type { FlushPolicy } from "./command_batch.ts";
+import type { FlushPolicy } from "./device/command_batch.ts";
 import {
   type F16Accumulation,
   type F16Mode,
   Gpu,
   type MatmulTiling,
   setDefaultGpu,
-} from "./device.ts";
-import { fail, GpuError } from "./errors.ts";
+} from "./device/gpu.ts";
+import { fail, GpuError } from "./base/errors.ts";
 import { checkInitGpuOptions } from "./init_options.ts";
-import { wgslRuntime } from "./kernel.ts";
-import { tuneMatmul } from "./matmul_tuning.ts";
-import { matmulSettings } from "./matmul_settings.ts";
-import { tuneAttention } from "./attention_tuning.ts";
-import { warnOnce } from "./runtime_state.ts";
-import type { TuningProgress } from "./kernel_timing.ts";
+import { wgslRuntime } from "./device/kernel.ts";
+import { tuneMatmul } from "./kernels/gemm/class_tuner.ts";
+import { matmulSettings } from "./kernels/gemm/settings.ts";
+import { tuneAttention } from "./kernels/attention/tuner.ts";
+import { warnOnce } from "./tensor/runtime_state.ts";
+import type { TuningProgress } from "./tuning/timing.ts";
 
 /** Options for {@link initGpu}. */
 export interface InitGpuOptions {

@@ -3,12 +3,12 @@
  * unknown name (a typo such as `matmulTilling`) or an invalid value is a
  * ValueError that lists what is accepted, instead of being ignored.
  */
-import type { FlushPolicy } from "./command_batch.ts";
-import type { MatmulTiling } from "./device.ts";
-import { fail, ValueError } from "./errors.ts";
+import type { FlushPolicy } from "./device/command_batch.ts";
+import type { MatmulTiling } from "./device/gpu.ts";
+import { fail, ValueError } from "./base/errors.ts";
 import type { InitGpuOptions } from "./init.ts";
-import { shortValue } from "./short_text.ts";
-import { TILING_KINDS, tilingKind } from "./kernels/tilings.ts";
+import { shortValue } from "./base/short_text.ts";
+import { TILING_KINDS, tilingKind } from "./kernels/gemm/tilings.ts";
 
 const VARIANTS = Object.keys(TILING_KINDS);
 const TILE_SIZES = ["tm", "tn", "wgx", "wgy", "tk"] as const;

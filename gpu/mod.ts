@@ -20,15 +20,15 @@ export {
   type MatmulTiling,
   type ProfileOptions,
   setDefaultGpu,
-} from "./device.ts";
-export type { AdapterProfile, ProfileLimits } from "./adapter_profile.ts";
+} from "./device/gpu.ts";
+export type { AdapterProfile, ProfileLimits } from "./device/adapter_profile.ts";
 export {
   type DispatchCost,
   DispatchProfiler,
   type DispatchRecord,
   type ProfileTiming,
-} from "./profiler.ts";
-export type { ProfileReport, ProfileRow } from "./profile_report.ts";
+} from "./device/profiler.ts";
+export type { ProfileReport, ProfileRow } from "./device/profile_report.ts";
 export {
   checkOptionNames,
   DTypeError,
@@ -39,7 +39,7 @@ export {
   ShapeError,
   StateError,
   ValueError,
-} from "./errors.ts";
+} from "./base/errors.ts";
 export {
   AUTOCAST_OP_NAMES,
   type AutocastClass,
@@ -50,7 +50,7 @@ export {
   type OpInfo,
   type OpName,
   OPS,
-} from "./op_registry.ts";
+} from "./base/op_registry.ts";
 export {
   currentModes,
   runtime,
@@ -58,10 +58,10 @@ export {
   type RuntimeState,
   warnOnce,
   withState,
-} from "./runtime_state.ts";
-export type { OpObserver } from "./op_observer.ts";
-export { BufferPool, type MemoryStats } from "./buffer_pool.ts";
-export { type BatchCounters, CommandBatch, type FlushPolicy } from "./command_batch.ts";
+} from "./tensor/runtime_state.ts";
+export type { OpObserver } from "./tensor/op_observer.ts";
+export { BufferPool, type MemoryStats } from "./device/buffer_pool.ts";
+export { type BatchCounters, CommandBatch, type FlushPolicy } from "./device/command_batch.ts";
 export {
   type Binding,
   type CompiledKernel,
@@ -78,7 +78,7 @@ export {
   PipelineCache,
   type UniformFields,
   type UniformType,
-} from "./kernel.ts";
+} from "./device/kernel.ts";
 export {
   assertDType,
   bytesPerElement,
@@ -88,10 +88,10 @@ export {
   isHalf,
   TENSOR_DTYPES,
   wgslType,
-} from "./dtype.ts";
-export { BF16_NAN, bf16FromF32, f32FromBf16 } from "./bf16.ts";
-export { sameShape, type Shape, shapeString, sizeOf } from "./shape.ts";
-export { cut, quoted, shortValue } from "./short_text.ts";
+} from "./base/dtype.ts";
+export { BF16_NAN, bf16FromF32, f32FromBf16 } from "./base/bf16.ts";
+export { sameShape, type Shape, shapeString, sizeOf } from "./base/shape.ts";
+export { cut, quoted, shortValue } from "./base/short_text.ts";
 export {
   assertTensorFits,
   type IndexRange,
@@ -99,15 +99,15 @@ export {
   type TensorData,
   type TensorOptions,
   type TensorValues,
-} from "./tensor.ts";
-export { keep, type ScopedResource, tidy, tracked, untracked } from "./scope.ts";
+} from "./tensor/tensor.ts";
+export { keep, type ScopedResource, tidy, tracked, untracked } from "./tensor/scope.ts";
 export {
   autocastDtypes,
   autocastInputs,
   autocastInputsWidenedInKernel,
   type CastHook,
   markCastForOp,
-} from "./autocast_hook.ts";
+} from "./tensor/autocast_hook.ts";
 export {
   backward,
   type BackwardOptions,
@@ -119,7 +119,7 @@ export {
   record,
   type RecordSpec,
   zeroGrad,
-} from "./autograd.ts";
+} from "./tensor/autograd.ts";
 export {
   type ClassTuning,
   defaultTuningClasses,
@@ -128,7 +128,7 @@ export {
   type TilingMeasurement,
   tuneMatmul,
   type TuneMatmulOptions,
-} from "./matmul_tuning.ts";
+} from "./kernels/gemm/class_tuner.ts";
 export {
   type MatmulShape,
   matmulShapeReport,
@@ -137,8 +137,8 @@ export {
   type ShapeTuning,
   tuneMatmulShapes,
   type TuneMatmulShapesOptions,
-} from "./shape_tuning.ts";
-export type { Activation } from "./kernels/wgsl_math.ts";
+} from "./kernels/gemm/shape_tuner.ts";
+export type { Activation } from "./kernels/wgsl/math.ts";
 export {
   attentionShapeReport,
   type AttentionShapeTuning,
@@ -146,21 +146,21 @@ export {
   tuneAttention,
   tuneAttentionShapes,
   type TuneAttentionShapesOptions,
-} from "./attention_tuning.ts";
-export type { CandidateTimer, TuningProgress } from "./kernel_timing.ts";
-export type { ShapePicks, ShapeTuningOptions, TimedPick } from "./shape_picks_store.ts";
-export type { AttentionPlan, AttentionTile } from "./device.ts";
-export { defineTunerSettings, type TunerSettings } from "./tuners.ts";
-export { type MatmulSettings, matmulSettings } from "./matmul_settings.ts";
+} from "./kernels/attention/tuner.ts";
+export type { CandidateTimer, TuningProgress } from "./tuning/timing.ts";
+export type { ShapePicks, ShapeTuningOptions, TimedPick } from "./tuning/shape_store.ts";
+export type { AttentionPlan, AttentionTile } from "./device/gpu.ts";
+export { defineTunerSettings, type TunerSettings } from "./tuning/settings.ts";
+export { type MatmulSettings, matmulSettings } from "./kernels/gemm/settings.ts";
 export {
   type AttentionProblem,
   type AttentionSettings,
   attentionSettings,
   type AttentionShape,
   type AttentionShapeRecord,
-} from "./attention_picks.ts";
+} from "./kernels/attention/settings.ts";
 export { type MultiTensorSettings, multiTensorSettings } from "./kernels/multi_tensor.ts";
-export { type RowSettings, rowSettings } from "./kernels/row_layout.ts";
+export { type RowSettings, rowSettings } from "./kernels/rows/row_layout.ts";
 export { type ElementwiseSettings, elementwiseSettings } from "./kernels/elementwise.ts";
 export {
   classOf,
@@ -173,7 +173,7 @@ export {
   tilingFor,
   tilingName,
   tilingNames,
-} from "./matmul_class.ts";
+} from "./kernels/gemm/matmul_class.ts";
 export {
   add,
   addScalar,
@@ -198,12 +198,12 @@ export type { Broadcast } from "./kernels/elementwise.ts";
 export { linear, type LinearOptions } from "./ops/linear.ts";
 export { layerNormLinear, type LayerNormLinearOptions } from "./ops/layer_norm_linear.ts";
 export { matmul, type MatmulOptions } from "./ops/matmul.ts";
-export { F16_CHUNK } from "./kernels/matmul.ts";
+export { F16_CHUNK } from "./kernels/gemm/matmul.ts";
 export { max, mean, type ReduceOptions, sum } from "./ops/reduce.ts";
 export { logSoftmax, softmax } from "./ops/softmax.ts";
 export { reshape } from "./ops/reshape.ts";
 export { addInPlace } from "./ops/in_place.ts";
-export { checkpoint, isRecomputing } from "./checkpoint.ts";
+export { checkpoint, isRecomputing } from "./ops/checkpoint.ts";
 export { layerNorm, type LayerNormOptions } from "./ops/layer_norm.ts";
 export { batchNorm, batchNormCounter, type BatchNormOptions } from "./ops/batch_norm.ts";
 export { dropout } from "./ops/dropout.ts";
@@ -223,7 +223,7 @@ export {
 } from "./ops/pool2d.ts";
 export { checkFlattenDims, flatten } from "./ops/flatten.ts";
 export type { Size2d } from "./ops/size2d.ts";
-export type { Conv2dGeometry } from "./kernels/conv2d.ts";
+export type { Conv2dGeometry } from "./kernels/gemm/conv2d.ts";
 export {
   type CrossEntropyPerRow,
   crossEntropyPerRow,
@@ -238,7 +238,7 @@ export {
   RandomTape,
   randomU32,
   randomUniform,
-} from "./random.ts";
+} from "./tensor/random.ts";
 export { causalSoftmax, type CausalSoftmaxOptions } from "./ops/causal_softmax.ts";
 export { permute } from "./ops/permute.ts";
 export { narrow, split } from "./ops/narrow.ts";

@@ -1,7 +1,7 @@
 /** Helpers of the fused attention tests: forcing a plan, and the dropout mask's factors. */
 import { type AttentionPlan, DTYPES, type RandomRange, randomUniform } from "../gpu/mod.ts";
 import { gpu } from "./_gpu.ts";
-import { attentionSettings } from "../gpu/attention_picks.ts";
+import { attentionSettings } from "../gpu/kernels/attention/settings.ts";
 
 /**
  * Runs `fn` with each dtype's attention plan set to `plan` and no per-shape
@@ -22,7 +22,7 @@ export async function withPlan(plan: AttentionPlan, fn: () => Promise<void>): Pr
   }
 }
 
-/** The dropout factor of weight (z, i, j), from the mask's definition (see gpu/random.ts). */
+/** The dropout factor of weight (z, i, j), from the mask's definition (see gpu/tensor/random.ts). */
 export function dropoutFactor(
   p: number,
   range: RandomRange,

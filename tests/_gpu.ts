@@ -3,10 +3,10 @@
  * loudly: CI installs lavapipe so that no GPU test is ever skipped.
  */
 import { initGpu, MATMUL_CANDIDATES, type MatmulTiling, type ProfileLimits } from "../gpu/mod.ts";
-import { gpuLikeProfile, withAdapterProfile } from "../gpu/adapter_profile.ts";
-import { tilingFits, tilingKind } from "../gpu/kernels/tilings.ts";
-import { matmulSettings } from "../gpu/matmul_settings.ts";
-import { rowSettings } from "../gpu/kernels/row_layout.ts";
+import { gpuLikeProfile, withAdapterProfile } from "../gpu/device/adapter_profile.ts";
+import { tilingFits, tilingKind } from "../gpu/kernels/gemm/tilings.ts";
+import { matmulSettings } from "../gpu/kernels/gemm/settings.ts";
+import { rowSettings } from "../gpu/kernels/rows/row_layout.ts";
 import { elementwiseSettings } from "../gpu/kernels/elementwise.ts";
 
 /** The shared device (f16 on when the adapter has it). */

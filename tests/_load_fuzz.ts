@@ -7,7 +7,7 @@
  * changes may load, without them no structural change may.
  */
 import { isDeepStrictEqual } from "node:util";
-import { HalfstepError } from "../gpu/errors.ts";
+import { HalfstepError } from "../gpu/base/errors.ts";
 import { decodeSafetensors } from "../nn/safetensors.ts";
 import { type Mutant, splitFile } from "./_file_mutations.ts";
 

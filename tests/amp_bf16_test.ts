@@ -33,13 +33,13 @@ import { TinyGpt } from "../examples/tiny_gpt_model.ts";
 import { add } from "../gpu/mod.ts";
 import { loadTrainingState, saveTrainingState } from "../files.ts";
 import { clipGradNorm } from "../optim/clip.ts";
-import { runtime } from "../gpu/runtime_state.ts";
+import { runtime } from "../gpu/tensor/runtime_state.ts";
 import { gpu as sharedGpu, GPU_TEST } from "./_gpu.ts";
 import { matmul64, quantize, uniform } from "./_reference.ts";
 import { assertClose, TOL } from "./_assert.ts";
 import { capturedWarnings } from "./_warnings.ts";
 import { ampRun, batch, CLASSES, FEATURES, type Run, snapshot, train } from "./_training_state.ts";
-import type { Gpu } from "../gpu/device.ts";
+import type { Gpu } from "../gpu/device/gpu.ts";
 
 /** Each value rounded to bf16 from its f32, ties to even, on the bits (not the library's code). */
 function bf16Bits(values: ArrayLike<number>): Float32Array {

@@ -1,5 +1,5 @@
 /**
- * Per-shape attention tuning on GPUs (gpu/attention_picks.ts,
+ * Per-shape attention tuning on GPUs (gpu/kernels/attention/settings.ts,
  * `tuneAttentionShapes`), through the GPU-like adapter profile and injected
  * timers: each (B·H, T, D, dtype) gets its own plan, the kernels run it and
  * still match f64, the tuner runs the real B·H, picks are cached per
@@ -15,9 +15,9 @@ import {
   Tensor,
   tuneAttentionShapes,
 } from "../gpu/mod.ts";
-import type { AttentionPlan } from "../gpu/device.ts";
-import { attentionShapeCacheKey, attentionShapeKey } from "../gpu/attention_picks.ts";
-import { attentionPlanCandidates } from "../gpu/kernels/flash_attention.ts";
+import type { AttentionPlan } from "../gpu/device/gpu.ts";
+import { attentionShapeCacheKey, attentionShapeKey } from "../gpu/kernels/attention/settings.ts";
+import { attentionPlanCandidates } from "../gpu/kernels/attention/flash_attention.ts";
 import { asGpu, gpu, GPU_TEST } from "./_gpu.ts";
 import { type AttentionDims, causalAttentionWithGrads64 } from "./_attention_reference.ts";
 import { uniform } from "./_reference.ts";

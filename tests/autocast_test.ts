@@ -24,7 +24,7 @@ import {
 } from "../mod.ts";
 import { clipGradNorm } from "../optim/clip.ts";
 import { MasterWeights } from "../amp/master_weights.ts";
-import { sizeClass } from "../gpu/buffer_pool.ts";
+import { sizeClass } from "../gpu/device/buffer_pool.ts";
 import { dispatchedKernels, gpu as sharedGpu, GPU_TEST } from "./_gpu.ts";
 import { matmul64, quantize, uniform } from "./_reference.ts";
 import { assertClose, TOL } from "./_assert.ts";

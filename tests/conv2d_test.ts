@@ -2,13 +2,13 @@ import assert from "node:assert/strict";
 import { DTYPES, type FloatDType, mul, sum, Tensor, tidy } from "../gpu/mod.ts";
 import { conv2d, type Conv2dOptions } from "../gpu/ops/conv2d.ts";
 import { asGpu, dispatchedKernels, gpu, GPU_TEST, withEachTiling } from "./_gpu.ts";
-import { MATMUL_CANDIDATES } from "../gpu/matmul_tuning.ts";
-import { gemmSplit } from "../gpu/kernels/gemm.ts";
-import { tilingName } from "../gpu/matmul_class.ts";
+import { MATMUL_CANDIDATES } from "../gpu/kernels/gemm/class_tuner.ts";
+import { gemmSplit } from "../gpu/kernels/gemm/gemm.ts";
+import { tilingName } from "../gpu/kernels/gemm/matmul_class.ts";
 import { gradcheck } from "./_gradcheck.ts";
 import { quantize, uniform } from "./_reference.ts";
 import { assertClose, TOL, type Tolerance } from "./_assert.ts";
-import { matmulSettings } from "../gpu/matmul_settings.ts";
+import { matmulSettings } from "../gpu/kernels/gemm/settings.ts";
 
 /** A convolution case: sizes and PyTorch-style options. */
 interface Case {

@@ -18,11 +18,11 @@ import {
   Tensor,
   ValueError,
 } from "../mod.ts";
-import { dispatchMatmul } from "../gpu/kernels/matmul.ts";
+import { dispatchMatmul } from "../gpu/kernels/gemm/matmul.ts";
 import { F16_CHUNK, type MatmulTiling, tilingName } from "../gpu/mod.ts";
 import { gpu, GPU_TEST } from "./_gpu.ts";
 import { quantize } from "./_reference.ts";
-import { matmulSettings } from "../gpu/matmul_settings.ts";
+import { matmulSettings } from "../gpu/kernels/gemm/settings.ts";
 
 const U16 = 2 ** -11, U32 = 2 ** -24;
 /** The GPU tilings that sum in f16 chunks: blocked, and vec4 (f16 tiles under chunks). */

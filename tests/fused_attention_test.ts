@@ -18,9 +18,9 @@ import { type FloatDType, type Gpu, initGpu, type RandomRange, tuneAttention } f
 import {
   ATTENTION_PLAN_CANDIDATES,
   attentionPlanCandidates,
-} from "../gpu/kernels/flash_attention.ts";
+} from "../gpu/kernels/attention/flash_attention.ts";
 import { asGpu, dispatchedKernels, gpu, GPU_TEST } from "./_gpu.ts";
-import { attentionSettings } from "../gpu/attention_picks.ts";
+import { attentionSettings } from "../gpu/kernels/attention/settings.ts";
 import { dropoutFactor, withPlan } from "./_attention_plans.ts";
 import { assertClose, type Tolerance } from "./_assert.ts";
 import { quantize, uniform } from "./_reference.ts";

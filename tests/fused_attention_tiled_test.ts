@@ -11,10 +11,10 @@ import {
   ATTENTION_PLAN_CANDIDATES,
   attentionPlanCandidates,
   TILED_ATTENTION_PLANS,
-} from "../gpu/kernels/flash_attention.ts";
-import { tiledAttentionBytes } from "../gpu/kernels/flash_attention_tiled.ts";
+} from "../gpu/kernels/attention/flash_attention.ts";
+import { tiledAttentionBytes } from "../gpu/kernels/attention/flash_attention_tiled.ts";
 import { asGpu, dispatchedKernels, gpu, GPU_TEST } from "./_gpu.ts";
-import { attentionSettings } from "../gpu/attention_picks.ts";
+import { attentionSettings } from "../gpu/kernels/attention/settings.ts";
 import { dropoutFactor, withPlan } from "./_attention_plans.ts";
 import { assertClose, type Tolerance } from "./_assert.ts";
 import { quantize, uniform } from "./_reference.ts";

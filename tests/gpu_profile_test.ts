@@ -1,25 +1,33 @@
 /**
  * The GPU path on a CPU adapter: with the device run as a GPU
  * (`withAdapterProfile(gpu, gpuLikeProfile(gpu), ...)`, see
- * gpu/adapter_profile.ts) the library takes every branch a user's GPU takes —
+ * gpu/device/adapter_profile.ts) the library takes every branch a user's GPU takes —
  * blocked tilings, their workgroup-memory filter, the size classes, split-K
  * at a GPU's target — while lavapipe executes the kernels, checked here
  * against f64.
  */
 import assert from "node:assert/strict";
 import { matmul, MATMUL_CANDIDATES, type MatmulTiling, Tensor, tuneMatmul } from "../gpu/mod.ts";
-import { defaultTuningClasses, matmulCandidates } from "../gpu/matmul_tuning.ts";
-import { classOf, matmulClassKey, tilingFor, tilingName } from "../gpu/matmul_class.ts";
-import { gemmSlices, gemmSplit, sliceLength } from "../gpu/kernels/gemm.ts";
-import { tilingFits, tilingKind } from "../gpu/kernels/tilings.ts";
-import { attentionPlanCandidates, launchFlashAttention } from "../gpu/kernels/flash_attention.ts";
+import { defaultTuningClasses, matmulCandidates } from "../gpu/kernels/gemm/class_tuner.ts";
+import {
+  classOf,
+  matmulClassKey,
+  tilingFor,
+  tilingName,
+} from "../gpu/kernels/gemm/matmul_class.ts";
+import { gemmSlices, gemmSplit, sliceLength } from "../gpu/kernels/gemm/gemm.ts";
+import { tilingFits, tilingKind } from "../gpu/kernels/gemm/tilings.ts";
+import {
+  attentionPlanCandidates,
+  launchFlashAttention,
+} from "../gpu/kernels/attention/flash_attention.ts";
 import { asGpu, dispatchedKernels, gpu, GPU_TEST } from "./_gpu.ts";
 import { matmul64, quantize, uniform } from "./_reference.ts";
 import { assertClose, TOL, type Tolerance } from "./_assert.ts";
-import { matmulSettings } from "../gpu/matmul_settings.ts";
-import { rowSettings } from "../gpu/kernels/row_layout.ts";
+import { matmulSettings } from "../gpu/kernels/gemm/settings.ts";
+import { rowSettings } from "../gpu/kernels/rows/row_layout.ts";
 import { multiTensorSettings } from "../gpu/kernels/multi_tensor.ts";
-import { attentionSettings } from "../gpu/attention_picks.ts";
+import { attentionSettings } from "../gpu/kernels/attention/settings.ts";
 
 const BLOCKED = MATMUL_CANDIDATES.filter((t) => t.variant === "blocked");
 const BLOCKED_128 = BLOCKED[0];

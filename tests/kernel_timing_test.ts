@@ -1,5 +1,5 @@
 import assert from "node:assert/strict";
-import { timeCandidates } from "../gpu/kernel_timing.ts";
+import { timeCandidates } from "../gpu/tuning/timing.ts";
 import {
   initGpu,
   type InitGpuOptions,
@@ -7,9 +7,9 @@ import {
   type MatmulTiling,
   tuneMatmul,
 } from "../gpu/mod.ts";
-import { matmulClassKey, tilingName } from "../gpu/matmul_class.ts";
+import { matmulClassKey, tilingName } from "../gpu/kernels/gemm/matmul_class.ts";
 import { asGpu, gpu, GPU_TEST } from "./_gpu.ts";
-import { matmulSettings } from "../gpu/matmul_settings.ts";
+import { matmulSettings } from "../gpu/kernels/gemm/settings.ts";
 
 Deno.test("tuners: the finalists are timed again and keep their better time", async () => {
   // First round: c looks fastest only because a noisy spike slowed b down.

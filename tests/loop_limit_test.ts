@@ -1,7 +1,7 @@
 import assert from "node:assert/strict";
 import { fusedCausalAttention, linear, matmul, Tensor, tidy } from "../mod.ts";
 import { gpu, GPU_TEST } from "./_gpu.ts";
-import { matmulSettings } from "../gpu/matmul_settings.ts";
+import { matmulSettings } from "../gpu/kernels/gemm/settings.ts";
 
 Deno.test({
   name: "loop cap: a product splits a reduction too long for one invocation on a capped adapter",

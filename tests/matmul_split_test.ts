@@ -9,9 +9,9 @@ import {
   Tensor,
   tidy,
 } from "../gpu/mod.ts";
-import { gemmSlices, sliceLength } from "../gpu/kernels/gemm.ts";
+import { gemmSlices, sliceLength } from "../gpu/kernels/gemm/gemm.ts";
 import { dispatchedKernels, gpu, GPU_TEST, withSettings } from "./_gpu.ts";
-import { matmulSettings } from "../gpu/matmul_settings.ts";
+import { matmulSettings } from "../gpu/kernels/gemm/settings.ts";
 import { matmul64, quantize, uniform } from "./_reference.ts";
 import { assertClose, TOL, type Tolerance } from "./_assert.ts";
 

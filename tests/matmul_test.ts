@@ -24,8 +24,8 @@ import { gpu, GPU_TEST, withEachTiling } from "./_gpu.ts";
 import { gradcheck } from "./_gradcheck.ts";
 import { matmul64, quantize, uniform } from "./_reference.ts";
 import { assertClose, TOL, type Tolerance } from "./_assert.ts";
-import { matmulSettings } from "../gpu/matmul_settings.ts";
-import { matmulShapeKey, shapeOf } from "../gpu/shape_picks.ts";
+import { matmulSettings } from "../gpu/kernels/gemm/settings.ts";
+import { matmulShapeKey, shapeOf } from "../gpu/kernels/gemm/shape_picks.ts";
 
 // Sizes that are multiples of no tile, a single element, and a long K.
 const SHAPES = [

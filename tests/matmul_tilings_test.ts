@@ -20,11 +20,11 @@ import {
   Tensor,
   tilingName,
 } from "../gpu/mod.ts";
-import { tilingFits, tilingKind } from "../gpu/kernels/tilings.ts";
-import { dispatchMatmul } from "../gpu/kernels/matmul.ts";
-import { gemmSplit } from "../gpu/kernels/gemm.ts";
+import { tilingFits, tilingKind } from "../gpu/kernels/gemm/tilings.ts";
+import { dispatchMatmul } from "../gpu/kernels/gemm/matmul.ts";
+import { gemmSplit } from "../gpu/kernels/gemm/gemm.ts";
 import { asGpu, gpu, GPU_TEST, withSettings, withTiling } from "./_gpu.ts";
-import { matmulSettings } from "../gpu/matmul_settings.ts";
+import { matmulSettings } from "../gpu/kernels/gemm/settings.ts";
 import { gelu64, matmul64, quantize, uniform } from "./_reference.ts";
 import { assertClose, TOL, type Tolerance } from "./_assert.ts";
 

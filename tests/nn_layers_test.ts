@@ -1,7 +1,7 @@
 import assert from "node:assert/strict";
 import { backward, embedding, noGrad, sum, Tensor, tidy } from "../gpu/mod.ts";
 import { dropout } from "../gpu/ops/dropout.ts";
-import { RandomGenerator, randomUniform } from "../gpu/random.ts";
+import { RandomGenerator, randomUniform } from "../gpu/tensor/random.ts";
 import {
   crossEntropy,
   Dropout,

@@ -18,7 +18,7 @@ Deno.test("deno publish --dry-run: no slow types, no warnings, the library files
   assert.equal(run.code, 0, output);
   assert.match(output, /Checking for slow types in the public API/);
   assert.match(output, /Dry run complete/);
-  // The file list names files such as gpu/errors.ts: look for warnings everywhere else.
+  // The file list names files such as gpu/base/errors.ts: look for warnings everywhere else.
   const messages = output.split("\n").filter((line) => !line.includes("file://")).join("\n");
   assert.doesNotMatch(messages, /warning|error/i, output);
   // "   file:///…/repo/gpu/mod.ts (2.4KB)" → "gpu/mod.ts"

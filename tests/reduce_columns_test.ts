@@ -7,8 +7,8 @@
 import assert from "node:assert/strict";
 import { linear, Tensor, tidy } from "../gpu/mod.ts";
 import { launchColumnSum } from "../gpu/kernels/reduce_columns.ts";
-import { launchLayerNormColumnGrads } from "../gpu/kernels/layer_norm_columns.ts";
-import { launchLayerNorm, launchLayerNormParamGrads } from "../gpu/kernels/layer_norm.ts";
+import { launchLayerNormColumnGrads } from "../gpu/kernels/rows/layer_norm_columns.ts";
+import { launchLayerNorm, launchLayerNormParamGrads } from "../gpu/kernels/rows/layer_norm.ts";
 import { launchReduce } from "../gpu/kernels/reduce.ts";
 import { asGpu, dispatchedKernels, gpu, GPU_TEST } from "./_gpu.ts";
 import { quantize, reduceSum64, uniform } from "./_reference.ts";

@@ -1,8 +1,8 @@
 import assert from "node:assert/strict";
 import { add, type F16Mode, GpuError, initGpu, mul, relu, sum, Tensor, tidy } from "../gpu/mod.ts";
 import { unaryKernel } from "../gpu/kernels/elementwise.ts";
-import { kernelKey } from "../gpu/kernel.ts";
-import { sizeClass } from "../gpu/buffer_pool.ts";
+import { kernelKey } from "../gpu/device/kernel.ts";
+import { sizeClass } from "../gpu/device/buffer_pool.ts";
 import { gpu, GPU_TEST } from "./_gpu.ts";
 import { capturedWarnings } from "./_warnings.ts";
 

@@ -8,7 +8,7 @@
 import assert from "node:assert/strict";
 import { autocast } from "../amp/mod.ts";
 import { mean, square, Tensor, tidy } from "../gpu/mod.ts";
-import { RandomGenerator } from "../gpu/random.ts";
+import { RandomGenerator } from "../gpu/tensor/random.ts";
 import {
   Conv2d,
   Dropout,

@@ -1,5 +1,5 @@
 /**
- * Per-shape matmul tuning on GPUs (gpu/shape_tuning.ts, gpu/shape_picks.ts),
+ * Per-shape matmul tuning on GPUs (gpu/kernels/gemm/shape_tuner.ts, gpu/kernels/gemm/shape_picks.ts),
  * through the GPU-like adapter profile and injected timers: each shape gets
  * its own pick, dispatch uses it (the dispatched kernel's key and grid), the
  * results still match f64, picks are cached per adapter and a cached entry
@@ -16,10 +16,14 @@ import {
   Tensor,
   tuneMatmulShapes,
 } from "../gpu/mod.ts";
-import { forgetMatmulShapes, matmulShapeKey, shapeCacheKey } from "../gpu/shape_picks.ts";
-import { waveSlices } from "../gpu/kernels/gemm.ts";
-import { matmulCandidates } from "../gpu/matmul_candidates.ts";
-import { tilingKind } from "../gpu/kernels/tilings.ts";
+import {
+  forgetMatmulShapes,
+  matmulShapeKey,
+  shapeCacheKey,
+} from "../gpu/kernels/gemm/shape_picks.ts";
+import { waveSlices } from "../gpu/kernels/gemm/gemm.ts";
+import { matmulCandidates } from "../gpu/kernels/gemm/candidates.ts";
+import { tilingKind } from "../gpu/kernels/gemm/tilings.ts";
 import { asGpu, gpu, GPU_TEST } from "./_gpu.ts";
 import { shapePicks, shapeTable } from "../examples/_bench_tuning.ts";
 import { matmul64, uniform } from "./_reference.ts";

@@ -1,5 +1,5 @@
 /**
- * Subgroup reductions (gpu/kernels/subgroups.ts) against the workgroup-memory
+ * Subgroup reductions (gpu/kernels/wgsl/subgroups.ts) against the workgroup-memory
  * kernels they replace on GPUs, both run on lavapipe as a GPU: row
  * reductions (sum, max with NaN, softmax, log-softmax, LayerNorm,
  * cross-entropy, causal softmax, forward and backward), the gradient norm
@@ -11,7 +11,7 @@ import { layerNorm } from "../gpu/ops/layer_norm.ts";
 import { crossEntropy } from "../nn/losses.ts";
 import { clipGradNorm } from "../optim/clip.ts";
 import { launchUnscale } from "../amp/kernels/grad_scaler.ts";
-import { gpuLikeProfile, withAdapterProfile } from "../gpu/adapter_profile.ts";
+import { gpuLikeProfile, withAdapterProfile } from "../gpu/device/adapter_profile.ts";
 import { dispatchedKernels, gpu, GPU_TEST } from "./_gpu.ts";
 import {
   crossEntropy64,

@@ -5,9 +5,9 @@
  */
 import assert from "node:assert/strict";
 import { initGpu, ValueError } from "../gpu/mod.ts";
-import { gpuLikeProfile } from "../gpu/adapter_profile.ts";
-import { useSubgroups } from "../gpu/kernels/subgroups.ts";
-import { wgslRuntime } from "../gpu/kernel.ts";
+import { gpuLikeProfile } from "../gpu/device/adapter_profile.ts";
+import { useSubgroups } from "../gpu/kernels/wgsl/subgroups.ts";
+import { wgslRuntime } from "../gpu/device/kernel.ts";
 import { reduceKernel } from "../gpu/kernels/reduce.ts";
 import { asGpu, gpu, GPU_TEST } from "./_gpu.ts";
 

@@ -10,12 +10,12 @@
  * Either way the mean and rstd used are saved (f32 [C]) for the backward pass,
  * so a later update of the running statistics cannot change the gradient.
  */
-import type { DType } from "../dtype.ts";
-import { fail, ValueError } from "../errors.ts";
-import { defineKernel, optional } from "../kernel.ts";
-import { Tensor } from "../tensor.ts";
-import { grid1d, WGSL_GRID_BUILTINS, WGSL_WORKGROUP_INDEX } from "./grid.ts";
-import { REDUCE_THREADS, WGSL_WORKGROUP_REDUCE } from "./wgsl_math.ts";
+import type { DType } from "../base/dtype.ts";
+import { fail, ValueError } from "../base/errors.ts";
+import { defineKernel, optional } from "../device/kernel.ts";
+import { Tensor } from "../tensor/tensor.ts";
+import { grid1d, WGSL_GRID_BUILTINS, WGSL_WORKGROUP_INDEX } from "./wgsl/grid.ts";
+import { REDUCE_THREADS, WGSL_WORKGROUP_REDUCE } from "./wgsl/math.ts";
 
 /** Storage dtype of x, batch or running statistics, and which optional buffers are bound. */
 export type BatchNormConfig = {

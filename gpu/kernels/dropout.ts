@@ -5,11 +5,11 @@
  * Forward and backward run the same kernel, so the mask is never
  * stored; it is regenerated bit-exactly from the same random range.
  */
-import type { DType } from "../dtype.ts";
-import { defineKernel } from "../kernel.ts";
-import { type RandomRange, WGSL_RANDOM } from "../random.ts";
-import { Tensor } from "../tensor.ts";
-import { moveGrid, wgslComputeMain } from "./move_elements.ts";
+import type { DType } from "../base/dtype.ts";
+import { defineKernel } from "../device/kernel.ts";
+import { type RandomRange, WGSL_RANDOM } from "../tensor/random.ts";
+import { Tensor } from "../tensor/tensor.ts";
+import { moveGrid, wgslComputeMain } from "./wgsl/move_elements.ts";
 
 /** The dropout kernel family (one per dtype). */
 export const dropoutKernel = defineKernel({

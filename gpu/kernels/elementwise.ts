@@ -4,14 +4,14 @@
  * whatever the storage dtype; the output dtype may differ from the input's,
  * which is how casts are made.
  */
-import type { DType } from "../dtype.ts";
-import type { Gpu } from "../device.ts";
-import { defineKernel, type ElementType } from "../kernel.ts";
-import type { Shape } from "../shape.ts";
-import { Tensor } from "../tensor.ts";
-import { activationExpr, WGSL_ERF, WGSL_MATH } from "./wgsl_math.ts";
-import { grid1d, WGSL_GRID_BUILTINS, WGSL_WORKGROUP_INDEX } from "./grid.ts";
-import { defineTunerSettings, type TunerSettings } from "../tuners.ts";
+import type { DType } from "../base/dtype.ts";
+import type { Gpu } from "../device/gpu.ts";
+import { defineKernel, type ElementType } from "../device/kernel.ts";
+import type { Shape } from "../base/shape.ts";
+import { Tensor } from "../tensor/tensor.ts";
+import { activationExpr, WGSL_ERF, WGSL_MATH } from "./wgsl/math.ts";
+import { grid1d, WGSL_GRID_BUILTINS, WGSL_WORKGROUP_INDEX } from "./wgsl/grid.ts";
+import { defineTunerSettings, type TunerSettings } from "../tuning/settings.ts";
 
 const WORKGROUP = 256;
 const PER_THREAD = 4;

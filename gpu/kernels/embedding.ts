@@ -5,13 +5,13 @@
  * fine for the character- and class-sized tables on CPU adapters; GPUs group
  * the ids first (embedding_grad.ts), with the same f32 sums in the same order.
  */
-import type { DType } from "../dtype.ts";
-import { defineKernel } from "../kernel.ts";
-import type { Shape } from "../shape.ts";
-import { Tensor } from "../tensor.ts";
-import { grid1d, WGSL_GRID_BUILTINS, WGSL_WORKGROUP_INDEX } from "./grid.ts";
+import type { DType } from "../base/dtype.ts";
+import { defineKernel } from "../device/kernel.ts";
+import type { Shape } from "../base/shape.ts";
+import { Tensor } from "../tensor/tensor.ts";
+import { grid1d, WGSL_GRID_BUILTINS, WGSL_WORKGROUP_INDEX } from "./wgsl/grid.ts";
 import { launchGroupedScatter } from "./embedding_grad.ts";
-import { movedType, moveGrid, wgslMoveMain } from "./move_elements.ts";
+import { movedType, moveGrid, wgslMoveMain } from "./wgsl/move_elements.ts";
 
 const WORKGROUP = 256;
 

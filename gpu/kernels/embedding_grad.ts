@@ -16,11 +16,11 @@
  * The additions happen in the order the old kernel makes them (rows
  * ascending), so f32 results are its bits, and runs repeat bit for bit.
  */
-import type { DType } from "../dtype.ts";
-import { defineKernel } from "../kernel.ts";
-import type { Shape } from "../shape.ts";
-import { Tensor } from "../tensor.ts";
-import { grid1d, WGSL_GRID_BUILTINS, WGSL_WORKGROUP_INDEX } from "./grid.ts";
+import type { DType } from "../base/dtype.ts";
+import { defineKernel } from "../device/kernel.ts";
+import type { Shape } from "../base/shape.ts";
+import { Tensor } from "../tensor/tensor.ts";
+import { grid1d, WGSL_GRID_BUILTINS, WGSL_WORKGROUP_INDEX } from "./wgsl/grid.ts";
 
 const WORKGROUP = 256;
 /** Rows per block of the counting sort: a row's rank scans at most this many earlier rows. */

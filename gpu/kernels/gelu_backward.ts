@@ -11,12 +11,12 @@
  * Memory: the gradient is overwritten, so the pass holds no tensor beyond
  * gelu(x), as the two passes did.
  */
-import type { DType } from "../dtype.ts";
-import { defineKernel } from "../kernel.ts";
-import { Tensor } from "../tensor.ts";
-import { grid1d, WGSL_GRID_BUILTINS, WGSL_WORKGROUP_INDEX } from "./grid.ts";
-import { rowElement, type RowWidth } from "./row_width.ts";
-import { WGSL_ERF, WGSL_MATH } from "./wgsl_math.ts";
+import type { DType } from "../base/dtype.ts";
+import { defineKernel } from "../device/kernel.ts";
+import { Tensor } from "../tensor/tensor.ts";
+import { grid1d, WGSL_GRID_BUILTINS, WGSL_WORKGROUP_INDEX } from "./wgsl/grid.ts";
+import { rowElement, type RowWidth } from "./rows/row_width.ts";
+import { WGSL_ERF, WGSL_MATH } from "./wgsl/math.ts";
 
 /** The GELU form: `"gelu"` (tanh approximation) or `"gelu_erf"` (exact). */
 export type GeluForm = "gelu" | "gelu_erf";

@@ -7,8 +7,8 @@
  * problem fails with a clear error on that adapter instead of a wrong result.
  * Other adapters have no such cap. `Gpu.loopIterationLimit` holds the cap.
  */
-import type { Gpu } from "../device.ts";
-import { fail, ShapeError } from "../errors.ts";
+import type { Gpu } from "../device/gpu.ts";
+import { fail, ShapeError } from "../base/errors.ts";
 
 /**
  * Throws a ShapeError naming `op`, `what` needs `iterations` loop iterations

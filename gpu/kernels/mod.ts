@@ -6,9 +6,9 @@
  *
  * @module
  */
-export { DTypeError } from "../errors.ts";
-export { type DType, isHalf } from "../dtype.ts";
-export type { Gpu } from "../device.ts";
+export { DTypeError } from "../base/errors.ts";
+export { type DType, isHalf } from "../base/dtype.ts";
+export type { Gpu } from "../device/gpu.ts";
 export {
   BF16_WGSL,
   type Binding,
@@ -16,10 +16,10 @@ export {
   type DispatchUniforms,
   type KernelDefinition,
   optional,
-} from "../kernel.ts";
-export { grid1d, WGSL_GRID_BUILTINS, WGSL_WORKGROUP_INDEX } from "./grid.ts";
-export { REDUCE_THREADS, WGSL_WORKGROUP_REDUCE } from "./wgsl_math.ts";
-export { useSubgroups, WGSL_SUBGROUP_REDUCE } from "./subgroups.ts";
+} from "../device/kernel.ts";
+export { grid1d, WGSL_GRID_BUILTINS, WGSL_WORKGROUP_INDEX } from "./wgsl/grid.ts";
+export { REDUCE_THREADS, WGSL_WORKGROUP_REDUCE } from "./wgsl/math.ts";
+export { useSubgroups, WGSL_SUBGROUP_REDUCE } from "./wgsl/subgroups.ts";
 export {
   multiTensorDispatches,
   SLOT_UNIFORMS,

@@ -15,11 +15,11 @@
  * its tensor in the slot table of the uniforms (`p.wg0` ≤ … of the first
  * workgroup of each slot, `p.n0`, … the element counts).
  */
-import type { Gpu } from "../device.ts";
-import type { Binding, UniformFields } from "../kernel.ts";
-import type { Tensor } from "../tensor.ts";
-import { grid1d, WGSL_WORKGROUP_INDEX } from "./grid.ts";
-import { defineTunerSettings, type TunerSettings } from "../tuners.ts";
+import type { Gpu } from "../device/gpu.ts";
+import type { Binding, UniformFields } from "../device/kernel.ts";
+import type { Tensor } from "../tensor/tensor.ts";
+import { grid1d, WGSL_WORKGROUP_INDEX } from "./wgsl/grid.ts";
+import { defineTunerSettings, type TunerSettings } from "../tuning/settings.ts";
 
 /** The most tensors one dispatch takes (the slot table fills 2·16 + 1 uniform words). */
 export const MAX_TENSOR_SLOTS = 16;

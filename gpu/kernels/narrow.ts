@@ -5,10 +5,10 @@
  * window; backward writes the whole wide tensor: the gradient inside the
  * window, zeros outside, in one pass.
  */
-import type { DType } from "../dtype.ts";
-import { defineKernel } from "../kernel.ts";
-import { Tensor } from "../tensor.ts";
-import { movedType, moveGrid, WGSL_ZERO_SOURCE, wgslMoveMain } from "./move_elements.ts";
+import type { DType } from "../base/dtype.ts";
+import { defineKernel } from "../device/kernel.ts";
+import { Tensor } from "../tensor/tensor.ts";
+import { movedType, moveGrid, WGSL_ZERO_SOURCE, wgslMoveMain } from "./wgsl/move_elements.ts";
 
 const UNIFORMS = { n: "u32", wide: "u32", offset: "u32", width: "u32" } as const;
 

@@ -5,11 +5,11 @@
  * the input stride of the axis that output axis k takes. Shapes and strides
  * are uniforms, so one pipeline per dtype serves every permutation.
  */
-import type { DType } from "../dtype.ts";
-import { defineKernel } from "../kernel.ts";
-import type { Shape } from "../shape.ts";
-import { Tensor } from "../tensor.ts";
-import { movedType, moveGrid, wgslMoveMain } from "./move_elements.ts";
+import type { DType } from "../base/dtype.ts";
+import { defineKernel } from "../device/kernel.ts";
+import type { Shape } from "../base/shape.ts";
+import { Tensor } from "../tensor/tensor.ts";
+import { movedType, moveGrid, wgslMoveMain } from "./wgsl/move_elements.ts";
 
 /** The most axes a permutation handles. */
 export const PERMUTE_MAX_RANK = 4;

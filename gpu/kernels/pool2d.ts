@@ -3,7 +3,7 @@
  * (NCHW: planes = N·C), one thread per output element forward and one per
  * input element backward. Sums and comparisons run in f32; x, y, the
  * gradients and dx are stored in the input's dtype (f32, f16 or bf16, read
- * and written through the `ld_`/`st_` accessors of gpu/kernel.ts).
+ * and written through the `ld_`/`st_` accessors of gpu/device/kernel.ts).
  *
  * Backward is a gather, never a scatter: each input element walks the few
  * output windows that can contain it (at most kh·kw of them; for adaptive
@@ -18,12 +18,12 @@
  * maximum in row-major window order, except that a NaN wins over everything
  * and a later NaN over an earlier one (`val > max || isnan(val)`).
  */
-import type { DType } from "../dtype.ts";
-import { defineKernel, optional } from "../kernel.ts";
-import type { Shape } from "../shape.ts";
-import { Tensor } from "../tensor.ts";
-import { grid1d, WGSL_GRID_BUILTINS, WGSL_WORKGROUP_INDEX } from "./grid.ts";
-import { wgslIsNan } from "./wgsl_math.ts";
+import type { DType } from "../base/dtype.ts";
+import { defineKernel, optional } from "../device/kernel.ts";
+import type { Shape } from "../base/shape.ts";
+import { Tensor } from "../tensor/tensor.ts";
+import { grid1d, WGSL_GRID_BUILTINS, WGSL_WORKGROUP_INDEX } from "./wgsl/grid.ts";
+import { wgslIsNan } from "./wgsl/math.ts";
 
 const WORKGROUP = 256;
 

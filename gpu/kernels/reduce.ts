@@ -5,11 +5,11 @@
  * workgroup memory, a thread walks a short one alone (adjacent threads then
  * read adjacent elements when inner > 1). Accumulation is f32 always.
  */
-import type { DType } from "../dtype.ts";
-import { defineKernel } from "../kernel.ts";
-import type { Shape } from "../shape.ts";
-import { Tensor } from "../tensor.ts";
-import { WGSL_GRID_BUILTINS } from "./grid.ts";
+import type { DType } from "../base/dtype.ts";
+import { defineKernel } from "../device/kernel.ts";
+import type { Shape } from "../base/shape.ts";
+import { Tensor } from "../tensor/tensor.ts";
+import { WGSL_GRID_BUILTINS } from "./wgsl/grid.ts";
 import {
   rowGrid,
   type RowLayout,
@@ -18,8 +18,8 @@ import {
   wgslRowLeader,
   wgslRowLoop,
   wgslRowReduce,
-} from "./row_layout.ts";
-import { REDUCE_THREADS, WGSL_LOWEST } from "./wgsl_math.ts";
+} from "./rows/row_layout.ts";
+import { REDUCE_THREADS, WGSL_LOWEST } from "./wgsl/math.ts";
 import { columnBlocksFor, launchColumnSum } from "./reduce_columns.ts";
 
 /** What a reduction computes. `sum` is multiplied by a scale (1/n gives a mean). */

@@ -4,18 +4,18 @@
  * f16 or bf16 (the output then is too). Running statistics are updated in place on the
  * GPU: nothing here reads back to the CPU.
  */
-import { DTypeError, ShapeError, StateError, ValueError } from "../errors.ts";
-import { isGradEnabled, record } from "../autograd.ts";
-import { autocastInputsWidenedInKernel } from "../autocast_hook.ts";
-import { isRecomputing } from "../checkpoint.ts";
+import { DTypeError, ShapeError, StateError, ValueError } from "../base/errors.ts";
+import { isGradEnabled, record } from "../tensor/autograd.ts";
+import { autocastInputsWidenedInKernel } from "../tensor/autocast_hook.ts";
+import { isRecomputing } from "./checkpoint.ts";
 import {
   type BatchNormView,
   launchBatchNorm,
   launchBatchNormBackward,
 } from "../kernels/batch_norm.ts";
-import { sameShape, shapeString } from "../shape.ts";
-import { untracked } from "../scope.ts";
-import { Tensor } from "../tensor.ts";
+import { sameShape, shapeString } from "../base/shape.ts";
+import { untracked } from "../tensor/scope.ts";
+import { Tensor } from "../tensor/tensor.ts";
 
 /** Options of {@link batchNorm}. */
 export interface BatchNormOptions {

@@ -4,8 +4,8 @@
  * contiguous block of axes (a bias over rows, a per-row value, a scalar...).
  */
 import type { Broadcast } from "../kernels/elementwise.ts";
-import { ShapeError } from "../errors.ts";
-import { type Shape, shapeString, sizeOf } from "../shape.ts";
+import { ShapeError } from "../base/errors.ts";
+import { type Shape, shapeString, sizeOf } from "../base/shape.ts";
 
 /** How `operand` repeats to fill `target`, or a clear error when it cannot. */
 export function broadcastInto(op: string, target: Shape, operand: Shape): Broadcast {

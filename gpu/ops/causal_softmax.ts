@@ -1,9 +1,12 @@
 /** Differentiable causal softmax for attention scores [..., T, T] (f32 math inside). */
-import { DTypeError, ShapeError, ValueError } from "../errors.ts";
-import { record } from "../autograd.ts";
-import { autocastInputs } from "../autocast_hook.ts";
-import { launchCausalSoftmax, launchCausalSoftmaxBackward } from "../kernels/causal_softmax.ts";
-import type { Tensor } from "../tensor.ts";
+import { DTypeError, ShapeError, ValueError } from "../base/errors.ts";
+import { record } from "../tensor/autograd.ts";
+import { autocastInputs } from "../tensor/autocast_hook.ts";
+import {
+  launchCausalSoftmax,
+  launchCausalSoftmaxBackward,
+} from "../kernels/rows/causal_softmax.ts";
+import type { Tensor } from "../tensor/tensor.ts";
 
 /** Options of {@link causalSoftmax}. */
 export interface CausalSoftmaxOptions {

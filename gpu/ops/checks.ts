@@ -1,7 +1,7 @@
 /** Input checks shared by ops; every message names the op, the shapes and the dtypes. */
-import { DTypeError, ValueError } from "../errors.ts";
-import { Tensor } from "../tensor.ts";
-import { shortValue } from "../short_text.ts";
+import { DTypeError, ValueError } from "../base/errors.ts";
+import { Tensor } from "../tensor/tensor.ts";
+import { shortValue } from "../base/short_text.ts";
 
 /**
  * Throws unless every value is a live-or-disposed Tensor: from plain

@@ -1,9 +1,9 @@
 /** Differentiable 2-D convolution, NCHW, as PyTorch's `conv2d`. */
-import { record } from "../autograd.ts";
-import { autocastInputs, releaseCasts } from "../autocast_hook.ts";
+import { record } from "../tensor/autograd.ts";
+import { autocastInputs, releaseCasts } from "../tensor/autocast_hook.ts";
 import { weightGradTarget } from "./linear.ts";
-import type { MatmulTiling } from "../device.ts";
-import { DTypeError, fail, ShapeError, ValueError } from "../errors.ts";
+import type { MatmulTiling } from "../device/gpu.ts";
+import { DTypeError, fail, ShapeError, ValueError } from "../base/errors.ts";
 import { launchBinary } from "../kernels/elementwise.ts";
 import {
   type Conv2dGeometry,
@@ -12,9 +12,9 @@ import {
   launchConv2dBiasGrad,
   launchConv2dInputGrad,
   launchConv2dWeightGrad,
-} from "../kernels/conv2d.ts";
-import { tilingFor } from "../matmul_class.ts";
-import type { Tensor } from "../tensor.ts";
+} from "../kernels/gemm/conv2d.ts";
+import { tilingFor } from "../kernels/gemm/matmul_class.ts";
+import type { Tensor } from "../tensor/tensor.ts";
 import { assertSameDtype, assertSameGpu } from "./checks.ts";
 import { pairOf, type Size2d } from "./size2d.ts";
 

@@ -1,13 +1,13 @@
 /** Differentiable per-row cross-entropy from logits (f32 math inside). */
-import { DTypeError, fail, ShapeError, ValueError } from "../errors.ts";
-import { record } from "../autograd.ts";
-import { autocastInputsWidenedInKernel } from "../autocast_hook.ts";
+import { DTypeError, fail, ShapeError, ValueError } from "../base/errors.ts";
+import { record } from "../tensor/autograd.ts";
+import { autocastInputsWidenedInKernel } from "../tensor/autocast_hook.ts";
 import {
   type CrossEntropyParams,
   launchCrossEntropy,
   launchCrossEntropyBackward,
-} from "../kernels/cross_entropy.ts";
-import type { Tensor } from "../tensor.ts";
+} from "../kernels/rows/cross_entropy.ts";
+import type { Tensor } from "../tensor/tensor.ts";
 import { assertIdsInRange } from "./ids_check.ts";
 
 /** Options of {@link crossEntropyPerRow}; each as in `torch.nn.functional.cross_entropy`. */

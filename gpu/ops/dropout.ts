@@ -1,10 +1,10 @@
 /** Differentiable dropout whose mask is regenerated, never stored. */
-import { record } from "../autograd.ts";
-import { autocastInputs } from "../autocast_hook.ts";
-import { fail, ValueError } from "../errors.ts";
+import { record } from "../tensor/autograd.ts";
+import { autocastInputs } from "../tensor/autocast_hook.ts";
+import { fail, ValueError } from "../base/errors.ts";
 import { launchDropout } from "../kernels/dropout.ts";
-import type { RandomRange } from "../random.ts";
-import type { Tensor } from "../tensor.ts";
+import type { RandomRange } from "../tensor/random.ts";
+import type { Tensor } from "../tensor/tensor.ts";
 
 /**
  * Zeroes each element with probability `p` and scales the rest by 1/(1 − p).

@@ -3,10 +3,10 @@
  * (a bias over rows, a per-row value, a scalar); its gradient is summed back
  * over the repeated axes.
  */
-import { record } from "../autograd.ts";
-import { assertDType, type DType } from "../dtype.ts";
-import { fail, ValueError } from "../errors.ts";
-import { shortValue } from "../short_text.ts";
+import { record } from "../tensor/autograd.ts";
+import { assertDType, type DType } from "../base/dtype.ts";
+import { fail, ValueError } from "../base/errors.ts";
+import { shortValue } from "../base/short_text.ts";
 import {
   type BinaryOp,
   type Broadcast,
@@ -15,10 +15,10 @@ import {
   type UnaryOp,
 } from "../kernels/elementwise.ts";
 import { launchReduce } from "../kernels/reduce.ts";
-import { sameShape } from "../shape.ts";
-import type { Tensor } from "../tensor.ts";
-import { autocastInputs, autocastInputsWidenedInKernel } from "../autocast_hook.ts";
-import type { AutocastOpName } from "../op_registry.ts";
+import { sameShape } from "../base/shape.ts";
+import type { Tensor } from "../tensor/tensor.ts";
+import { autocastInputs, autocastInputsWidenedInKernel } from "../tensor/autocast_hook.ts";
+import type { AutocastOpName } from "../base/op_registry.ts";
 import { broadcastInto, isSame, reductionOf } from "./broadcast.ts";
 import { assertSameDtype, assertSameGpu, assertTensors } from "./checks.ts";
 

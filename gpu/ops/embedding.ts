@@ -1,9 +1,9 @@
 /** Differentiable embedding lookup. */
-import { DTypeError } from "../errors.ts";
-import { record } from "../autograd.ts";
-import { autocastInputs } from "../autocast_hook.ts";
+import { DTypeError } from "../base/errors.ts";
+import { record } from "../tensor/autograd.ts";
+import { autocastInputs } from "../tensor/autocast_hook.ts";
 import { launchGather, launchScatterAdd } from "../kernels/embedding.ts";
-import type { Tensor } from "../tensor.ts";
+import type { Tensor } from "../tensor/tensor.ts";
 import { assertIdsInRange } from "./ids_check.ts";
 
 /**

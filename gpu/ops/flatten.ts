@@ -1,7 +1,7 @@
 /** Flatten: a run of axes merged into one, as a reshape (no copy). */
-import { fail, ShapeError, ValueError } from "../errors.ts";
-import { type Shape, sizeOf } from "../shape.ts";
-import type { Tensor } from "../tensor.ts";
+import { fail, ShapeError, ValueError } from "../base/errors.ts";
+import { type Shape, sizeOf } from "../base/shape.ts";
+import type { Tensor } from "../tensor/tensor.ts";
 import { reshape } from "./reshape.ts";
 
 /**

@@ -1,7 +1,7 @@
 /** Differentiable fused causal attention: no T×T matrix in memory, forward or backward. */
-import { record } from "../autograd.ts";
-import { autocastInputs } from "../autocast_hook.ts";
-import { DTypeError, fail, ShapeError, ValueError } from "../errors.ts";
+import { record } from "../tensor/autograd.ts";
+import { autocastInputs } from "../tensor/autocast_hook.ts";
+import { DTypeError, fail, ShapeError, ValueError } from "../base/errors.ts";
 import {
   type AttentionDropout,
   type AttentionInputs,
@@ -9,9 +9,9 @@ import {
   launchFlashAttention,
   launchFlashAttentionBackward,
   MAX_HEAD_SIZE,
-} from "../kernels/flash_attention.ts";
-import type { RandomRange } from "../random.ts";
-import type { Tensor } from "../tensor.ts";
+} from "../kernels/attention/flash_attention.ts";
+import type { RandomRange } from "../tensor/random.ts";
+import type { Tensor } from "../tensor/tensor.ts";
 
 /** Options of {@link fusedCausalAttention}. */
 export interface FusedCausalAttentionOptions {

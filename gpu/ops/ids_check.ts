@@ -1,6 +1,6 @@
 /** The up-front check of integer ids (embedding rows, class targets) against a count. */
-import { ValueError } from "../errors.ts";
-import type { Tensor } from "../tensor.ts";
+import { ValueError } from "../base/errors.ts";
+import type { Tensor } from "../tensor/tensor.ts";
 
 /**
  * Throws unless every id in `ids` lies in [0, count) or equals `except`

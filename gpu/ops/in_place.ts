@@ -1,9 +1,9 @@
 /** In-place updates for optimizers and gradient bookkeeping (never recorded on the tape). */
-import { ShapeError, StateError } from "../errors.ts";
-import { isGradEnabled } from "../autograd.ts";
+import { ShapeError, StateError } from "../base/errors.ts";
+import { isGradEnabled } from "../tensor/autograd.ts";
 import { launchAccumulate, launchCopy } from "../kernels/elementwise.ts";
-import { sameShape } from "../shape.ts";
-import type { Tensor } from "../tensor.ts";
+import { sameShape } from "../base/shape.ts";
+import type { Tensor } from "../tensor/tensor.ts";
 
 /**
  * dst ← beta · dst + alpha · src, in place, with f32 math (dtypes may differ:

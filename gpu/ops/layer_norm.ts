@@ -2,16 +2,16 @@
  * Differentiable LayerNorm over the last axis: fused forward and backward
  * kernels, f32 statistics and f32 affine parameters whatever x's dtype.
  */
-import { DTypeError, ShapeError, ValueError } from "../errors.ts";
-import { record } from "../autograd.ts";
-import { autocastInputs } from "../autocast_hook.ts";
+import { DTypeError, ShapeError, ValueError } from "../base/errors.ts";
+import { record } from "../tensor/autograd.ts";
+import { autocastInputs } from "../tensor/autocast_hook.ts";
 import {
   launchLayerNorm,
   launchLayerNormBackward,
   launchLayerNormParamGrads,
-} from "../kernels/layer_norm.ts";
-import { sameShape, shapeString } from "../shape.ts";
-import type { Tensor } from "../tensor.ts";
+} from "../kernels/rows/layer_norm.ts";
+import { sameShape, shapeString } from "../base/shape.ts";
+import type { Tensor } from "../tensor/tensor.ts";
 
 /** Options of {@link layerNorm}. */
 export interface LayerNormOptions {

@@ -6,15 +6,15 @@
  * fc1), and the LayerNorm's input (the residual stream) is kept anyway, so
  * each pair keeps one activation fewer.
  */
-import { record } from "../autograd.ts";
-import { autocastDtypes, autocastInputs, releaseCasts } from "../autocast_hook.ts";
+import { record } from "../tensor/autograd.ts";
+import { autocastDtypes, autocastInputs, releaseCasts } from "../tensor/autocast_hook.ts";
 import {
   launchLayerNorm,
   launchLayerNormBackward,
   launchLayerNormFromStats,
   launchLayerNormParamGrads,
-} from "../kernels/layer_norm.ts";
-import type { Tensor } from "../tensor.ts";
+} from "../kernels/rows/layer_norm.ts";
+import type { Tensor } from "../tensor/tensor.ts";
 import { checkLayerNormInputs, type LayerNormOptions } from "./layer_norm.ts";
 import { linearForward, type LinearOptions, weightGradTarget } from "./linear.ts";
 

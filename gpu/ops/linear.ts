@@ -3,15 +3,15 @@
  * the epilogue and an optional GELU of the input that is recomputed in
  * backward instead of saved.
  */
-import { ShapeError, ValueError } from "../errors.ts";
-import { record } from "../autograd.ts";
+import { ShapeError, ValueError } from "../base/errors.ts";
+import { record } from "../tensor/autograd.ts";
 import { launchBinary, launchUnary } from "../kernels/elementwise.ts";
 import { launchGeluBackward } from "../kernels/gelu_backward.ts";
-import { dispatchMatmul } from "../kernels/matmul.ts";
+import { dispatchMatmul } from "../kernels/gemm/matmul.ts";
 import { launchReduce } from "../kernels/reduce.ts";
-import { Tensor } from "../tensor.ts";
-import { autocastInputs, releaseCasts } from "../autocast_hook.ts";
-import type { DType } from "../dtype.ts";
+import { Tensor } from "../tensor/tensor.ts";
+import { autocastInputs, releaseCasts } from "../tensor/autocast_hook.ts";
+import type { DType } from "../base/dtype.ts";
 import { product, resolve, type Resolved } from "./matmul.ts";
 import { assertTensors } from "./checks.ts";
 

@@ -5,10 +5,10 @@
  * through a copy of it in another dtype that is kept up to date elsewhere (an
  * fp32 master's f16 working copy).
  */
-import { record } from "../autograd.ts";
+import { record } from "../tensor/autograd.ts";
 import { launchBinary, launchUnary } from "../kernels/elementwise.ts";
-import type { DType } from "../dtype.ts";
-import type { Tensor } from "../tensor.ts";
+import type { DType } from "../base/dtype.ts";
+import type { Tensor } from "../tensor/tensor.ts";
 
 /**
  * `loss × scale`, `scale` a one-element f32 tensor read on the GPU when the

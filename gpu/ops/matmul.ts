@@ -3,12 +3,12 @@
  * reuses the same kernel with transposed operand strides: dA = G·op(B)ᵀ,
  * dB = op(A)ᵀ·G.
  */
-import type { DType } from "../dtype.ts";
-import { ShapeError } from "../errors.ts";
-import { record } from "../autograd.ts";
-import { dispatchMatmul, type MatmulProblem } from "../kernels/matmul.ts";
-import { Tensor } from "../tensor.ts";
-import { autocastInputs } from "../autocast_hook.ts";
+import type { DType } from "../base/dtype.ts";
+import { ShapeError } from "../base/errors.ts";
+import { record } from "../tensor/autograd.ts";
+import { dispatchMatmul, type MatmulProblem } from "../kernels/gemm/matmul.ts";
+import { Tensor } from "../tensor/tensor.ts";
+import { autocastInputs } from "../tensor/autocast_hook.ts";
 import { assertSameDtype, assertSameGpu, assertTensors } from "./checks.ts";
 
 /** Options of {@link matmul}. */

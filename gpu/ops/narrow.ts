@@ -1,10 +1,10 @@
 /** Slicing along one axis: `narrow` (one window) and `split` (consecutive windows). */
-import { record } from "../autograd.ts";
-import { fail, ShapeError } from "../errors.ts";
+import { record } from "../tensor/autograd.ts";
+import { fail, ShapeError } from "../base/errors.ts";
 import { launchNarrow, launchNarrowBackward } from "../kernels/narrow.ts";
-import { normalizeAxis, shapeString } from "../shape.ts";
-import { shortValue } from "../short_text.ts";
-import type { Tensor } from "../tensor.ts";
+import { normalizeAxis, shapeString } from "../base/shape.ts";
+import { shortValue } from "../base/short_text.ts";
+import type { Tensor } from "../tensor/tensor.ts";
 
 /**
  * Indices `start .. start + length` of `x` along `axis` (negative counts from

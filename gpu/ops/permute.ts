@@ -1,9 +1,9 @@
 /** Differentiable axis permutation (a contiguous copy), for tensors of rank ≤ 4. */
-import { ShapeError } from "../errors.ts";
-import { record } from "../autograd.ts";
+import { ShapeError } from "../base/errors.ts";
+import { record } from "../tensor/autograd.ts";
 import { launchPermute, PERMUTE_MAX_RANK } from "../kernels/permute.ts";
-import { shapeString } from "../shape.ts";
-import type { Tensor } from "../tensor.ts";
+import { shapeString } from "../base/shape.ts";
+import type { Tensor } from "../tensor/tensor.ts";
 
 /** `order` with negative axes resolved, or a clear error when it is not a permutation of x's axes. */
 function resolveOrder(x: Tensor, order: readonly number[]): number[] {

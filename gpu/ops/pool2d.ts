@@ -5,9 +5,9 @@
  * out, f32 arithmetic inside. The backward rules gather per input element, so
  * overlapping windows add up without atomics (see gpu/kernels/pool2d.ts).
  */
-import { isGradEnabled, record } from "../autograd.ts";
-import { autocastInputs, releaseCasts } from "../autocast_hook.ts";
-import { DTypeError, fail, ShapeError, ValueError } from "../errors.ts";
+import { isGradEnabled, record } from "../tensor/autograd.ts";
+import { autocastInputs, releaseCasts } from "../tensor/autocast_hook.ts";
+import { DTypeError, fail, ShapeError, ValueError } from "../base/errors.ts";
 import {
   launchAdaptiveAvgPool2d,
   launchAdaptiveAvgPool2dBackward,
@@ -17,9 +17,9 @@ import {
   launchMaxPool2dBackward,
   type Pool2dGeometry,
 } from "../kernels/pool2d.ts";
-import { shapeString, sizeOf } from "../shape.ts";
-import { shortValue } from "../short_text.ts";
-import type { Tensor } from "../tensor.ts";
+import { shapeString, sizeOf } from "../base/shape.ts";
+import { shortValue } from "../base/short_text.ts";
+import type { Tensor } from "../tensor/tensor.ts";
 import { pairOf, type Size2d } from "./size2d.ts";
 
 export type { Size2d };

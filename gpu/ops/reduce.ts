@@ -1,13 +1,13 @@
 /** Differentiable reductions: sum and mean over one axis or all; max (no gradient). */
-import { isGradEnabled, record } from "../autograd.ts";
-import { autocastInputs, autocastInputsWidenedInKernel } from "../autocast_hook.ts";
-import { fail, ShapeError, StateError, ValueError } from "../errors.ts";
-import { shortValue } from "../short_text.ts";
+import { isGradEnabled, record } from "../tensor/autograd.ts";
+import { autocastInputs, autocastInputsWidenedInKernel } from "../tensor/autocast_hook.ts";
+import { fail, ShapeError, StateError, ValueError } from "../base/errors.ts";
+import { shortValue } from "../base/short_text.ts";
 import { assertTensors } from "./checks.ts";
 import { launchUnary } from "../kernels/elementwise.ts";
 import { launchReduce, type ReduceOp, type ReduceView } from "../kernels/reduce.ts";
-import { normalizeAxis, type Shape, sizeOf } from "../shape.ts";
-import { Tensor } from "../tensor.ts";
+import { normalizeAxis, type Shape, sizeOf } from "../base/shape.ts";
+import { Tensor } from "../tensor/tensor.ts";
 
 /** Options of the reductions. */
 export interface ReduceOptions {

@@ -1,8 +1,8 @@
 /** Reshape: a new handle to the same GPU memory with another shape (no copy). */
-import { ShapeError } from "../errors.ts";
-import { record } from "../autograd.ts";
-import { assertValidShape, type Shape, shapeString, sizeOf } from "../shape.ts";
-import type { Tensor } from "../tensor.ts";
+import { ShapeError } from "../base/errors.ts";
+import { record } from "../tensor/autograd.ts";
+import { assertValidShape, type Shape, shapeString, sizeOf } from "../base/shape.ts";
+import type { Tensor } from "../tensor/tensor.ts";
 import { assertTensors } from "./checks.ts";
 
 /**

@@ -1,9 +1,9 @@
 /** Differentiable softmax and log-softmax over the last axis (f32 math inside; f32, f16 or bf16 storage). */
-import { DTypeError, fail, ShapeError } from "../errors.ts";
-import { record } from "../autograd.ts";
-import { autocastInputs } from "../autocast_hook.ts";
-import { launchSoftmax, launchSoftmaxBackward, type SoftmaxKind } from "../kernels/softmax.ts";
-import type { Tensor } from "../tensor.ts";
+import { DTypeError, fail, ShapeError } from "../base/errors.ts";
+import { record } from "../tensor/autograd.ts";
+import { autocastInputs } from "../tensor/autocast_hook.ts";
+import { launchSoftmax, launchSoftmaxBackward, type SoftmaxKind } from "../kernels/rows/softmax.ts";
+import type { Tensor } from "../tensor/tensor.ts";
 import { assertTensors } from "./checks.ts";
 
 function checkAxis(op: string, x: Tensor, axis: number): void {

@@ -1,0 +1,434 @@
+/**
+ * The GPU device and everything that lives as long as it: the buffer pool,
+ * the pipeline cache and the command batch. The device keeps facts about the
+ * adapter (its profile, f16, subgroups, the loop cap); tuning settings belong
+ * to the kernel family whose tuner owns them (gpu/tuning/settings.ts: matmul tilings
+ * and split-K in `matmulSettings`, attention plans in `attentionSettings`,
+ * `multiTensorSettings`, `rowSettings`, `elementwiseSettings`).
+ */
+import { BufferPool, type MemoryStats, POOL_USAGE } from "./buffer_pool.ts";
+import { CommandBatch, type FlushPolicy } from "./command_batch.ts";
+import { boundBytes, type DispatchCost, DispatchProfiler, type ProfileTiming } from "./profiler.ts";
+import { type ProfileReport, profileReport } from "./profile_report.ts";
+import {
+  bindingValues,
+  type CompiledKernel,
+  type DispatchBuffers,
+  type DispatchUniforms,
+  type KernelConfig,
+  type KernelDefinition,
+  PipelineCache,
+} from "./kernel.ts";
+import { fail, GpuError, StateError, ValueError } from "../base/errors.ts";
+import { runtime } from "../tensor/runtime_state.ts";
+import { type AdapterProfile, adapterProfileOf } from "./adapter_profile.ts";
+
+/** How to treat f16: use it when the adapter has it, insist on it, or never use it. */
+export type F16Mode = "auto" | "require" | "off";
+
+/** Per-thread and per-workgroup tile sizes of the matmul kernel. */
+export interface MatmulTiling extends Record<string, string | number | boolean> {
+  /**
+   * `"register"`: each thread keeps a contiguous TM×TN block in registers,
+   * loading from storage; `"interleaved"`: the same with the thread's rows and
+   * columns strided across the workgroup, so neighbouring threads load
+   * neighbouring addresses (both suit CPU adapters); `"shared"`: workgroup
+   * shared-memory tiles; `"blocked"`: large shared tiles read as vec4
+   * (written for GPUs; TM and TN multiples of 4); `"vec4"`: the blocked
+   * tiles loaded from storage as vec4 with the next k-tile prefetched
+   * (matmul on GPUs; TM, TN and TK multiples of 4). See `gpu/kernels/gemm/tilings.ts`.
+   */
+  variant: "register" | "interleaved" | "shared" | "blocked" | "vec4";
+  /** Output rows per thread. */
+  tm: number;
+  /** Output columns per thread. */
+  tn: number;
+  /** Workgroup threads along columns. */
+  wgx: number;
+  /** Workgroup threads along rows. */
+  wgy: number;
+  /** K-slice staged per shared-memory step (shared, blocked and vec4 variants). */
+  tk: number;
+}
+
+/** Options of {@link Gpu.profile}. */
+export interface ProfileOptions {
+  /** Print the table with `console.log` (default true). */
+  print?: boolean;
+  /**
+   * `"timestamp"`: GPU timestamps per dispatch (needs `timestamp-query`);
+   * `"wall"`: wall time per submit, split over its dispatches. Default: timestamps where available.
+   */
+  timing?: ProfileTiming;
+}
+
+/**
+ * How f16 matmuls sum their products: `"f32"`: every product is added into
+ * an f32 accumulator; `"chunked"`: products of each run of `F16_CHUNK`
+ * consecutive k are summed in f16 (vec4<f16> FMAs) and each run's sum is
+ * added into f32, as PyTorch's `allow_fp16_reduced_precision_reduction`
+ * permits. Only the GPU tiling (`blocked`) has the chunked form; the CPU
+ * tilings always sum in f32.
+ */
+export type F16Accumulation = "f32" | "chunked";
+
+/** How the fused attention kernels split their work: rows per workgroup, and rows staged per step. */
+export interface AttentionPlan {
+  /** Query (or key) rows per workgroup, one thread each. */
+  rows: number;
+  /**
+   * Rows of the other side staged in workgroup memory per step and read by
+   * every thread of the workgroup (16 or 32), or 0 to read them from storage
+   * thread by thread.
+   */
+  stage: number;
+  /**
+   * Set for the register-tiled kernels (gpu/kernels/attention/flash_attention_tiled.ts),
+   * which ignore `rows` and `stage`: a workgroup covers `br` rows and steps
+   * over `bc` rows of the other side, each thread a `rm` × `rn` block.
+   */
+  tile?: AttentionTile;
+}
+
+/** A register-tiled attention plan's block sizes (see {@link AttentionPlan}). */
+export interface AttentionTile {
+  /** Rows per workgroup (queries in forward and dq, keys in dk/dv). */
+  br: number;
+  /** Rows of the other side per step. */
+  bc: number;
+  /** Rows of the workgroup's side per thread. */
+  rm: number;
+  /** Rows of the other side per thread. */
+  rn: number;
+}
+
+/** Handles to a WebGPU device and the toolkit state bound to it. */
+export class Gpu {
+  /** The WebGPU device. */
+  readonly device: GPUDevice;
+  /** The adapter's own description (vendor, architecture, driver). */
+  readonly adapterInfo: GPUAdapterInfo;
+  /**
+   * What every adapter-derived choice reads (CPU adapter or GPU, subgroup
+   * size, the limits that filter kernels; see `adapter_profile.ts`). Derived
+   * from the adapter; tests swap it with `withAdapterProfile`.
+   */
+  adapterProfile: AdapterProfile;
+  /** True when f16 tensors and kernels are available. */
+  readonly f16: boolean;
+  /**
+   * True when the device has the `subgroups` feature (asked for by
+   * `initGpu` unless `subgroups: false`): kernels may then reduce within
+   * subgroups, as the adapter profile says (`adapterProfile.subgroups`).
+   */
+  readonly subgroups: boolean;
+  /**
+   * Whether this runtime's WGSL needs `enable subgroups;` before subgroup
+   * builtins (Chrome) or rejects it (naga, in Deno). Probed by `initGpu`.
+   */
+  readonly subgroupsDirective: boolean;
+  /** How f16 matmuls sum their products (see {@link F16Accumulation}); tests may switch it. */
+  f16Accumulation: F16Accumulation;
+  /** True to print generated WGSL as it compiles (the `HALFSTEP_DEBUG` switch). */
+  readonly debug: boolean;
+  /** Size-class buffer pool; see {@link Gpu.memoryStats}. */
+  readonly pool: BufferPool;
+  /** Compiled pipelines, keyed by kernel config. */
+  readonly pipelines: PipelineCache;
+  /** The open batch of commands. */
+  readonly batch: CommandBatch;
+  /**
+   * Loop iterations one shader invocation may run: lavapipe stops it after
+   * 65535 (see `gpu/kernels/loop_limit.ts`); Infinity on other adapters.
+   */
+  readonly loopIterationLimit: number;
+  #failure: GpuError | null = null;
+  /** Errors of single ops (a kernel that failed to compile), thrown at the next sync point. */
+  #opErrors: GpuError[] = [];
+  /** Kernels dispatched at least once. */
+  #tried = new WeakSet<object>();
+  #destroyed = false;
+
+  /** Wraps a device; use {@link initGpu} rather than calling this yourself. */
+  constructor(
+    device: GPUDevice,
+    adapterInfo: GPUAdapterInfo,
+    options: {
+      f16: boolean;
+      f16Accumulation: F16Accumulation;
+      debug: boolean;
+      subgroupsDirective?: boolean;
+      flushPolicy: FlushPolicy;
+    },
+  ) {
+    this.device = device;
+    this.adapterInfo = adapterInfo;
+    this.f16 = options.f16;
+    this.subgroups = device.features.has("subgroups");
+    this.subgroupsDirective = this.subgroups && (options.subgroupsDirective ?? false);
+    this.f16Accumulation = options.f16Accumulation;
+    this.debug = options.debug;
+    this.adapterProfile = adapterProfileOf(adapterInfo, device.limits, this.subgroups);
+    // Less a margin for the fixed loops around the ones kernels check. Not part
+    // of the profile: it is a limit of the driver that executes the kernels.
+    this.loopIterationLimit = /llvmpipe/i.test(this.adapterName) ? 65535 - 1024 : Infinity;
+    this.pool = new BufferPool(
+      (bytes, label) => this.#createBuffer(bytes, label),
+      () => this.batch?.clearBindGroups(),
+    );
+    this.pipelines = new PipelineCache(device, (key, wgsl) => {
+      if (this.debug) console.error(`[halfstep] compiling ${key}\n${wgsl}`);
+    });
+    this.batch = new CommandBatch(device, options.flushPolicy, (message, kernels) => {
+      // A submit failed validation (a kernel that did not compile): its ops have
+      // undefined outputs and the next sync point says so; the device stays usable.
+      const failed = kernels.map((k) => k.compiled).find((c) => c.state === "failed");
+      this.#opErrors.push(
+        failed?.state === "failed" ? failed.error : new GpuError(
+          `a submitted batch of ${kernels.length} kernels (${
+            kernels.map((k) => k.key).join(", ").slice(0, 200)
+          }) failed: ${message}. Their outputs are undefined; the device stays usable.`,
+        ),
+      );
+    });
+    device.lost.then((info) => {
+      if (!this.#destroyed) {
+        this.#fail(
+          `The GPU device was lost (${info.reason}: ${info.message}). ` +
+            "Create a new one with initGpu(); tensors of the old device cannot be used.",
+        );
+      }
+    });
+    device.addEventListener("uncapturederror", (event) => {
+      this.#fail(`A GPU command failed: ${(event as GPUUncapturedErrorEvent).error.message}`);
+    });
+  }
+
+  /** The adapter's description, for logs and benchmark records. */
+  get adapterName(): string {
+    const i = this.adapterInfo;
+    return i.description || [i.vendor, i.architecture, i.device].filter(Boolean).join(" ") ||
+      "unknown adapter";
+  }
+
+  /** Memory statistics of the buffer pool. Reads no GPU state (no sync). */
+  memoryStats(): MemoryStats {
+    return this.pool.stats();
+  }
+
+  /** Starts a new peak-memory measurement. */
+  resetPeakMemory(): void {
+    this.pool.resetPeak();
+  }
+
+  /** The compiled pipeline of `definition` for `config` (compiled on first use). */
+  kernel<C extends KernelConfig, B extends string, U extends string>(
+    definition: KernelDefinition<C, B, U>,
+    config: C,
+  ): CompiledKernel<B, U> {
+    return this.pipelines.get(definition, config);
+  }
+
+  /**
+   * Records a dispatch of `kernel` with its buffers and uniform values given
+   * by name (see `defineKernel`); `workgroups` is the grid. No sync.
+   */
+  dispatch<B extends string, U extends string>(
+    kernel: CompiledKernel<B, U>,
+    buffers: DispatchBuffers<B>,
+    uniforms: DispatchUniforms<U>,
+    workgroups: readonly [number, number?, number?],
+    cost: DispatchCost = {},
+  ): void {
+    this.throwIfFailed();
+    const status = kernel.compiled;
+    if (status.state === "failed") throw status.error;
+    const values = bindingValues(kernel, buffers, uniforms);
+    // Bytes default to the tensors bound: the flush policy and the profiler use them.
+    const bytes = cost.bytes ?? boundBytes(buffers);
+    const record = () =>
+      this.batch.dispatch(kernel as CompiledKernel, values.buffers, values.words, workgroups, {
+        ...cost,
+        bytes,
+      });
+    if (status.state === "ok" || this.#tried.has(kernel)) return record();
+    // The first dispatch of a kernel not yet known to compile goes alone into
+    // its own submit, so a kernel that fails costs only its own op.
+    this.#tried.add(kernel);
+    this.batch.flush();
+    record();
+    this.batch.flush();
+  }
+
+  /**
+   * Runs `fn` (sync or async) with every dispatch timed, and returns (and by
+   * default prints) a table of GPU time by kernel family and config, sorted
+   * by time: calls, total, mean, share, GB/s and TFLOP/s where known, as
+   * `torch.profiler`'s `key_averages()`. **A sync point**: it waits for the
+   * GPU at the end. While profiling, each dispatch runs in a compute pass of
+   * its own, which adds a little GPU time.
+   *
+   * @example
+   * ```ts
+   * import { initGpu, matmul, Tensor, tidy } from "../../mod.ts";
+   * const gpu = await initGpu({ matmulTiling: "default" });
+   * const a = Tensor.full([64, 64], 1);
+   * const report = await gpu.profile(() => tidy(() => void matmul(a, a)), { print: false });
+   * console.assert(report.rows[0].kernel === "matmul" && report.rows[0].calls === 1);
+   * gpu.destroy();
+   * ```
+   */
+  async profile(fn: () => unknown, options: ProfileOptions = {}): Promise<ProfileReport> {
+    this.throwIfFailed();
+    if (this.batch.profiler) {
+      fail(StateError, "Gpu.profile", "a profile is already running; profiles do not nest.");
+    }
+    const hasTimestamps = this.device.features.has("timestamp-query");
+    const timing = options.timing ?? (hasTimestamps ? "timestamp" : "wall");
+    if (timing === "timestamp" && !hasTimestamps) {
+      fail(ValueError, "Gpu.profile", `the adapter (${this.adapterName}) has no timestamp-query.`);
+    }
+    this.batch.flush(); // earlier work is not part of the profile
+    const profiler = new DispatchProfiler(this.device, timing);
+    this.batch.profiler = profiler;
+    const started = performance.now();
+    let failure: unknown = null;
+    try {
+      await fn();
+    } catch (e) {
+      failure = e;
+    } finally {
+      this.batch.flush();
+      this.batch.profiler = null;
+    }
+    const records = await profiler.finish();
+    if (failure !== null) throw failure;
+    const report = profileReport(records, {
+      timing,
+      adapter: this.adapterName,
+      wallMs: performance.now() - started,
+    });
+    if (options.print ?? true) console.log(report.table());
+    return report;
+  }
+
+  /** Submits recorded work without waiting for it. */
+  flush(): void {
+    this.throwIfFailed();
+    this.batch.flush();
+  }
+
+  /**
+   * Waits until the GPU has finished all submitted work. A sync point: costs
+   * a full queue drain, so use it in benchmarks, not in training steps.
+   */
+  async sync(): Promise<void> {
+    this.flush();
+    await this.device.queue.onSubmittedWorkDone();
+    this.throwIfFailed();
+    this.#throwOpError();
+  }
+
+  /** Reads a buffer back. A sync point (see {@link CommandBatch.read}). */
+  async readBuffer(buffer: GPUBuffer, bytes: number): Promise<ArrayBuffer> {
+    this.throwIfFailed();
+    const data = await this.batch.read(buffer, bytes);
+    this.throwIfFailed();
+    this.#throwOpError();
+    return data;
+  }
+
+  /** Throws (once) the first error a single op reported since the last sync point. */
+  #throwOpError(): void {
+    const error = this.#opErrors[0];
+    this.#opErrors.length = 0;
+    if (error) throw error;
+  }
+
+  /** Throws the first error the device reported (lost device, OOM, failed kernel). */
+  throwIfFailed(): void {
+    if (this.#failure) throw this.#failure;
+    if (this.#destroyed) {
+      fail(StateError, "Gpu", "this device was destroyed; create a new one with initGpu().");
+    }
+  }
+
+  /** Frees every buffer and the device. Tensors of this device become unusable. */
+  destroy(): void {
+    if (this.#destroyed) return;
+    this.#destroyed = true;
+    this.batch.flush();
+    this.pool.destroyAll();
+    this.batch.destroy();
+    this.device.destroy();
+    if (runtime.defaultGpu === this) runtime.defaultGpu = null;
+  }
+
+  #fail(message: string): void {
+    this.#failure ??= new GpuError(message);
+  }
+
+  /**
+   * Throws a {@link GpuError} from `op` when a buffer of `bytes` for `what`
+   * (e.g. `f32 tensor [2, 3]`) exceeds what this adapter allows one buffer to
+   * hold and a kernel to bind (the lower of `maxBufferSize` and
+   * `maxStorageBufferBindingSize`). Called before anything is allocated, on
+   * the host or the GPU; `fix` ends the message. @internal
+   */
+  assertBufferFits(
+    op: string,
+    what: string,
+    bytes: number,
+    fix = "Use smaller tensors (split the batch).",
+  ): void {
+    const { maxBufferSize, maxStorageBufferBindingSize } = this.device.limits;
+    const [name, limit] = maxBufferSize < maxStorageBufferBindingSize
+      ? ["maxBufferSize", maxBufferSize]
+      : ["maxStorageBufferBindingSize", maxStorageBufferBindingSize];
+    if (!(bytes <= limit)) {
+      fail(
+        GpuError,
+        op,
+        `${what} needs ${bytes} bytes, over this adapter's ${name} of ${limit} bytes. ${fix}`,
+      );
+    }
+  }
+
+  #createBuffer(bytes: number, label: string): GPUBuffer {
+    this.throwIfFailed();
+    this.assertBufferFits("Gpu", label, bytes);
+    this.device.pushErrorScope("out-of-memory");
+    this.device.pushErrorScope("validation");
+    const buffer = this.device.createBuffer({ label, size: bytes, usage: POOL_USAGE });
+    this.device.popErrorScope().then((e) => {
+      if (e) this.#fail(`Allocating ${label} (${bytes} bytes) failed: ${e.message}`);
+    });
+    this.device.popErrorScope().then((e) => {
+      if (e) {
+        this.#fail(
+          `Out of GPU memory while allocating ${label} (${bytes} bytes). ` +
+            "Lower the batch size, use f16 (autocast) or gradient checkpointing.",
+        );
+      }
+    });
+    return buffer;
+  }
+}
+
+/** Makes `gpu` the device that new tensors use by default. */
+export function setDefaultGpu(gpu: Gpu): void {
+  runtime.defaultGpu = gpu;
+}
+
+/** The default device; throws a clear error when `initGpu()` has not run. */
+export function getGpu(): Gpu {
+  const gpu = runtime.defaultGpu;
+  if (!gpu) {
+    fail(
+      StateError,
+      "getGpu",
+      "no GPU device yet: call `await initGpu()` before creating tensors.",
+    );
+  }
+  return gpu;
+}

@@ -1,0 +1,63 @@
+/**
+ * The fused attention's plans: the sizes of a call, every candidate the tuner
+ * knows, and which of them a device can run. Apart from the kernels, so the
+ * per-shape picks (gpu/kernels/attention/settings.ts), which the kernels consult, can
+ * list candidates without importing the kernels back.
+ */
+import type { AttentionPlan, Gpu } from "../../device/gpu.ts";
+import { TILED_ATTENTION_TILES, tiledAttentionBytes } from "./flash_attention_tiled.ts";
+
+/** Sizes of one fused attention call. */
+export interface FlashAttentionShape {
+  /** Batch B. */
+  batch: number;
+  /** Sequence length T. */
+  t: number;
+  /** Heads H. */
+  heads: number;
+  /** Head size D. */
+  headSize: number;
+  /** AttentionRows per workgroup and staging, or a register tile (default: the adapter's tuned plan; the tuner sets it to time candidates). */
+  plan?: AttentionPlan;
+}
+
+/** AttentionRows per workgroup the tuner tries (one thread per row). */
+export const ATTENTION_ROW_CANDIDATES = [16, 32, 64, 128] as const;
+
+/** Every plan the tuner knows: each rows count, reading from storage or staging 16 or 32 rows. */
+export const ATTENTION_PLAN_CANDIDATES: readonly AttentionPlan[] = [0, 16, 32].flatMap((stage) =>
+  ATTENTION_ROW_CANDIDATES.map((rows) => ({ rows, stage }))
+);
+
+/** The register-tiled plans (gpu/kernels/attention/flash_attention_tiled.ts); `rows` and `stage` unused. */
+export const TILED_ATTENTION_PLANS: readonly AttentionPlan[] = TILED_ATTENTION_TILES.map((
+  tile,
+) => ({
+  rows: tile.br,
+  stage: 0,
+  tile,
+}));
+
+/**
+ * The plans tried on `gpu` at head size D: on CPU adapters only the row plans
+ * reading from storage (on lavapipe staging was 5–60% slower at every rows
+ * count: its barriers cost more than the shared reads save), on GPUs all row
+ * plans and the register-tiled ones whose tiles fit the workgroup memory.
+ */
+export function attentionPlanCandidates(gpu: Gpu, headSize = 64): readonly AttentionPlan[] {
+  if (gpu.adapterProfile.cpu) return ATTENTION_PLAN_CANDIDATES.filter((p) => p.stage === 0);
+  return [
+    ...ATTENTION_PLAN_CANDIDATES,
+    ...TILED_ATTENTION_PLANS.filter((p) => tileFits(gpu, p, headSize)),
+  ];
+}
+
+/** Whether a tiled plan's tiles at head size D fit `gpu`'s workgroup memory and threads. */
+export function tileFits(gpu: Gpu, plan: AttentionPlan, headSize: number): boolean {
+  const { limits } = gpu.adapterProfile, tile = plan.tile!;
+  return tiledAttentionBytes(tile, headSize) <= limits.maxComputeWorkgroupStorageSize &&
+    (tile.br / tile.rm) * (tile.bc / tile.rn) <= limits.maxComputeInvocationsPerWorkgroup;
+}
+
+/** The plan before tuning (and where it was skipped). */
+export const DEFAULT_ATTENTION_PLAN: AttentionPlan = { rows: 64, stage: 0 };

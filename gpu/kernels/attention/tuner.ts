@@ -1,0 +1,270 @@
+/**
+ * Picks the fused attention kernels' plan (rows per workgroup, rows staged in
+ * workgroup memory) per adapter and dtype by timing them, as the matmul tuner
+ * does for tilings: every candidate runs forward and backward on one
+ * representative problem (with GPU timestamps where the adapter has them),
+ * and the winner is cached per adapter in `localStorage` when the runtime
+ * offers it.
+ */
+import type { AttentionPlan, Gpu } from "../../device/gpu.ts";
+import type { FloatDType } from "../../base/dtype.ts";
+import {
+  ATTENTION_PLAN_CANDIDATES,
+  attentionPlanCandidates,
+  type FlashAttentionShape,
+  launchFlashAttention,
+  launchFlashAttentionBackward,
+  TILED_ATTENTION_PLANS,
+} from "./flash_attention.ts";
+import {
+  type CandidateTimer,
+  progressReporter,
+  secondsPerRun,
+  timeCandidates,
+  tunerCacheKey,
+  type TuningProgress,
+  winnerCache,
+} from "../../tuning/timing.ts";
+import { untracked } from "../../tensor/scope.ts";
+import { Tensor } from "../../tensor/tensor.ts";
+import {
+  ATTENTION_SHAPE_STORE,
+  type AttentionProblem,
+  attentionSettings,
+  type AttentionShape,
+  type AttentionShapeRecord,
+} from "./settings.ts";
+import {
+  type PickOutcome,
+  pickReport,
+  type ShapeTuningOptions,
+  tunePicks,
+} from "../../tuning/shape_store.ts";
+
+/** Bump when the kernels or candidates change: cached winners of older versions are ignored. */
+const TUNER_VERSION = 4;
+
+/** One dtype's result. */
+export interface AttentionTuning {
+  /** Storage dtype. */
+  dtype: FloatDType;
+  /** The fastest plan. */
+  best: AttentionPlan;
+  /** Milliseconds of forward + backward per candidate (empty when cached). */
+  measurements: { plan: AttentionPlan; ms: number }[];
+  /** True when the winner came from the per-adapter cache. */
+  cached: boolean;
+}
+
+function cacheOf(gpu: Gpu) {
+  return winnerCache(
+    tunerCacheKey(gpu, "attentionTuning", TUNER_VERSION),
+    (stored) =>
+      [...ATTENTION_PLAN_CANDIDATES, ...TILED_ATTENTION_PLANS].find((c) =>
+        JSON.stringify(c) === JSON.stringify(stored)
+      ),
+  );
+}
+
+/**
+ * The problem each candidate runs. On GPUs a nanoGPT-size GPT's attention
+ * (B = 64, H = 6, T = 256, D = 64): B·H = 384 heads fill the device the way
+ * training does (8 heads left most of an H100 idle and ranked the plans by
+ * latency). On CPU adapters 8 heads over T = 128 (more take seconds each).
+ */
+export function attentionTuningProblem(gpu: Gpu): FlashAttentionShape {
+  return gpu.adapterProfile.cpu
+    ? { batch: 2, heads: 4, headSize: 64, t: 128 }
+    : { batch: 64, heads: 6, headSize: 64, t: 256 };
+}
+
+async function tuneDtype(
+  gpu: Gpu,
+  dtype: FloatDType,
+  timer: CandidateTimer<AttentionPlan>,
+): Promise<AttentionTuning> {
+  const timed = await timePlans(gpu, attentionTuningProblem(gpu), dtype, timer);
+  const measurements = timed.candidates.map((plan, i) => ({ plan, ms: timed.seconds[i] * 1000 }));
+  return { dtype, best: timed.best, measurements, cached: false };
+}
+
+/**
+ * Each plan candidate's seconds of forward + backward on `problem` (packed
+ * q, k, v: the layout CausalSelfAttention runs), the fastest, and how many
+ * timings that took. The scratch tensors are made at the first run (an
+ * injected timer that never runs allocates nothing).
+ */
+async function timePlans(
+  gpu: Gpu,
+  problem: AttentionProblem,
+  dtype: FloatDType,
+  timer: CandidateTimer<AttentionPlan>,
+): Promise<
+  { candidates: readonly AttentionPlan[]; best: AttentionPlan; seconds: number[]; trials: number }
+> {
+  const { batch, t, heads, headSize } = problem, c = heads * headSize;
+  let scratch: { qkv: Tensor; dout: Tensor } | undefined;
+  const candidates = attentionPlanCandidates(gpu, headSize);
+  let trials = 0;
+  try {
+    const timed = await timeCandidates(candidates, (plan) => {
+      trials++;
+      const s = { batch, t, heads, headSize, plan };
+      return timer(plan, () =>
+        untracked(() => {
+          const { qkv, dout } = scratch ??= {
+            qkv: Tensor.full([batch, t, 3 * c], 0.5, { dtype, gpu }),
+            dout: Tensor.full([batch, t, c], 0.01, { dtype, gpu }),
+          };
+          const { o, lse } = launchFlashAttention({ qkv }, s, null);
+          const grads = launchFlashAttentionBackward({ inputs: { qkv }, o, lse }, dout, s, null);
+          for (const x of [o, lse, ...grads]) x.dispose();
+        }));
+    });
+    return { candidates, ...timed, trials };
+  } finally {
+    if (scratch) { for (const x of [scratch.qkv, scratch.dout]) x.dispose(); }
+  }
+}
+
+/**
+ * Times the fused attention kernels with each plan candidate for every dtype
+ * the device has (f32 and bf16, and f16 with `shader-f16`), records the
+ * winners in `attentionSettings.of(gpu).plans`
+ * (which the kernels read) and caches them per adapter. `initGpu` calls it
+ * unless told not to tune. Waits for the GPU many times: call it at start-up.
+ *
+ * @example
+ * ```ts
+ * import { initGpu, tuneAttention } from "../../mod.ts";
+ * import { attentionSettings } from "./settings.ts";
+ * const gpu = await initGpu({ matmulTiling: "default" }); // no tuning at start-up
+ * const [f32] = await tuneAttention(gpu);
+ * console.assert(attentionSettings.of(gpu).plans.get("f32") === f32.best);
+ * gpu.destroy();
+ * ```
+ */
+export async function tuneAttention(
+  gpu: Gpu,
+  options: {
+    force?: boolean;
+    onProgress?: (progress: TuningProgress) => void;
+    /** Times a candidate's run (default: GPU timestamps, else wall time); given, the cache is skipped. */
+    timer?: CandidateTimer<AttentionPlan>;
+  } = {},
+): Promise<AttentionTuning[]> {
+  const cache = cacheOf(gpu);
+  const timer = options.timer ?? ((_, run) => secondsPerRun(gpu, run));
+  const cached = options.force || options.timer ? {} : cache.read();
+  const results: AttentionTuning[] = [];
+  const { plans } = attentionSettings.of(gpu);
+  // bf16 needs no shader-f16: every adapter has it.
+  const dtypes: FloatDType[] = gpu.f16 ? ["f32", "f16", "bf16"] : ["f32", "bf16"];
+  const missing = dtypes.filter((d) => cached[d] === undefined).length;
+  const measured = progressReporter("attention plans", missing, options.onProgress);
+  for (const dtype of dtypes) {
+    const hit = cached[dtype];
+    const result = hit !== undefined
+      ? { dtype, best: hit, measurements: [], cached: true }
+      : await tuneDtype(gpu, dtype, timer);
+    if (hit === undefined) measured();
+    plans.set(dtype, result.best);
+    results.push(result);
+  }
+  if (!options.timer) cache.write(plans);
+  return results;
+}
+
+/** One attention shape's tuning: its plan, and its time where this run or the cache has one. */
+export interface AttentionShapeTuning {
+  /** The shape: B·H, T, D, dtype. */
+  shape: AttentionShape;
+  /** Its key (`"f32/bh384/t256/d64"`). */
+  key: string;
+  /** The plan it runs. */
+  plan: AttentionPlan;
+  /** Seconds of forward + backward with the plan (measured by this run, or when cached). */
+  seconds: number;
+  /** Timings this run made for it (0 when it had a pick). */
+  trials: number;
+  /** True when the pick came from the per-adapter cache. */
+  cached: boolean;
+}
+
+/**
+ * Options of {@link tuneAttentionShapes}; listed shapes are timed as
+ * B = B·H heads of one (the default, every shape run, at its own B and H).
+ */
+export type TuneAttentionShapesOptions = ShapeTuningOptions<AttentionShape, AttentionPlan>;
+
+/**
+ * Tunes the fused attention kernels at their own shapes on GPUs: each
+ * (B·H, T, D, dtype) the kernels ran (or `options.shapes`) without a pick is
+ * timed with every plan candidate at that shape — the real number of heads,
+ * not a representative problem — and the fastest is kept per device,
+ * cached per adapter, and run by later steps (gpu/kernels/attention/settings.ts).
+ * Budget: one timing per candidate and three finalists again (about 15 per
+ * shape; a GPT has one attention shape per dtype). On CPU adapters it does
+ * nothing and returns none. Waits for the GPU many times: call it between
+ * steps (after the first), never in one.
+ *
+ * @example
+ * ```ts
+ * import { fusedCausalAttention, initGpu, Tensor, tuneAttentionShapes } from "../../mod.ts";
+ * const gpu = await initGpu({ matmulTiling: "default" });
+ * const q = Tensor.full([1, 8, 32], 0.1);
+ * fusedCausalAttention(q, q, q, { heads: 2 }).dispose(); // a first step
+ * const picks = await tuneAttentionShapes(gpu);
+ * console.assert(picks.length === (gpu.adapterProfile.cpu ? 0 : 1));
+ * gpu.destroy();
+ * ```
+ */
+export async function tuneAttentionShapes(
+  gpu: Gpu,
+  options: TuneAttentionShapesOptions = {},
+): Promise<AttentionShapeTuning[]> {
+  if (gpu.adapterProfile.cpu) return [];
+  const timer = options.timer ?? ((_, run) => secondsPerRun(gpu, run));
+  const outcomes = await tunePicks(gpu, attentionSettings.of(gpu).shapes, {
+    store: ATTENTION_SHAPE_STORE,
+    listed: options.shapes?.map((shape) => ({
+      shape,
+      problem: { batch: shape.heads, heads: 1, t: shape.t, headSize: shape.headSize },
+    })),
+    force: options.force,
+    cache: options.cache ?? !options.timer,
+    task: "attention shapes",
+    onProgress: options.onProgress,
+    async measure(shape, problem) {
+      const timed = await timePlans(gpu, problem, shape.dtype, timer);
+      const record = { shape, plan: timed.best, seconds: Math.min(...timed.seconds) };
+      return { record, trials: timed.trials };
+    },
+  });
+  return outcomes.map(shapeTuning);
+}
+
+/**
+ * Every per-shape attention pick `gpu` holds, with its time (shape → plan →
+ * time, as the benchmark prints). Empty on CPU adapters.
+ *
+ * @example
+ * ```ts
+ * import { attentionShapeReport, initGpu } from "../../mod.ts";
+ * const gpu = await initGpu({ matmulTiling: "default" });
+ * console.assert(Array.isArray(attentionShapeReport(gpu)));
+ * gpu.destroy();
+ * ```
+ */
+export function attentionShapeReport(gpu: Gpu): AttentionShapeTuning[] {
+  if (gpu.adapterProfile.cpu) return [];
+  return pickReport(attentionSettings.of(gpu).shapes).map(shapeTuning);
+}
+
+/** An outcome as the report's row. */
+function shapeTuning(
+  { key, record, trials, cached }: PickOutcome<AttentionShapeRecord>,
+): AttentionShapeTuning {
+  const { shape, plan, seconds } = record;
+  return { shape, key, plan, seconds, trials, cached };
+}

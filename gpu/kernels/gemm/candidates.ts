@@ -1,0 +1,60 @@
+/**
+ * The matmul tilings the tuners try: CPU adapters the register, interleaved
+ * and shared ones, GPUs the vec4 and blocked ones (and, for classes, every
+ * one that fits). The class tuner (`matmul_tuning.ts`) and the per-shape
+ * tuner (`shape_tuning.ts`) read them; cached picks are checked against them.
+ */
+import type { Gpu, MatmulTiling } from "../../device/gpu.ts";
+import type { FloatDType } from "../../base/dtype.ts";
+import { tilingFits, tilingKind } from "./tilings.ts";
+
+/** The tilings CPU adapters try, register blocks first. */
+const CPU_CANDIDATES: readonly MatmulTiling[] = [
+  { variant: "register", tm: 4, tn: 4, wgx: 8, wgy: 8, tk: 1 },
+  { variant: "register", tm: 8, tn: 8, wgx: 8, wgy: 4, tk: 1 },
+  { variant: "register", tm: 8, tn: 16, wgx: 4, wgy: 4, tk: 1 },
+  { variant: "register", tm: 16, tn: 16, wgx: 2, wgy: 4, tk: 1 },
+  { variant: "interleaved", tm: 4, tn: 4, wgx: 8, wgy: 8, tk: 1 },
+  { variant: "interleaved", tm: 8, tn: 8, wgx: 8, wgy: 4, tk: 1 },
+  { variant: "interleaved", tm: 8, tn: 4, wgx: 8, wgy: 8, tk: 1 },
+  { variant: "interleaved", tm: 16, tn: 4, wgx: 8, wgy: 2, tk: 1 },
+  { variant: "shared", tm: 4, tn: 4, wgx: 16, wgy: 16, tk: 16 },
+  { variant: "shared", tm: 8, tn: 8, wgx: 8, wgy: 8, tk: 8 },
+];
+
+/**
+ * Tilings tried on GPUs only. The vec4 ones are the H100 SGEMM probe's
+ * fastest (`shared/perf/h100-fast-matmul-2026-11-23.jsonl`, 4096³ f32):
+ * 128×128×32 with 8×8 per thread (42.5 A·B, 40.3 A·Bᵀ, 46.6 Aᵀ·B TFLOP/s),
+ * 128×256×16 and 128×256×8 with 8×16 (44.2 / 44.6 A·B, 43.1 A·Bᵀ, 46.7
+ * Aᵀ·B); 128×192×16 with 8×12, unmeasured, covers n = 384 (the GPT's
+ * qkv, projection and fc2 outputs) in two tiles instead of a half-empty
+ * third 128×256; 64×64×16 with 4×4 keeps small products from leaving most
+ * of a tile empty. One blocked tiling stays as the control (and for
+ * convolutions, which get the blocked kernel of a vec4 tiling's shape).
+ */
+const GPU_CANDIDATES: readonly MatmulTiling[] = [
+  { variant: "vec4", tm: 8, tn: 8, wgx: 16, wgy: 16, tk: 32 },
+  { variant: "vec4", tm: 8, tn: 16, wgx: 16, wgy: 16, tk: 16 },
+  { variant: "vec4", tm: 8, tn: 16, wgx: 16, wgy: 16, tk: 8 },
+  { variant: "vec4", tm: 8, tn: 12, wgx: 16, wgy: 16, tk: 16 },
+  { variant: "vec4", tm: 8, tn: 8, wgx: 16, wgy: 16, tk: 16 },
+  { variant: "vec4", tm: 4, tn: 4, wgx: 16, wgy: 16, tk: 16 },
+  { variant: "blocked", tm: 8, tn: 8, wgx: 16, wgy: 16, tk: 16 },
+];
+
+/** Every tiling the tuner knows: CPU adapters try the first ten, GPUs all. */
+export const MATMUL_CANDIDATES: readonly MatmulTiling[] = [...CPU_CANDIDATES, ...GPU_CANDIDATES];
+
+/**
+ * The candidates tried on `gpu` for operands stored in `dtype`: on CPU
+ * adapters the register, interleaved and shared tilings; on GPUs every one
+ * whose workgroup fits the device's limits.
+ */
+export function matmulCandidates(gpu: Gpu, dtype: FloatDType): readonly MatmulTiling[] {
+  if (gpu.adapterProfile.cpu) return MATMUL_CANDIDATES.filter((t) => !tilingKind(t).forGpus);
+  return MATMUL_CANDIDATES.filter((t) => tilingFits(t, dtype, gpu.adapterProfile.limits));
+}
+
+/** The tiling used before (or instead of) a search. */
+export const DEFAULT_TILING: MatmulTiling = MATMUL_CANDIDATES[0];

@@ -1,0 +1,193 @@
+/**
+ * Picks matmul tilings per adapter by measuring the kernels themselves. What
+ * is fastest differs by adapter (CPU adapters favour large per-thread
+ * register blocks, GPUs shared-memory tiles), by dtype, by orientation (a
+ * linear layer runs x·Wᵀ forward, g·W and gᵀ·x backward) and by size, so
+ * the tuner keeps one winner per matmul class: (storage dtype, orientation,
+ * size). Each candidate runs a representative problem of the class after a
+ * warm-up, timed with GPU timestamps where the adapter has them (else wall
+ * time over enough repeats that the ~11 ms wait does not dominate). Winners
+ * are cached per adapter and tuner version in `localStorage` when the runtime
+ * offers it; dispatch picks the winner of the class at hand.
+ */
+import type { Gpu, MatmulTiling } from "../../device/gpu.ts";
+import type { FloatDType } from "../../base/dtype.ts";
+import { dispatchMatmul, type MatmulProblem } from "./matmul.ts";
+import { denseProblem, type MatmulClass, matmulClassKey, type MatmulSize } from "./matmul_class.ts";
+import { Tensor } from "../../tensor/tensor.ts";
+import { untracked } from "../../tensor/scope.ts";
+import {
+  type CandidateTimer,
+  progressReporter,
+  secondsPerRun,
+  timeCandidates,
+  tunerCacheKey,
+  type TuningProgress,
+  winnerCache,
+} from "../../tuning/timing.ts";
+import { DEFAULT_TILING, MATMUL_CANDIDATES, matmulCandidates } from "./candidates.ts";
+import { matmulSettings } from "./settings.ts";
+
+export { DEFAULT_TILING, MATMUL_CANDIDATES, matmulCandidates };
+
+/** Bump when kernels or candidates change: cached winners of older versions are ignored. */
+const TUNER_VERSION = 5;
+
+/** One candidate's measured speed on a class's problem. */
+export interface TilingMeasurement {
+  /** The candidate. */
+  tiling: MatmulTiling;
+  /** Seconds per product (the better of its timings). */
+  seconds: number;
+  /** Its speed, in GFLOP/s: the product's 2·m·n·k FLOPs over `seconds`. */
+  gflops: number;
+}
+
+/** A class's result: the winner and every measurement (none when the winner came from the cache). */
+export interface ClassTuning {
+  /** The class. */
+  class: MatmulClass;
+  /** The fastest candidate. */
+  best: MatmulTiling;
+  /** Every candidate's speed (empty when cached). */
+  measurements: TilingMeasurement[];
+  /** True when the winner was read from the per-adapter cache. */
+  cached: boolean;
+}
+
+/** Options of {@link tuneMatmul}. */
+export interface TuneMatmulOptions {
+  /** Classes to tune (default: {@link defaultTuningClasses} for the adapter). */
+  classes?: readonly MatmulClass[];
+  /** Measure again even when the cache has a winner (default false). */
+  force?: boolean;
+  /**
+   * Times a candidate's run (default: GPU timestamps, else wall time; see
+   * `secondsPerRun`). Given one, the cache is neither read nor written: its
+   * figures need not be this adapter's (tests inject one to check the pick).
+   */
+  timer?: CandidateTimer<MatmulTiling>;
+  /** Told before the first class the cache lacks is measured and after each. */
+  onProgress?: (progress: TuningProgress) => void;
+}
+
+/**
+ * The classes `initGpu` tunes: every orientation of each dtype the device
+ * has, at medium size, and on GPUs small and large too (on CPU adapters a
+ * large problem takes seconds per candidate, and their winners agree with
+ * the medium ones).
+ */
+export function defaultTuningClasses(gpu: Gpu): MatmulClass[] {
+  const sizes: MatmulSize[] = gpu.adapterProfile.cpu ? ["medium"] : ["small", "medium", "large"];
+  // bf16 needs no shader-f16: every adapter tunes it.
+  const dtypes: FloatDType[] = gpu.f16 ? ["f32", "f16", "bf16"] : ["f32", "bf16"];
+  const out: MatmulClass[] = [];
+  for (const dtype of dtypes) {
+    for (const orientation of ["nn", "nt", "tn"] as const) {
+      for (const size of sizes) out.push({ dtype, orientation, size });
+    }
+  }
+  return out;
+}
+
+/** A problem in the middle of each size class ([m, n, k]). */
+const REPRESENTATIVE: Record<MatmulSize, [number, number, number]> = {
+  small: [64, 128, 256], // 2^21 multiply-adds
+  medium: [256, 512, 256], // 2^25
+  large: [2048, 2048, 1024], // 2^32
+};
+
+function cacheOf(gpu: Gpu) {
+  return winnerCache(
+    tunerCacheKey(gpu, "matmulTuning", TUNER_VERSION),
+    // Only a candidate this device's profile still offers (f16 tiles are the smaller ones).
+    (stored) =>
+      matmulCandidates(gpu, "f16").find((c) => JSON.stringify(c) === JSON.stringify(stored)),
+  );
+}
+
+/** The problem of `c` with its operands laid out for the orientation. */
+function problemOf(c: MatmulClass): MatmulProblem {
+  const [m, n, k] = REPRESENTATIVE[c.size];
+  return denseProblem({ batch: 1, m, n, k }, c.orientation);
+}
+
+/** Measures every candidate on `c`'s problem with `timer` and returns the winner. */
+async function tuneClass(
+  gpu: Gpu,
+  c: MatmulClass,
+  timer: CandidateTimer<MatmulTiling>,
+): Promise<ClassTuning> {
+  const problem = problemOf(c);
+  const { m, n, k } = problem;
+  const dtype = c.dtype;
+  const operands = untracked(() => ({
+    a: Tensor.full([m * k], 0.5, { dtype, gpu }),
+    b: Tensor.full([k * n], 0.25, { dtype, gpu }),
+    c: Tensor.empty([m * n], dtype, gpu),
+  }));
+  const candidates = matmulCandidates(gpu, dtype);
+  let timed: { best: MatmulTiling; seconds: number[] };
+  try {
+    timed = await timeCandidates(candidates, (tiling) =>
+      timer(
+        tiling,
+        () => dispatchMatmul(problem, operands.a, operands.b, operands.c, {}, tiling),
+      ));
+  } finally {
+    for (const t of Object.values(operands)) t.dispose();
+  }
+  const flops = 2 * m * n * k;
+  const measurements = candidates.map((tiling, i) => ({
+    tiling,
+    seconds: timed.seconds[i],
+    gflops: flops / Math.max(timed.seconds[i], 1e-12) / 1e9,
+  }));
+  const best = timed.best;
+  return { class: c, best, measurements, cached: false };
+}
+
+/**
+ * Tunes the matmul classes `options.classes` (default: those `initGpu` tunes)
+ * on `gpu`, records each winner in `matmulSettings.of(gpu).classTilings` (which dispatch reads)
+ * and caches them per adapter. A class with a cached winner is not measured
+ * again unless `force` is set. Waits for the GPU many times: call it at
+ * start-up, never per step.
+ *
+ * @example
+ * ```ts
+ * import { initGpu, tuneMatmul } from "../../mod.ts";
+ * import { matmulSettings } from "./settings.ts";
+ * const gpu = await initGpu({ matmulTiling: "default" });
+ * const [result] = await tuneMatmul(gpu, {
+ *   classes: [{ dtype: "f32", orientation: "nt", size: "small" }],
+ * });
+ * console.assert(matmulSettings.of(gpu).classTilings.get("f32/nt/small") === result.best);
+ * gpu.destroy();
+ * ```
+ */
+export async function tuneMatmul(
+  gpu: Gpu,
+  options: TuneMatmulOptions = {},
+): Promise<ClassTuning[]> {
+  const cache = cacheOf(gpu);
+  const timer = options.timer ?? ((_, run) => secondsPerRun(gpu, run));
+  const cached = options.force || options.timer ? {} : cache.read();
+  const results: ClassTuning[] = [];
+  const { classTilings } = matmulSettings.of(gpu);
+  const classes = options.classes ?? defaultTuningClasses(gpu);
+  const missing = classes.filter((c) => !cached[matmulClassKey(c)]).length;
+  const measured = progressReporter("matmul tilings", missing, options.onProgress);
+  for (const c of classes) {
+    const key = matmulClassKey(c);
+    const hit = cached[key];
+    const result = hit
+      ? { class: c, best: hit, measurements: [], cached: true }
+      : await tuneClass(gpu, c, timer);
+    if (!hit) measured();
+    classTilings.set(key, result.best);
+    results.push(result);
+  }
+  if (!options.timer) cache.write(classTilings);
+  return results;
+}
