@@ -221,7 +221,7 @@ export function storedTensors(
  * @returns The whole file.
  * @example
  * ```ts
- * import { decodeSafetensors, encodeSafetensors } from "../mod.ts";
+ * import { decodeSafetensors, encodeSafetensors } from "./mod.ts";
  * const data = new Uint8Array(new Float32Array([1, 2]).buffer);
  * const file = encodeSafetensors(new Map([["w", { dtype: "f32", shape: [2], data }]]));
  * console.assert(decodeSafetensors(file).entries.get("w")?.shape.join() === "2");
@@ -263,7 +263,7 @@ function isObject(v: unknown): v is Record<string, unknown> {
  * end, a checksum that does not match (naming the tensor, or the metadata).
  * @example
  * ```ts
- * import { decodeSafetensors, encodeSafetensors } from "../mod.ts";
+ * import { decodeSafetensors, encodeSafetensors } from "./mod.ts";
  * const file = encodeSafetensors(new Map(), { metadata: { step: "100" } });
  * const { entries, metadata } = decodeSafetensors(file);
  * console.assert(entries.size === 0 && metadata.step === "100");
