@@ -65,7 +65,7 @@ export async function benchTilings(gpu: Gpu, o: BenchOptions): Promise<Result[]>
   const size = resolveSize(gpu, o.size);
   const results: Result[] = [];
   const settings = matmulSettings.of(gpu);
-  const accumulation = gpu.f16Accumulation, splitTarget = settings.splitKWorkgroups;
+  const accumulation = settings.f16Accumulation, splitTarget = settings.splitKWorkgroups;
   try {
     for (const dtype of ["f32", "f16"] as const) {
       if (dtype === "f16" && !gpu.f16) continue;
@@ -85,7 +85,7 @@ export async function benchTilings(gpu: Gpu, o: BenchOptions): Promise<Result[]>
           const split = gemmSplit(gpu, tiling, problem, 1).slices;
           for (const sum of sums) {
             for (const splitting of split > 1 ? [true, false] : [true]) {
-              gpu.f16Accumulation = sum;
+              settings.f16Accumulation = sum;
               settings.splitKWorkgroups = splitting ? splitTarget : 0;
               const slices = gemmSplit(gpu, tiling, problem, 1).slices;
               gpu.resetPeakMemory();
@@ -122,7 +122,7 @@ export async function benchTilings(gpu: Gpu, o: BenchOptions): Promise<Result[]>
       }
     }
   } finally {
-    gpu.f16Accumulation = accumulation;
+    settings.f16Accumulation = accumulation;
     settings.splitKWorkgroups = splitTarget;
   }
   return results;

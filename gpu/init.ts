@@ -1,17 +1,15 @@
 /** Device acquisition: `initGpu()` is the first call of every program. */
 import type { FlushPolicy } from "./device/command_batch.ts";
-import {
-  type F16Accumulation,
-  type F16Mode,
-  Gpu,
-  type MatmulTiling,
-  setDefaultGpu,
-} from "./device/gpu.ts";
+import { type F16Mode, Gpu, setDefaultGpu } from "./device/gpu.ts";
 import { fail, GpuError } from "./base/errors.ts";
 import { checkInitGpuOptions } from "./init_options.ts";
 import { wgslRuntime } from "./device/kernel.ts";
 import { tuneMatmul } from "./kernels/gemm/class_tuner.ts";
-import { matmulSettings } from "./kernels/gemm/settings.ts";
+import {
+  type F16Accumulation,
+  matmulSettings,
+  type MatmulTiling,
+} from "./kernels/gemm/settings.ts";
 import { tuneAttention } from "./kernels/attention/tuner.ts";
 import { warnOnce } from "./tensor/runtime_state.ts";
 import type { TuningProgress } from "./tuning/timing.ts";
@@ -139,9 +137,7 @@ export async function initGpu(options: InitGpuOptions = {}): Promise<Gpu> {
   const flush = options.flush ?? "auto";
   const gpu = new Gpu(device, adapter.info, {
     f16: useF16,
-    f16Accumulation: accumulation,
     debug: options.debug ?? debugFromEnvironment(),
-    subgroupsDirective: directive,
     flushPolicy: flush === "auto"
       ? defaultFlushPolicy(adapter.info)
       : flush === "read"
@@ -149,6 +145,7 @@ export async function initGpu(options: InitGpuOptions = {}): Promise<Gpu> {
       : flush,
   });
   gpu.pool.limitBytes = memoryLimit(options.memoryLimitBytes, gpu.adapterProfile.cpu);
+  matmulSettings.of(gpu).f16Accumulation = accumulation;
   if (typeof options.matmulTiling === "object") {
     matmulSettings.of(gpu).tiling = options.matmulTiling;
   }

@@ -4,7 +4,7 @@
  * ValueError that lists what is accepted, instead of being ignored.
  */
 import type { FlushPolicy } from "./device/command_batch.ts";
-import type { MatmulTiling } from "./device/gpu.ts";
+import type { MatmulTiling } from "./kernels/gemm/settings.ts";
 import { fail, ValueError } from "./base/errors.ts";
 import type { InitGpuOptions } from "./init.ts";
 import { shortValue } from "./base/short_text.ts";

@@ -12,15 +12,7 @@
  * @module
  */
 export { defaultFlushPolicy, initGpu, type InitGpuOptions } from "./init.ts";
-export {
-  type F16Accumulation,
-  type F16Mode,
-  getGpu,
-  Gpu,
-  type MatmulTiling,
-  type ProfileOptions,
-  setDefaultGpu,
-} from "./device/gpu.ts";
+export { type F16Mode, getGpu, Gpu, type ProfileOptions, setDefaultGpu } from "./device/gpu.ts";
 export type { AdapterProfile, ProfileLimits } from "./device/adapter_profile.ts";
 export {
   type DispatchCost,
@@ -149,9 +141,15 @@ export {
 } from "./kernels/attention/tuner.ts";
 export type { CandidateTimer, TuningProgress } from "./tuning/timing.ts";
 export type { ShapePicks, ShapeTuningOptions, TimedPick } from "./tuning/shape_store.ts";
-export type { AttentionPlan, AttentionTile } from "./device/gpu.ts";
+export type { AttentionPlan } from "./kernels/attention/plans.ts";
+export type { AttentionTile } from "./kernels/attention/flash_attention_tiled.ts";
 export { defineTunerSettings, type TunerSettings } from "./tuning/settings.ts";
-export { type MatmulSettings, matmulSettings } from "./kernels/gemm/settings.ts";
+export {
+  type F16Accumulation,
+  type MatmulSettings,
+  matmulSettings,
+  type MatmulTiling,
+} from "./kernels/gemm/settings.ts";
 export {
   type AttentionProblem,
   type AttentionSettings,

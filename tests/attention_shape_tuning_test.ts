@@ -15,7 +15,7 @@ import {
   Tensor,
   tuneAttentionShapes,
 } from "../gpu/mod.ts";
-import type { AttentionPlan } from "../gpu/device/gpu.ts";
+import type { AttentionPlan } from "../gpu/kernels/attention/plans.ts";
 import { attentionShapeCacheKey, attentionShapeKey } from "../gpu/kernels/attention/settings.ts";
 import { attentionPlanCandidates } from "../gpu/kernels/attention/flash_attention.ts";
 import { asGpu, gpu, GPU_TEST } from "./_gpu.ts";

@@ -74,7 +74,9 @@ async function worstError(
   );
   const out = await c.read();
   [ta, tb, c].forEach((t) => t.dispose());
-  const chunk = gpu.f16Accumulation === "chunked" ? Math.min(F16_CHUNK, tiling.tk) : 0;
+  const chunk = matmulSettings.of(gpu).f16Accumulation === "chunked"
+    ? Math.min(F16_CHUNK, tiling.tk)
+    : 0;
   let ratioToBound = 0, inUnits = 0;
   for (let i = 0; i < m; i++) {
     for (let j = 0; j < n; j++) {
@@ -94,12 +96,13 @@ async function worstError(
 }
 
 async function withAccumulation<T>(mode: "f32" | "chunked", fn: () => Promise<T>): Promise<T> {
-  const before = gpu.f16Accumulation;
-  gpu.f16Accumulation = mode;
+  const settings = matmulSettings.of(gpu);
+  const before = settings.f16Accumulation;
+  settings.f16Accumulation = mode;
   try {
     return await fn();
   } finally {
-    gpu.f16Accumulation = before;
+    settings.f16Accumulation = before;
   }
 }
 

@@ -232,10 +232,9 @@ Deno.test({
   ...GPU_TEST,
   async fn() {
     const tiling = MATMUL_CANDIDATES.find((t) => t.variant === "vec4" && t.tm === 4)!;
-    const accumulation = gpu.f16Accumulation;
-    gpu.f16Accumulation = "chunked";
-    try {
-      await asGpu(() =>
+    // Inside asGpu: its settings are the GPU-like profile's, made afresh.
+    await asGpu(() =>
+      withSettings(matmulSettings.of(gpu), { f16Accumulation: "chunked" }, () =>
         forced(
           tiling,
           0,
@@ -246,10 +245,7 @@ Deno.test({
               // stated bound, f16_accumulation_test, is 0.035 there); a misplaced element is off by ~1.
               tolerance: { atol: 0.02, rtol: 2e-3 },
             }),
-        )
-      );
-    } finally {
-      gpu.f16Accumulation = accumulation;
-    }
+        ))
+    );
   },
 });

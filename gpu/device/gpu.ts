@@ -18,6 +18,7 @@ import {
   type KernelConfig,
   type KernelDefinition,
   PipelineCache,
+  wgslRuntime,
 } from "./kernel.ts";
 import { fail, GpuError, StateError, ValueError } from "../base/errors.ts";
 import { runtime } from "../tensor/runtime_state.ts";
@@ -25,31 +26,6 @@ import { type AdapterProfile, adapterProfileOf } from "./adapter_profile.ts";
 
 /** How to treat f16: use it when the adapter has it, insist on it, or never use it. */
 export type F16Mode = "auto" | "require" | "off";
-
-/** Per-thread and per-workgroup tile sizes of the matmul kernel. */
-export interface MatmulTiling extends Record<string, string | number | boolean> {
-  /**
-   * `"register"`: each thread keeps a contiguous TM×TN block in registers,
-   * loading from storage; `"interleaved"`: the same with the thread's rows and
-   * columns strided across the workgroup, so neighbouring threads load
-   * neighbouring addresses (both suit CPU adapters); `"shared"`: workgroup
-   * shared-memory tiles; `"blocked"`: large shared tiles read as vec4
-   * (written for GPUs; TM and TN multiples of 4); `"vec4"`: the blocked
-   * tiles loaded from storage as vec4 with the next k-tile prefetched
-   * (matmul on GPUs; TM, TN and TK multiples of 4). See `gpu/kernels/gemm/tilings.ts`.
-   */
-  variant: "register" | "interleaved" | "shared" | "blocked" | "vec4";
-  /** Output rows per thread. */
-  tm: number;
-  /** Output columns per thread. */
-  tn: number;
-  /** Workgroup threads along columns. */
-  wgx: number;
-  /** Workgroup threads along rows. */
-  wgy: number;
-  /** K-slice staged per shared-memory step (shared, blocked and vec4 variants). */
-  tk: number;
-}
 
 /** Options of {@link Gpu.profile}. */
 export interface ProfileOptions {
@@ -60,46 +36,6 @@ export interface ProfileOptions {
    * `"wall"`: wall time per submit, split over its dispatches. Default: timestamps where available.
    */
   timing?: ProfileTiming;
-}
-
-/**
- * How f16 matmuls sum their products: `"f32"`: every product is added into
- * an f32 accumulator; `"chunked"`: products of each run of `F16_CHUNK`
- * consecutive k are summed in f16 (vec4<f16> FMAs) and each run's sum is
- * added into f32, as PyTorch's `allow_fp16_reduced_precision_reduction`
- * permits. Only the GPU tiling (`blocked`) has the chunked form; the CPU
- * tilings always sum in f32.
- */
-export type F16Accumulation = "f32" | "chunked";
-
-/** How the fused attention kernels split their work: rows per workgroup, and rows staged per step. */
-export interface AttentionPlan {
-  /** Query (or key) rows per workgroup, one thread each. */
-  rows: number;
-  /**
-   * Rows of the other side staged in workgroup memory per step and read by
-   * every thread of the workgroup (16 or 32), or 0 to read them from storage
-   * thread by thread.
-   */
-  stage: number;
-  /**
-   * Set for the register-tiled kernels (gpu/kernels/attention/flash_attention_tiled.ts),
-   * which ignore `rows` and `stage`: a workgroup covers `br` rows and steps
-   * over `bc` rows of the other side, each thread a `rm` × `rn` block.
-   */
-  tile?: AttentionTile;
-}
-
-/** A register-tiled attention plan's block sizes (see {@link AttentionPlan}). */
-export interface AttentionTile {
-  /** Rows per workgroup (queries in forward and dq, keys in dk/dv). */
-  br: number;
-  /** Rows of the other side per step. */
-  bc: number;
-  /** Rows of the workgroup's side per thread. */
-  rm: number;
-  /** Rows of the other side per thread. */
-  rn: number;
 }
 
 /** Handles to a WebGPU device and the toolkit state bound to it. */
@@ -122,13 +58,6 @@ export class Gpu {
    * subgroups, as the adapter profile says (`adapterProfile.subgroups`).
    */
   readonly subgroups: boolean;
-  /**
-   * Whether this runtime's WGSL needs `enable subgroups;` before subgroup
-   * builtins (Chrome) or rejects it (naga, in Deno). Probed by `initGpu`.
-   */
-  readonly subgroupsDirective: boolean;
-  /** How f16 matmuls sum their products (see {@link F16Accumulation}); tests may switch it. */
-  f16Accumulation: F16Accumulation;
   /** True to print generated WGSL as it compiles (the `HALFSTEP_DEBUG` switch). */
   readonly debug: boolean;
   /** Size-class buffer pool; see {@link Gpu.memoryStats}. */
@@ -155,9 +84,7 @@ export class Gpu {
     adapterInfo: GPUAdapterInfo,
     options: {
       f16: boolean;
-      f16Accumulation: F16Accumulation;
       debug: boolean;
-      subgroupsDirective?: boolean;
       flushPolicy: FlushPolicy;
     },
   ) {
@@ -165,8 +92,6 @@ export class Gpu {
     this.adapterInfo = adapterInfo;
     this.f16 = options.f16;
     this.subgroups = device.features.has("subgroups");
-    this.subgroupsDirective = this.subgroups && (options.subgroupsDirective ?? false);
-    this.f16Accumulation = options.f16Accumulation;
     this.debug = options.debug;
     this.adapterProfile = adapterProfileOf(adapterInfo, device.limits, this.subgroups);
     // Less a margin for the fixed loops around the ones kernels check. Not part
@@ -202,6 +127,16 @@ export class Gpu {
     device.addEventListener("uncapturederror", (event) => {
       this.#fail(`A GPU command failed: ${(event as GPUUncapturedErrorEvent).error.message}`);
     });
+  }
+
+  /**
+   * Whether this runtime's WGSL needs `enable subgroups;` before subgroup
+   * builtins (Chrome) or rejects it (naga, in Deno), for a device that has
+   * subgroups. One answer per process, kept in `wgslRuntime` (kernel.ts),
+   * which writes the headers; probed by `initGpu`.
+   */
+  get subgroupsDirective(): boolean {
+    return this.subgroups && wgslRuntime.subgroupsDirective;
   }
 
   /** The adapter's description, for logs and benchmark records. */

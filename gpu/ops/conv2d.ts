@@ -2,7 +2,7 @@
 import { record } from "../tensor/autograd.ts";
 import { autocastInputs, releaseCasts } from "../tensor/autocast_hook.ts";
 import { weightGradTarget } from "./linear.ts";
-import type { MatmulTiling } from "../device/gpu.ts";
+import type { MatmulTiling } from "../kernels/gemm/settings.ts";
 import { DTypeError, fail, ShapeError, ValueError } from "../base/errors.ts";
 import { launchBinary } from "../kernels/elementwise.ts";
 import {

@@ -30,9 +30,8 @@
  * of flash_attention_tiled.ts instead (GPUs only; same inputs, outputs,
  * log-sum-exp, δ and dropout mask), chosen here by the same plan lookup.
  */
-import type { AttentionPlan, Gpu } from "../../device/gpu.ts";
+import type { Gpu } from "../../device/gpu.ts";
 
-export type { AttentionPlan } from "../../device/gpu.ts";
 import type { DType } from "../../base/dtype.ts";
 import { defineKernel, type ElementType } from "../../device/kernel.ts";
 import { type RandomRange, WGSL_RANDOM } from "../../tensor/random.ts";
@@ -42,6 +41,7 @@ import { failLoopIterations } from "../loop_limit.ts";
 import { attentionPlanFor } from "./settings.ts";
 import {
   ATTENTION_ROW_CANDIDATES,
+  type AttentionPlan,
   DEFAULT_ATTENTION_PLAN,
   type FlashAttentionShape,
   TILED_ATTENTION_PLANS,
@@ -439,6 +439,7 @@ export const flashAttentionDkvKernel = defineKernel({
 export {
   ATTENTION_PLAN_CANDIDATES,
   ATTENTION_ROW_CANDIDATES,
+  type AttentionPlan,
   attentionPlanCandidates,
   DEFAULT_ATTENTION_PLAN,
   type FlashAttentionShape,

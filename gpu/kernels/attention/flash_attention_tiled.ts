@@ -38,7 +38,6 @@
  * Dropout uses the same counters as the row plans (entry (z, i, j) of the
  * virtual [B·H, T, T] matrix), so the mask is the same whatever the plan.
  */
-import type { AttentionTile } from "../../device/gpu.ts";
 import type { DType } from "../../base/dtype.ts";
 import { defineKernel } from "../../device/kernel.ts";
 import { WGSL_RANDOM } from "../../tensor/random.ts";
@@ -67,6 +66,18 @@ export type TiledAttentionConfig = {
   dropout: boolean;
   packed: boolean;
 };
+
+/** A register-tiled attention plan's block sizes (see `AttentionPlan` in plans.ts). */
+export interface AttentionTile {
+  /** Rows per workgroup (queries in forward and dq, keys in dk/dv). */
+  br: number;
+  /** Rows of the other side per step. */
+  bc: number;
+  /** Rows of the workgroup's side per thread. */
+  rm: number;
+  /** Rows of the other side per thread. */
+  rn: number;
+}
 
 /** The register-tiled plans the tuner tries on GPUs (those whose tiles fit the device). */
 export const TILED_ATTENTION_TILES: readonly AttentionTile[] = [

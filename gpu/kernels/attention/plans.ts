@@ -4,8 +4,30 @@
  * per-shape picks (gpu/kernels/attention/settings.ts), which the kernels consult, can
  * list candidates without importing the kernels back.
  */
-import type { AttentionPlan, Gpu } from "../../device/gpu.ts";
-import { TILED_ATTENTION_TILES, tiledAttentionBytes } from "./flash_attention_tiled.ts";
+import type { Gpu } from "../../device/gpu.ts";
+import {
+  type AttentionTile,
+  TILED_ATTENTION_TILES,
+  tiledAttentionBytes,
+} from "./flash_attention_tiled.ts";
+
+/** How the fused attention kernels split their work: rows per workgroup, and rows staged per step. */
+export interface AttentionPlan {
+  /** Query (or key) rows per workgroup, one thread each. */
+  rows: number;
+  /**
+   * Rows of the other side staged in workgroup memory per step and read by
+   * every thread of the workgroup (16 or 32), or 0 to read them from storage
+   * thread by thread.
+   */
+  stage: number;
+  /**
+   * Set for the register-tiled kernels (gpu/kernels/attention/flash_attention_tiled.ts),
+   * which ignore `rows` and `stage`: a workgroup covers `br` rows and steps
+   * over `bc` rows of the other side, each thread a `rm` × `rn` block.
+   */
+  tile?: AttentionTile;
+}
 
 /** Sizes of one fused attention call. */
 export interface FlashAttentionShape {

@@ -11,9 +11,9 @@
  * its adapter and is checked against the candidates before use) and read
  * when a device first runs attention. CPU adapters keep the dtype's plan.
  */
-import type { AttentionPlan, Gpu } from "../../device/gpu.ts";
+import type { Gpu } from "../../device/gpu.ts";
 import { type DType, DTYPES, type FloatDType } from "../../base/dtype.ts";
-import { attentionPlanCandidates, type FlashAttentionShape } from "./plans.ts";
+import { type AttentionPlan, attentionPlanCandidates, type FlashAttentionShape } from "./plans.ts";
 import {
   cachedPicks,
   pickCacheKey,

@@ -6,7 +6,8 @@
  * and the winner is cached per adapter in `localStorage` when the runtime
  * offers it.
  */
-import type { AttentionPlan, Gpu } from "../../device/gpu.ts";
+import type { AttentionPlan } from "./plans.ts";
+import type { Gpu } from "../../device/gpu.ts";
 import type { FloatDType } from "../../base/dtype.ts";
 import {
   ATTENTION_PLAN_CANDIDATES,

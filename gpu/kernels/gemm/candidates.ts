@@ -1,16 +1,17 @@
 /**
  * The matmul tilings the tuners try: CPU adapters the register, interleaved
  * and shared ones, GPUs the vec4 and blocked ones (and, for classes, every
- * one that fits). The class tuner (`matmul_tuning.ts`) and the per-shape
- * tuner (`shape_tuning.ts`) read them; cached picks are checked against them.
+ * one that fits). The class tuner (`class_tuner.ts`) and the per-shape
+ * tuner (`shape_tuner.ts`) read them; cached picks are checked against them.
  */
-import type { Gpu, MatmulTiling } from "../../device/gpu.ts";
+import type { Gpu } from "../../device/gpu.ts";
+import { DEFAULT_TILING, type MatmulTiling } from "./settings.ts";
 import type { FloatDType } from "../../base/dtype.ts";
 import { tilingFits, tilingKind } from "./tilings.ts";
 
 /** The tilings CPU adapters try, register blocks first. */
 const CPU_CANDIDATES: readonly MatmulTiling[] = [
-  { variant: "register", tm: 4, tn: 4, wgx: 8, wgy: 8, tk: 1 },
+  DEFAULT_TILING,
   { variant: "register", tm: 8, tn: 8, wgx: 8, wgy: 4, tk: 1 },
   { variant: "register", tm: 8, tn: 16, wgx: 4, wgy: 4, tk: 1 },
   { variant: "register", tm: 16, tn: 16, wgx: 2, wgy: 4, tk: 1 },
@@ -55,6 +56,3 @@ export function matmulCandidates(gpu: Gpu, dtype: FloatDType): readonly MatmulTi
   if (gpu.adapterProfile.cpu) return MATMUL_CANDIDATES.filter((t) => !tilingKind(t).forGpus);
   return MATMUL_CANDIDATES.filter((t) => tilingFits(t, dtype, gpu.adapterProfile.limits));
 }
-
-/** The tiling used before (or instead of) a search. */
-export const DEFAULT_TILING: MatmulTiling = MATMUL_CANDIDATES[0];

@@ -10,7 +10,7 @@
  * are cached per adapter and tuner version in `localStorage` when the runtime
  * offers it; dispatch picks the winner of the class at hand.
  */
-import type { Gpu, MatmulTiling } from "../../device/gpu.ts";
+import type { Gpu } from "../../device/gpu.ts";
 import type { FloatDType } from "../../base/dtype.ts";
 import { dispatchMatmul, type MatmulProblem } from "./matmul.ts";
 import { denseProblem, type MatmulClass, matmulClassKey, type MatmulSize } from "./matmul_class.ts";
@@ -25,8 +25,8 @@ import {
   type TuningProgress,
   winnerCache,
 } from "../../tuning/timing.ts";
-import { DEFAULT_TILING, MATMUL_CANDIDATES, matmulCandidates } from "./candidates.ts";
-import { matmulSettings } from "./settings.ts";
+import { MATMUL_CANDIDATES, matmulCandidates } from "./candidates.ts";
+import { DEFAULT_TILING, matmulSettings, type MatmulTiling } from "./settings.ts";
 
 export { DEFAULT_TILING, MATMUL_CANDIDATES, matmulCandidates };
 

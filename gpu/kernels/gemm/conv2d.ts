@@ -16,7 +16,7 @@
  * f32 accumulation whatever the storage dtype. Indices are clamped into range
  * before every load, and padding reads are replaced by zeros.
  */
-import type { MatmulTiling } from "../../device/gpu.ts";
+import type { MatmulTiling } from "./settings.ts";
 import type { DType } from "../../base/dtype.ts";
 import { defineKernel, optional } from "../../device/kernel.ts";
 import { Tensor } from "../../tensor/tensor.ts";

@@ -5,7 +5,7 @@
  * a {@link GemmIo}: strided loads for matmul, gathers with padding for a
  * convolution (so no im2col buffer is ever written).
  *
- * The tilings, chosen per adapter (see `matmul_tuning.ts`), are records of
+ * The tilings, chosen per adapter (see `class_tuner.ts`), are records of
  * `tilings.ts`:
  * - `register` / `interleaved` / `shared` (`gemm_register.ts`): CPU adapters;
  * - `blocked` (`gemm_blocked.ts`): large workgroup tiles read as vec4, for
@@ -17,12 +17,12 @@
  * `io.kCount` (default `p.k`) and calls the third dispatch dimension `z` (a
  * batch, a convolution group, or a slice of a split reduction).
  */
-import type { Gpu, MatmulTiling } from "../../device/gpu.ts";
+import type { Gpu } from "../../device/gpu.ts";
 import { failLoopIterations } from "../loop_limit.ts";
 import type { Activation } from "../wgsl/math.ts";
 import type { GemmIo } from "./gemm_io.ts";
 import { tilingKind } from "./tilings.ts";
-import { matmulSettings } from "./settings.ts";
+import { matmulSettings, type MatmulTiling } from "./settings.ts";
 
 export { type GemmIo, transposedIo } from "./gemm_io.ts";
 

@@ -22,7 +22,7 @@
  * `initGpu`). TM and TN must be multiples of 4, and each tile's elements a
  * multiple of the workgroup's threads.
  */
-import type { MatmulTiling } from "../../device/gpu.ts";
+import type { MatmulTiling } from "./settings.ts";
 import { epilogue, type GemmIo, range, workgroupTileMain } from "./gemm_io.ts";
 import { type Activation, WGSL_MATH } from "../wgsl/math.ts";
 

@@ -3,7 +3,7 @@
  * ({@link GemmIo}: strided loads for matmul, gathers for a convolution) and
  * how it stores its results (bias, activation, edges).
  */
-import type { MatmulTiling } from "../../device/gpu.ts";
+import type { MatmulTiling } from "./settings.ts";
 import { type Activation, activationExpr } from "../wgsl/math.ts";
 
 /** How one GEMM kernel addresses its operands. Every hook returns WGSL. */

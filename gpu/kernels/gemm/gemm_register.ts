@@ -5,7 +5,7 @@
  * - `shared`: the workgroup stages (TM·WGY)×TK and TK×(TN·WGX) tiles in
  *   workgroup memory, scalar reads.
  */
-import type { MatmulTiling } from "../../device/gpu.ts";
+import type { MatmulTiling } from "./settings.ts";
 import { type Activation, WGSL_MATH } from "../wgsl/math.ts";
 import { epilogue, type GemmIo, range, workgroupTileMain } from "./gemm_io.ts";
 

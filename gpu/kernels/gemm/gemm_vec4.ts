@@ -26,7 +26,7 @@
  *   checked scalars (bf16: one half of a word, see `st_` in gpu/device/kernel.ts).
  * Needs `GemmIo.vector` (matmul); other GEMMs get the blocked kernel.
  */
-import type { MatmulTiling } from "../../device/gpu.ts";
+import type { MatmulTiling } from "./settings.ts";
 import {
   accAt,
   blockedWgsl,

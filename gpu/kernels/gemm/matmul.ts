@@ -12,7 +12,7 @@
  * partial results and a reduction adds them into C (in C's dtype, bf16 too).
  */
 import type { DType, FloatDType } from "../../base/dtype.ts";
-import type { MatmulTiling } from "../../device/gpu.ts";
+import { matmulSettings, type MatmulTiling } from "./settings.ts";
 import { defineKernel, optional } from "../../device/kernel.ts";
 import { type MatmulProblem, tilingFor } from "./matmul_class.ts";
 
@@ -221,9 +221,10 @@ export function dispatchMatmul(
     // Only the blocked tilings order their loads by layout: others need one kernel for all.
     aAlong: kind.layoutAware && problem.a.row === 1 && problem.a.col !== 1 ? "row" : "k",
     bAlong: kind.layoutAware && problem.b.col !== 1 && problem.b.row === 1 ? "k" : "col",
-    f16Chunk: kind.f16Chunks && a.dtype === "f16" && gpu.f16Accumulation === "chunked"
-      ? Math.min(F16_CHUNK, tiling.tk)
-      : 0,
+    f16Chunk:
+      kind.f16Chunks && a.dtype === "f16" && matmulSettings.of(gpu).f16Accumulation === "chunked"
+        ? Math.min(F16_CHUNK, tiling.tk)
+        : 0,
     dtype: a.dtype,
     out: out.dtype,
     bias,

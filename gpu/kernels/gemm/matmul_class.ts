@@ -4,10 +4,10 @@
  * size): a linear layer runs x·Wᵀ forward and g·W, gᵀ·x backward, and the
  * best tiling differs between them and with the problem's size.
  */
-import type { Gpu, MatmulTiling } from "../../device/gpu.ts";
+import type { Gpu } from "../../device/gpu.ts";
 import type { DType, FloatDType } from "../../base/dtype.ts";
 import { tilingName } from "./tilings.ts";
-import { matmulSettings } from "./settings.ts";
+import { matmulSettings, type MatmulTiling } from "./settings.ts";
 
 export { tilingName };
 

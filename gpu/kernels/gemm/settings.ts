@@ -4,9 +4,52 @@
  * every other class, and the split-K target. The device keeps only facts
  * about the adapter; these are what the matmul tuner chose (see gpu/tuning/settings.ts).
  */
-import type { MatmulTiling } from "../../device/gpu.ts";
-import { DEFAULT_TILING } from "./candidates.ts";
 import { defineTunerSettings, type TunerSettings } from "../../tuning/settings.ts";
+
+/** Per-thread and per-workgroup tile sizes of the matmul kernel. */
+export interface MatmulTiling extends Record<string, string | number | boolean> {
+  /**
+   * `"register"`: each thread keeps a contiguous TM×TN block in registers,
+   * loading from storage; `"interleaved"`: the same with the thread's rows and
+   * columns strided across the workgroup, so neighbouring threads load
+   * neighbouring addresses (both suit CPU adapters); `"shared"`: workgroup
+   * shared-memory tiles; `"blocked"`: large shared tiles read as vec4
+   * (written for GPUs; TM and TN multiples of 4); `"vec4"`: the blocked
+   * tiles loaded from storage as vec4 with the next k-tile prefetched
+   * (matmul on GPUs; TM, TN and TK multiples of 4). See `gpu/kernels/gemm/tilings.ts`.
+   */
+  variant: "register" | "interleaved" | "shared" | "blocked" | "vec4";
+  /** Output rows per thread. */
+  tm: number;
+  /** Output columns per thread. */
+  tn: number;
+  /** Workgroup threads along columns. */
+  wgx: number;
+  /** Workgroup threads along rows. */
+  wgy: number;
+  /** K-slice staged per shared-memory step (shared, blocked and vec4 variants). */
+  tk: number;
+}
+
+/** The tiling used before (or instead of) a search: the first CPU candidate. */
+export const DEFAULT_TILING: MatmulTiling = {
+  variant: "register",
+  tm: 4,
+  tn: 4,
+  wgx: 8,
+  wgy: 8,
+  tk: 1,
+};
+
+/**
+ * How f16 matmuls sum their products: `"f32"`: every product is added into
+ * an f32 accumulator; `"chunked"`: products of each run of `F16_CHUNK`
+ * consecutive k are summed in f16 (vec4<f16> FMAs) and each run's sum is
+ * added into f32, as PyTorch's `allow_fp16_reduced_precision_reduction`
+ * permits. Only the GPU tiling (`blocked`) has the chunked form; the CPU
+ * tilings always sum in f32.
+ */
+export type F16Accumulation = "f32" | "chunked";
 
 /** What matmul dispatch reads on one device (see {@link matmulSettings}). */
 export interface MatmulSettings {
@@ -31,6 +74,11 @@ export interface MatmulSettings {
    * loop cap. Per-shape picks on GPUs choose their own slice counts.
    */
   splitKWorkgroups: number;
+  /**
+   * How f16 matmuls sum their products (see {@link F16Accumulation}): what
+   * `initGpu({ f16Accumulation })` was given, else `"f32"`; tests switch it.
+   */
+  f16Accumulation: F16Accumulation;
 }
 
 /**
@@ -56,5 +104,6 @@ export const matmulSettings: TunerSettings<MatmulSettings> = defineTunerSettings
     tiling: DEFAULT_TILING,
     classTilings: new Map(),
     splitKWorkgroups: gpu.adapterProfile.cpu ? 4 * navigator.hardwareConcurrency : 256,
+    f16Accumulation: "f32",
   }),
 );

@@ -7,7 +7,7 @@
  * Design (why tuning is not done at first sight): timing a candidate needs a
  * GPU wait, and nothing in a training step may read back, so a product of a
  * new shape runs with its class's winner, and dispatch only notes the shape
- * (a map insert). `await tuneMatmulShapes(gpu)` (shape_tuning.ts), called
+ * (a map insert). `await tuneMatmulShapes(gpu)` (shape_tuner.ts), called
  * between steps — after the first one, typically — times the noted shapes
  * and records their picks here; later steps dispatch them. Picks are cached
  * per adapter in `localStorage` (versioned key; each entry names its adapter
@@ -15,7 +15,8 @@
  * first dispatches on a GPU adapter, so a second run uses them without
  * tuning again.
  */
-import type { Gpu, MatmulTiling } from "../../device/gpu.ts";
+import type { MatmulTiling } from "./settings.ts";
+import type { Gpu } from "../../device/gpu.ts";
 import type { DType, FloatDType } from "../../base/dtype.ts";
 import { classOf, type MatmulOrientation, type MatmulProblem } from "./matmul_class.ts";
 import {

@@ -13,7 +13,8 @@
  * H100 through Deno), so the GPT's ~15 shapes tune in about 5 s plus kernel
  * compiles, once per adapter.
  */
-import type { Gpu, MatmulTiling } from "../../device/gpu.ts";
+import type { MatmulTiling } from "./settings.ts";
+import type { Gpu } from "../../device/gpu.ts";
 import { dispatchMatmul } from "./matmul.ts";
 import { denseProblem, type MatmulProblem } from "./matmul_class.ts";
 import { Tensor } from "../../tensor/tensor.ts";

@@ -6,7 +6,7 @@
  * filter, `bench tilings` and the tests read these records; nothing else
  * switches on `MatmulTiling.variant`.
  */
-import type { MatmulTiling } from "../../device/gpu.ts";
+import type { MatmulTiling } from "./settings.ts";
 import type { FloatDType } from "../../base/dtype.ts";
 import type { GemmIo } from "./gemm_io.ts";
 import type { Activation } from "../wgsl/math.ts";
