@@ -11,7 +11,7 @@ import {
   type MatmulTiling,
 } from "./kernels/gemm/settings.ts";
 import { tuneAttention } from "./kernels/attention/tuner.ts";
-import { warnOnce } from "./tensor/runtime_state.ts";
+import { warnOnce } from "./base/warn_once.ts";
 import type { TuningProgress } from "./tuning/timing.ts";
 
 /** Options for {@link initGpu}. */

@@ -43,12 +43,12 @@ export {
   type OpName,
   OPS,
 } from "./base/op_registry.ts";
+export { warnOnce } from "./base/warn_once.ts";
 export {
   currentModes,
   runtime,
   type RuntimeModes,
   type RuntimeState,
-  warnOnce,
   withState,
 } from "./tensor/runtime_state.ts";
 export type { OpObserver } from "./tensor/op_observer.ts";

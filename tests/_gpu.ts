@@ -3,7 +3,7 @@
  * loudly: CI installs lavapipe so that no GPU test is ever skipped.
  */
 import { initGpu, MATMUL_CANDIDATES, type MatmulTiling, type ProfileLimits } from "../gpu/mod.ts";
-import { gpuLikeProfile, withAdapterProfile } from "../gpu/device/adapter_profile.ts";
+import { gpuLikeProfile, withAdapterProfile } from "../gpu/tuning/profile_switch.ts";
 import { tilingFits, tilingKind } from "../gpu/kernels/gemm/tilings.ts";
 import { matmulSettings } from "../gpu/kernels/gemm/settings.ts";
 import { rowSettings } from "../gpu/kernels/rows/row_layout.ts";

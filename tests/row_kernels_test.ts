@@ -14,7 +14,7 @@ import { crossEntropyPerRow } from "../gpu/ops/cross_entropy.ts";
 import { launchLayerNorm, launchLayerNormFromStats } from "../gpu/kernels/rows/layer_norm.ts";
 import { softmaxForwardKernel } from "../gpu/kernels/rows/softmax.ts";
 import { rowSettings } from "../gpu/kernels/rows/row_layout.ts";
-import { gpuLikeProfile, withAdapterProfile } from "../gpu/device/adapter_profile.ts";
+import { gpuLikeProfile, withAdapterProfile } from "../gpu/tuning/profile_switch.ts";
 import { dispatchedKernels, dispatchedKernelsAsync, gpu, GPU_TEST, withSettings } from "./_gpu.ts";
 import { layerNormCase } from "./_layer_norm_case.ts";
 import { crossEntropy64, quantize, uniform } from "./_reference.ts";

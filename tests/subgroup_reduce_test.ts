@@ -11,7 +11,7 @@ import { layerNorm } from "../gpu/ops/layer_norm.ts";
 import { crossEntropy } from "../nn/losses.ts";
 import { clipGradNorm } from "../optim/clip.ts";
 import { launchUnscale } from "../amp/kernels/grad_scaler.ts";
-import { gpuLikeProfile, withAdapterProfile } from "../gpu/device/adapter_profile.ts";
+import { gpuLikeProfile, withAdapterProfile } from "../gpu/tuning/profile_switch.ts";
 import { dispatchedKernels, gpu, GPU_TEST } from "./_gpu.ts";
 import {
   crossEntropy64,

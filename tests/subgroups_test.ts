@@ -5,7 +5,7 @@
  */
 import assert from "node:assert/strict";
 import { initGpu, ValueError } from "../gpu/mod.ts";
-import { gpuLikeProfile } from "../gpu/device/adapter_profile.ts";
+import { gpuLikeProfile } from "../gpu/tuning/profile_switch.ts";
 import { useSubgroups } from "../gpu/kernels/wgsl/subgroups.ts";
 import { wgslRuntime } from "../gpu/device/kernel.ts";
 import { reduceKernel } from "../gpu/kernels/reduce.ts";

@@ -10,13 +10,11 @@
  * classes, split-K at a GPU's target, 16 tensors per multi-tensor dispatch,
  * staged attention plans, row kernels switching to a workgroup per row at 64
  * entries — would otherwise never run before a user's GPU runs it. A test
- * swaps in {@link gpuLikeProfile} with {@link withAdapterProfile}: the same
- * code then takes its GPU branches, and lavapipe executes the kernels. The
- * GPU-like limits are capped at the device's real ones, so everything chosen
- * can still run there.
+ * swaps in `gpuLikeProfile` with `withAdapterProfile`: the same
+ * code then takes its GPU branches, and lavapipe executes the kernels (the
+ * switch is in gpu/tuning/profile_switch.ts, since a profile's settings
+ * switch with it).
  */
-import type { Gpu } from "./gpu.ts";
-import { withFreshTunerSettings } from "../tuning/settings.ts";
 
 /** The device limits that choose or filter kernels (the rest are checked by WebGPU itself). */
 export interface ProfileLimits {
@@ -91,82 +89,4 @@ export function adapterProfileOf(
       maxStorageBuffersPerShaderStage: limits.maxStorageBuffersPerShaderStage,
     },
   };
-}
-
-/** An H100's limits through Deno's WebGPU (Vulkan), which {@link gpuLikeProfile} starts from. */
-const GPU_LIMITS: ProfileLimits = {
-  maxComputeWorkgroupStorageSize: 49152,
-  maxComputeInvocationsPerWorkgroup: 1024,
-  maxStorageBuffersPerShaderStage: 1048576,
-};
-
-/**
- * A profile for tests: a GPU (not a fallback adapter, subgroups of 32, used
- * when `gpu` has the feature) with an H100's limits — each capped at `gpu`'s real limit, so every kernel it
- * chooses still runs there — and `limits` on top (such as WebGPU's default
- * 16 KiB of workgroup memory, to test a candidate filter).
- *
- * @example
- * ```ts
- * import { initGpu } from "../mod.ts";
- * import { gpuLikeProfile, withAdapterProfile } from "./adapter_profile.ts";
- * import { matmulSettings } from "../kernels/gemm/settings.ts";
- * const gpu = await initGpu({ matmulTiling: "default" });
- * await withAdapterProfile(gpu, gpuLikeProfile(gpu), () => {
- *   const { splitKWorkgroups } = matmulSettings.of(gpu);
- *   console.assert(splitKWorkgroups === 256 && !gpu.adapterProfile.cpu);
- *   return Promise.resolve();
- * });
- * gpu.destroy();
- * ```
- */
-export function gpuLikeProfile(gpu: Gpu, limits: Partial<ProfileLimits> = {}): AdapterProfile {
-  const real = gpu.device.limits;
-  const capped = Object.fromEntries(
-    Object.entries(GPU_LIMITS).map(([name, value]) => [
-      name,
-      Math.min(value, real[name as keyof ProfileLimits]),
-    ]),
-  ) as unknown as ProfileLimits;
-  return {
-    name: "gpu-like",
-    cpu: false,
-    subgroupSize: 32,
-    subgroups: gpu.subgroups,
-    multiprocessors: DEFAULT_MULTIPROCESSORS,
-    limits: { ...capped, ...limits },
-  };
-}
-
-/**
- * Runs `fn` with `gpu` as if on an adapter of `profile`: the profile, and
- * every kernel family's tuning settings made afresh from it (gpu/tuning/settings.ts:
- * the defaults it gives, no tuned tilings or attention plans, as a new
- * device's); then restores everything. For tests of GPU-only paths on a CPU
- * adapter; kernels still run on `gpu`. @internal
- *
- * @example
- * ```ts
- * import { initGpu } from "../mod.ts";
- * import { gpuLikeProfile, withAdapterProfile } from "./adapter_profile.ts";
- * import { multiTensorSettings } from "../kernels/multi_tensor.ts";
- * const gpu = await initGpu({ matmulTiling: "default" });
- * const slots = await withAdapterProfile(gpu, gpuLikeProfile(gpu), () =>
- *   Promise.resolve(multiTensorSettings.of(gpu).slots));
- * console.assert(slots === 16);
- * gpu.destroy();
- * ```
- */
-export async function withAdapterProfile<T>(
-  gpu: Gpu,
-  profile: AdapterProfile,
-  fn: () => Promise<T>,
-): Promise<T> {
-  const saved = gpu.adapterProfile;
-  gpu.adapterProfile = profile;
-  try {
-    return await withFreshTunerSettings(gpu, fn);
-  } finally {
-    gpu.adapterProfile = saved;
-  }
 }

@@ -21,7 +21,6 @@ import {
   wgslRuntime,
 } from "./kernel.ts";
 import { fail, GpuError, StateError, ValueError } from "../base/errors.ts";
-import { runtime } from "../tensor/runtime_state.ts";
 import { type AdapterProfile, adapterProfileOf } from "./adapter_profile.ts";
 
 /** How to treat f16: use it when the adapter has it, insist on it, or never use it. */
@@ -296,7 +295,7 @@ export class Gpu {
     this.pool.destroyAll();
     this.batch.destroy();
     this.device.destroy();
-    if (runtime.defaultGpu === this) runtime.defaultGpu = null;
+    if (defaultGpu === this) defaultGpu = null;
   }
 
   #fail(message: string): void {
@@ -350,14 +349,17 @@ export class Gpu {
   }
 }
 
+/** The device new tensors use when none is given (the last `initGpu`'s, unless told otherwise). */
+let defaultGpu: Gpu | null = null;
+
 /** Makes `gpu` the device that new tensors use by default. */
 export function setDefaultGpu(gpu: Gpu): void {
-  runtime.defaultGpu = gpu;
+  defaultGpu = gpu;
 }
 
 /** The default device; throws a clear error when `initGpu()` has not run. */
 export function getGpu(): Gpu {
-  const gpu = runtime.defaultGpu;
+  const gpu = defaultGpu;
   if (!gpu) {
     fail(
       StateError,

@@ -11,7 +11,6 @@
  * the first run ({@link currentModes}) and recomputes under the same ones.
  */
 import type { CastHook } from "./autocast_hook.ts";
-import type { Gpu } from "../device/gpu.ts";
 import type { OpObserver } from "./op_observer.ts";
 import type { RandomTape } from "./random.ts";
 import type { ScopedResource } from "./scope.ts";
@@ -36,10 +35,6 @@ export interface RuntimeModes {
 export interface RuntimeState extends RuntimeModes {
   /** Open `tidy` scopes, innermost last. */
   readonly scopes: Set<ScopedResource>[];
-  /** The device new tensors use when none is given. */
-  defaultGpu: Gpu | null;
-  /** Warnings already printed (each is shown once per process). */
-  readonly warned: Set<string>;
 }
 
 /** The one runtime state of this JavaScript realm. */
@@ -51,8 +46,6 @@ export const runtime: RuntimeState = {
   randomTape: null,
   opObserver: null,
   scopes: [],
-  defaultGpu: null,
-  warned: new Set(),
 };
 
 /** A copy of the current modes, to re-enter later with {@link withState}. */
@@ -82,11 +75,4 @@ export function withState<T>(modes: Partial<RuntimeModes>, fn: () => T): T {
   } finally {
     keys.forEach((key, i) => ((runtime as Record<keyof RuntimeModes, unknown>)[key] = previous[i]));
   }
-}
-
-/** Prints `message` as a warning the first time it is given, and never again. */
-export function warnOnce(message: string): void {
-  if (runtime.warned.has(message)) return;
-  runtime.warned.add(message);
-  console.warn(`[halfstep] ${message}`);
 }

@@ -104,7 +104,7 @@ export function maxSlices(k: number): number {
  * @example
  * ```ts
  * import { initGpu } from "../../mod.ts";
- * import { gpuLikeProfile, withAdapterProfile } from "../../device/adapter_profile.ts";
+ * import { gpuLikeProfile, withAdapterProfile } from "../../tuning/profile_switch.ts";
  * import { waveSlices } from "./gemm.ts";
  * const gpu = await initGpu({ matmulTiling: "default" });
  * const tiling = { variant: "vec4", tm: 8, tn: 8, wgx: 16, wgy: 16, tk: 32 } as const;
