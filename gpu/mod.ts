@@ -227,15 +227,12 @@ export {
   crossEntropyPerRow,
   type CrossEntropyRowOptions,
 } from "./ops/cross_entropy.ts";
+export { hashU32, type RandomRange, randomU32, randomUniform } from "./kernels/wgsl/random.ts";
 export {
   checkRandomState,
-  hashU32,
   RandomGenerator,
-  type RandomRange,
   type RandomState,
   RandomTape,
-  randomU32,
-  randomUniform,
 } from "./tensor/random.ts";
 export { causalSoftmax, type CausalSoftmaxOptions } from "./ops/causal_softmax.ts";
 export { permute } from "./ops/permute.ts";

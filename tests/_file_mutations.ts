@@ -5,7 +5,7 @@
  * reproduced by its seed and index. Works on any safetensors file (module
  * files, training states).
  */
-import { randomU32 } from "../gpu/tensor/random.ts";
+import { randomU32 } from "../gpu/kernels/wgsl/random.ts";
 
 /** A parsed header: name → entry, plus `__metadata__`. */
 export type Header = Record<string, unknown>;

@@ -1,7 +1,8 @@
 import assert from "node:assert/strict";
 import { backward, embedding, noGrad, sum, Tensor, tidy } from "../gpu/mod.ts";
 import { dropout } from "../gpu/ops/dropout.ts";
-import { RandomGenerator, randomUniform } from "../gpu/tensor/random.ts";
+import { randomUniform } from "../gpu/kernels/wgsl/random.ts";
+import { RandomGenerator } from "../gpu/tensor/random.ts";
 import {
   crossEntropy,
   Dropout,

@@ -7,7 +7,7 @@
  */
 import type { DType } from "../base/dtype.ts";
 import { defineKernel } from "../device/kernel.ts";
-import { type RandomRange, WGSL_RANDOM } from "../tensor/random.ts";
+import { type RandomRange, WGSL_RANDOM } from "./wgsl/random.ts";
 import { Tensor } from "../tensor/tensor.ts";
 import { moveGrid, wgslComputeMain } from "./wgsl/move_elements.ts";
 

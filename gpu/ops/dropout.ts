@@ -3,7 +3,7 @@ import { record } from "../tensor/autograd.ts";
 import { autocastInputs } from "../tensor/autocast_hook.ts";
 import { fail, ValueError } from "../base/errors.ts";
 import { launchDropout } from "../kernels/dropout.ts";
-import type { RandomRange } from "../tensor/random.ts";
+import type { RandomRange } from "../kernels/wgsl/random.ts";
 import type { Tensor } from "../tensor/tensor.ts";
 
 /**

@@ -10,7 +10,7 @@ import {
   launchFlashAttentionBackward,
   MAX_HEAD_SIZE,
 } from "../kernels/attention/flash_attention.ts";
-import type { RandomRange } from "../tensor/random.ts";
+import type { RandomRange } from "../kernels/wgsl/random.ts";
 import type { Tensor } from "../tensor/tensor.ts";
 
 /** Options of {@link fusedCausalAttention}. */

@@ -34,7 +34,7 @@ import type { Gpu } from "../../device/gpu.ts";
 
 import type { DType } from "../../base/dtype.ts";
 import { defineKernel, type ElementType } from "../../device/kernel.ts";
-import { type RandomRange, WGSL_RANDOM } from "../../tensor/random.ts";
+import { type RandomRange, WGSL_RANDOM } from "../wgsl/random.ts";
 import { Tensor } from "../../tensor/tensor.ts";
 import { grid1d, WGSL_GRID_BUILTINS, WGSL_WORKGROUP_INDEX } from "../wgsl/grid.ts";
 import { failLoopIterations } from "../loop_limit.ts";

@@ -40,7 +40,7 @@
  */
 import type { DType } from "../../base/dtype.ts";
 import { defineKernel } from "../../device/kernel.ts";
-import { WGSL_RANDOM } from "../../tensor/random.ts";
+import { WGSL_RANDOM } from "../wgsl/random.ts";
 import { WGSL_GRID_BUILTINS, WGSL_WORKGROUP_INDEX } from "../wgsl/grid.ts";
 import { WGSL_LOWEST } from "../wgsl/math.ts";
 import {
