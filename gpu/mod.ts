@@ -45,13 +45,15 @@ export {
 } from "./base/op_registry.ts";
 export { warnOnce } from "./base/warn_once.ts";
 export {
+  type CastHook,
   currentModes,
+  type OpObserver,
+  type RandomDraws,
   runtime,
   type RuntimeModes,
   type RuntimeState,
   withState,
 } from "./tensor/runtime_state.ts";
-export type { OpObserver } from "./tensor/op_observer.ts";
 export { BufferPool, type MemoryStats } from "./device/buffer_pool.ts";
 export { type BatchCounters, CommandBatch, type FlushPolicy } from "./device/command_batch.ts";
 export {
@@ -86,6 +88,8 @@ export { sameShape, type Shape, shapeString, sizeOf } from "./base/shape.ts";
 export { cut, quoted, shortValue } from "./base/short_text.ts";
 export {
   assertTensorFits,
+  type BackwardOptions,
+  type GradNode,
   type IndexRange,
   Tensor,
   type TensorData,
@@ -97,15 +101,12 @@ export {
   autocastDtypes,
   autocastInputs,
   autocastInputsWidenedInKernel,
-  type CastHook,
   markCastForOp,
 } from "./tensor/autocast_hook.ts";
 export {
   backward,
-  type BackwardOptions,
   type BackwardRule,
   enableGrad,
-  GradNode,
   isGradEnabled,
   noGrad,
   record,

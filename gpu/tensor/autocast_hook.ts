@@ -1,25 +1,13 @@
 /**
- * The seam through which automatic mixed precision reaches the ops. `gpu/`
- * knows nothing of policies: each op that consults autocast hands its inputs
- * to `autocastInputs(op, inputs)`, which returns them unchanged unless a hook
- * is installed in the runtime state (amp's `autocast()` installs one).
+ * How ops consult the autocast seam. `gpu/` knows nothing of policies: each
+ * op that consults autocast hands its inputs to `autocastInputs(op, inputs)`,
+ * which returns them unchanged unless a hook (a `CastHook`, declared with its
+ * slot in runtime_state.ts) is installed; amp's `autocast()` installs one.
  */
 import { type DType, isHalf } from "../base/dtype.ts";
 import type { AutocastOpName } from "../base/op_registry.ts";
 import { runtime, withState } from "./runtime_state.ts";
 import type { Tensor } from "./tensor.ts";
-
-/**
- * Returns the inputs an op should use, cast as the active policy says. It is
- * given every tensor input (i32 ids included) and must return them in order.
- * A hook may also say, through `dtypes`, which dtypes it would give inputs of
- * the given dtypes without casting anything: ops use that to write their
- * output in the dtype its consumer wants, or to read a mixed f16/f32 pair in
- * one kernel, instead of casting in a dispatch of its own.
- */
-export type CastHook = ((op: AutocastOpName, inputs: readonly Tensor[]) => Tensor[]) & {
-  dtypes?: (op: AutocastOpName, dtypes: readonly DType[]) => DType[];
-};
 
 /** The inputs of `op` as the active autocast policy wants them (unchanged without one). */
 export function autocastInputs(op: AutocastOpName, inputs: readonly Tensor[]): readonly Tensor[] {

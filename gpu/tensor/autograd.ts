@@ -8,11 +8,11 @@
  */
 import { DTypeError, fail, ShapeError, StateError } from "../base/errors.ts";
 import { launchAccumulate, launchCopy } from "../kernels/elementwise.ts";
-import type { OpObserver } from "./op_observer.ts";
+import type { OpObserver } from "./runtime_state.ts";
 import type { OpName } from "../base/op_registry.ts";
 import { releaseCasts } from "./autocast_hook.ts";
 import { runtime, withState } from "./runtime_state.ts";
-import { Tensor } from "./tensor.ts";
+import { type BackwardOptions, type GradNode, Tensor } from "./tensor.ts";
 import { untracked } from "./scope.ts";
 import { sameShape } from "../base/shape.ts";
 
@@ -33,7 +33,7 @@ export type BackwardRule = (
  * consumers were disposed without a backward pass), the saved activations
  * are freed, so an abandoned graph does not leak GPU memory.
  */
-export class GradNode {
+export class TapeNode implements GradNode {
   #saved: Tensor[] | null;
   #holders = 1;
   /** A node for `op`; {@link record} makes these. */
@@ -115,12 +115,13 @@ export class GradNode {
    * nodes this one consumed (iteratively: graphs can be thousands deep).
    */
   drop(): void {
-    const stack: GradNode[] = [this];
+    const stack: TapeNode[] = [this];
     while (stack.length > 0) {
       const node = stack.pop()!;
       if (--node.#holders > 0) continue;
       node.release();
-      for (const input of node.inputs) if (input.gradFn) stack.push(input.gradFn);
+      // Every node a tensor holds was made by record(): a TapeNode.
+      for (const input of node.inputs) if (input.gradFn) stack.push(input.gradFn as TapeNode);
     }
   }
 }
@@ -181,11 +182,11 @@ export interface RecordSpec {
  */
 export function record(spec: RecordSpec): Tensor {
   const { op, inputs, output } = spec;
-  let node: GradNode | null = null;
+  let node: TapeNode | null = null;
   if (runtime.gradEnabled && (spec.always || inputs.some((t) => t.requiresGrad))) {
     const saved = untracked(() => (spec.save ?? []).map((t) => t.share()));
     output.requiresGrad = true;
-    output.gradFn = node = new GradNode(op, inputs, output, spec.backward, saved);
+    output.gradFn = node = new TapeNode(op, inputs, output, spec.backward, saved);
     for (const input of inputs) input.gradFn?.hold();
   }
   if (runtime.opObserver !== null) runtime.opObserver.forward(op, inputs, output, node);
@@ -194,18 +195,18 @@ export function record(spec: RecordSpec): Tensor {
 }
 
 /** Nodes reachable from `root`, ordered so each node comes after every node that uses its output. */
-function reverseTopologicalOrder(root: GradNode): GradNode[] {
-  const order: GradNode[] = [];
-  const seen = new Set<GradNode>();
+function reverseTopologicalOrder(root: TapeNode): TapeNode[] {
+  const order: TapeNode[] = [];
+  const seen = new Set<TapeNode>();
   // Iterative post-order DFS: deep models would overflow a recursive one.
-  const stack: [GradNode, number][] = [[root, 0]];
+  const stack: [TapeNode, number][] = [[root, 0]];
   seen.add(root);
   while (stack.length > 0) {
     const top = stack[stack.length - 1];
     const [node, i] = top;
     if (i < node.inputs.length) {
       top[1]++;
-      const child = node.inputs[i].gradFn;
+      const child = node.inputs[i].gradFn as TapeNode | null;
       if (child && !seen.has(child)) {
         seen.add(child);
         stack.push([child, 0]);
@@ -216,12 +217,6 @@ function reverseTopologicalOrder(root: GradNode): GradNode[] {
     }
   }
   return order.reverse();
-}
-
-/** Options of {@link backward}. */
-export interface BackwardOptions {
-  /** The gradient of `output` (same shape and dtype); required unless it holds one value. */
-  gradient?: Tensor;
 }
 
 /**
@@ -248,7 +243,7 @@ export function backward(output: Tensor, options: BackwardOptions = {}): void {
 }
 
 /** The backward pass proper from `root`'s output; `gradOutput` stays owned by the caller. */
-function runBackward(root: GradNode, gradOutput: Tensor): void {
+function runBackward(root: TapeNode, gradOutput: Tensor): void {
   const pending = new Map<Tensor, Tensor>([[root.output, gradOutput]]);
   // The observer sees the gradients, not the ops rules run to make them; a
   // checkpoint's nested pass (run by a rule) reports to the enclosing pass's.
@@ -268,7 +263,7 @@ let backwardObserver: OpObserver | null = null;
 
 /** runBackward's loop: every node's rule, in reverse topological order. */
 function runRules(
-  root: GradNode,
+  root: TapeNode,
   gradOutput: Tensor,
   pending: Map<Tensor, Tensor>,
   observer: OpObserver | null,

@@ -1,19 +1,71 @@
 /**
  * The runtime's state, in one object (TensorFlow.js's `EngineState` is the
- * model). Everything that used to be a module-level variable lives here: the
- * modes that change how ops behave (grad recording, the autocast hook, the
- * checkpoint recompute flag, tidy tracking, the random-number tape) and the
- * bookkeeping beside them (open tidy scopes, the default device, warnings
- * already shown).
+ * model): the modes that change how ops behave (grad recording, the autocast
+ * hook, the checkpoint recompute flag, tidy tracking, the random-number tape,
+ * the op observer) and the open tidy scopes beside them. The two seams through
+ * which layers above reach the ops — the cast hook and the op observer — are
+ * declared here, with their slots.
  *
  * Modes change only through {@link withState}, which restores them when its
  * function returns or throws; gradient checkpointing snapshots the modes of
  * the first run ({@link currentModes}) and recomputes under the same ones.
+ * State that is not a mode lives with its owner: the default device with
+ * `Gpu` (device/gpu.ts), tuner settings per device (tuning/settings.ts),
+ * warnings shown (base/warn_once.ts).
  */
-import type { CastHook } from "./autocast_hook.ts";
-import type { OpObserver } from "./op_observer.ts";
-import type { RandomTape } from "./random.ts";
-import type { ScopedResource } from "./scope.ts";
+import type { DType } from "../base/dtype.ts";
+import type { AutocastOpName, OpName } from "../base/op_registry.ts";
+import type { RandomRange } from "../kernels/wgsl/random.ts";
+import type { GradNode, Tensor } from "./tensor.ts";
+
+/**
+ * The autocast seam: returns the inputs an op should use, cast as the active
+ * policy says. It is given every tensor input (i32 ids included) and must
+ * return them in order. A hook may also say, through `dtypes`, which dtypes
+ * it would give inputs of the given dtypes without casting anything: ops use
+ * that to write their output in the dtype its consumer wants, or to read a
+ * mixed f16/f32 pair in one kernel, instead of casting in a dispatch of its
+ * own. amp's `autocast()` installs one; ops ask it through autocast_hook.ts.
+ */
+export type CastHook = ((op: AutocastOpName, inputs: readonly Tensor[]) => Tensor[]) & {
+  dtypes?: (op: AutocastOpName, dtypes: readonly DType[]) => DType[];
+};
+
+/**
+ * The seam through which a numerics inspector sees every op, as the cast hook
+ * is the seam of autocast: `record` hands each op's output to the observer
+ * installed with `withState({ opObserver })`, and the backward pass hands it
+ * each gradient a rule produces. gpu/ knows nothing of what the observer does
+ * (amp's `NumericsInspector` accumulates statistics on the GPU); without one,
+ * the cost is a null check per op.
+ */
+export interface OpObserver {
+  /**
+   * `op` produced `output` from `inputs` (forward); `node` is the tape node
+   * it recorded, or null when nothing was recorded (grad mode off).
+   */
+  forward(op: OpName, inputs: readonly Tensor[], output: Tensor, node: GradNode | null): void;
+  /** During backward, the rule of `node` produced `grad` for `node.inputs[index]`. */
+  backward(node: GradNode, index: number, grad: Tensor): void;
+}
+
+/**
+ * What the random-number tape slot holds (random.ts's `RandomTape`): it notes
+ * each draw of a generator while a region runs, and answers the same draws
+ * when the region is recomputed.
+ */
+export interface RandomDraws {
+  /** The recorded answer to a draw while replaying, else undefined. */
+  answer(generator: object, count: number): RandomRange | undefined;
+  /** A draw while recording. */
+  noteDraw(generator: object, count: number, range: RandomRange): void;
+}
+
+/** What a tidy scope tracks: anything with an idempotent `dispose()`. */
+export interface ScopedResource {
+  /** Frees the resource; calling it twice is harmless. */
+  dispose(): void;
+}
 
 /** The modes ops consult; {@link withState} sets any of them for the length of a call. */
 export interface RuntimeModes {
@@ -26,7 +78,7 @@ export interface RuntimeModes {
   /** New tensors join the innermost `tidy` scope (false inside `untracked`). */
   tracking: boolean;
   /** Records (or replays) every random draw, for checkpoint recompute; null when none. */
-  randomTape: RandomTape | null;
+  randomTape: RandomDraws | null;
   /** Sees every op's output and every gradient (a numerics inspector); null: none. */
   opObserver: OpObserver | null;
 }

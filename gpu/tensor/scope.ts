@@ -5,13 +5,9 @@
  * autograd tape still needs survives: the tape holds its own reference.
  */
 import { ValueError } from "../base/errors.ts";
-import { runtime, withState } from "./runtime_state.ts";
+import { runtime, type ScopedResource, withState } from "./runtime_state.ts";
 
-/** What a scope tracks: anything with an idempotent `dispose()`. */
-export interface ScopedResource {
-  /** Frees the resource; calling it twice is harmless. */
-  dispose(): void;
-}
+export type { ScopedResource };
 
 /** Registers a new resource with the innermost open scope, if any. */
 export function track(resource: ScopedResource): void {

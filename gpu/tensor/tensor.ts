@@ -9,9 +9,33 @@ import { DTypeError, fail, ShapeError, StateError, ValueError } from "../base/er
 import { assertValidShape, sameShape, type Shape, shapeString, sizeOf } from "../base/shape.ts";
 import { track } from "./scope.ts";
 import { shortValue } from "../base/short_text.ts";
-// Types only: the tape's nodes carry the backward pass, so this file needs no
-// runtime import of autograd.ts (which imports Tensor).
-import type { BackwardOptions, GradNode } from "./autograd.ts";
+import type { OpName } from "../base/op_registry.ts";
+
+/**
+ * What a tensor knows of the tape node that produced it: the tape
+ * (autograd.ts) loads Tensor and implements this; Tensor never loads the
+ * tape, and reaches the backward pass through its node.
+ */
+export interface GradNode {
+  /** The op's registry name. */
+  readonly op: OpName;
+  /** The op's inputs, in the order the rule returns their gradients. */
+  readonly inputs: readonly Tensor[];
+  /** The output this node produced. */
+  readonly output: Tensor;
+  /** Backpropagates from `output` (what {@link Tensor.backward} calls). */
+  backpropagate(output: Tensor, options: BackwardOptions): void;
+  /** One more holder (a consumer node). @internal */
+  hold(): void;
+  /** One holder fewer; at none, the saved activations are freed. @internal */
+  drop(): void;
+}
+
+/** Options of {@link Tensor.backward}. */
+export interface BackwardOptions {
+  /** The gradient of the output (same shape and dtype); required unless it holds one value. */
+  gradient?: Tensor;
+}
 
 /** Host data a tensor can be made from: Float32Array, Float16Array, Float64Array, number[]... */
 export type TensorData = ArrayLike<number>;
