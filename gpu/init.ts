@@ -1,81 +1,15 @@
 /** Device acquisition: `initGpu()` is the first call of every program. */
+export type { InitGpuOptions };
 import type { FlushPolicy } from "./device/command_batch.ts";
-import { type F16Mode, Gpu, setDefaultGpu } from "./device/gpu.ts";
+import { Gpu, setDefaultGpu } from "./device/gpu.ts";
 import { fail, GpuError } from "./base/errors.ts";
-import { checkInitGpuOptions } from "./init_options.ts";
+import { checkInitGpuOptions, type InitGpuOptions } from "./init_options.ts";
 import { wgslRuntime } from "./device/kernel.ts";
 import { tuneMatmul } from "./kernels/gemm/class_tuner.ts";
-import {
-  type F16Accumulation,
-  matmulSettings,
-  type MatmulTiling,
-} from "./kernels/gemm/settings.ts";
+import { matmulSettings } from "./kernels/gemm/settings.ts";
+import type { TuningProgress } from "./tuning/timing.ts";
 import { tuneAttention } from "./kernels/attention/tuner.ts";
 import { warnOnce } from "./base/warn_once.ts";
-import type { TuningProgress } from "./tuning/timing.ts";
-
-/** Options for {@link initGpu}. */
-export interface InitGpuOptions {
-  /**
-   * `"auto"` (default): use f16 when the adapter has `shader-f16`, else fall
-   * back to f32 and say so once. `"require"`: fail without it. `"off"`: f32 only.
-   */
-  f16?: F16Mode;
-  /**
-   * Print generated WGSL as kernels compile (default: the `HALFSTEP_DEBUG`
-   * environment variable, or its older name `AMP_DEBUG`, set to 1).
-   */
-  debug?: boolean;
-  /**
-   * The matmul tilings: `"tune"` (default) measures the candidates per matmul
-   * class (dtype, orientation, size) once per adapter and caches the winners
-   * (see `tuneMatmul`), and the fused attention kernels' rows per workgroup
-   * likewise (`tuneAttention`); `"default"` skips both; or give one tiling for
-   * every class (attention is then not tuned either).
-   */
-  matmulTiling?: "tune" | "default" | MatmulTiling;
-  /**
-   * When the open batch of commands is submitted without a read:
-   * `"auto"` (default) uses a policy measured for this kind of adapter (see
-   * {@link defaultFlushPolicy}); `"read"` submits only when something is read;
-   * or give the thresholds.
-   */
-  flush?: "auto" | "read" | FlushPolicy;
-  /**
-   * The most bytes of GPU memory the buffer pool may hold; beyond it an
-   * allocation is a clear error naming the request and the usage, instead of
-   * the process being killed for lack of host memory (CPU adapters keep GPU
-   * memory in host memory). Default: on CPU adapters half the machine's
-   * memory when the runtime can tell (`--allow-sys`), else 4 GiB; on GPUs no
-   * limit (the device reports its own out-of-memory errors).
-   */
-  memoryLimitBytes?: number;
-  /**
-   * How f16 matmuls sum their products (see {@link F16Accumulation}): `"f32"`
-   * (default) or `"chunked"` (f16 sums over runs of `F16_CHUNK` k, added
-   * into f32; the GPU tiling only).
-   */
-  f16Accumulation?: F16Accumulation;
-  /**
-   * Ask for the `subgroups` device feature (default true): kernels then
-   * reduce within subgroups where they can. Deno grants it when asked although
-   * `adapter.features` may not list it, so it is always asked for; a device
-   * that refuses it runs the workgroup-memory kernels. `false` forces those
-   * (see `gpu.subgroups`).
-   */
-  subgroups?: boolean;
-  /** Make this the default device for new tensors (default true). */
-  setDefault?: boolean;
-  /** Passed to `requestAdapter`. */
-  powerPreference?: GPUPowerPreference;
-  /**
-   * Told how start-up tuning goes (only measurements the per-adapter cache
-   * lacks; nothing when it holds every winner). Default: one line on the
-   * console before the first measurement, since tuning takes seconds on a GPU
-   * and up to a minute on a CPU adapter; `() => {}` silences it.
-   */
-  onProgress?: (progress: TuningProgress) => void;
-}
 
 const NO_ADAPTER_HELP = "On a machine without a GPU, install the Vulkan CPU driver " +
   "(Debian/Ubuntu: `apt-get install mesa-vulkan-drivers`).";
