@@ -64,11 +64,12 @@ export const DEFAULT_MULTIPROCESSORS = 132;
  *
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { initGpu } from "./mod.ts";
  * import { adapterProfileOf } from "./adapter_profile.ts";
  * const gpu = await initGpu({ matmulTiling: "default" });
  * const profile = adapterProfileOf(gpu.adapterInfo, gpu.device.limits);
- * console.assert(profile.cpu === gpu.adapterInfo.isFallbackAdapter);
+ * assert.equal(profile.cpu, gpu.adapterInfo.isFallbackAdapter);
  * gpu.destroy();
  * ```
  */
@@ -108,13 +109,15 @@ const GPU_LIMITS: ProfileLimits = {
  *
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { initGpu } from "./mod.ts";
  * import { gpuLikeProfile, withAdapterProfile } from "./adapter_profile.ts";
  * import { matmulSettings } from "./matmul_settings.ts";
  * const gpu = await initGpu({ matmulTiling: "default" });
  * await withAdapterProfile(gpu, gpuLikeProfile(gpu), () => {
  *   const { splitKWorkgroups } = matmulSettings.of(gpu);
- *   console.assert(splitKWorkgroups === 256 && !gpu.adapterProfile.cpu);
+ *   assert.equal(splitKWorkgroups, 256);
+ *   assert.ok(!gpu.adapterProfile.cpu);
  *   return Promise.resolve();
  * });
  * gpu.destroy();
@@ -147,13 +150,14 @@ export function gpuLikeProfile(gpu: Gpu, limits: Partial<ProfileLimits> = {}): A
  *
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { initGpu } from "./mod.ts";
  * import { gpuLikeProfile, withAdapterProfile } from "./adapter_profile.ts";
  * import { multiTensorSettings } from "./kernels/multi_tensor.ts";
  * const gpu = await initGpu({ matmulTiling: "default" });
  * const slots = await withAdapterProfile(gpu, gpuLikeProfile(gpu), () =>
  *   Promise.resolve(multiTensorSettings.of(gpu).slots));
- * console.assert(slots === 16);
+ * assert.equal(slots, 16);
  * gpu.destroy();
  * ```
  */

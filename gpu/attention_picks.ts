@@ -72,10 +72,11 @@ export interface AttentionSettings {
  *
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { initGpu } from "./mod.ts";
  * import { attentionSettings } from "./attention_picks.ts";
  * const gpu = await initGpu({ matmulTiling: "default" });
- * console.assert(attentionSettings.of(gpu).plans.size === 0, "nothing tuned");
+ * assert.equal(attentionSettings.of(gpu).plans.size, 0, "nothing tuned");
  * gpu.destroy();
  * ```
  */
@@ -123,10 +124,11 @@ export const ATTENTION_SHAPE_STORE: PickStore<AttentionShape, AttentionShapeReco
  *
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { initGpu } from "./mod.ts";
  * import { attentionShapeCacheKey } from "./attention_picks.ts";
  * const gpu = await initGpu({ matmulTiling: "default" });
- * console.assert(attentionShapeCacheKey(gpu).startsWith("halfstep.attentionShapes."));
+ * assert.match(attentionShapeCacheKey(gpu), /^halfstep\.attentionShapes\./);
  * gpu.destroy();
  * ```
  */
