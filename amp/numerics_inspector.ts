@@ -62,7 +62,9 @@ const FIRST_ROWS = 64;
  * const report = await inspector.report(); // the only read
  * assert.equal(report.firstNonFinite?.name, "0");
  * assert.equal(report.firstNonFinite?.phase, "forward");
- * assert.ok(report.rows.some((r) => r.name === "2" && r.op === "linear" && r.phase === "backward"));
+ * const fc2Backward = (r: { name: string; op: string; phase: string }) =>
+ *   r.name === "2" && r.op === "linear" && r.phase === "backward";
+ * assert.ok(report.rows.some(fc2Backward));
  * inspector.dispose();
  * gpu.destroy();
  * ```

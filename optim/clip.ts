@@ -37,7 +37,8 @@ export interface ClipResult {
  * const { totalNorm } = clipGradNorm([w], 1.0); // scales the gradients in place
  * const [g0, g1] = await w.grad!.read();
  * assert.equal(await totalNorm.item(), 10);
- * assert.ok(Math.abs(g0 - 0.6) < 1e-5 && Math.abs(g1 - 0.8) < 1e-5, `gradient ${[g0, g1]}`); // [6, 8] / 10
+ * // [6, 8] / 10
+ * assert.ok(Math.abs(g0 - 0.6) < 1e-5 && Math.abs(g1 - 0.8) < 1e-5, `gradient ${[g0, g1]}`);
  * gpu.destroy();
  * ```
  */

@@ -161,7 +161,8 @@ export interface LrGroups {
  *   optimizer.step(); // after backward (a parameter without a gradient is left alone)
  *   scheduler.step();
  * }
- * assert.ok(Math.abs(scheduler.lrs[0] - 5e-4) < 1e-12, `lr ${scheduler.lrs[0]}`); // halfway through the warmup
+ * // halfway through the warmup
+ * assert.ok(Math.abs(scheduler.lrs[0] - 5e-4) < 1e-12, `lr ${scheduler.lrs[0]}`);
  * gpu.destroy();
  * ```
  */

@@ -124,7 +124,7 @@ Deno.test("the block finder sees JSDoc and Markdown blocks, and skips ignored on
   assert.deepEqual(codeBlocks("x.md", md, (l) => l), [{ file: "x.md", line: 2, code: "f();" }]);
 });
 
-Deno.test("weakness: console.assert and asserting nothing are refused, assert and throw pass", () => {
+Deno.test("weakness: console.assert and no assertion are refused; assert and throw pass", () => {
   assert.match(weakness("console.assert(x === 1);")!, /console\.assert/);
   assert.match(
     weakness("import assert from 'node:assert/strict';\nconsole.assert(x);")!,
