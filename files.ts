@@ -8,13 +8,16 @@
  *
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { initGpu, Linear } from "./mod.ts";
  * import { loadModule, saveModule } from "./files.ts";
  * const gpu = await initGpu({ matmulTiling: "default" });
  * const dir = await Deno.makeTempDir(), path = `${dir}/linear.safetensors`;
- * await saveModule(path, new Linear(4, 2, { seed: 1 }));
+ * const original = new Linear(4, 2, { seed: 1 });
+ * await saveModule(path, original);
  * const copy = new Linear(4, 2, { seed: 2 });
  * await loadModule(path, copy); // names, shapes and dtypes are checked first
+ * assert.deepEqual(await copy.weight.read(), await original.weight.read());
  * await Deno.remove(dir, { recursive: true });
  * gpu.destroy();
  * ```

@@ -14,12 +14,14 @@
  *
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { initGpu, matmul, sum, Tensor } from "./mod.ts";
  * const gpu = await initGpu();
  * const a = Tensor.from([1, 2, 3, 4], [2, 2], { requiresGrad: true });
  * const loss = sum(matmul(a, a));
  * loss.backward();
- * console.log(await a.grad!.read());
+ * // d/da sum(a·a) = 1·aᵀ + aᵀ·1: a's row sums (3, 7) across, plus its column sums (4, 6) down
+ * assert.equal((await a.grad!.read()).join(), "7,11,9,13");
  * gpu.destroy(); // frees every buffer and the device
  * ```
  *

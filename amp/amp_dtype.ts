@@ -22,14 +22,14 @@ export const AMP_DTYPES: readonly AmpDType[] = ["f16", "bf16"];
  * @returns The dtype to use.
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
+ * import { DTypeError } from "../gpu/mod.ts";
  * import { ampDType } from "./amp_dtype.ts";
- * console.assert(ampDType("autocast", undefined) === "f16");
- * console.assert(ampDType("autocast", "bf16") === "bf16");
- * try {
- *   ampDType("autocast", "bfloat16");
- * } catch (e) {
- *   console.assert((e as Error).message.includes('"f16", "bf16"'));
- * }
+ * assert.equal(ampDType("autocast", undefined), "f16");
+ * assert.equal(ampDType("autocast", "bf16"), "bf16");
+ * // The refusal lists the valid dtypes.
+ * assert.throws(() => ampDType("autocast", "bfloat16"), DTypeError);
+ * assert.throws(() => ampDType("autocast", "bfloat16"), /"f16", "bf16"/);
  * ```
  */
 export function ampDType(where: string, dtype: unknown): AmpDType {

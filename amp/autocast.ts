@@ -79,10 +79,11 @@ export interface AutocastHookOptions {
  *
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { autocastHook, DEFAULT_AUTOCAST_LISTS } from "./mod.ts";
  * const hook = autocastHook(DEFAULT_AUTOCAST_LISTS, null, { dtype: "bf16" });
- * console.assert(hook.dtypes!("matmul", ["f32", "f32"]).join() === "bf16,bf16");
- * console.assert(hook.dtypes!("add", ["bf16", "f32"]).join() === "f32,f32");
+ * assert.equal(hook.dtypes!("matmul", ["f32", "f32"]).join(), "bf16,bf16");
+ * assert.equal(hook.dtypes!("add", ["bf16", "f32"]).join(), "f32,f32");
  * ```
  */
 export function autocastHook(
@@ -114,16 +115,17 @@ export function autocastHook(
  *
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { autocast, crossEntropy, initGpu, Linear, Tensor, tidy } from "../mod.ts";
  * const gpu = await initGpu({ matmulTiling: "default" });
  * const model = new Linear(4, 3, { seed: 1 });
  * const x = Tensor.from([1, 2, 3, 4, 4, 3, 2, 1], [2, 4]), labels = [2, 0];
  * const logits = autocast(() => model.forward(x));
- * console.assert(logits.dtype === (gpu.f16 ? "f16" : "f32")); // the matmul ran in f16
+ * assert.equal(logits.dtype, gpu.f16 ? "f16" : "f32"); // the matmul ran in f16
  * const loss = tidy(() => autocast(() => crossEntropy(model.forward(x), labels)));
- * console.assert(loss.dtype === "f32"); // losses are f32
+ * assert.equal(loss.dtype, "f32"); // losses are f32
  * const bf16 = autocast(() => model.forward(x), { dtype: "bf16" });
- * console.assert(bf16.dtype === "bf16"); // bf16 needs no shader-f16
+ * assert.equal(bf16.dtype, "bf16"); // bf16 needs no shader-f16
  * gpu.destroy();
  * ```
  */

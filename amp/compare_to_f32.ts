@@ -90,13 +90,14 @@ interface Captured {
  *
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { compareToF32, initGpu, LayerNorm, Linear, mean, scale, Sequential, square, Tensor } from "../mod.ts";
  * const gpu = await initGpu({ matmulTiling: "default" });
  * const model = new Sequential(new Linear(4, 8, { seed: 1 }), new LayerNorm(8));
  * const x = Tensor.from([1, 2, 3, 4, 4, 3, 2, 1], [2, 4]);
  * const drift = await compareToF32(model, () => mean(square(model.forward(scale(x, 2)))));
  * const first = drift.ops.find((d) => d.op === "scale")!; // f32 in both runs
- * console.assert(first.relativeError === 0);
+ * assert.equal(first.relativeError, 0);
  * gpu.destroy();
  * ```
  */

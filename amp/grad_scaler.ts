@@ -72,8 +72,11 @@ const at = (method: string) => `GradScaler.${method}`;
  *
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { isStaticLossScale } from "./grad_scaler.ts";
- * console.assert(isStaticLossScale(1024) && !isStaticLossScale(1000) && !isStaticLossScale(0));
+ * assert.ok(isStaticLossScale(1024));
+ * assert.ok(!isStaticLossScale(1000));
+ * assert.ok(!isStaticLossScale(0));
  * ```
  */
 export function isStaticLossScale(x: unknown): boolean {
@@ -159,6 +162,7 @@ function settingsOf(method: string, o: Partial<Settings>): Settings {
  *
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { crossEntropy, SGD, GradScaler, initGpu, Linear, Tensor } from "../mod.ts";
  * const gpu = await initGpu({ matmulTiling: "default" });
  * const model = new Linear(2, 2, { seed: 1 });
@@ -169,7 +173,7 @@ function settingsOf(method: string, o: Partial<Settings>): Settings {
  * scaler.step(optimizer); // unscales, checks, skips on inf/NaN: all on the GPU
  * scaler.update();
  * optimizer.zeroGrad();
- * console.assert(!(await scaler.lastStepSkipped())); // a sync point
+ * assert.equal(await scaler.lastStepSkipped(), false); // a sync point
  * gpu.destroy();
  * ```
  */
@@ -374,10 +378,12 @@ export class GradScaler {
    *
    * @example
    * ```ts
+   * import assert from "node:assert/strict";
    * import { GradScaler, initGpu } from "../mod.ts";
    * const gpu = await initGpu({ matmulTiling: "default" });
    * const scaler = new GradScaler({ growthInterval: 100 });
-   * console.assert(scaler.options.growthInterval === 100 && scaler.options.hysteresis === 1);
+   * assert.equal(scaler.options.growthInterval, 100);
+   * assert.equal(scaler.options.hysteresis, 1);
    * scaler.dispose();
    * gpu.destroy();
    * ```

@@ -28,6 +28,7 @@ export interface MasterWeightsOptions {
  *
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { autocast, initGpu, linear, MasterWeights, SGD, sum, Tensor } from "../mod.ts";
  * const gpu = await initGpu({ matmulTiling: "default" });
  * const w = Tensor.from([1, 2], [1, 2], { requiresGrad: true }); // an fp32 master
@@ -37,9 +38,9 @@ export interface MasterWeightsOptions {
  * const x = Tensor.from([1, 1], [1, 2]);
  * autocast(() => sum(linear(x, w)), { masterWeights }).backward(); // reads the copy
  * optimizer.step();
- * console.assert((await masterWeights.copyOf(w)!.read()).join() === "0.5,1.5");
+ * assert.equal((await masterWeights.copyOf(w)!.read()).join(), "0.5,1.5");
  * const bf16 = new MasterWeights([w], { dtype: "bf16" }); // needs no shader-f16
- * console.assert(bf16.copyOf(w)!.dtype === "bf16");
+ * assert.equal(bf16.copyOf(w)!.dtype, "bf16");
  * gpu.destroy();
  * ```
  */

@@ -29,13 +29,15 @@ export interface ModuleGenerator {
  * @returns The generators, each with the places that hold it.
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { Dropout, initGpu, Linear, RandomGenerator, Sequential } from "../mod.ts";
  * import { moduleGenerators } from "./module_generators.ts";
  * const gpu = await initGpu({ matmulTiling: "default" });
  * const shared = new RandomGenerator(5);
  * const model = new Sequential(new Linear(2, 2), new Dropout(0.1, { seed: shared }), new Dropout(0.2, { seed: shared }));
  * const found = moduleGenerators(model);
- * console.assert(found.length === 1 && found[0].at.join() === "1:generator,2:generator");
+ * assert.equal(found.length, 1);
+ * assert.equal(found[0].at.join(), "1:generator,2:generator");
  * gpu.destroy();
  * ```
  */

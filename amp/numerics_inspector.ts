@@ -57,6 +57,7 @@ const FIRST_ROWS = 64;
  *
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { crossEntropy, initGpu, Linear, NumericsInspector, ReLU, Sequential, Tensor } from "../mod.ts";
  * const gpu = await initGpu({ matmulTiling: "default" });
  * const model = new Sequential(new Linear(2, 4, { seed: 1 }), new ReLU(), new Linear(4, 2, { seed: 2 }));
@@ -64,8 +65,11 @@ const FIRST_ROWS = 64;
  * const x = Tensor.from([1, 2, 3, Infinity], [2, 2]); // an Inf in the batch
  * inspector.watch(() => crossEntropy(model.forward(x), [0, 1]).backward());
  * const report = await inspector.report(); // the only read
- * console.assert(report.firstNonFinite?.name === "0" && report.firstNonFinite.phase === "forward");
- * console.assert(report.rows.some((r) => r.name === "2" && r.op === "linear" && r.phase === "backward"));
+ * assert.equal(report.firstNonFinite?.name, "0");
+ * assert.equal(report.firstNonFinite?.phase, "forward");
+ * const fc2Backward = (r: { name: string; op: string; phase: string }) =>
+ *   r.name === "2" && r.op === "linear" && r.phase === "backward";
+ * assert.ok(report.rows.some(fc2Backward));
  * inspector.dispose();
  * gpu.destroy();
  * ```

@@ -62,9 +62,11 @@ export interface CustomListsOptions {
  *
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { customAutocastLists } from "./policy.ts";
  * const lists = customAutocastLists({ deny: ["matmul", "layer_norm"] });
- * console.assert(lists.f32.has("matmul") && !lists.f16.has("matmul"));
+ * assert.ok(lists.f32.has("matmul"));
+ * assert.ok(!lists.f16.has("matmul"));
  * ```
  */
 export function customAutocastLists(

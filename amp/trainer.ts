@@ -131,6 +131,7 @@ const PRECISIONS: readonly TrainerPrecision[] = ["f16", "bf16", "f32"];
  *
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { AdamW, crossEntropy, initGpu, Linear, ReLU, Sequential, Tensor } from "../mod.ts";
  * const gpu = await initGpu();
  * const model = new Sequential(new Linear(4, 8, { seed: 1 }), new ReLU(), new Linear(8, 2, { seed: 2 }));
@@ -143,11 +144,12 @@ const PRECISIONS: readonly TrainerPrecision[] = ["f16", "bf16", "f32"];
  *   const loss = trainer.step(() => crossEntropy(model.forward(x), [0, 1]));
  *   loss.dispose(); // read it (a sync) only when logging
  * }
- * console.assert(trainer.steps === 2); // two micro-batches per optimizer step
+ * assert.equal(trainer.steps, 2); // two micro-batches per optimizer step
  * trainer.dispose();
  * // bf16: fp32 masters write bf16 working copies, no loss scaling, no shader-f16 needed
  * const bf16 = new AmpTrainer(model, new AdamW(model.parameters()), { dtype: "bf16" });
- * console.assert(bf16.masters!.dtype === "bf16" && !bf16.scaler.enabled);
+ * assert.equal(bf16.masters!.dtype, "bf16");
+ * assert.ok(!bf16.scaler.enabled);
  * bf16.dispose();
  * gpu.destroy();
  * ```

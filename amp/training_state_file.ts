@@ -98,6 +98,7 @@ export interface SaveTrainingStateOptions {
  * @returns When the file is in place.
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { AdamW, AmpTrainer, initGpu, Linear } from "../mod.ts";
  * import { saveTrainingState } from "../files.ts";
  * const gpu = await initGpu({ matmulTiling: "default" });
@@ -106,7 +107,7 @@ export interface SaveTrainingStateOptions {
  * const optimizer = new AdamW(model.parameters());
  * const trainer = new AmpTrainer(model, optimizer);
  * await saveTrainingState(path, { model, optimizer, trainer }, { extra: { epoch: 3 } });
- * console.assert((await Deno.stat(path)).isFile);
+ * assert.ok((await Deno.stat(path)).isFile);
  * await Deno.remove(dir, { recursive: true });
  * trainer.dispose();
  * gpu.destroy();
@@ -193,6 +194,7 @@ export async function saveTrainingState(
  * @returns The `extra` value given to {@link saveTrainingState}.
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { AdamW, initGpu, Linear } from "../mod.ts";
  * import { loadTrainingState, saveTrainingState } from "../files.ts";
  * const gpu = await initGpu({ matmulTiling: "default" });
@@ -202,7 +204,8 @@ export async function saveTrainingState(
  * const resumed = new Linear(4, 2, { seed: 2 });
  * const parts = { model: resumed, optimizer: new AdamW(resumed.parameters()) };
  * const { epoch } = await loadTrainingState(path, parts) as { epoch: number };
- * console.assert(epoch === 3 && (await resumed.bias!.read())[0] === (await model.bias!.read())[0]);
+ * assert.equal(epoch, 3);
+ * assert.equal((await resumed.bias!.read())[0], (await model.bias!.read())[0]);
  * await Deno.remove(dir, { recursive: true });
  * gpu.destroy();
  * ```

@@ -22,8 +22,13 @@ const NO_ADAPTER_HELP = "On a machine without a GPU, install the Vulkan CPU driv
  *
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
+ * import { Tensor } from "./tensor/tensor.ts";
+ * import { ValueError } from "./base/errors.ts";
  * const gpu = await initGpu({ f16: "auto" });
  * console.log(gpu.adapterName, gpu.f16);
+ * assert.equal(Tensor.from([1], [1]).gpu, gpu); // the default device for new tensors
+ * await assert.rejects(initGpu({ f16: "yes" as "auto" }), ValueError); // before any adapter
  * gpu.destroy();
  * ```
  */

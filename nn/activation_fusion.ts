@@ -76,11 +76,12 @@ function ownActivation(module: Linear | Conv2d): string {
  *
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { initGpu, Linear, ReLU } from "../mod.ts";
  * import { planForwardSteps } from "./activation_fusion.ts";
  * const gpu = await initGpu({ matmulTiling: "default" });
  * const steps = planForwardSteps([new Linear(4, 8), new ReLU(), new Linear(8, 2)]);
- * console.assert(steps.map((s) => `${s.first},${s.end}`).join(" ") === "0,2 2,3");
+ * assert.equal(steps.map((s) => `${s.first},${s.end}`).join(" "), "0,2 2,3");
  * gpu.destroy();
  * ```
  */

@@ -91,13 +91,14 @@ function mergeHeads(o: Tensor, b: number, heads: number): Tensor {
  *
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { causalAttention, initGpu, Tensor } from "../mod.ts";
  * const gpu = await initGpu({ matmulTiling: "default" });
  * const q = Tensor.zeros([1, 3, 4]), k = Tensor.zeros([1, 3, 4]); // [batch, T, C]
  * const v = Tensor.from([1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12], [1, 3, 4]);
  * const y = causalAttention(q, k, v, { heads: 2 }); // [batch, T, C]: two heads of size 2
  * const out = await y.read();
- * console.assert(out.slice(0, 4).join() === "1,2,3,4"); // query 0 sees only key 0
+ * assert.equal(out.slice(0, 4).join(), "1,2,3,4"); // query 0 sees only key 0
  * gpu.destroy();
  * ```
  */
@@ -169,12 +170,13 @@ export interface CausalSelfAttentionOptions extends ParameterOptions {
  *
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { CausalSelfAttention, initGpu, Tensor } from "../mod.ts";
  * const gpu = await initGpu({ matmulTiling: "default" });
  * const attention = new CausalSelfAttention(8, 2, { seed: 1 });
  * const x = Tensor.from(Array.from({ length: 24 }, (_, i) => i / 24), [1, 3, 8]);
  * const y = attention.forward(x); // x: [batch, T, 8] → [batch, T, 8]
- * console.assert(y.shape.join() === "1,3,8");
+ * assert.equal(y.shape.join(), "1,3,8");
  * gpu.destroy();
  * ```
  */

@@ -196,6 +196,7 @@ export function runCheckpointed(
  *
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { checkpointSequential, initGpu, Linear, ReLU, Sequential, sum, Tensor } from "../mod.ts";
  * const gpu = await initGpu({ matmulTiling: "default" });
  * const layers = [new Linear(4, 4, { seed: 1 }), new ReLU(), new Linear(4, 4), new ReLU()];
@@ -203,7 +204,7 @@ export function runCheckpointed(
  * const x = Tensor.from([1, 2, 3, 4, 4, 3, 2, 1], [2, 4]);
  * const { output, plan } = checkpointSequential(model.layers, "auto", x);
  * sum(output).backward(); // each segment runs again, then backpropagates
- * console.assert(plan.segments.join(" ") === "0,2 2,4"); // √4 = 2 segments of 2 layers
+ * assert.equal(plan.segments.join(" "), "0,2 2,4"); // √4 = 2 segments of 2 layers
  * gpu.destroy();
  * ```
  */

@@ -46,10 +46,11 @@ const TABLES = (() => {
  * @returns An unsigned 32-bit CRC.
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { crc32c } from "./checksum.ts";
  * const text = new TextEncoder().encode("123456789");
- * console.assert(crc32c(text) === 0xe3069283); // the standard check value
- * console.assert(crc32c(text.subarray(4), crc32c(text.subarray(0, 4))) === 0xe3069283);
+ * assert.equal(crc32c(text), 0xe3069283); // the standard check value
+ * assert.equal(crc32c(text.subarray(4), crc32c(text.subarray(0, 4))), 0xe3069283);
  * ```
  */
 export function crc32c(bytes: Uint8Array, crc = 0): number {

@@ -27,11 +27,12 @@ export interface Conv2dLayerOptions extends ParameterOptions {
  *
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { Conv2d, initGpu, Tensor } from "../mod.ts";
  * const gpu = await initGpu({ matmulTiling: "default" });
  * const conv = new Conv2d(1, 4, 3, { padding: 1, seed: 1 });
  * const y = conv.forward(Tensor.zeros([2, 1, 28, 28])); // [N, C, H, W] → [N, 4, 28, 28]
- * console.assert(y.shape.join() === "2,4,28,28");
+ * assert.equal(y.shape.join(), "2,4,28,28");
  * gpu.destroy();
  * ```
  */
@@ -97,12 +98,13 @@ export class Conv2d extends Module {
    *
    * @example
    * ```ts
+   * import assert from "node:assert/strict";
    * import { Conv2d, initGpu, relu, Tensor } from "../mod.ts";
    * const gpu = await initGpu({ matmulTiling: "default" });
    * const conv = new Conv2d(1, 2, 2, { seed: 1 });
    * const x = Tensor.from([1, -2, 3, 0.5, -1, 2, 0, 1, -3], [1, 1, 3, 3]);
    * const fused = await conv.forwardFused(x, { activation: "relu" }).read();
-   * console.assert(fused.join() === (await relu(conv.forward(x)).read()).join());
+   * assert.equal(fused.join(), (await relu(conv.forward(x)).read()).join());
    * gpu.destroy();
    * ```
    */

@@ -11,13 +11,14 @@ import { Module } from "./module.ts";
  *
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { Dropout, initGpu, Tensor } from "../mod.ts";
  * const gpu = await initGpu({ matmulTiling: "default" });
  * const drop = new Dropout(0.5, { seed: 7 });
  * const x = Tensor.full([8], 1);
  * const y = drop.forward(x); // training mode: each element 0 or 1 / (1 − p)
- * console.assert((await y.read()).every((v) => v === 0 || v === 2));
- * console.assert(drop.eval().forward(x) === x); // eval mode: the input itself
+ * assert.ok((await y.read()).every((v) => v === 0 || v === 2));
+ * assert.equal(drop.eval().forward(x), x); // eval mode: the input itself
  * gpu.destroy();
  * ```
  */

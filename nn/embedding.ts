@@ -9,11 +9,12 @@ import { Module } from "./module.ts";
  *
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { Embedding, initGpu, Tensor } from "../mod.ts";
  * const gpu = await initGpu({ matmulTiling: "default" });
  * const emb = new Embedding(27, 64, { seed: 3 });
  * const x = emb.forward(Tensor.from([1, 2, 3], [3], { dtype: "i32" })); // [3, 64]
- * console.assert(x.shape.join() === "3,64");
+ * assert.equal(x.shape.join(), "3,64");
  * gpu.destroy();
  * ```
  */

@@ -10,9 +10,10 @@ import { bf16FromF32, f32FromBf16, type FloatDType } from "../gpu/mod.ts";
  *
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { floatsOfBytes } from "./host_floats.ts";
  * const bf16 = new Uint8Array(new Uint16Array([0x3f80, 0xc040]).buffer);
- * console.assert(floatsOfBytes(bf16, "bf16").join() === "1,-3");
+ * assert.equal(floatsOfBytes(bf16, "bf16").join(), "1,-3");
  * ```
  */
 export function floatsOfBytes(bytes: Uint8Array, dtype: FloatDType): Float32Array | Float16Array {
@@ -29,8 +30,9 @@ export function floatsOfBytes(bytes: Uint8Array, dtype: FloatDType): Float32Arra
  *
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { bytesOfFloats } from "./host_floats.ts";
- * console.assert(bytesOfFloats([1, 2], "bf16").byteLength === 4);
+ * assert.equal(bytesOfFloats([1, 2], "bf16").byteLength, 4);
  * ```
  */
 export function bytesOfFloats(values: ArrayLike<number>, dtype: FloatDType): Uint8Array {

@@ -42,12 +42,14 @@ export interface LinearLayerOptions extends ParameterOptions {
  *
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { initGpu, Linear, Tensor } from "../mod.ts";
  * const gpu = await initGpu({ matmulTiling: "default" });
  * const layer = new Linear(4, 3, { seed: 1, activation: "relu" });
  * const x = Tensor.from([1, 2, 3, 4, -4, -3, -2, -1], [2, 4]);
  * const h = layer.forward(x); // [batch, 3]
- * console.assert(h.shape.join() === "2,3" && (await h.read()).every((v) => v >= 0));
+ * assert.equal(h.shape.join(), "2,3");
+ * assert.ok((await h.read()).every((v) => v >= 0));
  * gpu.destroy();
  * ```
  */
@@ -103,12 +105,13 @@ export class Linear extends Module {
    *
    * @example
    * ```ts
+   * import assert from "node:assert/strict";
    * import { initGpu, Linear, relu, Tensor } from "../mod.ts";
    * const gpu = await initGpu({ matmulTiling: "default" });
    * const layer = new Linear(2, 3, { seed: 1 });
    * const x = Tensor.from([1, -2, 3, 0.5], [2, 2]);
    * const fused = await layer.forwardFused(x, { activation: "relu" }).read();
-   * console.assert(fused.join() === (await relu(layer.forward(x)).read()).join());
+   * assert.equal(fused.join(), (await relu(layer.forward(x)).read()).join());
    * gpu.destroy();
    * ```
    */

@@ -89,11 +89,13 @@ function uploaded(
  *
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { crossEntropy, initGpu, Tensor } from "../mod.ts";
  * const gpu = await initGpu({ matmulTiling: "default" });
  * const logits = Tensor.zeros([3, 4]); // e.g. model.forward(x): [rows, classes]
  * const loss = crossEntropy(logits, [3, 1, -100], { labelSmoothing: 0.1 }); // row 2 ignored
- * console.assert(Math.abs((await loss.item()) - Math.log(4)) < 1e-5); // uniform: ln 4
+ * const value = await loss.item();
+ * assert.ok(Math.abs(value - Math.log(4)) < 1e-5, `loss ${value}`); // uniform: ln 4
  * gpu.destroy();
  * ```
  */
@@ -141,11 +143,13 @@ export function crossEntropy(
  *
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { initGpu, mseLoss, Tensor } from "../mod.ts";
  * const gpu = await initGpu({ matmulTiling: "default" });
  * const prediction = Tensor.from([1, 2, 3], [3]), y = Tensor.from([1, 2, 6], [3]);
  * const loss = mseLoss(prediction, y); // (0 + 0 + 9) / 3
- * console.assert(Math.abs((await loss.item()) - 3) < 1e-6);
+ * const value = await loss.item();
+ * assert.ok(Math.abs(value - 3) < 1e-6, `loss ${value}`);
  * gpu.destroy();
  * ```
  */

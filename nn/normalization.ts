@@ -20,13 +20,15 @@ export interface LayerNormLayerOptions {
  *
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { initGpu, LayerNorm, Tensor } from "../mod.ts";
  * const gpu = await initGpu({ matmulTiling: "default" });
  * const norm = new LayerNorm(4);
  * const x = Tensor.from([1, 2, 3, 4, 5, 5, 5, 5], [1, 2, 4]); // [batch, tokens, 4]
  * const y = norm.forward(x);
  * const [first, , , last, constant] = await y.read();
- * console.assert(Math.abs(first + last) < 1e-5 && constant === 0);
+ * assert.ok(Math.abs(first + last) < 1e-5, `first ${first}, last ${last}`);
+ * assert.equal(constant, 0);
  * gpu.destroy();
  * ```
  */
@@ -80,13 +82,15 @@ export interface BatchNormLayerOptions extends Omit<LayerNormLayerOptions, "bias
  *
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { BatchNorm, initGpu, Tensor } from "../mod.ts";
  * const gpu = await initGpu({ matmulTiling: "default" });
  * const bn = new BatchNorm(2, { momentum: 0.05 });
  * const h = Tensor.from([1, 10, 3, 30], [2, 2]); // [batch, 2]
  * const y = bn.forward(h); // batch statistics; the running ones move 5% of the way
  * const [runningMean] = await bn.runningMean.read();
- * console.assert(Math.abs(runningMean - 0.1) < 1e-6 && y.shape.join() === "2,2");
+ * assert.ok(Math.abs(runningMean - 0.1) < 1e-6, `running mean ${runningMean}`);
+ * assert.equal(y.shape.join(), "2,2");
  * gpu.destroy();
  * ```
  */

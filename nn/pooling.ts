@@ -34,12 +34,13 @@ function optionsOf<O extends { kernelSize: Size2d }>(arg: Size2d | O): O {
  *
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { initGpu, MaxPool2d, Tensor } from "../mod.ts";
  * const gpu = await initGpu({ matmulTiling: "default" });
  * const pool = new MaxPool2d(2);
  * const x = Tensor.from([1, 2, 5, 3, 4, 0, 7, 1, 9, 8, 2, 6, 3, 3, 1, 2], [1, 1, 4, 4]);
  * const y = pool.forward(x); // [1, 1, 2, 2]
- * console.assert((await y.read()).join() === "4,7,9,6");
+ * assert.equal((await y.read()).join(), "4,7,9,6");
  * gpu.destroy();
  * ```
  */
@@ -84,11 +85,12 @@ export class MaxPool2d extends Module {
  *
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { AvgPool2d, initGpu, Tensor } from "../mod.ts";
  * const gpu = await initGpu({ matmulTiling: "default" });
  * const pool = new AvgPool2d({ kernelSize: 2, stride: 1 });
  * const y = pool.forward(Tensor.from([1, 2, 3, 4, 5, 6, 7, 8, 9], [1, 1, 3, 3]));
- * console.assert((await y.read()).join() === "3,4,6,7");
+ * assert.equal((await y.read()).join(), "3,4,6,7");
  * gpu.destroy();
  * ```
  */
@@ -138,11 +140,13 @@ export class AvgPool2d extends Module {
  *
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { AdaptiveAvgPool2d, initGpu, Tensor } from "../mod.ts";
  * const gpu = await initGpu({ matmulTiling: "default" });
  * const gap = new AdaptiveAvgPool2d(1);
  * const y = gap.forward(Tensor.from([1, 2, 3, 4, 10, 20, 30, 40], [1, 2, 2, 2]));
- * console.assert(y.shape.join() === "1,2,1,1" && (await y.read()).join() === "2.5,25");
+ * assert.equal(y.shape.join(), "1,2,1,1");
+ * assert.equal((await y.read()).join(), "2.5,25");
  * gpu.destroy();
  * ```
  */
@@ -169,10 +173,11 @@ export class AdaptiveAvgPool2d extends Module {
  *
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { Flatten, initGpu, Tensor } from "../mod.ts";
  * const gpu = await initGpu({ matmulTiling: "default" });
  * const y = new Flatten().forward(Tensor.zeros([2, 3, 4, 5]));
- * console.assert(y.shape.join() === "2,60");
+ * assert.equal(y.shape.join(), "2,60");
  * gpu.destroy();
  * ```
  */

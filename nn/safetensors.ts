@@ -221,10 +221,11 @@ export function storedTensors(
  * @returns The whole file.
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { decodeSafetensors, encodeSafetensors } from "./mod.ts";
  * const data = new Uint8Array(new Float32Array([1, 2]).buffer);
  * const file = encodeSafetensors(new Map([["w", { dtype: "f32", shape: [2], data }]]));
- * console.assert(decodeSafetensors(file).entries.get("w")?.shape.join() === "2");
+ * assert.equal(decodeSafetensors(file).entries.get("w")?.shape.join(), "2");
  * ```
  */
 export function encodeSafetensors(
@@ -263,10 +264,12 @@ function isObject(v: unknown): v is Record<string, unknown> {
  * end, a checksum that does not match (naming the tensor, or the metadata).
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { decodeSafetensors, encodeSafetensors } from "./mod.ts";
  * const file = encodeSafetensors(new Map(), { metadata: { step: "100" } });
  * const { entries, metadata } = decodeSafetensors(file);
- * console.assert(entries.size === 0 && metadata.step === "100");
+ * assert.equal(entries.size, 0);
+ * assert.equal(metadata.step, "100");
  * ```
  */
 export function decodeSafetensors(

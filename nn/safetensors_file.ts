@@ -61,13 +61,14 @@ export interface SaveOptions {
  * underlying error (same class), its message naming `path`.
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { initGpu, Tensor } from "../mod.ts";
  * import { loadSafetensors, saveSafetensors } from "../files.ts";
  * const gpu = await initGpu({ matmulTiling: "default" });
  * const dir = await Deno.makeTempDir(), path = `${dir}/model.safetensors`;
  * const w = Tensor.from([1, 2, 3, 4], [2, 2]), b = Tensor.zeros([2]);
  * await saveSafetensors(path, { "fc1.weight": w, "fc1.bias": b }, { metadata: { step: "1000" } });
- * console.assert((await loadSafetensors(path)).metadata.step === "1000");
+ * assert.equal((await loadSafetensors(path)).metadata.step, "1000");
  * await Deno.remove(dir, { recursive: true });
  * gpu.destroy();
  * ```
@@ -211,6 +212,7 @@ async function syncDirectory(path: string): Promise<void> {
  * (same class), the message naming `path` either way.
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { initGpu, Tensor } from "../mod.ts";
  * import { entryToTensor } from "./mod.ts";
  * import { loadSafetensors, saveSafetensors } from "../files.ts";
@@ -219,7 +221,8 @@ async function syncDirectory(path: string): Promise<void> {
  * await saveSafetensors(path, { "fc1.weight": Tensor.from([1, 2, 3, 4], [2, 2]) });
  * const { entries, metadata } = await loadSafetensors(path);
  * const w = entryToTensor(entries.get("fc1.weight")!);
- * console.assert((await w.read()).join() === "1,2,3,4" && Object.keys(metadata).length === 0);
+ * assert.equal((await w.read()).join(), "1,2,3,4");
+ * assert.equal(Object.keys(metadata).length, 0);
  * await Deno.remove(dir, { recursive: true });
  * gpu.destroy();
  * ```
@@ -254,6 +257,7 @@ export async function loadSafetensors(
  * @returns When the file is in place.
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { initGpu, Linear } from "../mod.ts";
  * import { loadSafetensors, saveModule } from "../files.ts";
  * const gpu = await initGpu({ matmulTiling: "default" });
@@ -261,7 +265,7 @@ export async function loadSafetensors(
  * const model = new Linear(4, 2, { seed: 1 });
  * await saveModule(path, model);
  * const { entries } = await loadSafetensors(path);
- * console.assert([...entries.keys()].sort().join() === "bias,weight");
+ * assert.equal([...entries.keys()].sort().join(), "bias,weight");
  * await Deno.remove(dir, { recursive: true });
  * gpu.destroy();
  * ```
@@ -287,6 +291,7 @@ export async function saveModule(
  * @returns The file's metadata.
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { initGpu, Linear } from "../mod.ts";
  * import { loadModule, saveModule } from "../files.ts";
  * const gpu = await initGpu({ matmulTiling: "default" });
@@ -295,7 +300,8 @@ export async function saveModule(
  * await saveModule(path, model, { metadata: { epoch: "3" } });
  * const metadata = await loadModule(path, copy);
  * const same = (await copy.weight.read()).join() === (await model.weight.read()).join();
- * console.assert(same && metadata.epoch === "3");
+ * assert.ok(same);
+ * assert.equal(metadata.epoch, "3");
  * await Deno.remove(dir, { recursive: true });
  * gpu.destroy();
  * ```

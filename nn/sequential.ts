@@ -21,13 +21,15 @@ import { type ForwardStep, planForwardSteps } from "./activation_fusion.ts";
  *
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { initGpu, Linear, ReLU, Sequential, Tensor } from "../mod.ts";
  * const gpu = await initGpu({ matmulTiling: "default" });
  * const mlp = new Sequential(new Linear(4, 8, { seed: 1 }), new ReLU(), new Linear(8, 2));
  * mlp.checkpoint = "auto"; // ≈ √n checkpointed segments while training
  * const logits = mlp.forward(Tensor.from([1, 2, 3, 4], [1, 4]));
- * console.assert(logits.shape.join() === "1,2" && mlp.lastCheckpointPlan !== null);
- * console.assert(mlp.namedParameters()[0][0] === "0.weight");
+ * assert.equal(logits.shape.join(), "1,2");
+ * assert.notEqual(mlp.lastCheckpointPlan, null);
+ * assert.equal(mlp.namedParameters()[0][0], "0.weight");
  * gpu.destroy();
  * ```
  */

@@ -41,12 +41,13 @@ export interface TransformerBlockOptions extends ParameterOptions {
  *
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { initGpu, Tensor, TransformerBlock } from "../mod.ts";
  * const gpu = await initGpu({ matmulTiling: "default" });
  * const block = new TransformerBlock(8, 2, { seed: 1 });
  * const x = Tensor.from(Array.from({ length: 24 }, (_, i) => i / 24), [1, 3, 8]);
  * const y = block.forward(x); // x: [batch, T, 8] → [batch, T, 8]
- * console.assert(y.shape.join() === "1,3,8");
+ * assert.equal(y.shape.join(), "1,3,8");
  * gpu.destroy();
  * ```
  */

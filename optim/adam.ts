@@ -69,6 +69,7 @@ const ADAM_KEYS = ["lr", "betas", "eps", "weightDecay", "biasCorrection", "decou
  *
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { Adam, initGpu, sum, Tensor } from "../mod.ts";
  * const gpu = await initGpu({ matmulTiling: "default" });
  * const weights = [Tensor.full([2, 2], 1, { requiresGrad: true })];
@@ -80,7 +81,7 @@ const ADAM_KEYS = ["lr", "betas", "eps", "weightDecay", "biasCorrection", "decou
  * sum(weights[0]).backward();
  * opt.step(); // under loss scaling: opt.step({ foundInf: scaler.foundInf })
  * const saved = await opt.stateDict(); // a sync point
- * console.assert(saved.step === 1);
+ * assert.equal(saved.step, 1);
  * gpu.destroy();
  * ```
  */
@@ -193,11 +194,12 @@ export class Adam extends FusedOptimizer<AdamGroup> {
  *
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { AdamW, initGpu, Linear } from "../mod.ts";
  * const gpu = await initGpu({ matmulTiling: "default" });
  * const model = new Linear(4, 2, { seed: 1 });
  * const opt = new AdamW(model.parameters(), { lr: 3e-4 });
- * console.assert(opt.groups[0].weightDecay === 0.01);
+ * assert.equal(opt.groups[0].weightDecay, 0.01);
  * gpu.destroy();
  * ```
  */

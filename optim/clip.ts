@@ -25,6 +25,7 @@ export interface ClipResult {
  *
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { clipGradNorm, initGpu, mul, sum, Tensor } from "../mod.ts";
  * const gpu = await initGpu({ matmulTiling: "default" });
  * const w = Tensor.from([3, 4], [2], { requiresGrad: true });
@@ -32,7 +33,9 @@ export interface ClipResult {
  * // In AMP training: scaler.unscale(optimizer), clip, then scaler.step(optimizer).
  * const { totalNorm } = clipGradNorm([w], 1.0); // scales the gradients in place
  * const [g0, g1] = await w.grad!.read();
- * console.assert((await totalNorm.item()) === 10 && Math.abs(g0 - 0.6) < 1e-5 && g1 > 0.79);
+ * assert.equal(await totalNorm.item(), 10);
+ * // [6, 8] / 10
+ * assert.ok(Math.abs(g0 - 0.6) < 1e-5 && Math.abs(g1 - 0.8) < 1e-5, `gradient ${[g0, g1]}`);
  * gpu.destroy();
  * ```
  */

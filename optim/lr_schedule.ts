@@ -82,10 +82,13 @@ function checkStep(name: string, step: number): void {
  *
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { linearWarmupDecay } from "../mod.ts";
  * const f = linearWarmupDecay({ warmupSteps: 100, totalSteps: 1000 });
- * console.assert(f(50) === 0.5 && f(100) === 1); // warming up
- * console.assert(f(550) === 0.5 && f(1000) === 0); // decaying
+ * assert.equal(f(50), 0.5);
+ * assert.equal(f(100), 1); // warming up
+ * assert.equal(f(550), 0.5);
+ * assert.equal(f(1000), 0); // decaying
  * ```
  */
 export function linearWarmupDecay(options: LinearWarmupDecayOptions): LrSchedule {
@@ -107,10 +110,13 @@ export function linearWarmupDecay(options: LinearWarmupDecayOptions): LrSchedule
  *
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { cosineSchedule } from "../mod.ts";
  * const f = cosineSchedule({ warmupSteps: 10, totalSteps: 110 });
- * console.assert(f(5) === 0.5 && f(10) === 1 && f(110) === 0);
- * console.assert(Math.abs(f(60) - 0.5) < 1e-12); // halfway down the cosine
+ * assert.equal(f(5), 0.5);
+ * assert.equal(f(10), 1);
+ * assert.equal(f(110), 0);
+ * assert.ok(Math.abs(f(60) - 0.5) < 1e-12, `f(60) = ${f(60)}`); // halfway down the cosine
  * ```
  */
 export function cosineSchedule(options: CosineScheduleOptions): LrSchedule {
@@ -145,6 +151,7 @@ export interface LrGroups {
  *
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { AdamW, initGpu, linearWarmupDecay, LrScheduler, Tensor } from "../mod.ts";
  * const gpu = await initGpu({ matmulTiling: "default" });
  * const optimizer = new AdamW([Tensor.zeros([4], { requiresGrad: true })], { lr: 1e-3 });
@@ -154,7 +161,8 @@ export interface LrGroups {
  *   optimizer.step(); // after backward (a parameter without a gradient is left alone)
  *   scheduler.step();
  * }
- * console.assert(Math.abs(scheduler.lrs[0] - 5e-4) < 1e-12); // halfway through the warmup
+ * // halfway through the warmup
+ * assert.ok(Math.abs(scheduler.lrs[0] - 5e-4) < 1e-12, `lr ${scheduler.lrs[0]}`);
  * gpu.destroy();
  * ```
  */
@@ -210,6 +218,7 @@ export class LrScheduler {
    * @returns A JSON-safe copy.
    * @example
    * ```ts
+   * import assert from "node:assert/strict";
    * import { cosineSchedule, LrScheduler } from "../mod.ts";
    * const optimizer = { groups: [{ lr: 0.1 }] };
    * const scheduler = new LrScheduler(optimizer, cosineSchedule({ totalSteps: 10 }));
@@ -217,8 +226,10 @@ export class LrScheduler {
    * const state = scheduler.stateDict();
    * const resumed = new LrScheduler({ groups: [{ lr: 0.5 }] }, cosineSchedule({ totalSteps: 10 }));
    * resumed.loadStateDict(state);
-   * console.assert(resumed.stepCount === 1 && resumed.lrs[0] === scheduler.lrs[0]);
-   * console.assert(state.schedule?.name === "cosine" && state.schedule.totalSteps === 10);
+   * assert.equal(resumed.stepCount, 1);
+   * assert.equal(resumed.lrs[0], scheduler.lrs[0]);
+   * assert.equal(state.schedule?.name, "cosine");
+   * assert.equal(state.schedule?.totalSteps, 10);
    * ```
    */
   stateDict(): LrSchedulerState {
@@ -238,9 +249,12 @@ export class LrScheduler {
    * @param state A {@link stateDict} result, e.g. parsed from a file.
    * @example
    * ```ts
-   * import { linearWarmupDecay, LrScheduler } from "../mod.ts";
+   * import assert from "node:assert/strict";
+   * import { linearWarmupDecay, LrScheduler, ValueError } from "../mod.ts";
    * const scheduler = new LrScheduler({ groups: [{ lr: 0.1 }] }, linearWarmupDecay({ warmupSteps: 0, totalSteps: 9 }));
    * scheduler.checkStateDict({ baseLrs: [0.1], step: 3 }); // fits
+   * // One base lr per group: a state of two groups does not fit.
+   * assert.throws(() => scheduler.checkStateDict({ baseLrs: [0.1, 0.1], step: 3 }), ValueError);
    * ```
    */
   checkStateDict(state: LrSchedulerState): void {
@@ -271,11 +285,12 @@ export class LrScheduler {
    * @param state The state to go on from.
    * @example
    * ```ts
+   * import assert from "node:assert/strict";
    * import { linearWarmupDecay, LrScheduler } from "../mod.ts";
    * const optimizer = { groups: [{ lr: 1 }] };
    * const scheduler = new LrScheduler(optimizer, linearWarmupDecay({ warmupSteps: 4, totalSteps: 8 }));
    * scheduler.loadStateDict({ baseLrs: [0.2], step: 2 });
-   * console.assert(optimizer.groups[0].lr === 0.1);
+   * assert.equal(optimizer.groups[0].lr, 0.1);
    * ```
    */
   loadStateDict(state: LrSchedulerState): void {

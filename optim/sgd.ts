@@ -57,16 +57,18 @@ export interface SGDGroup extends Group {
  *
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { SGD, initGpu, sum, Tensor } from "../mod.ts";
  * const gpu = await initGpu({ matmulTiling: "default" });
  * const w = Tensor.from([1, 2], [2], { requiresGrad: true });
  * const opt = new SGD([w], { lr: 0.1, momentum: 0.9, nesterov: true });
  * sum(w).backward(); // grad [1, 1]
  * opt.step({ foundInf: Tensor.from([1], [1]) }); // skipped on the GPU when foundInf ≠ 0
- * console.assert((await w.read())[0] === 1);
+ * assert.equal((await w.read())[0], 1);
  * opt.step(); // v = g; p −= lr · (g + 0.9 · v)
  * opt.zeroGrad();
- * console.assert(Math.abs((await w.read())[0] - 0.81) < 1e-6);
+ * const [after2] = await w.read();
+ * assert.ok(Math.abs(after2 - 0.81) < 1e-6, `w ${after2}`);
  * gpu.destroy();
  * ```
  */

@@ -20,9 +20,10 @@ const U32 = new Uint32Array(F32.buffer);
  *
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { bf16FromF32 } from "./bf16.ts";
- * console.assert(bf16FromF32([1, -2])[0] === 0x3f80);
- * console.assert(bf16FromF32([NaN])[0] === 0x7fc0);
+ * assert.equal(bf16FromF32([1, -2])[0], 0x3f80);
+ * assert.equal(bf16FromF32([NaN])[0], 0x7fc0);
  * ```
  */
 export function bf16FromF32(values: ArrayLike<number>): Uint16Array {
@@ -42,8 +43,9 @@ export function bf16FromF32(values: ArrayLike<number>): Uint16Array {
  *
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { f32FromBf16 } from "./bf16.ts";
- * console.assert(f32FromBf16(new Uint16Array([0x3f80, 0xc000]))[1] === -2);
+ * assert.equal(f32FromBf16(new Uint16Array([0x3f80, 0xc000]))[1], -2);
  * ```
  */
 export function f32FromBf16(bits: Uint16Array): Float32Array {

@@ -45,8 +45,10 @@ export function bytesPerElement(dtype: DType): number {
  *
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { isHalf } from "./dtype.ts";
- * console.assert(isHalf("bf16") && !isHalf("f32"));
+ * assert.ok(isHalf("bf16"));
+ * assert.ok(!isHalf("f32"));
  * ```
  */
 export function isHalf(dtype: DType): dtype is "f16" | "bf16" {
@@ -60,8 +62,10 @@ export function isHalf(dtype: DType): dtype is "f16" | "bf16" {
  *
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { wgslType } from "./dtype.ts";
- * console.assert(wgslType("bf16") === "f32" && wgslType("f16") === "f16");
+ * assert.equal(wgslType("bf16"), "f32");
+ * assert.equal(wgslType("f16"), "f16");
  * ```
  */
 export function wgslType(dtype: DType): string {

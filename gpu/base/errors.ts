@@ -54,14 +54,14 @@ export type HalfstepErrorClass = new (message: string, options?: ErrorOptions) =
  *
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { fail, ValueError } from "./errors.ts";
  * const problems: string[] = [];
  * fail(ValueError, "SGD: invalid options", problems); // nothing to report: returns
- * try {
- *   fail(ValueError, "SGD", "lr must be a finite number >= 0, got -1.");
- * } catch (e) {
- *   console.assert(e instanceof ValueError && (e as Error).message.startsWith("SGD: lr"));
- * }
+ * assert.throws(
+ *   () => fail(ValueError, "SGD", "lr must be a finite number >= 0, got -1."),
+ *   { name: "ValueError", message: "SGD: lr must be a finite number >= 0, got -1." },
+ * );
  * ```
  */
 export function fail(Kind: HalfstepErrorClass, where: string, what: string): never;
@@ -90,13 +90,13 @@ export function fail(
  * @param hint What to do instead, appended to the message.
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { checkOptionNames } from "./errors.ts";
  * checkOptionNames("save", { metadata: {} }, ["metadata"], "");
- * try {
- *   checkOptionNames("save", { step: "1" }, ["metadata"], "put it in { metadata }.");
- * } catch (e) {
- *   console.assert((e as Error).message.startsWith("save: unknown option step"));
- * }
+ * assert.throws(
+ *   () => checkOptionNames("save", { step: "1" }, ["metadata"], "put it in { metadata }."),
+ *   { name: "ValueError", message: /^save: unknown option step/ },
+ * );
  * ```
  */
 export function checkOptionNames(

@@ -108,13 +108,13 @@ export function isOpName(name: unknown): name is OpName {
  *
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
+ * import { ValueError } from "./errors.ts";
  * import { autocastOpName } from "./op_registry.ts";
- * console.assert(autocastOpName("matmul", "customAutocastLists") === "matmul");
- * try {
- *   autocastOpName("layer_nrom", "customAutocastLists");
- * } catch (e) {
- *   console.assert((e as Error).message.includes("layer_norm")); // the valid names are listed
- * }
+ * assert.equal(autocastOpName("matmul", "customAutocastLists"), "matmul");
+ * // The refusal lists the valid names.
+ * assert.throws(() => autocastOpName("layer_nrom", "customAutocastLists"), ValueError);
+ * assert.throws(() => autocastOpName("layer_nrom", "customAutocastLists"), /layer_norm/);
  * ```
  */
 export function autocastOpName(name: unknown, where: string): AutocastOpName {

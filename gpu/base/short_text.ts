@@ -14,9 +14,10 @@ export const MAX_QUOTED = 80;
  * @returns `"name"`, or `"first 79 characters…"`.
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { quoted } from "./short_text.ts";
- * console.assert(quoted("fc1.weight") === '"fc1.weight"');
- * console.assert(quoted("x".repeat(10_000_000)).length === 82);
+ * assert.equal(quoted("fc1.weight"), '"fc1.weight"');
+ * assert.equal(quoted("x".repeat(10_000_000)).length, 82);
  * ```
  */
 export function quoted(text: string): string {
@@ -30,8 +31,10 @@ export function quoted(text: string): string {
  * @returns At most `MAX_QUOTED` characters before escaping.
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { cut } from "./short_text.ts";
- * console.assert(cut("[1,2]") === "[1,2]" && cut("9".repeat(100)).endsWith("…"));
+ * assert.equal(cut("[1,2]"), "[1,2]");
+ * assert.match(cut("9".repeat(100)), /…$/);
  * ```
  */
 export function cut(text: string): string {
@@ -48,10 +51,11 @@ export function cut(text: string): string {
  * @returns `"nonsense"`, `{"budget":5}`, `-1`, `undefined`.
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { shortValue } from "./short_text.ts";
- * console.assert(shortValue("sometimes") === '"sometimes"');
- * console.assert(shortValue({ budget: 5 }) === '{"budget":5}');
- * console.assert(shortValue(undefined) === "undefined");
+ * assert.equal(shortValue("sometimes"), '"sometimes"');
+ * assert.equal(shortValue({ budget: 5 }), '{"budget":5}');
+ * assert.equal(shortValue(undefined), "undefined");
  * ```
  */
 export function shortValue(value: unknown): string {

@@ -62,11 +62,12 @@ export const DEFAULT_MULTIPROCESSORS = 132;
  *
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { initGpu } from "../mod.ts";
  * import { adapterProfileOf } from "./adapter_profile.ts";
  * const gpu = await initGpu({ matmulTiling: "default" });
  * const profile = adapterProfileOf(gpu.adapterInfo, gpu.device.limits);
- * console.assert(profile.cpu === gpu.adapterInfo.isFallbackAdapter);
+ * assert.equal(profile.cpu, gpu.adapterInfo.isFallbackAdapter);
  * gpu.destroy();
  * ```
  */

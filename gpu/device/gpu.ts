@@ -204,11 +204,13 @@ export class Gpu {
    *
    * @example
    * ```ts
+   * import assert from "node:assert/strict";
    * import { initGpu, matmul, Tensor, tidy } from "../../mod.ts";
    * const gpu = await initGpu({ matmulTiling: "default" });
    * const a = Tensor.full([64, 64], 1);
    * const report = await gpu.profile(() => tidy(() => void matmul(a, a)), { print: false });
-   * console.assert(report.rows[0].kernel === "matmul" && report.rows[0].calls === 1);
+   * assert.equal(report.rows[0].kernel, "matmul");
+   * assert.equal(report.rows[0].calls, 1);
    * gpu.destroy();
    * ```
    */

@@ -184,8 +184,9 @@ function accessors(bindings: readonly Binding[], source: string): string {
  *
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { BF16_WGSL } from "./kernel.ts";
- * console.assert(BF16_WGSL.includes("fn bf16_bits(v: f32) -> u32"));
+ * assert.ok(BF16_WGSL.includes("fn bf16_bits(v: f32) -> u32"));
  * ```
  */
 export const BF16_WGSL = `fn bf16_half(word: u32, half: u32) -> f32 {
@@ -203,6 +204,7 @@ fn bf16_pack(v: vec2<f32>) -> u32 { return bf16_bits(v.x) | (bf16_bits(v.y) << 1
  *
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { defineKernel } from "./kernel.ts";
  * const axpy = defineKernel({
  *   name: "axpy",
@@ -216,7 +218,7 @@ fn bf16_pack(v: vec2<f32>) -> u32 { return bf16_bits(v.x) | (bf16_bits(v.y) << 1
  *   if (id.x < p.n) { y[id.x] = ${c.dtype}(p.alpha * f32(x[id.x]) + f32(y[id.x])); }
  * }`,
  * });
- * console.assert(axpy.wgsl({ dtype: "f16" }).startsWith("enable f16;"));
+ * assert.ok(axpy.wgsl({ dtype: "f16" }).startsWith("enable f16;"));
  * // Dispatch by name: gpu.dispatch(gpu.kernel(axpy, { dtype }), { x, y }, { n, alpha: 2 }, [groups]).
  * ```
  */

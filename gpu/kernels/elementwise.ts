@@ -138,9 +138,10 @@ export interface ElementwiseSettings {
  *
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { initGpu, elementwiseSettings } from "../mod.ts";
  * const gpu = await initGpu({ matmulTiling: "default" });
- * console.assert(elementwiseSettings.of(gpu).vec4);
+ * assert.ok(elementwiseSettings.of(gpu).vec4);
  * gpu.destroy();
  * ```
  */

@@ -43,9 +43,10 @@ export interface MultiTensorSettings {
  *
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { initGpu, multiTensorSettings } from "../mod.ts";
  * const gpu = await initGpu({ matmulTiling: "default" });
- * console.assert(multiTensorSettings.of(gpu).slots === (gpu.adapterProfile.cpu ? 1 : 16));
+ * assert.equal(multiTensorSettings.of(gpu).slots, gpu.adapterProfile.cpu ? 1 : 16);
  * gpu.destroy();
  * ```
  */

@@ -85,6 +85,7 @@ function implicitCounter(runningMean: Tensor): Tensor {
  *
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { batchNorm, batchNormCounter, initGpu, Tensor } from "../mod.ts";
  * const gpu = await initGpu({ matmulTiling: "default" });
  * const runningMean = Tensor.zeros([2]), runningVar = Tensor.full([2], 1);
@@ -92,8 +93,8 @@ function implicitCounter(runningMean: Tensor): Tensor {
  * for (let i = 0; i < 3; i++) {
  *   batchNorm(x, { runningMean, runningVar, training: true, momentum: null }).dispose();
  * }
- * console.assert((await batchNormCounter(runningMean)!.item()) === 3);
- * console.assert((await runningMean.read()).join() === "2,20"); // the mean of 3 equal batches
+ * assert.equal(await batchNormCounter(runningMean)!.item(), 3);
+ * assert.equal((await runningMean.read()).join(), "2,20"); // the mean of 3 equal batches
  * gpu.destroy();
  * ```
  */
@@ -181,6 +182,7 @@ function checkOptions(
  *
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { batchNorm, initGpu, Tensor } from "../../mod.ts";
  * const gpu = await initGpu({ matmulTiling: "default" });
  * const c = 2;
@@ -191,7 +193,9 @@ function checkOptions(
  * const y = batchNorm(x, { weight, bias, runningMean, runningVar, training: true });
  * const z = batchNorm(x, { weight, bias, runningMean, runningVar, training: false });
  * const [m0, m1] = await runningMean.read(); // 0.9 · 0 + 0.1 · batch mean
- * console.assert(Math.abs(m0 - 0.2) < 1e-6 && Math.abs(m1 - 2) < 1e-6 && y.size === z.size);
+ * assert.ok(Math.abs(m0 - 0.2) < 1e-6, `running mean ${m0}`);
+ * assert.ok(Math.abs(m1 - 2) < 1e-6, `running mean ${m1}`);
+ * assert.equal(y.size, z.size);
  * gpu.destroy();
  * ```
  */

@@ -30,6 +30,7 @@ export interface CausalSoftmaxOptions {
  *
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { causalSoftmax, initGpu, matmul, Tensor } from "../../mod.ts";
  * const gpu = await initGpu({ matmulTiling: "default" });
  * const d = 2;
@@ -37,7 +38,8 @@ export interface CausalSoftmaxOptions {
  * const scores = matmul(q, k, { transB: true }); // [B·H, T, T]
  * const probs = causalSoftmax(scores, { scale: 1 / Math.sqrt(d) }); // row i: columns 0..i
  * const [p00, p01] = await probs.read();
- * console.assert(p00 === 1 && p01 === 0);
+ * assert.equal(p00, 1);
+ * assert.equal(p01, 0);
  * gpu.destroy();
  * ```
  */

@@ -30,12 +30,13 @@ export function isRecomputing(): boolean {
  *
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { checkpoint, initGpu, relu, scale, sum, Tensor } from "../../mod.ts";
  * const gpu = await initGpu({ matmulTiling: "default" });
  * const input = Tensor.from([-1, 2], [2], { requiresGrad: true });
  * const h = checkpoint((x) => scale(relu(x), 3), input); // relu(x) is not kept
  * sum(h).backward(); // runs the region again, then backpropagates through it
- * console.assert((await input.grad!.read()).join() === "0,3");
+ * assert.equal((await input.grad!.read()).join(), "0,3");
  * gpu.destroy();
  * ```
  */

@@ -159,12 +159,14 @@ function tilingOf(
  *
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { conv2d, initGpu, Tensor } from "../../mod.ts";
  * const gpu = await initGpu({ matmulTiling: "default" });
  * const x = Tensor.from([1, 2, 3, 4, 5, 6, 7, 8, 9], [1, 1, 3, 3]); // [N, C, H, W]
  * const w = Tensor.from([1, 0, 0, -1], [1, 1, 2, 2]); // [O, C, KH, KW]
  * const y = conv2d(x, w, { padding: 0 }); // x[i, j] − x[i + 1, j + 1]
- * console.assert((await y.read()).join() === "-4,-4,-4,-4" && y.shape.join() === "1,1,2,2");
+ * assert.equal((await y.read()).join(), "-4,-4,-4,-4");
+ * assert.equal(y.shape.join(), "1,1,2,2");
  * gpu.destroy();
  * ```
  */

@@ -14,12 +14,13 @@ import type { Tensor } from "../tensor/tensor.ts";
  *
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { dropout, initGpu, RandomGenerator, Tensor } from "../../mod.ts";
  * const gpu = await initGpu({ matmulTiling: "default" });
  * const x = Tensor.full([8], 1);
  * const rng = new RandomGenerator(0);
  * const y = dropout(x, 0.5, rng.take(x.size)); // kept values are scaled by 1 / (1 − p)
- * console.assert((await y.read()).every((v) => v === 0 || v === 2));
+ * assert.ok((await y.read()).every((v) => v === 0 || v === 2));
  * gpu.destroy();
  * ```
  */

@@ -69,12 +69,13 @@ function gradFor(x: Tensor, g: Tensor, upstream: Tensor): Tensor {
  *
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { add, initGpu, Tensor } from "../../mod.ts";
  * const gpu = await initGpu({ matmulTiling: "default" });
  * const x = Tensor.from([1, 2, 3, 4], [2, 2]); // [M, N]
  * const bias = Tensor.from([10, 20], [2]); // [N]
  * const y = add(x, bias);
- * console.assert((await y.read()).join() === "11,22,13,24");
+ * assert.equal((await y.read()).join(), "11,22,13,24");
  * gpu.destroy();
  * ```
  */
@@ -253,12 +254,14 @@ export interface GeluOptions {
  *
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { gelu, initGpu, Tensor } from "../../mod.ts";
  * const gpu = await initGpu({ matmulTiling: "default" });
  * const x = Tensor.from([-1, 0, 1], [3]);
  * const [exact] = await gelu(x).read(); // 0.5·x·(1 + erf(x/√2)) = -0.158655...
  * const [tanh] = await gelu(x, { approximate: "tanh" }).read(); // -0.158808...
- * console.assert(Math.abs(exact + 0.158655) < 1e-5 && Math.abs(tanh + 0.158808) < 1e-5);
+ * assert.ok(Math.abs(exact + 0.158655) < 1e-5, `gelu(-1) = ${exact}`);
+ * assert.ok(Math.abs(tanh + 0.158808) < 1e-5, `tanh gelu(-1) = ${tanh}`);
  * gpu.destroy();
  * ```
  */
@@ -281,10 +284,11 @@ export function gelu(x: Tensor, options: GeluOptions = {}): Tensor {
  *
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { cast, initGpu, Tensor } from "../../mod.ts";
  * const gpu = await initGpu({ f16: "off", matmulTiling: "default" });
  * const x = Tensor.from([1 + 2 ** -8, 1 + 3 * 2 ** -8], [2]); // ties of bf16
- * console.assert((await cast(x, "bf16").read()).join() === [1, 1 + 2 ** -6].join());
+ * assert.equal((await cast(x, "bf16").read()).join(), [1, 1 + 2 ** -6].join());
  * gpu.destroy();
  * ```
  */

@@ -12,12 +12,13 @@ import { assertIdsInRange } from "./ids_check.ts";
  *
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { embedding, initGpu, Tensor } from "../../mod.ts";
  * const gpu = await initGpu({ matmulTiling: "default" });
  * const table = Tensor.from([0, 0, 1, 1, 2, 2, 3, 3, 4, 4], [5, 2]); // [vocab, dim]
  * const ids = Tensor.from([3, 1, 4], [3], { dtype: "i32" });
  * const vectors = embedding(table, ids); // [3, dim]
- * console.assert((await vectors.read()).join() === "3,3,1,1,4,4");
+ * assert.equal((await vectors.read()).join(), "3,3,1,1,4,4");
  * gpu.destroy();
  * ```
  */

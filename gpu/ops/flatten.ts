@@ -11,8 +11,12 @@ import { reshape } from "./reshape.ts";
  *
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
+ * import { ValueError } from "../base/errors.ts";
  * import { checkFlattenDims } from "./flatten.ts";
  * checkFlattenDims("Flatten", 1, -1); // fine: returns
+ * assert.throws(() => checkFlattenDims("Flatten", 2, 1), ValueError); // out of order
+ * assert.throws(() => checkFlattenDims("Flatten", 0.5, -1), ValueError); // not an axis
  * ```
  */
 export function checkFlattenDims(where: string, startDim: number, endDim: number): void {
@@ -39,12 +43,14 @@ export function checkFlattenDims(where: string, startDim: number, endDim: number
  *
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { flatten, initGpu, Tensor } from "../../mod.ts";
  * const gpu = await initGpu({ matmulTiling: "default" });
  * const images = Tensor.zeros([2, 3, 4, 5]); // [N, C, H, W]
  * const features = flatten(images); // [2, 60], the same memory
- * console.assert(features.shape.join() === "2,60" && features.sharesMemoryWith(images));
- * console.assert(flatten(images, 0, 1).shape.join() === "6,4,5");
+ * assert.equal(features.shape.join(), "2,60");
+ * assert.ok(features.sharesMemoryWith(images));
+ * assert.equal(flatten(images, 0, 1).shape.join(), "6,4,5");
  * gpu.destroy();
  * ```
  */

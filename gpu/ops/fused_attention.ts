@@ -44,14 +44,15 @@ const MAX_DROPOUT_ENTRIES = 2 ** 32;
  *
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { fusedCausalAttention, initGpu, Tensor } from "../../mod.ts";
  * const gpu = await initGpu({ matmulTiling: "default" });
  * const q = Tensor.zeros([1, 3, 4]), k = Tensor.zeros([1, 3, 4]); // [batch, T, H·D]
  * const v = Tensor.from([1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12], [1, 3, 4]);
  * const y = fusedCausalAttention(q, k, v, { heads: 2 }); // two heads of size 2
  * const out = await y.read();
- * console.assert(out.slice(0, 4).join() === "1,2,3,4"); // query 0 sees only key 0
- * console.assert(out[4] === 3); // query 1 averages keys 0 and 1 (equal scores)
+ * assert.equal(out.slice(0, 4).join(), "1,2,3,4"); // query 0 sees only key 0
+ * assert.equal(out[4], 3); // query 1 averages keys 0 and 1 (equal scores)
  * gpu.destroy();
  * ```
  */
@@ -92,11 +93,12 @@ export function fusedCausalAttention(
  *
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { fusedCausalAttentionPacked, initGpu, Tensor } from "../../mod.ts";
  * const gpu = await initGpu({ matmulTiling: "default" });
  * const qkv = Tensor.from(Array.from({ length: 24 }, (_, i) => i / 24), [1, 2, 12]); // C = 4
  * const y = fusedCausalAttentionPacked(qkv, { heads: 2 }); // [batch, T, C]
- * console.assert(y.shape.join() === "1,2,4");
+ * assert.equal(y.shape.join(), "1,2,4");
  * gpu.destroy();
  * ```
  */

@@ -13,13 +13,14 @@ import type { Tensor } from "../tensor/tensor.ts";
  *
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { addInPlace, initGpu, noGrad, sum, Tensor } from "../../mod.ts";
  * const gpu = await initGpu({ matmulTiling: "default" });
  * const weight = Tensor.from([1, 2], [2], { requiresGrad: true });
  * sum(weight).backward(); // weight.grad: [1, 1]
  * const lr = 0.5;
  * noGrad(() => addInPlace(weight, weight.grad!, { alpha: -lr })); // plain SGD
- * console.assert((await weight.read()).join() === "0.5,1.5");
+ * assert.equal((await weight.read()).join(), "0.5,1.5");
  * gpu.destroy();
  * ```
  */

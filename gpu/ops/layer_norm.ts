@@ -76,6 +76,7 @@ export function checkLayerNormInputs(
  *
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { initGpu, layerNorm, Tensor } from "../../mod.ts";
  * const gpu = await initGpu({ matmulTiling: "default" });
  * const data = [1, 2, 3, 4, 5, 5, 5, 5];
@@ -83,7 +84,8 @@ export function checkLayerNormInputs(
  * const w = Tensor.full([4], 1, { requiresGrad: true });
  * const b = Tensor.zeros([4], { requiresGrad: true });
  * const y = layerNorm(x, { weight: w, bias: b }); // y: f16, same shape
- * console.assert(y.dtype === "f16" && (await y.read())[4] === 0); // a constant row → 0
+ * assert.equal(y.dtype, "f16");
+ * assert.equal((await y.read())[4], 0); // a constant row → 0
  * gpu.destroy();
  * ```
  */

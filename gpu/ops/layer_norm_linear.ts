@@ -34,13 +34,15 @@ export interface LayerNormLinearOptions extends LinearOptions {
  *
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { initGpu, layerNormLinear, Tensor } from "../../mod.ts";
  * const gpu = await initGpu({ matmulTiling: "default" });
  * const x = Tensor.from([1, 2, 3, 4], [1, 4]);
  * const w = Tensor.from([1, 1, 1, 1, 1, -1, 1, -1], [2, 4]); // [out, in]
  * const y = layerNormLinear(x, w, { norm: {} }); // normalised x = [-1.34, -0.45, 0.45, 1.34]
  * const [sum, alternating] = await y.read();
- * console.assert(Math.abs(sum) < 1e-5 && Math.abs(alternating + 1.789) < 1e-3);
+ * assert.ok(Math.abs(sum) < 1e-5, `sum ${sum}`);
+ * assert.ok(Math.abs(alternating + 1.789) < 1e-3, `alternating ${alternating}`);
  * gpu.destroy();
  * ```
  */

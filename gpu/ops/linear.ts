@@ -43,13 +43,14 @@ const GELU_KERNEL = { none: "gelu_erf", tanh: "gelu" } as const;
  *
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { initGpu, linear, Tensor } from "../../mod.ts";
  * const gpu = await initGpu({ matmulTiling: "default" });
  * const x = Tensor.from([1, 2], [1, 2]); // [N, in]
  * const w1 = Tensor.from([1, 1, -1, -1], [2, 2]); // [out, in]
  * const b1 = Tensor.from([0.5, 0.5], [2]);
  * const h = linear(x, w1, { bias: b1, activation: "relu" });
- * console.assert((await h.read()).join() === "3.5,0");
+ * assert.equal((await h.read()).join(), "3.5,0");
  * gpu.destroy();
  * ```
  */

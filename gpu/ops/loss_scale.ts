@@ -21,13 +21,15 @@ import type { Tensor } from "../tensor/tensor.ts";
  * @returns The scaled loss, on the tape as `loss_scale`.
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { initGpu, Tensor } from "../../mod.ts";
  * import { scaleLoss } from "../mod.ts";
  * const gpu = await initGpu({ matmulTiling: "default" });
  * const loss = Tensor.from([0.5], [1], { requiresGrad: true });
  * const scaled = scaleLoss(loss, Tensor.from([1024], [1]));
  * scaled.backward();
- * console.assert((await scaled.read())[0] === 512 && (await loss.grad!.read())[0] === 1024);
+ * assert.equal((await scaled.read())[0], 512);
+ * assert.equal((await loss.grad!.read())[0], 1024);
  * gpu.destroy();
  * ```
  */
@@ -53,13 +55,15 @@ export function scaleLoss(loss: Tensor, scale: Tensor): Tensor {
  * @returns A handle on `copy`'s memory, on the tape as a cast of `source`.
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { initGpu, sum, Tensor } from "../../mod.ts";
  * import { readThroughCopy } from "../mod.ts";
  * const gpu = await initGpu({ matmulTiling: "default" });
  * const master = Tensor.from([1, 2], [2], { requiresGrad: true });
  * const copy = Tensor.from([1, 2], [2], { dtype: gpu.f16 ? "f16" : "f32" });
  * sum(readThroughCopy(master, copy)).backward();
- * console.assert((await master.grad!.read()).join() === "1,1" && master.grad!.dtype === "f32");
+ * assert.equal((await master.grad!.read()).join(), "1,1");
+ * assert.equal(master.grad!.dtype, "f32");
  * gpu.destroy();
  * ```
  */

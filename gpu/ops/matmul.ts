@@ -132,14 +132,15 @@ function matmulGrads(
  *
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { initGpu, matmul, Tensor } from "../../mod.ts";
  * const gpu = await initGpu({ matmulTiling: "default" });
  * const a = Tensor.from([1, 2, 3, 4], [2, 2]), b = Tensor.from([5, 6, 7, 8], [2, 2]);
  * const c = matmul(a, b); // [M, K]·[K, N]
- * console.assert((await c.read()).join() === "19,22,43,50");
+ * assert.equal((await c.read()).join(), "19,22,43,50");
  * const q = Tensor.from([1, 0, 0, 1, 1, 1], [1, 3, 2]), k = q;
  * const s = matmul(q, k, { transB: true }); // [B, T, D]·[B, T, D]ᵀ → [B, T, T]
- * console.assert(s.shape.join() === "1,3,3");
+ * assert.equal(s.shape.join(), "1,3,3");
  * gpu.destroy();
  * ```
  */

@@ -14,11 +14,12 @@ import type { Tensor } from "../tensor/tensor.ts";
  *
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { initGpu, narrow, Tensor } from "../../mod.ts";
  * const gpu = await initGpu({ matmulTiling: "default" });
  * const x = Tensor.from([1, 2, 3, 4, 5, 6], [2, 3]);
  * const y = narrow(x, -1, 1, 2); // columns 1 and 2 of each row
- * console.assert((await y.read()).join() === "2,3,5,6");
+ * assert.equal((await y.read()).join(), "2,3,5,6");
  * gpu.destroy();
  * ```
  */
@@ -53,11 +54,13 @@ export function narrow(x: Tensor, axis: number, start: number, length: number): 
  *
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { initGpu, split, Tensor } from "../../mod.ts";
  * const gpu = await initGpu({ matmulTiling: "default" });
  * const qkv = Tensor.from([1, 2, 3, 4, 5, 6], [1, 1, 6]); // [B, T, 3C] with C = 2
  * const [q, k, v] = split(qkv, [2, 2, 2], -1);
- * console.assert((await k.read()).join() === "3,4" && v.shape.join() === "1,1,2");
+ * assert.equal((await k.read()).join(), "3,4");
+ * assert.equal(v.shape.join(), "1,1,2");
  * gpu.destroy();
  * ```
  */

@@ -37,12 +37,13 @@ function resolveOrder(x: Tensor, order: readonly number[]): number[] {
  *
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { initGpu, permute, reshape, Tensor } from "../../mod.ts";
  * const gpu = await initGpu({ matmulTiling: "default" });
  * const [b, t, h, d] = [1, 2, 2, 1];
  * const q = Tensor.from([1, 2, 3, 4], [b, t, h * d]);
  * const heads = permute(reshape(q, [b, t, h, d]), [0, 2, 1, 3]); // [B, H, T, D]
- * console.assert((await heads.read()).join() === "1,3,2,4");
+ * assert.equal((await heads.read()).join(), "1,3,2,4");
  * gpu.destroy();
  * ```
  */

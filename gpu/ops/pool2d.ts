@@ -101,9 +101,11 @@ export type AdaptiveSize2d = number | readonly [number | null, number | null];
  *
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { resolvePool2dOptions } from "./pool2d.ts";
  * const o = resolvePool2dOptions("maxPool2d", { kernelSize: [3, 1], padding: [1, 0] }, "max");
- * console.assert(o.stride.join() === "3,1" && o.dilation.join() === "1,1");
+ * assert.equal(o.stride.join(), "3,1");
+ * assert.equal(o.dilation.join(), "1,1");
  * ```
  */
 export function resolvePool2dOptions(
@@ -167,8 +169,9 @@ export function resolvePool2dOptions(
  *
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { resolveAdaptiveSize } from "./pool2d.ts";
- * console.assert(resolveAdaptiveSize("adaptiveAvgPool2d", 1).join() === "1,1");
+ * assert.equal(resolveAdaptiveSize("adaptiveAvgPool2d", 1).join(), "1,1");
  * ```
  */
 export function resolveAdaptiveSize(
@@ -265,13 +268,15 @@ function windowGeometry(where: string, x: Tensor, o: ResolvedPool2dOptions): Poo
  *
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { initGpu, maxPool2d, Tensor } from "../../mod.ts";
  * const gpu = await initGpu({ matmulTiling: "default" });
  * const x = Tensor.from([1, 2, 5, 3, 4, 0, 7, 1, 9, 8, 2, 6, 3, 3, 1, 2], [1, 1, 4, 4]);
  * const y = maxPool2d(x, { kernelSize: 2 }); // [1, 1, 2, 2]: the max of each 2×2 block
- * console.assert((await y.read()).join() === "4,7,9,6");
+ * assert.equal((await y.read()).join(), "4,7,9,6");
  * const [z, at] = maxPool2d(x, { kernelSize: 3, stride: 2, ceilMode: true, returnIndices: true });
- * console.assert(z.shape.join() === "1,1,2,2" && (await at.read()).join() === "8,6,8,11");
+ * assert.equal(z.shape.join(), "1,1,2,2");
+ * assert.equal((await at.read()).join(), "8,6,8,11");
  * gpu.destroy();
  * ```
  */
@@ -334,13 +339,14 @@ export function maxPool2d(
  *
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { avgPool2d, initGpu, Tensor } from "../../mod.ts";
  * const gpu = await initGpu({ matmulTiling: "default" });
  * const x = Tensor.from([1, 2, 3, 4, 5, 6, 7, 8, 9], [1, 1, 3, 3]);
  * const y = avgPool2d(x, { kernelSize: 2, stride: 1 }); // [1, 1, 2, 2]
- * console.assert((await y.read()).join() === "3,4,6,7");
+ * assert.equal((await y.read()).join(), "3,4,6,7");
  * const z = avgPool2d(x, { kernelSize: 3, padding: 1, countIncludePad: false }); // [1, 1, 1, 1]
- * console.assert((await z.read())[0] === 3); // (1 + 2 + 4 + 5) / 4 input elements
+ * assert.equal((await z.read())[0], 3); // (1 + 2 + 4 + 5) / 4 input elements
  * gpu.destroy();
  * ```
  */
@@ -367,11 +373,13 @@ export function avgPool2d(x0: Tensor, options: AvgPool2dOptions): Tensor {
  *
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { adaptiveAvgPool2d, initGpu, Tensor } from "../../mod.ts";
  * const gpu = await initGpu({ matmulTiling: "default" });
  * const x = Tensor.from([1, 2, 3, 4, 10, 20, 30, 40], [1, 2, 2, 2]); // [N, C, H, W]
  * const y = adaptiveAvgPool2d(x, 1); // global average pooling: [1, 2, 1, 1]
- * console.assert(y.shape.join() === "1,2,1,1" && (await y.read()).join() === "2.5,25");
+ * assert.equal(y.shape.join(), "1,2,1,1");
+ * assert.equal((await y.read()).join(), "2.5,25");
  * gpu.destroy();
  * ```
  */

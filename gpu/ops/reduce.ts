@@ -76,12 +76,14 @@ function reduceWithGrad(op: "sum" | "mean", x0: Tensor, options: ReduceOptions):
  *
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { initGpu, sum, Tensor } from "../../mod.ts";
  * const gpu = await initGpu({ matmulTiling: "default" });
  * const x = Tensor.from([1, 2, 3, 4, 5, 6], [2, 3]);
  * const total = sum(x); // shape []
  * const perRow = sum(x, { axis: -1 }); // [M, N] -> [M]
- * console.assert((await total.item()) === 21 && (await perRow.read()).join() === "6,15");
+ * assert.equal(await total.item(), 21);
+ * assert.equal((await perRow.read()).join(), "6,15");
  * gpu.destroy();
  * ```
  */

@@ -11,11 +11,13 @@ import { assertTensors } from "./checks.ts";
  *
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { initGpu, reshape, Tensor } from "../../mod.ts";
  * const gpu = await initGpu({ matmulTiling: "default" });
  * const images = Tensor.zeros([2, 28, 28]);
  * const flat = reshape(images, [-1, 784]); // the same memory, no copy
- * console.assert(flat.shape.join() === "2,784" && flat.sharesMemoryWith(images));
+ * assert.equal(flat.shape.join(), "2,784");
+ * assert.ok(flat.sharesMemoryWith(images));
  * gpu.destroy();
  * ```
  */

@@ -36,12 +36,13 @@ function softmaxOp(kind: SoftmaxKind, x0: Tensor, axis: number): Tensor {
  *
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { initGpu, softmax, sum, Tensor } from "../../mod.ts";
  * const gpu = await initGpu({ matmulTiling: "default" });
  * const logits = Tensor.from([1, 2, 3, 0, 0, 0], [2, 3]);
  * const probs = softmax(logits); // rows sum to 1
  * const rowSums = await sum(probs, { axis: -1 }).read();
- * console.assert(rowSums.every((r) => Math.abs(r - 1) < 1e-6));
+ * assert.ok(rowSums.every((r) => Math.abs(r - 1) < 1e-6), `row sums ${rowSums}`);
  * gpu.destroy();
  * ```
  */

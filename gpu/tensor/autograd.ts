@@ -170,13 +170,14 @@ export interface RecordSpec {
  *
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { initGpu, record, Tensor } from "../mod.ts";
  * const gpu = await initGpu({ matmulTiling: "default" });
  * const x = Tensor.from([1, 2], [2], { requiresGrad: true });
  * const y = x.share(); // an op's output (here: the identity, as a view)
  * record({ op: "reshape", inputs: [x], output: y, backward: (g) => [g.share()] });
  * y.backward({ gradient: Tensor.from([3, 4], [2]) });
- * console.assert((await x.grad!.read()).join() === "3,4");
+ * assert.equal((await x.grad!.read()).join(), "3,4");
  * gpu.destroy();
  * ```
  */
@@ -228,13 +229,14 @@ function reverseTopologicalOrder(root: TapeNode): TapeNode[] {
  *
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { backward, initGpu, mean, mul, square, sub, Tensor } from "../../mod.ts";
  * const gpu = await initGpu({ matmulTiling: "default" });
  * const w = Tensor.from([1, 1], [2], { requiresGrad: true });
  * const x = Tensor.from([1, 2], [2]), y = Tensor.zeros([2]);
  * const loss = mean(square(sub(mul(w, x), y)));
  * backward(loss); // or loss.backward()
- * console.assert((await w.grad!.read()).join() === "1,4"); // (w·x − y) · x
+ * assert.equal((await w.grad!.read()).join(), "1,4"); // (w·x − y) · x
  * gpu.destroy();
  * ```
  */

@@ -25,15 +25,11 @@ export interface RandomState {
  *
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
+ * import { ValueError } from "../base/errors.ts";
  * import { checkRandomState } from "./random.ts";
  * checkRandomState("resume", { seed: 7, offset: 4096 }); // fine
- * let refused = false;
- * try {
- *   checkRandomState("resume", { seed: 7, offset: -1 });
- * } catch {
- *   refused = true;
- * }
- * console.assert(refused);
+ * assert.throws(() => checkRandomState("resume", { seed: 7, offset: -1 }), ValueError);
  * ```
  */
 export function checkRandomState(where: string, state: RandomState): void {
@@ -57,12 +53,14 @@ export function checkRandomState(where: string, state: RandomState): void {
  *
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { RandomGenerator } from "./random.ts";
  * import { randomUniform } from "../kernels/wgsl/random.ts";
  * const rng = new RandomGenerator(42);
  * const { key, counter } = rng.take(3);
  * const first = randomUniform(key, counter); // the same on the GPU for (key, counter)
- * console.assert(first >= 0 && first < 1);
+ * assert.ok(first >= 0);
+ * assert.ok(first < 1);
  * ```
  */
 export class RandomGenerator {

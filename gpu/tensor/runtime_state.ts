@@ -112,9 +112,11 @@ export function currentModes(): RuntimeModes {
  *
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { runtime, withState } from "./runtime_state.ts";
  * const inside = withState({ gradEnabled: false }, () => runtime.gradEnabled);
- * console.assert(inside === false && runtime.gradEnabled === true);
+ * assert.equal(inside, false);
+ * assert.equal(runtime.gradEnabled, true);
  * ```
  */
 export function withState<T>(modes: Partial<RuntimeModes>, fn: () => T): T {

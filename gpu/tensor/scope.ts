@@ -26,6 +26,7 @@ export function keep<T extends ScopedResource>(resource: T): T {
  *
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { initGpu, mul, sum, Tensor, tidy } from "../../mod.ts";
  * const gpu = await initGpu({ matmulTiling: "default" });
  * const x = Tensor.from([1, 2, 3], [3]);
@@ -33,7 +34,7 @@ export function keep<T extends ScopedResource>(resource: T): T {
  *   const squares = mul(x, x); // freed when tidy returns
  *   return sum(squares); // kept: it is the result
  * });
- * console.assert((await total.item()) === 14);
+ * assert.equal(await total.item(), 14);
  * gpu.destroy();
  * ```
  */

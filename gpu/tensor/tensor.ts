@@ -164,10 +164,11 @@ export class Tensor {
    *
    * @example
    * ```ts
+   * import assert from "node:assert/strict";
    * import { initGpu, Tensor } from "../../mod.ts";
    * const gpu = await initGpu({ matmulTiling: "default" });
    * const x = Tensor.from([1, 2, 3, 4], [2, 2], { dtype: "f16" });
-   * console.assert((await x.read())[3] === 4); // read() returns f32 values
+   * assert.equal((await x.read())[3], 4); // read() returns f32 values
    * gpu.destroy();
    * ```
    */

@@ -27,13 +27,15 @@ const GPU_LIMITS: ProfileLimits = {
  *
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { initGpu } from "../mod.ts";
  * import { gpuLikeProfile, withAdapterProfile } from "./profile_switch.ts";
  * import { matmulSettings } from "../kernels/gemm/settings.ts";
  * const gpu = await initGpu({ matmulTiling: "default" });
  * await withAdapterProfile(gpu, gpuLikeProfile(gpu), () => {
  *   const { splitKWorkgroups } = matmulSettings.of(gpu);
- *   console.assert(splitKWorkgroups === 256 && !gpu.adapterProfile.cpu);
+ *   assert.equal(splitKWorkgroups, 256);
+ *   assert.ok(!gpu.adapterProfile.cpu);
  *   return Promise.resolve();
  * });
  * gpu.destroy();
@@ -66,13 +68,14 @@ export function gpuLikeProfile(gpu: Gpu, limits: Partial<ProfileLimits> = {}): A
  *
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { initGpu } from "../mod.ts";
  * import { gpuLikeProfile, withAdapterProfile } from "./profile_switch.ts";
  * import { multiTensorSettings } from "../kernels/multi_tensor.ts";
  * const gpu = await initGpu({ matmulTiling: "default" });
  * const slots = await withAdapterProfile(gpu, gpuLikeProfile(gpu), () =>
  *   Promise.resolve(multiTensorSettings.of(gpu).slots));
- * console.assert(slots === 16);
+ * assert.equal(slots, 16);
  * gpu.destroy();
  * ```
  */

@@ -30,11 +30,12 @@ const settings = new WeakMap<Gpu, Map<TunerSettings<object>, object>>();
  *
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { initGpu } from "../mod.ts";
  * import { defineTunerSettings } from "./settings.ts";
  * const rows = defineTunerSettings("example", (gpu) => ({ wide: !gpu.adapterProfile.cpu }));
  * const gpu = await initGpu({ matmulTiling: "default" });
- * console.assert(rows.of(gpu) === rows.of(gpu), "one object per device");
+ * assert.equal(rows.of(gpu), rows.of(gpu), "one object per device");
  * gpu.destroy();
  * ```
  */
@@ -65,13 +66,14 @@ export function defineTunerSettings<S extends object>(
  *
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { initGpu } from "../mod.ts";
  * import { defineTunerSettings, withFreshTunerSettings } from "./settings.ts";
  * const counter = defineTunerSettings("example", () => ({ n: 0 }));
  * const gpu = await initGpu({ matmulTiling: "default" });
  * counter.of(gpu).n = 5;
- * await withFreshTunerSettings(gpu, () => Promise.resolve(console.assert(counter.of(gpu).n === 0)));
- * console.assert(counter.of(gpu).n === 5);
+ * await withFreshTunerSettings(gpu, () => Promise.resolve(assert.equal(counter.of(gpu).n, 0)));
+ * assert.equal(counter.of(gpu).n, 5);
  * gpu.destroy();
  * ```
  */

@@ -77,10 +77,11 @@ export interface AttentionSettings {
  *
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { initGpu } from "../../mod.ts";
  * import { attentionSettings } from "./settings.ts";
  * const gpu = await initGpu({ matmulTiling: "default" });
- * console.assert(attentionSettings.of(gpu).plans.size === 0, "nothing tuned");
+ * assert.equal(attentionSettings.of(gpu).plans.size, 0, "nothing tuned");
  * gpu.destroy();
  * ```
  */
@@ -128,10 +129,11 @@ export const ATTENTION_SHAPE_STORE: PickStore<AttentionShape, AttentionShapeReco
  *
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { initGpu } from "../../mod.ts";
  * import { attentionShapeCacheKey } from "./settings.ts";
  * const gpu = await initGpu({ matmulTiling: "default" });
- * console.assert(attentionShapeCacheKey(gpu).startsWith("halfstep.attentionShapes."));
+ * assert.match(attentionShapeCacheKey(gpu), /^halfstep\.attentionShapes\./);
  * gpu.destroy();
  * ```
  */

@@ -137,11 +137,12 @@ async function timePlans(
  *
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { initGpu, tuneAttention } from "../../mod.ts";
  * import { attentionSettings } from "./settings.ts";
  * const gpu = await initGpu({ matmulTiling: "default" }); // no tuning at start-up
  * const [f32] = await tuneAttention(gpu);
- * console.assert(attentionSettings.of(gpu).plans.get("f32") === f32.best);
+ * assert.equal(attentionSettings.of(gpu).plans.get("f32"), f32.best);
  * gpu.destroy();
  * ```
  */
@@ -211,12 +212,13 @@ export type TuneAttentionShapesOptions = ShapeTuningOptions<AttentionShape, Atte
  *
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { fusedCausalAttention, initGpu, Tensor, tuneAttentionShapes } from "../../mod.ts";
  * const gpu = await initGpu({ matmulTiling: "default" });
  * const q = Tensor.full([1, 8, 32], 0.1);
  * fusedCausalAttention(q, q, q, { heads: 2 }).dispose(); // a first step
  * const picks = await tuneAttentionShapes(gpu);
- * console.assert(picks.length === (gpu.adapterProfile.cpu ? 0 : 1));
+ * assert.equal(picks.length, gpu.adapterProfile.cpu ? 0 : 1);
  * gpu.destroy();
  * ```
  */
@@ -251,9 +253,10 @@ export async function tuneAttentionShapes(
  *
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { attentionShapeReport, initGpu } from "../../mod.ts";
  * const gpu = await initGpu({ matmulTiling: "default" });
- * console.assert(Array.isArray(attentionShapeReport(gpu)));
+ * assert.ok(Array.isArray(attentionShapeReport(gpu)));
  * gpu.destroy();
  * ```
  */

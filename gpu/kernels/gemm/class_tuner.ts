@@ -156,13 +156,14 @@ async function tuneClass(
  *
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { initGpu, tuneMatmul } from "../../mod.ts";
  * import { matmulSettings } from "./settings.ts";
  * const gpu = await initGpu({ matmulTiling: "default" });
  * const [result] = await tuneMatmul(gpu, {
  *   classes: [{ dtype: "f32", orientation: "nt", size: "small" }],
  * });
- * console.assert(matmulSettings.of(gpu).classTilings.get("f32/nt/small") === result.best);
+ * assert.equal(matmulSettings.of(gpu).classTilings.get("f32/nt/small"), result.best);
  * gpu.destroy();
  * ```
  */

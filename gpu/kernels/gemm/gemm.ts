@@ -103,6 +103,7 @@ export function maxSlices(k: number): number {
  *
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { initGpu } from "../../mod.ts";
  * import { gpuLikeProfile, withAdapterProfile } from "../../tuning/profile_switch.ts";
  * import { waveSlices } from "./gemm.ts";
@@ -111,7 +112,7 @@ export function maxSlices(k: number): number {
  * // The GPT's fc1 weight gradient: 12 × 3 tiles of 128 × 128 over 16384 tokens.
  * const slices = await withAdapterProfile(gpu, gpuLikeProfile(gpu), () =>
  *   Promise.resolve(waveSlices(gpu, tiling, { m: 1536, n: 384, k: 16384 }, 1)));
- * console.assert(slices[0] === 11); // 36 × 11 = 396 = 3 waves of 132
+ * assert.equal(slices[0], 11); // 36 × 11 = 396 = 3 waves of 132
  * gpu.destroy();
  * ```
  */

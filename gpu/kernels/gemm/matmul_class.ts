@@ -59,9 +59,11 @@ export interface MatmulClass {
  *
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { denseProblem } from "./matmul_class.ts";
  * const p = denseProblem({ batch: 1, m: 2, n: 3, k: 4 }, "nt");
- * console.assert(p.b.row === 1 && p.b.col === 4);
+ * assert.equal(p.b.row, 1);
+ * assert.equal(p.b.col, 4);
  * ```
  */
 export function denseProblem(

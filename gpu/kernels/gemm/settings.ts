@@ -91,10 +91,11 @@ export interface MatmulSettings {
  *
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { initGpu } from "../../mod.ts";
  * import { matmulSettings } from "./settings.ts";
  * const gpu = await initGpu({ matmulTiling: "default" });
- * console.assert(matmulSettings.of(gpu).classTilings.size === 0, "nothing tuned");
+ * assert.equal(matmulSettings.of(gpu).classTilings.size, 0, "nothing tuned");
  * gpu.destroy();
  * ```
  */

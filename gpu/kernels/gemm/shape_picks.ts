@@ -144,10 +144,11 @@ const shapeSettings: TunerSettings<ShapeState> = defineTunerSettings(
  *
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { initGpu } from "../../mod.ts";
  * import { shapeCacheKey } from "./shape_picks.ts";
  * const gpu = await initGpu({ matmulTiling: "default" });
- * console.assert(shapeCacheKey(gpu).startsWith("halfstep.matmulShapes."));
+ * assert.match(shapeCacheKey(gpu), /^halfstep\.matmulShapes\./);
  * gpu.destroy();
  * ```
  */
@@ -172,10 +173,13 @@ export function shapeState(gpu: Gpu): ShapeState {
  *
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { initGpu } from "../../mod.ts";
- * import { forgetMatmulShapes } from "./shape_picks.ts";
+ * import { forgetMatmulShapes, shapeState } from "./shape_picks.ts";
  * const gpu = await initGpu({ matmulTiling: "default" });
+ * const before = shapeState(gpu);
  * forgetMatmulShapes(gpu);
+ * assert.notEqual(shapeState(gpu), before); // made afresh, from the cache
  * gpu.destroy();
  * ```
  */

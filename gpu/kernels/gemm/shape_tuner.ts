@@ -77,12 +77,13 @@ export type TuneMatmulShapesOptions = ShapeTuningOptions<MatmulShape, ShapePick>
  *
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { initGpu, matmul, Tensor, tuneMatmulShapes } from "../../mod.ts";
  * const gpu = await initGpu({ matmulTiling: "default" });
  * const a = Tensor.full([64, 32], 1), b = Tensor.full([32, 48], 1);
  * matmul(a, b).dispose(); // a first step: runs with the class's tiling
  * const picks = await tuneMatmulShapes(gpu);
- * console.assert(picks.length === (gpu.adapterProfile.cpu ? 0 : 1));
+ * assert.equal(picks.length, gpu.adapterProfile.cpu ? 0 : 1);
  * gpu.destroy();
  * ```
  */
@@ -123,9 +124,10 @@ function shapeTuning({ key, record, trials, cached }: PickOutcome<ShapeRecord>):
  *
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { initGpu, matmulShapeReport } from "../../mod.ts";
  * const gpu = await initGpu({ matmulTiling: "default" });
- * console.assert(Array.isArray(matmulShapeReport(gpu)));
+ * assert.ok(Array.isArray(matmulShapeReport(gpu)));
  * gpu.destroy();
  * ```
  */

@@ -116,10 +116,12 @@ function tileTypeOf(dtype: FloatDType): "f32" | "f16" {
  *
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { tilingFits } from "./tilings.ts";
  * const t = { variant: "vec4", tm: 8, tn: 8, wgx: 16, wgy: 16, tk: 32 } as const;
  * const limits = { maxComputeInvocationsPerWorkgroup: 256, maxComputeWorkgroupStorageSize: 16384 };
- * console.assert(!tilingFits(t, "bf16", limits) && tilingFits(t, "bf16", { ...limits, maxComputeWorkgroupStorageSize: 65536 }));
+ * assert.ok(!tilingFits(t, "bf16", limits));
+ * assert.ok(tilingFits(t, "bf16", { ...limits, maxComputeWorkgroupStorageSize: 65536 }));
  * ```
  */
 export function tilingFits(t: MatmulTiling, dtype: FloatDType, limits: TilingLimits): boolean {
@@ -137,10 +139,11 @@ export function tilingFits(t: MatmulTiling, dtype: FloatDType, limits: TilingLim
  *
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { tilingName } from "../../mod.ts";
  * const tiling = { variant: "vec4", tm: 8, tn: 16, wgx: 16, wgy: 16, tk: 8 } as const;
- * console.assert(tilingName(tiling) === "vec4 128x256x8 t8x16");
- * console.assert(tilingName({ ...tiling, tk: 16 }) === "vec4 128x256x16 t8x16");
+ * assert.equal(tilingName(tiling), "vec4 128x256x8 t8x16");
+ * assert.equal(tilingName({ ...tiling, tk: 16 }), "vec4 128x256x16 t8x16");
  * ```
  */
 export function tilingName(t: MatmulTiling): string {

@@ -51,9 +51,10 @@ export interface RowSettings {
  *
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { initGpu, rowSettings } from "../../mod.ts";
  * const gpu = await initGpu({ matmulTiling: "default" });
- * console.assert(rowSettings.of(gpu).threadRowMax === (gpu.adapterProfile.cpu ? 4096 : 64));
+ * assert.equal(rowSettings.of(gpu).threadRowMax, gpu.adapterProfile.cpu ? 4096 : 64);
  * gpu.destroy();
  * ```
  */
