@@ -87,7 +87,13 @@ export { BF16_NAN, bf16FromF32, f32FromBf16 } from "./base/bf16.ts";
 export { sameShape, type Shape, shapeString, sizeOf } from "./base/shape.ts";
 export { cut, quoted, shortValue } from "./base/short_text.ts";
 export {
-  assertTensorFits,
+  type ArrayStorage,
+  type ArrayValues,
+  assertArrayFits,
+  bufferBytes,
+  DeviceArray,
+} from "./device/device_array.ts";
+export {
   type BackwardOptions,
   type GradNode,
   type IndexRange,

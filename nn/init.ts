@@ -1,6 +1,6 @@
 /** Seeded parameter initialisation (PyTorch's defaults), drawn on the CPU then uploaded. */
 import {
-  assertTensorFits,
+  assertArrayFits,
   type FloatDType,
   getGpu,
   type Gpu,
@@ -45,5 +45,5 @@ export function normalTensor(shape: Shape, std: number, options: ParameterOption
 /** A clear error before the host draws values for a parameter too large for the device. */
 function assertParameterFits(shape: Shape, options: ParameterOptions): void {
   const fix = "Use a smaller layer (fewer features, channels, or embedding rows).";
-  assertTensorFits("parameter init", shape, options.dtype ?? "f32", options.gpu ?? getGpu(), fix);
+  assertArrayFits("parameter init", shape, options.dtype ?? "f32", options.gpu ?? getGpu(), fix);
 }

@@ -1,12 +1,20 @@
 /**
- * Tensor: a shape, a dtype and a GPU buffer from the pool. Reading values back
- * (`read`, `item`) is the only thing that waits for the GPU.
+ * Tensor: a device array (a shape, a dtype and a GPU buffer from the pool)
+ * that the autograd tape and tidy scopes know. Ops wrap the arrays their
+ * kernels return in tensors (`Tensor.adopt`). Reading values back (`read`,
+ * `item`) is the only thing that waits for the GPU.
  */
-import { bf16FromF32, f32FromBf16 } from "../base/bf16.ts";
-import { assertDType, bytesPerElement, type DType } from "../base/dtype.ts";
+import { assertDType, type DType } from "../base/dtype.ts";
 import { getGpu, type Gpu } from "../device/gpu.ts";
+import {
+  type ArrayStorage,
+  type ArrayValues,
+  assertArrayFits,
+  DeviceArray,
+  hostBytes,
+} from "../device/device_array.ts";
 import { DTypeError, fail, ShapeError, StateError, ValueError } from "../base/errors.ts";
-import { assertValidShape, sameShape, type Shape, shapeString, sizeOf } from "../base/shape.ts";
+import { assertValidShape, type Shape, shapeString, sizeOf } from "../base/shape.ts";
 import { track } from "./scope.ts";
 import { shortValue } from "../base/short_text.ts";
 import type { OpName } from "../base/op_registry.ts";
@@ -41,7 +49,7 @@ export interface BackwardOptions {
 export type TensorData = ArrayLike<number>;
 
 /** What {@link Tensor.read} returns: an `Int32Array` for an i32 tensor, else a `Float32Array`. */
-export type TensorValues = Float32Array | Int32Array;
+export type TensorValues = ArrayValues;
 
 /** Options for creating a tensor. */
 export interface TensorOptions {
@@ -51,40 +59,6 @@ export interface TensorOptions {
   requiresGrad?: boolean;
   /** The device (default: the one `initGpu()` made). */
   gpu?: Gpu;
-}
-
-/** A reference-counted GPU buffer shared by a tensor and the tape's saved copies of it. */
-class Storage {
-  refs = 1;
-  constructor(readonly gpu: Gpu, readonly buffer: GPUBuffer) {}
-  retain(): this {
-    this.refs++;
-    return this;
-  }
-  release(): void {
-    if (--this.refs === 0) this.gpu.pool.release(this.buffer);
-  }
-}
-
-/** Bytes a buffer needs for `size` elements of `dtype` (copies move whole 4-byte words). */
-export function bufferBytes(size: number, dtype: DType): number {
-  return Math.max(4, Math.ceil((size * bytesPerElement(dtype)) / 4) * 4);
-}
-
-/**
- * Throws a clear GpuError from `op` when a tensor of this shape and dtype
- * cannot be one buffer of `gpu`; call it before allocating host memory for
- * one. `fix` (optional) replaces the message's advice.
- */
-export function assertTensorFits(
-  op: string,
-  shape: Shape,
-  dtype: DType,
-  gpu: Gpu,
-  fix?: string,
-): void {
-  const bytes = bufferBytes(sizeOf(shape), dtype);
-  gpu.assertBufferFits(op, `${dtype} ${shapeString(shape)}`, bytes, fix);
 }
 
 /**
@@ -128,34 +102,30 @@ function indexRange(data: TensorData): IndexRange {
   return { min, max, aboveMin, belowMax };
 }
 
-/** An n-dimensional array of f32, f16, bf16 or i32 values on the GPU. */
-export class Tensor {
-  /** Extents, outermost first. */
-  readonly shape: Shape;
-  /** Element type. */
-  readonly dtype: DType;
-  /** The device holding the data. */
-  readonly gpu: Gpu;
+/** An n-dimensional array of f32, f16, bf16 or i32 values on the GPU, known to the tape. */
+export class Tensor extends DeviceArray {
   /** Whether autograd tracks this tensor. */
-  requiresGrad: boolean;
+  requiresGrad = false;
   /** Accumulated gradient of a leaf tensor after `backward()`; null before. */
   grad: Tensor | null = null;
   /** The tape node that produced this tensor; null for leaves. @internal */
   gradFn: GradNode | null = null;
-  #storage: Storage | null;
   #indexRange: IndexRange | null = null;
 
   /** Use {@link Tensor.from}, {@link Tensor.zeros} or an op; this wraps raw storage. @internal */
-  constructor(gpu: Gpu, shape: Shape, dtype: DType, storage?: Storage) {
-    this.gpu = gpu;
-    this.shape = shape;
-    this.dtype = dtype;
-    this.requiresGrad = false;
-    this.#storage = storage ?? new Storage(
-      gpu,
-      gpu.pool.acquire(bufferBytes(sizeOf(shape), dtype), `${dtype} tensor ${shapeString(shape)}`),
-    );
+  constructor(gpu: Gpu, shape: Shape, dtype: DType, storage?: ArrayStorage) {
+    super(gpu, shape, dtype, storage);
     track(this);
+  }
+
+  /**
+   * A kernel's result as a tensor (what ops return, as TensorFlow.js's
+   * `makeTensorFromTensorInfo`): the tensor takes over the array's buffer,
+   * and the array is spent. A result that is a tensor already stays itself.
+   */
+  static adopt(array: DeviceArray): Tensor {
+    if (array instanceof Tensor) return array;
+    return new Tensor(array.gpu, array.shape, array.dtype, array.takeStorage());
   }
 
   /**
@@ -198,14 +168,7 @@ export class Tensor {
     }
     const t = Tensor.empty(shape, dtype, options.gpu);
     if (dtype === "i32") t.#indexRange = indexRange(data);
-    const host = dtype === "f32"
-      ? Float32Array.from(data)
-      : dtype === "f16"
-      ? Float16Array.from(data)
-      : dtype === "bf16"
-      ? bf16FromF32(data)
-      : Int32Array.from(data);
-    t.writeBytes(new Uint8Array(host.buffer, 0, host.byteLength));
+    t.writeBytes(hostBytes(data, dtype));
     t.requiresGrad = options.requiresGrad ?? false;
     return t;
   }
@@ -225,27 +188,16 @@ export class Tensor {
     assertDType(op, dtype);
     assertValidShape(op, shape);
     // Before the host array: V8 would throw its own RangeError for a huge one.
-    assertTensorFits(op, shape, dtype, options.gpu ?? getGpu());
+    assertArrayFits(op, shape, dtype, options.gpu ?? getGpu());
     return Tensor.from(new Float32Array(sizeOf(shape)).fill(value), shape, options);
   }
 
   /**
    * An uninitialised tensor: its contents are whatever the pooled buffer held.
-   * Kernels use it for outputs they overwrite completely.
+   * For outputs overwritten completely.
    */
-  static empty(shape: Shape, dtype: DType = "f32", gpu: Gpu = getGpu()): Tensor {
-    assertDType("Tensor.empty", dtype);
-    assertValidShape("Tensor.empty", shape);
-    assertTensorFits("Tensor.empty", shape, dtype, gpu);
-    if (dtype === "f16" && !gpu.f16) {
-      fail(
-        DTypeError,
-        "Tensor",
-        `cannot create an f16 tensor of shape ${shapeString(shape)}: f16 is off on this device ` +
-          "(the adapter has no shader-f16, or initGpu({ f16: 'off' }) was used). Use f32.",
-      );
-    }
-    return new Tensor(gpu, shape, dtype);
+  static override empty(shape: Shape, dtype: DType = "f32", gpu: Gpu = getGpu()): Tensor {
+    return Tensor.adopt(DeviceArray.empty(shape, dtype, gpu));
   }
 
   /**
@@ -254,87 +206,6 @@ export class Tensor {
    */
   get indexRange(): IndexRange | null {
     return this.#indexRange;
-  }
-
-  /** Number of elements. */
-  get size(): number {
-    return sizeOf(this.shape);
-  }
-
-  /** Number of dimensions. */
-  get rank(): number {
-    return this.shape.length;
-  }
-
-  /** True once `dispose()` ran; the tensor can no longer be used. */
-  get disposed(): boolean {
-    return this.#storage === null;
-  }
-
-  /** The GPU buffer (may be larger than the data). Throws after dispose. */
-  get buffer(): GPUBuffer {
-    return this.#live("use").buffer;
-  }
-
-  /** `f32 [2, 3]`, as errors print it. */
-  describe(): string {
-    return `${this.dtype} ${shapeString(this.shape)}`;
-  }
-
-  /**
-   * Copies the values to the CPU: an `Int32Array` for an i32 tensor (exact
-   * over its whole range, where f32 would round above 2²⁴), a `Float32Array`
-   * for f32, f16 and bf16 ones (their exact values). **A sync point**: submits pending work and waits
-   * for the GPU, so call it to log, not inside a training step.
-   */
-  async read(): Promise<TensorValues> {
-    const storage = this.#live("read");
-    storage.retain(); // stay valid even if disposed while we wait
-    try {
-      const bytes = this.size * bytesPerElement(this.dtype);
-      const data = await this.gpu.readBuffer(storage.buffer, bytes);
-      if (this.dtype === "i32") return new Int32Array(data);
-      if (this.dtype === "bf16") return f32FromBf16(new Uint16Array(data));
-      return this.dtype === "f32"
-        ? new Float32Array(data)
-        : new Float32Array(new Float16Array(data));
-    } finally {
-      storage.release();
-    }
-  }
-
-  /**
-   * Overwrites the contents with raw little-endian bytes in this tensor's
-   * dtype (exactly size × bytes-per-element of them), in stream order.
-   */
-  writeBytes(bytes: Uint8Array): void {
-    const expected = this.size * bytesPerElement(this.dtype);
-    if (bytes.byteLength !== expected) {
-      fail(
-        ShapeError,
-        "Tensor.writeBytes",
-        `${bytes.byteLength} bytes given for ${this.describe()}, which holds ${expected}.`,
-      );
-    }
-    const padded = new Uint8Array(bufferBytes(this.size, this.dtype));
-    padded.set(bytes);
-    this.gpu.batch.write(this.#live("write").buffer, padded);
-  }
-
-  /** Overwrites the contents with those of `source` (same shape and dtype), on the GPU. */
-  copyFrom(source: Tensor): void {
-    if (source.dtype !== this.dtype || !sameShape(source.shape, this.shape)) {
-      fail(
-        source.dtype !== this.dtype ? DTypeError : ShapeError,
-        "Tensor.copyFrom",
-        `source ${source.describe()} does not match ${this.describe()}.`,
-      );
-    }
-    this.gpu.batch.copy(
-      source.buffer,
-      this.#live("write").buffer,
-      bufferBytes(this.size, this.dtype),
-    );
   }
 
   /** The single value of a one-element tensor. **A sync point**, like `read()`. */
@@ -354,16 +225,13 @@ export class Tensor {
    * the same size; the memory stays alive until every handle is disposed.
    * The autograd tape saves activations this way; `reshape` is built on it.
    */
-  share(shape: Shape = this.shape): Tensor {
-    if (sizeOf(shape) !== this.size) {
-      fail(ShapeError, "Tensor.share", `cannot view ${this.describe()} as ${shapeString(shape)}.`);
-    }
-    return new Tensor(this.gpu, shape, this.dtype, this.#live("share").retain());
+  override share(shape: Shape = this.shape): Tensor {
+    return new Tensor(this.gpu, shape, this.dtype, this.sharedStorage(shape));
   }
 
   /**
    * Backpropagates from this tensor into the `.grad` of every leaf that
-   * requires grad (see {@link backward}). Does not wait for the GPU.
+   * requires grad (see `backward` in autograd.ts). Does not wait for the GPU.
    */
   backward(options: BackwardOptions = {}): void {
     if (!this.gradFn) {
@@ -377,30 +245,12 @@ export class Tensor {
     this.gradFn.backpropagate(this, options);
   }
 
-  /** True when both handles view the same GPU memory (see {@link Tensor.share}). */
-  sharesMemoryWith(other: Tensor): boolean {
-    return this.#storage !== null && this.#storage === other.#storage;
-  }
-
   /** Returns the buffer to the pool. Idempotent; the tensor is unusable afterwards. */
-  dispose(): void {
-    if (this.#storage === null) return;
-    this.#storage.release();
-    this.#storage = null;
+  override dispose(): void {
+    if (this.disposed) return;
+    super.dispose();
     // The graph node stays reachable for a pending backward through its
     // consumers; only its hold from this handle ends here.
     this.gradFn?.drop();
-  }
-
-  #live(what: string): Storage {
-    if (this.#storage === null) {
-      fail(
-        StateError,
-        "Tensor",
-        `cannot ${what} tensor ${this.describe()}: it was disposed. ` +
-          "Keep it alive (return it from tidy() or call keep()) until you are done with it.",
-      );
-    }
-    return this.#storage;
   }
 }
