@@ -9,6 +9,7 @@
  * learns by wrapping each submodule's `forward` for the length of a step.
  */
 import {
+  type DeviceArray,
   type DType,
   fail,
   type Gpu,
@@ -83,7 +84,7 @@ export class NumericsInspector {
   #rowIndex = new Map<string, number>();
   #nodeNames = new WeakMap<GradNode, string>();
   #opCounts = new Map<OpName, Partial<Record<DType, number>>>();
-  #stats: Tensor | null = null;
+  #stats: DeviceArray | null = null;
   #capacity = 0;
   #noScale: Tensor | null = null;
   #scale: Tensor | null = null;
@@ -254,7 +255,7 @@ export class NumericsInspector {
   }
 
   /** The statistics buffer, grown (on the GPU, by a copy) to hold `rows` rows. */
-  #statsFor(gpu: Gpu, rows: number): Tensor {
+  #statsFor(gpu: Gpu, rows: number): DeviceArray {
     if (this.#gpu !== null && this.#gpu !== gpu) {
       fail(ValueError, "NumericsInspector", "the watched tensors live on two devices; watch one.");
     }

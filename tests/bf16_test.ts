@@ -234,9 +234,11 @@ Deno.test({
         cast: bf16,
         // A max over an axis of 1 stores each of the 4097 outputs from its own thread (st_):
         // neighbouring threads write the two halves of one word.
-        single: own(launchReduce("max", x, { outer: 1, axis: 1, inner: 4097 }, [4097], {
-          out: "bf16",
-        })),
+        single: own(
+          Tensor.adopt(launchReduce("max", x, { outer: 1, axis: 1, inner: 4097 }, [4097], {
+            out: "bf16",
+          })),
+        ),
         // Dropout with p = 0 (a word per thread) keeps every bf16 value.
         dropped: own(dropout(bf16, 0, new RandomGenerator(1).take(4097))),
         sums: own(sum(own(Tensor.from(scaled, [3, 4097], { dtype: "bf16" })), { axis: 0 })),

@@ -50,7 +50,7 @@ class FakeOptimizer implements Optimizer {
   }
   step(signals?: StepSignals): void {
     this.signals.push(signals);
-    if (signals?.foundInf) this.seen.push(launchCopy(signals.foundInf));
+    if (signals?.foundInf) this.seen.push(Tensor.adopt(launchCopy(signals.foundInf)));
   }
   zeroGrad(): void {
     for (const p of this.params) p.grad?.dispose(), p.grad = null;
@@ -172,7 +172,7 @@ async function dirtyOddF16(values: number[]): Promise<Tensor> {
     dtype: "f16",
   });
   poison.dispose(); // its buffer is the next one of its size class handed out
-  const g = launchUnary("identity", src, { out: "f16" });
+  const g = Tensor.adopt(launchUnary("identity", src, { out: "f16" }));
   src.dispose();
   const raw = new Uint16Array(await gpu.readBuffer(g.buffer, (values.length + 1) * 2));
   assert.equal(raw[values.length], 0x7c00, "precondition: the padding half holds +inf bits");

@@ -10,6 +10,7 @@
 import {
   BF16_WGSL,
   defineKernel,
+  type DeviceArray,
   DTypeError,
   isHalf,
   multiTensorDispatches,
@@ -20,7 +21,6 @@ import {
   WGSL_GRID_BUILTINS,
   wgslForEachSlot,
 } from "../../gpu/kernels/mod.ts";
-import type { Tensor } from "../../gpu/mod.ts";
 
 const WORKGROUP = 256;
 const PER_THREAD = 4;
@@ -185,7 +185,11 @@ fn main() {
  * non-finite: gradients of one dtype share a dispatch, up to the device's
  * slots per dispatch. No sync.
  */
-export function launchUnscale(grads: readonly Tensor[], scale: Tensor, foundInf: Tensor): void {
+export function launchUnscale(
+  grads: readonly DeviceArray[],
+  scale: DeviceArray,
+  foundInf: DeviceArray,
+): void {
   const bad = grads.find((g) => g.dtype === "i32");
   if (bad) {
     throw new DTypeError(`GradScaler.unscale: gradient ${bad.describe()} is not a float tensor.`);
@@ -234,7 +238,7 @@ export interface ScaleUpdateParams {
 
 /** Runs the scale update on `scale`, `foundInf` and `counters` (i32 [4]). No sync. */
 export function launchScaleUpdate(
-  state: { scale: Tensor; foundInf: Tensor; counters: Tensor },
+  state: { scale: DeviceArray; foundInf: DeviceArray; counters: DeviceArray },
   u: ScaleUpdateParams,
 ): void {
   const gpu = state.scale.gpu;

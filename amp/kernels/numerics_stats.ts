@@ -15,13 +15,13 @@
  */
 import {
   defineKernel,
+  DeviceArray,
   type Gpu,
   grid1d,
   isHalf,
   WGSL_GRID_BUILTINS,
   WGSL_WORKGROUP_INDEX,
 } from "../../gpu/kernels/mod.ts";
-import { Tensor, untracked } from "../../gpu/mod.ts";
 
 const WORKGROUP = 256;
 const PER_THREAD = 4;
@@ -163,9 +163,9 @@ export interface StatsTarget {
  */
 export function launchNumericsStats(
   gpu: Gpu,
-  x: Tensor,
-  scale: Tensor,
-  stats: Tensor,
+  x: DeviceArray,
+  scale: DeviceArray,
+  stats: DeviceArray,
   target: StatsTarget,
 ): void {
   const dtype = x.dtype as StatsDType;
@@ -190,17 +190,17 @@ export function launchNumericsStats(
  * contents copied in on the GPU (a buffer grows this way), or, without
  * `old`, zero counts and a header that has seen no non-finite value. No sync.
  */
-export function statsBuffer(gpu: Gpu, rows: number, old: Tensor | null): Tensor {
+export function statsBuffer(gpu: Gpu, rows: number, old: DeviceArray | null): DeviceArray {
   const words = HEADER_WORDS + rows * ROW_WORDS;
   if (old) {
-    const grown = untracked(() => Tensor.zeros([words], { dtype: "i32", gpu }));
+    const grown = DeviceArray.filled([words], 0, "i32", gpu);
     gpu.batch.copy(old.buffer, grown.buffer, old.size * 4);
     return grown;
   }
   const init = new Uint32Array(words);
   init[HEADER.firstSeq] = NONE;
   init[HEADER.firstRow] = NONE;
-  const fresh = untracked(() => Tensor.empty([words], "i32", gpu));
+  const fresh = DeviceArray.empty([words], "i32", gpu);
   fresh.writeBytes(new Uint8Array(init.buffer));
   return fresh;
 }

@@ -13,7 +13,7 @@
 import type { DType } from "../base/dtype.ts";
 import { fail, ValueError } from "../base/errors.ts";
 import { defineKernel, optional } from "../device/kernel.ts";
-import { Tensor } from "../tensor/tensor.ts";
+import { DeviceArray } from "../device/device_array.ts";
 import { grid1d, WGSL_GRID_BUILTINS, WGSL_WORKGROUP_INDEX } from "./wgsl/grid.ts";
 import { REDUCE_THREADS, WGSL_WORKGROUP_REDUCE } from "./wgsl/math.ts";
 
@@ -203,15 +203,15 @@ export interface BatchNormView {
 /** Tensors of one BatchNorm forward launch. */
 export interface BatchNormTensors {
   /** f32 [C], or null for no scale. */
-  weight: Tensor | null;
+  weight: DeviceArray | null;
   /** f32 [C], or null for no shift. */
-  bias: Tensor | null;
+  bias: DeviceArray | null;
   /** f32 [C]; read in eval mode, updated in place when training with update. */
-  runningMean: Tensor;
+  runningMean: DeviceArray;
   /** f32 [C]; read in eval mode, updated in place when training with update. */
-  runningVar: Tensor;
+  runningVar: DeviceArray;
   /** i32 []: batches seen in training, counted with every update (null: not counted). */
-  numBatchesTracked?: Tensor | null;
+  numBatchesTracked?: DeviceArray | null;
 }
 
 /**
@@ -220,7 +220,7 @@ export interface BatchNormTensors {
  * statistics change in place.
  */
 export function launchBatchNorm(
-  x: Tensor,
+  x: DeviceArray,
   view: BatchNormView,
   t: BatchNormTensors,
   options: {
@@ -230,11 +230,11 @@ export function launchBatchNorm(
     eps: number;
     out?: DType;
   },
-): { y: Tensor; mean: Tensor; rstd: Tensor } {
+): { y: DeviceArray; mean: DeviceArray; rstd: DeviceArray } {
   const out = options.out ?? x.dtype;
-  const y = Tensor.empty(x.shape, out, x.gpu);
-  const mean = Tensor.empty([view.c], "f32", x.gpu);
-  const rstd = Tensor.empty([view.c], "f32", x.gpu);
+  const y = DeviceArray.empty(x.shape, out, x.gpu);
+  const mean = DeviceArray.empty([view.c], "f32", x.gpu);
+  const rstd = DeviceArray.empty([view.c], "f32", x.gpu);
   if (view.c === 0) return { y, mean, rstd };
   const update = options.training && options.update;
   const config: BatchNormForwardConfig = {
@@ -279,14 +279,14 @@ export function launchBatchNorm(
  * from the saved x, mean, rstd and upstream `g` (no autograd).
  */
 export function launchBatchNormBackward(
-  x: Tensor,
+  x: DeviceArray,
   view: BatchNormView,
-  saved: { g: Tensor; mean: Tensor; rstd: Tensor; weight: Tensor | null },
+  saved: { g: DeviceArray; mean: DeviceArray; rstd: DeviceArray; weight: DeviceArray | null },
   options: { training: boolean; bias: boolean },
-): { dx: Tensor; dw: Tensor | null; db: Tensor | null } {
-  const dx = Tensor.empty(x.shape, x.dtype, x.gpu);
-  const dw = saved.weight ? Tensor.empty([view.c], "f32", x.gpu) : null;
-  const db = options.bias ? Tensor.empty([view.c], "f32", x.gpu) : null;
+): { dx: DeviceArray; dw: DeviceArray | null; db: DeviceArray | null } {
+  const dx = DeviceArray.empty(x.shape, x.dtype, x.gpu);
+  const dw = saved.weight ? DeviceArray.empty([view.c], "f32", x.gpu) : null;
+  const db = options.bias ? DeviceArray.empty([view.c], "f32", x.gpu) : null;
   if (view.c === 0) return { dx, dw, db };
   const config: BatchNormBackwardConfig = {
     dtype: x.dtype,

@@ -8,7 +8,7 @@
 import type { DType } from "../base/dtype.ts";
 import { defineKernel } from "../device/kernel.ts";
 import { type RandomRange, WGSL_RANDOM } from "./wgsl/random.ts";
-import { Tensor } from "../tensor/tensor.ts";
+import { DeviceArray } from "../device/device_array.ts";
 import { moveGrid, wgslComputeMain } from "./wgsl/move_elements.ts";
 
 /** The dropout kernel family (one per dtype). */
@@ -34,8 +34,8 @@ ${wgslComputeMain(dtype, "dst", "p.n")}`,
 });
 
 /** src masked and scaled by the dropout mask of `range` with drop probability `p` (no autograd). */
-export function launchDropout(src: Tensor, p: number, range: RandomRange): Tensor {
-  const dst = Tensor.empty(src.shape, src.dtype, src.gpu);
+export function launchDropout(src: DeviceArray, p: number, range: RandomRange): DeviceArray {
+  const dst = DeviceArray.empty(src.shape, src.dtype, src.gpu);
   const n = src.size;
   if (n === 0) return dst;
   const kernel = src.gpu.kernel(dropoutKernel, { dtype: src.dtype });

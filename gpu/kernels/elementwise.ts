@@ -8,7 +8,7 @@ import type { DType } from "../base/dtype.ts";
 import type { Gpu } from "../device/gpu.ts";
 import { defineKernel, type ElementType } from "../device/kernel.ts";
 import type { Shape } from "../base/shape.ts";
-import { Tensor } from "../tensor/tensor.ts";
+import { DeviceArray } from "../device/device_array.ts";
 import { activationExpr, WGSL_ERF, WGSL_MATH } from "./wgsl/math.ts";
 import { grid1d, WGSL_GRID_BUILTINS, WGSL_WORKGROUP_INDEX } from "./wgsl/grid.ts";
 import { defineTunerSettings, type TunerSettings } from "../tuning/settings.ts";
@@ -244,10 +244,14 @@ export interface UnaryOptions {
 }
 
 /** dst = op(src, s) elementwise as a new tensor (no autograd). */
-export function launchUnary(op: UnaryOp, src: Tensor, options: UnaryOptions = {}): Tensor {
+export function launchUnary(
+  op: UnaryOp,
+  src: DeviceArray,
+  options: UnaryOptions = {},
+): DeviceArray {
   const out = options.out ?? src.dtype;
   const { shape, broadcast } = options.expand ?? { shape: src.shape, broadcast: SAME };
-  const dst = Tensor.empty(shape, out, src.gpu);
+  const dst = DeviceArray.empty(shape, out, src.gpu);
   const n = dst.size;
   if (n === 0) return dst;
   const vec4 = useVec4(src.gpu, n, [src.dtype, out], broadcast);
@@ -260,12 +264,12 @@ export function launchUnary(op: UnaryOp, src: Tensor, options: UnaryOptions = {}
 /** dst = op(a, b) elementwise with the shape of `a`; `b` is broadcast as described (no autograd). */
 export function launchBinary(
   op: BinaryOp,
-  a: Tensor,
-  b: Tensor,
+  a: DeviceArray,
+  b: DeviceArray,
   broadcast: Broadcast = SAME,
   out: DType = a.dtype,
-): Tensor {
-  const dst = Tensor.empty(a.shape, out, a.gpu);
+): DeviceArray {
+  const dst = DeviceArray.empty(a.shape, out, a.gpu);
   const n = a.size;
   if (n === 0) return dst;
   const vec4 = useVec4(a.gpu, n, [a.dtype, b.dtype, out], broadcast);
@@ -280,7 +284,7 @@ export function launchBinary(
 }
 
 /** dst = beta · dst + alpha · src in place (same size; dtypes may differ, math in f32). No autograd. */
-export function launchAccumulate(dst: Tensor, src: Tensor, alpha = 1, beta = 1): void {
+export function launchAccumulate(dst: DeviceArray, src: DeviceArray, alpha = 1, beta = 1): void {
   const n = dst.size;
   if (n === 0) return;
   const vec4 = useVec4(dst.gpu, n, [dst.dtype, src.dtype], SAME);
@@ -289,8 +293,8 @@ export function launchAccumulate(dst: Tensor, src: Tensor, alpha = 1, beta = 1):
 }
 
 /** A copy of `t` in a new buffer, in stream order (no autograd). */
-export function launchCopy(t: Tensor): Tensor {
-  const dst = Tensor.empty(t.shape, t.dtype, t.gpu);
+export function launchCopy(t: DeviceArray): DeviceArray {
+  const dst = DeviceArray.empty(t.shape, t.dtype, t.gpu);
   t.gpu.batch.copy(t.buffer, dst.buffer, Math.min(t.buffer.size, dst.buffer.size));
   return dst;
 }

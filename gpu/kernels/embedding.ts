@@ -8,7 +8,7 @@
 import type { DType } from "../base/dtype.ts";
 import { defineKernel } from "../device/kernel.ts";
 import type { Shape } from "../base/shape.ts";
-import { Tensor } from "../tensor/tensor.ts";
+import { DeviceArray } from "../device/device_array.ts";
 import { grid1d, WGSL_GRID_BUILTINS, WGSL_WORKGROUP_INDEX } from "./wgsl/grid.ts";
 import { launchGroupedScatter } from "./embedding_grad.ts";
 import { movedType, moveGrid, wgslMoveMain } from "./wgsl/move_elements.ts";
@@ -61,9 +61,9 @@ fn main(${WGSL_GRID_BUILTINS}) {
 });
 
 /** Rows of `table` ([vocab, dim]) picked by `ids` (i32), shaped `[...ids.shape, dim]`. */
-export function launchGather(table: Tensor, ids: Tensor): Tensor {
+export function launchGather(table: DeviceArray, ids: DeviceArray): DeviceArray {
   const dim = table.shape[1];
-  const out = Tensor.empty([...ids.shape, dim] as Shape, table.dtype, table.gpu);
+  const out = DeviceArray.empty([...ids.shape, dim] as Shape, table.dtype, table.gpu);
   const total = ids.size * dim;
   if (total === 0) return out;
   const kernel = table.gpu.kernel(gatherKernel, { dtype: table.dtype });
@@ -81,9 +81,14 @@ export function launchGather(table: Tensor, ids: Tensor): Tensor {
  * (the adapter profile) with the ids grouped first, on CPU adapters by
  * scanning them per element. Same sums, same order, same bits in f32.
  */
-export function launchScatterAdd(g: Tensor, ids: Tensor, tableShape: Shape, out: DType): Tensor {
+export function launchScatterAdd(
+  g: DeviceArray,
+  ids: DeviceArray,
+  tableShape: Shape,
+  out: DType,
+): DeviceArray {
   const [vocab, dim] = tableShape;
-  const grad = Tensor.empty(tableShape, out, g.gpu);
+  const grad = DeviceArray.empty(tableShape, out, g.gpu);
   if (vocab * dim === 0) return grad;
   const kernel = g.gpu.kernel(scatterAddKernel, { dtype: g.dtype, out });
   const passes = Math.max(1, Math.ceil(ids.size / IDS_PER_PASS));

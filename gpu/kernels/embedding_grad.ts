@@ -19,7 +19,7 @@
 import type { DType } from "../base/dtype.ts";
 import { defineKernel } from "../device/kernel.ts";
 import type { Shape } from "../base/shape.ts";
-import { Tensor } from "../tensor/tensor.ts";
+import { DeviceArray } from "../device/device_array.ts";
 import { grid1d, WGSL_GRID_BUILTINS, WGSL_WORKGROUP_INDEX } from "./wgsl/grid.ts";
 
 const WORKGROUP = 256;
@@ -146,16 +146,16 @@ fn main(${WGSL_GRID_BUILTINS}) {
  * sums of g's rows `first` .. `first + count` grouped by id, as above.
  */
 export function launchGroupedScatter(
-  g: Tensor,
-  ids: Tensor,
+  g: DeviceArray,
+  ids: DeviceArray,
   rows: { first: number; count: number; accumulate: boolean },
-  grad: Tensor,
+  grad: DeviceArray,
 ): void {
   const gpu = g.gpu, [vocab, dim] = grad.shape as Shape;
   const { first, count } = rows;
   const blocks = Math.ceil(count / BLOCK_ROWS), n = vocab * blocks;
-  const counts = Tensor.empty([n], "i32", gpu);
-  const order = Tensor.empty([Math.max(count, 1)], "i32", gpu);
+  const counts = DeviceArray.empty([n], "i32", gpu);
+  const order = DeviceArray.empty([Math.max(count, 1)], "i32", gpu);
   const perRow = grid1d(Math.ceil(count / WORKGROUP));
   gpu.dispatch(
     gpu.kernel(zeroCountsKernel, {}),

@@ -13,7 +13,7 @@
  */
 import type { DType } from "../base/dtype.ts";
 import { defineKernel } from "../device/kernel.ts";
-import { Tensor } from "../tensor/tensor.ts";
+import { DeviceArray } from "../device/device_array.ts";
 import { grid1d, WGSL_GRID_BUILTINS, WGSL_WORKGROUP_INDEX } from "./wgsl/grid.ts";
 import { rowElement, type RowWidth } from "./rows/row_width.ts";
 import { WGSL_ERF, WGSL_MATH } from "./wgsl/math.ts";
@@ -78,8 +78,8 @@ fn main(${WGSL_GRID_BUILTINS}) {
  * gelu(x) (x's dtype, x's shape), and `grad` (the gradient of gelu(x), same
  * size) overwritten with the gradient of x. No autograd.
  */
-export function launchGeluBackward(form: GeluForm, x: Tensor, grad: Tensor): Tensor {
-  const act = Tensor.empty(x.shape, x.dtype, x.gpu);
+export function launchGeluBackward(form: GeluForm, x: DeviceArray, grad: DeviceArray): DeviceArray {
+  const act = DeviceArray.empty(x.shape, x.dtype, x.gpu);
   if (x.size === 0) return act;
   const width: RowWidth = x.size % 4 === 0 ? 4 : 1;
   const units = x.size / width;

@@ -9,6 +9,7 @@
 export { DTypeError } from "../base/errors.ts";
 export { type DType, isHalf } from "../base/dtype.ts";
 export type { Gpu } from "../device/gpu.ts";
+export { DeviceArray } from "../device/device_array.ts";
 export {
   BF16_WGSL,
   type Binding,

@@ -17,7 +17,7 @@
  */
 import type { Gpu } from "../device/gpu.ts";
 import type { Binding, UniformFields } from "../device/kernel.ts";
-import type { Tensor } from "../tensor/tensor.ts";
+import type { DeviceArray } from "../device/device_array.ts";
 import { grid1d, WGSL_WORKGROUP_INDEX } from "./wgsl/grid.ts";
 import { defineTunerSettings, type TunerSettings } from "../tuning/settings.ts";
 
@@ -187,6 +187,9 @@ export function multiTensorDispatches<T>(
 }
 
 /** `{ name0: tensors[0], name1: tensors[1], ... }`: the buffers of one per-tensor binding. */
-export function slotBuffers(name: string, tensors: readonly Tensor[]): Record<string, Tensor> {
+export function slotBuffers(
+  name: string,
+  tensors: readonly DeviceArray[],
+): Record<string, DeviceArray> {
   return Object.fromEntries(tensors.map((t, k) => [name + k, t]));
 }

@@ -7,7 +7,7 @@
  */
 import type { DType } from "../base/dtype.ts";
 import { defineKernel } from "../device/kernel.ts";
-import { Tensor } from "../tensor/tensor.ts";
+import { DeviceArray } from "../device/device_array.ts";
 import { movedType, moveGrid, WGSL_ZERO_SOURCE, wgslMoveMain } from "./wgsl/move_elements.ts";
 
 const UNIFORMS = { n: "u32", wide: "u32", offset: "u32", width: "u32" } as const;
@@ -58,9 +58,9 @@ function uniformsOf(shape: readonly number[], w: NarrowWindow) {
 }
 
 /** The window of `x` as a contiguous tensor (no autograd). */
-export function launchNarrow(x: Tensor, w: NarrowWindow): Tensor {
+export function launchNarrow(x: DeviceArray, w: NarrowWindow): DeviceArray {
   const shape = x.shape.map((e, a) => (a === w.axis ? w.length : e));
-  const y = Tensor.empty(shape, x.dtype, x.gpu);
+  const y = DeviceArray.empty(shape, x.dtype, x.gpu);
   if (y.size === 0) return y;
   x.gpu.dispatch(
     x.gpu.kernel(narrowKernel, { dtype: x.dtype }),
@@ -72,8 +72,12 @@ export function launchNarrow(x: Tensor, w: NarrowWindow): Tensor {
 }
 
 /** The gradient of a narrow: `g` placed in its window of a zero tensor of `shape` (no autograd). */
-export function launchNarrowBackward(g: Tensor, shape: readonly number[], w: NarrowWindow): Tensor {
-  const dx = Tensor.empty(shape, g.dtype, g.gpu);
+export function launchNarrowBackward(
+  g: DeviceArray,
+  shape: readonly number[],
+  w: NarrowWindow,
+): DeviceArray {
+  const dx = DeviceArray.empty(shape, g.dtype, g.gpu);
   if (dx.size === 0) return dx;
   g.gpu.dispatch(
     g.gpu.kernel(narrowBackwardKernel, { dtype: g.dtype }),

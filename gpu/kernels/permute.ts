@@ -8,7 +8,7 @@
 import type { DType } from "../base/dtype.ts";
 import { defineKernel } from "../device/kernel.ts";
 import type { Shape } from "../base/shape.ts";
-import { Tensor } from "../tensor/tensor.ts";
+import { DeviceArray } from "../device/device_array.ts";
 import { movedType, moveGrid, wgslMoveMain } from "./wgsl/move_elements.ts";
 
 /** The most axes a permutation handles. */
@@ -60,9 +60,9 @@ function stridesOf(shape: Shape): number[] {
  * axis order[k]); `order` must already be a valid permutation of rank ≤ 4.
  * No autograd.
  */
-export function launchPermute(x: Tensor, order: readonly number[]): Tensor {
+export function launchPermute(x: DeviceArray, order: readonly number[]): DeviceArray {
   const outShape = order.map((a) => x.shape[a]);
-  const y = Tensor.empty(outShape, x.dtype, x.gpu);
+  const y = DeviceArray.empty(outShape, x.dtype, x.gpu);
   if (y.size === 0) return y;
   const inStrides = stridesOf(x.shape);
   const pad = PERMUTE_MAX_RANK - order.length;

@@ -21,7 +21,7 @@
 import type { DType } from "../base/dtype.ts";
 import { defineKernel, optional } from "../device/kernel.ts";
 import type { Shape } from "../base/shape.ts";
-import { Tensor } from "../tensor/tensor.ts";
+import { DeviceArray } from "../device/device_array.ts";
 import { grid1d, WGSL_GRID_BUILTINS, WGSL_WORKGROUP_INDEX } from "./wgsl/grid.ts";
 import { wgslIsNan } from "./wgsl/math.ts";
 
@@ -356,11 +356,11 @@ function groups(n: number): [number, number] {
  * one thread per element; nothing runs when it is empty.
  */
 function perElement(
-  like: Tensor,
+  like: DeviceArray,
   shape: Shape,
-  dispatch: (out: Tensor, total: number) => void,
-): Tensor {
-  const out = Tensor.empty(shape, like.dtype, like.gpu);
+  dispatch: (out: DeviceArray, total: number) => void,
+): DeviceArray {
+  const out = DeviceArray.empty(shape, like.dtype, like.gpu);
   if (out.size > 0) dispatch(out, out.size);
   return out;
 }
@@ -370,12 +370,12 @@ function perElement(
  * `withIndices` the i32 argmax per output element (see the module docs).
  */
 export function launchMaxPool2d(
-  x: Tensor,
+  x: DeviceArray,
   geo: Pool2dGeometry,
   withIndices: boolean,
-): { y: Tensor; indices: Tensor | null } {
-  const y = Tensor.empty(geo.outputShape, x.dtype, x.gpu);
-  const indices = withIndices ? Tensor.empty(geo.outputShape, "i32", x.gpu) : null;
+): { y: DeviceArray; indices: DeviceArray | null } {
+  const y = DeviceArray.empty(geo.outputShape, x.dtype, x.gpu);
+  const indices = withIndices ? DeviceArray.empty(geo.outputShape, "i32", x.gpu) : null;
   const total = y.size;
   if (total === 0) return { y, indices };
   const kernel = x.gpu.kernel(maxPool2dKernel, { dtype: x.dtype, indices: withIndices });
@@ -389,7 +389,11 @@ export function launchMaxPool2d(
 }
 
 /** The input gradient of max pooling from `g` and the saved argmax `indices` (no autograd). */
-export function launchMaxPool2dBackward(g: Tensor, indices: Tensor, geo: Pool2dGeometry): Tensor {
+export function launchMaxPool2dBackward(
+  g: DeviceArray,
+  indices: DeviceArray,
+  geo: Pool2dGeometry,
+): DeviceArray {
   const kernel = g.gpu.kernel(maxPool2dBackwardKernel, {
     dtype: g.dtype,
     disjoint: isDisjoint(geo),
@@ -426,7 +430,7 @@ function avgUniforms(geo: Pool2dGeometry, total: number, how: AvgDivisor) {
 }
 
 /** Average pooling of `x` over `geo` (no autograd), in x's dtype. */
-export function launchAvgPool2d(x: Tensor, geo: Pool2dGeometry, how: AvgDivisor): Tensor {
+export function launchAvgPool2d(x: DeviceArray, geo: Pool2dGeometry, how: AvgDivisor): DeviceArray {
   const kernel = x.gpu.kernel(avgPool2dKernel, { dtype: x.dtype });
   return perElement(
     x,
@@ -436,7 +440,11 @@ export function launchAvgPool2d(x: Tensor, geo: Pool2dGeometry, how: AvgDivisor)
 }
 
 /** The input gradient of average pooling from `g` (no autograd). */
-export function launchAvgPool2dBackward(g: Tensor, geo: Pool2dGeometry, how: AvgDivisor): Tensor {
+export function launchAvgPool2dBackward(
+  g: DeviceArray,
+  geo: Pool2dGeometry,
+  how: AvgDivisor,
+): DeviceArray {
   const kernel = g.gpu.kernel(avgPool2dBackwardKernel, {
     dtype: g.dtype,
     disjoint: isDisjoint(geo),
@@ -453,7 +461,7 @@ function adaptiveUniforms(geo: Pool2dGeometry, total: number) {
 }
 
 /** Adaptive average pooling of `x` to `geo`'s [oh, ow] (no autograd), in x's dtype. */
-export function launchAdaptiveAvgPool2d(x: Tensor, geo: Pool2dGeometry): Tensor {
+export function launchAdaptiveAvgPool2d(x: DeviceArray, geo: Pool2dGeometry): DeviceArray {
   const kernel = x.gpu.kernel(adaptiveAvgPool2dKernel, { dtype: x.dtype });
   return perElement(
     x,
@@ -463,7 +471,7 @@ export function launchAdaptiveAvgPool2d(x: Tensor, geo: Pool2dGeometry): Tensor 
 }
 
 /** The input gradient of adaptive average pooling from `g` (no autograd). */
-export function launchAdaptiveAvgPool2dBackward(g: Tensor, geo: Pool2dGeometry): Tensor {
+export function launchAdaptiveAvgPool2dBackward(g: DeviceArray, geo: Pool2dGeometry): DeviceArray {
   const kernel = g.gpu.kernel(adaptiveAvgPool2dBackwardKernel, { dtype: g.dtype });
   return perElement(
     g,

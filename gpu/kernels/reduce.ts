@@ -8,7 +8,7 @@
 import type { DType } from "../base/dtype.ts";
 import { defineKernel } from "../device/kernel.ts";
 import type { Shape } from "../base/shape.ts";
-import { Tensor } from "../tensor/tensor.ts";
+import { DeviceArray } from "../device/device_array.ts";
 import { WGSL_GRID_BUILTINS } from "./wgsl/grid.ts";
 import {
   rowGrid,
@@ -85,13 +85,13 @@ fn main(${WGSL_GRID_BUILTINS}) {
  */
 export function launchReduce(
   op: ReduceOp,
-  src: Tensor,
+  src: DeviceArray,
   view: ReduceView,
   shape: Shape,
-  options: { scale?: number; out?: DType; into?: Tensor } = {},
-): Tensor {
+  options: { scale?: number; out?: DType; into?: DeviceArray } = {},
+): DeviceArray {
   const out = options.out ?? options.into?.dtype ?? src.dtype;
-  const dst = options.into ?? Tensor.empty(shape, out, src.gpu);
+  const dst = options.into ?? DeviceArray.empty(shape, out, src.gpu);
   if (view.outer * view.inner === 0) return dst;
   if (op === "sum" && columnBlocksFor(src.gpu, view.axis, view.inner)) {
     // Down the rows of [axis, inner] slabs (a bias gradient): two coalesced stages.
@@ -101,7 +101,7 @@ export function launchReduce(
   if (view.axis <= REDUCE_CHUNK) return reduceChunks(op, src, view, 1, dst, options.scale);
   // Two stages: f32 partials per chunk [outer, chunks, inner], then those.
   const chunks = Math.ceil(view.axis / REDUCE_CHUNK);
-  const partials = Tensor.empty([view.outer * chunks * view.inner], "f32", src.gpu);
+  const partials = DeviceArray.empty([view.outer * chunks * view.inner], "f32", src.gpu);
   reduceChunks(op, src, view, chunks, partials);
   reduceChunks(op, partials, { ...view, axis: chunks }, 1, dst, options.scale);
   partials.dispose();
@@ -111,12 +111,12 @@ export function launchReduce(
 /** One dispatch into `dst`: each output reduces one chunk of the axis (all of it when `chunks` is 1). */
 function reduceChunks(
   op: ReduceOp,
-  src: Tensor,
+  src: DeviceArray,
   view: ReduceView,
   chunks: number,
-  dst: Tensor,
+  dst: DeviceArray,
   scale = 1,
-): Tensor {
+): DeviceArray {
   const chunk = Math.ceil(view.axis / chunks), outputs = view.outer * chunks * view.inner;
   const layout = rowLayout(src.gpu, chunk);
   const kernel = src.gpu.kernel(reduceKernel, { op, dtype: src.dtype, out: dst.dtype, layout });

@@ -18,7 +18,7 @@
 import type { Gpu } from "../device/gpu.ts";
 import type { DType } from "../base/dtype.ts";
 import { defineKernel } from "../device/kernel.ts";
-import { Tensor } from "../tensor/tensor.ts";
+import { DeviceArray } from "../device/device_array.ts";
 import { grid1d, WGSL_GRID_BUILTINS, WGSL_WORKGROUP_INDEX } from "./wgsl/grid.ts";
 import { rowSettings } from "./rows/row_layout.ts";
 
@@ -168,15 +168,15 @@ export const columnSumKernel = defineKernel({
  * pays. No autograd.
  */
 export function launchColumnSum(
-  src: Tensor,
+  src: DeviceArray,
   view: { outer: number; rows: number; cols: number; offset?: number },
-  dst: Tensor,
+  dst: DeviceArray,
   scale = 1,
-): Tensor {
+): DeviceArray {
   const { outer, rows, cols } = view;
   if (outer * cols === 0) return dst;
   const blocks = columnBlocks(rows);
-  const partials = Tensor.empty([outer * blocks.blocks * cols], "f32", src.gpu);
+  const partials = DeviceArray.empty([outer * blocks.blocks * cols], "f32", src.gpu);
   columnSumStage(src, { outer, rows, cols }, blocks, partials, 1, view.offset ?? 0);
   launchPartialsSum(partials, { outer, rows: blocks.blocks, cols }, dst, scale);
   partials.dispose();
@@ -188,9 +188,9 @@ export function launchColumnSum(
  * their rows in order into `dst` ([outer, cols], times `scale`), one block.
  */
 export function launchPartialsSum(
-  partials: Tensor,
+  partials: DeviceArray,
   view: { outer: number; rows: number; cols: number; offset?: number },
-  dst: Tensor,
+  dst: DeviceArray,
   scale = 1,
 ): void {
   const all = { blockRows: view.rows, blocks: 1 };
@@ -199,10 +199,10 @@ export function launchPartialsSum(
 
 /** One dispatch of {@link columnSumKernel}. */
 function columnSumStage(
-  src: Tensor,
+  src: DeviceArray,
   view: { outer: number; rows: number; cols: number },
   blocks: ColumnBlocks,
-  dst: Tensor,
+  dst: DeviceArray,
   scale: number,
   offset: number,
 ): void {

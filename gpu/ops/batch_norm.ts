@@ -227,13 +227,8 @@ export function batchNorm(x0: Tensor, options: BatchNormOptions): Tensor {
     (update && momentum === null ? implicitCounter(runningMean) : null);
   const tensors = { weight, bias, runningMean, runningVar, numBatchesTracked };
   const out = widened ? "f32" : x.dtype;
-  const { y, mean, rstd } = launchBatchNorm(x, view, tensors, {
-    training,
-    update,
-    momentum,
-    eps,
-    out,
-  });
+  const launched = launchBatchNorm(x, view, tensors, { training, update, momentum, eps, out });
+  const [y, mean, rstd] = [launched.y, launched.mean, launched.rstd].map(Tensor.adopt);
   const inputs = [x, ...(weight ? [weight] : []), ...(bias ? [bias] : [])];
   const saved = [x, mean, rstd, ...(weight ? [weight] : [])];
   try {
@@ -249,7 +244,8 @@ export function batchNorm(x0: Tensor, options: BatchNormOptions): Tensor {
           { g, mean: sMean, rstd: sRstd, weight: sWeight ?? null },
           { training, bias: bias !== null },
         );
-        return [dx, ...(weight ? [dw] : []), ...(bias ? [db] : [])];
+        const grads = [dx, ...(weight ? [dw] : []), ...(bias ? [db] : [])];
+        return grads.map((t) => t && Tensor.adopt(t));
       },
     });
   } finally {

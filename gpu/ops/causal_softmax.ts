@@ -6,7 +6,7 @@ import {
   launchCausalSoftmax,
   launchCausalSoftmaxBackward,
 } from "../kernels/rows/causal_softmax.ts";
-import type { Tensor } from "../tensor/tensor.ts";
+import { Tensor } from "../tensor/tensor.ts";
 
 /** Options of {@link causalSoftmax}. */
 export interface CausalSoftmaxOptions {
@@ -60,12 +60,12 @@ export function causalSoftmax(x0: Tensor, options: CausalSoftmaxOptions = {}): T
   if (!Number.isFinite(scale)) {
     throw new ValueError(`causalSoftmax: scale must be a finite number, got ${scale}.`);
   }
-  const y = launchCausalSoftmax(x, scale);
+  const y = Tensor.adopt(launchCausalSoftmax(x, scale));
   return record({
     op: "causal_softmax",
     inputs: [x],
     output: y,
     save: [y],
-    backward: (g, [sy]) => [launchCausalSoftmaxBackward(sy, g, scale)],
+    backward: (g, [sy]) => [Tensor.adopt(launchCausalSoftmaxBackward(sy, g, scale))],
   });
 }

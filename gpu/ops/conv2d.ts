@@ -14,7 +14,7 @@ import {
   launchConv2dWeightGrad,
 } from "../kernels/gemm/conv2d.ts";
 import { tilingFor } from "../kernels/gemm/matmul_class.ts";
-import type { Tensor } from "../tensor/tensor.ts";
+import { Tensor } from "../tensor/tensor.ts";
 import { assertSameDtype, assertSameGpu } from "./checks.ts";
 import { pairOf, type Size2d } from "./size2d.ts";
 
@@ -196,10 +196,10 @@ export function conv2d(x0: Tensor, weight0: Tensor, options: Conv2dOptions = {})
   }
   const relu = activation === "relu";
   const problems = conv2dProblems(g);
-  const y = launchConv2d(x, weight, g, tilingOf(x, problems.forward, g.groups), {
+  const y = Tensor.adopt(launchConv2d(x, weight, g, tilingOf(x, problems.forward, g.groups), {
     bias: bias ?? undefined,
     relu,
-  });
+  }));
   // The weight gradient goes to an f32 weight in f32 (see weightGradTarget).
   const gradTarget = weightGradTarget(weight0, weight);
   const inputs = bias ? [x, gradTarget, bias] : [x, gradTarget];
@@ -210,16 +210,18 @@ export function conv2d(x0: Tensor, weight0: Tensor, options: Conv2dOptions = {})
     save: relu ? [x, weight, y] : [x, weight],
     backward: (dy0, [sx, sw, sy], needs) => {
       // ReLU's gradient from its output: y > 0 exactly where the pre-activation is.
-      const dy = relu ? launchBinary("relu_grad", dy0, sy) : dy0;
+      const dy = relu ? Tensor.adopt(launchBinary("relu_grad", dy0, sy)) : dy0;
       const dx = needs[0]
-        ? launchConv2dInputGrad(dy, sw, g, tilingOf(dy, problems.inputGrad, g.groups))
+        ? Tensor.adopt(launchConv2dInputGrad(dy, sw, g, tilingOf(dy, problems.inputGrad, g.groups)))
         : null;
       const dw = needs[1]
-        ? launchConv2dWeightGrad(dy, sx, g, tilingOf(dy, problems.weightGrad, 1), gradTarget.dtype)
+        ? Tensor.adopt(
+          launchConv2dWeightGrad(dy, sx, g, tilingOf(dy, problems.weightGrad, 1), gradTarget.dtype),
+        )
         : null;
-      const db = bias && needs[2] ? launchConv2dBiasGrad(dy, g, bias.dtype) : null;
+      const db = bias && needs[2] ? Tensor.adopt(launchConv2dBiasGrad(dy, g, bias.dtype)) : null;
       if (dy !== dy0) dy.dispose();
-      return bias ? [dx, dw, db] : [dx, dw];
+      return (bias ? [dx, dw, db] : [dx, dw]).map((t) => t && Tensor.adopt(t));
     },
   });
   return releaseCasts([weight], out);

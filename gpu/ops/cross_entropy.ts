@@ -7,7 +7,7 @@ import {
   launchCrossEntropy,
   launchCrossEntropyBackward,
 } from "../kernels/rows/cross_entropy.ts";
-import type { Tensor } from "../tensor/tensor.ts";
+import { Tensor } from "../tensor/tensor.ts";
 import { assertIdsInRange } from "./ids_check.ts";
 
 /** Options of {@link crossEntropyPerRow}; each as in `torch.nn.functional.cross_entropy`. */
@@ -92,16 +92,21 @@ export function crossEntropyPerRow(
   // up, and their gradient is written in their dtype.
   const { inputs: [logits] } = autocastInputsWidenedInKernel("cross_entropy", [logits0]);
   const params = checkedParams(logits, targets, options);
-  const { loss, targetWeight, stats } = launchCrossEntropy(logits, targets, params);
+  const launched = launchCrossEntropy(logits, targets, params);
+  const [loss, targetWeight, stats] = [launched.loss, launched.targetWeight, launched.stats]
+    .map(Tensor.adopt);
   // The tape keeps the class weights alive for the backward with the other saved tensors.
-  const saved = params.weight ? [logits, targets, stats, params.weight] : [logits, targets, stats];
+  // (The weights are the caller's tensor: adopt hands it back as it is.)
+  const saved = params.weight
+    ? [logits, targets, stats, Tensor.adopt(params.weight)]
+    : [logits, targets, stats];
   record({
     op: "cross_entropy",
     inputs: [logits],
     output: loss,
     save: saved,
     backward: (g, [x, t, s, w]) => [
-      launchCrossEntropyBackward(x, t, s, g, { ...params, weight: w ?? null }),
+      Tensor.adopt(launchCrossEntropyBackward(x, t, s, g, { ...params, weight: w ?? null })),
     ],
   });
   stats.dispose(); // the tape holds its own handle when it needs one

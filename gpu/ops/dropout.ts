@@ -4,7 +4,7 @@ import { autocastInputs } from "../tensor/autocast_hook.ts";
 import { fail, ValueError } from "../base/errors.ts";
 import { launchDropout } from "../kernels/dropout.ts";
 import type { RandomRange } from "../kernels/wgsl/random.ts";
-import type { Tensor } from "../tensor/tensor.ts";
+import { Tensor } from "../tensor/tensor.ts";
 
 /**
  * Zeroes each element with probability `p` and scales the rest by 1/(1 − p).
@@ -29,11 +29,11 @@ export function dropout(x0: Tensor, p: number, range: RandomRange): Tensor {
     fail(ValueError, "dropout", `p must be in [0, 1), got ${p} (input ${x0.describe()}).`);
   }
   const [x] = autocastInputs("dropout", [x0]);
-  const y = launchDropout(x, p, range);
+  const y = Tensor.adopt(launchDropout(x, p, range));
   return record({
     op: "dropout",
     inputs: [x],
     output: y,
-    backward: (g) => [launchDropout(g, p, range)],
+    backward: (g) => [Tensor.adopt(launchDropout(g, p, range))],
   });
 }

@@ -16,7 +16,7 @@ import {
 } from "../kernels/elementwise.ts";
 import { launchReduce } from "../kernels/reduce.ts";
 import { sameShape } from "../base/shape.ts";
-import type { Tensor } from "../tensor/tensor.ts";
+import { Tensor } from "../tensor/tensor.ts";
 import { autocastInputs, autocastInputsWidenedInKernel } from "../tensor/autocast_hook.ts";
 import type { AutocastOpName } from "../base/op_registry.ts";
 import { broadcastInto, isSame, reductionOf } from "./broadcast.ts";
@@ -24,9 +24,11 @@ import { assertSameDtype, assertSameGpu, assertTensors } from "./checks.ts";
 
 /** Sums a gradient of the output's shape down to the broadcast operand's shape, times `scale`. */
 function reduceToOperand(g: Tensor, operand: Tensor, b: Broadcast, scale = 1): Tensor {
-  if (!isSame(b)) return launchReduce("sum", g, reductionOf(g.shape, b), operand.shape, { scale });
+  if (!isSame(b)) {
+    return Tensor.adopt(launchReduce("sum", g, reductionOf(g.shape, b), operand.shape, { scale }));
+  }
   // Same elements; the operand may still lack leading 1s ([T, C] added to [1, T, C]).
-  const scaled = scale === 1 ? g : launchUnary("scale", g, { scalar: scale });
+  const scaled = scale === 1 ? g : Tensor.adopt(launchUnary("scale", g, { scalar: scale }));
   if (sameShape(scaled.shape, operand.shape)) return scaled;
   const view = scaled.share(operand.shape);
   if (scaled !== g) scaled.dispose();
@@ -50,7 +52,7 @@ function binary(
   assertSameGpu(op, a, b);
   if (!widened) assertSameDtype(op, a, b);
   const bc = broadcastInto(op, a.shape, b.shape);
-  return { a, b, y: launchBinary(op, a, b, bc, widened ? "f32" : a.dtype), bc };
+  return { a, b, y: Tensor.adopt(launchBinary(op, a, b, bc, widened ? "f32" : a.dtype)), bc };
 }
 
 /**
@@ -59,7 +61,7 @@ function binary(
  */
 function gradFor(x: Tensor, g: Tensor, upstream: Tensor): Tensor {
   if (g.dtype === x.dtype) return g;
-  const cast = launchUnary("identity", g, { out: x.dtype });
+  const cast = Tensor.adopt(launchUnary("identity", g, { out: x.dtype }));
   if (g !== upstream) g.dispose();
   return cast;
 }
@@ -115,9 +117,9 @@ export function mul(a0: Tensor, b0: Tensor): Tensor {
     output: y,
     save: [a, b],
     backward: (g, [sa, sb], needs) => {
-      const ga = needs[0] ? gradFor(sa, launchBinary("mul", g, sb, bc), g) : null;
+      const ga = needs[0] ? gradFor(sa, Tensor.adopt(launchBinary("mul", g, sb, bc)), g) : null;
       if (!needs[1]) return [ga, null];
-      const gab = launchBinary("mul", g, sa);
+      const gab = Tensor.adopt(launchBinary("mul", g, sa));
       const gb = reduceToOperand(gab, sb, bc);
       if (gb !== gab) gab.dispose();
       return [ga, gradFor(sb, gb, g)];
@@ -135,10 +137,10 @@ export function div(a0: Tensor, b0: Tensor): Tensor {
     output: y,
     save: [b, y],
     backward: (g, [sb, sy], needs) => {
-      const ga = needs[0] ? gradFor(a, launchBinary("div", g, sb, bc), g) : null;
+      const ga = needs[0] ? gradFor(a, Tensor.adopt(launchBinary("div", g, sb, bc)), g) : null;
       if (!needs[1]) return [ga, null];
-      const gy = launchBinary("mul", g, sy);
-      const gyb = launchBinary("div", gy, sb, bc);
+      const gy = Tensor.adopt(launchBinary("mul", g, sy));
+      const gyb = Tensor.adopt(launchBinary("div", gy, sb, bc));
       gy.dispose();
       const gb = reduceToOperand(gyb, sb, bc, -1);
       if (gb !== gyb) gyb.dispose();
@@ -158,24 +160,24 @@ interface UnaryGrad {
 
 /** g·t, then times `factor` when it is not 1. */
 function mulScaled(g: Tensor, t: Tensor, op: BinaryOp, factor: number): Tensor {
-  const q = launchBinary(op, g, t);
-  if (factor === 1) return q;
-  const r = launchUnary("scale", q, { scalar: factor });
+  const q = Tensor.adopt(launchBinary(op, g, t));
+  if (factor === 1) return Tensor.adopt(q);
+  const r = Tensor.adopt(launchUnary("scale", q, { scalar: factor }));
   q.dispose();
-  return r;
+  return Tensor.adopt(r);
 }
 
 const UNARY_GRADS: Record<Exclude<UnaryOp, "identity" | "abs">, UnaryGrad> = {
-  neg: { saves: "none", grad: (g) => launchUnary("neg", g) },
-  scale: { saves: "none", grad: (g, _, s) => launchUnary("scale", g, { scalar: s }) },
+  neg: { saves: "none", grad: (g) => Tensor.adopt(launchUnary("neg", g)) },
+  scale: { saves: "none", grad: (g, _, s) => Tensor.adopt(launchUnary("scale", g, { scalar: s })) },
   add_scalar: { saves: "none", grad: (g) => g },
   exp: { saves: "y", grad: (g, y) => mulScaled(g, y!, "mul", 1) },
   log: { saves: "x", grad: (g, x) => mulScaled(g, x!, "div", 1) },
   sqrt: { saves: "y", grad: (g, y) => mulScaled(g, y!, "div", 0.5) },
   square: { saves: "x", grad: (g, x) => mulScaled(g, x!, "mul", 2) },
-  relu: { saves: "x", grad: (g, x) => launchBinary("relu_grad", g, x!) },
-  gelu: { saves: "x", grad: (g, x) => launchBinary("gelu_grad", g, x!) },
-  gelu_erf: { saves: "x", grad: (g, x) => launchBinary("gelu_erf_grad", g, x!) },
+  relu: { saves: "x", grad: (g, x) => Tensor.adopt(launchBinary("relu_grad", g, x!)) },
+  gelu: { saves: "x", grad: (g, x) => Tensor.adopt(launchBinary("gelu_grad", g, x!)) },
+  gelu_erf: { saves: "x", grad: (g, x) => Tensor.adopt(launchBinary("gelu_erf_grad", g, x!)) },
 };
 
 type UnaryKernel = keyof typeof UNARY_GRADS;
@@ -195,7 +197,7 @@ function unary(
     fail(ValueError, op, `the scalar must be a number, got ${shortValue(s)} (${typeof s}).`);
   }
   const [x] = autocastInputs(op, [x0]);
-  const y = launchUnary(kernel, x, { scalar: s });
+  const y = Tensor.adopt(launchUnary(kernel, x, { scalar: s }));
   const { saves, grad } = UNARY_GRADS[kernel];
   const save = saves === "x" ? [x] : saves === "y" ? [y] : [];
   return record({
@@ -294,11 +296,13 @@ export function gelu(x: Tensor, options: GeluOptions = {}): Tensor {
  */
 export function cast(x: Tensor, dtype: DType): Tensor {
   assertDType("cast", dtype);
-  const y = launchUnary("identity", x, { out: dtype });
+  const y = Tensor.adopt(launchUnary("identity", x, { out: dtype }));
   return record({
     op: "cast",
     inputs: [x],
     output: y,
-    backward: (g) => [g.dtype === x.dtype ? g : launchUnary("identity", g, { out: x.dtype })],
+    backward: (
+      g,
+    ) => [g.dtype === x.dtype ? g : Tensor.adopt(launchUnary("identity", g, { out: x.dtype }))],
   });
 }

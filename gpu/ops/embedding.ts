@@ -3,7 +3,7 @@ import { DTypeError } from "../base/errors.ts";
 import { record } from "../tensor/autograd.ts";
 import { autocastInputs } from "../tensor/autocast_hook.ts";
 import { launchGather, launchScatterAdd } from "../kernels/embedding.ts";
-import type { Tensor } from "../tensor/tensor.ts";
+import { Tensor } from "../tensor/tensor.ts";
 import { assertIdsInRange } from "./ids_check.ts";
 
 /**
@@ -31,12 +31,15 @@ export function embedding(table0: Tensor, ids: Tensor): Tensor {
     );
   }
   assertIdsInRange("embedding", ids, table.shape[0]);
-  const out = launchGather(table, ids);
+  const out = Tensor.adopt(launchGather(table, ids));
   return record({
     op: "embedding",
     inputs: [table],
     output: out,
     save: [ids],
-    backward: (g, [savedIds]) => [launchScatterAdd(g, savedIds, table.shape, table.dtype)],
+    backward: (
+      g,
+      [savedIds],
+    ) => [Tensor.adopt(launchScatterAdd(g, savedIds, table.shape, table.dtype))],
   });
 }

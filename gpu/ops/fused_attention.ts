@@ -11,7 +11,7 @@ import {
   MAX_HEAD_SIZE,
 } from "../kernels/attention/flash_attention.ts";
 import type { RandomRange } from "../kernels/wgsl/random.ts";
-import type { Tensor } from "../tensor/tensor.ts";
+import { Tensor } from "../tensor/tensor.ts";
 
 /** Options of {@link fusedCausalAttention}. */
 export interface FusedCausalAttentionOptions {
@@ -129,7 +129,8 @@ function attention(
   shape: FlashAttentionShape,
   dropout: AttentionDropout | null,
 ): Tensor {
-  const { o, lse } = launchFlashAttention(inputs, shape, dropout);
+  const launched = launchFlashAttention(inputs, shape, dropout);
+  const o = Tensor.adopt(launched.o), lse = Tensor.adopt(launched.lse);
   const out = record({
     op: "fused_attention",
     inputs: list,
@@ -138,7 +139,8 @@ function attention(
     backward: (g, saved) => {
       const [sq, sk, sv] = saved, [so, slse] = saved.slice(-2);
       const again: AttentionInputs = "qkv" in inputs ? { qkv: sq } : { q: sq, k: sk, v: sv };
-      return launchFlashAttentionBackward({ inputs: again, o: so, lse: slse }, g, shape, dropout);
+      return launchFlashAttentionBackward({ inputs: again, o: so, lse: slse }, g, shape, dropout)
+        .map(Tensor.adopt);
     },
   });
   lse.dispose();

@@ -3,7 +3,7 @@ import { ShapeError, StateError } from "../base/errors.ts";
 import { isGradEnabled } from "../tensor/autograd.ts";
 import { launchAccumulate, launchCopy } from "../kernels/elementwise.ts";
 import { sameShape } from "../base/shape.ts";
-import type { Tensor } from "../tensor/tensor.ts";
+import { Tensor } from "../tensor/tensor.ts";
 
 /**
  * dst ← beta · dst + alpha · src, in place, with f32 math (dtypes may differ:
@@ -42,7 +42,7 @@ export function addInPlace(
   }
   // One buffer cannot be bound read-write and read-only in one dispatch:
   // x += a·x reads a copy.
-  const source = src.sharesMemoryWith(dst) ? launchCopy(src) : src;
+  const source = src.sharesMemoryWith(dst) ? Tensor.adopt(launchCopy(src)) : src;
   launchAccumulate(dst, source, options.alpha ?? 1, options.beta ?? 1);
   if (source !== src) source.dispose();
 }

@@ -11,7 +11,7 @@ import {
   launchLayerNormParamGrads,
 } from "../kernels/rows/layer_norm.ts";
 import { sameShape, shapeString } from "../base/shape.ts";
-import type { Tensor } from "../tensor/tensor.ts";
+import { Tensor } from "../tensor/tensor.ts";
 
 /** Options of {@link layerNorm}. */
 export interface LayerNormOptions {
@@ -95,7 +95,8 @@ export function layerNorm(x0: Tensor, options: LayerNormOptions = {}): Tensor {
   const eps = options.eps ?? 1e-5;
   const weight = options.weight ?? null, bias = options.bias ?? null;
   checkLayerNormInputs(x, weight, bias, eps);
-  const { y, mean, rstd } = launchLayerNorm(x, weight, bias, eps);
+  const launched = launchLayerNorm(x, weight, bias, eps);
+  const [y, mean, rstd] = [launched.y, launched.mean, launched.rstd].map(Tensor.adopt);
   const inputs = [x, ...(weight ? [weight] : []), ...(bias ? [bias] : [])];
   const needDx = x.requiresGrad;
   const want = { weight: weight?.requiresGrad ?? false, bias: bias?.requiresGrad ?? false };
@@ -107,9 +108,12 @@ export function layerNorm(x0: Tensor, options: LayerNormOptions = {}): Tensor {
       output: y,
       save: saved,
       backward: (g, [sx, sMean, sRstd, sWeight]) => {
-        const dx = needDx ? launchLayerNormBackward(sx, sWeight ?? null, g, sMean, sRstd) : null;
+        const dx = needDx
+          ? Tensor.adopt(launchLayerNormBackward(sx, sWeight ?? null, g, sMean, sRstd))
+          : null;
         const { dw, db } = launchLayerNormParamGrads(sx, g, sMean, sRstd, want);
-        return [dx, ...(weight ? [dw] : []), ...(bias ? [db] : [])];
+        const params = [...(weight ? [dw] : []), ...(bias ? [db] : [])];
+        return [dx, ...params.map((t) => t && Tensor.adopt(t))];
       },
     });
   } finally {

@@ -14,7 +14,7 @@ import {
   launchLayerNormFromStats,
   launchLayerNormParamGrads,
 } from "../kernels/rows/layer_norm.ts";
-import type { Tensor } from "../tensor/tensor.ts";
+import { Tensor } from "../tensor/tensor.ts";
 import { checkLayerNormInputs, type LayerNormOptions } from "./layer_norm.ts";
 import { linearForward, type LinearOptions, weightGradTarget } from "./linear.ts";
 
@@ -58,7 +58,12 @@ export function layerNormLinear(
   checkLayerNormInputs(x, nw, nb, eps);
   // The rows are written in the dtype the linear layer's autocast gives them.
   const [readDtype] = autocastDtypes("linear", [x, weight0]);
-  const normalised = launchLayerNorm(x, nw, nb, eps, readDtype);
+  const launched = launchLayerNorm(x, nw, nb, eps, readDtype);
+  const normalised = {
+    y: Tensor.adopt(launched.y),
+    mean: Tensor.adopt(launched.mean),
+    rstd: Tensor.adopt(launched.rstd),
+  };
   const [rows, weight] = autocastInputs("linear", [normalised.y, weight0]);
   const rowsDtype = rows.dtype; // readDtype, unless a hook that cannot say cast them
   const gradTarget = weightGradTarget(weight0, weight);
@@ -94,12 +99,12 @@ export function layerNormLinear(
         // needs follows inputs: x, then the LayerNorm's weight and bias, W, the bias.
         const at = { nw: 1, nb: 1 + (nw ? 1 : 0), w: 1 + (nw ? 1 : 0) + (nb ? 1 : 0) };
         // The forward's statistics, not a second pass of reductions: the same rows bit for bit.
-        const again = launchLayerNormFromStats(
+        const again = Tensor.adopt(launchLayerNormFromStats(
           sx,
           { weight: sNw, bias: sNb },
           { mean, rstd },
           rowsDtype,
-        );
+        ));
         const needsNormGrad = needs[0] || (nw !== null && needs[at.nw]) ||
           (nb !== null && needs[at.nb]);
         const [dRead, dW, dBias] = layer!.backward(g, again, sw, sy, [
@@ -111,14 +116,14 @@ export function layerNormLinear(
         let dx: Tensor | null = null, dNw: Tensor | null = null, dNb: Tensor | null = null;
         if (dRead) {
           // dRead is in the product's dtype: the kernels read it as it is.
-          if (needs[0]) dx = launchLayerNormBackward(sx, sNw, dRead, mean, rstd);
+          if (needs[0]) dx = Tensor.adopt(launchLayerNormBackward(sx, sNw, dRead, mean, rstd));
           const want = {
             weight: nw !== null && needs[at.nw],
             bias: nb !== null && needs[at.nb],
           };
           const grads = launchLayerNormParamGrads(sx, dRead, mean, rstd, want);
-          dNw = grads.dw;
-          dNb = grads.db;
+          dNw = grads.dw && Tensor.adopt(grads.dw);
+          dNb = grads.db && Tensor.adopt(grads.db);
           dRead.dispose();
         }
         return [

@@ -144,7 +144,7 @@ export function linearForward(
     );
   }
   // gelu(x) lives only while a product reads it: here, and again in backward.
-  const geluOf = (t: Tensor) => launchUnary(GELU_KERNEL[geluInput!], t);
+  const geluOf = (t: Tensor) => Tensor.adopt(launchUnary(GELU_KERNEL[geluInput!], t));
   const y = Tensor.empty([...x.shape.slice(0, -1), outFeatures], x.dtype, x.gpu);
   const input = geluInput ? geluOf(x2) : x2;
   dispatchMatmul(resolved.problem, input, weight, y, { bias: bias ?? undefined, activation });
@@ -158,14 +158,14 @@ export function linearForward(
     needs: readonly boolean[],
   ): (Tensor | null)[] => {
     // ReLU's gradient from its output: y > 0 exactly where the pre-activation is.
-    const gPre = activation === "relu" ? launchBinary("relu_grad", g, sy!) : g;
+    const gPre = activation === "relu" ? Tensor.adopt(launchBinary("relu_grad", g, sy!)) : g;
     const g2 = gPre.share([rows, outFeatures]), xs = sx.share([rows, inFeatures]);
     let gw: Tensor | null = null;
     let flat: Tensor | null = null;
     if (geluInput && needs[0] && needs[1]) {
       // One pass gives gelu(x) and, over the product's gradient, x's gradient: GELU once.
       flat = product(g2, sw, false, false);
-      const read = launchGeluBackward(GELU_KERNEL[geluInput], xs, flat);
+      const read = Tensor.adopt(launchGeluBackward(GELU_KERNEL[geluInput], xs, flat));
       gw = product(g2, read, true, false, weightGradDtype);
       read.dispose();
     } else {
@@ -177,7 +177,7 @@ export function linearForward(
       if (needs[0]) {
         flat = product(g2, sw, false, false);
         if (geluInput) {
-          const through = launchBinary(`${GELU_KERNEL[geluInput]}_grad`, flat, xs);
+          const through = Tensor.adopt(launchBinary(`${GELU_KERNEL[geluInput]}_grad`, flat, xs));
           flat.dispose();
           flat = through;
         }
@@ -186,9 +186,13 @@ export function linearForward(
     const gx = flat ? flat.share(sx.shape) : null;
     flat?.dispose();
     const gb = bias && needs[2]
-      ? launchReduce("sum", g2, { outer: 1, axis: rows, inner: outFeatures }, bias.shape, {
-        out: bias.dtype,
-      })
+      ? Tensor.adopt(
+        Tensor.adopt(
+          launchReduce("sum", g2, { outer: 1, axis: rows, inner: outFeatures }, bias.shape, {
+            out: bias.dtype,
+          }),
+        ),
+      )
       : null;
     g2.dispose();
     xs.dispose();

@@ -8,7 +8,7 @@
 import { record } from "../tensor/autograd.ts";
 import { launchBinary, launchUnary } from "../kernels/elementwise.ts";
 import type { DType } from "../base/dtype.ts";
-import type { Tensor } from "../tensor/tensor.ts";
+import { Tensor } from "../tensor/tensor.ts";
 
 /**
  * `loss × scale`, `scale` a one-element f32 tensor read on the GPU when the
@@ -38,9 +38,9 @@ export function scaleLoss(loss: Tensor, scale: Tensor): Tensor {
   return record({
     op: "loss_scale",
     inputs: [loss],
-    output: launchBinary("mul", loss, scale, all(loss)),
+    output: Tensor.adopt(launchBinary("mul", loss, scale, all(loss))),
     save: [scale],
-    backward: (g, [s]) => [launchBinary("mul", g, s, all(g))],
+    backward: (g, [s]) => [Tensor.adopt(launchBinary("mul", g, s, all(g)))],
   });
 }
 
@@ -72,7 +72,7 @@ export function readThroughCopy(source: Tensor, copy: Tensor): Tensor {
     op: "cast",
     inputs: [source],
     output: copy.share(),
-    backward: (g) => [launchUnary("identity", g, { out: source.dtype })],
+    backward: (g) => [Tensor.adopt(launchUnary("identity", g, { out: source.dtype }))],
   });
 }
 
@@ -82,5 +82,5 @@ export function readThroughCopy(source: Tensor, copy: Tensor): Tensor {
  * reaches the master through {@link readThroughCopy}, not through this).
  */
 export function workingCopy(source: Tensor, dtype: DType): Tensor {
-  return launchUnary("identity", source, { out: dtype });
+  return Tensor.adopt(launchUnary("identity", source, { out: dtype }));
 }

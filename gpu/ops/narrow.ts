@@ -4,7 +4,7 @@ import { fail, ShapeError } from "../base/errors.ts";
 import { launchNarrow, launchNarrowBackward } from "../kernels/narrow.ts";
 import { normalizeAxis, shapeString } from "../base/shape.ts";
 import { shortValue } from "../base/short_text.ts";
-import type { Tensor } from "../tensor/tensor.ts";
+import { Tensor } from "../tensor/tensor.ts";
 
 /**
  * Indices `start .. start + length` of `x` along `axis` (negative counts from
@@ -41,8 +41,8 @@ export function narrow(x: Tensor, axis: number, start: number, length: number): 
   return record({
     op: "narrow",
     inputs: [x],
-    output: launchNarrow(x, window),
-    backward: (g) => [launchNarrowBackward(g, shape, window)],
+    output: Tensor.adopt(launchNarrow(x, window)),
+    backward: (g) => [Tensor.adopt(launchNarrowBackward(g, shape, window))],
   });
 }
 

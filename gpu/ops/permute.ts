@@ -3,7 +3,7 @@ import { ShapeError } from "../base/errors.ts";
 import { record } from "../tensor/autograd.ts";
 import { launchPermute, PERMUTE_MAX_RANK } from "../kernels/permute.ts";
 import { shapeString } from "../base/shape.ts";
-import type { Tensor } from "../tensor/tensor.ts";
+import { Tensor } from "../tensor/tensor.ts";
 
 /** `order` with negative axes resolved, or a clear error when it is not a permutation of x's axes. */
 function resolveOrder(x: Tensor, order: readonly number[]): number[] {
@@ -52,13 +52,13 @@ export function permute(x: Tensor, order: readonly number[]): Tensor {
   // consult autocast (see the op registry).
   const resolved = resolveOrder(x, order);
   const identity = resolved.every((a, k) => a === k);
-  const y = identity ? x.share() : launchPermute(x, resolved);
+  const y = identity ? x.share() : Tensor.adopt(launchPermute(x, resolved));
   const inverse = new Array<number>(resolved.length);
   resolved.forEach((a, k) => (inverse[a] = k));
   return record({
     op: "permute",
     inputs: [x],
     output: y,
-    backward: (g) => [identity ? g.share() : launchPermute(g, inverse)],
+    backward: (g) => [identity ? g.share() : Tensor.adopt(launchPermute(g, inverse))],
   });
 }

@@ -19,7 +19,7 @@ import {
 } from "../kernels/pool2d.ts";
 import { shapeString, sizeOf } from "../base/shape.ts";
 import { shortValue } from "../base/short_text.ts";
-import type { Tensor } from "../tensor/tensor.ts";
+import { Tensor } from "../tensor/tensor.ts";
 import { pairOf, type Size2d } from "./size2d.ts";
 
 export type { Size2d };
@@ -307,7 +307,9 @@ export function maxPool2d(
   const [x] = autocastInputs("max_pool2d", [x0]);
   const geo = windowGeometry("maxPool2d", x, o);
   const recording = isGradEnabled() && x.requiresGrad;
-  const { y, indices } = launchMaxPool2d(x, geo, recording || returnIndices);
+  const launched = launchMaxPool2d(x, geo, recording || returnIndices);
+  const y = Tensor.adopt(launched.y);
+  const indices = launched.indices && Tensor.adopt(launched.indices);
   if (!recording) {
     releaseCasts([x], y); // nothing would be recorded
     return returnIndices ? [y, indices!] : y;
@@ -318,7 +320,7 @@ export function maxPool2d(
       inputs: [x],
       output: y,
       save: [indices!],
-      backward: (g, [saved]) => [launchMaxPool2dBackward(g, saved, geo)],
+      backward: (g, [saved]) => [Tensor.adopt(launchMaxPool2dBackward(g, saved, geo))],
     });
     return returnIndices ? [out, indices!] : out;
   } finally {
@@ -354,12 +356,12 @@ export function avgPool2d(x0: Tensor, options: AvgPool2dOptions): Tensor {
   const o = resolvePool2dOptions("avgPool2d", options, "avg");
   const [x] = autocastInputs("avg_pool2d", [x0]);
   const geo = windowGeometry("avgPool2d", x, o);
-  const y = launchAvgPool2d(x, geo, o);
+  const y = Tensor.adopt(launchAvgPool2d(x, geo, o));
   return record({
     op: "avg_pool2d",
     inputs: [x],
     output: y,
-    backward: (g) => [launchAvgPool2dBackward(g, geo, o)],
+    backward: (g) => [Tensor.adopt(launchAvgPool2dBackward(g, geo, o))],
   });
 }
 
@@ -409,11 +411,11 @@ export function adaptiveAvgPool2d(x0: Tensor, outputSize: AdaptiveSize2d): Tenso
     padding: zero,
     dilation: one,
   };
-  const y = launchAdaptiveAvgPool2d(x, geo);
+  const y = Tensor.adopt(launchAdaptiveAvgPool2d(x, geo));
   return record({
     op: "adaptive_avg_pool2d",
     inputs: [x],
     output: y,
-    backward: (g) => [launchAdaptiveAvgPool2dBackward(g, geo)],
+    backward: (g) => [Tensor.adopt(launchAdaptiveAvgPool2dBackward(g, geo))],
   });
 }

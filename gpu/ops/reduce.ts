@@ -54,18 +54,18 @@ function reduceWithGrad(op: "sum" | "mean", x0: Tensor, options: ReduceOptions):
   // may assume no NaN arises, so it is written from the host, not computed.
   const y = op === "mean" && view.axis === 0
     ? Tensor.full(shape, NaN, { dtype: out === "i32" ? "f32" : out, gpu: x.gpu })
-    : launchReduce("sum", x, view, shape, { scale, out });
+    : Tensor.adopt(launchReduce("sum", x, view, shape, { scale, out }));
   // The gradient repeats along the reduced axis (times 1/n for a mean).
   return record({
     op,
     inputs: [x],
     output: y,
     backward: (g) => [
-      launchUnary("scale", g, {
+      Tensor.adopt(launchUnary("scale", g, {
         scalar: scale,
         out: x.dtype,
         expand: { shape: x.shape, broadcast: { mid: view.axis, inner: view.inner } },
-      }),
+      })),
     ],
   });
 }
@@ -119,5 +119,5 @@ export function max(x0: Tensor, options: ReduceOptions = {}): Tensor {
         "undefined (PyTorch raises too). Check for an empty batch first.",
     );
   }
-  return launchReduce("max" satisfies ReduceOp, x, view, shape);
+  return Tensor.adopt(launchReduce("max" satisfies ReduceOp, x, view, shape));
 }

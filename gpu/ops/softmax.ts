@@ -3,7 +3,7 @@ import { DTypeError, fail, ShapeError } from "../base/errors.ts";
 import { record } from "../tensor/autograd.ts";
 import { autocastInputs } from "../tensor/autocast_hook.ts";
 import { launchSoftmax, launchSoftmaxBackward, type SoftmaxKind } from "../kernels/rows/softmax.ts";
-import type { Tensor } from "../tensor/tensor.ts";
+import { Tensor } from "../tensor/tensor.ts";
 import { assertTensors } from "./checks.ts";
 
 function checkAxis(op: string, x: Tensor, axis: number): void {
@@ -21,13 +21,13 @@ function softmaxOp(kind: SoftmaxKind, x0: Tensor, axis: number): Tensor {
   const [x] = autocastInputs(kind, [x0]);
   checkAxis(kind, x, axis);
   if (x.dtype === "i32") fail(DTypeError, where, `input ${x.describe()} must be f32, f16 or bf16.`);
-  const y = launchSoftmax(kind, x);
+  const y = Tensor.adopt(launchSoftmax(kind, x));
   return record({
     op: kind,
     inputs: [x],
     output: y,
     save: [y],
-    backward: (g, [sy]) => [launchSoftmaxBackward(kind, sy, g)],
+    backward: (g, [sy]) => [Tensor.adopt(launchSoftmaxBackward(kind, sy, g))],
   });
 }
 

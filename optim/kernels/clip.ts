@@ -8,6 +8,7 @@
  */
 import {
   defineKernel,
+  type DeviceArray,
   type DType,
   multiTensorDispatches,
   REDUCE_THREADS,
@@ -20,7 +21,6 @@ import {
   WGSL_WORKGROUP_REDUCE,
   wgslForEachSlot,
 } from "../../gpu/kernels/mod.ts";
-import type { Tensor } from "../../gpu/mod.ts";
 
 const WORKGROUP = 256;
 
@@ -102,8 +102,8 @@ fn main(${WGSL_GRID_BUILTINS}) {
 const ONE_GRADIENT_A_SLOT = {
   perTensor: 1,
   shared: 1,
-  key: (g: Tensor) => g.dtype,
-  size: (g: Tensor) => g.size,
+  key: (g: DeviceArray) => g.dtype,
+  size: (g: DeviceArray) => g.size,
 };
 
 /** Slots of the partials buffer a gradient of `size` elements fills (at least one). */
@@ -116,10 +116,10 @@ export function sumSquaresSlots(size: number): number {
  * fills {@link sumSquaresSlots} slots starting where gradient i − 1's end
  * (the first at 0). Gradients of one dtype share dispatches.
  */
-export function launchSumSquares(grads: readonly Tensor[], partials: Tensor): void {
+export function launchSumSquares(grads: readonly DeviceArray[], partials: DeviceArray): void {
   const gpu = partials.gpu;
   let base = 0;
-  const plan = { ...ONE_GRADIENT_A_SLOT, workgroups: (g: Tensor) => sumSquaresSlots(g.size) };
+  const plan = { ...ONE_GRADIENT_A_SLOT, workgroups: (g: DeviceArray) => sumSquaresSlots(g.size) };
   for (const { chunk, table } of multiTensorDispatches(gpu, grads, plan)) {
     gpu.dispatch(
       gpu.kernel(sumSquaresKernel, {
@@ -137,21 +137,24 @@ export function launchSumSquares(grads: readonly Tensor[], partials: Tensor): vo
 
 /** Fills `norm` and `coef` (f32 [1] each) from the first `count` partials. */
 export function launchClipCoefficient(
-  partials: Tensor,
+  partials: DeviceArray,
   count: number,
   maxNorm: number,
-  norm: Tensor,
-  coef: Tensor,
+  norm: DeviceArray,
+  coef: DeviceArray,
 ): void {
   const kernel = norm.gpu.kernel(clipCoefficientKernel, {});
   norm.gpu.dispatch(kernel, { partials, norm, coef }, { count, max_norm: maxNorm }, [1]);
 }
 
 /** Multiplies each of `grads` in place by `coef[0]`. */
-export function launchScaleByCoefficient(grads: readonly Tensor[], coef: Tensor): void {
+export function launchScaleByCoefficient(grads: readonly DeviceArray[], coef: DeviceArray): void {
   const gpu = coef.gpu;
   const work = grads.filter((g) => g.size > 0);
-  const plan = { ...ONE_GRADIENT_A_SLOT, workgroups: (g: Tensor) => Math.ceil(g.size / WORKGROUP) };
+  const plan = {
+    ...ONE_GRADIENT_A_SLOT,
+    workgroups: (g: DeviceArray) => Math.ceil(g.size / WORKGROUP),
+  };
   for (const { chunk, table } of multiTensorDispatches(gpu, work, plan)) {
     gpu.dispatch(
       gpu.kernel(scaleByCoefficientKernel, { dtype: chunk[0].dtype, slots: chunk.length }),

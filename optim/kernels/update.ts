@@ -16,6 +16,7 @@
 import {
   type Binding,
   defineKernel,
+  type DeviceArray,
   type DispatchUniforms,
   type DType,
   type KernelDefinition,
@@ -28,7 +29,6 @@ import {
   WGSL_GRID_BUILTINS,
   wgslForEachSlot,
 } from "../../gpu/kernels/mod.ts";
-import type { Tensor } from "../../gpu/mod.ts";
 
 const WORKGROUP = 256;
 const PER_THREAD = 4;
@@ -237,21 +237,21 @@ fn main() {
 /** One parameter tensor's buffers in an update. */
 export interface ParamUpdate {
   /** fp32 master (updated in place). */
-  param: Tensor;
+  param: DeviceArray;
   /** Its gradient, f32, f16 or bf16, same size. */
-  grad: Tensor;
+  grad: DeviceArray;
   /** Working copy written with the new value, if any. */
-  copy?: Tensor | undefined;
+  copy?: DeviceArray | undefined;
   /** The optimizer's fp32 state buffers of this parameter, by state name. */
-  state: Record<string, Tensor>;
+  state: Record<string, DeviceArray>;
 }
 
 /** The GPU-resident step signals every update reads. */
 export interface UpdateSignals {
   /** f32 [1] skip flag. */
-  foundInf: Tensor;
+  foundInf: DeviceArray;
   /** f32 [1] gradient multiplier. */
-  gradScale: Tensor;
+  gradScale: DeviceArray;
 }
 
 /**
@@ -264,7 +264,7 @@ function launchUpdates<C extends UpdateConfig, U extends string>(
   kernel: KernelDefinition<C, string, U>,
   config: Omit<C, keyof UpdateConfig>,
   updates: readonly ParamUpdate[],
-  shared: Record<string, Tensor>,
+  shared: Record<string, DeviceArray>,
   state: Record<string, string>,
   uniforms: Omit<DispatchUniforms<U>, SlotField>,
 ): void {
@@ -281,7 +281,7 @@ function launchUpdates<C extends UpdateConfig, U extends string>(
   for (const { chunk, table } of dispatches) {
     const copy = chunk[0].copy?.dtype ?? "none";
     const full = { ...config, grad: chunk[0].grad.dtype, copy, slots: chunk.length } as C;
-    const buffers: Record<string, Tensor> = {
+    const buffers: Record<string, DeviceArray> = {
       ...slotBuffers("param", chunk.map((u) => u.param)),
       ...slotBuffers("grad", chunk.map((u) => u.grad)),
       ...(copy !== "none" && slotBuffers("copy", chunk.map((u) => u.copy!))),
@@ -348,7 +348,7 @@ function lnBeta(beta: number): number {
  */
 export function launchAdamUpdates(
   updates: readonly ParamUpdate[],
-  signals: UpdateSignals & { step: Tensor },
+  signals: UpdateSignals & { step: DeviceArray },
   h: AdamHyper,
 ): void {
   const [beta1, beta2] = h.betas;
@@ -375,7 +375,7 @@ export function launchAdamUpdates(
 }
 
 /** step += 1 on the GPU unless `foundInf` is non-zero. */
-export function launchStepCount(step: Tensor, foundInf: Tensor): void {
+export function launchStepCount(step: DeviceArray, foundInf: DeviceArray): void {
   const gpu = step.gpu;
   gpu.dispatch(gpu.kernel(stepCountKernel, {}), { found_inf: foundInf, step }, {}, [1]);
 }

@@ -35,7 +35,7 @@ import type { Gpu } from "../../device/gpu.ts";
 import type { DType } from "../../base/dtype.ts";
 import { defineKernel, type ElementType } from "../../device/kernel.ts";
 import { type RandomRange, WGSL_RANDOM } from "../wgsl/random.ts";
-import { Tensor } from "../../tensor/tensor.ts";
+import { DeviceArray } from "../../device/device_array.ts";
 import { grid1d, WGSL_GRID_BUILTINS, WGSL_WORKGROUP_INDEX } from "../wgsl/grid.ts";
 import { failLoopIterations } from "../loop_limit.ts";
 import { attentionPlanFor } from "./settings.ts";
@@ -496,10 +496,12 @@ function fittingStage(gpu: Gpu, stage: number, headSize: number, dtype: DType): 
  * Where q, k and v are: three [B, T, C] tensors, or one packed [B, T, 3C]
  * tensor holding them side by side (a fused C→3C projection's output).
  */
-export type AttentionInputs = { q: Tensor; k: Tensor; v: Tensor } | { qkv: Tensor };
+export type AttentionInputs = { q: DeviceArray; k: DeviceArray; v: DeviceArray } | {
+  qkv: DeviceArray;
+};
 
 /** The three input bindings (one buffer thrice when packed: read-only aliasing is allowed). */
-function inputTensors(inputs: AttentionInputs): { q: Tensor; k: Tensor; v: Tensor } {
+function inputTensors(inputs: AttentionInputs): { q: DeviceArray; k: DeviceArray; v: DeviceArray } {
   return "qkv" in inputs ? { q: inputs.qkv, k: inputs.qkv, v: inputs.qkv } : inputs;
 }
 
@@ -573,10 +575,10 @@ export function launchFlashAttention(
   inputs: AttentionInputs,
   s: FlashAttentionShape,
   dropout: AttentionDropout | null,
-): { o: Tensor; lse: Tensor } {
+): { o: DeviceArray; lse: DeviceArray } {
   const { q, k, v } = inputTensors(inputs), gpu = q.gpu;
-  const o = Tensor.empty([s.batch, s.t, s.heads * s.headSize], q.dtype, gpu);
-  const lse = Tensor.empty([s.batch * s.heads, s.t], "f32", gpu);
+  const o = DeviceArray.empty([s.batch, s.t, s.heads * s.headSize], q.dtype, gpu);
+  const lse = DeviceArray.empty([s.batch * s.heads, s.t], "f32", gpu);
   const { kernels, uniforms, grid, empty } = setup(inputs, s, dropout);
   if (empty) return { o, lse };
   gpu.dispatch(
@@ -594,18 +596,18 @@ export function launchFlashAttention(
  * gradient (no autograd).
  */
 export function launchFlashAttentionBackward(
-  saved: { inputs: AttentionInputs; o: Tensor; lse: Tensor },
-  dout: Tensor,
+  saved: { inputs: AttentionInputs; o: DeviceArray; lse: DeviceArray },
+  dout: DeviceArray,
   s: FlashAttentionShape,
   dropout: AttentionDropout | null,
-): Tensor[] {
+): DeviceArray[] {
   const { o, lse } = saved, { q, k, v } = inputTensors(saved.inputs), gpu = q.gpu;
   const packed = "qkv" in saved.inputs;
-  const grads = (packed ? [q] : [q, k, v]).map((x) => Tensor.empty(x.shape, x.dtype, gpu));
+  const grads = (packed ? [q] : [q, k, v]).map((x) => DeviceArray.empty(x.shape, x.dtype, gpu));
   const { kernels, uniforms, grid, empty } = setup(saved.inputs, s, dropout);
   if (empty) return grads;
   const [dq, dk, dv] = packed ? [grads[0], grads[0], grads[0]] : grads;
-  const delta = Tensor.empty(lse.shape, "f32", gpu);
+  const delta = DeviceArray.empty(lse.shape, "f32", gpu);
   gpu.dispatch(
     kernels.dq(),
     { q, k, v, o, dout, lse, dq, delta },

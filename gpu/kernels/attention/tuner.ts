@@ -26,8 +26,7 @@ import {
   type TuningProgress,
   winnerCache,
 } from "../../tuning/timing.ts";
-import { untracked } from "../../tensor/scope.ts";
-import { Tensor } from "../../tensor/tensor.ts";
+import { DeviceArray } from "../../device/device_array.ts";
 import {
   ATTENTION_SHAPE_STORE,
   type AttentionProblem,
@@ -104,23 +103,22 @@ async function timePlans(
   { candidates: readonly AttentionPlan[]; best: AttentionPlan; seconds: number[]; trials: number }
 > {
   const { batch, t, heads, headSize } = problem, c = heads * headSize;
-  let scratch: { qkv: Tensor; dout: Tensor } | undefined;
+  let scratch: { qkv: DeviceArray; dout: DeviceArray } | undefined;
   const candidates = attentionPlanCandidates(gpu, headSize);
   let trials = 0;
   try {
     const timed = await timeCandidates(candidates, (plan) => {
       trials++;
       const s = { batch, t, heads, headSize, plan };
-      return timer(plan, () =>
-        untracked(() => {
-          const { qkv, dout } = scratch ??= {
-            qkv: Tensor.full([batch, t, 3 * c], 0.5, { dtype, gpu }),
-            dout: Tensor.full([batch, t, c], 0.01, { dtype, gpu }),
-          };
-          const { o, lse } = launchFlashAttention({ qkv }, s, null);
-          const grads = launchFlashAttentionBackward({ inputs: { qkv }, o, lse }, dout, s, null);
-          for (const x of [o, lse, ...grads]) x.dispose();
-        }));
+      return timer(plan, () => {
+        const { qkv, dout } = scratch ??= {
+          qkv: DeviceArray.filled([batch, t, 3 * c], 0.5, dtype, gpu),
+          dout: DeviceArray.filled([batch, t, c], 0.01, dtype, gpu),
+        };
+        const { o, lse } = launchFlashAttention({ qkv }, s, null);
+        const grads = launchFlashAttentionBackward({ inputs: { qkv }, o, lse }, dout, s, null);
+        for (const x of [o, lse, ...grads]) x.dispose();
+      });
     });
     return { candidates, ...timed, trials };
   } finally {

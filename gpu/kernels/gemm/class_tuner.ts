@@ -14,8 +14,7 @@ import type { Gpu } from "../../device/gpu.ts";
 import type { FloatDType } from "../../base/dtype.ts";
 import { dispatchMatmul, type MatmulProblem } from "./matmul.ts";
 import { denseProblem, type MatmulClass, matmulClassKey, type MatmulSize } from "./matmul_class.ts";
-import { Tensor } from "../../tensor/tensor.ts";
-import { untracked } from "../../tensor/scope.ts";
+import { DeviceArray } from "../../device/device_array.ts";
 import {
   type CandidateTimer,
   progressReporter,
@@ -121,11 +120,11 @@ async function tuneClass(
   const problem = problemOf(c);
   const { m, n, k } = problem;
   const dtype = c.dtype;
-  const operands = untracked(() => ({
-    a: Tensor.full([m * k], 0.5, { dtype, gpu }),
-    b: Tensor.full([k * n], 0.25, { dtype, gpu }),
-    c: Tensor.empty([m * n], dtype, gpu),
-  }));
+  const operands = {
+    a: DeviceArray.filled([m * k], 0.5, dtype, gpu),
+    b: DeviceArray.filled([k * n], 0.25, dtype, gpu),
+    c: DeviceArray.empty([m * n], dtype, gpu),
+  };
   const candidates = matmulCandidates(gpu, dtype);
   let timed: { best: MatmulTiling; seconds: number[] };
   try {

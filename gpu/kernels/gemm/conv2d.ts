@@ -19,7 +19,7 @@
 import type { MatmulTiling } from "./settings.ts";
 import type { DType } from "../../base/dtype.ts";
 import { defineKernel, optional } from "../../device/kernel.ts";
-import { Tensor } from "../../tensor/tensor.ts";
+import { DeviceArray } from "../../device/device_array.ts";
 import {
   checkGemmLoops,
   gemmGrid,
@@ -346,7 +346,7 @@ function dispatchConv(
   g: Conv2dGeometry,
   d: Dispatch,
   config: ConvDtypes,
-  buffers: Record<string, Tensor | undefined>,
+  buffers: Record<string, DeviceArray | undefined>,
 ): void {
   const gpu = Object.values(buffers)[0]!.gpu;
   const { k } = d.size;
@@ -365,13 +365,13 @@ function dispatchConv(
 
 /** y = conv2d(x, w) (+ bias, then ReLU) into a new tensor [N, O, outH, outW] of x's dtype. */
 export function launchConv2d(
-  x: Tensor,
-  w: Tensor,
+  x: DeviceArray,
+  w: DeviceArray,
   g: Conv2dGeometry,
   tiling: MatmulTiling,
-  epilogue: { bias?: Tensor; relu?: boolean } = {},
-): Tensor {
-  const y = Tensor.empty([g.batch, g.outChannels, g.outH, g.outW], x.dtype, x.gpu);
+  epilogue: { bias?: DeviceArray; relu?: boolean } = {},
+): DeviceArray {
+  const y = DeviceArray.empty([g.batch, g.outChannels, g.outH, g.outW], x.dtype, x.gpu);
   if (y.size === 0) return y;
   const size = conv2dProblems(g).forward;
   const config: ConvDtypes = {
@@ -393,12 +393,12 @@ export function launchConv2d(
 
 /** dx [N, C, H, W] (dy's dtype) from dy [N, O, outH, outW] and w. */
 export function launchConv2dInputGrad(
-  dy: Tensor,
-  w: Tensor,
+  dy: DeviceArray,
+  w: DeviceArray,
   g: Conv2dGeometry,
   tiling: MatmulTiling,
-): Tensor {
-  const dx = Tensor.empty([g.batch, g.inChannels, g.inH, g.inW], dy.dtype, dy.gpu);
+): DeviceArray {
+  const dx = DeviceArray.empty([g.batch, g.inChannels, g.inH, g.inW], dy.dtype, dy.gpu);
   if (dx.size === 0) return dx;
   const config: ConvDtypes = {
     dtype: dy.dtype,
@@ -414,18 +414,18 @@ export function launchConv2dInputGrad(
 
 /** dw [O, C/groups, KH, KW] in `out` dtype from dy and x (both of one dtype). */
 export function launchConv2dWeightGrad(
-  dy: Tensor,
-  x: Tensor,
+  dy: DeviceArray,
+  x: DeviceArray,
   g: Conv2dGeometry,
   tiling: MatmulTiling,
   out: DType,
-): Tensor {
+): DeviceArray {
   const shape = [g.outChannels, g.inChannels / g.groups, g.kH, g.kW];
   const { m, n, k } = conv2dProblems(g).weightGrad;
-  if (m * n === 0 || k === 0) return Tensor.zeros(shape, { dtype: out, gpu: dy.gpu });
+  if (m * n === 0 || k === 0) return DeviceArray.filled(shape, 0, out, dy.gpu);
   // Split-K: more workgroups when the output is small and the reduction long.
   const { length: chunk, slices: splits } = gemmSplit(dy.gpu, tiling, { m, n, k }, g.groups);
-  const partial = Tensor.empty([splits, ...shape], splits === 1 ? out : "f32", dy.gpu);
+  const partial = DeviceArray.empty([splits, ...shape], splits === 1 ? out : "f32", dy.gpu);
   const config: ConvDtypes = {
     dtype: dy.dtype,
     out: partial.dtype,
@@ -458,7 +458,7 @@ export function launchConv2dWeightGrad(
 }
 
 /** dbias [O] in `out` dtype: dy summed over images and positions. */
-export function launchConv2dBiasGrad(dy: Tensor, g: Conv2dGeometry, out: DType): Tensor {
+export function launchConv2dBiasGrad(dy: DeviceArray, g: Conv2dGeometry, out: DType): DeviceArray {
   const plane = g.outH * g.outW;
   const perImage = launchReduce(
     "sum",

@@ -17,7 +17,7 @@ import { defineKernel, optional } from "../../device/kernel.ts";
 import { type MatmulProblem, tilingFor } from "./matmul_class.ts";
 
 export type { MatmulProblem, OperandLayout } from "./matmul_class.ts";
-import { Tensor } from "../../tensor/tensor.ts";
+import { DeviceArray } from "../../device/device_array.ts";
 import type { Activation } from "../wgsl/math.ts";
 import { checkGemmLoops, gemmGrid, type GemmIo, gemmSplit, gemmWgsl, sliceLength } from "./gemm.ts";
 import { shapeOf, type ShapePick, shapePickFor } from "./shape_picks.ts";
@@ -186,10 +186,10 @@ export const matmulKernel = defineKernel({
  */
 export function dispatchMatmul(
   problem: MatmulProblem,
-  a: Tensor,
-  b: Tensor,
-  c: Tensor,
-  epilogue: { bias?: Tensor; activation?: Activation } = {},
+  a: DeviceArray,
+  b: DeviceArray,
+  c: DeviceArray,
+  epilogue: { bias?: DeviceArray; activation?: Activation } = {},
   forced?: MatmulTiling | ShapePick,
 ): void {
   const { batch, m, n, k } = problem;
@@ -214,7 +214,7 @@ export function dispatchMatmul(
     : sliceLength(k, pick.slices, tiling);
   checkGemmLoops(gpu, split.length, tiling, "matmul");
   // Slices write f32 partial results [slices, batch, m, n], added into c below.
-  const out = split.slices > 1 ? Tensor.empty([split.slices * batch * m * n], "f32", gpu) : c;
+  const out = split.slices > 1 ? DeviceArray.empty([split.slices * batch * m * n], "f32", gpu) : c;
   const kind = tilingKind(tiling);
   const config: MatmulConfig = {
     ...tiling,

@@ -17,8 +17,7 @@ import type { MatmulTiling } from "./settings.ts";
 import type { Gpu } from "../../device/gpu.ts";
 import { dispatchMatmul } from "./matmul.ts";
 import { denseProblem, type MatmulProblem } from "./matmul_class.ts";
-import { Tensor } from "../../tensor/tensor.ts";
-import { untracked } from "../../tensor/scope.ts";
+import { DeviceArray } from "../../device/device_array.ts";
 import { type CandidateTimer, secondsPerRun } from "../../tuning/timing.ts";
 import { tilingKind } from "./tilings.ts";
 import { waveSlices } from "./gemm.ts";
@@ -153,7 +152,7 @@ async function tuneShape(
   const trials: { pick: ShapePick; seconds: number }[] = [];
   const timeOf = (pick: ShapePick) =>
     timer(pick, () => {
-      const o = operands ??= untracked(() => operandsOf(gpu, shape, problem));
+      const o = operands ??= operandsOf(gpu, shape, problem);
       dispatchMatmul(problem, o.a, o.b, o.c, o.epilogue, pick);
     });
   const time = async (pick: ShapePick) => trials.push({ pick, seconds: await timeOf(pick) });
@@ -186,10 +185,10 @@ function extent(o: MatmulProblem["a"], batch: number, rows: number, cols: number
 /** Scratch operands of `shape` laid out as `problem` (small values: no overflow in f16). */
 function operandsOf(gpu: Gpu, shape: MatmulShape, problem: MatmulProblem) {
   const { batch, m, n, k } = shape;
-  const a = Tensor.full([extent(problem.a, batch, m, k)], 0.5, { dtype: shape.dtype, gpu });
-  const b = Tensor.full([extent(problem.b, batch, k, n)], 0.25, { dtype: shape.dtype, gpu });
-  const c = Tensor.empty([batch * m * n], shape.out, gpu);
-  const bias = shape.bias === "none" ? undefined : Tensor.zeros([n], { dtype: shape.bias, gpu });
+  const a = DeviceArray.filled([extent(problem.a, batch, m, k)], 0.5, shape.dtype, gpu);
+  const b = DeviceArray.filled([extent(problem.b, batch, k, n)], 0.25, shape.dtype, gpu);
+  const c = DeviceArray.empty([batch * m * n], shape.out, gpu);
+  const bias = shape.bias === "none" ? undefined : DeviceArray.filled([n], 0, shape.bias, gpu);
   return {
     a,
     b,

@@ -14,7 +14,7 @@
  */
 import type { DType } from "../../base/dtype.ts";
 import { defineKernel } from "../../device/kernel.ts";
-import { Tensor } from "../../tensor/tensor.ts";
+import { DeviceArray } from "../../device/device_array.ts";
 import { WGSL_GRID_BUILTINS, WGSL_WORKGROUP_INDEX } from "../wgsl/grid.ts";
 import { rowGrid, type RowLayout, rowLayout, wgslRowReduce } from "./row_layout.ts";
 import { REDUCE_THREADS, WGSL_LOWEST } from "../wgsl/math.ts";
@@ -117,7 +117,7 @@ fn main(${WGSL_GRID_BUILTINS}) {
 });
 
 /** Rows (every row of every T×T matrix), T, the layout and the dispatch grid. */
-function rowsOf(t: Tensor) {
+function rowsOf(t: DeviceArray) {
   const cols = t.shape.at(-1) ?? 1;
   const rows = cols === 0 ? 0 : t.size / cols;
   const layout = rowLayout(t.gpu, cols);
@@ -126,8 +126,8 @@ function rowsOf(t: Tensor) {
 }
 
 /** y = causal softmax of `scale`·x over the last axis (no autograd). */
-export function launchCausalSoftmax(x: Tensor, scale: number): Tensor {
-  const y = Tensor.empty(x.shape, x.dtype, x.gpu);
+export function launchCausalSoftmax(x: DeviceArray, scale: number): DeviceArray {
+  const y = DeviceArray.empty(x.shape, x.dtype, x.gpu);
   const { rows, cols, config, grid } = rowsOf(x);
   if (rows === 0) return y;
   const kernel = x.gpu.kernel(causalSoftmaxForwardKernel, config);
@@ -136,8 +136,12 @@ export function launchCausalSoftmax(x: Tensor, scale: number): Tensor {
 }
 
 /** dx from the forward output `y` and upstream `dy` (no autograd). */
-export function launchCausalSoftmaxBackward(y: Tensor, dy: Tensor, scale: number): Tensor {
-  const dx = Tensor.empty(y.shape, y.dtype, y.gpu);
+export function launchCausalSoftmaxBackward(
+  y: DeviceArray,
+  dy: DeviceArray,
+  scale: number,
+): DeviceArray {
+  const dx = DeviceArray.empty(y.shape, y.dtype, y.gpu);
   const { rows, cols, config, grid } = rowsOf(y);
   if (rows === 0) return dx;
   const kernel = y.gpu.kernel(causalSoftmaxBackwardKernel, config);

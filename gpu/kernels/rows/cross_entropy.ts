@@ -13,7 +13,7 @@
  */
 import type { DType } from "../../base/dtype.ts";
 import { defineKernel, optional } from "../../device/kernel.ts";
-import { Tensor } from "../../tensor/tensor.ts";
+import { DeviceArray } from "../../device/device_array.ts";
 import { grid1d, WGSL_GRID_BUILTINS, WGSL_WORKGROUP_INDEX } from "../wgsl/grid.ts";
 import {
   rowGrid,
@@ -169,14 +169,14 @@ fn main(${WGSL_GRID_BUILTINS}) {
 /** What the cross-entropy kernels need besides the logits and targets. */
 export interface CrossEntropyParams {
   /** Class weights, f32 [classes], or null for all ones. */
-  weight: Tensor | null;
+  weight: DeviceArray | null;
   /** The target id whose rows count for nothing. */
   ignoreIndex: number;
   /** Label smoothing ε in [0, 1]. */
   smoothing: number;
 }
 
-function launchConfig(logits: Tensor, params: CrossEntropyParams) {
+function launchConfig(logits: DeviceArray, params: CrossEntropyParams) {
   const [rows, classes] = logits.shape;
   const width = rowPlan(logits.gpu, classes).width;
   const config = { dtype: logits.dtype, weighted: params.weight !== null, width };
@@ -194,24 +194,24 @@ function launchConfig(logits: Tensor, params: CrossEntropyParams) {
 /** Per-row results of {@link launchCrossEntropy}, all f32. */
 export interface CrossEntropyRows {
   /** Loss of each row [rows]. */
-  loss: Tensor;
+  loss: DeviceArray;
   /** w_t of each row, 0 where ignored [rows]. */
-  targetWeight: Tensor;
+  targetWeight: DeviceArray;
   /** lse and k of each row [rows, 2], for the backward. */
-  stats: Tensor;
+  stats: DeviceArray;
 }
 
 /** Per-row losses for logits [rows, classes]. No autograd. */
 export function launchCrossEntropy(
-  logits: Tensor,
-  targets: Tensor,
+  logits: DeviceArray,
+  targets: DeviceArray,
   params: CrossEntropyParams,
 ): CrossEntropyRows {
   const { rows, classes, config, uniforms, weight } = launchConfig(logits, params);
   const { layout, lanes } = rowPlan(logits.gpu, classes);
-  const loss = Tensor.empty([rows], "f32", logits.gpu);
-  const targetWeight = Tensor.empty([rows], "f32", logits.gpu);
-  const stats = Tensor.empty([rows, 2], "f32", logits.gpu);
+  const loss = DeviceArray.empty([rows], "f32", logits.gpu);
+  const targetWeight = DeviceArray.empty([rows], "f32", logits.gpu);
+  const stats = DeviceArray.empty([rows, 2], "f32", logits.gpu);
   if (rows === 0) return { loss, targetWeight, stats };
   logits.gpu.dispatch(
     logits.gpu.kernel(crossEntropyForwardKernel, { ...config, layout, lanes }),
@@ -224,14 +224,14 @@ export function launchCrossEntropy(
 
 /** The logits' gradient from per-row gradients `g` (f32 [rows]). No autograd. */
 export function launchCrossEntropyBackward(
-  logits: Tensor,
-  targets: Tensor,
-  stats: Tensor,
-  g: Tensor,
+  logits: DeviceArray,
+  targets: DeviceArray,
+  stats: DeviceArray,
+  g: DeviceArray,
   params: CrossEntropyParams,
-): Tensor {
+): DeviceArray {
   const { rows, classes, config, uniforms, weight } = launchConfig(logits, params);
-  const dx = Tensor.empty(logits.shape, logits.dtype, logits.gpu);
+  const dx = DeviceArray.empty(logits.shape, logits.dtype, logits.gpu);
   if (rows * classes === 0) return dx;
   logits.gpu.dispatch(
     logits.gpu.kernel(crossEntropyBackwardKernel, config),

@@ -23,7 +23,7 @@
  */
 import type { DType } from "../../base/dtype.ts";
 import { defineKernel, optional } from "../../device/kernel.ts";
-import { Tensor } from "../../tensor/tensor.ts";
+import { DeviceArray } from "../../device/device_array.ts";
 import { grid1d, WGSL_GRID_BUILTINS, WGSL_WORKGROUP_INDEX } from "../wgsl/grid.ts";
 import {
   rowGrid,
@@ -191,7 +191,7 @@ fn main(${WGSL_GRID_BUILTINS}) {
 }`,
 });
 
-function rowsCols(x: Tensor): { rows: number; cols: number } {
+function rowsCols(x: DeviceArray): { rows: number; cols: number } {
   const cols = x.shape.at(-1) ?? 1;
   return { rows: x.shape.slice(0, -1).reduce((a, b) => a * b, 1), cols };
 }
@@ -199,16 +199,16 @@ function rowsCols(x: Tensor): { rows: number; cols: number } {
 /** The statistics of a LayerNorm's rows, f32 [rows]: what backward and a recompute of y read. */
 export interface LayerNormStats {
   /** Each row's mean. */
-  mean: Tensor;
+  mean: DeviceArray;
   /** Each row's 1/√(var + eps). */
-  rstd: Tensor;
+  rstd: DeviceArray;
 }
 
 /** Dispatches the forward kernel: statistics computed (`stats` null) or read. */
 function dispatchForward(
-  x: Tensor,
-  affine: { weight: Tensor | null; bias: Tensor | null; eps: number },
-  y: Tensor,
+  x: DeviceArray,
+  affine: { weight: DeviceArray | null; bias: DeviceArray | null; eps: number },
+  y: DeviceArray,
   stats: LayerNormStats,
   saved: boolean,
 ): void {
@@ -242,17 +242,17 @@ function dispatchForward(
  * ([rows]) that the backward pass needs (no autograd).
  */
 export function launchLayerNorm(
-  x: Tensor,
-  weight: Tensor | null,
-  bias: Tensor | null,
+  x: DeviceArray,
+  weight: DeviceArray | null,
+  bias: DeviceArray | null,
   eps: number,
   out: DType = x.dtype,
-): { y: Tensor } & LayerNormStats {
+): { y: DeviceArray } & LayerNormStats {
   const { rows } = rowsCols(x);
-  const y = Tensor.empty(x.shape, out, x.gpu);
+  const y = DeviceArray.empty(x.shape, out, x.gpu);
   const stats = {
-    mean: Tensor.empty([rows], "f32", x.gpu),
-    rstd: Tensor.empty([rows], "f32", x.gpu),
+    mean: DeviceArray.empty([rows], "f32", x.gpu),
+    rstd: DeviceArray.empty([rows], "f32", x.gpu),
   };
   dispatchForward(x, { weight, bias, eps }, y, stats, false);
   return { y, ...stats };
@@ -265,26 +265,26 @@ export function launchLayerNorm(
  * No autograd.
  */
 export function launchLayerNormFromStats(
-  x: Tensor,
-  affine: { weight: Tensor | null; bias: Tensor | null },
+  x: DeviceArray,
+  affine: { weight: DeviceArray | null; bias: DeviceArray | null },
   stats: LayerNormStats,
   out: DType,
-): Tensor {
-  const y = Tensor.empty(x.shape, out, x.gpu);
+): DeviceArray {
+  const y = DeviceArray.empty(x.shape, out, x.gpu);
   dispatchForward(x, { ...affine, eps: 0 }, y, stats, true);
   return y;
 }
 
 /** dx of LayerNorm from the saved x, mean, rstd, the weight (if any) and upstream `g` (no autograd). */
 export function launchLayerNormBackward(
-  x: Tensor,
-  weight: Tensor | null,
-  g: Tensor,
-  mean: Tensor,
-  rstd: Tensor,
-): Tensor {
+  x: DeviceArray,
+  weight: DeviceArray | null,
+  g: DeviceArray,
+  mean: DeviceArray,
+  rstd: DeviceArray,
+): DeviceArray {
   const { rows, cols } = rowsCols(x);
-  const dx = Tensor.empty(x.shape, x.dtype, x.gpu);
+  const dx = DeviceArray.empty(x.shape, x.dtype, x.gpu);
   if (rows * cols === 0) return dx;
   const plan = rowPlan(x.gpu, cols);
   const config = { dtype: x.dtype, grad: g.dtype, weight: weight !== null, bias: false, ...plan };
@@ -299,15 +299,15 @@ export function launchLayerNormBackward(
  * (null where not asked for). No autograd.
  */
 export function launchLayerNormParamGrads(
-  x: Tensor,
-  g: Tensor,
-  mean: Tensor,
-  rstd: Tensor,
+  x: DeviceArray,
+  g: DeviceArray,
+  mean: DeviceArray,
+  rstd: DeviceArray,
   want: { weight: boolean; bias: boolean },
-): { dw: Tensor | null; db: Tensor | null } {
+): { dw: DeviceArray | null; db: DeviceArray | null } {
   const { rows, cols } = rowsCols(x);
-  const dw = want.weight ? Tensor.empty([cols], "f32", x.gpu) : null;
-  const db = want.bias ? Tensor.empty([cols], "f32", x.gpu) : null;
+  const dw = want.weight ? DeviceArray.empty([cols], "f32", x.gpu) : null;
+  const db = want.bias ? DeviceArray.empty([cols], "f32", x.gpu) : null;
   if (cols === 0 || (!dw && !db)) return { dw, db };
   if (columnBlocksFor(x.gpu, rows, cols)) {
     launchLayerNormColumnGrads(x, g, { mean, rstd }, { rows, cols }, { dw, db });

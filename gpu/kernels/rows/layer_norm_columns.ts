@@ -7,7 +7,7 @@
  */
 import type { DType } from "../../base/dtype.ts";
 import { defineKernel } from "../../device/kernel.ts";
-import { Tensor } from "../../tensor/tensor.ts";
+import { DeviceArray } from "../../device/device_array.ts";
 import {
   columnBlocks,
   columnDispatch,
@@ -52,15 +52,15 @@ export const layerNormColumnPartialsKernel = defineKernel({
  * in two coalesced stages. No autograd.
  */
 export function launchLayerNormColumnGrads(
-  x: Tensor,
-  g: Tensor,
-  stats: { mean: Tensor; rstd: Tensor },
+  x: DeviceArray,
+  g: DeviceArray,
+  stats: { mean: DeviceArray; rstd: DeviceArray },
   size: { rows: number; cols: number },
-  out: { dw: Tensor | null; db: Tensor | null },
+  out: { dw: DeviceArray | null; db: DeviceArray | null },
 ): void {
   const { rows, cols } = size;
   const blocks = columnBlocks(rows);
-  const part = Tensor.empty([2 * blocks.blocks * cols], "f32", x.gpu);
+  const part = DeviceArray.empty([2 * blocks.blocks * cols], "f32", x.gpu);
   const kernel = x.gpu.kernel(layerNormColumnPartialsKernel, { dtype: x.dtype, grad: g.dtype });
   const { uniforms, grid } = columnDispatch(1, rows, cols, blocks);
   x.gpu.dispatch(kernel, { x, g, mean: stats.mean, rstd: stats.rstd, part }, uniforms, grid);

@@ -7,7 +7,7 @@
  */
 import type { DType } from "../../base/dtype.ts";
 import { defineKernel } from "../../device/kernel.ts";
-import { Tensor } from "../../tensor/tensor.ts";
+import { DeviceArray } from "../../device/device_array.ts";
 import { WGSL_GRID_BUILTINS } from "../wgsl/grid.ts";
 import {
   rowGrid,
@@ -98,14 +98,14 @@ export const softmaxBackwardKernel = defineKernel({
 });
 
 /** A tensor as rows over its last axis. */
-function rowsOf(t: Tensor): { rows: number; cols: number } {
+function rowsOf(t: DeviceArray): { rows: number; cols: number } {
   const cols = t.shape.at(-1) ?? 1;
   return { rows: cols === 0 ? 0 : t.size / cols, cols };
 }
 
 /** y = softmax or log-softmax of `x` over its last axis (no autograd). */
-export function launchSoftmax(kind: SoftmaxKind, x: Tensor): Tensor {
-  const y = Tensor.empty(x.shape, x.dtype, x.gpu);
+export function launchSoftmax(kind: SoftmaxKind, x: DeviceArray): DeviceArray {
+  const y = DeviceArray.empty(x.shape, x.dtype, x.gpu);
   const { rows, cols } = rowsOf(x);
   if (rows === 0) return y;
   const plan = rowPlan(x.gpu, cols);
@@ -115,8 +115,12 @@ export function launchSoftmax(kind: SoftmaxKind, x: Tensor): Tensor {
 }
 
 /** dx from the forward output `y` and upstream `dy` (no autograd). */
-export function launchSoftmaxBackward(kind: SoftmaxKind, y: Tensor, dy: Tensor): Tensor {
-  const dx = Tensor.empty(y.shape, y.dtype, y.gpu);
+export function launchSoftmaxBackward(
+  kind: SoftmaxKind,
+  y: DeviceArray,
+  dy: DeviceArray,
+): DeviceArray {
+  const dx = DeviceArray.empty(y.shape, y.dtype, y.gpu);
   const { rows, cols } = rowsOf(y);
   if (rows === 0) return dx;
   const plan = rowPlan(y.gpu, cols);
