@@ -294,7 +294,9 @@ function runRules(
         // gradient takes it over (it is ours, and about to be freed), later
         // ones and the caller's gradient are copied.
         const taken = given.some((t) => t.sharesMemoryWith(g!));
-        if (taken || (grad === gradOutput && g.sharesMemoryWith(grad))) g = Tensor.adopt(launchCopy(g));
+        if (taken || (grad === gradOutput && g.sharesMemoryWith(grad))) {
+          g = Tensor.adopt(launchCopy(g));
+        }
         given.push(g);
         const target = input.gradFn ? pending.get(input) : input.grad;
         if (target) {

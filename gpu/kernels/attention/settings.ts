@@ -14,12 +14,7 @@
 import type { Gpu } from "../../device/gpu.ts";
 import { type DType, DTYPES, type FloatDType } from "../../base/dtype.ts";
 import { type AttentionPlan, attentionPlanCandidates, type FlashAttentionShape } from "./plans.ts";
-import {
-  cachedPicks,
-  pickCacheKey,
-  type PickStore,
-  type ShapePicks,
-} from "../../tuning/shape_store.ts";
+import { cachedPicks, pickCacheKey, type PickStore, type ShapePicks } from "../../tuning/picks.ts";
 import { defineTunerSettings, type TunerSettings } from "../../tuning/settings.ts";
 
 /** Bump when the kernels, candidates or the key change: older cached picks are ignored. */
@@ -107,7 +102,7 @@ export function attentionShapeOf(problem: AttentionProblem, dtype: DType): Atten
   return { heads: batch * heads, t, headSize, dtype: dtype === "i32" ? "f32" : dtype };
 }
 
-/** How attention picks are keyed, cached and checked (gpu/tuning/shape_store.ts). @internal */
+/** How attention picks are keyed, cached and checked (gpu/tuning/picks.ts). @internal */
 export const ATTENTION_SHAPE_STORE: PickStore<AttentionShape, AttentionShapeRecord> = {
   tuner: "attentionShapes",
   version: ATTENTION_SHAPES_VERSION,

@@ -39,7 +39,7 @@ import {
   pickReport,
   type ShapeTuningOptions,
   tunePicks,
-} from "../../tuning/shape_store.ts";
+} from "../../tuning/picks.ts";
 
 /** Bump when the kernels or candidates change: cached winners of older versions are ignored. */
 const TUNER_VERSION = 4;

@@ -34,7 +34,7 @@ import {
   pickReport,
   type ShapeTuningOptions,
   tunePicks,
-} from "../../tuning/shape_store.ts";
+} from "../../tuning/picks.ts";
 
 export type { MatmulShape, ShapePick } from "./shape_picks.ts";
 
