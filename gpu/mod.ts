@@ -147,7 +147,8 @@ export {
   type TuneAttentionShapesOptions,
 } from "./kernels/attention/tuner.ts";
 export type { CandidateTimer, TuningProgress } from "./tuning/timing.ts";
-export type { ShapePicks, ShapeTuningOptions, TimedPick } from "./tuning/picks.ts";
+export type { TimedPick } from "./tuning/cache.ts";
+export type { ShapePicks, ShapeTuningOptions } from "./tuning/picks.ts";
 export type { AttentionPlan } from "./kernels/attention/plans.ts";
 export type { AttentionTile } from "./kernels/attention/flash_attention_tiled.ts";
 export { defineTunerSettings, type TunerSettings } from "./tuning/settings.ts";

@@ -1,29 +1,17 @@
 /**
- * What the per-shape tuners (matmul: gpu/kernels/gemm/shape_picks.ts and
- * gpu/kernels/gemm/shape_tuner.ts; attention: gpu/kernels/attention/settings.ts and
- * gpu/kernels/attention/tuner.ts) share: a device's picks by shape key with the
- * shapes it ran, the per-adapter cache they are read from and written to
- * (versioned key; each entry names its adapter and is checked before it is
- * trusted), and the loop that times the shapes without a pick.
+ * What every tuner shares beyond timing: a device's table of picks by key
+ * (a matmul class or attention dtype is a coarse key, an exact product or
+ * attention shape a fine one), the shapes it ran, and the driver that times
+ * the keys without a pick, records the picks and caches them (cache.ts). The
+ * class tuners (gpu/kernels/gemm/class_tuner.ts, attention/tuner.ts) and the
+ * per-shape ones (gemm/shape_tuner.ts, attention/tuner.ts) are this driver
+ * with their own problems and candidates.
  */
 import type { Gpu } from "../device/gpu.ts";
-import {
-  type CandidateTimer,
-  progressReporter,
-  tunerCacheKey,
-  type TuningProgress,
-  winnerCache,
-} from "./timing.ts";
+import { type PickStore, readPicks, type TimedPick, writePicks } from "./cache.ts";
+import { type CandidateTimer, progressReporter, timerOn, type TuningProgress } from "./timing.ts";
 
-/** A measured pick: at least its shape and its time (seconds per run). */
-export interface TimedPick<S> {
-  /** The shape it was measured at. */
-  shape: S;
-  /** Seconds per run of the pick when it was measured (kept in the cache). */
-  seconds: number;
-}
-
-/** One device's picks and the shapes it ran (a per-shape tuner's settings). */
+/** One device's picks by key and the shapes it ran (a per-shape tuner's settings). */
 export interface ShapePicks<S, R extends TimedPick<S>, P> {
   /** Picks by shape key. */
   readonly picks: Map<string, R>;
@@ -33,39 +21,9 @@ export interface ShapePicks<S, R extends TimedPick<S>, P> {
   readonly fromCache: Set<string>;
 }
 
-/** How a per-shape tuner names and checks its picks. */
-export interface PickStore<S, R extends TimedPick<S>> {
-  /** The tuner's name in its cache key (`"matmulShapes"`). */
-  tuner: string;
-  /** Bump when kernels or the pick's meaning change: older cached picks are ignored. */
-  version: number;
-  /** A shape's key. */
-  keyOf(shape: S): string;
-  /** A stored entry as a current record (its fields only), or undefined when it is not one. */
-  check(gpu: Gpu, entry: R): R | undefined;
-}
-
-/** The `localStorage` key of a tuner's picks on `gpu` (per adapter, profile and version). */
-export function pickCacheKey<S, R extends TimedPick<S>>(gpu: Gpu, store: PickStore<S, R>): string {
-  return tunerCacheKey(gpu, store.tuner, store.version);
-}
-
-/** Who measured a pick: the adapter and the profile it ran as. */
-function adapterLabel(gpu: Gpu): string {
-  return `${gpu.adapterName} [${gpu.adapterProfile.name}]`;
-}
-
-function cacheOf<S, R extends TimedPick<S>>(gpu: Gpu, store: PickStore<S, R>) {
-  const adapter = adapterLabel(gpu);
-  return winnerCache(pickCacheKey(gpu, store), (stored) => {
-    try {
-      const entry = stored as R & { adapter: string };
-      if (entry.adapter !== adapter || !(entry.seconds > 0)) return undefined;
-      return store.check(gpu, entry);
-    } catch {
-      return undefined;
-    }
-  });
+/** A table with no picks. */
+export function emptyPicks<S, R extends TimedPick<S>, P>(): ShapePicks<S, R, P> {
+  return { picks: new Map(), seen: new Map(), fromCache: new Set() };
 }
 
 /** `gpu`'s picks as the cache has them (none noted yet): a device's state when it starts. */
@@ -73,23 +31,22 @@ export function cachedPicks<S, R extends TimedPick<S>, P>(
   gpu: Gpu,
   store: PickStore<S, R>,
 ): ShapePicks<S, R, P> {
-  const picks = new Map<string, R>();
-  // An entry stored under another shape's key is not trusted either.
-  for (const [key, record] of Object.entries(cacheOf(gpu, store).read())) {
-    if (store.keyOf(record.shape) === key) picks.set(key, record);
-  }
+  const picks = readPicks(gpu, store);
   return { picks, seen: new Map(), fromCache: new Set(picks.keys()) };
 }
 
-/** Adds `records` to `gpu`'s cache of the tuner's picks. */
-export function cachePicks<S, R extends TimedPick<S>>(
-  gpu: Gpu,
-  store: PickStore<S, R>,
-  records: ReadonlyMap<string, R>,
-): void {
-  const adapter = adapterLabel(gpu);
-  const entries = new Map([...records].map(([k, r]) => [k, { ...r, adapter }]));
-  cacheOf(gpu, store).write(entries as unknown as Map<string, R>);
+/** Options of a class tuner (`tuneMatmul`, `tuneAttention`). */
+export interface ClassTuningOptions<C> {
+  /** Measure again even when the cache has a winner (default false). */
+  force?: boolean;
+  /**
+   * Times a candidate's run (default: GPU timestamps, else wall time; see
+   * `secondsPerRun`). Given one, the cache is neither read nor written: its
+   * figures need not be this adapter's (tests inject one to check the pick).
+   */
+  timer?: CandidateTimer<C>;
+  /** Told before the first class the cache lacks is measured and after each. */
+  onProgress?: (progress: TuningProgress) => void;
 }
 
 /** Options of a per-shape tuner (`tuneMatmulShapes`, `tuneAttentionShapes`). */
@@ -109,8 +66,67 @@ export interface ShapeTuningOptions<S, C> {
   onProgress?: (progress: TuningProgress) => void;
 }
 
+/** Measures one key's candidates with `timer`: its record and the timings it took. */
+export type MeasurePick<S, R, P, C> = (
+  shape: S,
+  problem: P,
+  timer: CandidateTimer<C>,
+) => Promise<{ record: R; trials: number }>;
+
+/**
+ * A class tuner's run over `listed` (each with the problem it is timed on):
+ * the cache is read when it runs and what it measured is written back,
+ * neither with a test timer; with `force` or a timer every class is measured.
+ */
+export function tuneClasses<S, R extends TimedPick<S>, P, C>(
+  gpu: Gpu,
+  store: PickStore<S, R>,
+  task: string,
+  listed: { shape: S; problem: P }[],
+  options: ClassTuningOptions<C>,
+  measure: MeasurePick<S, R, P, C>,
+): Promise<PickOutcome<R>[]> {
+  const timer = timerOn(gpu, options.timer);
+  const afresh = !!(options.force || options.timer);
+  const table = afresh ? emptyPicks<S, R, P>() : cachedPicks<S, R, P>(gpu, store);
+  return tunePicks(gpu, table, {
+    store,
+    listed,
+    force: afresh,
+    cache: !options.timer,
+    task,
+    onProgress: options.onProgress,
+    measure: (shape, problem) => measure(shape, problem, timer),
+  });
+}
+
+/**
+ * A per-shape tuner's run on the device's `table`: the shapes `options`
+ * lists (timed on `problemOf(shape)`), else every shape seen.
+ */
+export function tuneShapes<S, R extends TimedPick<S>, P, C>(
+  gpu: Gpu,
+  table: ShapePicks<S, R, P>,
+  store: PickStore<S, R>,
+  task: string,
+  options: ShapeTuningOptions<S, C>,
+  problemOf: (shape: S) => P,
+  measure: MeasurePick<S, R, P, C>,
+): Promise<PickOutcome<R>[]> {
+  const timer = timerOn(gpu, options.timer);
+  return tunePicks(gpu, table, {
+    store,
+    listed: options.shapes?.map((shape) => ({ shape, problem: problemOf(shape) })),
+    force: options.force,
+    cache: options.cache ?? !options.timer,
+    task,
+    onProgress: options.onProgress,
+    measure: (shape, problem) => measure(shape, problem, timer),
+  });
+}
+
 /** What {@link tunePicks} does: which shapes, and how one is measured. */
-export interface PickTuning<S, R extends TimedPick<S>, P> {
+interface PickTuning<S, R extends TimedPick<S>, P> {
   /** The store the picks belong to. */
   store: PickStore<S, R>;
   /** The shapes the caller listed (with a problem each), or undefined: every shape seen. */
@@ -140,11 +156,11 @@ export interface PickOutcome<R> {
 }
 
 /**
- * Times each asked shape without a pick (with `force`, also those the cache
+ * The driver every tuner runs: times each asked key without a pick (with `force`, also those the cache
  * gave, and every listed one), records the picks in `state`, caches them
  * when asked, and returns every asked shape's pick.
  */
-export async function tunePicks<S, R extends TimedPick<S>, P>(
+async function tunePicks<S, R extends TimedPick<S>, P>(
   gpu: Gpu,
   state: ShapePicks<S, R, P>,
   tuning: PickTuning<S, R, P>,
@@ -174,7 +190,7 @@ export async function tunePicks<S, R extends TimedPick<S>, P>(
     const cached = trials === 0 && state.fromCache.has(key);
     results.push({ key, record: state.picks.get(key)!, trials, cached });
   }
-  if (tuning.cache) cachePicks(gpu, store, fresh);
+  if (tuning.cache) writePicks(gpu, store, fresh);
   return results;
 }
 

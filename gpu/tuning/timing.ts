@@ -1,6 +1,6 @@
 /**
- * What the kernel tuners share: timing a run of dispatches, and the
- * per-adapter cache of their winners.
+ * How the kernel tuners time: a run of dispatches (GPU timestamps, else wall
+ * time), candidates with their finalists timed again, and progress reports.
  */
 import type { Gpu } from "../device/gpu.ts";
 
@@ -30,11 +30,26 @@ export async function secondsPerRun(gpu: Gpu, run: () => void): Promise<number> 
 }
 
 /**
- * Seconds per run of each candidate, timed by `time`, and the fastest. On a
+ * Times `seconds`' `finalists` fastest entries again, slowest of them first,
+ * each keeping its better time (`time(i)` times entry i once more): on a
  * shared or noisy machine one timing can misrank close candidates (a tuner
- * picked a tiling 45% slower than the best that way), so the `finalists`
- * fastest of the first round are timed again, in reverse order, and each
- * keeps its better time.
+ * picked a tiling 45% slower than the best that way). The one rule every
+ * tuner follows; returns how many timings it made.
+ */
+export async function retimeFinalists(
+  seconds: number[],
+  time: (index: number) => Promise<number>,
+  finalists = 3,
+): Promise<number> {
+  const ranked = seconds.map((_, i) => i).sort((a, b) => seconds[a] - seconds[b]);
+  const again = ranked.slice(0, finalists).reverse();
+  for (const i of again) seconds[i] = Math.min(seconds[i], await time(i));
+  return again.length;
+}
+
+/**
+ * Seconds per run of each candidate, timed by `time`, and the fastest: every
+ * candidate once, then the finalists again ({@link retimeFinalists}).
  */
 export async function timeCandidates<T>(
   candidates: readonly T[],
@@ -43,22 +58,9 @@ export async function timeCandidates<T>(
 ): Promise<{ best: T; seconds: number[] }> {
   const seconds: number[] = [];
   for (const c of candidates) seconds.push(await time(c));
-  const ranked = candidates.map((_, i) => i).sort((a, b) => seconds[a] - seconds[b]);
-  for (const i of ranked.slice(0, finalists).reverse()) {
-    seconds[i] = Math.min(seconds[i], await time(candidates[i]));
-  }
+  await retimeFinalists(seconds, (i) => time(candidates[i]), finalists);
   const best = seconds.reduce((b, x, i) => (x < seconds[b] ? i : b), 0);
   return { best: candidates[best], seconds };
-}
-
-/**
- * The cache key of `tuner`'s winners (version `version`) on `gpu`: by
- * adapter, and by profile when a test runs the device as another adapter
- * (`withAdapterProfile`), so its winners never mix with the real ones.
- */
-export function tunerCacheKey(gpu: Gpu, tuner: string, version: number): string {
-  const profile = gpu.adapterProfile.name === "adapter" ? "" : ` [${gpu.adapterProfile.name}]`;
-  return `halfstep.${tuner}.v${version}:${gpu.adapterName}${profile}`;
 }
 
 /**
@@ -68,38 +70,9 @@ export function tunerCacheKey(gpu: Gpu, tuner: string, version: number): string 
  */
 export type CandidateTimer<T> = (candidate: T, run: () => void) => Promise<number>;
 
-/** `localStorage` where the runtime offers it (Deno, browsers), else null: winners are then not kept. */
-function tuningStorage(): Storage | null {
-  try {
-    return typeof localStorage === "undefined" ? null : localStorage;
-  } catch {
-    return null;
-  }
-}
-
-/**
- * A tuner's winners for one adapter, kept in `localStorage` under `key` (which
- * names the tuner, its version and the adapter). `known` maps a stored value
- * back to a current candidate, or undefined: entries of older candidates, and
- * a corrupt cache, are measured again.
- */
-export function winnerCache<T>(key: string, known: (stored: unknown) => T | undefined) {
-  const read = (): Record<string, T> => {
-    try {
-      const parsed = JSON.parse(tuningStorage()?.getItem(key) ?? "{}");
-      const entries = Object.entries(parsed).map(([k, v]) => [k, known(v)] as const);
-      return Object.fromEntries(entries.filter(([, v]) => v !== undefined)) as Record<string, T>;
-    } catch {
-      return {};
-    }
-  };
-  return {
-    read,
-    /** Adds `winners` to what is stored (other keys are kept). */
-    write(winners: ReadonlyMap<string, T>): void {
-      tuningStorage()?.setItem(key, JSON.stringify({ ...read(), ...Object.fromEntries(winners) }));
-    },
-  };
+/** `timer`, or by default {@link secondsPerRun} on `gpu`. */
+export function timerOn<T>(gpu: Gpu, timer?: CandidateTimer<T>): CandidateTimer<T> {
+  return timer ?? ((_, run) => secondsPerRun(gpu, run));
 }
 
 /**

@@ -14,7 +14,8 @@
 import type { Gpu } from "../../device/gpu.ts";
 import { type DType, DTYPES, type FloatDType } from "../../base/dtype.ts";
 import { type AttentionPlan, attentionPlanCandidates, type FlashAttentionShape } from "./plans.ts";
-import { cachedPicks, pickCacheKey, type PickStore, type ShapePicks } from "../../tuning/picks.ts";
+import { pickCacheKey, type PickStore } from "../../tuning/cache.ts";
+import { cachedPicks, emptyPicks, type ShapePicks } from "../../tuning/picks.ts";
 import { defineTunerSettings, type TunerSettings } from "../../tuning/settings.ts";
 
 /** Bump when the kernels, candidates or the key change: older cached picks are ignored. */
@@ -84,9 +85,7 @@ export const attentionSettings: TunerSettings<AttentionSettings> = defineTunerSe
   "attention",
   (gpu) => ({
     plans: new Map(),
-    shapes: gpu.adapterProfile.cpu
-      ? { picks: new Map(), seen: new Map(), fromCache: new Set() }
-      : cachedPicks(gpu, ATTENTION_SHAPE_STORE),
+    shapes: gpu.adapterProfile.cpu ? emptyPicks() : cachedPicks(gpu, ATTENTION_SHAPE_STORE),
   }),
 );
 
@@ -102,7 +101,7 @@ export function attentionShapeOf(problem: AttentionProblem, dtype: DType): Atten
   return { heads: batch * heads, t, headSize, dtype: dtype === "i32" ? "f32" : dtype };
 }
 
-/** How attention picks are keyed, cached and checked (gpu/tuning/picks.ts). @internal */
+/** How attention picks are keyed, cached and checked (gpu/tuning/cache.ts). @internal */
 export const ATTENTION_SHAPE_STORE: PickStore<AttentionShape, AttentionShapeRecord> = {
   tuner: "attentionShapes",
   version: ATTENTION_SHAPES_VERSION,

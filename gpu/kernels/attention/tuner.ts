@@ -17,15 +17,8 @@ import {
   launchFlashAttentionBackward,
   TILED_ATTENTION_PLANS,
 } from "./flash_attention.ts";
-import {
-  type CandidateTimer,
-  progressReporter,
-  secondsPerRun,
-  timeCandidates,
-  tunerCacheKey,
-  type TuningProgress,
-  winnerCache,
-} from "../../tuning/timing.ts";
+import { type CandidateTimer, timeCandidates } from "../../tuning/timing.ts";
+import type { PickStore } from "../../tuning/cache.ts";
 import { DeviceArray } from "../../device/device_array.ts";
 import {
   ATTENTION_SHAPE_STORE,
@@ -35,14 +28,16 @@ import {
   type AttentionShapeRecord,
 } from "./settings.ts";
 import {
+  type ClassTuningOptions,
   type PickOutcome,
   pickReport,
   type ShapeTuningOptions,
-  tunePicks,
+  tuneClasses,
+  tuneShapes,
 } from "../../tuning/picks.ts";
 
 /** Bump when the kernels or candidates change: cached winners of older versions are ignored. */
-const TUNER_VERSION = 4;
+const TUNER_VERSION = 5;
 
 /** One dtype's result. */
 export interface AttentionTuning {
@@ -56,15 +51,28 @@ export interface AttentionTuning {
   cached: boolean;
 }
 
-function cacheOf(gpu: Gpu) {
-  return winnerCache(
-    tunerCacheKey(gpu, "attentionTuning", TUNER_VERSION),
-    (stored) =>
-      [...ATTENTION_PLAN_CANDIDATES, ...TILED_ATTENTION_PLANS].find((c) =>
-        JSON.stringify(c) === JSON.stringify(stored)
-      ),
-  );
+/** A dtype's plan as the cache keeps it. */
+interface DtypeRecord {
+  /** The storage dtype (the coarse key). */
+  shape: FloatDType;
+  /** Its plan. */
+  pick: AttentionPlan;
+  /** Seconds of forward + backward with the plan. */
+  seconds: number;
 }
+
+/** How each dtype's plan is keyed, cached and checked. */
+const DTYPE_STORE: PickStore<FloatDType, DtypeRecord> = {
+  tuner: "attentionTuning",
+  version: TUNER_VERSION,
+  keyOf: (dtype) => dtype,
+  check(_gpu, entry) {
+    const pick = [...ATTENTION_PLAN_CANDIDATES, ...TILED_ATTENTION_PLANS].find((c) =>
+      JSON.stringify(c) === JSON.stringify(entry.pick)
+    );
+    return pick && { shape: entry.shape, pick, seconds: entry.seconds };
+  },
+};
 
 /**
  * The problem each candidate runs. On GPUs a nanoGPT-size GPT's attention
@@ -76,16 +84,6 @@ export function attentionTuningProblem(gpu: Gpu): FlashAttentionShape {
   return gpu.adapterProfile.cpu
     ? { batch: 2, heads: 4, headSize: 64, t: 128 }
     : { batch: 64, heads: 6, headSize: 64, t: 256 };
-}
-
-async function tuneDtype(
-  gpu: Gpu,
-  dtype: FloatDType,
-  timer: CandidateTimer<AttentionPlan>,
-): Promise<AttentionTuning> {
-  const timed = await timePlans(gpu, attentionTuningProblem(gpu), dtype, timer);
-  const measurements = timed.candidates.map((plan, i) => ({ plan, ms: timed.seconds[i] * 1000 }));
-  return { dtype, best: timed.best, measurements, cached: false };
 }
 
 /**
@@ -146,33 +144,36 @@ async function timePlans(
  */
 export async function tuneAttention(
   gpu: Gpu,
-  options: {
-    force?: boolean;
-    onProgress?: (progress: TuningProgress) => void;
-    /** Times a candidate's run (default: GPU timestamps, else wall time); given, the cache is skipped. */
-    timer?: CandidateTimer<AttentionPlan>;
-  } = {},
+  options: ClassTuningOptions<AttentionPlan> = {},
 ): Promise<AttentionTuning[]> {
-  const cache = cacheOf(gpu);
-  const timer = options.timer ?? ((_, run) => secondsPerRun(gpu, run));
-  const cached = options.force || options.timer ? {} : cache.read();
-  const results: AttentionTuning[] = [];
-  const { plans } = attentionSettings.of(gpu);
+  const measured = new Map<string, { plan: AttentionPlan; ms: number }[]>();
   // bf16 needs no shader-f16: every adapter has it.
   const dtypes: FloatDType[] = gpu.f16 ? ["f32", "f16", "bf16"] : ["f32", "bf16"];
-  const missing = dtypes.filter((d) => cached[d] === undefined).length;
-  const measured = progressReporter("attention plans", missing, options.onProgress);
-  for (const dtype of dtypes) {
-    const hit = cached[dtype];
-    const result = hit !== undefined
-      ? { dtype, best: hit, measurements: [], cached: true }
-      : await tuneDtype(gpu, dtype, timer);
-    if (hit === undefined) measured();
-    plans.set(dtype, result.best);
-    results.push(result);
-  }
-  if (!options.timer) cache.write(plans);
-  return results;
+  const listed = dtypes.map((dtype) => ({ shape: dtype, problem: attentionTuningProblem(gpu) }));
+  const outcomes = await tuneClasses(
+    gpu,
+    DTYPE_STORE,
+    "attention plans",
+    listed,
+    options,
+    async (dtype, problem, timer) => {
+      const timed = await timePlans(gpu, problem, dtype, timer);
+      const ms = timed.candidates.map((plan, i) => ({ plan, ms: timed.seconds[i] * 1000 }));
+      measured.set(dtype, ms);
+      const record = { shape: dtype, pick: timed.best, seconds: Math.min(...timed.seconds) };
+      return { record, trials: timed.trials };
+    },
+  );
+  const { plans } = attentionSettings.of(gpu);
+  return outcomes.map(({ key, record, cached }) => {
+    plans.set(key, record.pick);
+    return {
+      dtype: record.shape,
+      best: record.pick,
+      measurements: measured.get(key) ?? [],
+      cached,
+    };
+  });
 }
 
 /** One attention shape's tuning: its plan, and its time where this run or the cache has one. */
@@ -225,23 +226,19 @@ export async function tuneAttentionShapes(
   options: TuneAttentionShapesOptions = {},
 ): Promise<AttentionShapeTuning[]> {
   if (gpu.adapterProfile.cpu) return [];
-  const timer = options.timer ?? ((_, run) => secondsPerRun(gpu, run));
-  const outcomes = await tunePicks(gpu, attentionSettings.of(gpu).shapes, {
-    store: ATTENTION_SHAPE_STORE,
-    listed: options.shapes?.map((shape) => ({
-      shape,
-      problem: { batch: shape.heads, heads: 1, t: shape.t, headSize: shape.headSize },
-    })),
-    force: options.force,
-    cache: options.cache ?? !options.timer,
-    task: "attention shapes",
-    onProgress: options.onProgress,
-    async measure(shape, problem) {
+  const outcomes = await tuneShapes(
+    gpu,
+    attentionSettings.of(gpu).shapes,
+    ATTENTION_SHAPE_STORE,
+    "attention shapes",
+    options,
+    (shape) => ({ batch: shape.heads, heads: 1, t: shape.t, headSize: shape.headSize }),
+    async (shape, problem, timer) => {
       const timed = await timePlans(gpu, problem, shape.dtype, timer);
       const record = { shape, plan: timed.best, seconds: Math.min(...timed.seconds) };
       return { record, trials: timed.trials };
     },
-  });
+  );
   return outcomes.map(shapeTuning);
 }
 

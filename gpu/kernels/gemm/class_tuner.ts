@@ -15,22 +15,16 @@ import type { FloatDType } from "../../base/dtype.ts";
 import { dispatchMatmul, type MatmulProblem } from "./matmul.ts";
 import { denseProblem, type MatmulClass, matmulClassKey, type MatmulSize } from "./matmul_class.ts";
 import { DeviceArray } from "../../device/device_array.ts";
-import {
-  type CandidateTimer,
-  progressReporter,
-  secondsPerRun,
-  timeCandidates,
-  tunerCacheKey,
-  type TuningProgress,
-  winnerCache,
-} from "../../tuning/timing.ts";
+import { type CandidateTimer, timeCandidates } from "../../tuning/timing.ts";
+import type { PickStore } from "../../tuning/cache.ts";
+import { type ClassTuningOptions, tuneClasses } from "../../tuning/picks.ts";
 import { MATMUL_CANDIDATES, matmulCandidates } from "./candidates.ts";
 import { DEFAULT_TILING, matmulSettings, type MatmulTiling } from "./settings.ts";
 
 export { DEFAULT_TILING, MATMUL_CANDIDATES, matmulCandidates };
 
 /** Bump when kernels or candidates change: cached winners of older versions are ignored. */
-const TUNER_VERSION = 5;
+const TUNER_VERSION = 6;
 
 /** One candidate's measured speed on a class's problem. */
 export interface TilingMeasurement {
@@ -55,19 +49,9 @@ export interface ClassTuning {
 }
 
 /** Options of {@link tuneMatmul}. */
-export interface TuneMatmulOptions {
+export interface TuneMatmulOptions extends ClassTuningOptions<MatmulTiling> {
   /** Classes to tune (default: {@link defaultTuningClasses} for the adapter). */
   classes?: readonly MatmulClass[];
-  /** Measure again even when the cache has a winner (default false). */
-  force?: boolean;
-  /**
-   * Times a candidate's run (default: GPU timestamps, else wall time; see
-   * `secondsPerRun`). Given one, the cache is neither read nor written: its
-   * figures need not be this adapter's (tests inject one to check the pick).
-   */
-  timer?: CandidateTimer<MatmulTiling>;
-  /** Told before the first class the cache lacks is measured and after each. */
-  onProgress?: (progress: TuningProgress) => void;
 }
 
 /**
@@ -96,14 +80,30 @@ const REPRESENTATIVE: Record<MatmulSize, [number, number, number]> = {
   large: [2048, 2048, 1024], // 2^32
 };
 
-function cacheOf(gpu: Gpu) {
-  return winnerCache(
-    tunerCacheKey(gpu, "matmulTuning", TUNER_VERSION),
-    // Only a candidate this device's profile still offers (f16 tiles are the smaller ones).
-    (stored) =>
-      matmulCandidates(gpu, "f16").find((c) => JSON.stringify(c) === JSON.stringify(stored)),
-  );
+/** A class's winner as the cache keeps it. */
+interface ClassRecord {
+  /** The class. */
+  shape: MatmulClass;
+  /** Its winner. */
+  pick: MatmulTiling;
+  /** Seconds per product of the winner. */
+  seconds: number;
 }
+
+/** How class winners are keyed (the class key, a coarse one), cached and checked. */
+const CLASS_STORE: PickStore<MatmulClass, ClassRecord> = {
+  tuner: "matmulTuning",
+  version: TUNER_VERSION,
+  keyOf: matmulClassKey,
+  check(gpu, entry) {
+    const { dtype, orientation, size } = entry.shape;
+    // Only a candidate this device's profile still offers (f16 tiles are the smaller ones).
+    const pick = matmulCandidates(gpu, "f16").find((c) =>
+      JSON.stringify(c) === JSON.stringify(entry.pick)
+    );
+    return pick && { shape: { dtype, orientation, size }, pick, seconds: entry.seconds };
+  },
+};
 
 /** The problem of `c` with its operands laid out for the orientation. */
 function problemOf(c: MatmulClass): MatmulProblem {
@@ -111,12 +111,12 @@ function problemOf(c: MatmulClass): MatmulProblem {
   return denseProblem({ batch: 1, m, n, k }, c.orientation);
 }
 
-/** Measures every candidate on `c`'s problem with `timer` and returns the winner. */
+/** Measures every candidate on `c`'s problem with `timer`: the winner and every speed. */
 async function tuneClass(
   gpu: Gpu,
   c: MatmulClass,
   timer: CandidateTimer<MatmulTiling>,
-): Promise<ClassTuning> {
+): Promise<{ best: MatmulTiling; measurements: TilingMeasurement[] }> {
   const problem = problemOf(c);
   const { m, n, k } = problem;
   const dtype = c.dtype;
@@ -142,8 +142,7 @@ async function tuneClass(
     seconds: timed.seconds[i],
     gflops: flops / Math.max(timed.seconds[i], 1e-12) / 1e9,
   }));
-  const best = timed.best;
-  return { class: c, best, measurements, cached: false };
+  return { best: timed.best, measurements };
 }
 
 /**
@@ -170,24 +169,26 @@ export async function tuneMatmul(
   gpu: Gpu,
   options: TuneMatmulOptions = {},
 ): Promise<ClassTuning[]> {
-  const cache = cacheOf(gpu);
-  const timer = options.timer ?? ((_, run) => secondsPerRun(gpu, run));
-  const cached = options.force || options.timer ? {} : cache.read();
-  const results: ClassTuning[] = [];
-  const { classTilings } = matmulSettings.of(gpu);
+  const measured = new Map<string, TilingMeasurement[]>();
   const classes = options.classes ?? defaultTuningClasses(gpu);
-  const missing = classes.filter((c) => !cached[matmulClassKey(c)]).length;
-  const measured = progressReporter("matmul tilings", missing, options.onProgress);
-  for (const c of classes) {
-    const key = matmulClassKey(c);
-    const hit = cached[key];
-    const result = hit
-      ? { class: c, best: hit, measurements: [], cached: true }
-      : await tuneClass(gpu, c, timer);
-    if (!hit) measured();
-    classTilings.set(key, result.best);
-    results.push(result);
-  }
-  if (!options.timer) cache.write(classTilings);
-  return results;
+  const listed = classes.map((c) => ({ shape: c, problem: problemOf(c) }));
+  const outcomes = await tuneClasses(
+    gpu,
+    CLASS_STORE,
+    "matmul tilings",
+    listed,
+    options,
+    async (c, _, timer) => {
+      const { best, measurements } = await tuneClass(gpu, c, timer);
+      measured.set(matmulClassKey(c), measurements);
+      const seconds = Math.min(...measurements.map((x) => x.seconds));
+      return { record: { shape: c, pick: best, seconds }, trials: measurements.length };
+    },
+  );
+  const { classTilings } = matmulSettings.of(gpu);
+  return outcomes.map(({ key, record, cached }, i) => {
+    classTilings.set(key, record.pick);
+    const measurements = measured.get(key) ?? [];
+    return { class: classes[i], best: record.pick, measurements, cached };
+  });
 }

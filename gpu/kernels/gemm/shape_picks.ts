@@ -19,7 +19,8 @@ import type { MatmulTiling } from "./settings.ts";
 import type { Gpu } from "../../device/gpu.ts";
 import type { DType, FloatDType } from "../../base/dtype.ts";
 import { classOf, type MatmulOrientation, type MatmulProblem } from "./matmul_class.ts";
-import { cachedPicks, pickCacheKey, type PickStore, type ShapePicks } from "../../tuning/picks.ts";
+import { pickCacheKey, type PickStore } from "../../tuning/cache.ts";
+import { cachedPicks, type ShapePicks } from "../../tuning/picks.ts";
 import { tilingFits, tilingKind } from "./tilings.ts";
 import { maxSlices } from "./gemm.ts";
 import type { Activation } from "../wgsl/math.ts";
@@ -108,7 +109,7 @@ export function pickFits(gpu: Gpu, shape: MatmulShape, pick: ShapePick): boolean
 /** A device's picks and the shapes it dispatched (its matmul shape tuner's settings). */
 export type ShapeState = ShapePicks<MatmulShape, ShapeRecord, MatmulProblem>;
 
-/** How matmul picks are keyed, cached and checked (gpu/tuning/picks.ts). @internal */
+/** How matmul picks are keyed, cached and checked (gpu/tuning/cache.ts). @internal */
 export const MATMUL_SHAPE_STORE: PickStore<MatmulShape, ShapeRecord> = {
   tuner: "matmulShapes",
   version: SHAPE_PICKS_VERSION,

@@ -18,7 +18,7 @@ import type { Gpu } from "../../device/gpu.ts";
 import { dispatchMatmul } from "./matmul.ts";
 import { denseProblem, type MatmulProblem } from "./matmul_class.ts";
 import { DeviceArray } from "../../device/device_array.ts";
-import { type CandidateTimer, secondsPerRun } from "../../tuning/timing.ts";
+import { type CandidateTimer, retimeFinalists } from "../../tuning/timing.ts";
 import { tilingKind } from "./tilings.ts";
 import { waveSlices } from "./gemm.ts";
 import { matmulCandidates } from "./candidates.ts";
@@ -33,7 +33,7 @@ import {
   type PickOutcome,
   pickReport,
   type ShapeTuningOptions,
-  tunePicks,
+  tuneShapes,
 } from "../../tuning/picks.ts";
 
 export type { MatmulShape, ShapePick } from "./shape_picks.ts";
@@ -91,22 +91,18 @@ export async function tuneMatmulShapes(
   options: TuneMatmulShapesOptions = {},
 ): Promise<ShapeTuning[]> {
   if (gpu.adapterProfile.cpu) return [];
-  const timer = options.timer ?? ((_, run) => secondsPerRun(gpu, run));
-  const outcomes = await tunePicks(gpu, shapeState(gpu), {
-    store: MATMUL_SHAPE_STORE,
-    listed: options.shapes?.map((shape) => ({
-      shape,
-      problem: denseProblem(shape, shape.orientation),
-    })),
-    force: options.force,
-    cache: options.cache ?? !options.timer,
-    task: "matmul shapes",
-    onProgress: options.onProgress,
-    async measure(shape, problem) {
+  const outcomes = await tuneShapes(
+    gpu,
+    shapeState(gpu),
+    MATMUL_SHAPE_STORE,
+    "matmul shapes",
+    options,
+    (shape) => denseProblem(shape, shape.orientation),
+    async (shape, problem, timer) => {
       const timed = await tuneShape(gpu, shape, problem, timer);
       return { record: { shape, pick: timed.pick, seconds: timed.seconds }, trials: timed.trials };
     },
-  });
+  );
   return outcomes.map(shapeTuning);
 }
 
@@ -149,32 +145,31 @@ async function tuneShape(
     .slice(0, SHAPE_TRIAL_BUDGET - SPLIT_TILINGS * SPLIT_COUNTS - FINALISTS);
   // Made at the first run (an injected timer may time without running).
   let operands: ReturnType<typeof operandsOf> | undefined;
-  const trials: { pick: ShapePick; seconds: number }[] = [];
+  const picks: ShapePick[] = [], seconds: number[] = [];
   const timeOf = (pick: ShapePick) =>
     timer(pick, () => {
       const o = operands ??= operandsOf(gpu, shape, problem);
       dispatchMatmul(problem, o.a, o.b, o.c, o.epilogue, pick);
     });
-  const time = async (pick: ShapePick) => trials.push({ pick, seconds: await timeOf(pick) });
-  let count = 0;
+  const time = async (pick: ShapePick) => {
+    picks.push(pick);
+    seconds.push(await timeOf(pick));
+  };
+  let again = 0;
   try {
     for (const tiling of tilings) await time({ tiling, slices: slicesOf(tiling)[0] ?? 1 });
-    const fastest = [...trials].sort((x, y) => x.seconds - y.seconds).slice(0, SPLIT_TILINGS);
-    for (const { pick } of fastest) {
+    const fastest = [...picks.keys()].sort((x, y) => seconds[x] - seconds[y])
+      .slice(0, SPLIT_TILINGS).map((i) => picks[i]);
+    for (const pick of fastest) {
       const others = [1, ...slicesOf(pick.tiling)].filter((s) => s !== pick.slices);
       for (const slices of others.slice(0, SPLIT_COUNTS)) await time({ ...pick, slices });
     }
-    count = trials.length;
-    const ranked = [...trials.keys()].sort((x, y) => trials[x].seconds - trials[y].seconds);
-    for (const i of ranked.slice(0, FINALISTS).reverse()) {
-      trials[i].seconds = Math.min(trials[i].seconds, await timeOf(trials[i].pick));
-      count++;
-    }
+    again = await retimeFinalists(seconds, (i) => timeOf(picks[i]), FINALISTS);
   } finally {
     for (const t of operands?.owned ?? []) t.dispose();
   }
-  const best = trials.reduce((b, t) => t.seconds < b.seconds ? t : b);
-  return { pick: best.pick, seconds: best.seconds, trials: count };
+  const best = seconds.reduce((b, x, i) => (x < seconds[b] ? i : b), 0);
+  return { pick: picks[best], seconds: seconds[best], trials: picks.length + again };
 }
 
 /** Elements an operand laid out as `o` spans over `batch` × `rows` × `cols`. */
