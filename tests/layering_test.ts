@@ -6,12 +6,31 @@
  * Type-only imports count for the layers but not for cycles: they are erased
  * before anything runs (a Tensor's `gradFn` is typed by the tape's node, whose
  * output is typed as a Tensor).
+ *
+ * Inside gpu/, the wings base ← device ← tuning ← kernels ← tensor ← ops ←
+ * gpu/'s own root (mod.ts, init.ts, init_options.ts), type-only imports
+ * included; kernels (gpu's, amp's and optim's) never reach a tensor or an op;
+ * outside gpu/, code sees gpu through its two faces; and every file link of
+ * ARCHITECTURE.md resolves.
  */
 import assert from "node:assert/strict";
+import { join } from "node:path";
 import { ROOT } from "./_bundle.ts";
 
 const LAYERS = ["gpu", "optim", "nn", "amp"] as const;
-const ENTRIES = ["mod.ts", "files.ts", ...LAYERS.map((layer) => `${layer}/mod.ts`)];
+
+/** Every library file: the top-level entry points and each .ts file of the layers. */
+async function libraryFiles(): Promise<string[]> {
+  const files = ["mod.ts", "files.ts"];
+  const walk = async (folder: string) => {
+    for await (const e of Deno.readDir(join(ROOT, folder))) {
+      if (e.isDirectory) await walk(`${folder}/${e.name}`);
+      else if (e.name.endsWith(".ts")) files.push(`${folder}/${e.name}`);
+    }
+  };
+  for (const layer of LAYERS) await walk(layer);
+  return files;
+}
 
 interface ModuleInfo {
   specifier: string;
@@ -22,14 +41,27 @@ interface ModuleInfo {
   }[];
 }
 
+/** The two graphs, read once per run of this file. */
+const graphs = new Map<boolean, Promise<Map<string, Set<string>>>>();
+
 /**
  * The repository's modules and their imports by relative path: value and type
  * imports, or (`runtimeOnly`) the value imports alone.
  */
-async function moduleGraph(runtimeOnly = false): Promise<Map<string, Set<string>>> {
+function moduleGraph(runtimeOnly = false): Promise<Map<string, Set<string>>> {
+  if (!graphs.has(runtimeOnly)) graphs.set(runtimeOnly, readGraph(runtimeOnly));
+  return graphs.get(runtimeOnly)!;
+}
+
+async function readGraph(runtimeOnly: boolean): Promise<Map<string, Set<string>>> {
   const root = new URL(`file://${ROOT}/`).href.replace(/\/+$/, "/");
   const graph = new Map<string, Set<string>>();
-  for (const entry of ENTRIES) {
+  // One module outside the repository that imports every library file, so that a file no
+  // entry point reaches is checked too.
+  const entry = await Deno.makeTempFile({ suffix: ".ts" });
+  const files = await libraryFiles();
+  await Deno.writeTextFile(entry, files.map((f) => `import "${root}${f}";\n`).join(""));
+  try {
     const run = await new Deno.Command(Deno.execPath(), {
       args: ["info", "--json", entry],
       cwd: ROOT,
@@ -50,7 +82,10 @@ async function moduleGraph(runtimeOnly = false): Promise<Map<string, Set<string>
       }
       graph.set(from, targets);
     }
+  } finally {
+    await Deno.remove(entry);
   }
+  assert.equal(files.filter((f) => !graph.has(f)).join(), "", "every library file is read");
   return graph;
 }
 
@@ -93,4 +128,148 @@ Deno.test("layering: the library's module graph has no import cycle at run time"
   };
   for (const node of graph.keys()) if (!colour.has(node)) visit(node, []);
   assert.deepEqual(cycles, []);
+});
+
+/** gpu/'s wings, lowest first; a file of gpu/'s root (mod.ts, init.ts, ...) stands above them all. */
+const WINGS = ["base", "device", "tuning", "kernels", "tensor", "ops"] as const;
+
+/** The wing of a gpu/ file (0 for base … 5 for ops, 6 for gpu/'s root), or -1 outside gpu/. */
+function wing(path: string): number {
+  const [folder, sub, ...rest] = path.split("/");
+  if (folder !== "gpu") return -1;
+  if (rest.length === 0 && sub.endsWith(".ts")) return WINGS.length;
+  return WINGS.indexOf(sub as typeof WINGS[number]);
+}
+
+/** Every file `from` reaches through imports (value and type), itself excluded. */
+function reach(graph: Map<string, Set<string>>, from: string): Set<string> {
+  const seen = new Set<string>();
+  const stack = [from];
+  while (stack.length > 0) {
+    for (const next of graph.get(stack.pop()!) ?? []) {
+      if (!seen.has(next)) stack.push(next), seen.add(next);
+    }
+  }
+  seen.delete(from);
+  return seen;
+}
+
+Deno.test("layering: inside gpu/, imports (type-only too) point down base ← device ← tuning ← kernels ← tensor ← ops ← mod.ts/init.ts", async () => {
+  const graph = await moduleGraph();
+  const files = [...graph.keys()].filter((f) => f.startsWith("gpu/"));
+  assert.ok(files.every((f) => wing(f) >= 0), `every gpu/ file is in a wing: ${files}`);
+  const upward = files.flatMap((from) =>
+    [...graph.get(from)!].filter((to) => wing(to) > wing(from)).map((to) => `${from} → ${to}`)
+  );
+  assert.deepEqual(upward, [], "imports from a lower wing to a higher one");
+});
+
+Deno.test("layering: kernels (gpu/kernels/, amp/kernels/, optim/kernels/) never reach a tensor or an op, and tuning/ imports only device/ and base/", async () => {
+  const graph = await moduleGraph();
+  const kernelFiles = [...graph.keys()].filter((f) =>
+    ["gpu/kernels/", "amp/kernels/", "optim/kernels/"].some((k) => f.startsWith(k))
+  );
+  assert.ok(kernelFiles.length > 30, `the kernels are in the graph (${kernelFiles.length})`);
+  const above = kernelFiles.flatMap((from) =>
+    [...reach(graph, from)].filter((to) => /^gpu\/(tensor|ops)\//.test(to))
+      .map((to) => `${from} ⇢ ${to}`)
+  );
+  assert.deepEqual(above, [], "kernels that reach gpu/tensor/ or gpu/ops/");
+  const tuning = [...graph].filter(([f]) => f.startsWith("gpu/tuning/"));
+  assert.ok(tuning.length >= 4, "the tuning wing is in the graph");
+  const outside = tuning.flatMap(([from, targets]) =>
+    [...targets].filter((to) => !/^gpu\/(tuning|device|base)\//.test(to))
+      .map((to) => `${from} → ${to}`)
+  );
+  assert.deepEqual(outside, [], "tuning/ imports outside device/ and base/");
+});
+
+Deno.test("layering: gpu/device/ declares no kernel family's vocabulary (MatmulTiling, AttentionPlan, f16Accumulation)", async () => {
+  const found: string[] = [];
+  for await (const entry of Deno.readDir(join(ROOT, "gpu/device"))) {
+    const text = await Deno.readTextFile(join(ROOT, "gpu/device", entry.name));
+    for (const name of ["MatmulTiling", "AttentionPlan", "f16Accumulation"]) {
+      if (new RegExp(`\\b${name}\\b`).test(text)) found.push(`${entry.name}: ${name}`);
+    }
+  }
+  assert.deepEqual(found, []);
+});
+
+Deno.test("layering: outside gpu/, library files see gpu only through gpu/mod.ts and gpu/kernels/mod.ts, and mod.ts names no gpu file but gpu/mod.ts", async () => {
+  const graph = await moduleGraph();
+  const FACES = ["gpu/mod.ts", "gpu/kernels/mod.ts"];
+  const behind = [...graph].flatMap(([from, targets]) =>
+    from.startsWith("gpu/") ? [] : [...targets]
+      .filter((to) => to.startsWith("gpu/") && !FACES.includes(to))
+      .map((to) => `${from} → ${to}`)
+  );
+  assert.deepEqual(behind, [], "imports past gpu's faces");
+  const root = [...graph.get("mod.ts")!].filter((to) => to.startsWith("gpu/"));
+  assert.deepEqual(root, ["gpu/mod.ts"], "the root module's gpu imports");
+});
+
+/** The strongly connected components of more than one file (Tarjan's algorithm). */
+function circles(graph: Map<string, Set<string>>): string[][] {
+  const index = new Map<string, number>(), low = new Map<string, number>();
+  const stack: string[] = [], onStack = new Set<string>(), found: string[][] = [];
+  const visit = (v: string) => {
+    index.set(v, index.size);
+    low.set(v, index.get(v)!);
+    stack.push(v), onStack.add(v);
+    for (const w of graph.get(v) ?? []) {
+      if (!index.has(w)) visit(w), low.set(v, Math.min(low.get(v)!, low.get(w)!));
+      else if (onStack.has(w)) low.set(v, Math.min(low.get(v)!, index.get(w)!));
+    }
+    if (low.get(v) !== index.get(v)) return;
+    const component: string[] = [];
+    for (let w = ""; w !== v;) w = stack.pop()!, onStack.delete(w), component.push(w);
+    if (component.length > 1) found.push(component.sort());
+  };
+  for (const v of graph.keys()) if (!index.has(v)) visit(v);
+  return found;
+}
+
+Deno.test("layering: no import circle crosses folders; gpu/ holds one, type-only, of at most three files in gpu/tensor/", async () => {
+  const found = circles(await moduleGraph());
+  const folder = (f: string) => f.slice(0, f.lastIndexOf("/"));
+  const crossing = found.filter((c) => new Set(c.map(folder)).size > 1);
+  assert.deepEqual(crossing, [], "circles across folders");
+  const inGpu = found.filter((c) => c[0].startsWith("gpu/"));
+  assert.ok(inGpu.length <= 1, `one circle in gpu/ at most: ${JSON.stringify(inGpu)}`);
+  for (const c of inGpu) {
+    assert.equal(folder(c[0]), "gpu/tensor", `gpu/'s circle is in gpu/tensor/: ${c}`);
+    assert.ok(c.length <= 3, `gpu/tensor/'s circle has at most three files: ${c}`);
+  }
+  // Type-only: the run-time graph has no circle there (the cycle test above checks it whole).
+  assert.deepEqual(circles(await moduleGraph(true)).filter((c) => c[0].startsWith("gpu/")), []);
+});
+
+Deno.test("layering: dispatchMatmul and the matmul tuners reach nothing above gpu/kernels/", async () => {
+  const graph = await moduleGraph();
+  const roots = [
+    "gpu/kernels/gemm/matmul.ts",
+    "gpu/kernels/gemm/class_tuner.ts",
+    "gpu/kernels/gemm/shape_tuner.ts",
+  ];
+  for (const from of roots) {
+    assert.ok(graph.has(from), `${from} is in the graph`);
+    const above = [...reach(graph, from)].filter((to) => wing(to) < 0 || wing(to) > 3);
+    assert.deepEqual(above, [], `${from} reaches above gpu/kernels/`);
+  }
+});
+
+Deno.test("ARCHITECTURE.md: every file link resolves", async () => {
+  const text = await Deno.readTextFile(join(ROOT, "ARCHITECTURE.md"));
+  const links = [...text.matchAll(/\]\(([^)#\s]+)(#[^)]*)?\)/g)].map((m) => m[1])
+    .filter((link) => !/^[a-z]+:/.test(link));
+  assert.ok(links.length > 20, `the map links its files (${links.length})`);
+  const broken: string[] = [];
+  for (const link of links) {
+    try {
+      await Deno.stat(join(ROOT, decodeURIComponent(link).replaceAll("\\_", "_")));
+    } catch {
+      broken.push(link);
+    }
+  }
+  assert.deepEqual(broken, [], "links to files that do not exist");
 });
