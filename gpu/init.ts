@@ -145,13 +145,11 @@ function announceTuning({ task, done, total }: TuningProgress): void {
 
 /**
  * The flush policy for an adapter: submit every 32 dispatches, or sooner once
- * ~256 MB of estimated traffic is recorded. NOTE: on the CPU adapter
- * (lavapipe, 2 cores) a tiny GPT's AMP step ran 7–25% faster submitting every
- * 16–32 dispatches than only at reads (its threads run while JavaScript
- * records), and the MNIST MLP (~30 dispatches a step) the same; a submit costs
- * ~65 µs of JavaScript there. On GPUs the H100 figures (40–110 µs of
- * JavaScript per op, 0.1–2.5 ms of GPU per op at the GPT's size) say the GPU
- * otherwise idles until the step's read; the same policy applies, untuned.
+ * ~256 MB of estimated traffic is recorded. NOTE: on the CPU adapter a step
+ * runs faster submitting every few dozen dispatches than only at reads (its
+ * threads run while JavaScript records the rest); on GPUs the GPU would
+ * otherwise idle until the step's read. The same policy serves both,
+ * untuned.
  */
 export function defaultFlushPolicy(_info: GPUAdapterInfo): FlushPolicy {
   return { maxDispatches: 32, maxWork: 256e6 };

@@ -27,7 +27,7 @@ const ARENA_BYTES = 256 * 1024;
 const UNIFORM_BINDING_BYTES = 256;
 /**
  * How many FLOPs cost as much time as moving one byte, to add both into one
- * work estimate (an H100 through WebGPU: ~50 TFLOP/s of FMA, ~3.3 TB/s).
+ * work estimate (a large GPU's FMA rate over its memory bandwidth).
  */
 const FLOPS_PER_BYTE = 16;
 /** Bind groups kept for reuse; the least recently used go first. */

@@ -133,8 +133,8 @@ export interface ElementwiseSettings {
 /**
  * The elementwise kernels' settings of a device (`elementwiseSettings.of(gpu).vec4`).
  * Default on: on GPUs wide coalesced loads are how bandwidth is reached, and
- * on lavapipe a 4M-element add or GELU ran 2.6–3.4x faster than the scalar
- * kernel. Tests switch it off to compare the two.
+ * on lavapipe the vec4 kernels beat the scalar ones too. Tests switch it off
+ * to compare the two.
  *
  * @example
  * ```ts

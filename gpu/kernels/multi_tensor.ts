@@ -3,9 +3,8 @@
  * kernels): one dispatch runs a per-element kernel over several tensors, so
  * the once-per-parameter work of a training step (unscale, gradient norm,
  * optimizer update) costs a few dispatches instead of a few per parameter.
- * Every dispatch has a fixed cost on the GPU and in JavaScript (on an H100
- * through Deno's WebGPU ~17 µs of GPU time for a small one, plus its
- * recording); a GPT of 6 blocks has 78 parameters.
+ * Every dispatch has a fixed cost on the GPU and in JavaScript, and a model
+ * has tens to hundreds of parameters.
  *
  * WGSL cannot index bindings at run time, so a kernel of `slots` tensors
  * declares each of its per-tensor bindings once per slot (`grad0`, `grad1`,
@@ -37,9 +36,8 @@ export interface MultiTensorSettings {
 /**
  * The multi-tensor kernels' settings of a device (`multiTensorSettings.of(gpu).slots`).
  * Default {@link MAX_TENSOR_SLOTS} on GPUs and 1 (one dispatch per tensor)
- * on CPU adapters: on lavapipe a 6-tensor unscale ran 1.7x slower per
- * element than six one-tensor dispatches (its LLVM code for the slot
- * switch), where a dispatch costs ~35 µs against an H100's ~17.
+ * on CPU adapters, where the slot switch costs more per element than the
+ * dispatches it saves.
  *
  * @example
  * ```ts

@@ -110,7 +110,7 @@ const INPUT_COORDS = `let ix = i % p.w;
  * A tap reaches at most one window, so no window is visited twice. With
  * `disjoint` windows (stride ≥ kernel, no dilation: the usual MaxPool2d(2))
  * an input lies in at most one window, found by one division per axis
- * instead of a loop over the taps (4x faster on lavapipe).
+ * instead of a loop over the taps.
  */
 function forEachWindow(body: string, disjoint: boolean): string {
   if (disjoint) {

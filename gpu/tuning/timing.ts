@@ -7,7 +7,7 @@ import type { Gpu } from "../device/gpu.ts";
 /**
  * Seconds per call of `run` (which records dispatches): GPU timestamps where
  * the adapter has them, else wall time over enough repeats that the wait
- * (~11 ms in Deno) is a small part. Runs it once first to compile and warm up.
+ * for the GPU is a small part. Runs it once first to compile and warm up.
  */
 export async function secondsPerRun(gpu: Gpu, run: () => void): Promise<number> {
   run();
@@ -32,9 +32,8 @@ export async function secondsPerRun(gpu: Gpu, run: () => void): Promise<number> 
 /**
  * Times `seconds`' `finalists` fastest entries again, slowest of them first,
  * each keeping its better time (`time(i)` times entry i once more): on a
- * shared or noisy machine one timing can misrank close candidates (a tuner
- * picked a tiling 45% slower than the best that way). The one rule every
- * tuner follows; returns how many timings it made.
+ * shared or noisy machine one timing can misrank close candidates. The one
+ * rule every tuner follows; returns how many timings it made.
  */
 export async function retimeFinalists(
   seconds: number[],

@@ -62,9 +62,9 @@ export const TILED_ATTENTION_PLANS: readonly AttentionPlan[] = TILED_ATTENTION_T
 
 /**
  * The plans tried on `gpu` at head size D: on CPU adapters only the row plans
- * reading from storage (on lavapipe staging was 5–60% slower at every rows
- * count: its barriers cost more than the shared reads save), on GPUs all row
- * plans and the register-tiled ones whose tiles fit the workgroup memory.
+ * reading from storage (there a barrier costs more than the shared reads
+ * save), on GPUs all row plans and the register-tiled ones whose tiles fit
+ * the workgroup memory.
  */
 export function attentionPlanCandidates(gpu: Gpu, headSize = 64): readonly AttentionPlan[] {
   if (gpu.adapterProfile.cpu) return ATTENTION_PLAN_CANDIDATES.filter((p) => p.stage === 0);

@@ -77,7 +77,7 @@ const DTYPE_STORE: PickStore<FloatDType, DtypeRecord> = {
 /**
  * The problem each candidate runs. On GPUs a nanoGPT-size GPT's attention
  * (B = 64, H = 6, T = 256, D = 64): B·H = 384 heads fill the device the way
- * training does (8 heads left most of an H100 idle and ranked the plans by
+ * training does (a few heads leave most of a GPU idle and rank the plans by
  * latency). On CPU adapters 8 heads over T = 128 (more take seconds each).
  */
 export function attentionTuningProblem(gpu: Gpu): FlashAttentionShape {

@@ -24,14 +24,11 @@ const CPU_CANDIDATES: readonly MatmulTiling[] = [
 ];
 
 /**
- * Tilings tried on GPUs only. The vec4 ones are the H100 SGEMM probe's
- * fastest (`shared/perf/h100-fast-matmul-2026-11-23.jsonl`, 4096³ f32):
- * 128×128×32 with 8×8 per thread (42.5 A·B, 40.3 A·Bᵀ, 46.6 Aᵀ·B TFLOP/s),
- * 128×256×16 and 128×256×8 with 8×16 (44.2 / 44.6 A·B, 43.1 A·Bᵀ, 46.7
- * Aᵀ·B); 128×192×16 with 8×12, unmeasured, covers n = 384 (the GPT's
- * qkv, projection and fc2 outputs) in two tiles instead of a half-empty
- * third 128×256; 64×64×16 with 4×4 keeps small products from leaving most
- * of a tile empty. One blocked tiling stays as the control (and for
+ * Tilings tried on GPUs only. The vec4 ones are the GPU SGEMM probe's
+ * fastest shapes (128×128×32 with 8×8 per thread, 128×256×16 and 128×256×8
+ * with 8×16); 128×192×16 with 8×12 covers n = 384 (a GPT's qkv, projection
+ * and fc2 outputs) in two tiles instead of a half-empty third 128×256;
+ * 64×64×16 with 4×4 keeps small products from leaving most of a tile empty. One blocked tiling stays as the control (and for
  * convolutions, which get the blocked kernel of a vec4 tiling's shape).
  */
 const GPU_CANDIDATES: readonly MatmulTiling[] = [

@@ -6,7 +6,7 @@
  * the tuner keeps one winner per matmul class: (storage dtype, orientation,
  * size). Each candidate runs a representative problem of the class after a
  * warm-up, timed with GPU timestamps where the adapter has them (else wall
- * time over enough repeats that the ~11 ms wait does not dominate). Winners
+ * time over enough repeats that the wait for the GPU does not dominate). Winners
  * are cached per adapter and tuner version in `localStorage` when the runtime
  * offers it; dispatch picks the winner of the class at hand.
  */

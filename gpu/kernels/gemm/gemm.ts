@@ -73,8 +73,8 @@ const MAX_SLICES = 64;
  * a reduction adds up afterwards in a fixed order. A result of few tiles
  * reduced over a long k (a weight gradient: a few hundred by a few hundred,
  * summed over every token) would otherwise keep a handful of a GPU's
- * multiprocessors busy: the GPT's fc1 gᵀ·x is 36 workgroups of 128×128
- * against an H100's 132 multiprocessors. Slices are added until about
+ * multiprocessors busy (a GPT's fc1 gᵀ·x makes a few dozen 128×128 tiles
+ * where a large GPU runs over a hundred workgroups at once). Slices are added until about
  * `matmulSettings.of(gpu).splitKWorkgroups` workgroups run, each slice at least 256 long and
  * at most 64 of them; on lavapipe always enough that no slice passes the
  * loop cap. `tiles` is the workgroup count without splitting.

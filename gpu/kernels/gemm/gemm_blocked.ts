@@ -1,7 +1,6 @@
 /**
  * The `blocked` GEMM tiling, written for real GPUs from what a WGSL SGEMM
- * probe measured on an H100 through Deno's WebGPU (44–47 TFLOP/s at 4096³,
- * where 64×64 shared tiles stay near 16):
+ * probe found fast through Deno's WebGPU (several times small shared tiles):
  * - a large workgroup tile (TM·WGY × TN·WGX, such as 128×128 from 16×16
  *   threads with 8×8 results each), so every value loaded is used many times;
  * - A's tile stored transposed in workgroup memory ([k][row]) and B's as
@@ -14,8 +13,8 @@
  * - global loads ordered along the operand's contiguous index (a warp reads
  *   consecutive addresses in every orientation: the transposed operands of a
  *   linear layer's backward are staged through workgroup memory);
- * - the inner k loop fully unrolled, one stage (double buffering was slower
- *   in the probe), tiles kept in the storage dtype (f16 halves them).
+ * - the inner k loop fully unrolled, one stage (the probe's double buffering
+ *   did not pay), tiles kept in the storage dtype (f16 halves them).
  * Edges are handled in the tile loads (zeros) and the stores, never in the
  * inner loop. With f16 tiles the products may be summed in f16 over short
  * chunks of k (`GemmIo.f16Chunk`, the `f16Accumulation: "chunked"` option of

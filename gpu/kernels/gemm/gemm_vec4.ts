@@ -1,19 +1,18 @@
 /**
- * The `vec4` GEMM tiling: the kernel structure of the SGEMM probe
- * (`shared/perf/fast_matmul_probe.ts`) that reached 43–47 TFLOP/s in f32
- * and 40–46 with f16 storage at 2048–4096³ on an H100 through Deno's WebGPU,
- * with edges and the matmul's strides, batches, split-K and epilogues added:
+ * The `vec4` GEMM tiling: the kernel structure of the fastest GPU SGEMM
+ * probe through Deno's WebGPU, with edges and the matmul's strides,
+ * batches, split-K and epilogues added:
  * - global loads are vec4 along each operand's contiguous index, so they stay
  *   coalesced in every orientation; an operand whose rows run along k is
  *   transposed while it is stored (4 scalar stores into a k-row padded by one
  *   vec4 against bank conflicts);
  * - the next k-tile is loaded into registers while the current one is
- *   multiplied, with one workgroup-memory stage (two stages measured slower);
+ *   multiplied, with one workgroup-memory stage (two did not pay);
  * - workgroup tiles are `[k][i]` arrays of vec4<f32>, read with constant
  *   outer indices in the fully unrolled inner loop (wgpu clamps non-constant
  *   workgroup indices: these clamps stay loop-invariant);
- * - f16 operands are widened to f32 while staged (35.8–36.0 TF converting in
- *   the inner loop against 39–42); under `f16Accumulation: "chunked"` the
+ * - f16 operands are widened to f32 while staged (converting in the inner
+ *   loop was slower); under `f16Accumulation: "chunked"` the
  *   tiles stay f16 and the chunks are summed in f16, as in `blocked`. bf16
  *   operands (bound as `vec4<bf16>`: a vec4 load is two u32 words) are
  *   widened the same way, always into f32 tiles;

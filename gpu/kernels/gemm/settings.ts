@@ -83,11 +83,10 @@ export interface MatmulSettings {
 
 /**
  * The matmul settings of a device (`matmulSettings.of(gpu)`). Split-K aims
- * at 256 workgroups on GPUs (an H100 runs 132 multiprocessors, and a weight
- * gradient such as the GPT's fc1 gᵀ·x makes only 36 tiles of 128×128) and
- * at 4 per CPU thread on CPU adapters: lavapipe runs a workgroup on one
- * thread, so more slices only add partial sums (a 512³ product split in two
- * ran up to 20% slower there).
+ * at 256 workgroups on GPUs (a couple of waves of a large GPU's
+ * multiprocessors, where a weight gradient may make only a few dozen big
+ * tiles) and at 4 per CPU thread on CPU adapters: lavapipe runs a workgroup
+ * on one thread, so more slices only add partial sums.
  *
  * @example
  * ```ts

@@ -9,9 +9,8 @@
  * Budget: at most {@link SHAPE_TRIAL_BUDGET} timings per shape — each GPU
  * tiling once at its own shape (split to one wave where that helps), the two
  * fastest tilings with up to two more slice counts each, then the three
- * fastest trials again. A timing waits for the GPU about twice (~25 ms on an
- * H100 through Deno), so the GPT's ~15 shapes tune in about 5 s plus kernel
- * compiles, once per adapter.
+ * fastest trials again. Each timing waits for the GPU, so a model's shapes
+ * take seconds to tune, once per adapter (the picks are cached).
  */
 import type { MatmulTiling } from "./settings.ts";
 import type { Gpu } from "../../device/gpu.ts";

@@ -4,11 +4,9 @@
  * workgroup of {@link REDUCE_THREADS} threads through workgroup memory; short
  * rows go one per thread, with no barrier at all.
  *
- * NOTE: on the CPU adapter a workgroup spends its time in barriers: a
- * 64-thread workgroup per 32-entry attention row took 24 ms for [128, 32, 32],
- * a thread per row about 1 ms; LayerNorm, softmax and cross-entropy
- * (forward + backward) ran 2–8x faster with a thread per row at every length
- * from 65 to 4096 (`rowSettings` holds the switch-over length).
+ * NOTE: on the CPU adapter a workgroup spends its time in barriers, so a
+ * thread per row is faster there at every length up to 4096 (`rowSettings`
+ * holds the switch-over length).
  *
  * On the workgroup paths a row gets `lanes` threads ({@link rowLanes}: about
  * four loads each, at most a workgroup), so a workgroup reduces several short
@@ -45,9 +43,9 @@ export interface RowSettings {
 
 /**
  * The row kernels' settings of a device (`rowSettings.of(gpu).threadRowMax`).
- * Default 4096 on CPU adapters, where a thread per row was faster at every
- * length measured (2–8x, up to 4096), and 64 on GPUs, where long rows need
- * a workgroup's bandwidth. Column sums read it too (gpu/kernels/reduce_columns.ts).
+ * Default 4096 on CPU adapters, where a thread per row is faster at every
+ * length up to there, and 64 on GPUs, where long rows need a workgroup's
+ * bandwidth. Column sums read it too (gpu/kernels/reduce_columns.ts).
  *
  * @example
  * ```ts

@@ -1,8 +1,8 @@
 /**
  * Subgroup reductions in kernels. Which kernels use them reads the adapter
  * profile ({@link useSubgroups}): a GPU whose device has the `subgroups`
- * feature. CPU adapters keep the workgroup-memory kernels, as measured there
- * (lavapipe grants the feature, with subgroups of 8). `enable subgroups;`
+ * feature. CPU adapters keep the workgroup-memory kernels, which are faster
+ * there (lavapipe grants the feature, with small subgroups). `enable subgroups;`
  * is added by the kernel header where the runtime wants it
  * (`wgslRuntime.subgroupsDirective` in gpu/device/kernel.ts).
  */
