@@ -1,26 +1,20 @@
 /**
- * The GPU runtime, whole: device acquisition, buffer pool and memory
- * statistics, kernels as data and the pipeline cache, command batching,
- * tensors, the op registry, the runtime state, the autograd tape and
- * checkpoint recompute, and the ops. The root `mod.ts` re-exports what
- * training code calls; this entry point (`./gpu`) adds the internals for
- * people writing kernels and ops.
+ * The GPU runtime, whole, wing by wing (ARCHITECTURE.md): base types and
+ * errors, the device (Gpu, device arrays, the buffer pool, kernels as data,
+ * command batching, the profiler), tuning, the kernel families' settings and
+ * tuners, tensors with the tape, scopes and the runtime state's seams, and
+ * the ops. The root `mod.ts` re-exports what training code calls; this entry
+ * point (`./gpu`) adds the internals for people writing kernels and ops.
  *
  * `await t.read()`, `await t.item()` and `await gpu.sync()` are the only calls
  * that wait for the GPU; everything else records work and returns at once.
  *
  * @module
  */
+// device acquisition
 export { defaultFlushPolicy, initGpu, type InitGpuOptions } from "./init.ts";
-export { type F16Mode, getGpu, Gpu, type ProfileOptions, setDefaultGpu } from "./device/gpu.ts";
-export type { AdapterProfile, ProfileLimits } from "./device/adapter_profile.ts";
-export {
-  type DispatchCost,
-  DispatchProfiler,
-  type DispatchRecord,
-  type ProfileTiming,
-} from "./device/profiler.ts";
-export type { ProfileReport, ProfileRow } from "./device/profile_report.ts";
+
+// the base: errors, dtypes, shapes, the op registry
 export {
   checkOptionNames,
   DTypeError,
@@ -45,15 +39,29 @@ export {
 } from "./base/op_registry.ts";
 export { warnOnce } from "./base/warn_once.ts";
 export {
-  type CastHook,
-  currentModes,
-  type OpObserver,
-  type RandomDraws,
-  runtime,
-  type RuntimeModes,
-  type RuntimeState,
-  withState,
-} from "./tensor/runtime_state.ts";
+  assertDType,
+  bytesPerElement,
+  type DType,
+  DTYPES,
+  type FloatDType,
+  isHalf,
+  TENSOR_DTYPES,
+  wgslType,
+} from "./base/dtype.ts";
+export { BF16_NAN, bf16FromF32, f32FromBf16 } from "./base/bf16.ts";
+export { sameShape, type Shape, shapeString, sizeOf } from "./base/shape.ts";
+export { cut, quoted, shortValue } from "./base/short_text.ts";
+
+// the device: Gpu, device arrays, the buffer pool, kernels as data, batching, profiling
+export { type F16Mode, getGpu, Gpu, type ProfileOptions, setDefaultGpu } from "./device/gpu.ts";
+export type { AdapterProfile, ProfileLimits } from "./device/adapter_profile.ts";
+export {
+  type DispatchCost,
+  DispatchProfiler,
+  type DispatchRecord,
+  type ProfileTiming,
+} from "./device/profiler.ts";
+export type { ProfileReport, ProfileRow } from "./device/profile_report.ts";
 export { BufferPool, type MemoryStats } from "./device/buffer_pool.ts";
 export { type BatchCounters, CommandBatch, type FlushPolicy } from "./device/command_batch.ts";
 export {
@@ -74,51 +82,20 @@ export {
   type UniformType,
 } from "./device/kernel.ts";
 export {
-  assertDType,
-  bytesPerElement,
-  type DType,
-  DTYPES,
-  type FloatDType,
-  isHalf,
-  TENSOR_DTYPES,
-  wgslType,
-} from "./base/dtype.ts";
-export { BF16_NAN, bf16FromF32, f32FromBf16 } from "./base/bf16.ts";
-export { sameShape, type Shape, shapeString, sizeOf } from "./base/shape.ts";
-export { cut, quoted, shortValue } from "./base/short_text.ts";
-export {
   type ArrayStorage,
   type ArrayValues,
   assertArrayFits,
   bufferBytes,
   DeviceArray,
 } from "./device/device_array.ts";
-export {
-  type BackwardOptions,
-  type GradNode,
-  type IndexRange,
-  Tensor,
-  type TensorData,
-  type TensorOptions,
-  type TensorValues,
-} from "./tensor/tensor.ts";
-export { keep, type ScopedResource, tidy, tracked, untracked } from "./tensor/scope.ts";
-export {
-  autocastDtypes,
-  autocastInputs,
-  autocastInputsWidenedInKernel,
-  markCastForOp,
-} from "./tensor/autocast_hook.ts";
-export {
-  backward,
-  type BackwardRule,
-  enableGrad,
-  isGradEnabled,
-  noGrad,
-  record,
-  type RecordSpec,
-  zeroGrad,
-} from "./tensor/autograd.ts";
+
+// tuning: settings, timing, picks
+export type { CandidateTimer, TuningProgress } from "./tuning/timing.ts";
+export type { TimedPick } from "./tuning/cache.ts";
+export type { ShapePicks, ShapeTuningOptions } from "./tuning/picks.ts";
+export { defineTunerSettings, type TunerSettings } from "./tuning/settings.ts";
+
+// kernel families: settings, tuners, vocabulary
 export {
   type ClassTuning,
   defaultTuningClasses,
@@ -146,12 +123,8 @@ export {
   tuneAttentionShapes,
   type TuneAttentionShapesOptions,
 } from "./kernels/attention/tuner.ts";
-export type { CandidateTimer, TuningProgress } from "./tuning/timing.ts";
-export type { TimedPick } from "./tuning/cache.ts";
-export type { ShapePicks, ShapeTuningOptions } from "./tuning/picks.ts";
 export type { AttentionPlan } from "./kernels/attention/plans.ts";
 export type { AttentionTile } from "./kernels/attention/flash_attention_tiled.ts";
-export { defineTunerSettings, type TunerSettings } from "./tuning/settings.ts";
 export {
   type F16Accumulation,
   type MatmulSettings,
@@ -180,6 +153,56 @@ export {
   tilingName,
   tilingNames,
 } from "./kernels/gemm/matmul_class.ts";
+export type { Broadcast } from "./kernels/elementwise.ts";
+export { F16_CHUNK } from "./kernels/gemm/matmul.ts";
+export type { Conv2dGeometry } from "./kernels/gemm/conv2d.ts";
+export { hashU32, type RandomRange, randomU32, randomUniform } from "./kernels/wgsl/random.ts";
+
+// tensors, the tape, scopes, the runtime state and its seams
+export {
+  type CastHook,
+  currentModes,
+  type OpObserver,
+  type RandomDraws,
+  runtime,
+  type RuntimeModes,
+  type RuntimeState,
+  withState,
+} from "./tensor/runtime_state.ts";
+export {
+  type BackwardOptions,
+  type GradNode,
+  type IndexRange,
+  Tensor,
+  type TensorData,
+  type TensorOptions,
+  type TensorValues,
+} from "./tensor/tensor.ts";
+export { keep, type ScopedResource, tidy, tracked, untracked } from "./tensor/scope.ts";
+export {
+  autocastDtypes,
+  autocastInputs,
+  autocastInputsWidenedInKernel,
+  markCastForOp,
+} from "./tensor/autocast_hook.ts";
+export {
+  backward,
+  type BackwardRule,
+  enableGrad,
+  isGradEnabled,
+  noGrad,
+  record,
+  type RecordSpec,
+  zeroGrad,
+} from "./tensor/autograd.ts";
+export {
+  checkRandomState,
+  RandomGenerator,
+  type RandomState,
+  RandomTape,
+} from "./tensor/random.ts";
+
+// the ops
 export {
   add,
   addScalar,
@@ -200,11 +223,9 @@ export {
 export { readThroughCopy, scaleLoss, workingCopy } from "./ops/loss_scale.ts";
 export { assertTensors } from "./ops/checks.ts";
 export { broadcastInto } from "./ops/broadcast.ts";
-export type { Broadcast } from "./kernels/elementwise.ts";
 export { linear, type LinearOptions } from "./ops/linear.ts";
 export { layerNormLinear, type LayerNormLinearOptions } from "./ops/layer_norm_linear.ts";
 export { matmul, type MatmulOptions } from "./ops/matmul.ts";
-export { F16_CHUNK } from "./kernels/gemm/matmul.ts";
 export { max, mean, type ReduceOptions, sum } from "./ops/reduce.ts";
 export { logSoftmax, softmax } from "./ops/softmax.ts";
 export { reshape } from "./ops/reshape.ts";
@@ -229,19 +250,11 @@ export {
 } from "./ops/pool2d.ts";
 export { checkFlattenDims, flatten } from "./ops/flatten.ts";
 export type { Size2d } from "./ops/size2d.ts";
-export type { Conv2dGeometry } from "./kernels/gemm/conv2d.ts";
 export {
   type CrossEntropyPerRow,
   crossEntropyPerRow,
   type CrossEntropyRowOptions,
 } from "./ops/cross_entropy.ts";
-export { hashU32, type RandomRange, randomU32, randomUniform } from "./kernels/wgsl/random.ts";
-export {
-  checkRandomState,
-  RandomGenerator,
-  type RandomState,
-  RandomTape,
-} from "./tensor/random.ts";
 export { causalSoftmax, type CausalSoftmaxOptions } from "./ops/causal_softmax.ts";
 export { permute } from "./ops/permute.ts";
 export { narrow, split } from "./ops/narrow.ts";
