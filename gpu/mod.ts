@@ -92,7 +92,7 @@ export {
 // tuning: settings, timing, picks
 export type { CandidateTimer, TuningProgress } from "./tuning/timing.ts";
 export type { TimedPick } from "./tuning/cache.ts";
-export type { ShapePicks, ShapeTuningOptions } from "./tuning/picks.ts";
+export type { ClassTuningOptions, ShapePicks, ShapeTuningOptions } from "./tuning/picks.ts";
 export { defineTunerSettings, type TunerSettings } from "./tuning/settings.ts";
 
 // kernel families: settings, tuners, vocabulary
