@@ -1,8 +1,8 @@
 /**
  * The face of gpu/ for kernel authors outside it (amp/kernels/,
  * optim/kernels/): kernels as data, dtypes, the shared WGSL building blocks
- * and the multi-tensor helpers. A kernel here works on device buffers; the
- * ops that put its results on the tape are in `gpu/mod.ts`.
+ * and the multi-tensor helpers. A kernel takes and returns `DeviceArray`s,
+ * never tensors: the ops that put results on the tape are `gpu/mod.ts`'s.
  *
  * @module
  */
