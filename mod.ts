@@ -91,7 +91,11 @@ export {
   type FusedCausalAttentionOptions,
   fusedCausalAttentionPacked,
 } from "./gpu/ops/fused_attention.ts";
-export { addInPlace } from "./gpu/ops/in_place.ts";
+export { addInPlace, copyInto } from "./gpu/ops/in_place.ts";
+export {
+  type LinearCrossEntropyOptions,
+  linearCrossEntropyPerRow,
+} from "./gpu/ops/linear_cross_entropy.ts";
 export { layerNorm, type LayerNormOptions } from "./gpu/ops/layer_norm.ts";
 export { batchNorm, batchNormCounter, type BatchNormOptions } from "./gpu/ops/batch_norm.ts";
 export { dropout } from "./gpu/ops/dropout.ts";
@@ -169,6 +173,8 @@ export {
   LayerNorm,
   type LayerNormLayerOptions,
   Linear,
+  linearCrossEntropy,
+  type LinearCrossEntropyLossOptions,
   type LinearLayerOptions,
   type LoadStateOptions,
   MaxPool2d,
