@@ -16,9 +16,11 @@
  */
 import {
   add,
+  crossEntropy,
   Embedding,
   LayerNorm,
   Linear,
+  linearCrossEntropy,
   Module,
   RandomGenerator,
   reshape,
@@ -110,6 +112,35 @@ export class TinyGpt extends Module {
 
   /** ids (i32 [B, T], T ≤ context) → logits [B·T, V]. */
   forward(ids: Tensor): Tensor {
+    const flat = this.#trunk(ids);
+    // The final LayerNorm runs inside the head (one activation fewer kept, no cast under AMP).
+    const logits = this.head.forwardNormalized(flat, this.norm);
+    flat.dispose();
+    return logits;
+  }
+
+  /**
+   * The mean cross-entropy of the model's next-token predictions for ids
+   * (i32 [B, T]) against `targets` (B·T ids). Without a head bias the head
+   * and the loss run fused in chunks of rows (`linearCrossEntropy`): the
+   * logits [B·T, V], a GPT-2 step's largest tensor, are never whole.
+   */
+  loss(
+    ids: Tensor,
+    targets: Tensor | ArrayLike<number>,
+    options: { chunkRows?: number } = {},
+  ): Tensor {
+    if (this.head.bias) return crossEntropy(this.forward(ids), targets);
+    const flat = this.#trunk(ids);
+    const rows = this.norm.forward(flat);
+    flat.dispose();
+    const loss = linearCrossEntropy(rows, this.head.weight, targets, options);
+    rows.dispose();
+    return loss;
+  }
+
+  /** ids [B, T] → the last block's output [B·T, C], before the final LayerNorm. */
+  #trunk(ids: Tensor): Tensor {
     const [b, t] = ids.shape;
     if (ids.rank !== 2 || ids.dtype !== "i32" || t > this.config.context) {
       throw new RangeError(
@@ -124,10 +155,7 @@ export class TinyGpt extends Module {
     x.dispose();
     const flat = reshape(h, [b * t, this.config.dim]);
     h.dispose();
-    // The final LayerNorm runs inside the head (one activation fewer kept, no cast under AMP).
-    const logits = this.head.forwardNormalized(flat, this.norm);
-    flat.dispose();
-    return logits;
+    return flat;
   }
 }
 
