@@ -77,7 +77,7 @@ export class KvCache {
           `${t} of ${this.length}.`,
       );
     }
-    const model = this.model, { dim, heads: h } = model.config, b = this.batch;
+    const model = this.model, { dim } = model.config, b = this.batch;
     // Query i (position t + i) sees keys 0..t+i.
     const mask = new Float32Array(n * this.length).fill(HIDDEN);
     for (let i = 0; i < n; i++) mask.fill(0, i * this.length, i * this.length + t + i + 1);
