@@ -93,6 +93,7 @@ export {
 } from "./gpu/ops/fused_attention.ts";
 export { addInPlace, copyInto } from "./gpu/ops/in_place.ts";
 export {
+  LINEAR_CROSS_ENTROPY_CHUNK_ELEMENTS,
   type LinearCrossEntropyOptions,
   linearCrossEntropyPerRow,
 } from "./gpu/ops/linear_cross_entropy.ts";
