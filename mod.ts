@@ -85,7 +85,7 @@ export { logSoftmax, softmax } from "./gpu/ops/softmax.ts";
 export { causalSoftmax, type CausalSoftmaxOptions } from "./gpu/ops/causal_softmax.ts";
 export { reshape } from "./gpu/ops/reshape.ts";
 export { permute } from "./gpu/ops/permute.ts";
-export { narrow, split } from "./gpu/ops/narrow.ts";
+export { concat, narrow, split } from "./gpu/ops/narrow.ts";
 export {
   fusedCausalAttention,
   type FusedCausalAttentionOptions,

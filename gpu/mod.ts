@@ -236,5 +236,5 @@ export {
 } from "./ops/linear_cross_entropy.ts";
 export { causalSoftmax, type CausalSoftmaxOptions } from "./ops/causal_softmax.ts";
 export { permute } from "./ops/permute.ts";
-export { narrow, split } from "./ops/narrow.ts";
+export { concat, narrow, split } from "./ops/narrow.ts";
 export { fusedCausalAttention, type FusedCausalAttentionOptions } from "./ops/fused_attention.ts";

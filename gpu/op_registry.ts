@@ -79,6 +79,7 @@ export const OPS = {
   reshape: { autocast: null },
   permute: { autocast: null },
   narrow: { autocast: null },
+  concat: { autocast: null },
   checkpoint: { autocast: null },
   loss_scale: { autocast: null },
 } as const satisfies Record<string, OpInfo>;

@@ -162,7 +162,8 @@ export interface LinearCrossEntropyLossOptions extends LinearCrossEntropyOptions
  * vocabulary, where the logits and their gradient are a step's largest
  * tensors. h [rows, features], weight [classes, features] (a Linear's or a
  * tied embedding's), targets as for {@link crossEntropy}; the ignore index
- * and the reductions are PyTorch's.
+ * and the reductions are PyTorch's. h and the weight may be lists of pieces
+ * along the features (a table kept in column pieces, each within one buffer).
  *
  * @example
  * ```ts
@@ -177,15 +178,16 @@ export interface LinearCrossEntropyLossOptions extends LinearCrossEntropyOptions
  * ```
  */
 export function linearCrossEntropy(
-  h: Tensor,
-  weight: Tensor,
+  h: Tensor | readonly Tensor[],
+  weight: Tensor | readonly Tensor[],
   targets: Tensor | ArrayLike<number>,
   options: LinearCrossEntropyLossOptions = {},
 ): Tensor {
-  assertTensors("linearCrossEntropy", h, weight);
+  const pieces = [h, weight].flat() as Tensor[];
+  assertTensors("linearCrossEntropy", ...pieces);
   const reduction = checkReduction("linearCrossEntropy", options.reduction);
   const ignoreIndex = options.ignoreIndex ?? -100;
-  const ids = idsOf("linearCrossEntropy", targets, h.gpu);
+  const ids = idsOf("linearCrossEntropy", targets, pieces[0].gpu);
   try {
     const rows = linearCrossEntropyPerRow(h, weight, ids, {
       ignoreIndex,

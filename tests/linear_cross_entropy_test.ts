@@ -10,6 +10,7 @@
 import assert from "node:assert/strict";
 import {
   autocast,
+  concat,
   copyInto,
   crossEntropy,
   HalfstepError,
@@ -18,6 +19,7 @@ import {
   noGrad,
   RandomGenerator,
   type Reduction,
+  split,
   Tensor,
   tidy,
 } from "../mod.ts";
@@ -124,6 +126,40 @@ Deno.test({
         assertClose(actual[i], expected[i], HALF[amp], `${amp}: ${what}`)
       );
     }
+  },
+});
+
+Deno.test({
+  name: "linearCrossEntropy over feature pieces (h and W split along features, as a table too " +
+    "large for one buffer is kept) equals the whole, and concat joins pieces back with gradients",
+  ...GPU_TEST,
+  async fn() {
+    const rows = 11, classes = 29, sizes = [6, 4, 10];
+    const features = sizes.reduce((a, b) => a + b);
+    const rng = new RandomGenerator(12);
+    const grad = { requiresGrad: true };
+    const h = Tensor.from(rng.uniform(rows * features, -2, 2), [rows, features], grad);
+    const w = Tensor.from(rng.uniform(classes * features, -1, 1), [classes, features], grad);
+    const targets = Array.from(rng.uniform(rows), (u) => Math.floor(u * classes));
+    const whole = linearCrossEntropy(h, w, targets, { chunkRows: 4 });
+    whole.backward();
+    const expected = [await whole.read(), await h.grad!.read(), await w.grad!.read()];
+    h.grad = null;
+    w.grad = null;
+    const pieced = tidy(() =>
+      linearCrossEntropy(split(h, sizes, -1), split(w, sizes, -1), targets, { chunkRows: 4 })
+    );
+    pieced.backward();
+    const actual = [await pieced.read(), await h.grad!.read(), await w.grad!.read()];
+    ["loss", "dh", "dW"].forEach((what, i) => assertClose(actual[i], expected[i], F32, what));
+    // concat(split(x)) is x, and its gradient reaches each piece whole.
+    const x = Tensor.from(rng.uniform(3 * features, -1, 1), [3, features], grad);
+    const joined = tidy(() => concat(split(x, sizes, -1), -1));
+    assert.deepEqual(await joined.read(), await x.read());
+    const g = Tensor.from(rng.uniform(3 * features, -1, 1), [3, features]);
+    joined.backward({ gradient: g });
+    assert.deepEqual(await x.grad!.read(), await g.read());
+    for (const t of [h, w, x, g, whole, pieced, joined, h.grad, w.grad, x.grad]) t?.dispose();
   },
 });
 

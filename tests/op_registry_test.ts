@@ -14,6 +14,7 @@ import {
   batchNorm,
   causalSoftmax,
   checkpoint,
+  concat,
   conv2d,
   crossEntropy,
   customAutocastLists,
@@ -141,6 +142,7 @@ Deno.test({
       reshape: () => reshape(x, [3, 2]),
       permute: () => permute(x, [1, 0]),
       narrow: () => narrow(x, 1, 1, 2),
+      concat: () => concat([x, x], 0),
       checkpoint: () => checkpoint((t) => reshape(t, [6]), x),
       loss_scale: () => scaler.scale(sum(x)),
     };

@@ -59,31 +59,57 @@ function placeRows(dst: Tensor, src: Tensor, start: number): void {
   }
 }
 
-function checked(h: Tensor, w: Tensor, targets: Tensor, options: LinearCrossEntropyOptions) {
-  const where = "linearCrossEntropy";
-  if (h.rank !== 2 || w.rank !== 2 || h.shape[1] !== w.shape[1]) {
+/** h and the weight as lists of feature pieces (one piece each when given whole). */
+function piecesOf(h: Tensor | readonly Tensor[], w: Tensor | readonly Tensor[]) {
+  const hs = h instanceof Tensor ? [h] : [...h], ws = w instanceof Tensor ? [w] : [...w];
+  if (hs.length === 0 || hs.length !== ws.length) {
     fail(
       ShapeError,
-      where,
-      `needs h [rows, features] and weight [classes, features] (a Linear's layout); got h ` +
-        `${h.describe()} and weight ${w.describe()}.`,
+      "linearCrossEntropy",
+      `h and weight must be one tensor each or lists of as many feature pieces; got ` +
+        `${hs.length} and ${ws.length}.`,
     );
   }
-  if (h.dtype === "i32" || w.dtype !== h.dtype) {
-    fail(
-      DTypeError,
-      where,
-      `h ${h.describe()} and weight ${w.describe()} must share one float dtype (or run under autocast).`,
-    );
-  }
-  if (targets.dtype !== "i32" || targets.rank !== 1 || targets.shape[0] !== h.shape[0]) {
-    fail(ShapeError, where, `targets must be i32 [${h.shape[0]}], got ${targets.describe()}.`);
+  return { hs, ws };
+}
+
+function checked(
+  hs: readonly Tensor[],
+  ws: readonly Tensor[],
+  targets: Tensor,
+  options: LinearCrossEntropyOptions,
+) {
+  const where = "linearCrossEntropy";
+  const [rows, classes] = [hs[0].shape[0], ws[0].shape[0]];
+  hs.forEach((h, i) => {
+    const w = ws[i];
+    if (
+      h.rank !== 2 || w.rank !== 2 || h.shape[1] !== w.shape[1] || h.shape[0] !== rows ||
+      w.shape[0] !== classes
+    ) {
+      fail(
+        ShapeError,
+        where,
+        `needs h [rows, features] and weight [classes, features] (a Linear's layout); got h ` +
+          `${h.describe()} and weight ${w.describe()}.`,
+      );
+    }
+    if (h.dtype === "i32" || w.dtype !== h.dtype || h.dtype !== hs[0].dtype) {
+      fail(
+        DTypeError,
+        where,
+        `h ${h.describe()} and weight ${w.describe()} must share one float dtype (or run under ` +
+          "autocast).",
+      );
+    }
+  });
+  if (targets.dtype !== "i32" || targets.rank !== 1 || targets.shape[0] !== rows) {
+    fail(ShapeError, where, `targets must be i32 [${rows}], got ${targets.describe()}.`);
   }
   const ignoreIndex = options.ignoreIndex ?? -100;
   if (!Number.isInteger(ignoreIndex) || Math.abs(ignoreIndex) >= 2 ** 31) {
     fail(ValueError, where, `ignoreIndex must be a 32-bit integer, got ${ignoreIndex}.`);
   }
-  const classes = w.shape[0];
   const chunk = options.chunkRows ??
     Math.max(1, Math.floor(LINEAR_CROSS_ENTROPY_CHUNK_ELEMENTS / Math.max(classes, 1)));
   if (!Number.isInteger(chunk) || chunk < 1) {
@@ -92,6 +118,17 @@ function checked(h: Tensor, w: Tensor, targets: Tensor, options: LinearCrossEntr
   assertIdsInRange(where, targets, classes, ignoreIndex);
   const params: CrossEntropyParams = { weight: null, ignoreIndex, smoothing: 0 };
   return { params, chunk };
+}
+
+/** A chunk's logits: Σ over pieces of hc·Wᵀ. */
+function chunkLogits(hcs: readonly Tensor[], ws: readonly Tensor[]): Tensor {
+  const logits = product(hcs[0], ws[0], false, true);
+  for (let i = 1; i < hcs.length; i++) {
+    const part = product(hcs[i], ws[i], false, true);
+    launchAccumulate(logits, part, 1, 1);
+    part.dispose();
+  }
+  return logits;
 }
 
 /**
@@ -104,6 +141,12 @@ function checked(h: Tensor, w: Tensor, targets: Tensor, options: LinearCrossEntr
  * f16 list) the products run in f16 or bf16 as a linear layer's would, the
  * cross-entropy in f32, and the weight's gradient is written in f32 into an
  * f32 master's.
+ *
+ * h and the weight may also come as lists of pieces along the features
+ * (h [rows, fᵢ] and weight [classes, fᵢ] each): the logits are then the sum
+ * of the pieces' products. A table too large for one buffer of the adapter
+ * (GPT-2's 50257 × 768 in f32 is over WebGPU's default 128 MiB) is kept in
+ * such column pieces.
  *
  * @example
  * ```ts
@@ -119,28 +162,31 @@ function checked(h: Tensor, w: Tensor, targets: Tensor, options: LinearCrossEntr
  * ```
  */
 export function linearCrossEntropyPerRow(
-  h0: Tensor,
-  weight0: Tensor,
+  h0: Tensor | readonly Tensor[],
+  weight0: Tensor | readonly Tensor[],
   targets: Tensor,
   options: LinearCrossEntropyOptions = {},
 ): CrossEntropyPerRow {
-  assertTensors("linearCrossEntropy", h0, weight0, targets);
-  const [h, w] = autocastInputs("linear_cross_entropy", [h0, weight0]);
-  const { params, chunk } = checked(h, w, targets, options);
+  const given = piecesOf(h0, weight0);
+  assertTensors("linearCrossEntropy", ...given.hs, ...given.ws, targets);
+  const cast = autocastInputs("linear_cross_entropy", [...given.hs, ...given.ws]);
+  const k = given.hs.length, hs = cast.slice(0, k), ws = cast.slice(k);
+  const { params, chunk } = checked(hs, ws, targets, options);
   // An f32 input cast down for the products gets its gradient in f32, straight from them.
-  const hTarget = weightGradTarget(h0, h), wTarget = weightGradTarget(weight0, w);
-  const rows = h.shape[0];
+  const hTargets = hs.map((h, i) => weightGradTarget(given.hs[i], h));
+  const wTargets = ws.map((w, i) => weightGradTarget(given.ws[i], w));
+  const rows = hs[0].shape[0];
   const whole = rows <= chunk;
-  const loss = whole ? null : Tensor.empty([rows], "f32", h.gpu);
-  const targetWeight = whole ? null : Tensor.empty([rows], "f32", h.gpu);
-  const stats = whole ? null : Tensor.empty([rows, 2], "f32", h.gpu);
+  const loss = whole ? null : Tensor.empty([rows], "f32", hs[0].gpu);
+  const targetWeight = whole ? null : Tensor.empty([rows], "f32", hs[0].gpu);
+  const stats = whole ? null : Tensor.empty([rows, 2], "f32", hs[0].gpu);
   let out: ReturnType<typeof launchCrossEntropy> | null = null;
   for (let start = 0; start < rows; start += chunk) {
     const n = Math.min(chunk, rows - start);
-    const hc = rowsOf(h, start, n), tc = rowsOf(targets, start, n);
-    const logits = product(hc, w, false, true);
+    const hcs = hs.map((h) => rowsOf(h, start, n)), tc = rowsOf(targets, start, n);
+    const logits = chunkLogits(hcs, ws);
     const part = launchCrossEntropy(logits, tc, params);
-    for (const t of [hc, tc, logits]) t.dispose();
+    for (const t of [...hcs, tc, logits]) t.dispose();
     if (whole) {
       out = part;
       break;
@@ -153,67 +199,78 @@ export function linearCrossEntropyPerRow(
   out ??= { loss: loss!, targetWeight: targetWeight!, stats: stats! };
   const losses = record({
     op: "linear_cross_entropy",
-    inputs: [hTarget, wTarget],
+    inputs: [...hTargets, ...wTargets],
     output: out.loss,
-    save: [h, w, targets, out.stats],
-    backward: (g, [sh, sw, st, ss], needs) =>
-      linearCrossEntropyBackward(g, { h: sh, w: sw, targets: st, stats: ss }, {
+    save: [...hs, ...ws, targets, out.stats],
+    backward: (g, saved, needs) =>
+      linearCrossEntropyBackward(g, {
+        hs: saved.slice(0, k),
+        ws: saved.slice(k, 2 * k),
+        targets: saved[2 * k],
+        stats: saved[2 * k + 1],
+      }, {
         params,
         chunk,
         needs,
-        dtypes: [hTarget.dtype, wTarget.dtype],
+        dtypes: [...hTargets, ...wTargets].map((t) => t.dtype),
       }),
   });
   out.stats.dispose(); // the tape holds its own handle
-  releaseCasts([h, w], losses);
+  releaseCasts([...hs, ...ws], losses);
   return { losses, targetWeights: out.targetWeight };
 }
 
-/** dh and dW from the per-row gradient `g` (f32 [rows]), chunk by chunk. */
+/** Each piece's dh and dW from the per-row gradient `g` (f32 [rows]), chunk by chunk. */
 function linearCrossEntropyBackward(
   g: Tensor,
-  saved: { h: Tensor; w: Tensor; targets: Tensor; stats: Tensor },
+  saved: { hs: Tensor[]; ws: Tensor[]; targets: Tensor; stats: Tensor },
   how: {
     params: CrossEntropyParams;
     chunk: number;
     needs: readonly boolean[];
-    dtypes: [Tensor["dtype"], Tensor["dtype"]];
+    dtypes: Tensor["dtype"][];
   },
 ): (Tensor | null)[] {
-  const { h, w, targets, stats } = saved, { chunk, needs } = how;
-  const [rows, features] = h.shape;
+  const { hs, ws, targets, stats } = saved, { chunk, needs } = how, k = hs.length;
+  const rows = hs[0].shape[0];
   const whole = rows <= chunk;
   // dh is written chunk by chunk in f32 (rows placed whole), then cast once if h is narrower.
-  let dh = needs[0] && !whole ? Tensor.empty([rows, features], "f32", h.gpu) : null;
-  let dw: Tensor | null = null;
+  const dhs: (Tensor | null)[] = hs.map((h, i) =>
+    needs[i] && !whole ? Tensor.empty(h.shape, "f32", h.gpu) : null
+  );
+  const dws: (Tensor | null)[] = ws.map(() => null);
   for (let start = 0; start < rows; start += chunk) {
     const n = Math.min(chunk, rows - start);
-    const [hc, tc, sc, gc] = [h, targets, stats, g].map((t) => rowsOf(t, start, n));
-    const logits = product(hc, w, false, true);
+    const hcs = hs.map((h) => rowsOf(h, start, n));
+    const [tc, sc, gc] = [targets, stats, g].map((t) => rowsOf(t, start, n));
+    const logits = chunkLogits(hcs, ws);
     const dlogits = launchCrossEntropyBackward(logits, tc, sc, gc, how.params);
     logits.dispose();
-    if (needs[0]) {
-      const part = product(dlogits, w, false, false, "f32");
-      if (whole) dh = part;
-      else {
-        placeRows(dh!, part, start);
-        part.dispose();
+    for (let i = 0; i < k; i++) {
+      if (needs[i]) {
+        const part = product(dlogits, ws[i], false, false, "f32");
+        if (whole) dhs[i] = part;
+        else {
+          placeRows(dhs[i]!, part, start);
+          part.dispose();
+        }
+      }
+      if (needs[k + i]) {
+        const part = product(dlogits, hcs[i], true, false, how.dtypes[k + i]);
+        if (dws[i] === null) dws[i] = part;
+        else {
+          launchAccumulate(dws[i]!, part, 1, 1);
+          part.dispose();
+        }
       }
     }
-    if (needs[1]) {
-      const part = product(dlogits, hc, true, false, how.dtypes[1]);
-      if (dw === null) dw = part;
-      else {
-        launchAccumulate(dw, part, 1, 1);
-        part.dispose();
-      }
-    }
-    for (const t of [hc, tc, sc, gc, dlogits]) t.dispose();
+    for (const t of [...hcs, tc, sc, gc, dlogits]) t.dispose();
   }
-  if (dh && dh.dtype !== how.dtypes[0]) {
-    const cast = launchUnary("identity", dh, { out: how.dtypes[0] });
+  const castDh = dhs.map((dh, i) => {
+    if (!dh || dh.dtype === how.dtypes[i]) return dh;
+    const narrowed = launchUnary("identity", dh, { out: how.dtypes[i] });
     dh.dispose();
-    dh = cast;
-  }
-  return [dh, dw];
+    return narrowed;
+  });
+  return [...castDh, ...dws];
 }
