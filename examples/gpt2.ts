@@ -48,6 +48,7 @@ import {
   type Gpt2JsonConfig,
   type Gpt2Sizes,
   gpt2SizesOf,
+  initGpt2,
   saveGpt2,
 } from "./gpt2_weights.ts";
 import { TinyGpt } from "./tiny_gpt_model.ts";
@@ -130,17 +131,21 @@ async function readWeights(cfg: Gpt2Args) {
 function buildModel(
   cfg: Gpt2Args,
   weights: Awaited<ReturnType<typeof readWeights>>,
+  maxBufferBytes: number,
 ): { model: TinyGpt; sizes: Gpt2Sizes } {
   if (!weights.entries) {
     const sizes = RANDOM_SIZES[cfg.random!];
-    return { model: new TinyGpt(gpt2Config(sizes, cfg.seed)), sizes };
+    const model = new TinyGpt(gpt2Config(sizes, cfg.seed, maxBufferBytes));
+    initGpt2(model, cfg.seed);
+    return { model, sizes };
   }
   const entries = weights.entries;
   return orExit("gpt2", () => {
     try {
       const sizes = gpt2SizesOf(entries, { json: weights.json, heads: cfg.heads });
-      const state = fromHuggingFace(entries);
-      const model = new TinyGpt(gpt2Config(sizes, cfg.seed));
+      const config = gpt2Config(sizes, cfg.seed, maxBufferBytes);
+      const state = fromHuggingFace(entries, config.tableShards);
+      const model = new TinyGpt(config);
       model.loadStateDict(state);
       return { model, sizes };
     } catch (e) {
@@ -381,10 +386,12 @@ async function main(): Promise<void> {
       fileBytes: weights.bytes,
       tokens: data ? data.train.length + data.validation.length : 0,
       cpuAdapter: gpu.adapterProfile.cpu,
+      maxBufferBytes: runLimits(gpu).bufferBytes,
     },
   );
-  orExit("gpt2", () => checkPlan(plan, runLimits(gpu), GPT2_SIZES));
-  const { model } = buildModel(cfg, weights);
+  const limits = runLimits(gpu);
+  orExit("gpt2", () => checkPlan(plan, limits, GPT2_SIZES));
+  const { model } = buildModel(cfg, weights, limits.bufferBytes);
   weights.entries?.clear(); // the host copy is no longer needed
   if (cfg.checkpoint) model.blocks.checkpoint = sizes.layers;
   emit(

@@ -85,7 +85,7 @@ export class KvCache {
       tidy(() => {
         const positions = Array.from({ length: n }, (_, i) => t + i);
         let x = add(
-          model.tokens.forward(Tensor.from(ids, [b, n], { dtype: "i32" })),
+          model.embed(Tensor.from(ids, [b, n], { dtype: "i32" })),
           model.positions.forward(Tensor.from(positions, [n], { dtype: "i32" })),
         );
         const hidden = Tensor.from(mask, [n, this.length]);
@@ -93,7 +93,7 @@ export class KvCache {
           x = this.#block(layer as TransformerBlock, x, i, hidden);
         });
         const last = reshape(narrow(x, 1, n - 1, 1), [b, dim]);
-        return model.head.forwardNormalized(last, model.norm);
+        return model.headLogits(last);
       })
     );
     this.position += n;

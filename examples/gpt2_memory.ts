@@ -9,7 +9,7 @@
  */
 import { LINEAR_CROSS_ENTROPY_CHUNK_ELEMENTS } from "../mod.ts";
 import type { Growth, PlannedBuffer } from "./_preflight.ts";
-import type { Gpt2Sizes } from "./gpt2_weights.ts";
+import { gpt2Config, type Gpt2Sizes } from "./gpt2_weights.ts";
 
 /** The flags that size a run (training is off when `training` is false). */
 export interface Gpt2RunSizes {
@@ -57,7 +57,7 @@ export function gpt2StepPeakBytes(s: Gpt2Sizes, run: Gpt2RunSizes): number {
 export function gpt2Buffers(
   s: Gpt2Sizes,
   run: Gpt2RunSizes,
-  host: { fileBytes: number; tokens: number; cpuAdapter: boolean },
+  host: { fileBytes: number; tokens: number; cpuAdapter: boolean; maxBufferBytes: number },
 ): { gpu: PlannedBuffer[]; host: PlannedBuffer[] } {
   const rows = run.batch * run.context, c = s.dim;
   const f32 = (what: string, shape: number[], grows: Growth[]): PlannedBuffer => ({
@@ -70,8 +70,12 @@ export function gpt2Buffers(
     rows,
     Math.max(1, Math.floor(LINEAR_CROSS_ENTROPY_CHUNK_ELEMENTS / s.vocab)),
   );
+  const pieces = gpt2Config(s, 0, host.maxBufferBytes).tableShards ?? 1;
   const gpu = [
-    f32("the token table (wte)", [s.vocab, c], []),
+    f32(`the token table (wte)${pieces > 1 ? `'s ${pieces} column pieces, each` : ""}`, [
+      s.vocab,
+      c / pieces,
+    ], []),
     f32("a KV cache of one block", [s.heads, run.sampleLength, c / s.heads], [
       grow("max-new-tokens", run.sampleLength),
     ]),

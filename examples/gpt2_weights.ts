@@ -12,6 +12,8 @@
  * transposed on the way in and out. The `attn.bias` / `attn.masked_bias`
  * buffers older files carry (the causal mask, a constant) are ignored, and
  * `lm_head.weight`, where a file has it, must equal `wte` (GPT-2 ties them).
+ * A token table over one buffer's limit is loaded into column pieces
+ * (`tableShards`) and joined again on saving.
  * Sizes come from the tensors; the head count, which no tensor shows, from a
  * `config.json` beside the file, else from the published sizes' widths.
  *
@@ -19,8 +21,7 @@
  */
 import {
   type HostTensor,
-  type Module,
-  permute,
+  RandomGenerator,
   type SafetensorsEntry,
   ShapeError,
   type StateValue,
@@ -28,7 +29,7 @@ import {
   ValueError,
 } from "../mod.ts";
 import { loadSafetensors, saveSafetensors } from "../files.ts";
-import { fromNanoGpt, toNanoGpt } from "./nanogpt.ts";
+import { fromNanoGpt, renameNanoGpt } from "./nanogpt.ts";
 import { TinyGpt, type TinyGptConfig } from "./tiny_gpt_model.ts";
 
 /** Heads of the published GPT-2 sizes, by width: 124M, 355M, 774M and 1.5B. */
@@ -60,10 +61,26 @@ export const GPT2_124M: Gpt2Sizes = {
 /**
  * A TinyGpt config for GPT-2 of these sizes: learned positions, pre-LN
  * blocks with biases, the tanh GELU ("gelu_new"), LayerNorm eps 1e-5, and a
- * head tied to the token table without a bias.
+ * head tied to the token table without a bias. With `maxBufferBytes` (one
+ * buffer's limit on the adapter) the f32 token table is kept in as few
+ * column pieces as fit it (124M: 154 MB, two pieces under WebGPU's default
+ * 128 MiB).
  */
-export function gpt2Config(sizes: Gpt2Sizes, seed = 0): TinyGptConfig {
-  return { ...sizes, tieEmbeddings: true, headBias: false, bias: true, gelu: "tanh", seed };
+export function gpt2Config(sizes: Gpt2Sizes, seed = 0, maxBufferBytes = Infinity): TinyGptConfig {
+  let tableShards = 1;
+  while (
+    tableShards < sizes.dim &&
+    (sizes.dim % tableShards !== 0 || 4 * sizes.vocab * sizes.dim / tableShards > maxBufferBytes)
+  ) tableShards++;
+  return {
+    ...sizes,
+    tieEmbeddings: true,
+    headBias: false,
+    bias: true,
+    gelu: "tanh",
+    seed,
+    tableShards,
+  };
 }
 
 /** The causal-mask buffers some files carry. */
@@ -242,33 +259,77 @@ function transposed(t: HostTensor): HostTensor {
  */
 export function fromHuggingFace(
   entries: ReadonlyMap<string, SafetensorsEntry>,
+  tableShards = 1,
 ): Map<string, StateValue> {
   const nano = new Map<string, StateValue>();
   for (const [name, value] of bareEntries(entries)) {
     nano.set(`transformer.${name}`, CONV1D.test(name) ? transposed(value) : value);
   }
-  return fromNanoGpt(nano);
+  const state = fromNanoGpt(nano);
+  if (tableShards > 1) {
+    const pieces = columnPieces(state.get("tokens.weight") as HostTensor, tableShards);
+    state.set("tokens.weight", pieces[0]);
+    state.set("head.weight", pieces[0]);
+    pieces.slice(1).forEach((p, i) => state.set(`tokenShards.${i}.weight`, p));
+  }
+  return state;
+}
+
+/** A 2-D host tensor cut into `k` equal pieces along its columns. */
+function columnPieces(t: HostTensor, k: number): HostTensor[] {
+  const [rows, cols] = t.shape, size = t.data.byteLength / (rows * cols), width = cols / k;
+  return Array.from({ length: k }, (_, p) => {
+    const data = new Uint8Array(rows * width * size);
+    for (let r = 0; r < rows; r++) {
+      const from = (r * cols + p * width) * size;
+      data.set(t.data.subarray(from, from + width * size), r * width * size);
+    }
+    return { dtype: t.dtype, shape: [rows, width], data };
+  });
+}
+
+/** Host tensors joined along their columns (the inverse of {@link columnPieces}). */
+function joinedColumns(pieces: HostTensor[]): HostTensor {
+  const rows = pieces[0].shape[0], size = pieces[0].data.byteLength / (rows * pieces[0].shape[1]);
+  const cols = pieces.reduce((n, p) => n + p.shape[1], 0);
+  const data = new Uint8Array(rows * cols * size);
+  let at = 0;
+  for (const p of pieces) {
+    const width = p.shape[1];
+    for (let r = 0; r < rows; r++) {
+      data.set(
+        p.data.subarray(r * width * size, (r + 1) * width * size),
+        (r * cols + at) * size,
+      );
+    }
+    at += width;
+  }
+  return { dtype: pieces[0].dtype, shape: [rows, cols], data };
 }
 
 /**
- * The model's state under `GPT2LMHeadModel.state_dict()`'s names
- * (`transformer.*` and `lm_head.weight`, the tied table under both), Conv1D
- * weights as [in, out]. The transposed weights are new tensors: dispose them
- * with {@link disposeTransposed} after saving.
+ * The model's state on the host under `GPT2LMHeadModel.state_dict()`'s
+ * names (`transformer.*` and `lm_head.weight`, the tied table under both, its
+ * pieces joined), Conv1D weights as [in, out]. **A sync point** (reads every
+ * tensor).
  */
-export function toHuggingFace(model: TinyGpt): Map<string, Tensor> {
-  const out = new Map<string, Tensor>();
-  for (const [name, tensor] of toNanoGpt(model)) {
-    const bare = name.replace(/^transformer\./, "");
-    out.set(name, CONV1D.test(bare) ? permute(tensor, [1, 0]) : tensor);
+export async function toHuggingFace(model: TinyGpt): Promise<Map<string, SafetensorsEntry>> {
+  const host = async (t: Tensor): Promise<HostTensor> => {
+    const values = await t.read();
+    return { dtype: t.dtype, shape: [...t.shape], data: new Uint8Array(values.buffer) };
+  };
+  const table = joinedColumns(await Promise.all(model.tableWeights().map(host)));
+  const out = new Map<string, SafetensorsEntry>();
+  for (const [name, tensor] of model.stateDict()) {
+    if (name.startsWith("tokenShards.")) continue;
+    const theirs = renameNanoGpt(name, true);
+    if (theirs === null) throw new ValueError(`toHuggingFace: no GPT-2 name for "${name}".`);
+    const bare = theirs.replace(/^transformer\./, "");
+    const value = name === "tokens.weight" || name === "head.weight" ? table : await host(tensor);
+    const stored = CONV1D.test(bare) ? transposed(value) : value;
+    out.set(theirs, { ...stored, shape: [...stored.shape] } as SafetensorsEntry);
   }
   return out;
-}
-
-/** Frees the copies {@link toHuggingFace} made (the transposed weights). */
-export function disposeTransposed(state: Map<string, Tensor>, model: Module): void {
-  const own = new Set(model.parameters());
-  for (const t of state.values()) if (!own.has(t)) t.dispose();
 }
 
 /** Reads `config.json` beside `path`, if there is one. */
@@ -294,12 +355,13 @@ async function configBeside(path: string): Promise<Gpt2JsonConfig | undefined> {
  */
 export async function loadGpt2(
   path: string,
-  options: { heads?: number; seed?: number } = {},
+  options: { heads?: number; seed?: number; maxBufferBytes?: number } = {},
 ): Promise<{ model: TinyGpt; sizes: Gpt2Sizes }> {
   const { entries } = await loadSafetensors(path);
   const sizes = gpt2SizesOf(entries, { json: await configBeside(path), heads: options.heads });
-  const state = fromHuggingFace(entries);
-  const model = new TinyGpt(gpt2Config(sizes, options.seed));
+  const config = gpt2Config(sizes, options.seed, options.maxBufferBytes);
+  const state = fromHuggingFace(entries, config.tableShards);
+  const model = new TinyGpt(config);
   try {
     model.loadStateDict(state);
   } catch (e) {
@@ -314,10 +376,30 @@ export async function loadGpt2(
  * (atomically): `GPT2LMHeadModel` loads it with `strict=True`. **A sync point.**
  */
 export async function saveGpt2(path: string, model: TinyGpt): Promise<void> {
-  const state = toHuggingFace(model);
-  try {
-    await saveSafetensors(path, state);
-  } finally {
-    disposeTransposed(state, model);
+  await saveSafetensors(path, await toHuggingFace(model));
+}
+
+/**
+ * GPT-2's own initialisation (Hugging Face's `_init_weights`): weights
+ * normal with std 0.02 (0.02/√(2·layers) for the projections into the
+ * residual stream), biases 0, LayerNorms 1 and 0, so that a random model
+ * starts at a loss near ln(50257) ≈ 10.8 (TinyGpt's own init is for small
+ * models). For `--random`: trying memory and speed without the weights.
+ */
+export function initGpt2(model: TinyGpt, seed = 0): void {
+  const rng = new RandomGenerator(seed);
+  const residual = 0.02 / Math.sqrt(2 * model.config.layers);
+  const state = new Map<string, StateValue>();
+  for (const [name, t] of model.stateDict()) {
+    const n = t.size;
+    const values = name.endsWith(".bias")
+      ? new Float32Array(n)
+      : /norm\d?\.weight$/.test(name)
+      ? new Float32Array(n).fill(1)
+      : rng.normal(n, 0, /\.(output|fc2)\.weight$/.test(name) ? residual : 0.02);
+    state.set(name, { dtype: "f32", shape: [...t.shape], data: new Uint8Array(values.buffer) });
   }
+  // Tied names must carry one value: the head's is the table's first piece.
+  state.set("head.weight", state.get("tokens.weight")!);
+  model.loadStateDict(state);
 }
