@@ -48,6 +48,7 @@ import {
   type Gpt2JsonConfig,
   type Gpt2Sizes,
   gpt2SizesOf,
+  headsOf,
   initGpt2,
   saveGpt2,
 } from "./gpt2_weights.ts";
@@ -107,10 +108,12 @@ async function parseFlags(args: string[]): Promise<Gpt2Args | null> {
 
 /** The weights file's entries and config.json (none for --random), read once. */
 async function readWeights(cfg: Gpt2Args) {
-  if (!cfg.weights) return { entries: null, json: undefined, bytes: 0 };
-  let entries: Map<string, SafetensorsEntry>;
+  if (!cfg.weights) return { entries: null, json: undefined, bytes: 0, heads: undefined };
+  let entries: Map<string, SafetensorsEntry>, heads: number | undefined;
   try {
-    entries = (await loadSafetensors(cfg.weights)).entries;
+    const file = await loadSafetensors(cfg.weights);
+    entries = file.entries;
+    heads = cfg.heads ?? headsOf(file.metadata);
   } catch (e) {
     console.error(`gpt2: --weights ${cfg.weights}: ${reason(e)}`);
     Deno.exit(1);
@@ -124,7 +127,7 @@ async function readWeights(cfg: Gpt2Args) {
     json = undefined; // none beside it: the sizes come from the tensors
   }
   const bytes = [...entries.values()].reduce((n, e) => n + e.data.byteLength, 0);
-  return { entries, json, bytes };
+  return { entries, json, bytes, heads };
 }
 
 /** The model: the file's weights, or a random GPT-2 of --random's size. Exit 2 for a wrong file. */
@@ -142,7 +145,7 @@ function buildModel(
   const entries = weights.entries;
   return orExit("gpt2", () => {
     try {
-      const sizes = gpt2SizesOf(entries, { json: weights.json, heads: cfg.heads });
+      const sizes = gpt2SizesOf(entries, { json: weights.json, heads: weights.heads });
       const config = gpt2Config(sizes, cfg.seed, maxBufferBytes);
       const state = fromHuggingFace(entries, config.tableShards);
       const model = new TinyGpt(config);
@@ -365,7 +368,7 @@ async function main(): Promise<void> {
   const sizes = weights.entries
     ? orExit("gpt2", () => {
       try {
-        return gpt2SizesOf(weights.entries!, { json: weights.json, heads: cfg.heads });
+        return gpt2SizesOf(weights.entries!, { json: weights.json, heads: weights.heads });
       } catch (e) {
         throw new UsageError(`--weights ${cfg.weights}: ${reason(e)}`);
       }
@@ -398,7 +401,7 @@ async function main(): Promise<void> {
     "start",
     {
       adapter: gpu.adapterName,
-      ...sizes,
+      model: sizes,
       parameters: gpt2Parameters(sizes),
       ...cfg,
       tokens: data ? data.train.length + data.validation.length : 0,

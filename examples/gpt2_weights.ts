@@ -15,7 +15,8 @@
  * A token table over one buffer's limit is loaded into column pieces
  * (`tableShards`) and joined again on saving.
  * Sizes come from the tensors; the head count, which no tensor shows, from a
- * `config.json` beside the file, else from the published sizes' widths.
+ * `config.json` beside the file, else the file's own metadata (`n_head`, as
+ * halfstep writes it), else the published sizes' widths.
  *
  * @module
  */
@@ -357,8 +358,11 @@ export async function loadGpt2(
   path: string,
   options: { heads?: number; seed?: number; maxBufferBytes?: number } = {},
 ): Promise<{ model: TinyGpt; sizes: Gpt2Sizes }> {
-  const { entries } = await loadSafetensors(path);
-  const sizes = gpt2SizesOf(entries, { json: await configBeside(path), heads: options.heads });
+  const { entries, metadata } = await loadSafetensors(path);
+  const sizes = gpt2SizesOf(entries, {
+    json: await configBeside(path),
+    heads: options.heads ?? headsOf(metadata),
+  });
   const config = gpt2Config(sizes, options.seed, options.maxBufferBytes);
   const state = fromHuggingFace(entries, config.tableShards);
   const model = new TinyGpt(config);
@@ -376,7 +380,15 @@ export async function loadGpt2(
  * (atomically): `GPT2LMHeadModel` loads it with `strict=True`. **A sync point.**
  */
 export async function saveGpt2(path: string, model: TinyGpt): Promise<void> {
-  await saveSafetensors(path, await toHuggingFace(model));
+  // transformers' from_pretrained wants format "pt"; n_head is what no tensor shows.
+  const metadata = { format: "pt", n_head: String(model.config.heads) };
+  await saveSafetensors(path, await toHuggingFace(model), { metadata });
+}
+
+/** The head count a file saved by {@link saveGpt2} records, if any. */
+export function headsOf(metadata: Record<string, string>): number | undefined {
+  const n = Number(metadata.n_head);
+  return Number.isInteger(n) && n > 0 ? n : undefined;
 }
 
 /**
