@@ -147,9 +147,7 @@ function figureOf(result: Result): string {
   }
   if ("msPerToken" in result) return `${n("msPerToken").toFixed(1)} ms/token at ${n("position")}`;
   if ("peakGiB" in result) {
-    return `${n("peakGiB").toFixed(2)} GiB (est. ${n("estimatedGiB").toFixed(2)}), ${
-      n("seconds").toFixed(0)
-    } s`;
+    return `${n("peakGiB").toFixed(2)} GiB (estimated ${n("estimatedGiB").toFixed(2)})`;
   }
   if ("wallSeconds" in result) return `${n("wallSeconds").toFixed(1)} s`;
   if ("tuningSeconds" in result) {
