@@ -103,6 +103,26 @@ Deno.test({
 });
 
 Deno.test({
+  name: "gpt2.ts preflight: sizes over this adapter's one-buffer limit stop before the model is " +
+    "built, naming the flag to lower",
+  ...GPU_TEST,
+  async fn() {
+    await withTempDir(async (dir) => {
+      const data = join(dir, "text.txt");
+      await Deno.writeTextFile(data, TEXT.repeat(40));
+      const r = await run(GPT2, [
+        ...["--random", "124M", "--data", data, "--batch", "400", "--context", "1024"],
+      ]);
+      assertRefused(
+        r,
+        /the MLP's hidden rows f32 \[409600, 3072\] needs .* lower --batch to about \d+/,
+        "batch 400",
+      );
+    });
+  },
+});
+
+Deno.test({
   name: "tiny_gpt.ts --data FILE: the character model trains on the given text and samples " +
     "from its characters",
   ...GPU_TEST,
