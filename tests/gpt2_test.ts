@@ -13,6 +13,7 @@ import assert from "node:assert/strict";
 import { join } from "node:path";
 import {
   AdamW,
+  AmpTrainer,
   HalfstepError,
   RandomGenerator,
   type SafetensorsEntry,
@@ -30,7 +31,8 @@ import {
 } from "../examples/gpt2_weights.ts";
 import { generate, KvCache } from "../examples/gpt2_generate.ts";
 import { assertClose } from "./_assert.ts";
-import { GPU_TEST } from "./_gpu.ts";
+import { gpu, GPU_TEST } from "./_gpu.ts";
+import { gpt2StepPeakBytes } from "../examples/gpt2_memory.ts";
 import { runTorchScript } from "./_torch_script.ts";
 import { withTempDir } from "./_examples.ts";
 
@@ -335,5 +337,42 @@ Deno.test({
       back.dispose();
       model.dispose();
     });
+  },
+});
+
+Deno.test({
+  name: "GPT-2 preflight: the estimate of a step's peak is never below the measured peak and at " +
+    "most 1.5 times it, in f32, AMP, AMP + checkpointing and bf16 + checkpointing",
+  ...GPU_TEST,
+  async fn() {
+    const sizes = { vocab: VOCAB, context: 64, layers: 2, dim: 32, heads: 4 };
+    for (const [batch, context] of [[1, 32], [3, 64]]) {
+      for (
+        const [amp, checkpoint, dtype] of [
+          [false, false, "f16"],
+          [true, false, "f16"],
+          [true, true, "f16"],
+          [true, true, "bf16"],
+        ] as const
+      ) {
+        await gpu.sync();
+        gpu.resetPeakMemory();
+        const before = gpu.memoryStats().allocatedBytes;
+        const model = new TinyGpt(gpt2Config(sizes, 1));
+        if (checkpoint) model.blocks.checkpoint = sizes.layers;
+        const optimizer = new AdamW(model.parameters(), { lr: 1e-4 });
+        const trainer = new AmpTrainer(model, optimizer, { enabled: amp, dtype, maxGradNorm: 1 });
+        const ids = Array.from({ length: batch * context }, (_, i) => (i * 7919) % VOCAB);
+        const x = Tensor.from(ids, [batch, context], { dtype: "i32" });
+        const loss = trainer.step(() => model.loss(x, ids));
+        await loss.item();
+        const peak = gpu.memoryStats().peakBytes - before;
+        const run = { batch, context, amp, checkpoint, training: true, sampleLength: 1 };
+        const estimate = gpt2StepPeakBytes(sizes, run);
+        const what = `${batch}×${context} amp ${amp} ${dtype} checkpoint ${checkpoint}`;
+        assert.ok(estimate >= peak && estimate <= 1.5 * peak, `${what}: ${estimate} vs ${peak}`);
+        for (const t of [loss, x, trainer, optimizer, model]) t.dispose();
+      }
+    }
   },
 });
