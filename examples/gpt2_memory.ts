@@ -37,7 +37,7 @@ export function gpt2Parameters(s: Gpt2Sizes): number {
  * measured; with checkpointing 4C a block plus one block recomputed), the head's rows, a chunk's logits and
  * their gradient, and the token table's gradient arriving in two parts. At
  * the optimizer step: weights, gradients and the AdamW moments (16 bytes a
- * parameter, plus 2) and one more table-sized buffer. Ten percent is added
+ * parameter, plus 2) and two more table-sized buffers. Ten percent is added
  * for what the pool rounds up and small buffers; tests/gpt2_test.ts checks
  * the estimate against measured peaks (never below, at most 1.5 times).
  */
@@ -52,7 +52,7 @@ export function gpt2StepPeakBytes(s: Gpt2Sizes, run: Gpt2RunSizes): number {
   );
   const logits = chunk * s.vocab * (run.amp ? 2 : 4);
   const backward = p * (8 + half) + blocks + rows * c * (4 + half) + 2 * logits + 2 * table;
-  const optimizer = p * (16 + half) + table;
+  const optimizer = p * (16 + half) + 2 * table;
   return Math.ceil(1.1 * Math.max(backward, optimizer));
 }
 
