@@ -10,8 +10,10 @@
  *   whole) where one buffer holds them, each from a fresh model: the step's
  *   peak bytes (weights, AdamW state and activations) and the preflight's
  *   estimate beside it. The buffer pool allocates as ops are recorded, so the
- *   peak is known once the step is recorded: the entry does not wait for the
- *   GPU to run it (on a CPU adapter that takes many minutes a step), and the
+ *   peak is read once the step is recorded, without reading the loss back
+ *   (recording still waits for the GPU at times: on a CPU adapter a 124M step
+ *   at this size takes many minutes, and did not finish on a shared 2-vCPU
+ *   machine). The
  *   peak does not depend on the adapter. `--size small` runs batch 2 × 128.
  *
  * @module
@@ -140,7 +142,7 @@ export async function benchGpt2Memory(gpu: Gpu, o: BenchOptions): Promise<Result
     const loss = trainer.step(() =>
       m.fused ? model.loss(x, targets) : crossEntropy(model.forward(x), targets)
     );
-    // Every buffer of the step is allocated (and the freed ones returned) by now: no GPU wait.
+    // Every buffer of the step is allocated (and the freed ones returned) by now.
     const seconds = (performance.now() - start) / 1000;
     const peakBytes = gpu.memoryStats().peakBytes;
     results.push({
