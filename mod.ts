@@ -87,13 +87,18 @@ export { logSoftmax, softmax } from "./gpu/ops/softmax.ts";
 export { causalSoftmax, type CausalSoftmaxOptions } from "./gpu/ops/causal_softmax.ts";
 export { reshape } from "./gpu/ops/reshape.ts";
 export { permute } from "./gpu/ops/permute.ts";
-export { narrow, split } from "./gpu/ops/narrow.ts";
+export { concat, narrow, split } from "./gpu/ops/narrow.ts";
 export {
   fusedCausalAttention,
   type FusedCausalAttentionOptions,
   fusedCausalAttentionPacked,
 } from "./gpu/ops/fused_attention.ts";
-export { addInPlace } from "./gpu/ops/in_place.ts";
+export { addInPlace, copyInto } from "./gpu/ops/in_place.ts";
+export {
+  LINEAR_CROSS_ENTROPY_CHUNK_ELEMENTS,
+  type LinearCrossEntropyOptions,
+  linearCrossEntropyPerRow,
+} from "./gpu/ops/linear_cross_entropy.ts";
 export { layerNorm, type LayerNormOptions } from "./gpu/ops/layer_norm.ts";
 export { batchNorm, batchNormCounter, type BatchNormOptions } from "./gpu/ops/batch_norm.ts";
 export { dropout } from "./gpu/ops/dropout.ts";
@@ -171,6 +176,8 @@ export {
   LayerNorm,
   type LayerNormLayerOptions,
   Linear,
+  linearCrossEntropy,
+  type LinearCrossEntropyLossOptions,
   type LinearLayerOptions,
   type LoadStateOptions,
   MaxPool2d,
