@@ -30,6 +30,11 @@
  *   GFLOP/s at ResNet-like shapes (forward, and forward + backward);
  * - `soak`: 20 × --steps AMP steps: GPU bytes and JS heap after warm-up and
  *   at the end;
+ * - `gpt2`: sampling GPT-2 (random weights) token by token with the KV cache
+ *   and by recomputing the context: ms per token at several positions;
+ * - `gpt2_memory`: one training step of GPT-2 124M at batch 8 × 512 in f32,
+ *   AMP, AMP + checkpointing, bf16 + checkpointing and with the unfused head:
+ *   peak bytes (named only: minutes a step on a CPU adapter);
  * - `tilings`: every matmul tiling the tuner tries on this adapter (and f16
  *   with chunked sums on the GPU tiling), timed on a big square and the
  *   GPT's fc1 layer in its three orientations; `*` marks the tuner's pick.
@@ -65,6 +70,7 @@ import { type BenchOptions, type BenchSize, cpuName, type Result } from "./_benc
 import { tuneForBench, tuningTable } from "./_bench_tuning.ts";
 import { benchCnn } from "./bench_cnn.ts";
 import { benchGpt } from "./bench_gpt.ts";
+import { benchGpt2, benchGpt2Memory } from "./bench_gpt2.ts";
 import { benchMatmul } from "./bench_matmul.ts";
 import { benchOps } from "./bench_ops.ts";
 import { benchTilings } from "./bench_tilings.ts";
@@ -73,8 +79,8 @@ import { benchCheckpoint, benchMlp, benchSoak, benchTinyGpt } from "./bench_trai
 const HELP = `Usage: deno run -A --v8-flags=--expose-gc examples/bench.ts [ENTRY...] [OPTIONS]
        (or deno task bench [ENTRY...] [OPTIONS])
 
-Entries: matmul, mlp, checkpoint, tiny_gpt, gpt, ops, cnn, soak (default: all of these), and tilings
-(every matmul tiling candidate, asked for by name). Output: one JSON object per line on stdout; a
+Entries: matmul, mlp, checkpoint, tiny_gpt, gpt, ops, cnn, soak, gpt2 (default: all of these), and,
+asked for by name, tilings (every matmul tiling candidate) and gpt2_memory (a GPT-2 124M step). Output: one JSON object per line on stdout; a
 table on stderr. Needs no npm package and no network.
   --steps N     timed MLP training steps; other entries scale it to their cost (default 100)
   --repeats N   timed runs per kernel or op (default 10)
@@ -95,11 +101,13 @@ const ENTRIES: Record<string, (gpu: Gpu, o: BenchOptions) => Promise<Result[]>> 
   ops: benchOps,
   cnn: benchCnn,
   soak: (gpu, o) => benchSoak(gpu, o.steps),
+  gpt2: benchGpt2,
 };
 
 /** Entries run only when named. */
 const NAMED_ONLY: Record<string, (gpu: Gpu, o: BenchOptions) => Promise<Result[]>> = {
   tilings: benchTilings,
+  gpt2_memory: benchGpt2Memory,
 };
 
 /** The headline figure of a result, for the table on stderr. */
@@ -136,6 +144,10 @@ function figureOf(result: Result): string {
     return `×${n("activationMemoryRatio").toFixed(2)} mem ×${
       n("stepTimeOverhead").toFixed(2)
     } time`;
+  }
+  if ("msPerToken" in result) return `${n("msPerToken").toFixed(1)} ms/token at ${n("position")}`;
+  if ("peakGiB" in result) {
+    return `${n("peakGiB").toFixed(2)} GiB (estimated ${n("estimatedGiB").toFixed(2)})`;
   }
   if ("wallSeconds" in result) return `${n("wallSeconds").toFixed(1)} s`;
   if ("tuningSeconds" in result) {

@@ -57,8 +57,8 @@ const COMPILED_PREFIX = "_orig_mod.";
 /** The causal mask nanoGPT registers as a buffer without PyTorch 2's flash attention. */
 const MASK = /^transformer\.h\.\d+\.attn\.bias$/;
 
-/** `name` under the other naming, or null when no rule matches. */
-function rename(name: string, toNanoGpt: boolean): string | null {
+/** `name` under the other naming (nanoGPT's when `toNanoGpt`), or null when no rule matches. */
+export function renameNanoGpt(name: string, toNanoGpt: boolean): string | null {
   for (const pair of RENAMES) {
     const [from, to] = toNanoGpt ? pair : [pair[1], pair[0]];
     const pattern = new RegExp(
@@ -101,7 +101,7 @@ function listed(names: string[]): string {
 export function toNanoGpt(model: TinyGpt): Map<string, Tensor> {
   const out = new Map<string, Tensor>();
   for (const [name, t] of model.stateDict()) {
-    const theirs = rename(name, true);
+    const theirs = renameNanoGpt(name, true);
     if (theirs === null) {
       throw new ValueError(`toNanoGpt: no nanoGPT name for ${JSON.stringify(name)}.`);
     }
@@ -139,7 +139,7 @@ export function fromNanoGpt(state: ReadonlyMap<string, StateValue>): Map<string,
   }
   const out = new Map<string, StateValue>(), unknown: string[] = [];
   for (const [name, value] of plain) {
-    const ours = rename(name, false);
+    const ours = renameNanoGpt(name, false);
     if (ours === null) unknown.push(name);
     else out.set(ours, value);
   }

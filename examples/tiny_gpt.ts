@@ -50,6 +50,7 @@ import {
   NEWLINE,
   sampleBatch,
   splitWords,
+  textCorpus,
   type WordCorpus,
 } from "./words_data.ts";
 
@@ -104,9 +105,23 @@ async function parseFlags(args: string[]): Promise<TinyGptArgs | null> {
   return cfg;
 }
 
-/** The words split by `--seed`, the validation windows and the bigram baseline on them. */
+/**
+ * The words split by `--seed` (or `--data`'s text, split in order), the
+ * validation windows and the bigram baseline on them. A text too short for
+ * one window per part, or a file that cannot be read, is exit status 2.
+ */
 async function loadData(cfg: TinyGptArgs) {
-  const corpus = splitWords(await loadEnglishWords(), { seed: cfg.seed });
+  const corpus = cfg.data
+    ? textCorpus(await readText(cfg.data))
+    : splitWords(await loadEnglishWords(), { seed: cfg.seed });
+  if (Math.min(corpus.train.length, corpus.validation.length) < cfg.context + 1) {
+    console.error(
+      `tiny_gpt: --data ${cfg.data}: ${corpus.train.length} training and ` +
+        `${corpus.validation.length} held-out characters; each part needs --context + 1 = ` +
+        `${cfg.context + 1} (give more text, or lower --context).`,
+    );
+    Deno.exit(2);
+  }
   const windows = evaluationWindows(corpus.validation, cfg.context, cfg.evalWindows);
   const bigram = bigramCrossEntropy(
     corpus.train,
@@ -115,6 +130,17 @@ async function loadData(cfg: TinyGptArgs) {
     corpus.vocab.length,
   );
   return { corpus, windows, bigram };
+}
+
+/** `--data`'s text (UTF-8), or one line and exit status 2. */
+async function readText(path: string): Promise<string> {
+  try {
+    return new TextDecoder("utf-8", { fatal: true }).decode(await Deno.readFile(path));
+  } catch (e) {
+    const why = e instanceof TypeError ? "it is not UTF-8 text" : (e as Error).message;
+    console.error(`tiny_gpt: --data ${path} cannot be read (${why}).`);
+    Deno.exit(2);
+  }
 }
 
 /**

@@ -16,15 +16,21 @@
  */
 import {
   add,
+  concat,
+  crossEntropy,
   Embedding,
   LayerNorm,
   Linear,
+  linear,
+  linearCrossEntropy,
   Module,
   RandomGenerator,
   reshape,
   Sequential,
+  split,
   Tensor,
   TransformerBlock,
+  ValueError,
 } from "../mod.ts";
 import type { Growth, PlannedBuffer } from "./_preflight.ts";
 
@@ -56,6 +62,14 @@ export interface TinyGptConfig {
   bias?: boolean;
   /** The MLP's GELU: `"none"` (default) exact, PyTorch's and nanoGPT's; `"tanh"` GPT-2's. */
   gelu?: "none" | "tanh";
+  /**
+   * The token table in this many pieces along its columns (default 1), each
+   * [vocab, dim / tableShards] within one buffer of the adapter (GPT-2's
+   * 50257 × 768 f32 table is over WebGPU's default 128 MiB). Piece 0 is
+   * `tokens.weight`, the rest `tokenShards.{i}.weight`. Needs
+   * `tieEmbeddings` and no head bias.
+   */
+  tableShards?: number;
 }
 
 /**
@@ -71,8 +85,10 @@ export interface TinyGptConfig {
 export class TinyGpt extends Module {
   /** The sizes it was built with. */
   readonly config: TinyGptConfig;
-  /** Token embedding [V, C]. */
+  /** Token embedding [V, C] (its first column piece [V, C / tableShards] when sharded). */
   readonly tokens: Embedding;
+  /** The token table's other column pieces (none unless `tableShards` > 1). */
+  readonly tokenShards: Embedding[];
   /** Position embedding [context, C]. */
   readonly positions: Embedding;
   /**
@@ -83,8 +99,10 @@ export class TinyGpt extends Module {
   readonly blocks: Sequential;
   /** Final LayerNorm. */
   readonly norm: LayerNorm;
-  /** Logits head, C → V. */
+  /** Logits head, C → V (tied: over the first column piece when the table is sharded). */
   readonly head: Linear;
+  /** Columns of each piece of the token table. */
+  readonly #pieces: number[];
 
   /** A model of the given sizes, initialised from `config.seed`. */
   constructor(config: TinyGptConfig) {
@@ -92,7 +110,21 @@ export class TinyGpt extends Module {
     this.config = config;
     const seed = new RandomGenerator(config.seed ?? 0);
     const { vocab, context, dim, heads, bias, gelu } = config;
-    this.tokens = this.registerModule("tokens", new Embedding(vocab, dim, { seed }));
+    const shards = config.tableShards ?? 1;
+    const tied = config.tieEmbeddings && config.headBias === false;
+    if (!Number.isInteger(shards) || shards < 1 || dim % shards !== 0 || (shards > 1 && !tied)) {
+      throw new ValueError(
+        `TinyGpt: tableShards (${shards}) must divide dim (${dim}), and pieces need ` +
+          "tieEmbeddings with headBias false.",
+      );
+    }
+    this.#pieces = Array.from({ length: shards }, () => dim / shards);
+    this.tokens = this.registerModule("tokens", new Embedding(vocab, dim / shards, { seed }));
+    this.tokenShards = Array.from(
+      { length: shards - 1 },
+      () => new Embedding(vocab, dim / shards, { seed }),
+    );
+    if (shards > 1) this.registerModule("tokenShards", new Sequential(...this.tokenShards));
     this.positions = this.registerModule("positions", new Embedding(context, dim, { seed }));
     const attention = { fused: config.fusedAttention };
     const blocks = Array.from(
@@ -104,12 +136,73 @@ export class TinyGpt extends Module {
     const weight = config.tieEmbeddings ? this.tokens.weight : undefined;
     this.head = this.registerModule(
       "head",
-      new Linear(dim, vocab, { seed, weight, bias: config.headBias }),
+      new Linear(dim / shards, vocab, { seed, weight, bias: config.headBias }),
     );
+  }
+
+  /** The token table's column pieces: `[tokens.weight]` unless the table is sharded. */
+  tableWeights(): Tensor[] {
+    return [this.tokens.weight, ...this.tokenShards.map((e) => e.weight)];
+  }
+
+  /** ids [B, T] → their token embeddings [B, T, C] (the pieces joined). */
+  embed(ids: Tensor): Tensor {
+    if (this.tokenShards.length === 0) return this.tokens.forward(ids);
+    const parts = [this.tokens, ...this.tokenShards].map((e) => e.forward(ids));
+    const out = concat(parts, -1);
+    for (const t of parts) t.dispose();
+    return out;
+  }
+
+  /** The last block's rows [N, C] → logits [N, V]: the final LayerNorm and the head. */
+  headLogits(rows: Tensor): Tensor {
+    // The final LayerNorm runs inside the head (one activation fewer kept, no cast under AMP).
+    if (this.tokenShards.length === 0) return this.head.forwardNormalized(rows, this.norm);
+    const normed = this.norm.forward(rows);
+    const parts = split(normed, this.#pieces, -1);
+    normed.dispose();
+    let logits = this.head.forward(parts[0]);
+    this.tokenShards.forEach((e, i) => {
+      const part = linear(parts[i + 1], e.weight);
+      const sum = add(logits, part);
+      for (const t of [logits, part]) t.dispose();
+      logits = sum;
+    });
+    for (const t of parts) t.dispose();
+    return logits;
   }
 
   /** ids (i32 [B, T], T ≤ context) → logits [B·T, V]. */
   forward(ids: Tensor): Tensor {
+    const flat = this.#trunk(ids);
+    const logits = this.headLogits(flat);
+    flat.dispose();
+    return logits;
+  }
+
+  /**
+   * The mean cross-entropy of the model's next-token predictions for ids
+   * (i32 [B, T]) against `targets` (B·T ids). Without a head bias the head
+   * and the loss run fused in chunks of rows (`linearCrossEntropy`): the
+   * logits [B·T, V], a GPT-2 step's largest tensor, are never whole.
+   */
+  loss(
+    ids: Tensor,
+    targets: Tensor | ArrayLike<number>,
+    options: { chunkRows?: number } = {},
+  ): Tensor {
+    if (this.head.bias) return crossEntropy(this.forward(ids), targets);
+    const flat = this.#trunk(ids);
+    const rows = this.norm.forward(flat);
+    flat.dispose();
+    const pieces = this.tokenShards.length === 0 ? [rows] : split(rows, this.#pieces, -1);
+    const loss = linearCrossEntropy(pieces, this.tableWeights(), targets, options);
+    for (const t of new Set([rows, ...pieces])) t.dispose();
+    return loss;
+  }
+
+  /** ids [B, T] → the last block's output [B·T, C], before the final LayerNorm. */
+  #trunk(ids: Tensor): Tensor {
     const [b, t] = ids.shape;
     if (ids.rank !== 2 || ids.dtype !== "i32" || t > this.config.context) {
       throw new RangeError(
@@ -117,17 +210,14 @@ export class TinyGpt extends Module {
       );
     }
     const positions = Tensor.from(Array.from({ length: t }, (_, i) => i), [t], { dtype: "i32" });
-    const tok = this.tokens.forward(ids), pos = this.positions.forward(positions);
+    const tok = this.embed(ids), pos = this.positions.forward(positions);
     const x = add(tok, pos); // [B, T, C] + [T, C]
     for (const u of [positions, tok, pos]) u.dispose();
     const h = this.blocks.forward(x);
     x.dispose();
     const flat = reshape(h, [b * t, this.config.dim]);
     h.dispose();
-    // The final LayerNorm runs inside the head (one activation fewer kept, no cast under AMP).
-    const logits = this.head.forwardNormalized(flat, this.norm);
-    flat.dispose();
-    return logits;
+    return flat;
   }
 }
 

@@ -33,7 +33,8 @@ export function reportStart(
       setupSeconds,
     },
     [
-      `adapter: ${gpu.adapterName}; words: ${corpus.trainWords.size} train / ${corpus.validationWords} ` +
+      `adapter: ${gpu.adapterName}; ${c.data ? `${c.data}, lines` : "words"}: ` +
+      `${corpus.trainWords.size} train / ${corpus.validationWords} ` +
       `held out (${corpus.train.length} training characters, vocab ${corpus.vocab.length})`,
       `GPT: ${c.layers} blocks, dim ${c.dim}, ${c.heads} heads, context ${c.context}, ` +
       `${parameters} parameters; ${precisionDetail(c.amp, c.ampDtype)}` +

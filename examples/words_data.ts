@@ -144,3 +144,33 @@ export function bigramCrossEntropy(
   }
   return nats / inputs.length;
 }
+
+/**
+ * A user's own text as a character-level corpus (nanoGPT's shakespeare-char
+ * workflow): the characters in order of first code point (newline first, as
+ * samples start and end at one), the first part of the text for training and
+ * the end held out (`validationFraction`, default 0.1; in order, so no
+ * held-out window overlaps a training one). "Words" are the text's lines:
+ * a sample is new when no training line equals it.
+ */
+export function textCorpus(
+  text: string,
+  options: { validationFraction?: number } = {},
+): WordCorpus {
+  const chars = Array.from(text);
+  const letters = new Set(chars);
+  letters.delete(NEWLINE);
+  const vocab = [NEWLINE, ...[...letters].sort()];
+  const ids = new Map(vocab.map((ch, i) => [ch, i]));
+  const stream = Int32Array.from(chars, (ch) => ids.get(ch)!);
+  const held = Math.round(stream.length * (options.validationFraction ?? 0.1));
+  const cut = stream.length - held;
+  const trainText = chars.slice(0, cut).join("");
+  return {
+    vocab,
+    trainWords: new Set(trainText.split(NEWLINE)),
+    validationWords: chars.slice(cut).join("").split(NEWLINE).length,
+    train: stream.slice(0, cut),
+    validation: stream.slice(cut),
+  };
+}

@@ -229,7 +229,7 @@ export { matmul, type MatmulOptions } from "./ops/matmul.ts";
 export { max, mean, type ReduceOptions, sum } from "./ops/reduce.ts";
 export { logSoftmax, softmax } from "./ops/softmax.ts";
 export { reshape } from "./ops/reshape.ts";
-export { addInPlace } from "./ops/in_place.ts";
+export { addInPlace, copyInto } from "./ops/in_place.ts";
 export { checkpoint, isRecomputing } from "./ops/checkpoint.ts";
 export { layerNorm, type LayerNormOptions } from "./ops/layer_norm.ts";
 export { batchNorm, batchNormCounter, type BatchNormOptions } from "./ops/batch_norm.ts";
@@ -257,9 +257,14 @@ export {
 } from "./ops/cross_entropy.ts";
 export { causalSoftmax, type CausalSoftmaxOptions } from "./ops/causal_softmax.ts";
 export { permute } from "./ops/permute.ts";
-export { narrow, split } from "./ops/narrow.ts";
+export { concat, narrow, split } from "./ops/narrow.ts";
 export {
   fusedCausalAttention,
   type FusedCausalAttentionOptions,
   fusedCausalAttentionPacked,
 } from "./ops/fused_attention.ts";
+export {
+  LINEAR_CROSS_ENTROPY_CHUNK_ELEMENTS,
+  type LinearCrossEntropyOptions,
+  linearCrossEntropyPerRow,
+} from "./ops/linear_cross_entropy.ts";

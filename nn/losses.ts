@@ -3,9 +3,12 @@ import {
   assertTensors,
   broadcastInto,
   cast,
+  type CrossEntropyPerRow,
   crossEntropyPerRow,
   div,
   fail,
+  type LinearCrossEntropyOptions,
+  linearCrossEntropyPerRow,
   mean,
   sameShape,
   shortValue,
@@ -80,6 +83,18 @@ function uploaded(
   return values instanceof Tensor ? values : Tensor.from(values, [values.length], { dtype, gpu });
 }
 
+/** The class ids as an i32 tensor (host numbers uploaded), or a clear error. */
+function idsOf(op: string, targets: Tensor | ArrayLike<number>, gpu: Tensor["gpu"]): Tensor {
+  if (!(targets instanceof Tensor) && typeof targets?.length !== "number") {
+    fail(
+      ValueError,
+      op,
+      `targets must be an i32 tensor or an array of class ids, got ${shortValue(targets)}.`,
+    );
+  }
+  return uploaded(targets, "i32", gpu);
+}
+
 /**
  * Cross-entropy from logits [rows, classes] against integer class ids
  * (`targets`: an i32 tensor, or host numbers uploaded here), as
@@ -106,35 +121,89 @@ export function crossEntropy(
 ): Tensor {
   assertTensors("crossEntropy", logits);
   const reduction = checkReduction("crossEntropy", options.reduction);
-  if (!(targets instanceof Tensor) && typeof targets?.length !== "number") {
-    fail(
-      ValueError,
-      "crossEntropy",
-      `targets must be an i32 tensor or an array of class ids, got ${shortValue(targets)}.`,
-    );
-  }
   const ignoreIndex = options.ignoreIndex ?? -100;
-  const ids = uploaded(targets, "i32", logits.gpu);
+  const ids = idsOf("crossEntropy", targets, logits.gpu);
   const weight = options.weight === undefined
     ? undefined
     : uploaded(options.weight, "f32", logits.gpu);
   try {
-    const { losses, targetWeights } = crossEntropyPerRow(logits, ids, {
+    const rows = crossEntropyPerRow(logits, ids, {
       weight,
       ignoreIndex,
       smoothing: options.labelSmoothing ?? 0,
     });
-    if (reduction === "mean" && (weight || mayIgnore(ids, ignoreIndex))) {
-      const out = weightedMean(losses, targetWeights);
-      losses.dispose();
-      targetWeights.dispose();
-      return out;
-    }
-    targetWeights.dispose();
-    return reduce(losses, reduction);
+    return reduceRows(rows, reduction, weight !== undefined || mayIgnore(ids, ignoreIndex));
   } finally {
     if (ids !== targets) ids.dispose();
     if (weight !== options.weight) weight?.dispose();
+  }
+}
+
+/**
+ * Per-row losses reduced as PyTorch's cross-entropy does: "mean" divides by
+ * the summed target weights where rows may be weighted or ignored, by the
+ * row count otherwise. Takes ownership of both tensors.
+ */
+function reduceRows(rows: CrossEntropyPerRow, reduction: Reduction, weighted: boolean): Tensor {
+  const { losses, targetWeights } = rows;
+  if (reduction === "mean" && weighted) {
+    const out = weightedMean(losses, targetWeights);
+    losses.dispose();
+    targetWeights.dispose();
+    return out;
+  }
+  targetWeights.dispose();
+  return reduce(losses, reduction);
+}
+
+/** Options of {@link linearCrossEntropy}. */
+export interface LinearCrossEntropyLossOptions extends LinearCrossEntropyOptions {
+  /** "mean" (default), "sum" or "none" (per-row losses). */
+  reduction?: Reduction;
+}
+
+/**
+ * `crossEntropy(linear(h, weight), targets)` without ever holding the whole
+ * logits [rows, classes]: the head's product and the cross-entropy run on
+ * chunks of rows (`chunkRows`), and backward recomputes each chunk's logits
+ * (see `linearCrossEntropyPerRow`). For a language model's head at a large
+ * vocabulary, where the logits and their gradient are a step's largest
+ * tensors. h [rows, features], weight [classes, features] (a Linear's or a
+ * tied embedding's), targets as for {@link crossEntropy}; the ignore index
+ * and the reductions are PyTorch's. h and the weight may be lists of pieces
+ * along the features (a table kept in column pieces, each within one buffer).
+ *
+ * @example
+ * ```ts
+ * import { initGpu, linearCrossEntropy, Tensor } from "../mod.ts";
+ * const gpu = await initGpu({ matmulTiling: "default" });
+ * const h = Tensor.from([1, 2, 3, 4, 5, 6], [3, 2]); // the final LayerNorm's rows
+ * const table = Tensor.zeros([4, 2], { requiresGrad: true }); // tied head: 4 tokens
+ * const loss = linearCrossEntropy(h, table, [3, 1, -100], { chunkRows: 2 }); // row 2 ignored
+ * console.assert(Math.abs((await loss.item()) - Math.log(4)) < 1e-5); // uniform: ln 4
+ * loss.backward(); // table.grad: [4, 2]
+ * gpu.destroy();
+ * ```
+ */
+export function linearCrossEntropy(
+  h: Tensor | readonly Tensor[],
+  weight: Tensor | readonly Tensor[],
+  targets: Tensor | ArrayLike<number>,
+  options: LinearCrossEntropyLossOptions = {},
+): Tensor {
+  const pieces = [h, weight].flat() as Tensor[];
+  assertTensors("linearCrossEntropy", ...pieces);
+  const reduction = checkReduction("linearCrossEntropy", options.reduction);
+  const ignoreIndex = options.ignoreIndex ?? -100;
+  const ids = idsOf("linearCrossEntropy", targets, pieces[0].gpu);
+  try {
+    const rows = linearCrossEntropyPerRow(h, weight, ids, {
+      ignoreIndex,
+      chunkRows: options.chunkRows,
+    });
+    return reduceRows(rows, reduction, mayIgnore(ids, ignoreIndex));
+  } finally {
+    if (ids !== targets) ids.dispose();
   }
 }
 

@@ -53,7 +53,14 @@ export {
   type SafetensorsSpec,
   tensorToEntry,
 } from "./safetensors.ts";
-export { crossEntropy, type CrossEntropyOptions, mseLoss, type Reduction } from "./losses.ts";
+export {
+  crossEntropy,
+  type CrossEntropyOptions,
+  linearCrossEntropy,
+  type LinearCrossEntropyLossOptions,
+  mseLoss,
+  type Reduction,
+} from "./losses.ts";
 export {
   causalAttention,
   type CausalAttentionOptions,

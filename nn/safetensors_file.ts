@@ -3,7 +3,7 @@
  * itself (pure Web APIs, usable in browsers) is in `safetensors.ts`.
  */
 import { checkOptionNames, fail, quoted, type Tensor, ValueError } from "../gpu/mod.ts";
-import { type LoadStateOptions, type Module, nonFiniteSummary } from "./module.ts";
+import { isHostTensor, type LoadStateOptions, type Module, nonFiniteSummary } from "./module.ts";
 import {
   decodeSafetensors,
   encodeSafetensorsHeader,
@@ -54,7 +54,8 @@ export interface SaveOptions {
  * The metadata also holds a checksum per tensor, which loading verifies.
  *
  * @param path Destination file.
- * @param tensors Name → tensor, as a record or a Map.
+ * @param tensors Name → tensor, as a record or a Map; a value may also be host
+ * data (`{ dtype, shape, data }`, as `loadSafetensors` gives it), written as it is.
  * @param options `metadata` (string → string, stored in the header) and `allowNonFinite`.
  * @returns When the file is durably in place.
  * @throws {ValueError} for non-finite values (nothing written); otherwise the
@@ -75,7 +76,7 @@ export interface SaveOptions {
  */
 export async function saveSafetensors(
   path: string,
-  tensors: Record<string, Tensor> | Map<string, Tensor>,
+  tensors: Record<string, Tensor | SafetensorsEntry> | Map<string, Tensor | SafetensorsEntry>,
   options: SaveOptions = {},
 ): Promise<void> {
   await writeTensors("saveSafetensors", path, tensors, options);
@@ -88,7 +89,7 @@ export async function saveSafetensors(
 export async function writeTensors(
   where: string,
   path: string,
-  tensors: Record<string, Tensor> | Map<string, Tensor>,
+  tensors: Record<string, Tensor | SafetensorsEntry> | Map<string, Tensor | SafetensorsEntry>,
   options: SaveOptions,
 ): Promise<void> {
   checkOptionNames(
@@ -109,7 +110,10 @@ export async function writeTensors(
     rethrow(err, `${where}: cannot write "${path}"`);
   }
   // Start every readback before awaiting any: one GPU wait instead of one per tensor.
-  const reads = order.map((name) => tensorToEntry(byName.get(name)!));
+  const reads = order.map((name) => {
+    const value = byName.get(name)!;
+    return isHostTensor(value) ? Promise.resolve(value) : tensorToEntry(value);
+  });
   for (const read of reads) read.catch(() => {}); // failures surface below, in order
   const entries: SafetensorsEntry[] = [];
   try {

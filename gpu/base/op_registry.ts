@@ -62,6 +62,8 @@ export const OPS = {
   // f16 scores stay f16 (half the bytes of the saved T×T probabilities); f32 math inside.
   causal_softmax: { autocast: "promote" },
   cross_entropy: { autocast: "f32" },
+  // A head's products in f16 (as linear) around the cross-entropy's f32 math, chunk by chunk.
+  linear_cross_entropy: { autocast: "f16" },
   // f16 activations in and out, f32 statistics and fp32 parameters inside.
   layer_norm: { autocast: "promote" },
   // BatchNorm stays fp32: input, parameters, statistics and arithmetic.
@@ -77,6 +79,7 @@ export const OPS = {
   reshape: { autocast: null },
   permute: { autocast: null },
   narrow: { autocast: null },
+  concat: { autocast: null },
   checkpoint: { autocast: null },
   loss_scale: { autocast: null },
 } as const satisfies Record<string, OpInfo>;

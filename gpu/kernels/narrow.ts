@@ -3,11 +3,13 @@
  * [outer, axis·inner]; the window is the columns offset .. offset + width of
  * every row (offset = start·inner, width = length·inner). Forward gathers the
  * window; backward writes the whole wide tensor: the gradient inside the
- * window, zeros outside, in one pass.
+ * window, zeros outside, in one pass. `narrow_into` writes a tensor into a
+ * window of another in place (a KV cache's next rows, a chunk's rows).
  */
 import type { DType } from "../base/dtype.ts";
 import { defineKernel } from "../device/kernel.ts";
 import { DeviceArray } from "../device/device_array.ts";
+import { grid1d, WGSL_GRID_BUILTINS, WGSL_WORKGROUP_INDEX } from "./wgsl/grid.ts";
 import { movedType, moveGrid, WGSL_ZERO_SOURCE, wgslMoveMain } from "./wgsl/move_elements.ts";
 
 const UNIFORMS = { n: "u32", wide: "u32", offset: "u32", width: "u32" } as const;
@@ -86,4 +88,46 @@ export function launchNarrowBackward(
     moveGrid(g.dtype, dx.size),
   );
   return dx;
+}
+
+/** dst[r, offset + c] = src[r, c] for the window's columns; the rest of dst is untouched. */
+export const narrowIntoKernel = defineKernel({
+  name: "narrow_into",
+  bindings: (c: { dtype: DType }) => [
+    { name: "src", type: movedType(c.dtype) },
+    { name: "dst", type: movedType(c.dtype), write: true },
+  ],
+  uniforms: UNIFORMS,
+  // A thread per source element (per source word for bf16, whose windows start and end on
+  // whole words: launchNarrowInto checks), so no two threads write one destination word.
+  source: () =>
+    `@compute @workgroup_size(256)
+fn main(${WGSL_GRID_BUILTINS}) {
+  let i = ${WGSL_WORKGROUP_INDEX} * 256u + lid;
+  if (i >= p.n) { return; }
+  dst[(i / p.width) * p.wide + p.offset + i % p.width] = src[i];
+}`,
+});
+
+/**
+ * Writes `src` into the window `w` of `dst` in place (no autograd): src's
+ * shape is dst's with `w.length` along `w.axis`. For bf16 (two elements a
+ * word) the window's offset and width, and dst's row, must be whole words:
+ * returns false, writing nothing, where they are not.
+ */
+export function launchNarrowInto(dst: DeviceArray, src: DeviceArray, w: NarrowWindow): boolean {
+  let { wide, offset, width } = uniformsOf(dst.shape, w);
+  let n = src.size;
+  if (dst.dtype === "bf16") {
+    if (wide % 2 !== 0 || offset % 2 !== 0 || width % 2 !== 0) return false;
+    [wide, offset, width, n] = [wide / 2, offset / 2, width / 2, n / 2];
+  }
+  if (n === 0) return true;
+  dst.gpu.dispatch(
+    dst.gpu.kernel(narrowIntoKernel, { dtype: dst.dtype }),
+    { src, dst },
+    { n, wide, offset, width },
+    grid1d(Math.ceil(n / 256)),
+  );
+  return true;
 }

@@ -1,8 +1,9 @@
 /** In-place updates for optimizers and gradient bookkeeping (never recorded on the tape). */
-import { ShapeError, StateError } from "../base/errors.ts";
+import { DTypeError, fail, ShapeError, StateError } from "../base/errors.ts";
 import { isGradEnabled } from "../tensor/autograd.ts";
 import { launchAccumulate, launchCopy } from "../kernels/elementwise.ts";
-import { sameShape } from "../base/shape.ts";
+import { launchNarrowInto } from "../kernels/narrow.ts";
+import { normalizeAxis, sameShape } from "../base/shape.ts";
 import { Tensor } from "../tensor/tensor.ts";
 
 /**
@@ -45,4 +46,58 @@ export function addInPlace(
   const source = src.sharesMemoryWith(dst) ? Tensor.adopt(launchCopy(src)) : src;
   launchAccumulate(dst, source, options.alpha ?? 1, options.beta ?? 1);
   if (source !== src) source.dispose();
+}
+
+/**
+ * Copies `src` into indices `start .. start + src.shape[axis]` of `dst` along
+ * `axis`, in place (PyTorch's `dst.narrow(axis, start, n).copy_(src)`): src
+ * has dst's shape except along `axis`, and its dtype. Not recorded on the
+ * tape (call it inside `noGrad()` when `dst` requires grad), like
+ * {@link addInPlace}. For bf16 the window must start and end on even element
+ * offsets (two elements share a word).
+ *
+ * @example
+ * ```ts
+ * import { copyInto, initGpu, Tensor } from "../../mod.ts";
+ * const gpu = await initGpu({ matmulTiling: "default" });
+ * const cache = Tensor.zeros([2, 3]); // e.g. a key cache: [rows, positions]
+ * copyInto(cache, Tensor.from([7, 8], [2, 1]), { axis: 1, start: 2 });
+ * console.assert((await cache.read()).join() === "0,0,7,0,0,8");
+ * gpu.destroy();
+ * ```
+ */
+export function copyInto(dst: Tensor, src: Tensor, window: { axis: number; start: number }): void {
+  const where = "copyInto";
+  const axis = normalizeAxis(where, window.axis, dst.rank);
+  const length = src.shape[axis];
+  const fits = src.rank === dst.rank &&
+    src.shape.every((e, a) => a === axis || e === dst.shape[a]) &&
+    Number.isInteger(window.start) && window.start >= 0 &&
+    window.start + length <= dst.shape[axis];
+  if (!fits) {
+    fail(
+      ShapeError,
+      where,
+      `src ${src.describe()} does not fit dst ${dst.describe()} at ${window.start} along axis ` +
+        `${window.axis}: the shapes must agree except along it, and start + length must be ` +
+        `at most ${dst.shape[axis]}.`,
+    );
+  }
+  if (src.dtype !== dst.dtype) {
+    fail(DTypeError, where, `src ${src.describe()} and dst ${dst.describe()} differ in dtype.`);
+  }
+  if (dst.requiresGrad && isGradEnabled()) {
+    fail(StateError, where, `dst ${dst.describe()} requires grad; copy inside noGrad().`);
+  }
+  const source = src.sharesMemoryWith(dst) ? Tensor.adopt(launchCopy(src)) : src;
+  const written = launchNarrowInto(dst, source, { axis, start: window.start, length });
+  if (source !== src) source.dispose();
+  if (!written) {
+    fail(
+      ShapeError,
+      where,
+      `a bf16 window of ${src.describe()} at ${window.start} along axis ${window.axis} of ` +
+        `${dst.describe()} does not start and end on whole words (two bf16 a word).`,
+    );
+  }
 }

@@ -1,7 +1,15 @@
-/** Slicing along one axis: `narrow` (one window) and `split` (consecutive windows). */
+/**
+ * Slicing along one axis: `narrow` (one window) and `split` (consecutive
+ * windows), and its inverse, `concat`.
+ */
 import { record } from "../tensor/autograd.ts";
 import { fail, ShapeError } from "../base/errors.ts";
-import { launchNarrow, launchNarrowBackward } from "../kernels/narrow.ts";
+import {
+  launchNarrow,
+  launchNarrowBackward,
+  launchNarrowInto,
+  type NarrowWindow,
+} from "../kernels/narrow.ts";
 import { normalizeAxis, shapeString } from "../base/shape.ts";
 import { shortValue } from "../base/short_text.ts";
 import { Tensor } from "../tensor/tensor.ts";
@@ -85,5 +93,62 @@ export function split(x: Tensor, sizes: readonly number[], axis = 0): Tensor[] {
     const piece = narrow(x, a, start, n);
     start += n;
     return piece;
+  });
+}
+
+/**
+ * `tensors` joined along `axis` (PyTorch's `torch.cat`): they share a dtype
+ * and every extent but that axis's. Each one's gradient is its window of the
+ * upstream gradient. bf16 pieces must start and end on even element offsets
+ * (two share a word).
+ *
+ * @example
+ * ```ts
+ * import { concat, initGpu, Tensor } from "../../mod.ts";
+ * const gpu = await initGpu({ matmulTiling: "default" });
+ * const a = Tensor.from([1, 2, 3, 4], [2, 2]), b = Tensor.from([5, 6], [2, 1]);
+ * const y = concat([a, b], -1); // [2, 3]
+ * console.assert((await y.read()).join() === "1,2,5,3,4,6");
+ * gpu.destroy();
+ * ```
+ */
+export function concat(tensors: readonly Tensor[], axis = 0): Tensor {
+  if (!(tensors?.length > 0)) {
+    fail(ShapeError, "concat", "needs a non-empty array of tensors.");
+  }
+  const first: Tensor = tensors[0];
+  const a = normalizeAxis("concat", axis, first.rank);
+  const fits = tensors.every((t) =>
+    t.rank === first.rank && t.dtype === first.dtype &&
+    t.shape.every((e, i) => i === a || e === first.shape[i])
+  );
+  if (!fits) {
+    fail(
+      ShapeError,
+      "concat",
+      `the tensors must share a dtype and every extent but axis ${axis}'s; got ` +
+        `${tensors.map((t) => t.describe()).join(", ")}.`,
+    );
+  }
+  const shape = first.shape.map((e, i) =>
+    i === a ? tensors.reduce((n, t) => n + t.shape[a], 0) : e
+  );
+  const out = Tensor.empty(shape, first.dtype, first.gpu);
+  const windows: NarrowWindow[] = [];
+  let start = 0;
+  for (const t of tensors) {
+    const window = { axis: a, start, length: t.shape[a] };
+    if (!launchNarrowInto(out, t, window)) {
+      out.dispose();
+      fail(ShapeError, "concat", `bf16 ${t.describe()} at ${start} does not fill whole words.`);
+    }
+    windows.push(window);
+    start += t.shape[a];
+  }
+  return record({
+    op: "concat",
+    inputs: [...tensors],
+    output: out,
+    backward: (g) => windows.map((w) => Tensor.adopt(launchNarrow(g, w))),
   });
 }

@@ -1,0 +1,158 @@
+/**
+ * examples/gpt2.ts as a user runs it, on a GPT-2-shaped checkpoint the torch
+ * twin writes (vocabulary 50257, 2 layers, width 32): fine-tuning lowers the
+ * validation loss, saves the run and Hugging Face's file, samples greedy ids
+ * that the library gives again from the saved file; a resumed run goes on
+ * from its step, other flags are refused, a file that is not GPT-2's is one
+ * line; and tiny_gpt.ts --data trains on a given text and samples from it.
+ * Needs a python3 with torch for the checkpoint (CI installs it).
+ */
+import assert from "node:assert/strict";
+import { join } from "node:path";
+import { ROOT } from "./_bundle.ts";
+import { assertRefused, errorLines, events, run, TINY_GPT, withTempDir } from "./_examples.ts";
+import { GPU_TEST } from "./_gpu.ts";
+import { runTorchScript } from "./_torch_script.ts";
+import { loadGpt2 } from "../examples/gpt2_weights.ts";
+import { generate } from "../examples/gpt2_generate.ts";
+import { encodeGpt2 } from "../examples/gpt2_tokenizer.ts";
+
+const GPT2 = join(ROOT, "examples/gpt2.ts");
+
+/** A text of a few repeated sentences: a small model learns it within a few steps. */
+const TEXT = Array.from(
+  { length: 60 },
+  (_, i) => `The ${["cat", "dog", "bird"][i % 3]} sat on the mat number ${i % 7}.`,
+).join("\n");
+
+/** The twin's checkpoint (model.safetensors and config.json) in `dir`. */
+async function checkpoint(dir: string): Promise<string> {
+  const spec = join(dir, "spec.json");
+  await Deno.writeTextFile(
+    spec,
+    JSON.stringify({
+      vocab: 50257,
+      context: 32,
+      layers: 2,
+      dim: 32,
+      heads: 4,
+      seed: 2,
+      ids: [1, 2],
+      shape: [1, 2],
+      targets: [2, 3],
+      lr: 0,
+      weight_decay: 0,
+      steps: 0,
+      prompt: [1],
+      new_tokens: 1,
+    }),
+  );
+  await runTorchScript("gpt2_twin.py", ["make", join(dir, "ckpt"), spec]);
+  return join(dir, "ckpt", "model.safetensors");
+}
+
+Deno.test({
+  name: "gpt2.ts: fine-tunes a GPT-2 checkpoint on a text (validation loss falls), saves the run " +
+    "and Hugging Face's file, samples greedy ids the saved file gives again, resumes from its " +
+    "step, refuses other flags and a file that is not GPT-2's",
+  ...GPU_TEST,
+  async fn() {
+    await withTempDir(async (dir) => {
+      const weights = await checkpoint(dir), data = join(dir, "text.txt");
+      await Deno.writeTextFile(data, TEXT);
+      const saved = join(dir, "run.safetensors"), out = join(dir, "out.safetensors");
+      const flags = [
+        ...["--weights", weights, "--data", data, "--context", "16", "--batch", "4"],
+        ...["--lr", "3e-3", "--warmup", "1", "--eval-every", "3", "--eval-windows", "4"],
+        ...["--save", saved, "--json"],
+      ];
+      const sample = ["--prompt", "The cat", "--max-new-tokens", "6", "--temperature", "0"];
+      const first = await run(GPT2, [...flags, "--steps", "6", "--save-weights", out, ...sample]);
+      assert.equal(first.code, 0, first.stderr);
+      const evs = events(first.stdout);
+      const losses = evs.filter((e) => e.event === "eval").map((e) => e.validationLoss as number);
+      assert.equal(losses.length, 3, "before training, at step 3 and at step 6");
+      assert.ok(losses[2] < losses[0] - 0.5, `validation loss ${losses.join(" → ")}`);
+      assert.deepEqual(evs.filter((e) => e.event === "save").map((e) => e.step), [3, 6]);
+      const ids = evs.find((e) => e.event === "sample")!.ids as number[];
+      assert.equal(ids.length, 6);
+      const { model } = await loadGpt2(out);
+      const [again] = await generate(model, [encodeGpt2("The cat")], {
+        maxNewTokens: 6,
+        temperature: 0,
+      });
+      assert.deepEqual(again, ids, "the saved file samples the same greedy ids");
+      model.dispose();
+      // Resuming goes on from step 6 to 8; other flags are refused with one line.
+      const resumed = await run(GPT2, [...flags, "--steps", "8", "--resume", saved]);
+      assert.equal(resumed.code, 2, "another --steps is another schedule: refused");
+      assert.match(resumed.stderr, /--steps 6 → 8/);
+      const again2 = await run(GPT2, [...flags, "--steps", "6", "--resume", saved, "--lr", "1e-3"]);
+      assert.equal(again2.code, 2, "another --lr without --override: refused");
+      assert.deepEqual(errorLines(again2).length, 1, again2.stderr);
+      assert.match(again2.stderr, /would change --lr 0\.003 → 0\.001/);
+      const finished = await run(GPT2, [...flags, "--steps", "6", "--resume", saved]);
+      assert.equal(finished.code, 0, finished.stderr);
+      assert.ok(events(finished.stdout).some((e) => e.event === "resume" && e.step === 6));
+      const foreign = join(dir, "text.safetensors");
+      await Deno.copyFile(join(dir, "run.safetensors"), foreign);
+      const wrong = await run(GPT2, ["--weights", foreign, "--prompt", "Hi"]);
+      assertRefused(wrong, /not a GPT-2 checkpoint|not names? of GPT-2/, "a training-state file");
+    });
+  },
+});
+
+Deno.test({
+  name: "gpt2.ts preflight: sizes over this adapter's one-buffer limit stop before the model is " +
+    "built, naming the flag to lower",
+  ...GPU_TEST,
+  async fn() {
+    await withTempDir(async (dir) => {
+      const data = join(dir, "text.txt");
+      await Deno.writeTextFile(data, TEXT.repeat(40));
+      const r = await run(GPT2, [
+        ...["--random", "124M", "--data", data, "--batch", "400", "--context", "1024"],
+      ]);
+      assertRefused(
+        r,
+        /the MLP's hidden rows f32 \[409600, 3072\] needs .* lower --batch to about \d+/,
+        "batch 400",
+      );
+    });
+  },
+});
+
+Deno.test({
+  name: "tiny_gpt.ts --data FILE: the character model trains on the given text and samples " +
+    "from its characters",
+  ...GPU_TEST,
+  async fn() {
+    await withTempDir(async (dir) => {
+      const data = join(dir, "abc.txt");
+      await Deno.writeTextFile(
+        data,
+        Array.from({ length: 300 }, (_, i) => "abcab"[i % 5]).join("") + "\n",
+      );
+      const r = await run(TINY_GPT, [
+        ...["--data", data, "--steps", "40", "--log-every", "20", "--context", "16"],
+        ...["--layers", "1", "--dim", "16", "--heads", "2", "--eval-windows", "3", "--json"],
+      ]);
+      assert.equal(r.code, 0, r.stderr);
+      const final = events(r.stdout).find((e) => e.event === "final")!;
+      const samples = final.samples as string[];
+      assert.equal(samples.length, 8);
+      assert.ok(
+        samples.join("").length > 0 && /^[abc]*$/.test(samples.join("")),
+        samples.join("|"),
+      );
+      assert.ok((final.validationLoss as number) < (final.bigramLoss as number) + 0.5);
+      const short = join(dir, "short.txt");
+      await Deno.writeTextFile(short, "tiny");
+      assertRefused(
+        await run(TINY_GPT, ["--data", short]),
+        /each part needs --context \+ 1/,
+        "too short",
+      );
+    });
+  },
+});
