@@ -69,7 +69,7 @@ export function hostBytes(data: ArrayLike<number>, dtype: DType): Uint8Array {
  * Checks an allocation of `shape` × `dtype` on `gpu` for `op` (a valid dtype
  * and shape, one buffer's worth, f16 only where the device has it).
  */
-function checkAllocation(op: string, shape: Shape, dtype: DType, gpu: Gpu): void {
+export function checkAllocation(op: string, shape: Shape, dtype: DType, gpu: Gpu): void {
   assertDType(op, dtype);
   assertValidShape(op, shape);
   assertArrayFits(op, shape, dtype, gpu);

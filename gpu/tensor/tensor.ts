@@ -10,6 +10,7 @@ import {
   type ArrayStorage,
   type ArrayValues,
   assertArrayFits,
+  checkAllocation,
   DeviceArray,
   hostBytes,
 } from "../device/device_array.ts";
@@ -197,7 +198,8 @@ export class Tensor extends DeviceArray {
    * For outputs overwritten completely.
    */
   static override empty(shape: Shape, dtype: DType = "f32", gpu: Gpu = getGpu()): Tensor {
-    return Tensor.adopt(DeviceArray.empty(shape, dtype, gpu));
+    checkAllocation("Tensor.empty", shape, dtype, gpu);
+    return new Tensor(gpu, shape, dtype);
   }
 
   /**
