@@ -294,3 +294,32 @@ Deno.test({
     await Deno.remove(dir, { recursive: true });
   },
 });
+
+Deno.test({
+  name: "loadModule: a path that never ends (/dev/zero) or holds no header is refused at once, " +
+    "its header length checked before anything else is read",
+  ignore: Deno.build.os === "windows",
+  ...GPU_TEST,
+  async fn() {
+    const m = model(1);
+    const before = await snapshot(m);
+    // Reading /dev/zero to its end never finishes: the loader must stop after the header length.
+    const cases: [string, RegExp][] = [
+      ["/dev/zero", /"\/dev\/zero" is not a valid safetensors file: The header is not valid/],
+      ["/dev/null", /"\/dev\/null" is not a valid safetensors file: The file is 0 bytes/],
+    ];
+    for (const [path, message] of cases) {
+      let timer: ReturnType<typeof setTimeout> | undefined;
+      const tooLong = new Promise<never>((_, reject) => {
+        timer = setTimeout(() => reject(new Error(`${path}: still reading after 5 s`)), 5_000);
+      });
+      try {
+        await assert.rejects(() => Promise.race([loadModule(path, m), tooLong]), message);
+      } finally {
+        clearTimeout(timer);
+      }
+    }
+    assert.deepEqual(await snapshot(m), before, "unchanged");
+    m.dispose();
+  },
+});
