@@ -2,6 +2,7 @@
  * Saving and loading safetensors files with Deno's file APIs. The format
  * itself (pure Web APIs, usable in browsers) is in `safetensors.ts`.
  */
+import { dirname, isAbsolute, join } from "node:path";
 import { checkOptionNames, fail, ValueError } from "../gpu/errors.ts";
 import { quoted } from "../gpu/short_text.ts";
 import type { Tensor } from "../gpu/tensor.ts";
@@ -122,8 +123,10 @@ export async function writeTensors(
   const read = new Map(order.map((name, i) => [name, entries[i]]));
   const metadata = withChecksums(storedTensors(read), options.metadata);
   const { prefix } = encodeSafetensorsHeader(specs, metadata);
-  await removeStaleTemporaries(path);
-  const temp = `${path}${TEMP_INFIX}${crypto.randomUUID()}`;
+  // A symbolic link stays one: the save replaces the file it names.
+  const target = await linkTarget(path);
+  await removeStaleTemporaries(target);
+  const temp = `${target}${TEMP_INFIX}${crypto.randomUUID()}`;
   let file: Deno.FsFile | null = null;
   try {
     file = await Deno.open(temp, { write: true, createNew: true });
@@ -132,7 +135,7 @@ export async function writeTensors(
     await file.sync();
     file.close();
     file = null;
-    await Deno.rename(temp, path);
+    await Deno.rename(temp, target);
   } catch (err) {
     try {
       file?.close();
@@ -140,7 +143,26 @@ export async function writeTensors(
     await Deno.remove(temp).catch(() => {}); // may never have been created
     rethrow(err, `${where}: cannot write "${path}" (left unchanged)`);
   }
-  await syncDirectory(path);
+  await syncDirectory(target);
+}
+
+/**
+ * The file `path` names: the target of a symbolic link (followed to the
+ * end; a dangling link's target, which the save creates), else `path`
+ * itself — also where the permissions do not let it be checked.
+ */
+export async function linkTarget(path: string): Promise<string> {
+  try {
+    if (!(await Deno.lstat(path)).isSymlink) return path;
+  } catch {
+    return path; // nothing there yet, or no read permission
+  }
+  try {
+    return await Deno.realPath(path);
+  } catch {
+    const link = await Deno.readLink(path).catch(() => null);
+    return link === null ? path : isAbsolute(link) ? link : join(dirname(path), link);
+  }
 }
 
 /**

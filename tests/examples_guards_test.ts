@@ -12,6 +12,7 @@ import { DivergenceWatch } from "../examples/_divergence.ts";
 import { checkResumeFlags } from "../examples/_resume_flags.ts";
 import { SaveLock } from "../examples/_save_lock.ts";
 import { GPU_TEST } from "./_gpu.ts";
+import { withTempDir } from "./_examples.ts";
 
 /** A trainer as the watch sees it: its step count and its scaler's counters. */
 function fakeTrainer(amp: boolean, lossScale = 0) {
@@ -117,6 +118,26 @@ Deno.test("examples guards: the --save lock refuses a live owner, takes over a s
   } finally {
     await Deno.remove(dir, { recursive: true });
   }
+});
+
+Deno.test({
+  name: "examples guards: the --save lock follows a symbolic link to the file it names",
+  ignore: Deno.build.os === "windows",
+  async fn() {
+    await withTempDir(async (dir) => {
+      const file = join(dir, "run.safetensors"), link = join(dir, "latest.safetensors");
+      await Deno.writeTextFile(file, "a run");
+      await Deno.symlink(file, link);
+      const lock = SaveLock.acquire(link, "save", () => {});
+      try {
+        assert.equal(lock.lockPath, `${await Deno.realPath(file)}.lock`);
+        // Through the link or by its own name: the same file, one writer.
+        assert.throws(() => SaveLock.acquire(file, "save", () => {}), /is in use by another run/);
+      } finally {
+        lock.release();
+      }
+    });
+  },
 });
 
 Deno.test("examples guards: resume flags that shape the run must match; steering ones need --override", () => {

@@ -1,4 +1,5 @@
 import assert from "node:assert/strict";
+import { join } from "node:path";
 import { Tensor, ValueError } from "../gpu/mod.ts";
 import {
   BatchNorm,
@@ -321,5 +322,33 @@ Deno.test({
     }
     assert.deepEqual(await snapshot(m), before, "unchanged");
     m.dispose();
+  },
+});
+
+Deno.test({
+  name: "saveModule through a symbolic link replaces the file it names and leaves the link a link",
+  ignore: Deno.build.os === "windows",
+  ...GPU_TEST,
+  async fn() {
+    const dir = await Deno.makeTempDir();
+    const m = model(1), other = model(5);
+    try {
+      const file = join(dir, "model.safetensors"), link = join(dir, "latest.safetensors");
+      await saveModule(file, m);
+      await Deno.symlink("model.safetensors", link); // relative, as `ln -s` makes them
+      await saveModule(link, other);
+      assert.ok((await Deno.lstat(link)).isSymlink, "the link is still a link");
+      const copy = model(9);
+      await loadModule(file, copy);
+      assert.deepEqual(await snapshot(copy), await snapshot(other), "the file it names was saved");
+      copy.dispose();
+      const names = [];
+      for await (const e of Deno.readDir(dir)) names.push(e.name);
+      assert.deepEqual(names.sort(), ["latest.safetensors", "model.safetensors"], "no temporary");
+    } finally {
+      m.dispose();
+      other.dispose();
+      await Deno.remove(dir, { recursive: true });
+    }
   },
 });
