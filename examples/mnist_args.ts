@@ -3,13 +3,13 @@
  *
  * @module
  */
-import { parseArgs } from "node:util";
 import { isStaticLossScale } from "../mod.ts";
 import {
   checkOutputPath,
   choiceFlag,
   integerFlag,
   numberFlag,
+  parseFlags,
   UsageError,
   withNegativeValues,
 } from "./_cli.ts";
@@ -34,8 +34,9 @@ Flags:
                    axis every epoch, 0 to 8 (default 2 for cnn, 0 for mlp)
   --epochs N       passes over the training set, 1 to 1000 (default 4)
   --batch N        examples per step, at most the training images (default
-                   128); the last partial batch of an epoch is dropped so
-                   that every step has the same shape
+                   128, or all the images of a smaller --limit); the last
+                   partial batch of an epoch is dropped so that every step
+                   has the same shape
   --optimizer NAME sgd (with --momentum) or adam (default adam)
   --schedule NAME  learning-rate schedule: cosine (with 2% warmup, default) or
                    constant
@@ -141,6 +142,8 @@ export interface MnistArgs {
 
 /** The most epochs a run may ask for (a typo such as 1e9 is caught, not trained). */
 const MAX_EPOCHS = 1000;
+/** Examples per step without --batch (at most the images --limit keeps). */
+const DEFAULT_BATCH = 128;
 /** MNIST's training set. */
 const TRAIN_IMAGES = 60000;
 
@@ -171,7 +174,7 @@ const VALUE_FLAGS = [
 /** The flags in `args`, or null for --help. Every value is checked; a bad one is a UsageError. */
 export function parseMnistArgs(args: string[]): MnistArgs | null {
   const ampFlag = ampDtypeFlag(args);
-  const { values } = parseArgs({
+  const { values } = parseFlags({
     args: withNegativeValues(ampFlag.args, VALUE_FLAGS),
     strict: true,
     allowPositionals: false,
@@ -179,7 +182,7 @@ export function parseMnistArgs(args: string[]): MnistArgs | null {
       model: { type: "string", default: "mlp" },
       shift: { type: "string" },
       epochs: { type: "string", default: "4" },
-      batch: { type: "string", default: "128" },
+      batch: { type: "string" },
       lr: { type: "string" },
       optimizer: { type: "string", default: "adam" },
       schedule: { type: "string", default: "cosine" },
@@ -223,11 +226,16 @@ export function parseMnistArgs(args: string[]): MnistArgs | null {
     );
   }
   const model = choiceFlag("model", values.model, ["mlp", "cnn"]);
+  const limit = values.limit === undefined
+    ? undefined
+    : integerFlag("limit", values.limit, 1, TRAIN_IMAGES);
+  // Without --batch, a --limit smaller than the default batch trains on one batch of all of them.
+  const batch = values.batch ?? String(Math.min(DEFAULT_BATCH, limit ?? TRAIN_IMAGES));
   return {
     model,
     shift: integerFlag("shift", values.shift ?? (model === "cnn" ? "2" : "0"), 0, 8),
     epochs: integerFlag("epochs", values.epochs, 1, MAX_EPOCHS),
-    batch: integerFlag("batch", values.batch, 1, TRAIN_IMAGES),
+    batch: integerFlag("batch", batch, 1, TRAIN_IMAGES),
     optimizer,
     lr: numberFlag(
       "lr",
@@ -263,9 +271,7 @@ export function parseMnistArgs(args: string[]): MnistArgs | null {
     checkpoint: values.checkpoint,
     seed: integerFlag("seed", values.seed, 0),
     logEvery: integerFlag("log-every", values["log-every"], 1),
-    limit: values.limit === undefined
-      ? undefined
-      : integerFlag("limit", values.limit, 1, TRAIN_IMAGES),
+    limit,
     evalBatch: integerFlag("eval-batch", values["eval-batch"], 1),
     dataDir: values["data-dir"],
     json: values.json,

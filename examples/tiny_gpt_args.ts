@@ -3,10 +3,9 @@
  *
  * @module
  */
-import { integerFlag, numberFlag, UsageError, withNegativeValues } from "./_cli.ts";
+import { integerFlag, numberFlag, parseFlags, UsageError, withNegativeValues } from "./_cli.ts";
 import { profileSteps } from "./_profile_window.ts";
 import { ampDtypeFlag, type AmpFlagDtype } from "./_amp_flag.ts";
-import { parseArgs } from "node:util";
 
 /** `tiny_gpt.ts --help`. */
 export const TINY_GPT_HELP =
@@ -163,7 +162,7 @@ export function parseTinyGptArgs(args: string[]): TinyGptArgs | null {
   const size = (flag: string) => text(String(TINY_GPT_SIZES[flag]));
   const flag = { type: "boolean" as const, default: false };
   const ampFlag = ampDtypeFlag(args);
-  const { values: v } = parseArgs({
+  const { values: v } = parseFlags({
     args: withNegativeValues(ampFlag.args, VALUE_FLAGS),
     strict: true,
     allowPositionals: false,
