@@ -68,6 +68,34 @@ export function orExit<T>(script: string, check: () => T): T {
   }
 }
 
+/** {@link orExit} for a check that waits (reads a file, say). */
+export async function orExitAsync<T>(script: string, check: () => Promise<T>): Promise<T> {
+  try {
+    return await check();
+  } catch (e) {
+    if (!(e instanceof UsageError)) throw e;
+    console.error(`${script}: ${e.message}`);
+    Deno.exit(2);
+  }
+}
+
+/**
+ * Runs a script's `main`; an error nothing else caught ends it with one line
+ * (`script: message`) and exit status 1 instead of a stack trace, and
+ * `Deno.exit` lets the `--save` lock go. HALFSTEP_DEBUG=1 shows the stack.
+ */
+export async function runMain(script: string, main: () => Promise<void>): Promise<void> {
+  try {
+    await main();
+  } catch (e) {
+    const debug = Deno.permissions.querySync({ name: "env", variable: "HALFSTEP_DEBUG" });
+    if (debug.state === "granted" && Deno.env.get("HALFSTEP_DEBUG")) console.error(e);
+    const message = e instanceof Error ? e.message : String(e);
+    console.error(`${script}: ${message.split("\n")[0].slice(0, 400)}`);
+    Deno.exit(1);
+  }
+}
+
 /** An integer in [min, max] written in decimal digits (no "0x10", "1e9" or "2.0"). */
 export function integerFlag(flag: string, text: string, min: number, max = Infinity): number {
   const n = Number(text);

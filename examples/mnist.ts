@@ -32,16 +32,24 @@ import {
 } from "../mod.ts";
 import { loadTrainingState, saveTrainingState } from "../files.ts";
 import type { PlotPoint } from "./_plot.ts";
-import { DivergenceWatch } from "./_divergence.ts";
+import { DivergenceWatch, evaluationHealth, type Health } from "./_divergence.ts";
 import { checkPlan, runLimits } from "./_preflight.ts";
-import { checkResumeFlags, describeChanges, type FlagValues } from "./_resume_flags.ts";
+import { checkResumeFlags, describeChanges, type FlagChange } from "./_resume_flags.ts";
 import { SaveLock } from "./_save_lock.ts";
 import { finishInspect, heatmapPath, InspectLog } from "./_inspect.ts";
 import { writeHeatmap } from "./_heatmap.ts";
 import { Progress } from "./_progress.ts";
 import { profileFields, ProfileWindow } from "./_profile_window.ts";
-import { checkRun, type MnistArgs, parseMnistArgsOrExit } from "./mnist_args.ts";
-import { orExit } from "./_cli.ts";
+import { checkOutputs, checkRun, type MnistArgs, parseMnistArgsOrExit } from "./mnist_args.ts";
+import { orExit, orExitAsync, runMain } from "./_cli.ts";
+import {
+  checkSaveTarget,
+  readRunRecord,
+  RunFileError,
+  runFlags,
+  type RunRecord,
+  savedFlags,
+} from "./mnist_resume.ts";
 import { precisionName } from "./_amp_flag.ts";
 import { gather, loadData, randomShifts, shuffle } from "./mnist_batches.ts";
 import { MNIST_CLASSES, MNIST_PIXELS, type MnistSplit } from "./mnist_data.ts";
@@ -83,6 +91,8 @@ export class Tally {
   lossCount = 0;
   lastLoss = NaN;
   testAccuracy = NaN;
+  /** The mean cross-entropy of the last evaluation. */
+  testLoss = NaN;
   trainSeconds = 0;
   trainPeak = 0;
   evalPeak = 0;
@@ -128,71 +138,33 @@ function makeTrainer(cfg: MnistArgs, optimizerSteps: number) {
   return { model, optimizer, trainer, scheduler, inspect };
 }
 
-/**
- * The flags a saved training state records: those a resumed run must repeat
- * (`shape`: model, data order, optimizer state layout, schedule length) and
- * those `--override` may change (`steering`).
- */
-function runFlags(run: Run): { shape: FlagValues; steering: FlagValues } {
-  const { cfg } = run;
-  const shape: FlagValues = {
-    model: cfg.model,
-    shift: cfg.shift,
-    optimizer: cfg.optimizer,
-    schedule: cfg.schedule,
-    epochs: cfg.epochs, // the schedule spans them
-    limit: run.train.count,
-    batch: run.batch,
-    accum: cfg.accum,
-    amp: cfg.amp && cfg.ampDtype === "bf16" ? "bf16" : cfg.amp, // true: f16, as before bf16
-    seed: cfg.seed,
-  };
-  // The optimizer's state restores momentum, so it cannot be overridden.
-  if (cfg.optimizer === "sgd") shape.momentum = cfg.momentum;
-  const steering: FlagValues = { lr: cfg.lr };
-  if (cfg.amp && cfg.ampDtype === "f16") steering["loss-scale"] = cfg.lossScale;
-  return { shape, steering };
-}
-
-/** What `--resume` reads back besides the model, optimizer and trainer. */
-interface SavedRun {
+/** Where a run goes on from: the epoch in progress, the steps taken, and the steps into it. */
+interface Start {
   epoch: number;
   step: number;
-  shuffler: { seed: number; offset: number };
-  flags?: { shape: FlagValues; steering: FlagValues };
-  /** Files written before the flags were recorded: the shape, with `trainCount` for `limit`. */
-  run?: FlagValues;
-  plotPoints?: PlotPoint[];
-}
-
-/** The saved flags of `saved` (older files recorded the shape alone, under another name). */
-function savedFlags(saved: SavedRun): { shape?: FlagValues; steering?: FlagValues } {
-  if (saved.flags) return saved.flags;
-  if (!saved.run) return {};
-  const { trainCount, ...rest } = saved.run;
-  return { shape: { ...rest, limit: trainCount } };
+  /** Steps of `epoch` already taken (a run continued elsewhere may stop mid-epoch). */
+  position: number;
+  plotPoints: PlotPoint[];
 }
 
 /**
  * Restores the run saved in `--resume` (model, optimizer, trainer, schedule
- * and data order) and returns the epoch and step to go on from; without
- * `--resume`, epoch 1 and step 0. Exits with status 1 when the file cannot be
- * read and 2 when it was saved with other flags.
+ * and data order; `record` and the flag `changes` were checked before
+ * start-up) and returns where to go on from; without `--resume`, epoch 1,
+ * step 0. Exits with status 1, in one line, when the file does not fit.
  */
 async function resumeOrStart(
   run: Run,
-): Promise<{ epoch: number; step: number; plotPoints: PlotPoint[] }> {
+  record: RunRecord | null,
+  changes: FlagChange[],
+): Promise<Start> {
   const { cfg, model, optimizer, trainer } = run;
-  if (!cfg.resume) return { epoch: 1, step: 0, plotPoints: [] };
-  const saved = await loadTrainingState(cfg.resume, { model, optimizer, trainer }).catch((e) => {
+  if (!cfg.resume || !record) return { epoch: 1, step: 0, position: 0, plotPoints: [] };
+  await loadTrainingState(cfg.resume, { model, optimizer, trainer }).catch((e) => {
     console.error(`mnist: cannot resume: ${e instanceof Error ? e.message : e}`);
+    run.gpu.destroy();
     Deno.exit(1);
-  }) as SavedRun;
-  const resume = cfg.resume;
-  const changes = orExit(
-    "mnist",
-    () => checkResumeFlags(resume, savedFlags(saved), runFlags(run), cfg.override),
-  );
+  });
   if (changes.length > 0) {
     // The new lr reaches the optimizer through the scheduler (its base is --lr); the scaler
     // was restored from the file, so a new --loss-scale is set here.
@@ -211,30 +183,45 @@ async function resumeOrStart(
     );
   }
   run.scheduler.step(trainer.steps); // the restored optimizer carries the lr it was saved with
-  run.shuffler = new RandomGenerator(saved.shuffler.seed, saved.shuffler.offset);
-  const finished = saved.epoch >= cfg.epochs;
+  run.shuffler = new RandomGenerator(record.shuffler.seed, record.shuffler.offset);
+  const position = record.position ?? 0;
+  const finished = record.epoch >= cfg.epochs;
+  const where = position > 0
+    ? `${position} steps into epoch ${record.epoch + 1}`
+    : `after epoch ${record.epoch}`;
   run.emit(
     "resume",
-    { path: cfg.resume, epoch: saved.epoch, step: saved.step, finished },
+    { path: cfg.resume, epoch: record.epoch, step: record.step, position, finished },
     finished
-      ? `${cfg.resume} holds a finished run (${saved.epoch} of ${cfg.epochs} epochs, step ` +
-        `${saved.step}): nothing left to train; evaluating it`
-      : `resumed ${cfg.resume} after epoch ${saved.epoch} (step ${saved.step})`,
+      ? `${cfg.resume} holds a finished run (${record.epoch} of ${cfg.epochs} epochs, step ` +
+        `${record.step}): nothing left to train; evaluating it`
+      : `resumed ${cfg.resume} ${where} (step ${record.step})`,
   );
-  return { epoch: saved.epoch + 1, step: saved.step, plotPoints: saved.plotPoints ?? [] };
+  return {
+    epoch: record.epoch + 1,
+    step: record.step,
+    position,
+    plotPoints: record.plotPoints ?? [],
+  };
 }
 
 /**
  * One pass over the shuffled training set. Never waits for the GPU except to
  * log: every `--log-every` steps and at the end of the epoch.
  */
-async function trainEpoch(run: Run, tally: Tally, epoch: number, progress: Progress) {
+async function trainEpoch(
+  run: Run,
+  tally: Tally,
+  epoch: number,
+  progress: Progress,
+  from = 0,
+) {
   const { cfg, train, batch, model, trainer, scheduler, totalSteps } = run;
   const pixels = new Float32Array(batch * MNIST_PIXELS), labels = new Int32Array(batch);
   const order = shuffle(train.count, run.shuffler);
   const shifts = cfg.shift > 0 ? randomShifts(train.count, cfg.shift, run.shuffler) : null;
   let intervalStart = performance.now(), intervalStep = tally.step;
-  for (let s = 0; s < run.stepsPerEpoch; s++) {
+  for (let s = from; s < run.stepsPerEpoch; s++) {
     gather(train, order, s * batch, batch, pixels, labels, shifts);
     run.profile?.before(tally.step + 1);
     // One micro-batch: forward under autocast (with --amp), scaled backward;
@@ -305,7 +292,7 @@ async function evaluate(run: Run, tally: Tally, epoch: number): Promise<void> {
   const evalStart = performance.now();
   tally.trainPeak = Math.max(tally.trainPeak, gpu.memoryStats().peakBytes);
   gpu.resetPeakMemory();
-  let correct = 0;
+  let correct = 0, lossSum = 0;
   for (let from = 0; from < test.count; from += batch) {
     const n = Math.min(batch, test.count - from);
     const x = test.images.subarray(from * MNIST_PIXELS, (from + n) * MNIST_PIXELS);
@@ -314,24 +301,40 @@ async function evaluate(run: Run, tally: Tally, epoch: number): Promise<void> {
     const values = await logits.read();
     logits.dispose();
     for (let i = 0; i < n; i++) {
+      const row = values.subarray(i * MNIST_CLASSES, (i + 1) * MNIST_CLASSES);
       let best = 0;
-      for (let c = 1; c < MNIST_CLASSES; c++) {
-        if (values[i * MNIST_CLASSES + c] > values[i * MNIST_CLASSES + best]) best = c;
-      }
+      for (let c = 1; c < MNIST_CLASSES; c++) if (row[c] > row[best]) best = c;
       if (best === test.labels[from + i]) correct++;
+      lossSum += crossEntropyOf(row, test.labels[from + i]);
     }
   }
   tally.testAccuracy = correct / test.count;
+  tally.testLoss = lossSum / test.count;
   tally.evalPeak = Math.max(tally.evalPeak, gpu.memoryStats().peakBytes);
   gpu.resetPeakMemory();
   const now = performance.now();
   const evalSeconds = (now - evalStart) / 1000, secondsSinceStart = (now - run.started) / 1000;
   run.emit(
     "eval",
-    { epoch, step: tally.step, testAccuracy: tally.testAccuracy, evalSeconds, secondsSinceStart },
+    {
+      epoch,
+      step: tally.step,
+      testAccuracy: tally.testAccuracy,
+      testLoss: tally.testLoss,
+      evalSeconds,
+      secondsSinceStart,
+    },
     `epoch ${epoch}: test accuracy ${(tally.testAccuracy * 100).toFixed(2)}% ` +
       `(evaluated in ${evalSeconds.toFixed(2)} s; ${secondsSinceStart.toFixed(1)} s since start)`,
   );
+}
+
+/** −log softmax(logits)[label] in f64: NaN when a logit is not finite. */
+function crossEntropyOf(logits: ArrayLike<number>, label: number): number {
+  let max = -Infinity, sum = 0;
+  for (let c = 0; c < logits.length; c++) max = Math.max(max, logits[c]);
+  for (let c = 0; c < logits.length; c++) sum += Math.exp(logits[c] - max);
+  return max + Math.log(sum) - logits[label];
 }
 
 /**
@@ -372,11 +375,12 @@ async function save(run: Run, tally: Tally, epoch: number): Promise<void> {
     await writeOutput(run, path, () => writeHeatmap(path, inspect.intervals, heatmapTitle(cfg)));
   }
   if (cfg.save) {
-    const state = {
+    const state: RunRecord = {
       epoch,
       step,
       shuffler: run.shuffler.state(),
-      flags: runFlags(run),
+      position: 0,
+      flags: runFlags(cfg, run.train.count, run.batch),
       plotPoints: tally.plotPoints,
     };
     const saved = await writeOutput(
@@ -414,8 +418,7 @@ function checkFits(cfg: MnistArgs, gpu: Gpu, batch: number, testImages: number):
  * training diverged, before anything is saved over the last good file, and
  * passes a warning on (most steps skipped). One more read: the weights' sum.
  */
-async function stopIfDiverged(run: Run, tally: Tally, watch: DivergenceWatch, epoch: number) {
-  const health = await watch.check(tally.lastLoss, run.model.parameters());
+async function stopIfDiverged(run: Run, tally: Tally, health: Health, epoch: number) {
   if (health.warning) {
     run.emit("warning", { epoch, warning: health.warning }, `epoch ${epoch}: ${health.warning}`);
   }
@@ -450,24 +453,66 @@ async function writeInspect(run: Run): Promise<void> {
   );
 }
 
+/**
+ * What can be checked before start-up, in one line and exit status 2: the
+ * flags against the data (see `checkRun`) and a resumed run's flags against the saved ones (the changes
+ * `--override` accepts are returned, to apply and print).
+ */
+function checkBeforeStart(
+  cfg: MnistArgs,
+  trainCount: number,
+  batch: number,
+  record: RunRecord | null,
+): FlagChange[] {
+  try {
+    checkRun(cfg, trainCount);
+  } catch (e) {
+    console.error(`mnist: ${e instanceof Error ? e.message : e} (see --help)`);
+    Deno.exit(2);
+  }
+  if (!record) return [];
+  const given = runFlags(cfg, trainCount, batch);
+  return orExit(
+    "mnist",
+    () => checkResumeFlags(cfg.resume!, savedFlags(record), given, cfg.override),
+  );
+}
+
+/** The run record of --resume, or null; a file that cannot continue here exits with status 1. */
+async function readRecordOrExit(cfg: MnistArgs): Promise<RunRecord | null> {
+  if (!cfg.resume) return null;
+  try {
+    return await readRunRecord(cfg.resume);
+  } catch (e) {
+    if (!(e instanceof RunFileError)) throw e;
+    console.error(`mnist: cannot resume: ${e.message}`);
+    Deno.exit(1);
+  }
+}
+
 async function main(): Promise<void> {
   const started = performance.now();
   const cfg = parseMnistArgsOrExit(Deno.args);
   if (cfg === null) return; // --help
   const emit: Emit = (event, fields, text) =>
     console.log(cfg.json ? JSON.stringify({ event, ...fields }) : text);
-  const { train, test } = await loadData(cfg);
-  await checkRun(cfg, train.count).catch((e) => {
+  // A --resume file that cannot continue here is reported before any start-up work.
+  const record = await readRecordOrExit(cfg);
+  await checkOutputs(cfg).catch((e) => {
     console.error(`mnist: ${e instanceof Error ? e.message : e} (see --help)`);
     Deno.exit(2);
   });
+  // The lock first: a run in use says so, not that its file holds a run.
   const note = (text: string) => console.error(`mnist: ${text}`);
   const lock = cfg.save ? orExit("mnist", () => SaveLock.acquire(cfg.save!, "save", note)) : null;
+  await orExitAsync("mnist", () => checkSaveTarget(cfg));
+  const { train, test } = await loadData(cfg);
+  const batch = Math.min(cfg.batch, train.count), stepsPerEpoch = Math.floor(train.count / batch);
+  const changes = checkBeforeStart(cfg, train.count, batch, record);
   const loadSeconds = (performance.now() - started) / 1000;
   const gpu = await initGpu();
   const initSeconds = (performance.now() - started) / 1000 - loadSeconds;
   gpu.resetPeakMemory();
-  const batch = Math.min(cfg.batch, train.count), stepsPerEpoch = Math.floor(train.count / batch);
   const sizes = { batch, stepsPerEpoch, totalSteps: stepsPerEpoch * cfg.epochs };
   checkFits(cfg, gpu, batch, test.count);
   reportStart({ cfg, emit, gpu, train, test, ...sizes }, { loadSeconds, initSeconds });
@@ -486,15 +531,21 @@ async function main(): Promise<void> {
     profile,
     started,
   };
-  const from = await resumeOrStart(run);
+  const from = await resumeOrStart(run, record, changes);
   run.inspect?.startAfter(from.step);
   const progress = new Progress(!cfg.json);
   const tally = new Tally(from.step, from.plotPoints);
   const watch = await DivergenceWatch.start(run.trainer);
   for (let epoch = from.epoch; epoch <= cfg.epochs; epoch++) {
-    await trainEpoch(run, tally, epoch, progress);
-    await stopIfDiverged(run, tally, watch, epoch);
+    await trainEpoch(run, tally, epoch, progress, epoch === from.epoch ? from.position : 0);
+    await stopIfDiverged(
+      run,
+      tally,
+      await watch.check(tally.lastLoss, parts.model.parameters()),
+      epoch,
+    );
     await evaluate(run, tally, epoch);
+    await stopIfDiverged(run, tally, evaluationHealth(tally.testLoss, run.trainer), epoch);
     await save(run, tally, epoch);
   }
   if (from.epoch > cfg.epochs) await evaluate(run, tally, cfg.epochs); // a finished run
@@ -505,4 +556,4 @@ async function main(): Promise<void> {
   lock?.release();
 }
 
-if (import.meta.main) await main();
+if (import.meta.main) await runMain("mnist", main);

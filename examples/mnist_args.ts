@@ -68,6 +68,10 @@ Flags:
                    data order) to PATH after every epoch, atomically; a run
                    that diverged (see Exit status) leaves the last good file.
                    PATH.lock keeps a second run from writing PATH at once
+  --overwrite      with --save: start over although PATH holds a file (a
+                   saved run); it is replaced after the first good epoch.
+                   Without it such a --save is refused, unless PATH is the
+                   --resume file
   --resume PATH    continue the run saved in PATH exactly where it stopped
                    (same flags as the saved run)
   --override       with --resume: train on with another --lr or --loss-scale
@@ -92,11 +96,14 @@ Flags:
                    line is {"event":"final", "testAccuracy", "steps", "peakBytes", ...}
   -h, --help       show this help
 
-Exit status: 0 done; 1 a file could not be read or written; 2 a bad flag, or
-a run that cannot fit this adapter or host (checked before the first step),
-or --save in use by another run; 3 training diverged (a non-finite loss or
-weights, or under --amp every step of an epoch skipped at a static or
-minimal loss scale): nothing is saved over the last good file.
+Exit status: 0 done; 1 a file could not be read or written (or --resume
+holds no run of this script); 2 a bad flag, a run that cannot fit this
+adapter or host (checked before the first step), --save in use by another
+run, or --save holding a file without --resume or --overwrite; 3 training
+diverged (a non-finite evaluation loss or weights; in f32 a non-finite
+loss; under --amp steps skipped with the dynamic loss scale at its floor,
+every step of an epoch skipped at a static scale, or 50 in a row): nothing
+is saved over the last good file.
 
 Memory: "peak" is the buffer pool's peakBytes over training and evaluation
 (measured apart, after start-up and its matmul tiling search). The bytes
@@ -118,6 +125,8 @@ export interface MnistArgs {
   resume: string | undefined;
   /** With --resume: accept another --lr or --loss-scale than the saved run's. */
   override: boolean;
+  /** With --save: replace the file at the path (a saved run) instead of refusing. */
+  overwrite: boolean;
   plot: string | undefined;
   /** Attach a numerics inspector; report it at the end (and a heat map with --plot). */
   inspect: boolean;
@@ -189,6 +198,7 @@ export function parseMnistArgs(args: string[]): MnistArgs | null {
       save: { type: "string" },
       resume: { type: "string" },
       override: { type: "boolean", default: false },
+      overwrite: { type: "boolean", default: false },
       plot: { type: "string" },
       inspect: { type: "boolean", default: false },
       profile: { type: "string" },
@@ -225,6 +235,9 @@ export function parseMnistArgs(args: string[]): MnistArgs | null {
       "--override is for --resume: it accepts flags that differ from the file's.",
     );
   }
+  if (values.overwrite && values.save === undefined) {
+    throw new UsageError("--overwrite is for --save: it lets a run replace the file there.");
+  }
   const model = choiceFlag("model", values.model, ["mlp", "cnn"]);
   const limit = values.limit === undefined
     ? undefined
@@ -247,6 +260,7 @@ export function parseMnistArgs(args: string[]): MnistArgs | null {
     save: values.save,
     resume: values.resume,
     override: values.override,
+    overwrite: values.overwrite,
     plot: values.plot,
     inspect: values.inspect,
     onSaveError: choiceFlag("on-save-error", values["on-save-error"], ["stop", "continue"]),
@@ -279,11 +293,20 @@ export function parseMnistArgs(args: string[]): MnistArgs | null {
 }
 
 /**
- * Checks what depends on the data (the batch fits the training images, at
- * least one optimizer step) and that every output path can be written:
- * before training, so a bad flag costs no training time.
+ * Checks that every output path can be written: before anything loads, so
+ * a bad path costs no time.
  */
-export async function checkRun(cfg: MnistArgs, trainImages: number): Promise<void> {
+export async function checkOutputs(cfg: MnistArgs): Promise<void> {
+  if (cfg.save) await checkOutputPath("save", cfg.save);
+  if (cfg.plot) await checkOutputPath("plot", cfg.plot);
+}
+
+/**
+ * Checks what depends on the data (the batch fits the training images, at
+ * least one optimizer step): before training, so a bad flag costs no
+ * training time.
+ */
+export function checkRun(cfg: MnistArgs, trainImages: number): void {
   if (cfg.batch > trainImages) {
     throw new UsageError(
       `--batch must be at most ${trainImages} (the training images${
@@ -299,8 +322,6 @@ export async function checkRun(cfg: MnistArgs, trainImages: number): Promise<voi
         "step would run. Lower --accum or --batch, or train on more images or epochs.",
     );
   }
-  if (cfg.save) await checkOutputPath("save", cfg.save);
-  if (cfg.plot) await checkOutputPath("plot", cfg.plot);
 }
 
 /**

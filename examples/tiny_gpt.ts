@@ -12,8 +12,8 @@
  *
  * @module
  */
-import { checkOutputPath, orExit } from "./_cli.ts";
-import { DivergenceWatch } from "./_divergence.ts";
+import { checkOutputPath, orExit, runMain } from "./_cli.ts";
+import { DivergenceWatch, evaluationHealth, type Health } from "./_divergence.ts";
 import { finishInspect, InspectLog } from "./_inspect.ts";
 import { checkPlan, runLimits } from "./_preflight.ts";
 import { profileFields, ProfileWindow } from "./_profile_window.ts";
@@ -175,7 +175,7 @@ async function train(run: Run): Promise<Training> {
       lossSum.dispose();
       lossSum = Tensor.zeros([]);
       lossCount = 0;
-      await stopIfDiverged(run, watch, lastLoss, step);
+      await stopIfDiverged(run, await watch.check(lastLoss, model.parameters()), step);
       intervalStart = performance.now(); // the check's read is not training time
     }
   }
@@ -255,8 +255,7 @@ async function sampleWords(run: Run): Promise<string[]> {
  * training diverged, and passes a warning on (most steps skipped). One more
  * read: the weights' sum.
  */
-async function stopIfDiverged(run: Run, watch: DivergenceWatch, loss: number, step: number) {
-  const health = await watch.check(loss, run.model.parameters());
+async function stopIfDiverged(run: Run, health: Health, step: number) {
   if (health.warning) {
     run.emit("warning", { step, warning: health.warning }, `step ${step}: ${health.warning}`);
   }
@@ -311,6 +310,7 @@ async function main(): Promise<void> {
   const training = await train(run);
   const evalStart = performance.now();
   const validation = await evaluate(run);
+  await stopIfDiverged(run, evaluationHealth(validation, trainer), cfg.steps);
   const evalSeconds = (performance.now() - evalStart) / 1000;
   const samples = await sampleWords(run);
   if (inspect) {
@@ -331,4 +331,4 @@ async function main(): Promise<void> {
   optimizer.dispose();
 }
 
-if (import.meta.main) await main();
+if (import.meta.main) await runMain("tiny_gpt", main);

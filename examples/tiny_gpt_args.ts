@@ -79,8 +79,8 @@ Flags:
 
 Exit status: 0 done; 2 a bad flag, or sizes that cannot fit this adapter or
 host (checked before the model is built); 3 training diverged (a non-finite
-logged loss or weights, or under --amp every step since the last log skipped
-at the lowest loss scale).
+validation loss or weights; in f32 a non-finite logged loss; under --amp
+steps skipped with the loss scale at its floor, or 50 in a row).
 
 Memory: "peak" is the buffer pool's peakBytes over the training steps (after
 start-up). That the loop leaks no GPU memory is checked by tests/memory_test.ts.
