@@ -224,6 +224,7 @@ async function trainEpoch(
   for (let s = from; s < run.stepsPerEpoch; s++) {
     gather(train, order, s * batch, batch, pixels, labels, shifts);
     run.profile?.before(tally.step + 1);
+    const lr = run.optimizer.groups[0].lr; // this step's (the scheduler moves it after the step)
     // One micro-batch: forward under autocast (with --amp), scaled backward;
     // every --accum micro-batches the trainer unscales, checks for overflow,
     // steps the optimizer (skipped on the GPU on overflow) and updates the scale.
@@ -265,6 +266,7 @@ async function trainEpoch(
             step,
             loss: tally.lastLoss,
             lossSteps: tally.lossCount,
+            lr,
             stepsPerSecond,
             lossScale: scale,
           },

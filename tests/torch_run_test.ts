@@ -21,11 +21,12 @@ import {
   crossEntropy,
   decodeSafetensors,
   LrScheduler,
+  RandomGenerator,
   type Sequential,
   Tensor,
 } from "../mod.ts";
 import { loadTrainingState, saveTrainingState } from "../files.ts";
-import { loadData } from "../examples/mnist_batches.ts";
+import { loadData, shuffle } from "../examples/mnist_batches.ts";
 import { MNIST_PIXELS, mnistDataDir } from "../examples/mnist_data.ts";
 import { mnistMlp } from "../examples/mnist_model.ts";
 import { gpu, GPU_TEST } from "./_gpu.ts";
@@ -38,9 +39,34 @@ const dir = await Deno.makeTempDir();
 const { train } = await loadData({ limit: LIMIT });
 const amp = gpu.f16;
 
-/** The global batch of step `s`: images s·BATCH … s·BATCH + BATCH − 1, modulo LIMIT (as the script). */
+/** The seed of the data order (mnist.ts's generator for --seed 0). */
+const ORDER_SEED = 1;
+const STEPS_PER_EPOCH = LIMIT / BATCH;
+
+/** The shuffled order of `epoch` (0-based), as mnist.ts draws it: LIMIT numbers an epoch. */
+function epochOrder(epoch: number): Uint32Array {
+  return shuffle(LIMIT, new RandomGenerator(ORDER_SEED, epoch * LIMIT));
+}
+
+/**
+ * mnist.ts's record of a run at `step` (its `extra`), for continue_ddp.py:
+ * the data order before the epoch in progress and the position in it.
+ */
+function runRecord(step: number) {
+  const epoch = Math.floor(step / STEPS_PER_EPOCH);
+  return {
+    epoch,
+    step,
+    position: step % STEPS_PER_EPOCH,
+    shuffler: { seed: ORDER_SEED, offset: epoch * LIMIT },
+    flags: { shape: { model: "mlp", shift: 0, accum: 1, limit: LIMIT, batch: BATCH, epochs: 7 } },
+  };
+}
+
+/** The global batch of step `s` (0-based): mnist.ts's shuffled order, as the script follows it. */
 function batch(s: number): { x: Tensor; labels: number[] } {
-  const rows = Array.from({ length: BATCH }, (_, j) => (s * BATCH + j) % LIMIT);
+  const order = epochOrder(Math.floor(s / STEPS_PER_EPOCH)), at = (s % STEPS_PER_EPOCH) * BATCH;
+  const rows = Array.from(order.subarray(at, at + BATCH));
   const x = new Float32Array(BATCH * MNIST_PIXELS);
   rows.forEach((r, j) =>
     x.set(train.images.subarray(r * MNIST_PIXELS, (r + 1) * MNIST_PIXELS), j * MNIST_PIXELS)
@@ -115,7 +141,7 @@ async function continueInTorch(
   options: { procs: number; steps: number; save?: string },
 ): Promise<Step[][]> {
   const log = join(dir, `log${Math.random().toString(36).slice(2)}`);
-  const flags = { mnist: mnistDataDir(), limit: LIMIT, batch: BATCH, ...options, log };
+  const flags = { mnist: mnistDataDir(), ...options, log };
   const args = Object.entries({ ...flags, device: "cpu" }).filter(([, v]) => v !== undefined)
     .flatMap(([k, v]) => [`--${k}`, `${v}`]);
   await runPython([SCRIPT, path, ...args]);
@@ -165,7 +191,7 @@ for (const withAmp of [false, true]) {
       const saved = join(dir, `run_${withAmp}.safetensors`);
       const source = makeRun(withAmp);
       await steps(source, 0, TRAINED, false);
-      await saveTrainingState(saved, source);
+      await saveTrainingState(saved, source, { extra: runRecord(TRAINED) });
       const continued = await resumed(saved, withAmp);
       const scale = () => continued.trainer.scaler.getScale();
       const scales = [await scale()];
