@@ -221,6 +221,7 @@ async function trainEpoch(
   const order = shuffle(train.count, run.shuffler);
   const shifts = cfg.shift > 0 ? randomShifts(train.count, cfg.shift, run.shuffler) : null;
   let intervalStart = performance.now(), intervalStep = tally.step;
+  let barText = `epoch ${epoch}`; // the last logged loss joins it
   for (let s = from; s < run.stepsPerEpoch; s++) {
     gather(train, order, s * batch, batch, pixels, labels, shifts);
     run.profile?.before(tally.step + 1);
@@ -256,8 +257,8 @@ async function trainEpoch(
       tally.plotPoints.push({ step, loss: tally.lastLoss, lossScale: scale });
       const text = `loss ${tally.lastLoss.toFixed(4)}  ${stepsPerSecond.toFixed(1)} steps/s` +
         (cfg.amp ? `  scale ${scale}` : "");
-      if (progress.isBar) progress.update(step, totalSteps, `epoch ${epoch}  ${text}`);
-      else {
+      barText = `epoch ${epoch}  ${text}`;
+      if (!progress.isBar) {
         const eta = progress.eta(step, totalSteps);
         run.emit(
           "step",
@@ -280,6 +281,7 @@ async function trainEpoch(
       intervalStart = now;
       intervalStep = step;
     }
+    progress.update(step, totalSteps, barText); // every step: no silence until the next log
   }
   progress.finish();
 }
@@ -291,6 +293,7 @@ async function trainEpoch(
  */
 async function evaluate(run: Run, tally: Tally, epoch: number): Promise<void> {
   const { gpu, model, test } = run, batch = run.cfg.evalBatch;
+  const progress = new Progress(!run.cfg.json);
   const evalStart = performance.now();
   tally.trainPeak = Math.max(tally.trainPeak, gpu.memoryStats().peakBytes);
   gpu.resetPeakMemory();
@@ -309,7 +312,9 @@ async function evaluate(run: Run, tally: Tally, epoch: number): Promise<void> {
       if (best === test.labels[from + i]) correct++;
       lossSum += crossEntropyOf(row, test.labels[from + i]);
     }
+    progress.update(from + n, test.count, `evaluating epoch ${epoch} (test images)`);
   }
+  progress.finish();
   tally.testAccuracy = correct / test.count;
   tally.testLoss = lossSum / test.count;
   tally.evalPeak = Math.max(tally.evalPeak, gpu.memoryStats().peakBytes);

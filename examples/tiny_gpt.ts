@@ -17,6 +17,7 @@ import { DivergenceWatch, evaluationHealth, type Health } from "./_divergence.ts
 import { finishInspect, InspectLog } from "./_inspect.ts";
 import { checkPlan, runLimits } from "./_preflight.ts";
 import { profileFields, ProfileWindow } from "./_profile_window.ts";
+import { Progress } from "./_progress.ts";
 import {
   AdamW,
   addInPlace,
@@ -140,6 +141,8 @@ async function train(run: Run): Promise<Training> {
   const trainStart = performance.now();
   let intervalStart = trainStart;
   const watch = await DivergenceWatch.start(trainer);
+  const progress = new Progress(!c.json);
+  let barText = "training"; // the last logged loss replaces it
   for (let step = 1; step <= c.steps; step++) {
     sampleBatch(run.corpus.train, c.context, rng, inputs, targets);
     run.profile?.before(step);
@@ -165,12 +168,15 @@ async function train(run: Run): Promise<Training> {
         plotPoints.push({ step, loss: lastLoss, lossScale: await trainer.scaler.getScale() });
       }
       const now = performance.now(), stepsPerSecond = lossCount / ((now - intervalStart) / 1000);
-      run.emit(
-        "step",
-        { step, loss: lastLoss, stepsPerSecond },
-        `step ${String(step).padStart(5)}/${c.steps}  train loss ${lastLoss.toFixed(4)}  ` +
-          `${stepsPerSecond.toFixed(2)} steps/s`,
-      );
+      barText = `train loss ${lastLoss.toFixed(4)}  ${stepsPerSecond.toFixed(2)} steps/s`;
+      const eta = progress.eta(step, c.steps);
+      if (!progress.isBar) {
+        run.emit(
+          "step",
+          { step, loss: lastLoss, stepsPerSecond },
+          `step ${String(step).padStart(5)}/${c.steps}  ${barText}${eta ? `  ${eta}` : ""}`,
+        );
+      }
       await run.inspect?.interval(step); // --inspect: its counts since the last log (one more read)
       lossSum.dispose();
       lossSum = Tensor.zeros([]);
@@ -178,7 +184,9 @@ async function train(run: Run): Promise<Training> {
       await stopIfDiverged(run, await watch.check(lastLoss, model.parameters()), step);
       intervalStart = performance.now(); // the check's read is not training time
     }
+    progress.update(step, c.steps, barText); // every step: no silence until the next log
   }
+  progress.finish();
   lossSum.dispose();
   const trainSeconds = (performance.now() - trainStart) / 1000;
   return { lastLoss, trainSeconds, trainPeak: gpu.memoryStats().peakBytes, plotPoints };
@@ -192,6 +200,7 @@ async function evaluate(run: Run): Promise<number> {
   const { cfg, model, trainer, windows } = run;
   model.eval();
   const total = Tensor.zeros([]);
+  const progress = new Progress(!cfg.json);
   for (let w = 0; w < windows.count; w += cfg.batch) {
     const n = Math.min(cfg.batch, windows.count - w);
     const span = [w * cfg.context, (w + n) * cfg.context];
@@ -207,7 +216,9 @@ async function evaluate(run: Run): Promise<number> {
         addInPlace(total, loss);
       })
     );
+    progress.update(w + n, windows.count, "evaluating (validation windows)");
   }
+  progress.finish();
   const nats = await total.item(); // the sync point
   total.dispose();
   model.train();
