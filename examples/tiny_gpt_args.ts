@@ -22,9 +22,9 @@ with add-one smoothing counted on the training stream, scored on the same
 validation characters. Losses are nats per character.
 
 Flags:
-  --steps N          optimizer steps (default 400: 1 to 6 min with the other
-                     defaults on the CPU adapter, lavapipe on 2 shared vCPUs,
-                     as measured; seconds on a GPU)
+  --steps N          optimizer steps (default 400: with the other defaults
+                     40 s to 6 min on the CPU adapter, lavapipe on 2 vCPUs,
+                     alone or beside other jobs; seconds on a GPU)
   --batch N          sequences per step (default 32); also the evaluation batch
   --context N        characters per sequence, T (default 32)
   --layers N         transformer blocks (default 2)
