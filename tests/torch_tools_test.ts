@@ -28,6 +28,7 @@ import { mnistDataDir } from "../examples/mnist_data.ts";
 import { mnistMlp } from "../examples/mnist_model.ts";
 import { GPU_TEST } from "./_gpu.ts";
 import { runPython, torchPython } from "./_torch.ts";
+import { runTorchScript } from "./_torch_script.ts";
 
 const TOOLS = new URL("../examples/torch/", import.meta.url).pathname;
 
@@ -173,36 +174,17 @@ Deno.test({
   },
 });
 
-/** A PyTorch AdamW loop of 3 steps on halfstep's cosine schedule, saved with torch.save. */
-const TORCH_LOOP = `
-import sys, torch
-sys.path.insert(0, sys.argv[1])
-from continue_ddp import mnist_mlp
-from halfstep_run import schedule_factor
-options = eval(sys.argv[3])
-model = mnist_mlp()
-optimizer = torch.optim.AdamW(model.parameters(), lr=2e-3, **options)
-schedule = {"name": "cosine", "warmup_steps": 20, "total_steps": 400, "min_factor": 0}
-scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule_factor(schedule))
-for _ in range(3):
-    model(torch.randn(8, 784)).square().mean().backward()
-    optimizer.step()
-    optimizer.zero_grad()
-    scheduler.step()
-torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-            "scheduler": scheduler.state_dict()}, sys.argv[2])
-`;
-
 Deno.test("to_halfstep.py: bad input is one line and a non-zero exit; the schedule must give the checkpoint's lr", async () => {
   const dir = await Deno.makeTempDir();
   try {
-    const checkpoint = (name: string, options: string) => {
+    const checkpoint = async (name: string, options: string) => {
       const path = join(dir, name);
-      return runPython(["-c", TORCH_LOOP, TOOLS, path, options]).then(() => path);
+      await runTorchScript("adamw_cosine_checkpoint.py", [path, options]);
+      return path;
     };
     const plain = await checkpoint("plain.pt", "{}");
-    const amsgrad = await checkpoint("amsgrad.pt", "{'amsgrad': True}");
-    const maximize = await checkpoint("maximize.pt", "{'maximize': True}");
+    const amsgrad = await checkpoint("amsgrad.pt", '{"amsgrad": true}');
+    const maximize = await checkpoint("maximize.pt", '{"maximize": true}');
     const truncated = join(dir, "truncated.pt");
     await Deno.writeFile(truncated, (await Deno.readFile(plain)).subarray(0, 3000));
     const out = join(dir, "run.safetensors");
