@@ -28,31 +28,30 @@ import {
   type Sequential,
   SGD,
   Tensor,
-  tidy,
 } from "../mod.ts";
-import { loadTrainingState, saveTrainingState } from "../files.ts";
+import { saveTrainingState } from "../files.ts";
 import type { PlotPoint } from "./_plot.ts";
 import { DivergenceWatch, evaluationHealth, type Health } from "./_divergence.ts";
 import { checkPlan, runLimits } from "./_preflight.ts";
-import { checkResumeFlags, describeChanges, type FlagChange } from "./_resume_flags.ts";
 import { SaveLock } from "./_save_lock.ts";
 import { finishInspect, heatmapPath, InspectLog } from "./_inspect.ts";
 import { writeHeatmap } from "./_heatmap.ts";
 import { Progress } from "./_progress.ts";
 import { profileFields, ProfileWindow } from "./_profile_window.ts";
-import { checkOutputs, checkRun, type MnistArgs, parseMnistArgsOrExit } from "./mnist_args.ts";
+import { checkOutputs, type MnistArgs, parseMnistArgsOrExit } from "./mnist_args.ts";
 import { orExit, orExitAsync, runMain } from "./_cli.ts";
 import {
+  checkBeforeStart,
   checkSaveTarget,
-  readRunRecord,
-  RunFileError,
+  readRecordOrExit,
+  resumeOrStart,
   runFlags,
   type RunRecord,
-  savedFlags,
 } from "./mnist_resume.ts";
+import { evaluate } from "./mnist_evaluate.ts";
 import { precisionName } from "./_amp_flag.ts";
 import { gather, loadData, randomShifts, shuffle } from "./mnist_batches.ts";
-import { MNIST_CLASSES, MNIST_PIXELS, type MnistSplit } from "./mnist_data.ts";
+import { MNIST_PIXELS, type MnistSplit } from "./mnist_data.ts";
 import { mnistBuffers, mnistInputShape, mnistModel } from "./mnist_model.ts";
 import { report, reportStart, writePlot } from "./mnist_report.ts";
 
@@ -138,73 +137,6 @@ function makeTrainer(cfg: MnistArgs, optimizerSteps: number) {
   return { model, optimizer, trainer, scheduler, inspect };
 }
 
-/** Where a run goes on from: the epoch in progress, the steps taken, and the steps into it. */
-interface Start {
-  epoch: number;
-  step: number;
-  /** Steps of `epoch` already taken (a run continued elsewhere may stop mid-epoch). */
-  position: number;
-  plotPoints: PlotPoint[];
-}
-
-/**
- * Restores the run saved in `--resume` (model, optimizer, trainer, schedule
- * and data order; `record` and the flag `changes` were checked before
- * start-up) and returns where to go on from; without `--resume`, epoch 1,
- * step 0. Exits with status 1, in one line, when the file does not fit.
- */
-async function resumeOrStart(
-  run: Run,
-  record: RunRecord | null,
-  changes: FlagChange[],
-): Promise<Start> {
-  const { cfg, model, optimizer, trainer } = run;
-  if (!cfg.resume || !record) return { epoch: 1, step: 0, position: 0, plotPoints: [] };
-  await loadTrainingState(cfg.resume, { model, optimizer, trainer }).catch((e) => {
-    console.error(`mnist: cannot resume: ${e instanceof Error ? e.message : e}`);
-    run.gpu.destroy();
-    Deno.exit(1);
-  });
-  if (changes.length > 0) {
-    // The new lr reaches the optimizer through the scheduler (its base is --lr); the scaler
-    // was restored from the file, so a new --loss-scale is set here.
-    if (changes.some((c) => c.flag === "loss-scale")) {
-      const state = await trainer.scaler.stateDict();
-      trainer.scaler.loadStateDict({
-        ...state,
-        scale: cfg.lossScale || state.scale,
-        options: { ...state.options, lossScale: cfg.lossScale },
-      });
-    }
-    run.emit(
-      "override",
-      { changes },
-      `--override: resuming ${cfg.resume} with ${describeChanges(changes)} (saved → given)`,
-    );
-  }
-  run.scheduler.step(trainer.steps); // the restored optimizer carries the lr it was saved with
-  run.shuffler = new RandomGenerator(record.shuffler.seed, record.shuffler.offset);
-  const position = record.position ?? 0;
-  const finished = record.epoch >= cfg.epochs;
-  const where = position > 0
-    ? `${position} steps into epoch ${record.epoch + 1}`
-    : `after epoch ${record.epoch}`;
-  run.emit(
-    "resume",
-    { path: cfg.resume, epoch: record.epoch, step: record.step, position, finished },
-    finished
-      ? `${cfg.resume} holds a finished run (${record.epoch} of ${cfg.epochs} epochs, step ` +
-        `${record.step}): nothing left to train; evaluating it`
-      : `resumed ${cfg.resume} ${where} (step ${record.step})`,
-  );
-  return {
-    epoch: record.epoch + 1,
-    step: record.step,
-    position,
-    plotPoints: record.plotPoints ?? [],
-  };
-}
-
 /**
  * One pass over the shuffled training set. Never waits for the GPU except to
  * log: every `--log-every` steps and at the end of the epoch.
@@ -284,64 +216,6 @@ async function trainEpoch(
     progress.update(step, totalSteps, barText); // every step: no silence until the next log
   }
   progress.finish();
-}
-
-/**
- * Test accuracy after `epoch`: reads the logits back once per `--eval-batch`
- * images and takes the argmax on the CPU. The pool's peak is reset around it,
- * so that the peaks of training and of evaluation are measured apart.
- */
-async function evaluate(run: Run, tally: Tally, epoch: number): Promise<void> {
-  const { gpu, model, test } = run, batch = run.cfg.evalBatch;
-  const progress = new Progress(!run.cfg.json);
-  const evalStart = performance.now();
-  tally.trainPeak = Math.max(tally.trainPeak, gpu.memoryStats().peakBytes);
-  gpu.resetPeakMemory();
-  let correct = 0, lossSum = 0;
-  for (let from = 0; from < test.count; from += batch) {
-    const n = Math.min(batch, test.count - from);
-    const x = test.images.subarray(from * MNIST_PIXELS, (from + n) * MNIST_PIXELS);
-    const shape = mnistInputShape(run.cfg.model, n);
-    const logits = noGrad(() => tidy(() => model.forward(Tensor.from(x, shape))));
-    const values = await logits.read();
-    logits.dispose();
-    for (let i = 0; i < n; i++) {
-      const row = values.subarray(i * MNIST_CLASSES, (i + 1) * MNIST_CLASSES);
-      let best = 0;
-      for (let c = 1; c < MNIST_CLASSES; c++) if (row[c] > row[best]) best = c;
-      if (best === test.labels[from + i]) correct++;
-      lossSum += crossEntropyOf(row, test.labels[from + i]);
-    }
-    progress.update(from + n, test.count, `evaluating epoch ${epoch} (test images)`);
-  }
-  progress.finish();
-  tally.testAccuracy = correct / test.count;
-  tally.testLoss = lossSum / test.count;
-  tally.evalPeak = Math.max(tally.evalPeak, gpu.memoryStats().peakBytes);
-  gpu.resetPeakMemory();
-  const now = performance.now();
-  const evalSeconds = (now - evalStart) / 1000, secondsSinceStart = (now - run.started) / 1000;
-  run.emit(
-    "eval",
-    {
-      epoch,
-      step: tally.step,
-      testAccuracy: tally.testAccuracy,
-      testLoss: tally.testLoss,
-      evalSeconds,
-      secondsSinceStart,
-    },
-    `epoch ${epoch}: test accuracy ${(tally.testAccuracy * 100).toFixed(2)}% ` +
-      `(evaluated in ${evalSeconds.toFixed(2)} s; ${secondsSinceStart.toFixed(1)} s since start)`,
-  );
-}
-
-/** −log softmax(logits)[label] in f64: NaN when a logit is not finite. */
-function crossEntropyOf(logits: ArrayLike<number>, label: number): number {
-  let max = -Infinity, sum = 0;
-  for (let c = 0; c < logits.length; c++) max = Math.max(max, logits[c]);
-  for (let c = 0; c < logits.length; c++) sum += Math.exp(logits[c] - max);
-  return max + Math.log(sum) - logits[label];
 }
 
 /**
@@ -458,43 +332,6 @@ async function writeInspect(run: Run): Promise<void> {
     cfg.plot ? heatmapPath(cfg.plot) : "the numerics report",
     () => finishInspect(inspect, out),
   );
-}
-
-/**
- * What can be checked before start-up, in one line and exit status 2: the
- * flags against the data (see `checkRun`) and a resumed run's flags against the saved ones (the changes
- * `--override` accepts are returned, to apply and print).
- */
-function checkBeforeStart(
-  cfg: MnistArgs,
-  trainCount: number,
-  batch: number,
-  record: RunRecord | null,
-): FlagChange[] {
-  try {
-    checkRun(cfg, trainCount);
-  } catch (e) {
-    console.error(`mnist: ${e instanceof Error ? e.message : e} (see --help)`);
-    Deno.exit(2);
-  }
-  if (!record) return [];
-  const given = runFlags(cfg, trainCount, batch);
-  return orExit(
-    "mnist",
-    () => checkResumeFlags(cfg.resume!, savedFlags(record), given, cfg.override),
-  );
-}
-
-/** The run record of --resume, or null; a file that cannot continue here exits with status 1. */
-async function readRecordOrExit(cfg: MnistArgs): Promise<RunRecord | null> {
-  if (!cfg.resume) return null;
-  try {
-    return await readRunRecord(cfg.resume);
-  } catch (e) {
-    if (!(e instanceof RunFileError)) throw e;
-    console.error(`mnist: cannot resume: ${e.message}`);
-    Deno.exit(1);
-  }
 }
 
 async function main(): Promise<void> {

@@ -1,7 +1,8 @@
 /**
  * What `mnist.ts` keeps in a saved training state besides the model,
  * optimizer, trainer and schedule (the `extra` of `saveTrainingState`): its
- * run record, and the checks made with it before any start-up work — a
+ * run record, the resume that reads it back, and the checks made with it
+ * before any start-up work — a
  * `--save` that would replace a run the user did not ask to replace, a
  * `--resume` file that is missing, not a training state, or not one this
  * script wrote, and flags that differ from the saved run's.
@@ -15,11 +16,18 @@
  *
  * @module
  */
-import { loadSafetensors } from "../files.ts";
-import type { FlagValues } from "./_resume_flags.ts";
-import { reason, UsageError } from "./_cli.ts";
+import { RandomGenerator } from "../mod.ts";
+import { loadSafetensors, loadTrainingState } from "../files.ts";
+import {
+  checkResumeFlags,
+  describeChanges,
+  type FlagChange,
+  type FlagValues,
+} from "./_resume_flags.ts";
+import { orExit, reason, UsageError } from "./_cli.ts";
 import type { PlotPoint } from "./_plot.ts";
-import type { MnistArgs } from "./mnist_args.ts";
+import { checkRun, type MnistArgs } from "./mnist_args.ts";
+import type { Run } from "./mnist.ts";
 
 /** The run record `mnist.ts` saves as the training state's `extra`. */
 export interface RunRecord {
@@ -160,4 +168,108 @@ export async function checkSaveTarget(cfg: MnistArgs): Promise<void> {
     `--save ${save} ${holds}; ${resume}add --overwrite to start over (the file is replaced ` +
       "after the first good epoch).",
   );
+}
+
+/** Where a run goes on from: the epoch in progress, the steps taken, and the steps into it. */
+export interface Start {
+  epoch: number;
+  step: number;
+  /** Steps of `epoch` already taken (a run continued elsewhere may stop mid-epoch). */
+  position: number;
+  plotPoints: PlotPoint[];
+}
+
+/**
+ * Restores the run saved in `--resume` (model, optimizer, trainer, schedule
+ * and data order; `record` and the flag `changes` were checked before
+ * start-up) and returns where to go on from; without `--resume`, epoch 1,
+ * step 0. Exits with status 1, in one line, when the file does not fit.
+ */
+export async function resumeOrStart(
+  run: Run,
+  record: RunRecord | null,
+  changes: FlagChange[],
+): Promise<Start> {
+  const { cfg, model, optimizer, trainer } = run;
+  if (!cfg.resume || !record) return { epoch: 1, step: 0, position: 0, plotPoints: [] };
+  await loadTrainingState(cfg.resume, { model, optimizer, trainer }).catch((e) => {
+    console.error(`mnist: cannot resume: ${e instanceof Error ? e.message : e}`);
+    run.gpu.destroy();
+    Deno.exit(1);
+  });
+  if (changes.length > 0) {
+    // The new lr reaches the optimizer through the scheduler (its base is --lr); the scaler
+    // was restored from the file, so a new --loss-scale is set here.
+    if (changes.some((c) => c.flag === "loss-scale")) {
+      const state = await trainer.scaler.stateDict();
+      trainer.scaler.loadStateDict({
+        ...state,
+        scale: cfg.lossScale || state.scale,
+        options: { ...state.options, lossScale: cfg.lossScale },
+      });
+    }
+    run.emit(
+      "override",
+      { changes },
+      `--override: resuming ${cfg.resume} with ${describeChanges(changes)} (saved → given)`,
+    );
+  }
+  run.scheduler.step(trainer.steps); // the restored optimizer carries the lr it was saved with
+  run.shuffler = new RandomGenerator(record.shuffler.seed, record.shuffler.offset);
+  const position = record.position ?? 0;
+  const finished = record.epoch >= cfg.epochs;
+  const where = position > 0
+    ? `${position} steps into epoch ${record.epoch + 1}`
+    : `after epoch ${record.epoch}`;
+  run.emit(
+    "resume",
+    { path: cfg.resume, epoch: record.epoch, step: record.step, position, finished },
+    finished
+      ? `${cfg.resume} holds a finished run (${record.epoch} of ${cfg.epochs} epochs, step ` +
+        `${record.step}): nothing left to train; evaluating it`
+      : `resumed ${cfg.resume} ${where} (step ${record.step})`,
+  );
+  return {
+    epoch: record.epoch + 1,
+    step: record.step,
+    position,
+    plotPoints: record.plotPoints ?? [],
+  };
+}
+
+/**
+ * What can be checked before start-up, in one line and exit status 2: the
+ * flags against the data (see `checkRun`) and a resumed run's flags against the saved ones (the changes
+ * `--override` accepts are returned, to apply and print).
+ */
+export function checkBeforeStart(
+  cfg: MnistArgs,
+  trainCount: number,
+  batch: number,
+  record: RunRecord | null,
+): FlagChange[] {
+  try {
+    checkRun(cfg, trainCount);
+  } catch (e) {
+    console.error(`mnist: ${e instanceof Error ? e.message : e} (see --help)`);
+    Deno.exit(2);
+  }
+  if (!record) return [];
+  const given = runFlags(cfg, trainCount, batch);
+  return orExit(
+    "mnist",
+    () => checkResumeFlags(cfg.resume!, savedFlags(record), given, cfg.override),
+  );
+}
+
+/** The run record of --resume, or null; a file that cannot continue here exits with status 1. */
+export async function readRecordOrExit(cfg: MnistArgs): Promise<RunRecord | null> {
+  if (!cfg.resume) return null;
+  try {
+    return await readRunRecord(cfg.resume);
+  } catch (e) {
+    if (!(e instanceof RunFileError)) throw e;
+    console.error(`mnist: cannot resume: ${e.message}`);
+    Deno.exit(1);
+  }
 }
