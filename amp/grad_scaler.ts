@@ -4,7 +4,7 @@
  * scale/unscale/step/update never read back to the CPU.
  */
 import { getGpu, type Gpu } from "../gpu/device.ts";
-import { DTypeError, fail, StateError, ValueError } from "../gpu/errors.ts";
+import { checkOptionNames, DTypeError, fail, StateError, ValueError } from "../gpu/errors.ts";
 import { scaleLoss } from "../gpu/ops/loss_scale.ts";
 import { untracked } from "../gpu/scope.ts";
 import { warnOnce } from "../gpu/runtime_state.ts";
@@ -58,6 +58,20 @@ type Stage = "unscaled" | "stepped";
 
 /** The `where` of an error raised by `method`. */
 const at = (method: string) => `GradScaler.${method}`;
+
+/** Every option of {@link GradScalerOptions} (a new one fails the type check until listed). */
+const SCALER_OPTIONS: Record<keyof GradScalerOptions, true> = {
+  initScale: true,
+  growthFactor: true,
+  backoffFactor: true,
+  growthInterval: true,
+  hysteresis: true,
+  minScale: true,
+  maxScale: true,
+  lossScale: true,
+  enabled: true,
+  gpu: true,
+};
 
 /**
  * True when `x` can be a static loss scale: a power of two that is a normal
@@ -183,6 +197,12 @@ export class GradScaler {
 
   /** A scaler with PyTorch's defaults; see {@link GradScalerOptions}. */
   constructor(options: GradScalerOptions = {}) {
+    checkOptionNames(
+      at("constructor"),
+      options,
+      Object.keys(SCALER_OPTIONS),
+      "check the spelling.",
+    );
     const { gpu, ...rest } = options;
     if (rest.lossScale && options.initScale !== undefined && options.initScale !== rest.lossScale) {
       fail(

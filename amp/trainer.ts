@@ -6,7 +6,13 @@
  * the scale update. Nothing in it reads back to the CPU.
  */
 import { getGpu } from "../gpu/device.ts";
-import { fail, type HalfstepErrorClass, ShapeError, ValueError } from "../gpu/errors.ts";
+import {
+  checkOptionNames,
+  fail,
+  type HalfstepErrorClass,
+  ShapeError,
+  ValueError,
+} from "../gpu/errors.ts";
 import type { GradNode } from "../gpu/autograd.ts";
 import { warnOnce } from "../gpu/runtime_state.ts";
 import { scale } from "../gpu/ops/elementwise.ts";
@@ -95,6 +101,18 @@ export interface AmpTrainerOptions {
   inspector?: NumericsInspector;
 }
 
+/** Every option of {@link AmpTrainerOptions} (a new one fails the type check until listed). */
+const TRAINER_OPTIONS: Record<keyof AmpTrainerOptions, true> = {
+  enabled: true,
+  dtype: true,
+  lossScale: true,
+  accumulationSteps: true,
+  maxGradNorm: true,
+  lists: true,
+  scaler: true,
+  inspector: true,
+};
+
 /** A model: anything with fp32 parameters. */
 export interface HasParameters {
   /** The fp32 master parameters. */
@@ -170,6 +188,8 @@ export class AmpTrainer {
 
   /** Sets up master weights, the scaler and autocast for `model` and `optimizer`. */
   constructor(model: HasParameters, optimizer: Optimizer, options: AmpTrainerOptions = {}) {
+    // A typo (`lossscale`) would otherwise train with the default silently, as initGpu refuses.
+    checkOptionNames("AmpTrainer", options, Object.keys(TRAINER_OPTIONS), "check the spelling.");
     const accumulation = options.accumulationSteps ?? 1;
     if (!Number.isInteger(accumulation) || accumulation < 1) {
       fail(

@@ -14,6 +14,7 @@ import { tuneMatmul } from "./matmul_tuning.ts";
 import { matmulSettings } from "./matmul_settings.ts";
 import { tuneAttention } from "./attention_tuning.ts";
 import { warnOnce } from "./runtime_state.ts";
+import { tuningStore } from "./tuning_cache_file.ts";
 import type { TuningProgress } from "./kernel_timing.ts";
 
 /** Options for {@link initGpu}. */
@@ -208,7 +209,8 @@ function announceTuning({ task, done, total }: TuningProgress): void {
   if (done !== 0) return;
   console.info(
     `halfstep: measuring ${task} for this adapter (${total} problem${total === 1 ? "" : "s"}; ` +
-      'once, the winners are cached). initGpu({ matmulTiling: "default" }) skips it.',
+      `once: the winners are kept in ${tuningStore().where}). ` +
+      'initGpu({ matmulTiling: "default" }) skips it.',
   );
 }
 

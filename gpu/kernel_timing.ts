@@ -3,6 +3,7 @@
  * per-adapter cache of their winners.
  */
 import type { Gpu } from "./device.ts";
+import { adapterIdentity, type TuningStore, tuningStore } from "./tuning_cache_file.ts";
 
 /**
  * Seconds per call of `run` (which records dispatches): GPU timestamps where
@@ -58,7 +59,9 @@ export async function timeCandidates<T>(
  */
 export function tunerCacheKey(gpu: Gpu, tuner: string, version: number): string {
   const profile = gpu.adapterProfile.name === "adapter" ? "" : ` [${gpu.adapterProfile.name}]`;
-  return `halfstep.${tuner}.v${version}:${gpu.adapterName}${profile}`;
+  return `halfstep.${tuner}.v${version}:${gpu.adapterName}${
+    adapterIdentity(gpu.adapterInfo)
+  }${profile}`;
 }
 
 /**
@@ -68,17 +71,13 @@ export function tunerCacheKey(gpu: Gpu, tuner: string, version: number): string 
  */
 export type CandidateTimer<T> = (candidate: T, run: () => void) => Promise<number>;
 
-/** `localStorage` where the runtime offers it (Deno, browsers), else null: winners are then not kept. */
-function tuningStorage(): Storage | null {
-  try {
-    return typeof localStorage === "undefined" ? null : localStorage;
-  } catch {
-    return null;
-  }
+/** The per-user tuning cache (a file in Deno, `localStorage` in browsers; see its file). */
+function tuningStorage(): TuningStore | null {
+  return tuningStore();
 }
 
 /**
- * A tuner's winners for one adapter, kept in `localStorage` under `key` (which
+ * A tuner's winners for one adapter, kept in the tuning cache under `key` (which
  * names the tuner, its version and the adapter). `known` maps a stored value
  * back to a current candidate, or undefined: entries of older candidates, and
  * a corrupt cache, are measured again.
