@@ -4,6 +4,7 @@
  * scale/unscale/step/update never read back to the CPU.
  */
 import {
+  checkOptionNames,
   DTypeError,
   fail,
   getGpu,
@@ -64,6 +65,20 @@ type Stage = "unscaled" | "stepped";
 
 /** The `where` of an error raised by `method`. */
 const at = (method: string) => `GradScaler.${method}`;
+
+/** Every option of {@link GradScalerOptions} (a new one fails the type check until listed). */
+const SCALER_OPTIONS: Record<keyof GradScalerOptions, true> = {
+  initScale: true,
+  growthFactor: true,
+  backoffFactor: true,
+  growthInterval: true,
+  hysteresis: true,
+  minScale: true,
+  maxScale: true,
+  lossScale: true,
+  enabled: true,
+  gpu: true,
+};
 
 /**
  * True when `x` can be a static loss scale: a power of two that is a normal
@@ -189,6 +204,12 @@ export class GradScaler {
 
   /** A scaler with PyTorch's defaults; see {@link GradScalerOptions}. */
   constructor(options: GradScalerOptions = {}) {
+    checkOptionNames(
+      at("constructor"),
+      options,
+      Object.keys(SCALER_OPTIONS),
+      "check the spelling.",
+    );
     const { gpu, ...rest } = options;
     if (rest.lossScale && options.initScale !== undefined && options.initScale !== rest.lossScale) {
       fail(

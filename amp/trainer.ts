@@ -6,6 +6,7 @@
  * the scale update. Nothing in it reads back to the CPU.
  */
 import {
+  checkOptionNames,
   fail,
   getGpu,
   type GradNode,
@@ -100,6 +101,18 @@ export interface AmpTrainerOptions {
   inspector?: NumericsInspector;
 }
 
+/** Every option of {@link AmpTrainerOptions} (a new one fails the type check until listed). */
+const TRAINER_OPTIONS: Record<keyof AmpTrainerOptions, true> = {
+  enabled: true,
+  dtype: true,
+  lossScale: true,
+  accumulationSteps: true,
+  maxGradNorm: true,
+  lists: true,
+  scaler: true,
+  inspector: true,
+};
+
 /** A model: anything with fp32 parameters. */
 export interface HasParameters {
   /** The fp32 master parameters. */
@@ -175,6 +188,8 @@ export class AmpTrainer {
 
   /** Sets up master weights, the scaler and autocast for `model` and `optimizer`. */
   constructor(model: HasParameters, optimizer: Optimizer, options: AmpTrainerOptions = {}) {
+    // A typo (`lossscale`) would otherwise train with the default silently, as initGpu refuses.
+    checkOptionNames("AmpTrainer", options, Object.keys(TRAINER_OPTIONS), "check the spelling.");
     const accumulation = options.accumulationSteps ?? 1;
     if (!Number.isInteger(accumulation) || accumulation < 1) {
       fail(

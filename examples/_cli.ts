@@ -4,8 +4,52 @@
  * check that an output path can be written before any training starts.
  */
 
+import { parseArgs, type ParseArgsConfig } from "node:util";
+
 /** A bad flag value; the example prints its message and exits with status 2. */
 export class UsageError extends Error {}
+
+/** The edit distance between `a` and `b` (insertions, deletions, substitutions). */
+function editDistance(a: string, b: string): number {
+  let row = Array.from({ length: b.length + 1 }, (_, j) => j);
+  for (let i = 1; i <= a.length; i++) {
+    const next = [i];
+    for (let j = 1; j <= b.length; j++) {
+      next[j] = Math.min(row[j] + 1, next[j - 1] + 1, row[j - 1] + (a[i - 1] === b[j - 1] ? 0 : 1));
+    }
+    row = next;
+  }
+  return row[b.length];
+}
+
+/** The known flag closest to `flag` (a typo: at most 2 edits, or a prefix), if any. */
+export function closestFlag(flag: string, known: readonly string[]): string | undefined {
+  const ranked = known.map((k) => ({ k, d: editDistance(flag, k) })).sort((a, b) => a.d - b.d);
+  const prefix = known.filter((k) => k.startsWith(flag) || flag.startsWith(k));
+  if (ranked[0] && ranked[0].d <= Math.min(2, Math.floor(flag.length / 2))) return ranked[0].k;
+  return prefix.length === 1 ? prefix[0] : undefined;
+}
+
+/**
+ * node's `parseArgs` with its errors as UsageErrors in the examples' words:
+ * an unknown flag names the closest known one (`--epoch`: did you mean
+ * `--epochs`?).
+ */
+export function parseFlags<T extends ParseArgsConfig>(config: T): ReturnType<typeof parseArgs<T>> {
+  try {
+    return parseArgs(config);
+  } catch (e) {
+    if (!(e instanceof TypeError)) throw e;
+    const unknown = /^Unknown option '(-{1,2})([^']*)'/.exec(e.message);
+    if (!unknown) throw new UsageError(e.message, { cause: e });
+    const name = unknown[2].split("=")[0];
+    const near = closestFlag(name, Object.keys(config.options ?? {}));
+    throw new UsageError(
+      `unknown flag ${unknown[1]}${name.slice(0, 40)}${near ? `; did you mean --${near}?` : ""}`,
+      { cause: e },
+    );
+  }
+}
 
 const INTEGER = /^[+-]?\d+$/;
 const DECIMAL = /^[+-]?(\d+\.?\d*|\.\d+)(e[+-]?\d+)?$/i;
@@ -21,6 +65,34 @@ export function orExit<T>(script: string, check: () => T): T {
     if (!(e instanceof UsageError)) throw e;
     console.error(`${script}: ${e.message}`);
     Deno.exit(2);
+  }
+}
+
+/** {@link orExit} for a check that waits (reads a file, say). */
+export async function orExitAsync<T>(script: string, check: () => Promise<T>): Promise<T> {
+  try {
+    return await check();
+  } catch (e) {
+    if (!(e instanceof UsageError)) throw e;
+    console.error(`${script}: ${e.message}`);
+    Deno.exit(2);
+  }
+}
+
+/**
+ * Runs a script's `main`; an error nothing else caught ends it with one line
+ * (`script: message`) and exit status 1 instead of a stack trace, and
+ * `Deno.exit` lets the `--save` lock go. HALFSTEP_DEBUG=1 shows the stack.
+ */
+export async function runMain(script: string, main: () => Promise<void>): Promise<void> {
+  try {
+    await main();
+  } catch (e) {
+    const debug = Deno.permissions.querySync({ name: "env", variable: "HALFSTEP_DEBUG" });
+    if (debug.state === "granted" && Deno.env.get("HALFSTEP_DEBUG")) console.error(e);
+    const message = e instanceof Error ? e.message : String(e);
+    console.error(`${script}: ${message.split("\n")[0].slice(0, 400)}`);
+    Deno.exit(1);
   }
 }
 

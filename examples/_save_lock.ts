@@ -1,6 +1,7 @@
 /**
  * One writer per `--save` path: a run holds an exclusive OS lock on
- * `${path}.lock`, a file that names it (pid and host). A second run is
+ * `${path}.lock` (beside the file a symbolic link names), a file that names
+ * it (pid and host). A second run is
  * refused with the first one's pid. The OS drops the lock when its process
  * dies however it dies (SIGKILL included), so a lock file left by a killed
  * run is simply taken over, with a note; no process table is read (Deno lets
@@ -36,6 +37,19 @@ function sameFile(file: Deno.FsFile, path: string): boolean {
   }
 }
 
+/**
+ * The file a save to `path` writes: a symbolic link's target (a save
+ * replaces the target, not the link), so a run saving through the link and
+ * one saving to the file itself take the same lock.
+ */
+function savedFile(path: string): string {
+  try {
+    return Deno.lstatSync(path).isSymlink ? Deno.realPathSync(path) : path;
+  } catch {
+    return path; // nothing there yet, or a dangling link
+  }
+}
+
 /** The lock of one output path, held by this process until {@link SaveLock.release}. */
 export class SaveLock {
   #file: Deno.FsFile;
@@ -65,7 +79,7 @@ export class SaveLock {
    * over a file a dead run left and calls `note` with what it did.
    */
   static acquire(path: string, flag: string, note: (text: string) => void): SaveLock {
-    const lockPath = `${path}.lock`;
+    const lockPath = `${savedFile(path)}.lock`;
     for (let attempt = 0; attempt < 3; attempt++) {
       let file: Deno.FsFile;
       try {

@@ -63,10 +63,10 @@
  *
  * @module
  */
-import { parseArgs } from "node:util";
 import { type Gpu, initGpu } from "../mod.ts";
 import { tilingNames } from "../gpu/mod.ts";
 import { type BenchOptions, type BenchSize, cpuName, type Result } from "./_bench.ts";
+import { parseFlags } from "./_cli.ts";
 import { tuneForBench, tuningTable } from "./_bench_tuning.ts";
 import { benchCnn } from "./bench_cnn.ts";
 import { benchGpt } from "./bench_gpt.ts";
@@ -176,7 +176,7 @@ function nativeBackendsOnly(): void {
 /** The command line, or one line on stderr and exit status 2. */
 function parse() {
   try {
-    return parseArgs({
+    return parseFlags({
       args: Deno.args,
       allowPositionals: true,
       options: {

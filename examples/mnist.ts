@@ -28,23 +28,30 @@ import {
   type Sequential,
   SGD,
   Tensor,
-  tidy,
 } from "../mod.ts";
-import { loadTrainingState, saveTrainingState } from "../files.ts";
+import { saveTrainingState } from "../files.ts";
 import type { PlotPoint } from "./_plot.ts";
-import { DivergenceWatch } from "./_divergence.ts";
+import { DivergenceWatch, evaluationHealth, type Health } from "./_divergence.ts";
 import { checkPlan, runLimits } from "./_preflight.ts";
-import { checkResumeFlags, describeChanges, type FlagValues } from "./_resume_flags.ts";
 import { SaveLock } from "./_save_lock.ts";
 import { finishInspect, heatmapPath, InspectLog } from "./_inspect.ts";
 import { writeHeatmap } from "./_heatmap.ts";
 import { Progress } from "./_progress.ts";
 import { profileFields, ProfileWindow } from "./_profile_window.ts";
-import { checkRun, type MnistArgs, parseMnistArgsOrExit } from "./mnist_args.ts";
-import { orExit } from "./_cli.ts";
+import { checkOutputs, type MnistArgs, parseMnistArgsOrExit } from "./mnist_args.ts";
+import { orExit, orExitAsync, runMain } from "./_cli.ts";
+import {
+  checkBeforeStart,
+  checkSaveTarget,
+  readRecordOrExit,
+  resumeOrStart,
+  runFlags,
+  type RunRecord,
+} from "./mnist_resume.ts";
+import { evaluate } from "./mnist_evaluate.ts";
 import { precisionName } from "./_amp_flag.ts";
 import { gather, loadData, randomShifts, shuffle } from "./mnist_batches.ts";
-import { MNIST_CLASSES, MNIST_PIXELS, type MnistSplit } from "./mnist_data.ts";
+import { MNIST_PIXELS, type MnistSplit } from "./mnist_data.ts";
 import { mnistBuffers, mnistInputShape, mnistModel } from "./mnist_model.ts";
 import { report, reportStart, writePlot } from "./mnist_report.ts";
 
@@ -83,6 +90,8 @@ export class Tally {
   lossCount = 0;
   lastLoss = NaN;
   testAccuracy = NaN;
+  /** The mean cross-entropy of the last evaluation. */
+  testLoss = NaN;
   trainSeconds = 0;
   trainPeak = 0;
   evalPeak = 0;
@@ -129,114 +138,26 @@ function makeTrainer(cfg: MnistArgs, optimizerSteps: number) {
 }
 
 /**
- * The flags a saved training state records: those a resumed run must repeat
- * (`shape`: model, data order, optimizer state layout, schedule length) and
- * those `--override` may change (`steering`).
- */
-function runFlags(run: Run): { shape: FlagValues; steering: FlagValues } {
-  const { cfg } = run;
-  const shape: FlagValues = {
-    model: cfg.model,
-    shift: cfg.shift,
-    optimizer: cfg.optimizer,
-    schedule: cfg.schedule,
-    epochs: cfg.epochs, // the schedule spans them
-    limit: run.train.count,
-    batch: run.batch,
-    accum: cfg.accum,
-    amp: cfg.amp && cfg.ampDtype === "bf16" ? "bf16" : cfg.amp, // true: f16, as before bf16
-    seed: cfg.seed,
-  };
-  // The optimizer's state restores momentum, so it cannot be overridden.
-  if (cfg.optimizer === "sgd") shape.momentum = cfg.momentum;
-  const steering: FlagValues = { lr: cfg.lr };
-  if (cfg.amp && cfg.ampDtype === "f16") steering["loss-scale"] = cfg.lossScale;
-  return { shape, steering };
-}
-
-/** What `--resume` reads back besides the model, optimizer and trainer. */
-interface SavedRun {
-  epoch: number;
-  step: number;
-  shuffler: { seed: number; offset: number };
-  flags?: { shape: FlagValues; steering: FlagValues };
-  /** Files written before the flags were recorded: the shape, with `trainCount` for `limit`. */
-  run?: FlagValues;
-  plotPoints?: PlotPoint[];
-}
-
-/** The saved flags of `saved` (older files recorded the shape alone, under another name). */
-function savedFlags(saved: SavedRun): { shape?: FlagValues; steering?: FlagValues } {
-  if (saved.flags) return saved.flags;
-  if (!saved.run) return {};
-  const { trainCount, ...rest } = saved.run;
-  return { shape: { ...rest, limit: trainCount } };
-}
-
-/**
- * Restores the run saved in `--resume` (model, optimizer, trainer, schedule
- * and data order) and returns the epoch and step to go on from; without
- * `--resume`, epoch 1 and step 0. Exits with status 1 when the file cannot be
- * read and 2 when it was saved with other flags.
- */
-async function resumeOrStart(
-  run: Run,
-): Promise<{ epoch: number; step: number; plotPoints: PlotPoint[] }> {
-  const { cfg, model, optimizer, trainer } = run;
-  if (!cfg.resume) return { epoch: 1, step: 0, plotPoints: [] };
-  const saved = await loadTrainingState(cfg.resume, { model, optimizer, trainer }).catch((e) => {
-    console.error(`mnist: cannot resume: ${e instanceof Error ? e.message : e}`);
-    Deno.exit(1);
-  }) as SavedRun;
-  const resume = cfg.resume;
-  const changes = orExit(
-    "mnist",
-    () => checkResumeFlags(resume, savedFlags(saved), runFlags(run), cfg.override),
-  );
-  if (changes.length > 0) {
-    // The new lr reaches the optimizer through the scheduler (its base is --lr); the scaler
-    // was restored from the file, so a new --loss-scale is set here.
-    if (changes.some((c) => c.flag === "loss-scale")) {
-      const state = await trainer.scaler.stateDict();
-      trainer.scaler.loadStateDict({
-        ...state,
-        scale: cfg.lossScale || state.scale,
-        options: { ...state.options, lossScale: cfg.lossScale },
-      });
-    }
-    run.emit(
-      "override",
-      { changes },
-      `--override: resuming ${cfg.resume} with ${describeChanges(changes)} (saved → given)`,
-    );
-  }
-  run.scheduler.step(trainer.steps); // the restored optimizer carries the lr it was saved with
-  run.shuffler = new RandomGenerator(saved.shuffler.seed, saved.shuffler.offset);
-  const finished = saved.epoch >= cfg.epochs;
-  run.emit(
-    "resume",
-    { path: cfg.resume, epoch: saved.epoch, step: saved.step, finished },
-    finished
-      ? `${cfg.resume} holds a finished run (${saved.epoch} of ${cfg.epochs} epochs, step ` +
-        `${saved.step}): nothing left to train; evaluating it`
-      : `resumed ${cfg.resume} after epoch ${saved.epoch} (step ${saved.step})`,
-  );
-  return { epoch: saved.epoch + 1, step: saved.step, plotPoints: saved.plotPoints ?? [] };
-}
-
-/**
  * One pass over the shuffled training set. Never waits for the GPU except to
  * log: every `--log-every` steps and at the end of the epoch.
  */
-async function trainEpoch(run: Run, tally: Tally, epoch: number, progress: Progress) {
+async function trainEpoch(
+  run: Run,
+  tally: Tally,
+  epoch: number,
+  progress: Progress,
+  from = 0,
+) {
   const { cfg, train, batch, model, trainer, scheduler, totalSteps } = run;
   const pixels = new Float32Array(batch * MNIST_PIXELS), labels = new Int32Array(batch);
   const order = shuffle(train.count, run.shuffler);
   const shifts = cfg.shift > 0 ? randomShifts(train.count, cfg.shift, run.shuffler) : null;
   let intervalStart = performance.now(), intervalStep = tally.step;
-  for (let s = 0; s < run.stepsPerEpoch; s++) {
+  let barText = `epoch ${epoch}`; // the last logged loss joins it
+  for (let s = from; s < run.stepsPerEpoch; s++) {
     gather(train, order, s * batch, batch, pixels, labels, shifts);
     run.profile?.before(tally.step + 1);
+    const lr = run.optimizer.groups[0].lr; // this step's (the scheduler moves it after the step)
     // One micro-batch: forward under autocast (with --amp), scaled backward;
     // every --accum micro-batches the trainer unscales, checks for overflow,
     // steps the optimizer (skipped on the GPU on overflow) and updates the scale.
@@ -268,8 +189,8 @@ async function trainEpoch(run: Run, tally: Tally, epoch: number, progress: Progr
       tally.plotPoints.push({ step, loss: tally.lastLoss, lossScale: scale });
       const text = `loss ${tally.lastLoss.toFixed(4)}  ${stepsPerSecond.toFixed(1)} steps/s` +
         (cfg.amp ? `  scale ${scale}` : "");
-      if (progress.isBar) progress.update(step, totalSteps, `epoch ${epoch}  ${text}`);
-      else {
+      barText = `epoch ${epoch}  ${text}`;
+      if (!progress.isBar) {
         const eta = progress.eta(step, totalSteps);
         run.emit(
           "step",
@@ -278,6 +199,7 @@ async function trainEpoch(run: Run, tally: Tally, epoch: number, progress: Progr
             step,
             loss: tally.lastLoss,
             lossSteps: tally.lossCount,
+            lr,
             stepsPerSecond,
             lossScale: scale,
           },
@@ -291,47 +213,9 @@ async function trainEpoch(run: Run, tally: Tally, epoch: number, progress: Progr
       intervalStart = now;
       intervalStep = step;
     }
+    progress.update(step, totalSteps, barText); // every step: no silence until the next log
   }
   progress.finish();
-}
-
-/**
- * Test accuracy after `epoch`: reads the logits back once per `--eval-batch`
- * images and takes the argmax on the CPU. The pool's peak is reset around it,
- * so that the peaks of training and of evaluation are measured apart.
- */
-async function evaluate(run: Run, tally: Tally, epoch: number): Promise<void> {
-  const { gpu, model, test } = run, batch = run.cfg.evalBatch;
-  const evalStart = performance.now();
-  tally.trainPeak = Math.max(tally.trainPeak, gpu.memoryStats().peakBytes);
-  gpu.resetPeakMemory();
-  let correct = 0;
-  for (let from = 0; from < test.count; from += batch) {
-    const n = Math.min(batch, test.count - from);
-    const x = test.images.subarray(from * MNIST_PIXELS, (from + n) * MNIST_PIXELS);
-    const shape = mnistInputShape(run.cfg.model, n);
-    const logits = noGrad(() => tidy(() => model.forward(Tensor.from(x, shape))));
-    const values = await logits.read();
-    logits.dispose();
-    for (let i = 0; i < n; i++) {
-      let best = 0;
-      for (let c = 1; c < MNIST_CLASSES; c++) {
-        if (values[i * MNIST_CLASSES + c] > values[i * MNIST_CLASSES + best]) best = c;
-      }
-      if (best === test.labels[from + i]) correct++;
-    }
-  }
-  tally.testAccuracy = correct / test.count;
-  tally.evalPeak = Math.max(tally.evalPeak, gpu.memoryStats().peakBytes);
-  gpu.resetPeakMemory();
-  const now = performance.now();
-  const evalSeconds = (now - evalStart) / 1000, secondsSinceStart = (now - run.started) / 1000;
-  run.emit(
-    "eval",
-    { epoch, step: tally.step, testAccuracy: tally.testAccuracy, evalSeconds, secondsSinceStart },
-    `epoch ${epoch}: test accuracy ${(tally.testAccuracy * 100).toFixed(2)}% ` +
-      `(evaluated in ${evalSeconds.toFixed(2)} s; ${secondsSinceStart.toFixed(1)} s since start)`,
-  );
 }
 
 /**
@@ -372,11 +256,12 @@ async function save(run: Run, tally: Tally, epoch: number): Promise<void> {
     await writeOutput(run, path, () => writeHeatmap(path, inspect.intervals, heatmapTitle(cfg)));
   }
   if (cfg.save) {
-    const state = {
+    const state: RunRecord = {
       epoch,
       step,
       shuffler: run.shuffler.state(),
-      flags: runFlags(run),
+      position: 0,
+      flags: runFlags(cfg, run.train.count, run.batch),
       plotPoints: tally.plotPoints,
     };
     const saved = await writeOutput(
@@ -414,8 +299,7 @@ function checkFits(cfg: MnistArgs, gpu: Gpu, batch: number, testImages: number):
  * training diverged, before anything is saved over the last good file, and
  * passes a warning on (most steps skipped). One more read: the weights' sum.
  */
-async function stopIfDiverged(run: Run, tally: Tally, watch: DivergenceWatch, epoch: number) {
-  const health = await watch.check(tally.lastLoss, run.model.parameters());
+async function stopIfDiverged(run: Run, tally: Tally, health: Health, epoch: number) {
   if (health.warning) {
     run.emit("warning", { epoch, warning: health.warning }, `epoch ${epoch}: ${health.warning}`);
   }
@@ -456,18 +340,23 @@ async function main(): Promise<void> {
   if (cfg === null) return; // --help
   const emit: Emit = (event, fields, text) =>
     console.log(cfg.json ? JSON.stringify({ event, ...fields }) : text);
-  const { train, test } = await loadData(cfg);
-  await checkRun(cfg, train.count).catch((e) => {
+  // A --resume file that cannot continue here is reported before any start-up work.
+  const record = await readRecordOrExit(cfg);
+  await checkOutputs(cfg).catch((e) => {
     console.error(`mnist: ${e instanceof Error ? e.message : e} (see --help)`);
     Deno.exit(2);
   });
+  // The lock first: a run in use says so, not that its file holds a run.
   const note = (text: string) => console.error(`mnist: ${text}`);
   const lock = cfg.save ? orExit("mnist", () => SaveLock.acquire(cfg.save!, "save", note)) : null;
+  await orExitAsync("mnist", () => checkSaveTarget(cfg));
+  const { train, test } = await loadData(cfg);
+  const batch = Math.min(cfg.batch, train.count), stepsPerEpoch = Math.floor(train.count / batch);
+  const changes = checkBeforeStart(cfg, train.count, batch, record);
   const loadSeconds = (performance.now() - started) / 1000;
   const gpu = await initGpu();
   const initSeconds = (performance.now() - started) / 1000 - loadSeconds;
   gpu.resetPeakMemory();
-  const batch = Math.min(cfg.batch, train.count), stepsPerEpoch = Math.floor(train.count / batch);
   const sizes = { batch, stepsPerEpoch, totalSteps: stepsPerEpoch * cfg.epochs };
   checkFits(cfg, gpu, batch, test.count);
   reportStart({ cfg, emit, gpu, train, test, ...sizes }, { loadSeconds, initSeconds });
@@ -486,15 +375,21 @@ async function main(): Promise<void> {
     profile,
     started,
   };
-  const from = await resumeOrStart(run);
+  const from = await resumeOrStart(run, record, changes);
   run.inspect?.startAfter(from.step);
   const progress = new Progress(!cfg.json);
   const tally = new Tally(from.step, from.plotPoints);
   const watch = await DivergenceWatch.start(run.trainer);
   for (let epoch = from.epoch; epoch <= cfg.epochs; epoch++) {
-    await trainEpoch(run, tally, epoch, progress);
-    await stopIfDiverged(run, tally, watch, epoch);
+    await trainEpoch(run, tally, epoch, progress, epoch === from.epoch ? from.position : 0);
+    await stopIfDiverged(
+      run,
+      tally,
+      await watch.check(tally.lastLoss, parts.model.parameters()),
+      epoch,
+    );
     await evaluate(run, tally, epoch);
+    await stopIfDiverged(run, tally, evaluationHealth(tally.testLoss, run.trainer), epoch);
     await save(run, tally, epoch);
   }
   if (from.epoch > cfg.epochs) await evaluate(run, tally, cfg.epochs); // a finished run
@@ -505,4 +400,4 @@ async function main(): Promise<void> {
   lock?.release();
 }
 
-if (import.meta.main) await main();
+if (import.meta.main) await runMain("mnist", main);

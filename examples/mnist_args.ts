@@ -3,13 +3,13 @@
  *
  * @module
  */
-import { parseArgs } from "node:util";
 import { isStaticLossScale } from "../mod.ts";
 import {
   checkOutputPath,
   choiceFlag,
   integerFlag,
   numberFlag,
+  parseFlags,
   UsageError,
   withNegativeValues,
 } from "./_cli.ts";
@@ -34,8 +34,9 @@ Flags:
                    axis every epoch, 0 to 8 (default 2 for cnn, 0 for mlp)
   --epochs N       passes over the training set, 1 to 1000 (default 4)
   --batch N        examples per step, at most the training images (default
-                   128); the last partial batch of an epoch is dropped so
-                   that every step has the same shape
+                   128, or all the images of a smaller --limit); the last
+                   partial batch of an epoch is dropped so that every step
+                   has the same shape
   --optimizer NAME sgd (with --momentum) or adam (default adam)
   --schedule NAME  learning-rate schedule: cosine (with 2% warmup, default) or
                    constant
@@ -67,6 +68,10 @@ Flags:
                    data order) to PATH after every epoch, atomically; a run
                    that diverged (see Exit status) leaves the last good file.
                    PATH.lock keeps a second run from writing PATH at once
+  --overwrite      with --save: start over although PATH holds a file (a
+                   saved run); it is replaced after the first good epoch.
+                   Without it such a --save is refused, unless PATH is the
+                   --resume file
   --resume PATH    continue the run saved in PATH exactly where it stopped
                    (same flags as the saved run)
   --override       with --resume: train on with another --lr or --loss-scale
@@ -91,11 +96,14 @@ Flags:
                    line is {"event":"final", "testAccuracy", "steps", "peakBytes", ...}
   -h, --help       show this help
 
-Exit status: 0 done; 1 a file could not be read or written; 2 a bad flag, or
-a run that cannot fit this adapter or host (checked before the first step),
-or --save in use by another run; 3 training diverged (a non-finite loss or
-weights, or under --amp every step of an epoch skipped at a static or
-minimal loss scale): nothing is saved over the last good file.
+Exit status: 0 done; 1 a file could not be read or written (or --resume
+holds no run of this script); 2 a bad flag, a run that cannot fit this
+adapter or host (checked before the first step), --save in use by another
+run, or --save holding a file without --resume or --overwrite; 3 training
+diverged (a non-finite evaluation loss or weights; in f32 a non-finite
+loss; under --amp steps skipped with the dynamic loss scale at its floor,
+every step of an epoch skipped at a static scale, or 50 in a row): nothing
+is saved over the last good file.
 
 Memory: "peak" is the buffer pool's peakBytes over training and evaluation
 (measured apart, after start-up and its matmul tiling search). The bytes
@@ -117,6 +125,8 @@ export interface MnistArgs {
   resume: string | undefined;
   /** With --resume: accept another --lr or --loss-scale than the saved run's. */
   override: boolean;
+  /** With --save: replace the file at the path (a saved run) instead of refusing. */
+  overwrite: boolean;
   plot: string | undefined;
   /** Attach a numerics inspector; report it at the end (and a heat map with --plot). */
   inspect: boolean;
@@ -141,6 +151,8 @@ export interface MnistArgs {
 
 /** The most epochs a run may ask for (a typo such as 1e9 is caught, not trained). */
 const MAX_EPOCHS = 1000;
+/** Examples per step without --batch (at most the images --limit keeps). */
+const DEFAULT_BATCH = 128;
 /** MNIST's training set. */
 const TRAIN_IMAGES = 60000;
 
@@ -171,7 +183,7 @@ const VALUE_FLAGS = [
 /** The flags in `args`, or null for --help. Every value is checked; a bad one is a UsageError. */
 export function parseMnistArgs(args: string[]): MnistArgs | null {
   const ampFlag = ampDtypeFlag(args);
-  const { values } = parseArgs({
+  const { values } = parseFlags({
     args: withNegativeValues(ampFlag.args, VALUE_FLAGS),
     strict: true,
     allowPositionals: false,
@@ -179,13 +191,14 @@ export function parseMnistArgs(args: string[]): MnistArgs | null {
       model: { type: "string", default: "mlp" },
       shift: { type: "string" },
       epochs: { type: "string", default: "4" },
-      batch: { type: "string", default: "128" },
+      batch: { type: "string" },
       lr: { type: "string" },
       optimizer: { type: "string", default: "adam" },
       schedule: { type: "string", default: "cosine" },
       save: { type: "string" },
       resume: { type: "string" },
       override: { type: "boolean", default: false },
+      overwrite: { type: "boolean", default: false },
       plot: { type: "string" },
       inspect: { type: "boolean", default: false },
       profile: { type: "string" },
@@ -222,12 +235,20 @@ export function parseMnistArgs(args: string[]): MnistArgs | null {
       "--override is for --resume: it accepts flags that differ from the file's.",
     );
   }
+  if (values.overwrite && values.save === undefined) {
+    throw new UsageError("--overwrite is for --save: it lets a run replace the file there.");
+  }
   const model = choiceFlag("model", values.model, ["mlp", "cnn"]);
+  const limit = values.limit === undefined
+    ? undefined
+    : integerFlag("limit", values.limit, 1, TRAIN_IMAGES);
+  // Without --batch, a --limit smaller than the default batch trains on one batch of all of them.
+  const batch = values.batch ?? String(Math.min(DEFAULT_BATCH, limit ?? TRAIN_IMAGES));
   return {
     model,
     shift: integerFlag("shift", values.shift ?? (model === "cnn" ? "2" : "0"), 0, 8),
     epochs: integerFlag("epochs", values.epochs, 1, MAX_EPOCHS),
-    batch: integerFlag("batch", values.batch, 1, TRAIN_IMAGES),
+    batch: integerFlag("batch", batch, 1, TRAIN_IMAGES),
     optimizer,
     lr: numberFlag(
       "lr",
@@ -239,6 +260,7 @@ export function parseMnistArgs(args: string[]): MnistArgs | null {
     save: values.save,
     resume: values.resume,
     override: values.override,
+    overwrite: values.overwrite,
     plot: values.plot,
     inspect: values.inspect,
     onSaveError: choiceFlag("on-save-error", values["on-save-error"], ["stop", "continue"]),
@@ -263,9 +285,7 @@ export function parseMnistArgs(args: string[]): MnistArgs | null {
     checkpoint: values.checkpoint,
     seed: integerFlag("seed", values.seed, 0),
     logEvery: integerFlag("log-every", values["log-every"], 1),
-    limit: values.limit === undefined
-      ? undefined
-      : integerFlag("limit", values.limit, 1, TRAIN_IMAGES),
+    limit,
     evalBatch: integerFlag("eval-batch", values["eval-batch"], 1),
     dataDir: values["data-dir"],
     json: values.json,
@@ -273,11 +293,20 @@ export function parseMnistArgs(args: string[]): MnistArgs | null {
 }
 
 /**
- * Checks what depends on the data (the batch fits the training images, at
- * least one optimizer step) and that every output path can be written:
- * before training, so a bad flag costs no training time.
+ * Checks that every output path can be written: before anything loads, so
+ * a bad path costs no time.
  */
-export async function checkRun(cfg: MnistArgs, trainImages: number): Promise<void> {
+export async function checkOutputs(cfg: MnistArgs): Promise<void> {
+  if (cfg.save) await checkOutputPath("save", cfg.save);
+  if (cfg.plot) await checkOutputPath("plot", cfg.plot);
+}
+
+/**
+ * Checks what depends on the data (the batch fits the training images, at
+ * least one optimizer step): before training, so a bad flag costs no
+ * training time.
+ */
+export function checkRun(cfg: MnistArgs, trainImages: number): void {
   if (cfg.batch > trainImages) {
     throw new UsageError(
       `--batch must be at most ${trainImages} (the training images${
@@ -293,8 +322,6 @@ export async function checkRun(cfg: MnistArgs, trainImages: number): Promise<voi
         "step would run. Lower --accum or --batch, or train on more images or epochs.",
     );
   }
-  if (cfg.save) await checkOutputPath("save", cfg.save);
-  if (cfg.plot) await checkOutputPath("plot", cfg.plot);
 }
 
 /**

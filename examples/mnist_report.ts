@@ -52,6 +52,17 @@ export function reportStart(
   );
 }
 
+/**
+ * "allocated between steps: after step 10 3990016 B, ..." for the steps this
+ * session measured (a short or resumed run may have passed none of 10 and 200).
+ */
+function allocatedLine(after: ReadonlyMap<number, number>): string {
+  const measured = [...after].sort(([a], [b]) => a - b).map(([s, bytes]) =>
+    `after step ${s} ${bytes} B`
+  );
+  return `allocated between steps: ${measured.join(", ") || "no step ran in this session"}`;
+}
+
 /** How the start line names each model. */
 const MODEL_NAMES = {
   mlp: "MLP 784-256-256-10",
@@ -137,9 +148,7 @@ export async function report(run: Run, tally: Tally, started: number): Promise<v
         mib(evalPeak)
       }), allocated now ${mib(memory.allocatedBytes)}, ` +
       `reserved ${mib(memory.reservedBytes)}`,
-      `allocated between steps: after step 10 ${allocated10 ?? "n/a"} B, after step 200 ${
-        allocated200 ?? "n/a"
-      } B, after step ${step} ${allocatedLast ?? "n/a"} B`,
+      allocatedLine(tally.allocatedAfter),
       `GPU work: ${counters.dispatches} dispatches, ${counters.submits} submits, ${counters.reads} reads`,
     ].join("\n"),
   );

@@ -12,11 +12,12 @@
  *
  * @module
  */
-import { checkOutputPath, orExit } from "./_cli.ts";
-import { DivergenceWatch } from "./_divergence.ts";
+import { checkOutputPath, orExit, runMain } from "./_cli.ts";
+import { DivergenceWatch, evaluationHealth, type Health } from "./_divergence.ts";
 import { finishInspect, InspectLog } from "./_inspect.ts";
 import { checkPlan, runLimits } from "./_preflight.ts";
 import { profileFields, ProfileWindow } from "./_profile_window.ts";
+import { Progress } from "./_progress.ts";
 import {
   AdamW,
   addInPlace,
@@ -166,6 +167,8 @@ async function train(run: Run): Promise<Training> {
   const trainStart = performance.now();
   let intervalStart = trainStart;
   const watch = await DivergenceWatch.start(trainer);
+  const progress = new Progress(!c.json);
+  let barText = "training"; // the last logged loss replaces it
   for (let step = 1; step <= c.steps; step++) {
     sampleBatch(run.corpus.train, c.context, rng, inputs, targets);
     run.profile?.before(step);
@@ -191,20 +194,25 @@ async function train(run: Run): Promise<Training> {
         plotPoints.push({ step, loss: lastLoss, lossScale: await trainer.scaler.getScale() });
       }
       const now = performance.now(), stepsPerSecond = lossCount / ((now - intervalStart) / 1000);
-      run.emit(
-        "step",
-        { step, loss: lastLoss, stepsPerSecond },
-        `step ${String(step).padStart(5)}/${c.steps}  train loss ${lastLoss.toFixed(4)}  ` +
-          `${stepsPerSecond.toFixed(2)} steps/s`,
-      );
+      barText = `train loss ${lastLoss.toFixed(4)}  ${stepsPerSecond.toFixed(2)} steps/s`;
+      const eta = progress.eta(step, c.steps);
+      if (!progress.isBar) {
+        run.emit(
+          "step",
+          { step, loss: lastLoss, stepsPerSecond },
+          `step ${String(step).padStart(5)}/${c.steps}  ${barText}${eta ? `  ${eta}` : ""}`,
+        );
+      }
       await run.inspect?.interval(step); // --inspect: its counts since the last log (one more read)
       lossSum.dispose();
       lossSum = Tensor.zeros([]);
       lossCount = 0;
-      await stopIfDiverged(run, watch, lastLoss, step);
+      await stopIfDiverged(run, await watch.check(lastLoss, model.parameters()), step);
       intervalStart = performance.now(); // the check's read is not training time
     }
+    progress.update(step, c.steps, barText); // every step: no silence until the next log
   }
+  progress.finish();
   lossSum.dispose();
   const trainSeconds = (performance.now() - trainStart) / 1000;
   return { lastLoss, trainSeconds, trainPeak: gpu.memoryStats().peakBytes, plotPoints };
@@ -218,6 +226,7 @@ async function evaluate(run: Run): Promise<number> {
   const { cfg, model, trainer, windows } = run;
   model.eval();
   const total = Tensor.zeros([]);
+  const progress = new Progress(!cfg.json);
   for (let w = 0; w < windows.count; w += cfg.batch) {
     const n = Math.min(cfg.batch, windows.count - w);
     const span = [w * cfg.context, (w + n) * cfg.context];
@@ -233,7 +242,9 @@ async function evaluate(run: Run): Promise<number> {
         addInPlace(total, loss);
       })
     );
+    progress.update(w + n, windows.count, "evaluating (validation windows)");
   }
+  progress.finish();
   const nats = await total.item(); // the sync point
   total.dispose();
   model.train();
@@ -281,8 +292,7 @@ async function sampleWords(run: Run): Promise<string[]> {
  * training diverged, and passes a warning on (most steps skipped). One more
  * read: the weights' sum.
  */
-async function stopIfDiverged(run: Run, watch: DivergenceWatch, loss: number, step: number) {
-  const health = await watch.check(loss, run.model.parameters());
+async function stopIfDiverged(run: Run, health: Health, step: number) {
   if (health.warning) {
     run.emit("warning", { step, warning: health.warning }, `step ${step}: ${health.warning}`);
   }
@@ -337,6 +347,7 @@ async function main(): Promise<void> {
   const training = await train(run);
   const evalStart = performance.now();
   const validation = await evaluate(run);
+  await stopIfDiverged(run, evaluationHealth(validation, trainer), cfg.steps);
   const evalSeconds = (performance.now() - evalStart) / 1000;
   const samples = await sampleWords(run);
   if (inspect) {
@@ -357,4 +368,4 @@ async function main(): Promise<void> {
   optimizer.dispose();
 }
 
-if (import.meta.main) await main();
+if (import.meta.main) await runMain("tiny_gpt", main);

@@ -10,6 +10,7 @@ import { matmulSettings } from "./kernels/gemm/settings.ts";
 import type { TuningProgress } from "./tuning/timing.ts";
 import { tuneAttention } from "./kernels/attention/tuner.ts";
 import { warnOnce } from "./base/warn_once.ts";
+import { tuningStore } from "./tuning/store.ts";
 
 const NO_ADAPTER_HELP = "On a machine without a GPU, install the Vulkan CPU driver " +
   "(Debian/Ubuntu: `apt-get install mesa-vulkan-drivers`).";
@@ -139,7 +140,8 @@ function announceTuning({ task, done, total }: TuningProgress): void {
   if (done !== 0) return;
   console.info(
     `halfstep: measuring ${task} for this adapter (${total} problem${total === 1 ? "" : "s"}; ` +
-      'once, the winners are cached). initGpu({ matmulTiling: "default" }) skips it.',
+      `once: the winners are kept in ${tuningStore().where}). ` +
+      'initGpu({ matmulTiling: "default" }) skips it.',
   );
 }
 

@@ -175,12 +175,14 @@ export interface LinearCrossEntropyLossOptions extends LinearCrossEntropyOptions
  *
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { initGpu, linearCrossEntropy, Tensor } from "../mod.ts";
  * const gpu = await initGpu({ matmulTiling: "default" });
  * const h = Tensor.from([1, 2, 3, 4, 5, 6], [3, 2]); // the final LayerNorm's rows
  * const table = Tensor.zeros([4, 2], { requiresGrad: true }); // tied head: 4 tokens
  * const loss = linearCrossEntropy(h, table, [3, 1, -100], { chunkRows: 2 }); // row 2 ignored
- * console.assert(Math.abs((await loss.item()) - Math.log(4)) < 1e-5); // uniform: ln 4
+ * const value = await loss.item();
+ * assert.ok(Math.abs(value - Math.log(4)) < 1e-5, `${value}`); // uniform: ln 4
  * loss.backward(); // table.grad: [4, 2]
  * gpu.destroy();
  * ```

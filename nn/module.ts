@@ -59,6 +59,13 @@ export function nonFiniteSummary(named: Iterable<readonly [string, HostTensor]>)
   return `tensor ${quoted(name)} holds ${count} non-finite value(s)${more}`;
 }
 
+/** The largest finite value of each float dtype (what a cast beyond it turns into ±Inf). */
+const LARGEST_FINITE: Readonly<Record<FloatDType, string>> = {
+  f32: "3.4e38",
+  f16: "65504",
+  bf16: "3.39e38",
+};
+
 /** A load error lists at most this many problems (a whole model missing stays readable). */
 const MAX_PROBLEMS = 5;
 
@@ -212,12 +219,17 @@ export abstract class Module {
         continue;
       }
       // Host floats of another type (an f16 or bf16 file into fp32 parameters) are
-      // converted, as PyTorch's load_state_dict copies with a cast.
+      // converted, as PyTorch's load_state_dict copies with a cast. Finite values the
+      // narrower type cannot hold become ±Inf there: they are counted apart, so the
+      // message does not call a finite file "non-finite".
+      let overflowed = 0;
       if (
         isHostTensor(value) && value.dtype !== target.dtype && isFloat(value) &&
         target.dtype !== "i32"
       ) {
+        const before = nonFiniteCount(value);
         value = convertFloats(value, target.dtype as FloatDType);
+        overflowed = nonFiniteCount(value) - before;
       }
       converted.set(name, value);
       if (value.dtype !== target.dtype || !sameShape(value.shape, target.shape)) {
@@ -230,8 +242,14 @@ export abstract class Module {
       ) {
         problems.push(`${shown}: ${value.data.byteLength} bytes do not fill ${target.describe()}`);
       } else if (isHostTensor(value) && !options.allowNonFinite) {
-        const bad = nonFiniteCount(value);
-        if (bad > 0) {
+        const bad = nonFiniteCount(value) - overflowed;
+        if (overflowed > 0) {
+          problems.push(
+            `${shown} holds ${overflowed} finite value(s) beyond ${target.dtype}'s range ` +
+              `(largest finite ${LARGEST_FINITE[target.dtype as FloatDType]}); load it into ` +
+              "f32 or bf16 parameters, or pass { allowNonFinite: true } to load them as ±Inf",
+          );
+        } else if (bad > 0) {
           problems.push(
             `${shown} holds ${bad} non-finite value(s) (NaN or ±Inf); pass ` +
               "{ allowNonFinite: true } to load it anyway",

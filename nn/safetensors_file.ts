@@ -2,6 +2,7 @@
  * Saving and loading safetensors files with Deno's file APIs. The format
  * itself (pure Web APIs, usable in browsers) is in `safetensors.ts`.
  */
+import { dirname, isAbsolute, join } from "node:path";
 import { checkOptionNames, fail, quoted, type Tensor, ValueError } from "../gpu/mod.ts";
 import { isHostTensor, type LoadStateOptions, type Module, nonFiniteSummary } from "./module.ts";
 import {
@@ -125,8 +126,10 @@ export async function writeTensors(
   const read = new Map(order.map((name, i) => [name, entries[i]]));
   const metadata = withChecksums(storedTensors(read), options.metadata);
   const { prefix } = encodeSafetensorsHeader(specs, metadata);
-  await removeStaleTemporaries(path);
-  const temp = `${path}${TEMP_INFIX}${crypto.randomUUID()}`;
+  // A symbolic link stays one: the save replaces the file it names.
+  const target = await linkTarget(path);
+  await removeStaleTemporaries(target);
+  const temp = `${target}${TEMP_INFIX}${crypto.randomUUID()}`;
   let file: Deno.FsFile | null = null;
   try {
     file = await Deno.open(temp, { write: true, createNew: true });
@@ -135,7 +138,7 @@ export async function writeTensors(
     await file.sync();
     file.close();
     file = null;
-    await Deno.rename(temp, path);
+    await Deno.rename(temp, target);
   } catch (err) {
     try {
       file?.close();
@@ -143,7 +146,26 @@ export async function writeTensors(
     await Deno.remove(temp).catch(() => {}); // may never have been created
     rethrow(err, `${where}: cannot write "${path}" (left unchanged)`);
   }
-  await syncDirectory(path);
+  await syncDirectory(target);
+}
+
+/**
+ * The file `path` names: the target of a symbolic link (followed to the
+ * end; a dangling link's target, which the save creates), else `path`
+ * itself — also where the permissions do not let it be checked.
+ */
+export async function linkTarget(path: string): Promise<string> {
+  try {
+    if (!(await Deno.lstat(path)).isSymlink) return path;
+  } catch {
+    return path; // nothing there yet, or no read permission
+  }
+  try {
+    return await Deno.realPath(path);
+  } catch {
+    const link = await Deno.readLink(path).catch(() => null);
+    return link === null ? path : isAbsolute(link) ? link : join(dirname(path), link);
+  }
 }
 
 /**
@@ -206,6 +228,70 @@ async function syncDirectory(path: string): Promise<void> {
   } catch { /* unsupported here; the data itself was already synced */ }
 }
 
+/** A header longer than this is refused before it is read (safetensors' own bound). */
+const MAX_HEADER_BYTES = 100_000_000;
+
+/** Up to `count` bytes from `file` (fewer at its end), read in chunks: nothing is allocated ahead. */
+async function readUpTo(file: Deno.FsFile, count: number): Promise<Uint8Array> {
+  const chunks: Uint8Array[] = [];
+  let got = 0;
+  while (got < count) {
+    const chunk = new Uint8Array(Math.min(count - got, 1 << 24));
+    const n = await file.read(chunk);
+    if (n === null) break;
+    chunks.push(chunk.subarray(0, n));
+    got += n;
+  }
+  return concat(chunks);
+}
+
+/** `parts` in one array. */
+function concat(parts: readonly Uint8Array[]): Uint8Array {
+  const out = new Uint8Array(parts.reduce((sum, p) => sum + p.byteLength, 0));
+  let at = 0;
+  for (const p of parts) (out.set(p, at), at += p.byteLength);
+  return out;
+}
+
+/** The end of the data the header text describes (0 when it is not a header: decoding says why). */
+function dataEnd(header: Uint8Array): number {
+  try {
+    const infos = Object.values(JSON.parse(new TextDecoder().decode(header)) ?? {});
+    const ends = infos.map((i) => (i as { data_offsets?: unknown[] })?.data_offsets?.[1]);
+    return Math.max(0, ...ends.filter((e): e is number => Number.isSafeInteger(e)));
+  } catch {
+    return 0;
+  }
+}
+
+/**
+ * The bytes of a safetensors file, read in bounded steps: the 8-byte header
+ * length first (at most 100 MB), then the rest of a regular file (its size
+ * bounds the read), or from anything else (a device such as /dev/zero, a
+ * pipe) the header and only the data bytes it describes, so no path makes a
+ * load read without end. Whatever is short or wrong is left to
+ * `decodeSafetensors`, which names it.
+ */
+async function readBounded(path: string): Promise<Uint8Array> {
+  const file = await Deno.open(path, { read: true });
+  try {
+    const info = await file.stat();
+    const head = await readUpTo(file, 8);
+    if (head.byteLength < 8) return head;
+    const n = new DataView(head.buffer).getBigUint64(0, true);
+    if (n > BigInt(MAX_HEADER_BYTES)) return head;
+    const parts = [head];
+    if (info.isFile) parts.push(await readUpTo(file, info.size - 8));
+    else {
+      parts.push(await readUpTo(file, Number(n)));
+      parts.push(await readUpTo(file, dataEnd(parts[1])));
+    }
+    return concat(parts);
+  } finally {
+    file.close();
+  }
+}
+
 /**
  * Reads and validates a safetensors file (see `decodeSafetensors`). Does not
  * touch the GPU: turn entries into tensors with `entryToTensor`.
@@ -236,7 +322,7 @@ export async function loadSafetensors(
 ): Promise<{ entries: Map<string, SafetensorsEntry>; metadata: Record<string, string> }> {
   let bytes: Uint8Array;
   try {
-    bytes = await Deno.readFile(path);
+    bytes = await readBounded(path);
   } catch (err) {
     rethrow(err, `loadSafetensors: cannot read "${path}"`);
   }

@@ -67,3 +67,33 @@ export function runTorch(
 ): Promise<string> {
   return runPython(["-c", script, ...(options.args ?? [])], options.stdin);
 }
+
+/** One training step as halfstep and the PyTorch tools log it. */
+export interface LoggedStep {
+  step: number;
+  loss: number;
+  lr: number;
+}
+
+/**
+ * Asserts two logs of the same step agree: the learning rate to 1e-12
+ * (both compute base · schedule(step) in f64), the loss within `tolerance`.
+ * Returns the loss gap.
+ */
+export function assertSameStep(
+  got: LoggedStep,
+  want: LoggedStep,
+  tolerance: number,
+  what: string,
+): number {
+  if (!(Math.abs(got.lr - want.lr) <= 1e-12 * want.lr)) {
+    throw new Error(`${what}: lr at step ${got.step}: ${got.lr} vs ${want.lr}`);
+  }
+  const gap = Math.abs(got.loss - want.loss);
+  if (!(gap <= tolerance)) {
+    throw new Error(
+      `${what}: loss at step ${got.step}: ${got.loss} vs ${want.loss} (tolerance ${tolerance})`,
+    );
+  }
+  return gap;
+}

@@ -6,6 +6,7 @@
  * adapter, and another adapter's or a malformed cache entry is ignored.
  */
 import assert from "node:assert/strict";
+import { tuningStore } from "../gpu/tuning/store.ts";
 import {
   attentionSettings,
   type AttentionShape,
@@ -48,7 +49,7 @@ function freshGpu(fn: () => Promise<void>): Promise<void> {
   return asGpu(async () => {
     const clear = () => {
       attentionSettings.reset(gpu);
-      localStorage.removeItem(attentionShapeCacheKey(gpu));
+      tuningStore().removeItem(attentionShapeCacheKey(gpu));
     };
     clear();
     try {
@@ -185,7 +186,7 @@ Deno.test({
         cache: true,
       });
       const key = attentionShapeCacheKey(gpu), entryKey = attentionShapeKey(shape);
-      const stored = JSON.parse(localStorage.getItem(key)!);
+      const stored = JSON.parse(tuningStore().getItem(key)!);
       const entry = stored[entryKey];
       assert.ok(entry, "the pick was cached");
       const bad: Record<string, unknown> = {
@@ -202,17 +203,17 @@ Deno.test({
         "another shape's entry": { ...entry, shape: { ...entry.shape, t: 10 } },
       };
       for (const [what, value] of Object.entries(bad)) {
-        localStorage.setItem(key, JSON.stringify({ [entryKey]: value }));
+        tuningStore().setItem(key, JSON.stringify({ [entryKey]: value }));
         attentionSettings.reset(gpu);
         assert.deepEqual(attentionShapeReport(gpu), [], `${what}: not trusted`);
       }
-      localStorage.setItem(key, "{not json");
+      tuningStore().setItem(key, "{not json");
       attentionSettings.reset(gpu);
       const timed = favouring(() => true);
       const [result] = await tuneAttentionShapes(gpu, { shapes: [shape], timer: timed.timer });
       assert.ok(timed.calls.length > 0 && !result.cached, "a corrupt cache: measured again");
       // The good entry itself is trusted (so the cases above fail for their own reason).
-      localStorage.setItem(key, JSON.stringify(stored));
+      tuningStore().setItem(key, JSON.stringify(stored));
       attentionSettings.reset(gpu);
       assert.equal(attentionShapeReport(gpu).length, 1);
     });

@@ -9,10 +9,10 @@
 import assert from "node:assert/strict";
 import { join } from "node:path";
 import { ROOT } from "./_bundle.ts";
-import { readReadme, shellLines } from "./_readme.ts";
+import { readDocs, shellLines } from "./_readme.ts";
 
 const BENCH = join(ROOT, "examples/bench.ts");
-/** The flags of the README's GPU command. */
+/** The flags of the GPU command in docs/performance.md. */
 const FLAGS = ["-A", "--v8-flags=--expose-gc"];
 
 /** `deno run` as on a machine with no registry: no npm, no remote modules. */
@@ -71,8 +71,9 @@ Deno.test("bench: matmul --size small runs with no npm packages and no network",
   assert.ok(wall[0].wallSeconds > 0);
 });
 
-Deno.test("bench: the README's GPU command is the one these tests run offline", async () => {
-  const lines = shellLines(await readReadme()).filter((l) => l.includes("examples/bench.ts"));
+Deno.test("bench: the GPU command the guides show is the one these tests run offline", async () => {
+  const lines = (await readDocs()).flatMap((d) => shellLines(d.text))
+    .filter((l) => l.includes("examples/bench.ts"));
   assert.deepEqual(lines, [
     `deno run ${FLAGS.join(" ")} examples/bench.ts gpt ops matmul tilings --size real`,
   ]);

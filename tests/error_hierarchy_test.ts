@@ -30,7 +30,7 @@ import {
   tidy,
   ValueError,
 } from "../mod.ts";
-import type { InitGpuOptions, SegmentSpec } from "../mod.ts";
+import type { AmpTrainerOptions, InitGpuOptions, SegmentSpec } from "../mod.ts";
 import type { HalfstepErrorClass } from "../gpu/mod.ts";
 import { gpu, GPU_TEST } from "./_gpu.ts";
 
@@ -256,6 +256,29 @@ Deno.test({
     // The trainer still works.
     trainer.step(() => crossEntropy(model.forward(Tensor.zeros([4, 3])), [0, 1, 0, 1])).dispose();
     assert.equal(trainer.steps, 1);
+    model.dispose();
+  },
+});
+
+Deno.test({
+  name: "errors: an AmpTrainer or GradScaler option typo is refused, as initGpu's are",
+  ...GPU_TEST,
+  fn() {
+    const model = new Sequential(new Linear(3, 2));
+    const optimizer = new SGD(model.parameters(), { lr: 0.1 });
+    // `lossscale` used to be ignored: the run trained with dynamic scaling without a word.
+    const typo = { lossscale: 1024 } as unknown as AmpTrainerOptions;
+    assertHalfstepError(
+      () => new AmpTrainer(model, optimizer, typo),
+      ValueError,
+      /^AmpTrainer: unknown option lossscale \(known: enabled, dtype, lossScale, /,
+    );
+    const scaler = { scaler: { growthinterval: 5 } } as unknown as AmpTrainerOptions;
+    assertHalfstepError(
+      () => new AmpTrainer(model, optimizer, scaler),
+      ValueError,
+      /^GradScaler\.constructor: unknown option growthinterval \(known: initScale, /,
+    );
     model.dispose();
   },
 });

@@ -44,6 +44,8 @@ Deno.test("examples: every bad flag is one line and exit status 2, before any tr
       [["--model", "cnn", "--shift", "9"], /--shift must be an integer from 0 to 8, not "9"/],
       [["--optimizer", "rmsprop"], /--optimizer must be sgd or adam, not "rmsprop"/],
       [["--no-such-flag"], /^mnist: .*no-such-flag.* \(see --help\)$/],
+      [["--epoch", "3"], /^mnist: unknown flag --epoch; did you mean --epochs\? \(see --help\)$/],
+      [["--bach=64"], /^mnist: unknown flag --bach; did you mean --batch\?/],
       [["--override"], /^mnist: --override is for --resume/],
       [
         ["--accum", "5", "--limit", "256", "--epochs", "1"],
@@ -60,6 +62,11 @@ Deno.test("examples: every bad flag is one line and exit status 2, before any tr
     const gpt = await run(TINY_GPT, ["--plot", join(dir, "loss.svg"), "--json"], false);
     assertRefused(gpt, /^tiny_gpt: --plot .*run with --allow-write/, "tiny_gpt --plot");
     assertRefused(await run(TINY_GPT, ["--steps", "-3"]), /--steps must be an integer >= 1/, "-3");
+    assertRefused(
+      await run(TINY_GPT, ["--step", "3"]),
+      /^tiny_gpt: unknown flag --step; did you mean --steps\?/,
+      "--step",
+    );
     const help = await run(MNIST, ["--help"]);
     assert.equal(help.code, 0);
     assert.match(help.stdout, /with Adam \(default\) or SGD/);
@@ -67,6 +74,15 @@ Deno.test("examples: every bad flag is one line and exit status 2, before any tr
   } finally {
     await Deno.remove(dir, { recursive: true });
   }
+});
+
+Deno.test("examples: --limit below the default batch trains on one batch of them; the memory line names only measured steps", async () => {
+  // It used to refuse: "--batch must be at most 100", a flag the user never gave.
+  const r = await run(MNIST, ["--limit", "100", "--epochs", "1"], false);
+  assert.equal(r.code, 0, r.stderr);
+  assert.match(r.stdout, /batch 100, 1 epoch\(s\) × 1 steps/);
+  assert.doesNotMatch(r.stdout, /n\/a/, "no 'n/a B' for steps the run never reached");
+  assert.match(r.stdout, /^allocated between steps: after step 1 \d+ B$/m);
 });
 
 Deno.test("examples: --amp bf16 picks bf16; --amp alone, --amp f16 and --fp16 stay f16", () => {

@@ -6,12 +6,16 @@
  */
 import assert from "node:assert/strict";
 import { join } from "node:path";
-import { type AmpTrainer, Tensor } from "../mod.ts";
+import { Adam, AmpTrainer, crossEntropy, Tensor } from "../mod.ts";
 import { UsageError } from "../examples/_cli.ts";
-import { DivergenceWatch } from "../examples/_divergence.ts";
+import { DivergenceWatch, SKIPPED_STREAK } from "../examples/_divergence.ts";
+import { loadData } from "../examples/mnist_batches.ts";
+import { MNIST_PIXELS } from "../examples/mnist_data.ts";
+import { mnistMlp } from "../examples/mnist_model.ts";
 import { checkResumeFlags } from "../examples/_resume_flags.ts";
 import { SaveLock } from "../examples/_save_lock.ts";
 import { GPU_TEST } from "./_gpu.ts";
+import { withTempDir } from "./_examples.ts";
 
 /** A trainer as the watch sees it: its step count and its scaler's counters. */
 function fakeTrainer(amp: boolean, lossScale = 0) {
@@ -78,6 +82,66 @@ Deno.test("examples guards: f32 diverges on a non-finite loss; AMP on all steps 
   assert.match(all.diverged!, /8 of 8 optimizer steps skipped .*lower --loss-scale 16777216/);
 });
 
+Deno.test("examples guards: under AMP, skips with the dynamic scale at its floor, or a long streak of them, are divergence", async () => {
+  // The issue's run (--amp --lr 1e30): 2 steps went through, then 48 skipped down to scale 1.
+  const fell = fakeTrainer(true);
+  const watch = await DivergenceWatch.start(fell as unknown as AmpTrainer);
+  fell.scale = 1;
+  const floor = await after(watch, fell, 50, 48, NaN);
+  assert.match(
+    floor.diverged!,
+    /^48 of 50 optimizer steps skipped \(inf\/NaN gradients at loss scale 1\): lower --lr \(the dynamic scale is at its floor\)$/,
+  );
+  // Every step skipped for SKIPPED_STREAK steps, counted across checks, whatever the scale.
+  const stuck = fakeTrainer(true);
+  const streak = await DivergenceWatch.start(stuck as unknown as AmpTrainer);
+  for (let done = 10; done < SKIPPED_STREAK; done += 10) {
+    assert.equal((await after(streak, stuck, 10, 10, 2.3)).diverged, null, `${done} in a row`);
+  }
+  assert.match((await after(streak, stuck, 10, 10, 2.3)).diverged!, /10 of 10 .* lower --lr$/);
+  // A clean step breaks the streak.
+  const mixed = fakeTrainer(true);
+  const broken = await DivergenceWatch.start(mixed as unknown as AmpTrainer);
+  for (let i = 0; i < 2 * SKIPPED_STREAK / 10; i++) {
+    const health = await after(broken, mixed, 10, i % 4 === 3 ? 9 : 10, 2.3);
+    assert.equal(health.diverged, null, `check ${i}`);
+  }
+});
+
+Deno.test({
+  name: "examples guards: a healthy AMP run whose first steps overflow (scale backing off from " +
+    "2^24) and that skips now and then is never stopped",
+  ...GPU_TEST,
+  async fn() {
+    const { train } = await loadData({ limit: 2048 });
+    const model = mnistMlp(3);
+    const trainer = new AmpTrainer(model, new Adam(model.parameters(), { lr: 2e-3 }), {
+      scaler: { initScale: 2 ** 24, growthInterval: 10 },
+    });
+    const watch = await DivergenceWatch.start(trainer);
+    const x = new Float32Array(128 * MNIST_PIXELS);
+    const labels = new Int32Array(128);
+    let loss = 0;
+    for (let step = 0; step < 48; step++) {
+      const at = (step % 16) * 128;
+      x.set(train.images.subarray(at * MNIST_PIXELS, (at + 128) * MNIST_PIXELS));
+      labels.set(train.labels.subarray(at, at + 128));
+      const l = trainer.step(() => crossEntropy(model.forward(Tensor.from(x, [128, 784])), labels));
+      if (step % 4 === 3) loss = await l.item(); // checked every 4 steps, as with --log-every 4
+      l.dispose();
+      if (step % 4 === 3) {
+        const health = await watch.check(loss, model.parameters());
+        assert.equal(health.diverged, null, `step ${step}: ${health.diverged}`);
+      }
+    }
+    const skipped = await trainer.scaler.skippedSteps();
+    assert.ok(skipped > 0 && skipped < 48, `some steps skipped (${skipped}): the case to test`);
+    assert.ok(Number.isFinite(loss) && loss < 1, `it trained (loss ${loss})`);
+    trainer.dispose();
+    model.dispose();
+  },
+});
+
 Deno.test({
   name: "examples guards: non-finite weights are divergence, found with one read",
   ...GPU_TEST,
@@ -117,6 +181,26 @@ Deno.test("examples guards: the --save lock refuses a live owner, takes over a s
   } finally {
     await Deno.remove(dir, { recursive: true });
   }
+});
+
+Deno.test({
+  name: "examples guards: the --save lock follows a symbolic link to the file it names",
+  ignore: Deno.build.os === "windows",
+  async fn() {
+    await withTempDir(async (dir) => {
+      const file = join(dir, "run.safetensors"), link = join(dir, "latest.safetensors");
+      await Deno.writeTextFile(file, "a run");
+      await Deno.symlink(file, link);
+      const lock = SaveLock.acquire(link, "save", () => {});
+      try {
+        assert.equal(lock.lockPath, `${await Deno.realPath(file)}.lock`);
+        // Through the link or by its own name: the same file, one writer.
+        assert.throws(() => SaveLock.acquire(file, "save", () => {}), /is in use by another run/);
+      } finally {
+        lock.release();
+      }
+    });
+  },
 });
 
 Deno.test("examples guards: resume flags that shape the run must match; steering ones need --override", () => {

@@ -40,7 +40,15 @@ Deno.test("examples: a diverged run exits non-zero and leaves the last good file
     assert.equal(first.code, 0, first.stderr);
     const before = await bytesOf(good);
     // f32: the loss goes to NaN in epoch 1; the save after it must not happen.
-    const nan = await run(MNIST, [...QUICK, "--lr", "1e30", "--save", good, "--json"]);
+    const nan = await run(MNIST, [
+      ...QUICK,
+      "--lr",
+      "1e30",
+      "--save",
+      good,
+      "--overwrite",
+      "--json",
+    ]);
     assert.equal(nan.code, 3, nan.stderr);
     const lines = errorLines(nan);
     assert.equal(lines.length, 1, JSON.stringify(lines));
@@ -50,7 +58,7 @@ Deno.test("examples: a diverged run exits non-zero and leaves the last good file
     assert.ok(!(await exists(`${good}.lock`)), "the lock is released on exit 3");
     // AMP with a static scale every step overflows at: all steps skipped is divergence too.
     const amp = ["--amp", "--loss-scale", "16777216"];
-    const skipped = await run(MNIST, [...QUICK, ...amp, "--save", good, "--json"]);
+    const skipped = await run(MNIST, [...QUICK, ...amp, "--save", good, "--overwrite", "--json"]);
     assert.equal(skipped.code, 3, skipped.stderr);
     assert.match(skipped.stderr, /8 of 8 optimizer steps skipped .*lower --loss-scale 16777216/);
     assert.deepEqual(await bytesOf(good), before, "the good file is unchanged");

@@ -1,4 +1,5 @@
 import assert from "node:assert/strict";
+import { tuningStore } from "../gpu/tuning/store.ts";
 import { timeCandidates } from "../gpu/tuning/timing.ts";
 import {
   initGpu,
@@ -60,7 +61,7 @@ Deno.test({
         );
       }
     });
-    const stored = Array.from({ length: localStorage.length }, (_, i) => localStorage.key(i) ?? "");
+    const stored = tuningStore().keys();
     assert.ok(
       stored.every((key) => !key.startsWith("halfstep.matmulTuning") || !key.includes("gpu-like")),
       `a test timer's winners were cached: ${stored}`,

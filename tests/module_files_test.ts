@@ -1,4 +1,5 @@
 import assert from "node:assert/strict";
+import { join } from "node:path";
 import { Tensor, ValueError } from "../gpu/mod.ts";
 import {
   BatchNorm,
@@ -292,5 +293,62 @@ Deno.test({
     await saveModule(path, model, { metadata: { step: "1000" } });
     model.dispose();
     await Deno.remove(dir, { recursive: true });
+  },
+});
+
+Deno.test({
+  name: "loadModule: a path that never ends (/dev/zero) or holds no header is refused at once, " +
+    "its header length checked before anything else is read",
+  ignore: Deno.build.os === "windows",
+  ...GPU_TEST,
+  async fn() {
+    const m = model(1);
+    const before = await snapshot(m);
+    // Reading /dev/zero to its end never finishes: the loader must stop after the header length.
+    const cases: [string, RegExp][] = [
+      ["/dev/zero", /"\/dev\/zero" is not a valid safetensors file: The header is not valid/],
+      ["/dev/null", /"\/dev\/null" is not a valid safetensors file: The file is 0 bytes/],
+    ];
+    for (const [path, message] of cases) {
+      let timer: ReturnType<typeof setTimeout> | undefined;
+      const tooLong = new Promise<never>((_, reject) => {
+        timer = setTimeout(() => reject(new Error(`${path}: still reading after 5 s`)), 5_000);
+      });
+      try {
+        await assert.rejects(() => Promise.race([loadModule(path, m), tooLong]), message);
+      } finally {
+        clearTimeout(timer);
+      }
+    }
+    assert.deepEqual(await snapshot(m), before, "unchanged");
+    m.dispose();
+  },
+});
+
+Deno.test({
+  name: "saveModule through a symbolic link replaces the file it names and leaves the link a link",
+  ignore: Deno.build.os === "windows",
+  ...GPU_TEST,
+  async fn() {
+    const dir = await Deno.makeTempDir();
+    const m = model(1), other = model(5);
+    try {
+      const file = join(dir, "model.safetensors"), link = join(dir, "latest.safetensors");
+      await saveModule(file, m);
+      await Deno.symlink("model.safetensors", link); // relative, as `ln -s` makes them
+      await saveModule(link, other);
+      assert.ok((await Deno.lstat(link)).isSymlink, "the link is still a link");
+      const copy = model(9);
+      await loadModule(file, copy);
+      assert.deepEqual(await snapshot(copy), await snapshot(other), "the file it names was saved");
+      copy.dispose();
+      const names = [];
+      for await (const e of Deno.readDir(dir)) names.push(e.name);
+      assert.deepEqual(names.sort(), ["latest.safetensors", "model.safetensors"], "no temporary");
+    } finally {
+      m.dispose();
+      other.dispose();
+      await Deno.remove(dir, { recursive: true });
+    }
   },
 });

@@ -1,20 +1,19 @@
 /**
- * The README's commands run as written on a fresh clone: every `deno run` and
- * `deno task demo` line of its shell blocks, in order, with size flags added
- * so each takes seconds (`--limit 512 --epochs 1` for MNIST, a few steps for
- * the GPT) and its output files moved to a temporary folder.
+ * The README and the guides as a newcomer meets them: every `deno run` and
+ * `deno task demo` line of their shell blocks runs as written on a fresh
+ * clone (document by document, in order, with size flags added so each
+ * takes seconds: `--limit 512 --epochs 1` for MNIST, a few steps for the
+ * GPT, and its output files moved to a temporary folder); the README stays
+ * a page or two that says where the snippets run and lists every guide; and
+ * each snippet `deno test --doc` runs checks its results with
+ * node:assert/strict, never `console.assert`.
  */
 import assert from "node:assert/strict";
 import { join } from "node:path";
 import { ROOT } from "./_bundle.ts";
-import { readReadme, shellLines } from "./_readme.ts";
+import { readDocs, readReadme, shellLines, tsSnippets } from "./_readme.ts";
 
-/** Every `deno` command line of the README's ```sh blocks (comments stripped). */
-async function readmeCommands(): Promise<string[]> {
-  return shellLines(await readReadme()).filter((line) => line.startsWith("deno "));
-}
-
-/** The flags that make a README command quick, by the script it runs. */
+/** The flags that make a command quick, by the script it runs (null: not an example to run). */
 function quickFlags(command: string): string[] | null {
   if (command === "deno task demo" || command.includes("examples/mnist.ts")) {
     return ["--limit", "512", "--epochs", "1"];
@@ -22,38 +21,90 @@ function quickFlags(command: string): string[] | null {
   if (command.includes("examples/tiny_gpt.ts")) {
     return ["--steps", "4", "--eval-windows", "32", "--samples", "2"];
   }
-  return null; // `deno task test`, `deno task web`: not examples
+  return null; // `deno task test`, `deno task web`, servers, benchmarks: not examples
+}
+
+/** Runs a document's example commands in `dir`; the files they wrote. */
+async function runCommands(path: string, text: string, dir: string): Promise<string[]> {
+  const examples = shellLines(text).filter((l) => l.startsWith("deno ") && quickFlags(l));
+  for (const command of examples) {
+    // Output files land in the temporary folder; everything else is as written.
+    const words = command.split(/\s+/).map((w) =>
+      /\.(safetensors|svg)$/.test(w) ? join(dir, w) : w
+    );
+    const out = await new Deno.Command(Deno.execPath(), {
+      args: [...words.slice(1), ...quickFlags(command)!],
+      cwd: ROOT,
+      env: { NO_COLOR: "1", DENO_WEBGPU_BACKEND: "vulkan,metal,dx12" },
+      stdout: "piped",
+      stderr: "piped",
+    }).output();
+    const output = new TextDecoder().decode(out.stdout) + new TextDecoder().decode(out.stderr);
+    assert.equal(out.code, 0, `${path}: ${command}\n${output}`);
+    assert.doesNotMatch(output, /NaN%|Infinity|error(?!: XDG_RUNTIME_DIR)/i, `${path}: ${command}`);
+  }
+  const files = [];
+  for await (const e of Deno.readDir(dir)) files.push(e.name);
+  return files.sort();
 }
 
 Deno.test("README: every example command runs as written", async () => {
-  const commands = await readmeCommands();
+  const readme = await readReadme();
+  const commands = shellLines(readme).filter((line) => line.startsWith("deno "));
+  assert.ok(commands.includes("deno task demo") && commands.includes("deno task test"));
   const examples = commands.filter((c) => quickFlags(c) !== null);
   assert.ok(examples.length >= 5, `the README shows the examples (${commands.join(" | ")})`);
-  assert.ok(commands.includes("deno task demo") && commands.includes("deno task test"));
   const dir = await Deno.makeTempDir();
   try {
-    for (const command of examples) {
-      // Output files land in the temporary folder; everything else is as written.
-      const words = command.split(/\s+/).map((w) =>
-        /\.(safetensors|svg)$/.test(w) ? join(dir, w) : w
-      );
-      const out = await new Deno.Command(Deno.execPath(), {
-        args: [...words.slice(1), ...quickFlags(command)!],
-        cwd: ROOT,
-        env: { NO_COLOR: "1", DENO_WEBGPU_BACKEND: "vulkan,metal,dx12" },
-        stdout: "piped",
-        stderr: "piped",
-      }).output();
-      const text = new TextDecoder().decode(out.stdout) + new TextDecoder().decode(out.stderr);
-      assert.equal(out.code, 0, `${command}\n${text}`);
-      assert.doesNotMatch(text, /NaN%|Infinity|error/i, command);
-    }
-    const files = [];
-    for await (const e of Deno.readDir(dir)) files.push(e.name);
-    assert.deepEqual(files.sort(), ["gpt.svg", "loss.svg", "run.safetensors"]);
+    const files = await runCommands("README.md", readme, dir);
+    assert.deepEqual(files, ["gpt.svg", "loss.svg", "run.safetensors"]);
   } finally {
     await Deno.remove(dir, { recursive: true });
   }
+});
+
+Deno.test("guides: every example command in docs/ runs as written", async () => {
+  const guides = (await readDocs()).filter((d) => d.path !== "README.md");
+  for (const { path, text } of guides) {
+    const dir = await Deno.makeTempDir();
+    try {
+      await runCommands(path, text, dir);
+    } finally {
+      await Deno.remove(dir, { recursive: true });
+    }
+  }
+});
+
+Deno.test("README: a page or two that says where snippets run and lists every guide", async () => {
+  const readme = await readReadme();
+  const lines = readme.split("\n").length;
+  assert.ok(lines < 250, `README.md has ${lines} lines; move details to a guide in docs/`);
+  assert.match(readme, /snippet in this README and in `docs\/` runs from the checkout's root/);
+  const guides = (await readDocs()).map((d) => d.path).filter((p) => p.startsWith("docs/"));
+  const listed = readme.split(/^## /m).find((s) => s.startsWith("Guides"));
+  assert.ok(listed, 'the README has a "Guides" section');
+  for (const guide of guides) assert.ok(listed.includes(`(${guide})`), `Guides lists ${guide}`);
+  for (const changelog of [/previous release/i, /before this round/i, /\bwas \d+(\.\d+)?% /]) {
+    assert.doesNotMatch(readme, changelog, "no changelog passages");
+  }
+});
+
+Deno.test("README and guides: every snippet the suite runs asserts with node:assert/strict", async () => {
+  let snippets = 0;
+  for (const { path, text } of await readDocs()) {
+    for (const snippet of tsSnippets(text)) {
+      snippets++;
+      const head = snippet.split("\n").slice(0, 2).join(" ");
+      assert.doesNotMatch(snippet, /console\.assert/, `${path}: ${head}`);
+      assert.match(snippet, /import assert from "node:assert\/strict";/, `${path}: ${head}`);
+      assert.match(
+        snippet,
+        /\bassert(\.\w+)?\(/,
+        `${path}: a snippet that checks nothing: ${head}`,
+      );
+    }
+  }
+  assert.ok(snippets >= 6, `${snippets} snippets`);
 });
 
 Deno.test("README: install lines as CI runs them (apt-get as root, no sudo), same packages", async () => {

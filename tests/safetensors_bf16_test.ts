@@ -80,6 +80,15 @@ Deno.test({
         // Into f16 parameters: rounded once from the exact value (past 65504: ±Inf, refused).
         const half = new Linear(5, 3, { seed: 4, dtype: "f16" });
         try {
+          // The large finite values do not fit f16: refused as such, not as "non-finite".
+          const before = await bitsOf(half.weight);
+          await assert.rejects(
+            () => loadModule(`${dir}/m.safetensors`, half),
+            (e: Error) =>
+              /weight holds \d+ finite value\(s\) beyond f16's range \(largest finite 65504\)/
+                .test(e.message) && !/non-finite/.test(e.message),
+          );
+          assert.deepEqual(await bitsOf(half.weight), before, "unchanged after a refused load");
           const small = WEIGHT_BITS.map((b) => (b & 0x7f80) > 0x4700 ? b & 0x807f : b);
           model.weight.writeBytes(bytesOfBits(small));
           model.bias!.writeBytes(bytesOfBits([0x3f80, 0x8001, 0x4300]));

@@ -6,6 +6,7 @@
  * of another adapter, or a malformed one, is ignored; the tuning budget.
  */
 import assert from "node:assert/strict";
+import { tuningStore } from "../gpu/tuning/store.ts";
 import {
   matmul,
   type MatmulShape,
@@ -62,7 +63,7 @@ function freshGpu(fn: () => Promise<void>): Promise<void> {
   return asGpu(async () => {
     const clear = () => {
       forgetMatmulShapes(gpu);
-      localStorage.removeItem(shapeCacheKey(gpu));
+      tuningStore().removeItem(shapeCacheKey(gpu));
     };
     clear();
     try {
@@ -196,7 +197,7 @@ Deno.test({
       const good = favouring((p) => p.slices === 1);
       await tuneMatmulShapes(gpu, { shapes: [SHORT], timer: good.timer, cache: true });
       const key = shapeCacheKey(gpu), entryKey = matmulShapeKey(SHORT);
-      const stored = JSON.parse(localStorage.getItem(key)!);
+      const stored = JSON.parse(tuningStore().getItem(key)!);
       const entry = stored[entryKey];
       assert.ok(entry, "the pick was cached");
       const epilogue = { ...SHORT, bias: "f32" };
@@ -226,17 +227,17 @@ Deno.test({
         const entryAt = what === "a split with an epilogue"
           ? matmulShapeKey(epilogue as MatmulShape)
           : entryKey;
-        localStorage.setItem(key, JSON.stringify({ [entryAt]: value }));
+        tuningStore().setItem(key, JSON.stringify({ [entryAt]: value }));
         forgetMatmulShapes(gpu);
         assert.deepEqual(matmulShapeReport(gpu), [], `${what}: not trusted`);
       }
-      localStorage.setItem(key, "{not json");
+      tuningStore().setItem(key, "{not json");
       forgetMatmulShapes(gpu);
       const timed = favouring(() => true);
       const [result] = await tuneMatmulShapes(gpu, { shapes: [SHORT], timer: timed.timer });
       assert.ok(timed.calls.length > 0 && !result.cached, "a corrupt cache: measured again");
       // The good entry itself is trusted (so the cases above fail for their own reason).
-      localStorage.setItem(key, JSON.stringify(stored));
+      tuningStore().setItem(key, JSON.stringify(stored));
       forgetMatmulShapes(gpu);
       assert.equal(matmulShapeReport(gpu).length, 1);
     });

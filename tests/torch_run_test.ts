@@ -21,15 +21,28 @@ import {
   cosineSchedule,
   crossEntropy,
   LrScheduler,
+  RandomGenerator,
   type Sequential,
   Tensor,
 } from "../mod.ts";
 import { loadTrainingState, saveTrainingState } from "../files.ts";
-import { loadData } from "../examples/mnist_batches.ts";
+import { loadData, shuffle } from "../examples/mnist_batches.ts";
 import { MNIST_PIXELS, mnistDataDir } from "../examples/mnist_data.ts";
 import { mnistMlp } from "../examples/mnist_model.ts";
 import { gpu, GPU_TEST } from "./_gpu.ts";
-import { runPython } from "./_torch.ts";
+import { assertSameStep, runPython } from "./_torch.ts";
+import { runTorchScript } from "./_torch_script.ts";
+
+/** What tests/fixtures/torch/adamw_cosine_checkpoint.py prints. */
+interface TorchLoop {
+  weight: number[];
+  exp_avg_sq: number[];
+  step: number;
+  lr: number;
+  group_keys: string[];
+  state_keys: string[];
+  scheduler_keys: string[];
+}
 
 /** Images used, the global batch, steps trained in halfstep and continued elsewhere. */
 const LIMIT = 4096, BATCH = 64, TRAINED = 200, CONTINUED = 50, BACK = 20;
@@ -38,9 +51,34 @@ const dir = await Deno.makeTempDir();
 const { train } = await loadData({ limit: LIMIT });
 const amp = gpu.f16;
 
-/** The global batch of step `s`: images s·BATCH … s·BATCH + BATCH − 1, modulo LIMIT (as the script). */
+/** The seed of the data order (mnist.ts's generator for --seed 0). */
+const ORDER_SEED = 1;
+const STEPS_PER_EPOCH = LIMIT / BATCH;
+
+/** The shuffled order of `epoch` (0-based), as mnist.ts draws it: LIMIT numbers an epoch. */
+function epochOrder(epoch: number): Uint32Array {
+  return shuffle(LIMIT, new RandomGenerator(ORDER_SEED, epoch * LIMIT));
+}
+
+/**
+ * mnist.ts's record of a run at `step` (its `extra`), for continue_ddp.py:
+ * the data order before the epoch in progress and the position in it.
+ */
+function runRecord(step: number) {
+  const epoch = Math.floor(step / STEPS_PER_EPOCH);
+  return {
+    epoch,
+    step,
+    position: step % STEPS_PER_EPOCH,
+    shuffler: { seed: ORDER_SEED, offset: epoch * LIMIT },
+    flags: { shape: { model: "mlp", shift: 0, accum: 1, limit: LIMIT, batch: BATCH, epochs: 7 } },
+  };
+}
+
+/** The global batch of step `s` (0-based): mnist.ts's shuffled order, as the script follows it. */
 function batch(s: number): { x: Tensor; labels: number[] } {
-  const rows = Array.from({ length: BATCH }, (_, j) => (s * BATCH + j) % LIMIT);
+  const order = epochOrder(Math.floor(s / STEPS_PER_EPOCH)), at = (s % STEPS_PER_EPOCH) * BATCH;
+  const rows = Array.from(order.subarray(at, at + BATCH));
   const x = new Float32Array(BATCH * MNIST_PIXELS);
   rows.forEach((r, j) =>
     x.set(train.images.subarray(r * MNIST_PIXELS, (r + 1) * MNIST_PIXELS), j * MNIST_PIXELS)
@@ -115,7 +153,7 @@ async function continueInTorch(
   options: { procs: number; steps: number; save?: string },
 ): Promise<Step[][]> {
   const log = join(dir, `log${Math.random().toString(36).slice(2)}`);
-  const flags = { mnist: mnistDataDir(), limit: LIMIT, batch: BATCH, ...options, log };
+  const flags = { mnist: mnistDataDir(), ...options, log };
   const args = Object.entries({ ...flags, device: "cpu" }).filter(([, v]) => v !== undefined)
     .flatMap(([k, v]) => [`--${k}`, `${v}`]);
   await runPython([SCRIPT, path, ...args]);
@@ -128,20 +166,7 @@ async function continueInTorch(
 /** Asserts two trajectories agree: the same steps and lrs, losses within `tolerance`. */
 function assertSameTrajectory(a: Step[], b: Step[], tolerance: number, what: string): number {
   assert.deepEqual(a.map((s) => s.step), b.map((s) => s.step), `${what}: steps`);
-  let worst = 0;
-  a.forEach((s, i) => {
-    const t = b[i];
-    assert.ok(
-      Math.abs(s.lr - t.lr) <= 1e-12 * s.lr,
-      `${what}: lr at step ${s.step}: ${s.lr} vs ${t.lr}`,
-    );
-    worst = Math.max(worst, Math.abs(s.loss - t.loss));
-    assert.ok(
-      Math.abs(s.loss - t.loss) <= tolerance,
-      `${what}: loss at step ${s.step}: ${s.loss} vs ${t.loss} (tolerance ${tolerance})`,
-    );
-  });
-  return worst;
+  return Math.max(...a.map((s, i) => assertSameStep(s, b[i], tolerance, what)));
 }
 
 /** The scaler metadata of a training-state file. */
@@ -165,7 +190,7 @@ for (const withAmp of [false, true]) {
       const saved = join(dir, `run_${withAmp}.safetensors`);
       const source = makeRun(withAmp);
       await steps(source, 0, TRAINED, false);
-      await saveTrainingState(saved, source);
+      await saveTrainingState(saved, source, { extra: runRecord(TRAINED) });
       const continued = await resumed(saved, withAmp);
       const scale = () => continued.trainer.scaler.getScale();
       const scales = [await scale()];
@@ -205,39 +230,13 @@ for (const withAmp of [false, true]) {
   });
 }
 
-/** A PyTorch loop of 3 AdamW steps under halfstep's cosine schedule, saved with torch.save. */
-const TORCH_LOOP = `
-import json, sys, torch
-sys.path.insert(0, sys.argv[1])
-from continue_ddp import mnist_mlp
-from halfstep_run import schedule_factor
-torch.manual_seed(0)
-model = mnist_mlp()
-optimizer = torch.optim.AdamW(model.parameters(), lr=2e-3)
-schedule = {"name": "cosine", "warmup_steps": 20, "total_steps": 400, "min_factor": 0}
-scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule_factor(schedule))
-for _ in range(3):
-    model(torch.randn(8, 784)).square().mean().backward()
-    optimizer.step()
-    optimizer.zero_grad()
-    scheduler.step()
-torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-            "scheduler": scheduler.state_dict()}, sys.argv[2])
-state = optimizer.state_dict()["state"]
-print(json.dumps({"weight": model[2].weight.flatten()[:50].tolist(),
-                  "exp_avg_sq": state[2]["exp_avg_sq"].flatten()[:50].tolist(),
-                  "step": state[2]["step"].item(), "lr": optimizer.param_groups[0]["lr"],
-                  "group_keys": sorted(optimizer.state_dict()["param_groups"][0]),
-                  "state_keys": sorted(state[2]), "scheduler_keys": sorted(scheduler.state_dict())}))
-`;
-
 Deno.test({
   name: "a PyTorch checkpoint converted by to_halfstep.py resumes in halfstep, every value kept",
   ...GPU_TEST,
   async fn() {
     const scripts = new URL("../examples/torch/", import.meta.url).pathname;
     const checkpoint = join(dir, "torch.pt"), path = join(dir, "from_torch.safetensors");
-    const torch = JSON.parse(await runPython(["-c", TORCH_LOOP, scripts, checkpoint]));
+    const torch = await runTorchScript("adamw_cosine_checkpoint.py", [checkpoint]) as TorchLoop;
     const schedule = "cosine:warmup=20,total=400";
     await runPython([
       `${scripts}to_halfstep.py`,

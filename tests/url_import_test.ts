@@ -2,15 +2,15 @@
  * halfstep loads from a URL: the repository is served over HTTP on 127.0.0.1
  * and a separate Deno process imports `mod.ts` by that URL and trains one AMP
  * step. Its loss must equal the same step run here from the local files. And
- * the README's URL import (server command, module, client command) runs as
- * written, read from README.md so that the test breaks when the README drifts.
+ * the browser guide's URL import (server command, module, client command) runs
+ * as written, read from docs/browser.md so that the test breaks when the guide drifts.
  */
 import assert from "node:assert/strict";
 import { join } from "node:path";
 import { AdamW, AmpTrainer, crossEntropy, Linear, ReLU, Sequential, Tensor } from "../mod.ts";
 import { serveDirectory } from "../examples/web/serve.ts";
 import { ROOT } from "./_bundle.ts";
-import { readReadme, shellLines } from "./_readme.ts";
+import { readDoc, shellLines } from "./_readme.ts";
 import { GPU_TEST } from "./_gpu.ts";
 
 /** One AMP step of a fixed model; the same source runs in both processes. */
@@ -76,18 +76,20 @@ Deno.test({
   },
 });
 
-/** The README's URL import, as written in its "Import by URL" section. */
+/** The browser guide's URL import, as written in its "Import by URL" section. */
 async function readmeUrlImport() {
-  const section = (await readReadme()).split(/^## /m).find((s) => s.startsWith("Import by URL"));
-  assert.ok(section, 'the README has its "Import by URL" section');
+  const section = (await readDoc("browser.md")).split(/^## /m).find((s) =>
+    s.startsWith("Import by URL")
+  );
+  assert.ok(section, 'docs/browser.md has its "Import by URL" section');
   const command = (pattern: RegExp) => {
     const line = shellLines(section).find((l) => pattern.test(l));
-    assert.ok(line, `the README shows a command matching ${pattern}`);
+    assert.ok(line, `docs/browser.md shows a command matching ${pattern}`);
     return line;
   };
   const fileName = section.match(/Save this as `([\w.]+\.ts)`/)?.[1];
   const source = section.match(/```ts ignore\n([\s\S]*?)```/)?.[1];
-  assert.ok(fileName && source, "the README shows the module to save, and its name");
+  assert.ok(fileName && source, "docs/browser.md shows the module to save, and its name");
   return {
     serve: command(/^deno run .*examples\/web\/serve\.ts$/),
     client: command(new RegExp(`^deno run .*--allow-import=\\S+ ${fileName}$`)),
@@ -105,7 +107,8 @@ function freePort(): number {
 }
 
 Deno.test({
-  name: "README: the URL import runs as written (serve.ts, the module, deno run --allow-import)",
+  name:
+    "docs/browser.md: the URL import runs as written (serve.ts, the module, deno run --allow-import)",
   ...GPU_TEST,
   async fn() {
     const { serve, client, fileName, source } = await readmeUrlImport();

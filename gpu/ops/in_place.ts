@@ -58,11 +58,12 @@ export function addInPlace(
  *
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { copyInto, initGpu, Tensor } from "../../mod.ts";
  * const gpu = await initGpu({ matmulTiling: "default" });
  * const cache = Tensor.zeros([2, 3]); // e.g. a key cache: [rows, positions]
  * copyInto(cache, Tensor.from([7, 8], [2, 1]), { axis: 1, start: 2 });
- * console.assert((await cache.read()).join() === "0,0,7,0,0,8");
+ * assert.deepEqual([...await cache.read()], [0, 0, 7, 0, 0, 8]);
  * gpu.destroy();
  * ```
  */

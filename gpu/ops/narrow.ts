@@ -104,11 +104,12 @@ export function split(x: Tensor, sizes: readonly number[], axis = 0): Tensor[] {
  *
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { concat, initGpu, Tensor } from "../../mod.ts";
  * const gpu = await initGpu({ matmulTiling: "default" });
  * const a = Tensor.from([1, 2, 3, 4], [2, 2]), b = Tensor.from([5, 6], [2, 1]);
  * const y = concat([a, b], -1); // [2, 3]
- * console.assert((await y.read()).join() === "1,2,5,3,4,6");
+ * assert.deepEqual([...await y.read()], [1, 2, 5, 3, 4, 6]);
  * gpu.destroy();
  * ```
  */

@@ -2,13 +2,15 @@
  * The tuners' one persistent cache. Every tuner — the class tuners (a matmul
  * class, an attention dtype) and the per-shape ones — keeps its picks as
  * timed records under a string key (cubecl's `AutotuneKey`: a class key is a
- * coarse key, a shape key a fine one), in `localStorage` where the runtime
- * offers it, one entry per tuner, version and adapter. Each record names the
+ * coarse key, a shape key a fine one), in the per-user store (store.ts: a
+ * file in Deno, `localStorage` in browsers), one entry per tuner, version and
+ * adapter. Each record names the
  * adapter (and profile) that measured it and is checked against the tuner's
  * current candidates before it is trusted; anything else — an older
  * candidate, another adapter's record, a corrupt cache — is measured again.
  */
 import type { Gpu } from "../device/gpu.ts";
+import { adapterIdentity, type TuningStore, tuningStore } from "./store.ts";
 
 /** A measured pick: at least its key's value and its time (seconds per run). */
 export interface TimedPick<S> {
@@ -31,22 +33,19 @@ export interface PickStore<S, R extends TimedPick<S>> {
 }
 
 /**
- * The `localStorage` key of a tuner's picks on `gpu`: by tuner, version and
+ * The store key of a tuner's picks on `gpu`: by tuner, version and
  * adapter, and by profile when a test runs the device as another adapter
  * (`withAdapterProfile`), so its picks never mix with the real ones.
  */
 export function pickCacheKey<S, R extends TimedPick<S>>(gpu: Gpu, store: PickStore<S, R>): string {
   const profile = gpu.adapterProfile.name === "adapter" ? "" : ` [${gpu.adapterProfile.name}]`;
-  return `halfstep.${store.tuner}.v${store.version}:${gpu.adapterName}${profile}`;
+  const adapter = `${gpu.adapterName}${adapterIdentity(gpu.adapterInfo)}`;
+  return `halfstep.${store.tuner}.v${store.version}:${adapter}${profile}`;
 }
 
-/** `localStorage` where the runtime offers it (Deno, browsers), else null: picks are then not kept. */
-function tuningStorage(): Storage | null {
-  try {
-    return typeof localStorage === "undefined" ? null : localStorage;
-  } catch {
-    return null;
-  }
+/** The per-user tuning store (a file in Deno, `localStorage` in browsers; see store.ts). */
+function tuningStorage(): TuningStore | null {
+  return tuningStore();
 }
 
 /** Who measured a pick: the adapter and the profile it ran as. */

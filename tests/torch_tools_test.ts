@@ -1,0 +1,231 @@
+/**
+ * The Python tools fail like halfstep, not like scripts (issue 39): bad
+ * input to `continue_ddp.py` (a missing, truncated, bit-flipped or
+ * mid-accumulation file, another model, a run without mnist.ts's record, a
+ * finished schedule, a batch that does not split) and to `to_halfstep.py`
+ * (a truncated checkpoint, `amsgrad` or `maximize`, a `--schedule` that does
+ * not give the checkpoint's learning rate) is one line on stderr and a
+ * non-zero exit, never a traceback; a finished schedule goes on once
+ * `--schedule` extends it.
+ *
+ * Needs a Python with torch (CI installs Debian's python3-torch): without
+ * one the test fails, it never skips.
+ */
+import assert from "node:assert/strict";
+import { join } from "node:path";
+import {
+  AdamW,
+  AmpTrainer,
+  cosineSchedule,
+  crossEntropy,
+  Linear,
+  LrScheduler,
+  type Module,
+  Tensor,
+} from "../mod.ts";
+import { saveTrainingState } from "../files.ts";
+import { mnistDataDir } from "../examples/mnist_data.ts";
+import { mnistMlp } from "../examples/mnist_model.ts";
+import { GPU_TEST } from "./_gpu.ts";
+import { runPython, torchPython } from "./_torch.ts";
+import { runTorchScript } from "./_torch_script.ts";
+
+const TOOLS = new URL("../examples/torch/", import.meta.url).pathname;
+
+/** Runs a tool; its exit status and stderr (it may fail: that is what is tested). */
+async function tool(script: string, args: string[]): Promise<{ code: number; stderr: string }> {
+  const out = await new Deno.Command(torchPython(), {
+    args: ["-B", join(TOOLS, script), ...args],
+    stdout: "piped",
+    stderr: "piped",
+  }).output();
+  return { code: out.code, stderr: new TextDecoder().decode(out.stderr) };
+}
+
+/** Asserts a refusal: exit status `code`, one line of stderr matching `message`, no traceback. */
+function assertOneLine(
+  r: { code: number; stderr: string },
+  code: number,
+  message: RegExp,
+  what: string,
+) {
+  const lines = r.stderr.trim().split("\n");
+  assert.equal(r.code, code, `${what}: ${r.stderr}`);
+  assert.equal(lines.length, 1, `${what}: one line, got:\n${r.stderr}`);
+  assert.doesNotMatch(r.stderr, /Traceback/, what);
+  assert.match(lines[0], message, what);
+}
+
+/** mnist.ts's record of a run of 2 epochs of 4 steps (64 images, batch 16) at `step`. */
+function record(step: number) {
+  return {
+    epoch: Math.floor(step / 4),
+    step,
+    position: step % 4,
+    shuffler: { seed: 1, offset: Math.floor(step / 4) * 64 },
+    flags: { shape: { model: "mlp", shift: 0, accum: 1, limit: 64, batch: 16, epochs: 2 } },
+  };
+}
+
+/** Saves `model` trained `steps` AdamW steps on a cosine schedule of `total` steps. */
+async function saveRun(
+  path: string,
+  model: Module,
+  options: { steps: number; total: number; extra?: unknown; accumulation?: number },
+) {
+  const optimizer = new AdamW(model.parameters(), { lr: 1e-3 });
+  const scheduler = new LrScheduler(
+    optimizer,
+    cosineSchedule({ warmupSteps: 0, totalSteps: options.total }),
+  );
+  const trainer = new AmpTrainer(model, optimizer, {
+    enabled: false,
+    accumulationSteps: options.accumulation ?? 1,
+  });
+  const inputs = model instanceof Linear ? 4 : 784;
+  for (let s = 0; s < options.steps; s++) {
+    const x = Tensor.from(new Float32Array(2 * inputs).fill(0.5), [2, inputs]);
+    trainer.step(() => crossEntropy(model.forward(x), [0, 1])).dispose();
+    if (trainer.steps > scheduler.stepCount) scheduler.step();
+    x.dispose();
+  }
+  await saveTrainingState(path, { model, optimizer, trainer, scheduler }, { extra: options.extra });
+  trainer.dispose();
+}
+
+Deno.test({
+  name: "continue_ddp.py: bad input is one line and a non-zero exit; a finished schedule is " +
+    "refused until --schedule extends it",
+  ...GPU_TEST,
+  async fn() {
+    const dir = await Deno.makeTempDir();
+    try {
+      const good = join(dir, "good.safetensors");
+      await saveRun(good, mnistMlp(1), { steps: 8, total: 8, extra: record(8) });
+      const bytes = await Deno.readFile(good);
+      const truncated = join(dir, "truncated.safetensors");
+      await Deno.writeFile(truncated, bytes.subarray(0, 5000));
+      const flipped = join(dir, "flipped.safetensors");
+      const damaged = bytes.slice();
+      damaged[damaged.length - 100] ^= 0x10; // a bit of the last tensor's data
+      await Deno.writeFile(flipped, damaged);
+      const other = join(dir, "other.safetensors");
+      await saveRun(other, new Linear(4, 2, { seed: 1 }), { steps: 1, total: 8, extra: record(1) });
+      const partial = join(dir, "partial.safetensors");
+      await saveRun(partial, mnistMlp(2), {
+        steps: 1,
+        total: 8,
+        accumulation: 2,
+        extra: record(0),
+      });
+      const norecord = join(dir, "norecord.safetensors");
+      await saveRun(norecord, mnistMlp(3), { steps: 1, total: 8 });
+      const flags = ["--mnist", mnistDataDir(), "--procs", "1", "--device", "cpu"];
+      const cases: [string, string[], number, RegExp][] = [
+        [
+          "missing",
+          [join(dir, "nope.safetensors")],
+          1,
+          /^continue_ddp: .*nope\.safetensors: no such file$/,
+        ],
+        [
+          "truncated",
+          [truncated],
+          1,
+          /truncated\.safetensors: tensor '.*' is truncated or malformed$/,
+        ],
+        ["bit flip", [flipped], 1, /flipped\.safetensors: tensor '.*' was changed after saving/],
+        ["another model", [other], 1, /other\.safetensors: not the examples' MLP 784-256-256-10/],
+        ["mid-accumulation", [partial], 1, /partial\.safetensors: saved mid-accumulation/],
+        ["no record", [norecord], 1, /holds no record of an examples\/mnist\.ts run/],
+        ["finished", [good], 2, /its schedule is finished \(step 8 of 8\).*--schedule/],
+        [
+          "batch",
+          [good, "--procs", "3", "--steps", "2"],
+          2,
+          /batch 16 does not split over --procs 3/,
+        ],
+        ["bad flag", [good, "--steps", "many"], 2, /^continue_ddp: argument --steps: invalid int/],
+      ];
+      for (const [what, args, code, message] of cases) {
+        const r = await tool("continue_ddp.py", [...flags, ...args]); // later flags win
+        assertOneLine(r, code, message, what);
+      }
+      // Extended, the finished run trains on from its step 8 to the new total and saves.
+      const extended = join(dir, "extended.safetensors");
+      const schedule = "cosine:warmup=0,total=12";
+      const printed = await runPython([
+        join(TOOLS, "continue_ddp.py"),
+        good,
+        ...flags,
+        ...["--schedule", schedule, "--save", extended],
+      ]);
+      assert.match(printed, /continue_ddp: step 12 \(4\/4; epoch 4, 0\/4\)/);
+      const back = await Deno.readFile(extended);
+      const header = JSON.parse(
+        new TextDecoder().decode(
+          back.subarray(8, 8 + Number(new DataView(back.buffer).getBigUint64(0, true))),
+        ),
+      );
+      assert.equal(JSON.parse(header.__metadata__.scheduler).last_epoch, 12);
+    } finally {
+      await Deno.remove(dir, { recursive: true });
+    }
+  },
+});
+
+Deno.test("to_halfstep.py: bad input is one line and a non-zero exit; the schedule must give the checkpoint's lr", async () => {
+  const dir = await Deno.makeTempDir();
+  try {
+    const checkpoint = async (name: string, options: string) => {
+      const path = join(dir, name);
+      await runTorchScript("adamw_cosine_checkpoint.py", [path, options]);
+      return path;
+    };
+    const plain = await checkpoint("plain.pt", "{}");
+    const amsgrad = await checkpoint("amsgrad.pt", '{"amsgrad": true}');
+    const maximize = await checkpoint("maximize.pt", '{"maximize": true}');
+    const truncated = join(dir, "truncated.pt");
+    await Deno.writeFile(truncated, (await Deno.readFile(plain)).subarray(0, 3000));
+    const out = join(dir, "run.safetensors");
+    const right = ["--optimizer", "AdamW", "--schedule", "cosine:warmup=20,total=400"];
+    const cases: [string, string[], number, RegExp][] = [
+      [
+        "truncated",
+        [truncated, out, ...right],
+        1,
+        /^to_halfstep: .*truncated\.pt: not a readable torch\.save file/,
+      ],
+      ["missing", [join(dir, "no.pt"), out, ...right], 1, /no\.pt: no such file$/],
+      [
+        "amsgrad",
+        [amsgrad, out, ...right],
+        1,
+        /group 0 has amsgrad=True, which halfstep's optimizers do not implement/,
+      ],
+      ["maximize", [maximize, out, ...right], 1, /group 0 has maximize=True/],
+      [
+        "another schedule",
+        [plain, out, "--optimizer", "AdamW", "--schedule", "cosine:warmup=10,total=400"],
+        2,
+        /--schedule cosine:warmup=10,total=400: at the checkpoint's step 3 it gives lr 0\.0006 \(group 0\), the checkpoint's is 0\.0003/,
+      ],
+      ["no schedule", [plain, out, "--optimizer", "AdamW"], 2, /name its schedule with --schedule/],
+      [
+        "bad schedule",
+        [plain, out, "--optimizer", "AdamW", "--schedule", "steps"],
+        2,
+        /expected cosine\|linear/,
+      ],
+    ];
+    for (const [what, args, code, message] of cases) {
+      const r = await tool("to_halfstep.py", args);
+      assertOneLine(r, code, message, what);
+      assert.ok(!(await Deno.stat(out).then(() => true, () => false)), `${what}: nothing written`);
+    }
+    const ok = await tool("to_halfstep.py", [plain, out, ...right]);
+    assert.equal(ok.code, 0, ok.stderr);
+  } finally {
+    await Deno.remove(dir, { recursive: true });
+  }
+});
