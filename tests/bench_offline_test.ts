@@ -73,7 +73,7 @@ Deno.test("bench: matmul --size small runs with no npm packages and no network",
 
 Deno.test("bench: the GPU command the guides show is the one these tests run offline", async () => {
   const lines = (await readDocs()).flatMap((d) => shellLines(d.text))
-    .filter((l) => l.includes("examples/bench.ts"));
+    .filter((l) => l.includes("examples/bench.ts gpt ops matmul tilings"));
   assert.deepEqual(lines, [
     `deno run ${FLAGS.join(" ")} examples/bench.ts gpt ops matmul tilings --size real`,
   ]);
