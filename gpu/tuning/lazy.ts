@@ -162,9 +162,11 @@ export async function tuneAtWait(gpu: Gpu, unbounded = false): Promise<number> {
     for (const job of pendingTuning(gpu)) {
       if (!unbounded && spent() >= budget.perWaitSeconds) break;
       if (!unbounded && lazy.spentSeconds + spent() >= budget.totalSeconds) {
+        const left = lazy.pending.size;
         warnOnce(
-          `lazy tuning stopped at its budget of ${budget.totalSeconds} s; ` +
-            `${lazy.pending.size} kernel shapes keep their default (await tunePending(gpu) tunes them)`,
+          `lazy tuning stopped at its budget of ${budget.totalSeconds} s; ${left} more ` +
+            `${left === 1 ? "key keeps its" : "keys keep their"} default ` +
+            "(await tunePending(gpu) tunes what is left)",
         );
         break;
       }
