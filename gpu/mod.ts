@@ -104,6 +104,7 @@ export { defineTunerSettings, type TunerSettings } from "./tuning/settings.ts";
 export {
   LAZY_MIN_WORK,
   LAZY_TUNING_BUDGET,
+  type LazyRunner,
   type LazyTuning,
   lazyTuning,
   type PendingTuning,

@@ -31,73 +31,11 @@ import {
   tunePending,
   type TuningProgress,
 } from "../gpu/mod.ts";
-import { startLazyTuning } from "../gpu/kernels/tuning_modes.ts";
-import { withFreshTunerSettings } from "../gpu/tuning/settings.ts";
-import { setTuningStore, type TuningStore } from "../gpu/tuning/store.ts";
 import { shapeState } from "../gpu/kernels/gemm/shape_picks.ts";
 import { denseProblem } from "../gpu/kernels/gemm/matmul_class.ts";
 import { matmul64 } from "./_reference.ts";
 import { asGpu, gpu, GPU_TEST } from "./_gpu.ts";
-
-/** A store in memory: the tests neither read nor write the user's cache. */
-function memoryStore(): TuningStore {
-  const entries = new Map<string, string>();
-  return {
-    where: "memory",
-    getItem: (key) => entries.get(key) ?? null,
-    setItem: (key, value) => void entries.set(key, value),
-    removeItem: (key) => void entries.delete(key),
-    keys: () => [...entries.keys()],
-  };
-}
-
-/** What a lazy run measured: every timing, with the fake clock's time when it was asked for. */
-interface Lazy {
-  /** Each timing's candidate, as JSON. */
-  timings: string[];
-  /** Progress reports as `task done/total`. */
-  progress: string[];
-}
-
-/**
- * Runs `fn` with fresh tuner settings (no picks) and lazy tuning on, as
- * `initGpu()` starts it, but timed by a fake timer: each timing takes
- * `secondsPerTiming` of a fake clock, and `fastest` (JSON) is the fastest
- * candidate. `budget` replaces fields of the budget.
- */
-async function withLazyTuning(
-  options: {
-    secondsPerTiming?: number;
-    fastest?: string;
-    budget?: Partial<{ perWaitSeconds: number; totalSeconds: number }>;
-  },
-  fn: (lazy: Lazy) => Promise<void>,
-  profile: (run: () => Promise<void>) => Promise<void> = (run) => withFreshTunerSettings(gpu, run),
-): Promise<void> {
-  const saved = setTuningStore(memoryStore());
-  const record: Lazy = { timings: [], progress: [] };
-  let now = 0;
-  try {
-    await profile(async () => {
-      startLazyTuning(gpu, ({ task, done, total }: TuningProgress) => {
-        record.progress.push(`${task} ${done}/${total}`);
-      });
-      const lazy = lazyTuning.of(gpu);
-      Object.assign(lazy.budget, options.budget ?? {});
-      lazy.clock = () => now;
-      lazy.timer = (candidate) => {
-        const name = JSON.stringify(candidate);
-        record.timings.push(name);
-        now += options.secondsPerTiming ?? 0.01;
-        return Promise.resolve(name === options.fastest ? 1e-4 : 1e-3);
-      };
-      await fn(record);
-    });
-  } finally {
-    gpu.setWaitWork(null);
-    setTuningStore(saved);
-  }
-}
+import { withLazyTuning } from "./_lazy_tuning.ts";
 
 /** The values of an m × k (or k × m) operand: fixed, in [-0.5, 0.5). */
 function values(count: number, step: number, period: number): number[] {

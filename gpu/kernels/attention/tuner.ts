@@ -156,9 +156,7 @@ export async function tuneAttention(
   options: TuneAttentionOptions = {},
 ): Promise<AttentionTuning[]> {
   const measured = new Map<string, { plan: AttentionPlan; ms: number }[]>();
-  // bf16 needs no shader-f16: every adapter has it.
-  const dtypes: readonly FloatDType[] = options.dtypes ??
-    (gpu.f16 ? ["f32", "f16", "bf16"] : ["f32", "bf16"]);
+  const dtypes = options.dtypes ?? deviceDtypes(gpu);
   const listed = dtypes.map((dtype) => ({ shape: dtype, problem: attentionTuningProblem(gpu) }));
   const outcomes = await tuneClasses(
     gpu,
@@ -279,10 +277,20 @@ function shapeTuning(
 }
 
 /**
- * Gives the kernels every dtype's plan the per-user cache holds for `gpu`
- * (measuring nothing): lazy tuning then measures only the dtypes missing.
+ * Gives the kernels the plan of each of `gpu`'s dtypes that the per-user
+ * cache holds (measuring nothing): lazy tuning then measures only the
+ * dtypes missing.
  */
 export function useCachedAttentionPlans(gpu: Gpu): void {
   const { plans } = attentionSettings.of(gpu);
-  for (const [key, record] of readPicks(gpu, DTYPE_STORE)) plans.set(key, record.pick);
+  const cached = readPicks(gpu, DTYPE_STORE);
+  for (const dtype of deviceDtypes(gpu)) {
+    const record = cached.get(dtype);
+    if (record) plans.set(dtype, record.pick);
+  }
+}
+
+/** The storage dtypes `gpu` runs attention in (bf16 needs no shader-f16: every adapter has it). */
+function deviceDtypes(gpu: Gpu): FloatDType[] {
+  return gpu.f16 ? ["f32", "f16", "bf16"] : ["f32", "bf16"];
 }

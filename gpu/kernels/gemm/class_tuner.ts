@@ -202,10 +202,16 @@ export async function tuneMatmul(
 }
 
 /**
- * Gives dispatch every class winner the per-user cache holds for `gpu`
- * (measuring nothing): lazy tuning then measures only the classes missing.
+ * Gives dispatch the winner of each class `initGpu({ tuning: "eager" })`
+ * would tune ({@link defaultTuningClasses}) that the per-user cache holds
+ * for `gpu`, measuring nothing, as eager tuning does with a full cache:
+ * lazy tuning then measures only the classes missing.
  */
 export function useCachedMatmulTilings(gpu: Gpu): void {
   const { classTilings } = matmulSettings.of(gpu);
-  for (const [key, record] of readPicks(gpu, CLASS_STORE)) classTilings.set(key, record.pick);
+  const cached = readPicks(gpu, CLASS_STORE);
+  for (const c of defaultTuningClasses(gpu)) {
+    const record = cached.get(matmulClassKey(c));
+    if (record) classTilings.set(matmulClassKey(c), record.pick);
+  }
 }
