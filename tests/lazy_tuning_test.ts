@@ -29,7 +29,6 @@ import {
   pendingTuning,
   tilingFor,
   tunePending,
-  type TuningProgress,
 } from "../gpu/mod.ts";
 import { shapeState } from "../gpu/kernels/gemm/shape_picks.ts";
 import { denseProblem } from "../gpu/kernels/gemm/matmul_class.ts";

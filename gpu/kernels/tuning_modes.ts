@@ -11,7 +11,7 @@
 import type { Gpu } from "../device/gpu.ts";
 import type { FloatDType } from "../base/dtype.ts";
 import type { TuningProgress } from "../tuning/timing.ts";
-import { lazyTuning, tuneAtWait, type TuningMode } from "../tuning/lazy.ts";
+import { type LazyRunner, lazyTuning, tuneAtWait, type TuningMode } from "../tuning/lazy.ts";
 import { tuneMatmul, useCachedMatmulTilings } from "./gemm/class_tuner.ts";
 import { tuneMatmulShapes } from "./gemm/shape_tuner.ts";
 import { MATMUL_CLASS_TASK, type MatmulClass } from "./gemm/matmul_class.ts";
@@ -22,6 +22,17 @@ import {
   ATTENTION_SHAPE_TASK,
   type AttentionShape,
 } from "./attention/settings.ts";
+
+/** Each family's tuner of one noted key, in the order the tasks go: coarse keys first. */
+const LAZY_RUNNERS: [string, LazyRunner][] = [
+  [MATMUL_CLASS_TASK, (g, c, timer) => tuneMatmul(g, { classes: [c as MatmulClass], timer })],
+  [ATTENTION_PLAN_TASK, (g, d, timer) => tuneAttention(g, { dtypes: [d as FloatDType], timer })],
+  [MATMUL_SHAPE_TASK, (g, s, timer) => tuneMatmulShapes(g, { shapes: [s as MatmulShape], timer })],
+  [
+    ATTENTION_SHAPE_TASK,
+    (g, s, t) => tuneAttentionShapes(g, { shapes: [s as AttentionShape], timer: t }),
+  ],
+];
 
 /**
  * Starts `gpu`'s tuning in `mode` (see the module comment); `onProgress`
@@ -56,22 +67,7 @@ export function startLazyTuning(
   const lazy = lazyTuning.of(gpu);
   lazy.mode = "lazy";
   lazy.onProgress = onProgress;
-  lazy.runners.set(
-    MATMUL_CLASS_TASK,
-    (g, c, timer) => tuneMatmul(g, { classes: [c as MatmulClass], timer }),
-  );
-  lazy.runners.set(
-    ATTENTION_PLAN_TASK,
-    (g, dtype, timer) => tuneAttention(g, { dtypes: [dtype as FloatDType], timer }),
-  );
-  lazy.runners.set(
-    MATMUL_SHAPE_TASK,
-    (g, s, timer) => tuneMatmulShapes(g, { shapes: [s as MatmulShape], timer }),
-  );
-  lazy.runners.set(
-    ATTENTION_SHAPE_TASK,
-    (g, s, timer) => tuneAttentionShapes(g, { shapes: [s as AttentionShape], timer }),
-  );
+  for (const [task, run] of LAZY_RUNNERS) lazy.runners.set(task, run);
   useCachedMatmulTilings(gpu);
   useCachedAttentionPlans(gpu);
   gpu.setWaitWork(async (g) => void await tuneAtWait(g));
