@@ -100,6 +100,8 @@ export interface LazyTuning {
   readonly finished: Set<string>;
   /** Wall seconds lazy tuning has taken on this device. */
   spentSeconds: number;
+  /** True once the total budget stopped it (said once). */
+  overBudget: boolean;
 }
 
 /**
@@ -115,6 +117,7 @@ export const lazyTuning: TunerSettings<LazyTuning> = defineTunerSettings("lazy t
   pending: new Map(),
   finished: new Set(),
   spentSeconds: 0,
+  overBudget: false,
 }));
 
 /**
@@ -162,12 +165,16 @@ export async function tuneAtWait(gpu: Gpu, unbounded = false): Promise<number> {
     for (const job of pendingTuning(gpu)) {
       if (!unbounded && spent() >= budget.perWaitSeconds) break;
       if (!unbounded && lazy.spentSeconds + spent() >= budget.totalSeconds) {
-        const left = lazy.pending.size;
-        warnOnce(
-          `lazy tuning stopped at its budget of ${budget.totalSeconds} s; ${left} more ` +
-            `${left === 1 ? "key keeps its" : "keys keep their"} default ` +
-            "(await tunePending(gpu) tunes what is left)",
-        );
+        if (!lazy.overBudget) {
+          // Information, on stdout as the tuning line: a run's warnings stay its own.
+          const left = lazy.pending.size;
+          console.info(
+            `halfstep: lazy tuning stopped at its budget of ${budget.totalSeconds} s; ${left} ` +
+              `more ${left === 1 ? "kernel keeps its" : "kernels keep their"} default ` +
+              "(await tunePending(gpu) tunes what is left)",
+          );
+        }
+        lazy.overBudget = true;
         break;
       }
       if (done === 0) lazy.onProgress?.({ task: job.task, done, total });
