@@ -22,6 +22,7 @@ import {
 } from "../mod.ts";
 import {
   attentionSettings,
+  initGpu,
   LAZY_MIN_WORK,
   lazyTuning,
   matmulCandidates,
@@ -218,5 +219,30 @@ Deno.test({
       );
       q.dispose();
     }, asGpu);
+  },
+});
+
+Deno.test({
+  name: "initGpu's tuning option: lazy, eager or off, checked before any adapter; " +
+    "a fixed tiling turns tuning off, and a mode beside it is refused",
+  ...GPU_TEST,
+  async fn() {
+    await assert.rejects(
+      initGpu({ tuning: "sometimes" as "lazy" }),
+      /^ValueError: initGpu: tuning must be "lazy", "eager" or "off", not "sometimes"/,
+    );
+    await assert.rejects(
+      initGpu({ tuning: "eager", matmulTiling: "default" }),
+      /^ValueError: initGpu: tuning "eager" tunes the matmul tilings, which matmulTiling "default" fixes/,
+    );
+    for (const options of [{ tuning: "off" }, { matmulTiling: "default" }] as const) {
+      const other = await initGpu({ ...options, setDefault: false });
+      assert.equal(lazyTuning.of(other).mode, "off", JSON.stringify(options));
+      const a = Tensor.full([128, 128], 1, { gpu: other });
+      matmul(a, a).dispose(); // 2^21 multiply-adds: noted, were tuning lazy
+      await other.sync();
+      assert.deepEqual(pendingTuning(other), [], "nothing noted");
+      other.destroy();
+    }
   },
 });
