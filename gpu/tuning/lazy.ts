@@ -28,14 +28,18 @@
  * gone on tuning at that wait, and none once 60 s have gone in all on the
  * device: a wait grows by 2 s and one job at most (a class takes 2–4 s on
  * lavapipe, a shape milliseconds on a GPU). Coarse keys (classes, dtypes)
- * go before shapes, each in the order it first ran. What the budget leaves
- * keeps its default until `tunePending(gpu)`.
+ * go before shapes, each in the order it first ran. What a wait's budget
+ * leaves goes to the next wait; what the total leaves keeps its default
+ * until `tunePending(gpu)`. With 0 s a wait, keys are noted and never tuned
+ * at a wait: `tunePending` says when (the benchmark does, before it times).
  *
  * Determinism. Different tilings may round differently (their sums run in
  * another order), so: a run whose picks all come from the cache repeats
  * bit for bit, and two runs with the same complete cache give the same
  * bits — as a resumed run does, which reads the picks its first part
- * measured. A key the cache lacks runs the default until the wait after it
+ * measured (when that part had tuned every key it ran before it saved, as
+ * its saves' reads are waits: unless the budget stopped it). A key the
+ * cache lacks runs the default until the wait after it
  * first ran, then its pick: the first steps of a cold run may differ from a
  * warm one's. To compare bits within one process, or between cold runs,
  * use `initGpu({ tuning: "eager" })` (everything tuned at start-up) or
