@@ -1,5 +1,6 @@
 /** What the benchmark entries share: the result record, options, timing and clean-up. */
 import type { Gpu } from "../mod.ts";
+import { tunePending } from "../gpu/mod.ts";
 import type { TuningReport } from "./_bench_tuning.ts";
 
 /** One benchmark result line. */
@@ -39,10 +40,21 @@ export function disposeAll(...things: { dispose(): void }[]): void {
   for (const thing of things) thing.dispose();
 }
 
-/** Runs `fn` `count` times between two GPU syncs and returns seconds per run. */
-export async function timed(gpu: Gpu, count: number, fn: () => void): Promise<number> {
-  fn(); // warm-up: compile pipelines, fill the pool
+/**
+ * Runs `fn` once and tunes what it ran: the warm-up before a timing. Its
+ * pipelines compile and the pool fills, and every kernel shape it noted
+ * untuned is tuned now (the benchmark's device never tunes at a wait:
+ * `holdTuningForBench`), so what is timed next runs tuned kernels.
+ */
+export async function warmUp(gpu: Gpu, fn: () => void): Promise<void> {
+  fn();
   await gpu.sync();
+  await tunePending(gpu);
+}
+
+/** Runs `fn` `count` times between two GPU syncs, after a {@link warmUp}, and returns seconds per run. */
+export async function timed(gpu: Gpu, count: number, fn: () => void): Promise<number> {
+  await warmUp(gpu, fn);
   const start = performance.now();
   for (let i = 0; i < count; i++) fn();
   await gpu.sync();
@@ -50,7 +62,7 @@ export async function timed(gpu: Gpu, count: number, fn: () => void): Promise<nu
 }
 
 /**
- * GPU milliseconds per run of `fn` (`count` runs, after one warm-up), from
+ * GPU milliseconds per run of `fn` (`count` runs, after a {@link warmUp}), from
  * the profiler's timestamps where the adapter has them, with the bytes and
  * FLOPs the kernels reported; wall time per run where it has none.
  */
@@ -59,8 +71,7 @@ export async function gpuTimed(
   count: number,
   fn: () => void,
 ): Promise<{ ms: number; bytes: number | null; flops: number | null; timing: string }> {
-  fn();
-  await gpu.sync();
+  await warmUp(gpu, fn);
   if (!gpu.device.features.has("timestamp-query")) {
     return { ms: (await timed(gpu, count, fn)) * 1000, bytes: null, flops: null, timing: "wall" };
   }

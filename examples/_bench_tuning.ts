@@ -2,10 +2,12 @@
  * The benchmark's tuning and its report: what each matmul class and each
  * attention dtype picked at start-up, and each matmul and attention shape
  * `gpt` tuned after its first step (GPUs only), and how fast the pick ran on the
- * tuner's problem. `initGpu` tunes the same way but keeps only the winners, so the
- * benchmark starts the device untuned and runs the tuners itself to keep
- * their measurements (a winner read from the per-adapter cache has none:
- * `--retune` measures again).
+ * tuner's problem. `initGpu({ tuning: "eager" })` tunes the same way but keeps
+ * only the winners, so the benchmark runs the tuners itself to keep their
+ * measurements (a winner read from the per-adapter cache has none:
+ * `--retune` measures again). Whatever else an entry runs untuned (on GPUs,
+ * every product and attention at its own shape) is tuned in the entry's
+ * warm-up, before it times (`holdTuningForBench`).
  */
 import {
   type AttentionPlan,
@@ -14,6 +16,7 @@ import {
   type AttentionTuning,
   type ClassTuning,
   type Gpu,
+  lazyTuning,
   matmulClassKey,
   matmulShapeReport,
   type ShapeTuning,
@@ -53,6 +56,18 @@ export interface TuningReport {
   retune: boolean;
   /** Wall seconds per-shape tuning took (cache reads included; `gpt` adds to it). */
   shapeSeconds: number;
+}
+
+/**
+ * Makes `gpu` (started with lazy tuning) a benchmark's device: every kernel
+ * shape it runs untuned is still noted, but none is tuned at a wait — only
+ * where the benchmark says, in each entry's warm-up (`warmUp` in
+ * _bench.ts), before it times — so nothing tunes while it times.
+ */
+export function holdTuningForBench(gpu: Gpu): void {
+  const lazy = lazyTuning.of(gpu);
+  lazy.budget.perWaitSeconds = 0;
+  lazy.onProgress = announce;
 }
 
 /** Progress of a tuning run on stderr (stdout carries only JSON lines). */

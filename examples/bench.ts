@@ -56,10 +56,12 @@
  * × ~50 runs ≈ 30 s; `matmul` 24 products, ≤ 11 runs each, ≈ 10 s;
  * `tilings` 2 dtypes × 7 products × 7 candidates, plus chunked f16 sums and
  * unsplit weight gradients, ≈ 110 timings of ≤ 4 runs at ≤ 0.1 s each plus
- * their compiles ≈ 1 min. Each well under 5 minutes. Per-shape tuning (`gpt`,
- * after each mode's first step): ≤ 15 shapes × 14 timings × ~25 ms ≈ 5 s per
- * dtype plus new pipelines, and one attention shape per dtype × up to 20
- * timings (17 plans, 3 finalists again) of ≥ 0.1 s ≈ 2–4 s, once per adapter.
+ * their compiles ≈ 1 min. Each well under 5 minutes. Per-shape tuning (every
+ * entry's warm-up tunes the shapes it ran, `gpt` after each mode's first
+ * step): ≤ 15 shapes × 14 timings × ~25 ms ≈ 5 s per dtype plus new
+ * pipelines, and one attention shape per dtype × up to 20 timings (17 plans,
+ * 3 finalists again) of ≥ 0.1 s ≈ 2–4 s, once per adapter; `matmul`'s 24
+ * and `ops`' ~30 shapes ≈ 10–15 s more each, once per adapter.
  *
  * @module
  */
@@ -67,7 +69,7 @@ import { type Gpu, initGpu } from "../mod.ts";
 import { tilingNames } from "../gpu/mod.ts";
 import { type BenchOptions, type BenchSize, cpuName, type Result } from "./_bench.ts";
 import { parseFlags } from "./_cli.ts";
-import { tuneForBench, tuningTable } from "./_bench_tuning.ts";
+import { holdTuningForBench, tuneForBench, tuningTable } from "./_bench_tuning.ts";
 import { benchCnn } from "./bench_cnn.ts";
 import { benchGpt } from "./bench_gpt.ts";
 import { benchGpt2, benchGpt2Memory } from "./bench_gpt2.ts";
@@ -217,8 +219,10 @@ async function main(): Promise<void> {
     Deno.exit(2);
   }
   nativeBackendsOnly();
-  // Untuned: the benchmark runs the tuners itself, to report their picks and times.
-  const gpu = await initGpu({ matmulTiling: "default" });
+  // Lazy tuning notes what each entry runs; each warm-up tunes it, before the entry times.
+  const gpu = await initGpu({ tuning: "lazy" });
+  holdTuningForBench(gpu);
+  // The tuners run here too, to report every class's and dtype's pick with its time.
   const tuning = await tuneForBench(gpu, values.retune);
   console.error(tuningTable(tuning));
   const options: BenchOptions = { steps, repeats, size, tuning };

@@ -28,7 +28,7 @@ import {
   Tensor,
   tidy,
 } from "../mod.ts";
-import { type BenchOptions, disposeAll, resolveSize, type Result } from "./_bench.ts";
+import { type BenchOptions, disposeAll, resolveSize, type Result, warmUp } from "./_bench.ts";
 import { KvCache } from "./gpt2_generate.ts";
 import { gpt2StepPeakBytes } from "./gpt2_memory.ts";
 import { GPT2_124M, gpt2Config, type Gpt2Sizes, initGpt2 } from "./gpt2_weights.ts";
@@ -46,8 +46,7 @@ async function msPerToken(
   at: number,
   tokens: number,
 ) {
-  step(at - 1).dispose();
-  await gpu.sync();
+  await warmUp(gpu, () => step(at - 1).dispose());
   const start = performance.now();
   for (let i = 0; i < tokens; i++) {
     const logits = step(at + i);

@@ -24,6 +24,7 @@ import {
   Tensor,
 } from "../mod.ts";
 import { disposeAll, type Result, timed } from "./_bench.ts";
+import { tunePending } from "../gpu/mod.ts";
 import { mnistCnn, mnistMlp } from "./mnist_model.ts";
 
 /** A classifier to time: how to build it and the shape of its input batch. */
@@ -259,6 +260,7 @@ export async function benchSoak(gpu: Gpu, steps: number): Promise<Result[]> {
       .dispose();
     if (i === warmup) {
       await gpu.sync();
+      await tunePending(gpu); // what the warm-up ran, before the measured steps
       start = snapshot();
     }
   }

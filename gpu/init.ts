@@ -5,10 +5,10 @@ import { Gpu, setDefaultGpu } from "./device/gpu.ts";
 import { fail, GpuError } from "./base/errors.ts";
 import { checkInitGpuOptions, type InitGpuOptions } from "./init_options.ts";
 import { wgslRuntime } from "./device/kernel.ts";
-import { tuneMatmul } from "./kernels/gemm/class_tuner.ts";
 import { matmulSettings } from "./kernels/gemm/settings.ts";
 import type { TuningProgress } from "./tuning/timing.ts";
-import { tuneAttention } from "./kernels/attention/tuner.ts";
+import { startTuning } from "./kernels/tuning_modes.ts";
+import { LAZY_TUNING_BUDGET, type TuningMode } from "./tuning/lazy.ts";
 import { warnOnce } from "./base/warn_once.ts";
 import { tuningStore } from "./tuning/store.ts";
 
@@ -17,9 +17,11 @@ const NO_ADAPTER_HELP = "On a machine without a GPU, install the Vulkan CPU driv
 
 /**
  * Acquires a WebGPU device with the adapter's real limits (and `shader-f16`
- * when available and wanted), picks the matmul tiling, and makes it the
- * default device for new tensors. An unknown option name or an invalid value
- * is a `ValueError` listing the valid ones, before any adapter is requested.
+ * when available and wanted), starts tuning (by default lazily: the picks
+ * the per-user cache holds now, the rest as each shape first runs; see
+ * `InitGpuOptions.tuning`), and makes it the default device for new
+ * tensors. An unknown option name or an invalid value is a `ValueError`
+ * listing the valid ones, before any adapter is requested.
  *
  * @example
  * ```ts
@@ -89,14 +91,12 @@ export async function initGpu(options: InitGpuOptions = {}): Promise<Gpu> {
   if (typeof options.matmulTiling === "object") {
     matmulSettings.of(gpu).tiling = options.matmulTiling;
   }
-  if ((options.matmulTiling ?? "tune") === "tune") {
-    const onProgress = options.onProgress ?? announceTuning;
-    await tuneMatmul(gpu, { onProgress });
-    await tuneAttention(gpu, { onProgress });
-    // The search's scratch buffers should not show up in the user's figures.
-    gpu.pool.releaseCached();
-    gpu.resetPeakMemory();
-  }
+  // A fixed or default tiling turns tuning off (checkInitGpuOptions refuses it with a mode).
+  const tuning: TuningMode = (options.matmulTiling ?? "tune") === "tune"
+    ? options.tuning ?? "lazy"
+    : "off";
+  const announce = tuning === "lazy" ? announceLazyTuning() : announceTuning;
+  await startTuning(gpu, tuning, options.onProgress ?? announce);
   if (options.setDefault ?? true) setDefaultGpu(gpu);
   return gpu;
 }
@@ -135,14 +135,29 @@ async function acceptsSubgroupsDirective(device: GPUDevice): Promise<boolean> {
   return (await device.popErrorScope()) === null;
 }
 
-/** The default progress report: one line as a tuning run starts. */
+/** The default progress report of eager tuning: one line as a tuning run starts. */
 function announceTuning({ task, done, total }: TuningProgress): void {
   if (done !== 0) return;
   console.info(
     `halfstep: measuring ${task} for this adapter (${total} problem${total === 1 ? "" : "s"}; ` +
       `once: the winners are kept in ${tuningStore().where}). ` +
-      'initGpu({ matmulTiling: "default" }) skips it.',
+      'initGpu({ tuning: "off" }) skips it.',
   );
+}
+
+/** The default progress report of lazy tuning: one line, the first time it measures. */
+function announceLazyTuning(): (progress: TuningProgress) => void {
+  let said = false;
+  const { perWaitSeconds, totalSeconds } = LAZY_TUNING_BUDGET;
+  return ({ done }) => {
+    if (done !== 0 || said) return;
+    said = true;
+    console.info(
+      "halfstep: tuning the kernels of this run's shapes as they first run, while it waits " +
+        `(at most ${perWaitSeconds} s a wait, ${totalSeconds} s in all; once: the picks are kept ` +
+        `in ${tuningStore().where}). initGpu({ tuning: "off" }) skips it.`,
+    );
+  };
 }
 
 /**

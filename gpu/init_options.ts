@@ -7,6 +7,7 @@ import type { FlushPolicy } from "./device/command_batch.ts";
 import type { F16Accumulation, MatmulTiling } from "./kernels/gemm/settings.ts";
 import type { F16Mode } from "./device/gpu.ts";
 import type { TuningProgress } from "./tuning/timing.ts";
+import type { TuningMode } from "./tuning/lazy.ts";
 import { fail, ValueError } from "./base/errors.ts";
 import { shortValue } from "./base/short_text.ts";
 import { TILING_KINDS, tilingKind } from "./kernels/gemm/tilings.ts";
@@ -26,11 +27,26 @@ export interface InitGpuOptions {
   /**
    * The matmul tilings: `"tune"` (default) measures the candidates per matmul
    * class (dtype, orientation, size) once per adapter and caches the winners
-   * (see `tuneMatmul`), and the fused attention kernels' rows per workgroup
-   * likewise (`tuneAttention`); `"default"` skips both; or give one tiling for
-   * every class (attention is then not tuned either).
+   * (see `tuneMatmul`), and the fused attention kernels' plans likewise
+   * (`tuneAttention`), when {@link InitGpuOptions.tuning} says; `"default"`
+   * skips both; or give one tiling for every class (attention is then not
+   * tuned either).
    */
   matmulTiling?: "tune" | "default" | MatmulTiling;
+  /**
+   * When kernels are tuned. `"lazy"` (default): dispatch uses the picks the
+   * per-user cache holds, and a product (or attention) whose class or, on
+   * GPUs, shape has none runs the default and is tuned at the next wait
+   * (`gpu.sync()`, `read()`, `item()`), within a budget of 2 s a wait and
+   * 60 s in all (`LAZY_TUNING_BUDGET`; products under `LAZY_MIN_WORK`
+   * multiply-adds are never tuned), so a tiny model starts at once;
+   * `tunePending(gpu)` tunes what is noted now. `"eager"`: every matmul
+   * class and attention dtype of the adapter before `initGpu` returns
+   * (seconds on a GPU, 40 s to 2 min on a CPU adapter, once). `"off"`: the
+   * default tiling and plans, as `matmulTiling: "default"`. See
+   * gpu/tuning/lazy.ts for what stays bit for bit.
+   */
+  tuning?: TuningMode;
   /**
    * When the open batch of commands is submitted without a read:
    * `"auto"` (default) uses a policy measured for this kind of adapter (see
@@ -66,10 +82,12 @@ export interface InitGpuOptions {
   /** Passed to `requestAdapter`. */
   powerPreference?: GPUPowerPreference;
   /**
-   * Told how start-up tuning goes (only measurements the per-adapter cache
-   * lacks; nothing when it holds every winner). Default: one line on the
-   * console before the first measurement, since tuning takes seconds on a GPU
-   * and up to a minute on a CPU adapter; `() => {}` silences it.
+   * Told how tuning goes (only measurements the per-adapter cache lacks;
+   * nothing when it holds every winner): with `tuning: "eager"` each
+   * tuner's run at start-up, with `"lazy"` each wait's (`total` is the keys
+   * pending as it began; the budget may leave some to a later wait).
+   * Default: one line on the console before the first measurement (with
+   * `"lazy"`, only the first time); `() => {}` silences it.
    */
   onProgress?: (progress: TuningProgress) => void;
 }
@@ -134,6 +152,7 @@ const CHECKS: Record<keyof InitGpuOptions, (name: string, v: unknown) => string 
   debug: boolean,
   matmulTiling: (name, v) =>
     typeof v === "string" ? oneOf(["tune", "default"])(name, v) : matmulTiling(name, v),
+  tuning: oneOf(["lazy", "eager", "off"]),
   flush,
   memoryLimitBytes: positiveBytes,
   f16Accumulation: oneOf(["f32", "chunked"]),
@@ -164,6 +183,13 @@ export function checkInitGpuOptions(options: unknown): void {
       const problem = check(name, value);
       if (problem) problems.push(problem);
     }
+  }
+  const { tuning, matmulTiling } = options as InitGpuOptions;
+  if ((tuning === "lazy" || tuning === "eager") && (matmulTiling ?? "tune") !== "tune") {
+    problems.push(
+      `tuning ${shortValue(tuning)} tunes the matmul tilings, which matmulTiling ` +
+        `${shortValue(matmulTiling)} fixes; give one of them`,
+    );
   }
   fail(ValueError, "initGpu", problems);
 }

@@ -53,7 +53,14 @@ export { sameShape, type Shape, shapeString, sizeOf } from "./base/shape.ts";
 export { cut, quoted, shortValue } from "./base/short_text.ts";
 
 // the device: Gpu, device arrays, the buffer pool, kernels as data, batching, profiling
-export { type F16Mode, getGpu, Gpu, type ProfileOptions, setDefaultGpu } from "./device/gpu.ts";
+export {
+  type F16Mode,
+  getGpu,
+  Gpu,
+  type ProfileOptions,
+  setDefaultGpu,
+  type WaitWork,
+} from "./device/gpu.ts";
 export type { AdapterProfile, ProfileLimits } from "./device/adapter_profile.ts";
 export {
   type DispatchCost,
@@ -94,6 +101,18 @@ export type { CandidateTimer, TuningProgress } from "./tuning/timing.ts";
 export type { TimedPick } from "./tuning/cache.ts";
 export type { ClassTuningOptions, ShapePicks, ShapeTuningOptions } from "./tuning/picks.ts";
 export { defineTunerSettings, type TunerSettings } from "./tuning/settings.ts";
+export {
+  LAZY_MIN_WORK,
+  LAZY_TUNING_BUDGET,
+  type LazyRunner,
+  type LazyTuning,
+  lazyTuning,
+  type PendingTuning,
+  pendingTuning,
+  tunePending,
+  type TuningBudget,
+  type TuningMode,
+} from "./tuning/lazy.ts";
 
 // kernel families: settings, tuners, vocabulary
 export {
@@ -120,6 +139,7 @@ export {
   type AttentionShapeTuning,
   type AttentionTuning,
   tuneAttention,
+  type TuneAttentionOptions,
   tuneAttentionShapes,
   type TuneAttentionShapesOptions,
 } from "./kernels/attention/tuner.ts";

@@ -1,11 +1,23 @@
 /**
  * The benchmark's tuning report gives each tuner's winner with the winner's
  * own measurement (not the first candidate's, not the fastest of another
- * class), and no time for a winner read from the cache.
+ * class), and no time for a winner read from the cache; and the benchmark
+ * times tuned kernels: what an entry runs untuned is tuned in its warm-up,
+ * never while it times.
  */
 import assert from "node:assert/strict";
-import { tuningReport } from "../examples/_bench_tuning.ts";
-import type { AttentionTuning, ClassTuning, MatmulTiling } from "../gpu/mod.ts";
+import { holdTuningForBench, tuningReport } from "../examples/_bench_tuning.ts";
+import { gpuTimed, timed } from "../examples/_bench.ts";
+import {
+  type AttentionTuning,
+  type ClassTuning,
+  matmul,
+  type MatmulTiling,
+  pendingTuning,
+  Tensor,
+} from "../gpu/mod.ts";
+import { gpu, GPU_TEST } from "./_gpu.ts";
+import { withLazyTuning } from "./_lazy_tuning.ts";
 
 const tiling = (tm: number, tk: number): MatmulTiling => ({
   variant: "shared",
@@ -56,4 +68,39 @@ Deno.test("bench tuning report: the winner's own time, none when cached", () => 
     candidates: 2,
     cached: false,
   }]);
+});
+
+Deno.test({
+  name: "bench: an entry's warm-up tunes what it ran, before it times; nothing tunes at a wait " +
+    "or while it times",
+  ...GPU_TEST,
+  async fn() {
+    const log: string[] = [];
+    await withLazyTuning({ onTiming: () => log.push("tune") }, async () => {
+      holdTuningForBench(gpu);
+      const a = Tensor.full([128, 96], 0.5), b = Tensor.full([96, 64], 0.25);
+      // A wait with a product untuned: the bench's device notes it and does not tune.
+      matmul(a, b).dispose();
+      await gpu.sync();
+      assert.equal(log.length, 0, "no tuning at a wait");
+      assert.equal(pendingTuning(gpu).length, 1);
+      const run = (transB: boolean) => () => {
+        log.push("run");
+        matmul(a, transB ? a : b, { transB }).dispose();
+      };
+      await timed(gpu, 3, run(false));
+      const tunings = log.filter((e) => e === "tune").length;
+      assert.ok(tunings > 0, "the warm-up's product was tuned");
+      assert.deepEqual(log, ["run", ...Array(tunings).fill("tune"), "run", "run", "run"]);
+      log.length = 0;
+      await gpuTimed(gpu, 2, run(true)); // another class (a·aᵀ): tuned after the first run
+      assert.equal(log[0], "run");
+      const last = log.lastIndexOf("tune");
+      assert.ok(last > 0 && log.indexOf("tune") === 1, JSON.stringify(log));
+      assert.ok(log.slice(last + 1).length >= 2 && !log.slice(last + 1).includes("tune"));
+      assert.deepEqual(pendingTuning(gpu), []);
+      a.dispose();
+      b.dispose();
+    });
+  },
 });

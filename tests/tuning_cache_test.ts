@@ -14,6 +14,7 @@ import assert from "node:assert/strict";
 import { join } from "node:path";
 import { HALFSTEP_VERSION } from "../gpu/tuning/store.ts";
 import { ROOT } from "./_bundle.ts";
+import { readReadme, tsSnippets } from "./_readme.ts";
 
 /** Tunes one small matmul class (`dtype orientation` from the arguments), then trains XOR. */
 const SCRIPT = `
@@ -262,4 +263,83 @@ Deno.test("tuning cache: without permission to use it (and with a damaged localS
 Deno.test("tuning cache: its file is named by halfstep's version, deno.json's", async () => {
   const config = JSON.parse(await Deno.readTextFile(join(ROOT, "deno.json")));
   assert.equal(HALFSTEP_VERSION, config.version, "bump HALFSTEP_VERSION with deno.json's version");
+});
+
+/**
+ * Runs with initGpu()'s defaults (lazy tuning) one f32 product worth tuning
+ * (96 × 128 by 128 × 80) and reads it: the wait tunes its class.
+ */
+const LAZY_SCRIPT = `
+import { initGpu, matmul, Tensor } from "${ROOT}/mod.ts";
+import { lazyTuning, matmulSettings } from "${ROOT}/gpu/mod.ts";
+const gpu = await initGpu();
+const cachedAtStart = matmulSettings.of(gpu).classTilings.size;
+const c = matmul(Tensor.full([96, 128], 0.5), Tensor.full([128, 80], 0.25));
+const value = (await c.read())[0];
+const tuned = lazyTuning.of(gpu).finished.size;
+console.log(JSON.stringify({ cachedAtStart, tuned, value }));
+gpu.destroy();
+`;
+
+/** Runs `source` saved as `folder/name` in `dir`, from its folder; stdout's lines and the result. */
+async function runSaved(
+  dir: string,
+  folder: string,
+  name: string,
+  source: string,
+  env: Record<string, string>,
+): Promise<{ code: number; lines: string[]; stderr: string }> {
+  await Deno.mkdir(join(dir, folder), { recursive: true });
+  const path = join(dir, folder, name);
+  await Deno.writeTextFile(path, source);
+  const out = await new Deno.Command(Deno.execPath(), {
+    args: ["run", "--no-check", ...ALL, path],
+    cwd: join(dir, folder),
+    env: { DENO_WEBGPU_BACKEND: "vulkan,metal,dx12", NO_COLOR: "1", ...env },
+    stdout: "piped",
+    stderr: "piped",
+  }).output();
+  const text = (b: Uint8Array) => new TextDecoder().decode(b);
+  return { code: out.code, lines: text(out.stdout).trim().split("\n"), stderr: text(out.stderr) };
+}
+
+Deno.test("tuning cache: initGpu() tunes a product at the wait after it first runs, once: a copy in another folder finds the pick at start-up", async () => {
+  const dir = await Deno.makeTempDir();
+  try {
+    const env = { HALFSTEP_CACHE_DIR: join(dir, "cache") };
+    const first = await runSaved(dir, "one", "lazy.ts", LAZY_SCRIPT, env);
+    assert.equal(first.code, 0, first.stderr);
+    const said = first.lines.filter((l) => l.startsWith("halfstep:"));
+    assert.equal(said.length, 1, `one line says it tunes: ${JSON.stringify(first.lines)}`);
+    assert.match(said[0], /tuning the kernels of this run's shapes as they first run/);
+    const cold = JSON.parse(first.lines.at(-1)!);
+    assert.deepEqual([cold.cachedAtStart, cold.tuned], [0, 1], "nothing cached; one class tuned");
+    assert.equal(cold.value, 128 * 0.5 * 0.25, "the product before the tuning is right");
+    const second = await runSaved(dir, "elsewhere/deeper", "copy.ts", LAZY_SCRIPT, env);
+    assert.equal(second.code, 0, second.stderr);
+    assert.deepEqual(second.lines.filter((l) => l.startsWith("halfstep:")), [], "nothing to say");
+    const warm = JSON.parse(second.lines.at(-1)!);
+    assert.ok(warm.cachedAtStart >= 1, "the pick is there before the first product");
+    assert.equal(warm.tuned, 0, "nothing measured again");
+    assert.equal(warm.value, cold.value);
+  } finally {
+    await Deno.remove(dir, { recursive: true });
+  }
+});
+
+Deno.test("tuning cache: the README's first model starts and trains measuring nothing: no line, no cache file", async () => {
+  const dir = await Deno.makeTempDir();
+  try {
+    const [first] = tsSnippets(await readReadme());
+    assert.match(first, /initGpu\(\)/, "the README's first snippet starts with initGpu's defaults");
+    const source = first.replaceAll('"@halfstep/halfstep"', `"${ROOT}/mod.ts"`);
+    const cache = join(dir, "cache");
+    const r = await runSaved(dir, "s", "first.ts", source, { HALFSTEP_CACHE_DIR: cache });
+    assert.equal(r.code, 0, r.stderr);
+    assert.ok(r.lines.some((l) => /^loss 0\.0\d+ on /.test(l)), `it trained: ${r.lines}`);
+    assert.deepEqual(r.lines.filter((l) => l.startsWith("halfstep:")), [], "no tuning line");
+    await assert.rejects(Deno.stat(cache), Deno.errors.NotFound, "nothing measured, nothing kept");
+  } finally {
+    await Deno.remove(dir, { recursive: true });
+  }
 });

@@ -109,6 +109,15 @@ export class BufferPool {
     this.#peak = this.#allocated;
   }
 
+  /**
+   * Puts back a peak read before the library's own scratch work (lazy
+   * tuning at a wait), so the caller's figures do not show it: the peak
+   * becomes `peakBytes`, or the current allocation if higher.
+   */
+  restorePeak(peakBytes: number): void {
+    this.#peak = Math.max(peakBytes, this.#allocated);
+  }
+
   /** The current figures. */
   stats(): MemoryStats {
     return {

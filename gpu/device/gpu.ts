@@ -37,6 +37,13 @@ export interface ProfileOptions {
   timing?: ProfileTiming;
 }
 
+/**
+ * Work the library does while its caller waits for the GPU anyway (lazy
+ * tuning, gpu/tuning/lazy.ts): run at the end of each wait, after the
+ * caller's work has finished. See {@link Gpu.setWaitWork}.
+ */
+export type WaitWork = (gpu: Gpu) => Promise<void>;
+
 /** Handles to a WebGPU device and the toolkit state bound to it. */
 export class Gpu {
   /** The WebGPU device. */
@@ -76,6 +83,9 @@ export class Gpu {
   /** Kernels dispatched at least once. */
   #tried = new WeakSet<object>();
   #destroyed = false;
+  #waitWork: WaitWork | null = null;
+  /** True while the wait work runs: its own waits do not start it again. */
+  #waitWorking = false;
 
   /** Wraps a device; use {@link initGpu} rather than calling this yourself. */
   constructor(
@@ -263,6 +273,7 @@ export class Gpu {
     await this.device.queue.onSubmittedWorkDone();
     this.throwIfFailed();
     this.#throwOpError();
+    await this.#afterWait();
   }
 
   /** Reads a buffer back. A sync point (see {@link CommandBatch.read}). */
@@ -271,7 +282,29 @@ export class Gpu {
     const data = await this.batch.read(buffer, bytes);
     this.throwIfFailed();
     this.#throwOpError();
+    await this.#afterWait();
     return data;
+  }
+
+  /**
+   * Runs `work` at the end of every wait ({@link Gpu.sync}, reads), once the
+   * caller's work has finished and its errors were thrown; null: none.
+   * Not during a profile (the work is not the caller's) nor inside the
+   * work's own waits. `initGpu` sets lazy tuning here. @internal
+   */
+  setWaitWork(work: WaitWork | null): void {
+    this.#waitWork = work;
+  }
+
+  async #afterWait(): Promise<void> {
+    const work = this.#waitWork;
+    if (!work || this.#waitWorking || this.batch.profiler || this.#destroyed) return;
+    this.#waitWorking = true;
+    try {
+      await work(this);
+    } finally {
+      this.#waitWorking = false;
+    }
   }
 
   /** Throws (once) the first error a single op reported since the last sync point. */

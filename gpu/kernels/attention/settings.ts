@@ -1,15 +1,16 @@
 /**
  * The fused attention kernels' tuning settings on one device: the plan
- * `tuneAttention` picked per dtype at start-up, and on GPUs a pick per
- * attention shape (B·H, T, D, dtype) timed at that shape by
+ * `tuneAttention` picked per dtype (at start-up, from the cache, or at the
+ * wait after the dtype first ran: gpu/tuning/lazy.ts), and on GPUs a pick
+ * per attention shape (B·H, T, D, dtype) timed at that shape by
  * `tuneAttentionShapes` (gpu/kernels/attention/tuner.ts) — the real number of heads
  * fills the device the way training does, which a representative problem
  * only guesses. As with matmul shapes (gpu/kernels/gemm/shape_picks.ts, which says why
  * tuning runs between steps, never at first sight), dispatch notes each
  * shape on GPUs and runs the dtype's plan until its shape is tuned; picks
- * are cached per adapter in `localStorage` (versioned key; each entry names
- * its adapter and is checked against the candidates before use) and read
- * when a device first runs attention. CPU adapters keep the dtype's plan.
+ * are cached per adapter in the per-user store (versioned key; each entry
+ * names its adapter and is checked against the candidates before use) and
+ * read when a device first runs attention. CPU adapters keep the dtype's plan.
  */
 import type { Gpu } from "../../device/gpu.ts";
 import { type DType, DTYPES, type FloatDType } from "../../base/dtype.ts";
@@ -17,9 +18,13 @@ import { type AttentionPlan, attentionPlanCandidates, type FlashAttentionShape }
 import { pickCacheKey, type PickStore } from "../../tuning/cache.ts";
 import { cachedPicks, emptyPicks, type ShapePicks } from "../../tuning/picks.ts";
 import { defineTunerSettings, type TunerSettings } from "../../tuning/settings.ts";
+import { noteUntuned } from "../../tuning/lazy.ts";
 
 /** Bump when the kernels, candidates or the key change: older cached picks are ignored. */
 const ATTENTION_SHAPES_VERSION = 1;
+
+/** The tasks under which the attention tuners' work is reported and noted for lazy tuning. */
+export const ATTENTION_PLAN_TASK = "attention plans", ATTENTION_SHAPE_TASK = "attention shapes";
 
 /** What an attention pick is for: heads in all (B·H), sequence length, head size, dtype. */
 export interface AttentionShape {
@@ -139,7 +144,8 @@ export function attentionShapeCacheKey(gpu: Gpu): string {
  * The plan the fused attention kernels use for `problem` in `dtype` on
  * `gpu`, before fitting it to T and D: on GPUs the shape's own pick once
  * tuned (the shape is noted for `tuneAttentionShapes`), else the dtype's
- * tuned plan, else undefined (the kernels' default).
+ * tuned plan, else undefined (the kernels' default). What has no pick yet is
+ * noted for lazy tuning.
  */
 export function attentionPlanFor(
   gpu: Gpu,
@@ -147,15 +153,20 @@ export function attentionPlanFor(
   problem: FlashAttentionShape,
 ): AttentionPlan | undefined {
   const settings = attentionSettings.of(gpu);
+  const { batch, heads, t, headSize } = problem;
+  // Score multiply-adds, for whether the shape is worth tuning lazily.
+  const work = batch * heads * t * t * headSize;
   if (!gpu.adapterProfile.cpu) {
     const shape = attentionShapeOf(problem, dtype);
     const key = attentionShapeKey(shape);
-    const { batch, heads, t, headSize } = problem;
     if (!settings.shapes.seen.has(key)) {
       settings.shapes.seen.set(key, { shape, problem: { batch, heads, t, headSize } });
     }
     const pick = settings.shapes.picks.get(key)?.plan;
     if (pick) return pick;
+    noteUntuned(gpu, ATTENTION_SHAPE_TASK, key, shape, work);
   }
-  return settings.plans.get(dtype);
+  const plan = settings.plans.get(dtype);
+  if (!plan) noteUntuned(gpu, ATTENTION_PLAN_TASK, dtype, dtype, work);
+  return plan;
 }

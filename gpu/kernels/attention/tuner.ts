@@ -3,8 +3,7 @@
  * workgroup memory) per adapter and dtype by timing them, as the matmul tuner
  * does for tilings: every candidate runs forward and backward on one
  * representative problem (with GPU timestamps where the adapter has them),
- * and the winner is cached per adapter in `localStorage` when the runtime
- * offers it.
+ * and the winner is cached per adapter in the per-user store.
  */
 import type { AttentionPlan } from "./plans.ts";
 import type { Gpu } from "../../device/gpu.ts";
@@ -18,10 +17,12 @@ import {
   TILED_ATTENTION_PLANS,
 } from "./flash_attention.ts";
 import { type CandidateTimer, timeCandidates } from "../../tuning/timing.ts";
-import type { PickStore } from "../../tuning/cache.ts";
+import { type PickStore, readPicks } from "../../tuning/cache.ts";
 import { DeviceArray } from "../../device/device_array.ts";
 import {
+  ATTENTION_PLAN_TASK,
   ATTENTION_SHAPE_STORE,
+  ATTENTION_SHAPE_TASK,
   type AttentionProblem,
   attentionSettings,
   type AttentionShape,
@@ -124,12 +125,20 @@ async function timePlans(
   }
 }
 
+/** Options of {@link tuneAttention}. */
+export interface TuneAttentionOptions extends ClassTuningOptions<AttentionPlan> {
+  /** Storage dtypes to tune (default: every one the device has). */
+  dtypes?: readonly FloatDType[];
+}
+
 /**
  * Times the fused attention kernels with each plan candidate for every dtype
- * the device has (f32 and bf16, and f16 with `shader-f16`), records the
- * winners in `attentionSettings.of(gpu).plans`
+ * the device has (f32 and bf16, and f16 with `shader-f16`; or `dtypes`),
+ * records the winners in `attentionSettings.of(gpu).plans`
  * (which the kernels read) and caches them per adapter. `initGpu` calls it
- * unless told not to tune. Waits for the GPU many times: call it at start-up.
+ * at start-up with `tuning: "eager"`, and for one dtype at the wait after
+ * the dtype's attention first ran with `"lazy"`. Waits for the GPU many
+ * times: call it at start-up or between steps.
  *
  * @example
  * ```ts
@@ -144,16 +153,15 @@ async function timePlans(
  */
 export async function tuneAttention(
   gpu: Gpu,
-  options: ClassTuningOptions<AttentionPlan> = {},
+  options: TuneAttentionOptions = {},
 ): Promise<AttentionTuning[]> {
   const measured = new Map<string, { plan: AttentionPlan; ms: number }[]>();
-  // bf16 needs no shader-f16: every adapter has it.
-  const dtypes: FloatDType[] = gpu.f16 ? ["f32", "f16", "bf16"] : ["f32", "bf16"];
+  const dtypes = options.dtypes ?? deviceDtypes(gpu);
   const listed = dtypes.map((dtype) => ({ shape: dtype, problem: attentionTuningProblem(gpu) }));
   const outcomes = await tuneClasses(
     gpu,
     DTYPE_STORE,
-    "attention plans",
+    ATTENTION_PLAN_TASK,
     listed,
     options,
     async (dtype, problem, timer) => {
@@ -230,7 +238,7 @@ export async function tuneAttentionShapes(
     gpu,
     attentionSettings.of(gpu).shapes,
     ATTENTION_SHAPE_STORE,
-    "attention shapes",
+    ATTENTION_SHAPE_TASK,
     options,
     (shape) => ({ batch: shape.heads, heads: 1, t: shape.t, headSize: shape.headSize }),
     async (shape, problem, timer) => {
@@ -266,4 +274,23 @@ function shapeTuning(
 ): AttentionShapeTuning {
   const { shape, plan, seconds } = record;
   return { shape, key, plan, seconds, trials, cached };
+}
+
+/**
+ * Gives the kernels the plan of each of `gpu`'s dtypes that the per-user
+ * cache holds (measuring nothing): lazy tuning then measures only the
+ * dtypes missing.
+ */
+export function useCachedAttentionPlans(gpu: Gpu): void {
+  const { plans } = attentionSettings.of(gpu);
+  const cached = readPicks(gpu, DTYPE_STORE);
+  for (const dtype of deviceDtypes(gpu)) {
+    const record = cached.get(dtype);
+    if (record) plans.set(dtype, record.pick);
+  }
+}
+
+/** The storage dtypes `gpu` runs attention in (bf16 needs no shader-f16: every adapter has it). */
+function deviceDtypes(gpu: Gpu): FloatDType[] {
+  return gpu.f16 ? ["f32", "f16", "bf16"] : ["f32", "bf16"];
 }

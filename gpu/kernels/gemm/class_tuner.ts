@@ -7,16 +7,23 @@
  * size). Each candidate runs a representative problem of the class after a
  * warm-up, timed with GPU timestamps where the adapter has them (else wall
  * time over enough repeats that the wait for the GPU does not dominate). Winners
- * are cached per adapter and tuner version in `localStorage` when the runtime
- * offers it; dispatch picks the winner of the class at hand.
+ * are cached per adapter and tuner version in the per-user store; dispatch
+ * picks the winner of the class at hand.
  */
 import type { Gpu } from "../../device/gpu.ts";
 import type { FloatDType } from "../../base/dtype.ts";
 import { dispatchMatmul, type MatmulProblem } from "./matmul.ts";
-import { denseProblem, type MatmulClass, matmulClassKey, type MatmulSize } from "./matmul_class.ts";
+import {
+  denseProblem,
+  MATMUL_CLASS_TASK,
+  type MatmulClass,
+  matmulClassKey,
+  type MatmulSize,
+  tunedSizes,
+} from "./matmul_class.ts";
 import { DeviceArray } from "../../device/device_array.ts";
 import { type CandidateTimer, timeCandidates } from "../../tuning/timing.ts";
-import type { PickStore } from "../../tuning/cache.ts";
+import { type PickStore, readPicks } from "../../tuning/cache.ts";
 import { type ClassTuningOptions, tuneClasses } from "../../tuning/picks.ts";
 import { MATMUL_CANDIDATES, matmulCandidates } from "./candidates.ts";
 import { DEFAULT_TILING, matmulSettings, type MatmulTiling } from "./settings.ts";
@@ -55,13 +62,12 @@ export interface TuneMatmulOptions extends ClassTuningOptions<MatmulTiling> {
 }
 
 /**
- * The classes `initGpu` tunes: every orientation of each dtype the device
- * has, at medium size, and on GPUs small and large too (on CPU adapters a
- * large problem takes seconds per candidate, and their winners agree with
- * the medium ones).
+ * The classes `initGpu({ tuning: "eager" })` tunes: every orientation of
+ * each dtype the device has, at each size tuned on the adapter
+ * (`tunedSizes`: medium on CPU adapters, all three on GPUs).
  */
 export function defaultTuningClasses(gpu: Gpu): MatmulClass[] {
-  const sizes: MatmulSize[] = gpu.adapterProfile.cpu ? ["medium"] : ["small", "medium", "large"];
+  const sizes: MatmulSize[] = tunedSizes(gpu);
   // bf16 needs no shader-f16: every adapter tunes it.
   const dtypes: FloatDType[] = gpu.f16 ? ["f32", "f16", "bf16"] : ["f32", "bf16"];
   const out: MatmulClass[] = [];
@@ -146,11 +152,13 @@ async function tuneClass(
 }
 
 /**
- * Tunes the matmul classes `options.classes` (default: those `initGpu` tunes)
- * on `gpu`, records each winner in `matmulSettings.of(gpu).classTilings` (which dispatch reads)
- * and caches them per adapter. A class with a cached winner is not measured
- * again unless `force` is set. Waits for the GPU many times: call it at
- * start-up, never per step.
+ * Tunes the matmul classes `options.classes` (default: those
+ * `initGpu({ tuning: "eager" })` tunes) on `gpu`, records each winner in
+ * `matmulSettings.of(gpu).classTilings` (which dispatch reads) and caches
+ * them per adapter. A class with a cached winner is not measured again
+ * unless `force` is set. Lazy tuning runs it for one class at the wait after
+ * the class first ran. Waits for the GPU many times: call it at start-up or
+ * between steps, never in one.
  *
  * @example
  * ```ts
@@ -175,7 +183,7 @@ export async function tuneMatmul(
   const outcomes = await tuneClasses(
     gpu,
     CLASS_STORE,
-    "matmul tilings",
+    MATMUL_CLASS_TASK,
     listed,
     options,
     async (c, _, timer) => {
@@ -191,4 +199,19 @@ export async function tuneMatmul(
     const measurements = measured.get(key) ?? [];
     return { class: classes[i], best: record.pick, measurements, cached };
   });
+}
+
+/**
+ * Gives dispatch the winner of each class `initGpu({ tuning: "eager" })`
+ * would tune ({@link defaultTuningClasses}) that the per-user cache holds
+ * for `gpu`, measuring nothing, as eager tuning does with a full cache:
+ * lazy tuning then measures only the classes missing.
+ */
+export function useCachedMatmulTilings(gpu: Gpu): void {
+  const { classTilings } = matmulSettings.of(gpu);
+  const cached = readPicks(gpu, CLASS_STORE);
+  for (const c of defaultTuningClasses(gpu)) {
+    const record = cached.get(matmulClassKey(c));
+    if (record) classTilings.set(matmulClassKey(c), record.pick);
+  }
 }

@@ -8,6 +8,7 @@ import type { Gpu } from "../../device/gpu.ts";
 import type { DType, FloatDType } from "../../base/dtype.ts";
 import { tilingName } from "./tilings.ts";
 import { matmulSettings, type MatmulTiling } from "./settings.ts";
+import { noteUntuned } from "../../tuning/lazy.ts";
 
 export { tilingName };
 
@@ -100,14 +101,37 @@ export function classOf(problem: MatmulProblem, dtype: DType): MatmulClass {
   };
 }
 
-/** The tiling dispatch uses for `problem`: the tuned winner of its class, else the device's default. */
+/** The task under which the class tuner's work is reported and noted for lazy tuning. */
+export const MATMUL_CLASS_TASK = "matmul tilings";
+
+/**
+ * The size classes tuned on `gpu`: every one on GPUs; on CPU adapters the
+ * medium one only (a large problem takes seconds per candidate there, and
+ * their winners agree with the medium ones), whose winner the others use.
+ */
+export function tunedSizes(gpu: Gpu): MatmulSize[] {
+  return gpu.adapterProfile.cpu ? ["medium"] : ["small", "medium", "large"];
+}
+
+/**
+ * The tiling dispatch uses for `problem`: the tuned winner of its class, else
+ * of the medium class beside it, else the device's default. A class tuned on
+ * this adapter that has no winner yet is noted for lazy tuning.
+ */
 export function tilingFor(gpu: Gpu, problem: MatmulProblem, dtype: DType): MatmulTiling {
   const { tiling, classTilings } = matmulSettings.of(gpu);
-  if (classTilings.size === 0) return tiling;
   const c = classOf(problem, dtype);
-  return classTilings.get(matmulClassKey(c)) ??
-    // A class not tuned (a large product on a CPU adapter): the medium winner is the nearest.
-    classTilings.get(matmulClassKey({ ...c, size: "medium" })) ?? tiling;
+  const own = classTilings.get(matmulClassKey(c));
+  if (own) return own;
+  // A class not tuned here (a small or large product on a CPU adapter): the medium winner.
+  const medium = { ...c, size: "medium" as const };
+  const nearest = classTilings.get(matmulClassKey(medium));
+  const tuned = tunedSizes(gpu).includes(c.size) ? c : medium;
+  if (tuned === c || !nearest) {
+    const { batch, m, n, k } = problem;
+    noteUntuned(gpu, MATMUL_CLASS_TASK, matmulClassKey(tuned), tuned, batch * m * n * k);
+  }
+  return nearest ?? tiling;
 }
 
 /** The tiling of every tuned class by class key, and the default's, as names (for logs). */

@@ -7,13 +7,15 @@
  * Design (why tuning is not done at first sight): timing a candidate needs a
  * GPU wait, and nothing in a training step may read back, so a product of a
  * new shape runs with its class's winner, and dispatch only notes the shape
- * (a map insert). `await tuneMatmulShapes(gpu)` (shape_tuner.ts), called
- * between steps — after the first one, typically — times the noted shapes
- * and records their picks here; later steps dispatch them. Picks are cached
- * per adapter in `localStorage` (versioned key; each entry names its adapter
- * and is checked against the candidates before use), and read when a device
- * first dispatches on a GPU adapter, so a second run uses them without
- * tuning again.
+ * (a map insert), for `tuneMatmulShapes` and for lazy tuning. With
+ * `initGpu({ tuning: "lazy" })` (the default) the next wait tunes it
+ * (gpu/tuning/lazy.ts); otherwise `await tuneMatmulShapes(gpu)`
+ * (shape_tuner.ts), called between steps, times the noted shapes. Either
+ * records their picks here; later steps dispatch them. Picks are cached per
+ * adapter in the per-user store (versioned key; each entry names its
+ * adapter and is checked against the candidates before use), and read when
+ * a device first dispatches on a GPU adapter, so a second run uses them
+ * without tuning again.
  */
 import type { MatmulTiling } from "./settings.ts";
 import type { Gpu } from "../../device/gpu.ts";
@@ -26,9 +28,13 @@ import { maxSlices } from "./gemm.ts";
 import type { Activation } from "../wgsl/math.ts";
 import { MATMUL_CANDIDATES } from "./candidates.ts";
 import { defineTunerSettings, type TunerSettings } from "../../tuning/settings.ts";
+import { noteUntuned } from "../../tuning/lazy.ts";
 
 /** Bump when kernels or the pick's meaning change: older cached picks are ignored. */
 const SHAPE_PICKS_VERSION = 1;
+
+/** The task under which the shape tuner's work is reported and noted for lazy tuning. */
+export const MATMUL_SHAPE_TASK = "matmul shapes";
 
 /** One product's exact shape: what a per-shape pick is for. */
 export interface MatmulShape {
@@ -186,7 +192,7 @@ export function forgetMatmulShapes(gpu: Gpu): void {
 /**
  * The pick dispatch uses for `shape` on `gpu`: on GPU adapters the shape's
  * own pick once tuned, else undefined (the class rule applies). The shape
- * is noted for `tuneMatmulShapes`.
+ * is noted for `tuneMatmulShapes`, and for lazy tuning while it has no pick.
  */
 export function shapePickFor(
   gpu: Gpu,
@@ -198,5 +204,7 @@ export function shapePickFor(
   const s = shape();
   const key = matmulShapeKey(s);
   if (!state.seen.has(key)) state.seen.set(key, { shape: s, problem });
-  return state.picks.get(key)?.pick;
+  const pick = state.picks.get(key)?.pick;
+  if (!pick) noteUntuned(gpu, MATMUL_SHAPE_TASK, key, s, s.batch * s.m * s.n * s.k);
+  return pick;
 }

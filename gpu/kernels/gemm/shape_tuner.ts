@@ -23,6 +23,7 @@ import { waveSlices } from "./gemm.ts";
 import { matmulCandidates } from "./candidates.ts";
 import {
   MATMUL_SHAPE_STORE,
+  MATMUL_SHAPE_TASK,
   type MatmulShape,
   type ShapePick,
   type ShapeRecord,
@@ -94,7 +95,7 @@ export async function tuneMatmulShapes(
     gpu,
     shapeState(gpu),
     MATMUL_SHAPE_STORE,
-    "matmul shapes",
+    MATMUL_SHAPE_TASK,
     options,
     (shape) => denseProblem(shape, shape.orientation),
     async (shape, problem, timer) => {
