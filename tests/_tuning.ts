@@ -21,7 +21,7 @@ export function memoryStore(): TuningStore & { entries: Map<string, string> } {
   };
 }
 
-/** Runs `fn` with an empty {@link memoryStore} as the tuners' store, then puts the earlier one back. */
+/** Runs `fn` with an empty {@link memoryStore} as the tuners' store, then the old one again. */
 export async function withMemoryStore<T>(
   fn: (store: ReturnType<typeof memoryStore>) => Promise<T>,
 ): Promise<T> {
