@@ -30,9 +30,9 @@ export const MUTANTS_FILE = "tests/mutants/mutants.json";
 /** The fields every mutant must have, as strings (`tests` apart). */
 const TEXT_FIELDS = ["name", "file", "find", "replace", "why"] as const;
 
-/** Reads the list from the repository at `root`. */
-export async function loadMutants(root: string): Promise<Mutant[]> {
-  return JSON.parse(await Deno.readTextFile(`${root}/${MUTANTS_FILE}`));
+/** Reads the list from the repository at `root` (or from `file`, a path of its own). */
+export async function loadMutants(root: string, file?: string): Promise<Mutant[]> {
+  return JSON.parse(await Deno.readTextFile(file ?? `${root}/${MUTANTS_FILE}`));
 }
 
 /** How many times `text` occurs in `source` (non-overlapping). */

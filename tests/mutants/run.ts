@@ -13,6 +13,7 @@
  * deno task mutants --timeout 120          seconds per mutant (default 600)
  * deno task mutants --baseline             first run each mutant's tests unmutated: they must pass
  * deno task mutants --verbose              print each run's test output
+ * deno task mutants --mutants scratch.json  another list (same format), to try a bug before adding it
  * ```
  *
  * Exits 0 when every mutant run was caught, 1 when one survived or its
@@ -26,6 +27,7 @@ import {
   loadMutants,
   type Mutant,
   mutantProblems,
+  MUTANTS_FILE,
   plant,
   readOrNull,
   selectMutants,
@@ -54,6 +56,7 @@ const { values: options, positionals: patterns } = parseArgs({
     timeout: { type: "string", default: "600" },
     baseline: { type: "boolean", default: false },
     verbose: { type: "boolean", default: false },
+    mutants: { type: "string" },
   },
 });
 
@@ -88,7 +91,8 @@ async function runTests(dir: string, mutant: Mutant, cache: string): Promise<Out
   const filter = mutant.filter === undefined ? [] : ["--filter", mutant.filter];
   const started = performance.now();
   const child = new Deno.Command(Deno.execPath(), {
-    args: ["test", "--allow-all", "--no-check", ...filter, ...mutant.tests],
+    // The first failure decides: a caught mutant need not run the rest.
+    args: ["test", "--allow-all", "--no-check", "--fail-fast", ...filter, ...mutant.tests],
     cwd: dir,
     env: {
       DENO_WEBGPU_BACKEND: Deno.env.get("DENO_WEBGPU_BACKEND") ?? "vulkan,metal,dx12",
@@ -145,10 +149,10 @@ async function baselineFailures(dir: string, mutants: Mutant[]): Promise<string[
 }
 
 async function main(): Promise<number> {
-  const all = await loadMutants(ROOT);
+  const all = await loadMutants(ROOT, options.mutants);
   const problems = mutantProblems(all, (p) => readOrNull(join(ROOT, p)));
   if (problems.length > 0) {
-    console.error(`tests/mutants/mutants.json is wrong:\n  ${problems.join("\n  ")}`);
+    console.error(`${options.mutants ?? MUTANTS_FILE} is wrong:\n  ${problems.join("\n  ")}`);
     return 2;
   }
   const chosen = selectMutants(all, patterns);
