@@ -190,18 +190,24 @@ Deno.test({
         class: favouring((t: MatmulTiling) => t === w.tiling),
         shape: favouring((p: ShapePick) => p.tiling === w.shape),
       }));
+      // Both tuners on the one product, each with profile i's timer, reading and writing the cache.
+      const tuneBoth = async (i: number) => {
+        const timer = timers[i];
+        const [tuned] = await tuneMatmul(gpu, {
+          classes: [c],
+          timer: timer.class.timer,
+          cache: true,
+        });
+        const [shape] = await tuneMatmulShapes(gpu, {
+          shapes: [BASE],
+          timer: timer.shape.timer,
+          cache: true,
+        });
+        return { tuned, shape, calls: [timer.class.calls.length, timer.shape.calls.length] };
+      };
       for (const i of [0, 1]) {
         await under(i, async () => {
-          const [tuned] = await tuneMatmul(gpu, {
-            classes: [c],
-            timer: timers[i].class.timer,
-            cache: true,
-          });
-          const [shape] = await tuneMatmulShapes(gpu, {
-            shapes: [BASE],
-            timer: timers[i].shape.timer,
-            cache: true,
-          });
+          const { tuned, shape } = await tuneBoth(i);
           assert.equal(tuned.best, winners[i].tiling, `profile ${i}: class`);
           assert.equal(shape.pick.tiling, winners[i].shape, `profile ${i}: shape`);
         });
@@ -209,26 +215,11 @@ Deno.test({
       // Each profile again, afresh (a new run on that adapter): its own picks, untimed.
       for (const i of [0, 1]) {
         await under(i, async () => {
-          const counts = [timers[i].class.calls.length, timers[i].shape.calls.length];
-          assert.equal(
-            dispatchedPick(BASE)?.tiling,
-            winners[i].shape,
-            `profile ${i}: cached shape`,
-          );
-          const [tuned] = await tuneMatmul(gpu, {
-            classes: [c],
-            timer: timers[i].class.timer,
-            cache: true,
-          });
-          const [shape] = await tuneMatmulShapes(gpu, {
-            shapes: [BASE],
-            timer: timers[i].shape.timer,
-          });
-          assert.deepEqual(
-            [timers[i].class.calls.length, timers[i].shape.calls.length],
-            counts,
-            `profile ${i}: not timed again`,
-          );
+          const before = [timers[i].class.calls.length, timers[i].shape.calls.length];
+          const cachedShape = dispatchedPick(BASE)?.tiling;
+          assert.equal(cachedShape, winners[i].shape, `profile ${i}: cached shape`);
+          const { tuned, shape, calls } = await tuneBoth(i);
+          assert.deepEqual(calls, before, `profile ${i}: not timed again`);
           assert.ok(tuned.cached && shape.cached, `profile ${i}: from the cache`);
           assert.equal(tuned.best, winners[i].tiling, `profile ${i}: cached class`);
           assert.equal(dispatchedTiling(c), winners[i].tiling, `profile ${i}: dispatched class`);
