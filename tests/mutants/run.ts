@@ -149,6 +149,10 @@ async function baselineFailures(dir: string, mutants: Mutant[]): Promise<string[
 }
 
 async function main(): Promise<number> {
+  if (!(Number(options.timeout) > 0)) {
+    console.error(`--timeout wants seconds (a positive number), not ${options.timeout}`);
+    return 2;
+  }
   const all = await loadMutants(ROOT, options.mutants);
   const problems = mutantProblems(all, (p) => readOrNull(join(ROOT, p)));
   if (problems.length > 0) {
