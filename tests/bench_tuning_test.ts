@@ -18,6 +18,7 @@ import {
 } from "../gpu/mod.ts";
 import { gpu, GPU_TEST } from "./_gpu.ts";
 import { withLazyTuning } from "./_lazy_tuning.ts";
+import { matmulClassKey } from "../gpu/kernels/gemm/matmul_class.ts";
 
 const tiling = (tm: number, tk: number): MatmulTiling => ({
   variant: "shared",
@@ -56,8 +57,8 @@ Deno.test("bench tuning report: the winner's own time, none when cached", () => 
   const report = tuningReport([measured, cached], plans, 4.5);
   assert.equal(report.seconds, 4.5);
   assert.deepEqual(report.matmul.map((p) => [p.key, p.ms, p.gflops, p.candidates, p.cached]), [
-    ["f16/nt/large", 1, 300, 3, false],
-    ["f32/tn/small", null, null, 0, true],
+    [matmulClassKey(measured.class), 1, 300, 3, false],
+    [matmulClassKey(cached.class), null, null, 0, true],
   ]);
   assert.notEqual(report.matmul[0].pick, report.matmul[1].pick, "picks are named apart");
   assert.deepEqual(report.attention, [{

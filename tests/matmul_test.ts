@@ -321,14 +321,33 @@ Deno.test({
       assert.deepEqual(classOf(problem, "f32"), classes[0]);
       assert.equal(tilingFor(gpu, problem, "f32"), results[0].best);
       assert.deepEqual(classOf(problem, "bf16"), classes[2]);
-      assert.equal(matmulClassKey(classes[2]), "bf16/nt/small");
+      assert.notEqual(
+        matmulClassKey(classes[2]),
+        matmulClassKey(classes[0]),
+        "bf16: a class of its own",
+      );
       assert.equal(tilingFor(gpu, problem, "bf16"), results[2].best);
       // And per-shape picks key bf16 products apart from f32 ones.
       const shape = shapeOf(problem, { dtype: "bf16", out: "bf16" }, {
         bias: "bf16",
         activation: "relu",
       });
-      assert.equal(matmulShapeKey(shape), "bf16>bf16/nt/b1/8x16x32/bf16/relu");
+      assert.deepEqual(shape, {
+        m: 8,
+        n: 16,
+        k: 32,
+        batch: 1,
+        orientation: "nt",
+        dtype: "bf16",
+        out: "bf16",
+        bias: "bf16",
+        activation: "relu",
+      });
+      const f32 = shapeOf(problem, { dtype: "f32", out: "f32" }, {
+        bias: "f32",
+        activation: "relu",
+      });
+      assert.notEqual(matmulShapeKey(shape), matmulShapeKey(f32));
       // A class never tuned falls back to the device default.
       assert.equal(
         tilingFor(gpu, { ...problem, b: { batch: 0, row: 16, col: 1 } }, "f16"),

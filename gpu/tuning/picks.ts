@@ -41,10 +41,13 @@ export interface ClassTuningOptions<C> {
   force?: boolean;
   /**
    * Times a candidate's run (default: GPU timestamps, else wall time; see
-   * `secondsPerRun`). Given one, the cache is neither read nor written: its
-   * figures need not be this adapter's (tests inject one to check the pick).
+   * `secondsPerRun`). Given one, the cache is neither read nor written unless
+   * `cache` says so: its figures need not be this adapter's (tests inject one
+   * to check the pick).
    */
   timer?: CandidateTimer<C>;
+  /** Read the per-adapter cache and write what is measured (default: only when `timer` is not given). */
+  cache?: boolean;
   /** Told before the first class the cache lacks is measured and after each. */
   onProgress?: (progress: TuningProgress) => void;
 }
@@ -75,8 +78,9 @@ export type MeasurePick<S, R, P, C> = (
 
 /**
  * A class tuner's run over `listed` (each with the problem it is timed on):
- * the cache is read when it runs and what it measured is written back,
- * neither with a test timer; with `force` or a timer every class is measured.
+ * the cache is read when it runs and what it measured is written back
+ * (with a test timer only when `cache` is set); with `force`, or without
+ * the cache, every class is measured.
  */
 export function tuneClasses<S, R extends TimedPick<S>, P, C>(
   gpu: Gpu,
@@ -87,13 +91,14 @@ export function tuneClasses<S, R extends TimedPick<S>, P, C>(
   measure: MeasurePick<S, R, P, C>,
 ): Promise<PickOutcome<R>[]> {
   const timer = timerOn(gpu, options.timer);
-  const afresh = !!(options.force || options.timer);
+  const cache = options.cache ?? !options.timer;
+  const afresh = !!options.force || !cache;
   const table = afresh ? emptyPicks<S, R, P>() : cachedPicks<S, R, P>(gpu, store);
   return tunePicks(gpu, table, {
     store,
     listed,
     force: afresh,
-    cache: !options.timer,
+    cache,
     task,
     onProgress: options.onProgress,
     measure: (shape, problem) => measure(shape, problem, timer),

@@ -165,11 +165,13 @@ async function tuneClass(
  * import assert from "node:assert/strict";
  * import { initGpu, tuneMatmul } from "../../mod.ts";
  * import { matmulSettings } from "./settings.ts";
+ * import { matmulClassKey } from "./matmul_class.ts";
  * const gpu = await initGpu({ matmulTiling: "default" });
  * const [result] = await tuneMatmul(gpu, {
  *   classes: [{ dtype: "f32", orientation: "nt", size: "small" }],
  * });
- * assert.equal(matmulSettings.of(gpu).classTilings.get("f32/nt/small"), result.best);
+ * const { classTilings } = matmulSettings.of(gpu);
+ * assert.equal(classTilings.get(matmulClassKey(result.class)), result.best);
  * gpu.destroy();
  * ```
  */
