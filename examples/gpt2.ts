@@ -29,7 +29,7 @@ import {
   tidy,
 } from "../mod.ts";
 import { loadSafetensors, loadTrainingState, saveTrainingState } from "../files.ts";
-import { checkOutputPath, orExit, reason, UsageError } from "./_cli.ts";
+import { checkOutputPath, orExit, orExitAsync, reason, UsageError } from "./_cli.ts";
 import { DivergenceWatch } from "./_divergence.ts";
 import { checkPlan, runLimits } from "./_preflight.ts";
 import { Progress } from "./_progress.ts";
@@ -361,7 +361,10 @@ async function main(): Promise<void> {
     : null;
   const weights = await readWeights(cfg);
   const lock = cfg.save
-    ? orExit("gpt2", () => SaveLock.acquire(cfg.save!, "save", (t) => console.error(`gpt2: ${t}`)))
+    ? await orExitAsync(
+      "gpt2",
+      () => SaveLock.acquire(cfg.save!, "save", (t) => console.error(`gpt2: ${t}`)),
+    )
     : null;
   const gpu = await initGpu();
   // The sizes, checked against this adapter and host before any GPU allocation of the model.
