@@ -29,11 +29,17 @@ import {
   tidy,
 } from "../mod.ts";
 import { loadSafetensors, loadTrainingState, saveTrainingState } from "../files.ts";
-import { checkOutputPath, orExit, orExitAsync, reason, UsageError } from "./_cli.ts";
+import { checkOutputPath, orExit, orExitAsync, reason, runMain, UsageError } from "./_cli.ts";
 import { DivergenceWatch } from "./_divergence.ts";
 import { checkPlan, runLimits } from "./_preflight.ts";
 import { Progress } from "./_progress.ts";
-import { checkResumeFlags, describeChanges, type FlagValues } from "./_resume_flags.ts";
+import {
+  checkResumeFlags,
+  describeChanges,
+  type FlagChange,
+  type FlagValues,
+} from "./_resume_flags.ts";
+import { readRecordOrExit, type RunRecordKind } from "./_run_file.ts";
 import { SaveLock } from "./_save_lock.ts";
 import { precisionDetail } from "./_amp_flag.ts";
 import { GPT2_HELP, GPT2_SIZES, type Gpt2Args, parseGpt2Args } from "./gpt2_args.ts";
@@ -176,33 +182,57 @@ function runFlags(cfg: Gpt2Args): { shape: FlagValues; steering: FlagValues } {
   };
 }
 
-/** What --save writes besides the model, optimizer and trainer. */
+/** What --save writes besides the model, optimizer and trainer (the training state's `extra`). */
 interface SavedRun {
   step: number;
   batches: { seed: number; offset: number };
   flags: { shape: FlagValues; steering: FlagValues };
 }
 
-/** Restores --resume (exit 1: unreadable, 2: other flags); returns the step to go on from. */
-async function resumeOrStart(run: Run): Promise<number> {
+/** gpt2.ts's record in a parsed `extra`, or null when it is not one. */
+function savedRunOf(extra: unknown): SavedRun | null {
+  const r = extra as SavedRun | null;
+  const count = (x: unknown) => Number.isSafeInteger(x) && (x as number) >= 0;
+  const object = (x: unknown) => typeof x === "object" && x !== null;
+  const ok = object(r) && count(r!.step) && object(r!.batches) && count(r!.batches.seed) &&
+    count(r!.batches.offset) && object(r!.flags) && object(r!.flags.shape);
+  return ok ? r : null;
+}
+
+/** What gpt2.ts keeps in a training state, for the checks before start-up (`_run_file.ts`). */
+const GPT2_RUN: RunRecordKind<SavedRun> = {
+  script: "gpt2.ts",
+  holds: "step, data order",
+  recordOf: savedRunOf,
+  describe: (r) => `step ${r.step}`,
+  replaced: "at the first good validation",
+};
+
+/**
+ * Restores the run `record` came from (checked before start-up, with the
+ * flag `changes` --override accepted); returns the step to go on from.
+ * Exits with status 1, in one line, when the file does not fit the model.
+ */
+async function resumeOrStart(
+  run: Run,
+  record: SavedRun | null,
+  changes: FlagChange[],
+): Promise<number> {
   const { cfg, model, optimizer, trainer } = run;
-  if (!cfg.resume) return 0;
-  const saved = await loadTrainingState(cfg.resume, { model, optimizer, trainer }).catch((e) => {
+  if (!cfg.resume || !record) return 0;
+  await loadTrainingState(cfg.resume, { model, optimizer, trainer }).catch((e) => {
     console.error(`gpt2: cannot resume: ${reason(e)}`);
+    run.gpu.destroy();
     Deno.exit(1);
-  }) as SavedRun;
+  });
   const path = cfg.resume;
-  const changes = orExit(
-    "gpt2",
-    () => checkResumeFlags(path, saved.flags, runFlags(cfg), cfg.override),
-  );
   if (changes.length > 0) {
     run.emit("override", { changes }, `--override: resuming with ${describeChanges(changes)}`);
   }
   run.scheduler.step(trainer.steps);
-  run.batches = new RandomGenerator(saved.batches.seed, saved.batches.offset);
-  run.emit("resume", { path, step: saved.step }, `resumed ${path} after step ${saved.step}`);
-  return saved.step;
+  run.batches = new RandomGenerator(record.batches.seed, record.batches.offset);
+  run.emit("resume", { path, step: record.step }, `resumed ${path} after step ${record.step}`);
+  return record.step;
 }
 
 /** Saves the whole run to --save (atomic; exit 1 when it cannot be written). */
@@ -352,6 +382,11 @@ async function main(): Promise<void> {
   if (cfg === null) return;
   const emit: Emit = (event, fields, text) =>
     console.log(cfg.json ? JSON.stringify({ event, ...fields }) : text);
+  // A --resume file that cannot continue here, or other flags, are refused before start-up.
+  const record = await readRecordOrExit("gpt2", cfg.resume, GPT2_RUN);
+  const changes = record
+    ? orExit("gpt2", () => checkResumeFlags(cfg.resume!, record.flags, runFlags(cfg), cfg.override))
+    : [];
   const data = cfg.data
     ? await loadTextTokens(cfg.data, cfg).catch((e) =>
       orExit("gpt2", () => {
@@ -449,7 +484,7 @@ async function main(): Promise<void> {
       scheduler,
       batches: new RandomGenerator(cfg.seed + 1),
     };
-    const start = await resumeOrStart(run);
+    const start = await resumeOrStart(run, record, changes);
     const before = start < cfg.steps ? await validate(run) : NaN;
     if (start < cfg.steps) {
       emit(
@@ -496,4 +531,4 @@ async function main(): Promise<void> {
   lock?.release();
 }
 
-if (import.meta.main) await main();
+if (import.meta.main) await runMain("gpt2", main);

@@ -10,7 +10,17 @@
 import assert from "node:assert/strict";
 import { join } from "node:path";
 import { ROOT } from "./_bundle.ts";
-import { assertRefused, errorLines, events, run, TINY_GPT, withTempDir } from "./_examples.ts";
+import {
+  assertRefused,
+  errorLines,
+  events,
+  type Run,
+  run,
+  TINY_GPT,
+  withTempDir,
+} from "./_examples.ts";
+import { AdamW, AmpTrainer } from "../mod.ts";
+import { saveTrainingState } from "../files.ts";
 import { GPU_TEST } from "./_gpu.ts";
 import { runTorchScript } from "./_torch_script.ts";
 import { loadGpt2 } from "../examples/gpt2_weights.ts";
@@ -98,6 +108,55 @@ Deno.test({
       await Deno.copyFile(join(dir, "run.safetensors"), foreign);
       const wrong = await run(GPT2, ["--weights", foreign, "--prompt", "Hi"]);
       assertRefused(wrong, /not a GPT-2 checkpoint|not names? of GPT-2/, "a training-state file");
+    });
+  },
+});
+
+const exists = (path: string) => Deno.stat(path).then(() => true, () => false);
+
+/** Asserts a refusal before start-up: exit status `code`, one line matching `message`, no output. */
+function assertRefusedWith(r: Run, code: number, message: RegExp, what: string): void {
+  assert.equal(r.code, code, `${what}: exit status (stderr: ${r.stderr})`);
+  const lines = errorLines(r);
+  assert.equal(lines.length, 1, `${what}: one line, no stack trace: ${JSON.stringify(lines)}`);
+  assert.match(lines[0], message, what);
+  assert.equal(r.stdout.trim(), "", `${what}: refused before start-up (no start event)`);
+}
+
+Deno.test({
+  name: "gpt2.ts: a --resume file it cannot continue or cannot find is refused in one line " +
+    "before start-up, with no lock left",
+  ...GPU_TEST,
+  async fn() {
+    await withTempDir(async (dir) => {
+      const weights = await checkpoint(dir), data = join(dir, "text.txt");
+      await Deno.writeTextFile(data, TEXT);
+      const path = join(dir, "run.safetensors");
+      const flags = [
+        ...["--weights", weights, "--data", data, "--context", "16", "--batch", "2"],
+        ...["--steps", "1", "--eval-windows", "1", "--save", path, "--json"],
+      ];
+      // saveTrainingState without gpt2.ts's record: it used to crash with a TypeError.
+      const { model } = await loadGpt2(weights), optimizer = new AdamW(model.parameters());
+      const trainer = new AmpTrainer(model, optimizer, { enabled: false });
+      const partial = join(dir, "partial.safetensors");
+      await saveTrainingState(partial, { model, optimizer, trainer });
+      trainer.dispose();
+      model.dispose();
+      const foreign = await run(GPT2, [...flags, "--resume", partial, "--save", partial]);
+      assertRefusedWith(
+        foreign,
+        1,
+        /^gpt2: cannot resume: --resume .*partial\.safetensors: a training state without gpt2\.ts's record of the run/,
+        "a training state without the record",
+      );
+      assert.ok(!(await exists(`${partial}.lock`)), "no lock left behind");
+      assertRefusedWith(
+        await run(GPT2, [...flags, "--resume", join(dir, "missing.safetensors")]),
+        1,
+        /^gpt2: cannot resume: --resume .*missing\.safetensors: no such file$/,
+        "a missing --resume file",
+      );
     });
   },
 });
