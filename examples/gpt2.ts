@@ -30,7 +30,7 @@ import {
 } from "../mod.ts";
 import { loadSafetensors, loadTrainingState, saveTrainingState } from "../files.ts";
 import { checkOutputPath, orExit, orExitAsync, reason, runMain, UsageError } from "./_cli.ts";
-import { DivergenceWatch } from "./_divergence.ts";
+import { DivergenceWatch, evaluationHealth, type Health } from "./_divergence.ts";
 import { checkPlan, runLimits } from "./_preflight.ts";
 import { Progress } from "./_progress.ts";
 import {
@@ -39,7 +39,7 @@ import {
   type FlagChange,
   type FlagValues,
 } from "./_resume_flags.ts";
-import { readRecordOrExit, type RunRecordKind } from "./_run_file.ts";
+import { checkSaveTarget, readRecordOrExit, type RunRecordKind } from "./_run_file.ts";
 import { SaveLock } from "./_save_lock.ts";
 import { precisionDetail } from "./_amp_flag.ts";
 import { GPT2_HELP, GPT2_SIZES, type Gpt2Args, parseGpt2Args } from "./gpt2_args.ts";
@@ -277,8 +277,7 @@ async function validate(run: Run): Promise<number> {
 }
 
 /** Stops with exit status 3 when training diverged (before anything is saved over --save). */
-async function stopIfDiverged(run: Run, watch: DivergenceWatch, loss: number, step: number) {
-  const health = await watch.check(loss, run.model.parameters());
+function stopIfDiverged(run: Run, health: Health, step: number): void {
   if (health.warning) {
     run.emit("warning", { step, warning: health.warning }, `step ${step}: ${health.warning}`);
   }
@@ -321,7 +320,7 @@ async function train(
     seconds += (now - clock) / 1000;
     timed += counted / cfg.accum;
     const perStep = seconds / timed;
-    await stopIfDiverged(run, watch, loss, step);
+    stopIfDiverged(run, await watch.check(loss, model.parameters()), step);
     const text = `loss ${loss.toFixed(4)}  ${perStep.toFixed(2)} s/step`;
     if (progress.isBar) progress.update(step, cfg.steps, text);
     else {
@@ -343,6 +342,7 @@ async function train(
         { step, validationLoss: validation },
         `step ${step}: validation loss ${validation.toFixed(4)}`,
       );
+      stopIfDiverged(run, evaluationHealth(validation, trainer), step); // AMP's NaN too
       if (cfg.save) await save(run, step);
     }
     clock = performance.now(); // validation and saving are not training time
@@ -387,6 +387,14 @@ async function main(): Promise<void> {
   const changes = record
     ? orExit("gpt2", () => checkResumeFlags(cfg.resume!, record.flags, runFlags(cfg), cfg.override))
     : [];
+  // The lock first: a run in use says so, not that its file holds a run.
+  const lock = cfg.save
+    ? await orExitAsync(
+      "gpt2",
+      () => SaveLock.acquire(cfg.save!, "save", (t) => console.error(`gpt2: ${t}`)),
+    )
+    : null;
+  await orExitAsync("gpt2", () => checkSaveTarget(cfg, GPT2_RUN));
   const data = cfg.data
     ? await loadTextTokens(cfg.data, cfg).catch((e) =>
       orExit("gpt2", () => {
@@ -395,12 +403,6 @@ async function main(): Promise<void> {
     )
     : null;
   const weights = await readWeights(cfg);
-  const lock = cfg.save
-    ? await orExitAsync(
-      "gpt2",
-      () => SaveLock.acquire(cfg.save!, "save", (t) => console.error(`gpt2: ${t}`)),
-    )
-    : null;
   const gpu = await initGpu();
   // The sizes, checked against this adapter and host before any GPU allocation of the model.
   const sizes = weights.entries

@@ -124,8 +124,10 @@ function assertRefusedWith(r: Run, code: number, message: RegExp, what: string):
 }
 
 Deno.test({
-  name: "gpt2.ts: a --resume file it cannot continue or cannot find is refused in one line " +
-    "before start-up, with no lock left",
+  name: "gpt2.ts keeps the other examples' guarantees: a --resume file it cannot continue or " +
+    "cannot find is refused in one line before start-up; --save over a saved run needs --resume " +
+    "or --overwrite; a run whose validation loss is NaN stops with exit status 3 and the good " +
+    "file untouched; no lock is left",
   ...GPU_TEST,
   async fn() {
     await withTempDir(async (dir) => {
@@ -157,6 +159,22 @@ Deno.test({
         /^gpt2: cannot resume: --resume .*missing\.safetensors: no such file$/,
         "a missing --resume file",
       );
+      const first = await run(GPT2, flags);
+      assert.equal(first.code, 0, first.stderr);
+      const saved = await Deno.readFile(path);
+      // The same command again: it used to train and replace the saved run.
+      assertRefusedWith(
+        await run(GPT2, flags),
+        2,
+        /^gpt2: --save .*run\.safetensors holds a saved run \(step 1\); continue it with --resume .*run\.safetensors, or add --overwrite to start over/,
+        "a second --save",
+      );
+      // Weights of ~1e30 after one step: finite, but the validation loss is NaN.
+      const diverged = await run(GPT2, [...flags, "--overwrite", "--lr", "1e30", "--amp", "bf16"]);
+      assert.equal(diverged.code, 3, diverged.stderr);
+      assert.match(errorLines(diverged).at(-1)!, /diverged at step 1: the evaluation loss is NaN/);
+      assert.deepEqual(await Deno.readFile(path), saved, "the good file is untouched");
+      assert.ok(!(await exists(`${path}.lock`)), "no lock left behind");
     });
   },
 });
