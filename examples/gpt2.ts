@@ -352,14 +352,25 @@ async function train(
   return { loss, validation, secondsPerStep: seconds / Math.max(timed, 1) };
 }
 
-/** --prompt: samples --max-new-tokens tokens with the KV cache and prints them. */
-async function sample(cfg: Gpt2Args, emit: Emit, model: TinyGpt): Promise<void> {
-  const prompt = encodeGpt2(cfg.prompt!);
-  if (prompt.length === 0) {
-    orExit("gpt2", () => {
-      throw new UsageError("--prompt is empty.");
-    });
+/**
+ * The tokens of --prompt; a UsageError when it is empty, or when it and
+ * --max-new-tokens need more positions than the model's `context`.
+ */
+function promptTokens(text: string, maxNewTokens: number, context: number): number[] {
+  const prompt = encodeGpt2(text);
+  if (prompt.length === 0) throw new UsageError("--prompt is empty.");
+  if (prompt.length + maxNewTokens > context) {
+    throw new UsageError(
+      `--prompt is ${prompt.length} tokens; with --max-new-tokens ${maxNewTokens} that makes ` +
+        `${prompt.length + maxNewTokens} positions, more than the model's ${context} positions: ` +
+        "shorten the prompt or lower --max-new-tokens (--context sizes training windows only).",
+    );
   }
+  return prompt;
+}
+
+/** --prompt: samples --max-new-tokens tokens after `prompt` with the KV cache and prints them. */
+async function sample(cfg: Gpt2Args, emit: Emit, model: TinyGpt, prompt: number[]): Promise<void> {
   const started = performance.now();
   const [ids] = await generate(model, [prompt], {
     maxNewTokens: cfg.maxNewTokens,
@@ -403,8 +414,6 @@ async function main(): Promise<void> {
     )
     : null;
   const weights = await readWeights(cfg);
-  const gpu = await initGpu();
-  // The sizes, checked against this adapter and host before any GPU allocation of the model.
   const sizes = weights.entries
     ? orExit("gpt2", () => {
       try {
@@ -414,14 +423,19 @@ async function main(): Promise<void> {
       }
     })
     : RANDOM_SIZES[cfg.random!];
-  if (cfg.context > sizes.context) {
+  if (data && cfg.context > sizes.context) {
     orExit("gpt2", () => {
       throw new UsageError(
         `--context ${cfg.context} is longer than the model's ${sizes.context} positions.`,
       );
     });
   }
-  const sampleLength = Math.min(sizes.context, (cfg.prompt?.length ?? 0) + cfg.maxNewTokens);
+  const prompt = cfg.prompt === undefined
+    ? null
+    : orExit("gpt2", () => promptTokens(cfg.prompt!, cfg.maxNewTokens, sizes.context));
+  const gpu = await initGpu();
+  // The sizes, checked against this adapter and host before any GPU allocation of the model.
+  const sampleLength = (prompt?.length ?? 0) + cfg.maxNewTokens;
   const plan = gpt2Buffers(
     sizes,
     { ...cfg, training: data !== null, sampleLength },
@@ -516,7 +530,7 @@ async function main(): Promise<void> {
     trainer.dispose();
     optimizer.dispose();
   }
-  if (cfg.prompt !== undefined) await sample(cfg, emit, model);
+  if (prompt) await sample(cfg, emit, model, prompt);
   const wallSeconds = (performance.now() - started) / 1000;
   emit(
     "final",

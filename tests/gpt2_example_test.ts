@@ -125,9 +125,9 @@ function assertRefusedWith(r: Run, code: number, message: RegExp, what: string):
 
 Deno.test({
   name: "gpt2.ts keeps the other examples' guarantees: a --resume file it cannot continue or " +
-    "cannot find is refused in one line before start-up; --save over a saved run needs --resume " +
-    "or --overwrite; a run whose validation loss is NaN stops with exit status 3 and the good " +
-    "file untouched; no lock is left",
+    "cannot find and a prompt longer than the model's context are refused in one line before " +
+    "start-up; --save over a saved run needs --resume or --overwrite; a run whose validation " +
+    "loss is NaN stops with exit status 3 and the good file untouched; no lock is left",
   ...GPU_TEST,
   async fn() {
     await withTempDir(async (dir) => {
@@ -158,6 +158,13 @@ Deno.test({
         1,
         /^gpt2: cannot resume: --resume .*missing\.safetensors: no such file$/,
         "a missing --resume file",
+      );
+      const prompt = "The cat sat on the mat ".repeat(6); // 37 tokens: over the 32 positions
+      assertRefusedWith(
+        await run(GPT2, ["--weights", weights, "--prompt", prompt, "--max-new-tokens", "4"]),
+        2,
+        /^gpt2: --prompt is 37 tokens; with --max-new-tokens 4 .* the model's 32 positions/,
+        "a prompt longer than the context",
       );
       const first = await run(GPT2, flags);
       assert.equal(first.code, 0, first.stderr);
