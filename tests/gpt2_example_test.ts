@@ -4,7 +4,10 @@
  * validation loss, saves the run and Hugging Face's file, samples greedy ids
  * that the library gives again from the saved file; a resumed run goes on
  * from its step, other flags are refused, a file that is not GPT-2's is one
- * line; and tiny_gpt.ts --data trains on a given text and samples from it.
+ * line; a run saved at step 3 and resumed is the uninterrupted run bit for
+ * bit; the other examples' guarantees (refusals before start-up, --save
+ * over a run, divergence before saving); and tiny_gpt.ts --data trains on a
+ * given text and samples from it.
  * Needs a python3 with torch for the checkpoint (CI installs it).
  */
 import assert from "node:assert/strict";
@@ -20,7 +23,7 @@ import {
   withTempDir,
 } from "./_examples.ts";
 import { AdamW, AmpTrainer } from "../mod.ts";
-import { saveTrainingState } from "../files.ts";
+import { loadSafetensors, saveTrainingState } from "../files.ts";
 import { GPU_TEST } from "./_gpu.ts";
 import { runTorchScript } from "./_torch_script.ts";
 import { loadGpt2 } from "../examples/gpt2_weights.ts";
@@ -182,6 +185,69 @@ Deno.test({
       assert.match(errorLines(diverged).at(-1)!, /diverged at step 1: the evaluation loss is NaN/);
       assert.deepEqual(await Deno.readFile(path), saved, "the good file is untouched");
       assert.ok(!(await exists(`${path}.lock`)), "no lock left behind");
+    });
+  },
+});
+
+/**
+ * Runs gpt2.ts to its end; when it reports saving `path` at `step`, copies
+ * the file to `copy` (the run goes on and later saves replace `path`).
+ */
+async function copyWhenSaved(args: string[], path: string, step: number, copy: string) {
+  const child = new Deno.Command(Deno.execPath(), {
+    args: ["run", "--allow-read", "--allow-env", "--allow-write", GPT2, ...args],
+    env: { DENO_WEBGPU_BACKEND: "vulkan,metal,dx12", NO_COLOR: "1" },
+    stdout: "piped",
+    stderr: "piped",
+  }).spawn();
+  const stderr = new Response(child.stderr).text();
+  let stdout = "", copied = false;
+  for await (const chunk of child.stdout.pipeThrough(new TextDecoderStream())) {
+    stdout += chunk;
+    const saved = events(stdout).some((e) => e.event === "save" && e.step === step);
+    if (saved && !copied) {
+      copied = true;
+      await Deno.copyFile(path, copy);
+    }
+  }
+  return { code: (await child.status).code, stdout, stderr: await stderr };
+}
+
+/** The tensors and metadata of a saved run, for comparing bit for bit. */
+async function savedRun(path: string) {
+  const { entries, metadata } = await loadSafetensors(path);
+  return { metadata, tensors: [...entries].map(([name, e]) => [name, e.dtype, e.shape, e.data]) };
+}
+
+Deno.test({
+  name: "gpt2.ts: a run saved at step 3 and resumed to step 6 gives the losses and the saved " +
+    "run (weights, AdamW, schedule, data order) of the uninterrupted run, bit for bit",
+  ...GPU_TEST,
+  async fn() {
+    await withTempDir(async (dir) => {
+      const weights = await checkpoint(dir), data = join(dir, "text.txt");
+      await Deno.writeTextFile(data, TEXT);
+      const whole = join(dir, "whole.safetensors"), half = join(dir, "half.safetensors");
+      const flags = [
+        ...["--weights", weights, "--data", data, "--context", "16", "--batch", "2"],
+        ...["--steps", "6", "--lr", "3e-3", "--warmup", "2", "--eval-every", "3"],
+        ...["--eval-windows", "2", "--log-every", "1", "--json"],
+      ];
+      const first = await copyWhenSaved([...flags, "--save", whole], whole, 3, half);
+      assert.equal(first.code, 0, first.stderr);
+      const step3 = JSON.parse((await loadSafetensors(half)).metadata.extra);
+      assert.equal(step3.step, 3, "the copy is the run at step 3");
+      assert.notDeepEqual(await savedRun(half), await savedRun(whole), "steps 4 to 6 trained");
+      const resumed = await run(GPT2, [...flags, "--save", half, "--resume", half]);
+      assert.equal(resumed.code, 0, resumed.stderr);
+      // The losses after step 3, without the seconds per step (which differ between runs).
+      const losses = (r: Run) =>
+        events(r.stdout)
+          .filter((e) => (e.event === "step" || e.event === "eval") && (e.step as number) > 3)
+          .map(({ secondsPerStep: _, ...rest }) => rest);
+      assert.equal(losses(resumed).length, 4, "steps 4, 5, 6 and the validation at 6");
+      assert.deepEqual(losses(resumed), losses(first));
+      assert.deepEqual(await savedRun(half), await savedRun(whole), "the saved runs");
     });
   },
 });
