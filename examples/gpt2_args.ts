@@ -3,9 +3,15 @@
  *
  * @module
  */
-import { parseArgs } from "node:util";
 import { ampDtypeFlag, type AmpFlagDtype } from "./_amp_flag.ts";
-import { choiceFlag, integerFlag, numberFlag, UsageError, withNegativeValues } from "./_cli.ts";
+import {
+  choiceFlag,
+  integerFlag,
+  numberFlag,
+  parseFlags,
+  UsageError,
+  withNegativeValues,
+} from "./_cli.ts";
 
 /** `gpt2.ts --help`. */
 export const GPT2_HELP = `Fine-tune GPT-2 on your own text, and sample from it, on the GPU (WebGPU).
@@ -140,14 +146,17 @@ const VALUE_FLAGS = [
   "top-k",
 ];
 
-/** The flags in `args`, or null for --help. Throws a UsageError for a bad one. */
+/**
+ * The flags in `args`, or null for --help. Throws a UsageError for a bad one
+ * (an unknown flag names the closest known one).
+ */
 export function parseGpt2Args(args: string[]): Gpt2Args | null {
   const text = (d: string) => ({ type: "string" as const, default: d });
   const size = (flag: string) => text(String(GPT2_SIZES[flag]));
   const flag = { type: "boolean" as const, default: false };
   const optional = { type: "string" as const };
   const ampFlag = ampDtypeFlag(args);
-  const { values: v } = parseArgs({
+  const { values: v } = parseFlags({
     args: withNegativeValues(ampFlag.args, VALUE_FLAGS),
     strict: true,
     allowPositionals: false,

@@ -12,11 +12,11 @@
  */
 import assert from "node:assert/strict";
 import { join } from "node:path";
-import { ROOT } from "./_bundle.ts";
 import {
   assertRefused,
   errorLines,
   events,
+  GPT2,
   type Run,
   run,
   TINY_GPT,
@@ -29,8 +29,6 @@ import { runTorchScript } from "./_torch_script.ts";
 import { loadGpt2 } from "../examples/gpt2_weights.ts";
 import { generate } from "../examples/gpt2_generate.ts";
 import { encodeGpt2 } from "../examples/gpt2_tokenizer.ts";
-
-const GPT2 = join(ROOT, "examples/gpt2.ts");
 
 /** A text of a few repeated sentences: a small model learns it within a few steps. */
 const TEXT = Array.from(
@@ -185,6 +183,24 @@ Deno.test({
       assert.match(errorLines(diverged).at(-1)!, /diverged at step 1: the evaluation loss is NaN/);
       assert.deepEqual(await Deno.readFile(path), saved, "the good file is untouched");
       assert.ok(!(await exists(`${path}.lock`)), "no lock left behind");
+      // Resuming the finished run: its validation loss, and no "NaN → NaN".
+      const text = flags.filter((f) => f !== "--json");
+      const finished = await run(GPT2, [...text, "--resume", path]);
+      assert.equal(finished.code, 0, finished.stderr);
+      assert.doesNotMatch(finished.stdout, /NaN/);
+      assert.match(finished.stdout, /holds a finished run \(step 1 of 1\): nothing left to train/);
+      assert.match(finished.stdout, /validation loss \d+\.\d+ \(nothing left to train\)/);
+      // One reader of config.json: a damaged one beside the weights is refused, not ignored.
+      const other = join(dir, "other");
+      await Deno.mkdir(other);
+      await Deno.copyFile(weights, join(other, "model.safetensors"));
+      await Deno.writeTextFile(join(other, "config.json"), "{ n_head: 4");
+      assertRefusedWith(
+        await run(GPT2, ["--weights", join(other, "model.safetensors"), "--prompt", "Hi"]),
+        2,
+        /^gpt2: --weights .*model\.safetensors: GPT-2: .*config\.json cannot be read as JSON/,
+        "a damaged config.json",
+      );
     });
   },
 });
