@@ -25,6 +25,7 @@
  * @module
  */
 export {
+  linkTarget,
   loadModule,
   loadSafetensors,
   saveModule,

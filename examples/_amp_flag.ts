@@ -20,10 +20,12 @@ export type AmpFlagDtype = (typeof AMP_FLAG_DTYPES)[number];
  *
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { ampDtypeFlag } from "./_amp_flag.ts";
  * const { args, dtype } = ampDtypeFlag(["--amp", "bf16", "--epochs", "1"]);
- * console.assert(dtype === "bf16" && args.join(" ") === "--amp --epochs 1");
- * console.assert(ampDtypeFlag(["--amp", "--epochs", "1"]).dtype === "f16");
+ * assert.equal(dtype, "bf16");
+ * assert.equal(args.join(" "), "--amp --epochs 1");
+ * assert.equal(ampDtypeFlag(["--amp", "--epochs", "1"]).dtype, "f16");
  * ```
  */
 export function ampDtypeFlag(args: readonly string[]): { args: string[]; dtype: AmpFlagDtype } {

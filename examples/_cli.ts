@@ -4,6 +4,7 @@
  * check that an output path can be written before any training starts.
  */
 
+import { dirname } from "node:path";
 import { parseArgs, type ParseArgsConfig } from "node:util";
 
 /** A bad flag value; the example prints its message and exits with status 2. */
@@ -156,8 +157,7 @@ export function withNegativeValues(
  */
 export async function checkOutputPath(flag: string, path: string): Promise<void> {
   const where = `--${flag} ${path}`;
-  const slash = path.lastIndexOf("/");
-  const dir = slash < 0 ? "." : path.slice(0, slash) || "/";
+  const dir = dirname(path);
   const permission = await Deno.permissions.query({ name: "write", path });
   if (permission.state !== "granted") {
     throw new UsageError(`${where}: no permission to write it; run with --allow-write.`);

@@ -25,11 +25,12 @@ import type { MnistModel } from "./mnist_model.ts";
  *
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { initGpu, matmul, Tensor } from "../mod.ts";
  * import { reportedFlops } from "./_flops.ts";
  * const gpu = await initGpu({ matmulTiling: "default" });
  * const a = Tensor.zeros([2, 3]), b = Tensor.zeros([3, 4]);
- * console.assert(reportedFlops(gpu, () => matmul(a, b).dispose()) === 2 * 2 * 3 * 4);
+ * assert.equal(reportedFlops(gpu, () => matmul(a, b).dispose()), 2 * 2 * 3 * 4);
  * gpu.destroy();
  * ```
  */
@@ -54,8 +55,9 @@ export function reportedFlops(gpu: Gpu, fn: () => void): number {
  *
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { linearFlops } from "./_flops.ts";
- * console.assert(linearFlops(1, 2, 3, { inputGrad: false }) === 24);
+ * assert.equal(linearFlops(1, 2, 3, { inputGrad: false }), 24);
  * ```
  */
 export function linearFlops(
@@ -89,9 +91,10 @@ export interface ConvFlopsShape {
  *
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { conv2dFlops } from "./_flops.ts";
  * const shape = { batch: 1, inChannels: 1, outChannels: 1, kernel: 3, outPixels: 4, inputGrad: true };
- * console.assert(conv2dFlops(shape) === 3 * 2 * 4 * 9);
+ * assert.equal(conv2dFlops(shape), 3 * 2 * 4 * 9);
  * ```
  */
 export function conv2dFlops(s: ConvFlopsShape): number {
@@ -107,9 +110,10 @@ export function conv2dFlops(s: ConvFlopsShape): number {
  *
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { causalAttentionFlops } from "./_flops.ts";
  * // T = 2: pairs (0,0), (1,0), (1,1); 6 products of D = 4 each; 2 FLOPs per multiply-add.
- * console.assert(causalAttentionFlops({ batch: 1, heads: 1, t: 2, headSize: 4 }) === 3 * 6 * 4 * 2);
+ * assert.equal(causalAttentionFlops({ batch: 1, heads: 1, t: 2, headSize: 4 }), 3 * 6 * 4 * 2);
  * ```
  */
 export function causalAttentionFlops(
@@ -125,8 +129,9 @@ export function causalAttentionFlops(
  *
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { mnistStepFlops } from "./_flops.ts";
- * console.assert(mnistStepFlops("mlp", 1) < mnistStepFlops("cnn", 1));
+ * assert.ok(mnistStepFlops("mlp", 1) < mnistStepFlops("cnn", 1));
  * ```
  */
 export function mnistStepFlops(model: MnistModel, batch: number): number {
@@ -164,9 +169,10 @@ export function mnistStepFlops(model: MnistModel, batch: number): number {
  *
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { gptStepFlops } from "./_flops.ts";
  * const g = { vocab: 65, context: 64, layers: 2, dim: 128, heads: 4, batch: 8, seed: 1 };
- * console.assert(gptStepFlops(g) > 0);
+ * assert.ok(gptStepFlops(g) > 0);
  * ```
  */
 export function gptStepFlops(g: GptBenchConfig): number {

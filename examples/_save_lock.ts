@@ -10,6 +10,7 @@
  *
  * @module
  */
+import { linkTarget } from "../files.ts";
 import { reason, UsageError } from "./_cli.ts";
 
 /** This machine's name where the permissions tell it without a prompt, else "". */
@@ -37,19 +38,6 @@ function sameFile(file: Deno.FsFile, path: string): boolean {
   }
 }
 
-/**
- * The file a save to `path` writes: a symbolic link's target (a save
- * replaces the target, not the link), so a run saving through the link and
- * one saving to the file itself take the same lock.
- */
-function savedFile(path: string): string {
-  try {
-    return Deno.lstatSync(path).isSymlink ? Deno.realPathSync(path) : path;
-  } catch {
-    return path; // nothing there yet, or a dangling link
-  }
-}
-
 /** The lock of one output path, held by this process until {@link SaveLock.release}. */
 export class SaveLock {
   #file: Deno.FsFile;
@@ -74,12 +62,18 @@ export class SaveLock {
   }
 
   /**
-   * Takes `${path}.lock` (the path of `--flag`) for this process. Throws a
-   * UsageError naming the other process while a live one holds it; takes
-   * over a file a dead run left and calls `note` with what it did.
+   * Takes `${path}.lock` (the path of `--flag`; beside the file a symbolic
+   * link names, so a run saving through the link and one saving to the file
+   * itself take the same lock) for this process. Throws a UsageError naming
+   * the other process while a live one holds it; takes over a file a dead
+   * run left and calls `note` with what it did.
    */
-  static acquire(path: string, flag: string, note: (text: string) => void): SaveLock {
-    const lockPath = `${savedFile(path)}.lock`;
+  static async acquire(
+    path: string,
+    flag: string,
+    note: (text: string) => void,
+  ): Promise<SaveLock> {
+    const lockPath = `${await linkTarget(path)}.lock`;
     for (let attempt = 0; attempt < 3; attempt++) {
       let file: Deno.FsFile;
       try {

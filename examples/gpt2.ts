@@ -14,49 +14,32 @@
  *
  * @module
  */
-import {
-  AdamW,
-  addInPlace,
-  AmpTrainer,
-  cosineSchedule,
-  type Gpu,
-  initGpu,
-  LrScheduler,
-  noGrad,
-  RandomGenerator,
-  type SafetensorsEntry,
-  Tensor,
-  tidy,
-} from "../mod.ts";
-import { loadSafetensors, loadTrainingState, saveTrainingState } from "../files.ts";
-import { checkOutputPath, orExit, reason, UsageError } from "./_cli.ts";
-import { DivergenceWatch } from "./_divergence.ts";
+import { initGpu, type SafetensorsEntry } from "../mod.ts";
+import { loadSafetensors } from "../files.ts";
+import { checkOutputPath, orExit, orExitAsync, reason, runMain, UsageError } from "./_cli.ts";
 import { checkPlan, runLimits } from "./_preflight.ts";
-import { Progress } from "./_progress.ts";
-import { checkResumeFlags, describeChanges, type FlagValues } from "./_resume_flags.ts";
+import { checkResumeFlags } from "./_resume_flags.ts";
+import { checkSaveTarget, readRecordOrExit } from "./_run_file.ts";
 import { SaveLock } from "./_save_lock.ts";
 import { precisionDetail } from "./_amp_flag.ts";
 import { GPT2_HELP, GPT2_SIZES, type Gpt2Args, parseGpt2Args } from "./gpt2_args.ts";
-import { loadTextTokens, type TokenSplit } from "./gpt2_data.ts";
+import { loadTextTokens } from "./gpt2_data.ts";
 import { generate } from "./gpt2_generate.ts";
 import { gpt2Buffers, gpt2Parameters } from "./gpt2_memory.ts";
+import { type Emit, fineTune, GPT2_RUN, runFlags, type Trained } from "./gpt2_run.ts";
 import { decodeGpt2, encodeGpt2 } from "./gpt2_tokenizer.ts";
 import {
-  fromHuggingFace,
+  configBeside,
   GPT2_124M,
+  type Gpt2Checkpoint,
+  gpt2Checkpoint,
   gpt2Config,
-  type Gpt2JsonConfig,
+  gpt2FromEntries,
   type Gpt2Sizes,
-  gpt2SizesOf,
   headsOf,
   initGpt2,
-  saveGpt2,
 } from "./gpt2_weights.ts";
 import { TinyGpt } from "./tiny_gpt_model.ts";
-import { evaluationWindows, sampleBatch } from "./words_data.ts";
-
-/** Prints one event: a JSON line with --json, else `text`. */
-type Emit = (event: string, fields: Record<string, unknown>, text: string) => void;
 
 /** The published sizes by --random's names. */
 const RANDOM_SIZES: Record<string, Gpt2Sizes> = {
@@ -66,27 +49,16 @@ const RANDOM_SIZES: Record<string, Gpt2Sizes> = {
   "1.5B": { ...GPT2_124M, layers: 48, dim: 1600, heads: 25 },
 };
 
-/** A fine-tuning run: the flags, the data and what trains. */
-interface Run {
-  cfg: Gpt2Args;
-  emit: Emit;
-  gpu: Gpu;
-  data: TokenSplit;
-  model: TinyGpt;
-  optimizer: AdamW;
-  trainer: AmpTrainer;
-  scheduler: LrScheduler;
-  /** Draws the training windows; saved with the run. */
-  batches: RandomGenerator;
-}
-
-/** The flags, or null after --help; a bad flag is one line and exit status 2. */
+/**
+ * The flags, or null after --help; a bad flag, or an output path that
+ * cannot be written, is one line and exit status 2.
+ */
 async function parseFlags(args: string[]): Promise<Gpt2Args | null> {
   const cfg = orExit("gpt2", () => {
     try {
       return parseGpt2Args(args);
     } catch (e) {
-      if (e instanceof TypeError) throw new UsageError(`${e.message} (see --help)`);
+      if (e instanceof UsageError) throw new UsageError(`${e.message} (see --help)`);
       throw e;
     }
   });
@@ -95,241 +67,75 @@ async function parseFlags(args: string[]): Promise<Gpt2Args | null> {
     return null;
   }
   for (const [flag, path] of [["save", cfg.save], ["save-weights", cfg.saveWeights]] as const) {
-    if (path) {
-      await checkOutputPath(flag, path).catch((e) =>
-        orExit("gpt2", () => {
-          throw e;
-        })
-      );
-    }
+    if (path) await orExitAsync("gpt2", () => checkOutputPath(flag, path));
   }
   return cfg;
 }
 
-/** The weights file's entries and config.json (none for --random), read once. */
-async function readWeights(cfg: Gpt2Args) {
-  if (!cfg.weights) return { entries: null, json: undefined, bytes: 0, heads: undefined };
-  let entries: Map<string, SafetensorsEntry>, heads: number | undefined;
+/**
+ * --weights read and checked as GPT-2's, with the config.json beside it
+ * (null for --random): exit status 1 when the file cannot be read, 2 when
+ * it is not GPT-2's.
+ */
+async function readWeights(
+  cfg: Gpt2Args,
+): Promise<{ checkpoint: Gpt2Checkpoint; bytes: number } | null> {
+  if (!cfg.weights) return null;
+  const path = cfg.weights;
+  let entries: Map<string, SafetensorsEntry>, metadata: Record<string, string>;
   try {
-    const file = await loadSafetensors(cfg.weights);
-    entries = file.entries;
-    heads = cfg.heads ?? headsOf(file.metadata);
+    ({ entries, metadata } = await loadSafetensors(path));
   } catch (e) {
-    console.error(`gpt2: --weights ${cfg.weights}: ${reason(e)}`);
+    console.error(`gpt2: --weights ${path}: ${reason(e)}`);
     Deno.exit(1);
-  }
-  const slash = cfg.weights.lastIndexOf("/");
-  const beside = `${slash < 0 ? "." : cfg.weights.slice(0, slash) || "/"}/config.json`;
-  let json: Gpt2JsonConfig | undefined;
-  try {
-    json = JSON.parse(await Deno.readTextFile(beside));
-  } catch {
-    json = undefined; // none beside it: the sizes come from the tensors
   }
   const bytes = [...entries.values()].reduce((n, e) => n + e.data.byteLength, 0);
-  return { entries, json, bytes, heads };
-}
-
-/** The model: the file's weights, or a random GPT-2 of --random's size. Exit 2 for a wrong file. */
-function buildModel(
-  cfg: Gpt2Args,
-  weights: Awaited<ReturnType<typeof readWeights>>,
-  maxBufferBytes: number,
-): { model: TinyGpt; sizes: Gpt2Sizes } {
-  if (!weights.entries) {
-    const sizes = RANDOM_SIZES[cfg.random!];
-    const model = new TinyGpt(gpt2Config(sizes, cfg.seed, maxBufferBytes));
-    initGpt2(model, cfg.seed);
-    return { model, sizes };
-  }
-  const entries = weights.entries;
-  return orExit("gpt2", () => {
+  const json = await configBeside(path).catch((e) =>
+    orExit("gpt2", () => {
+      throw new UsageError(`--weights ${path}: ${reason(e)}`);
+    })
+  );
+  const checkpoint = orExit("gpt2", () => {
     try {
-      const sizes = gpt2SizesOf(entries, { json: weights.json, heads: weights.heads });
-      const config = gpt2Config(sizes, cfg.seed, maxBufferBytes);
-      const state = fromHuggingFace(entries, config.tableShards);
-      const model = new TinyGpt(config);
-      model.loadStateDict(state);
-      return { model, sizes };
+      return gpt2Checkpoint(entries, { json, heads: cfg.heads ?? headsOf(metadata) });
     } catch (e) {
-      throw new UsageError(`--weights ${cfg.weights}: ${reason(e)}`);
+      throw new UsageError(`--weights ${path}: ${reason(e)}`);
     }
   });
+  return { checkpoint, bytes };
 }
 
-/** The flags a saved run records: those a resumed run must repeat, and those --override may change. */
-function runFlags(cfg: Gpt2Args): { shape: FlagValues; steering: FlagValues } {
-  return {
-    shape: {
-      weights: cfg.weights ?? `random ${cfg.random}`,
-      data: cfg.data!,
-      steps: cfg.steps,
-      batch: cfg.batch,
-      accum: cfg.accum,
-      context: cfg.context,
-      warmup: cfg.warmup,
-      validation: cfg.validation,
-      amp: cfg.amp && cfg.ampDtype === "bf16" ? "bf16" : cfg.amp,
-      seed: cfg.seed,
-    },
-    steering: { lr: cfg.lr },
-  };
+/** The model: the checked file's weights, or a random GPT-2 of --random's size. */
+function buildModel(
+  cfg: Gpt2Args,
+  checkpoint: Gpt2Checkpoint | null,
+  maxBufferBytes: number,
+): TinyGpt {
+  if (checkpoint) return gpt2FromEntries(checkpoint, { seed: cfg.seed, maxBufferBytes });
+  const model = new TinyGpt(gpt2Config(RANDOM_SIZES[cfg.random!], cfg.seed, maxBufferBytes));
+  initGpt2(model, cfg.seed);
+  return model;
 }
 
-/** What --save writes besides the model, optimizer and trainer. */
-interface SavedRun {
-  step: number;
-  batches: { seed: number; offset: number };
-  flags: { shape: FlagValues; steering: FlagValues };
-}
-
-/** Restores --resume (exit 1: unreadable, 2: other flags); returns the step to go on from. */
-async function resumeOrStart(run: Run): Promise<number> {
-  const { cfg, model, optimizer, trainer } = run;
-  if (!cfg.resume) return 0;
-  const saved = await loadTrainingState(cfg.resume, { model, optimizer, trainer }).catch((e) => {
-    console.error(`gpt2: cannot resume: ${reason(e)}`);
-    Deno.exit(1);
-  }) as SavedRun;
-  const path = cfg.resume;
-  const changes = orExit(
-    "gpt2",
-    () => checkResumeFlags(path, saved.flags, runFlags(cfg), cfg.override),
-  );
-  if (changes.length > 0) {
-    run.emit("override", { changes }, `--override: resuming with ${describeChanges(changes)}`);
-  }
-  run.scheduler.step(trainer.steps);
-  run.batches = new RandomGenerator(saved.batches.seed, saved.batches.offset);
-  run.emit("resume", { path, step: saved.step }, `resumed ${path} after step ${saved.step}`);
-  return saved.step;
-}
-
-/** Saves the whole run to --save (atomic; exit 1 when it cannot be written). */
-async function save(run: Run, step: number): Promise<void> {
-  const { cfg, model, optimizer, trainer, scheduler } = run;
-  const extra: SavedRun = { step, batches: run.batches.state(), flags: runFlags(cfg) };
-  try {
-    await saveTrainingState(cfg.save!, { model, optimizer, trainer, scheduler }, { extra });
-  } catch (e) {
-    console.error(`gpt2: saving ${cfg.save} failed: ${reason(e)}`);
-    run.gpu.destroy();
-    Deno.exit(1);
-  }
-  run.emit("save", { path: cfg.save, step }, `saved ${cfg.save} (step ${step})`);
-}
-
-/** Mean loss (nats per token) over the held-out windows; one sync. */
-async function validate(run: Run): Promise<number> {
-  const { cfg, model, trainer } = run;
-  const windows = evaluationWindows(run.data.validation, cfg.context, cfg.evalWindows);
-  model.eval();
-  const total = Tensor.zeros([]);
-  for (let w = 0; w < windows.count; w += cfg.batch) {
-    const n = Math.min(cfg.batch, windows.count - w),
-      span = [w * cfg.context, (w + n) * cfg.context];
-    noGrad(() =>
-      tidy(() => {
-        const ids = Tensor.from(windows.inputs.subarray(span[0], span[1]), [n, cfg.context], {
-          dtype: "i32",
-        });
-        const loss = trainer.autocast(() =>
-          model.loss(ids, windows.targets.subarray(span[0], span[1]))
-        );
-        addInPlace(total, loss, { alpha: n / windows.count });
-      })
+/**
+ * The tokens of --prompt; a UsageError when it is empty, or when it and
+ * --max-new-tokens need more positions than the model's `context`.
+ */
+function promptTokens(text: string, maxNewTokens: number, context: number): number[] {
+  const prompt = encodeGpt2(text);
+  if (prompt.length === 0) throw new UsageError("--prompt is empty.");
+  if (prompt.length + maxNewTokens > context) {
+    throw new UsageError(
+      `--prompt is ${prompt.length} tokens; with --max-new-tokens ${maxNewTokens} that makes ` +
+        `${prompt.length + maxNewTokens} positions, more than the model's ${context} positions: ` +
+        "shorten the prompt or lower --max-new-tokens (--context sizes training windows only).",
     );
   }
-  const loss = await total.item(); // the sync point
-  total.dispose();
-  model.train();
-  return loss;
+  return prompt;
 }
 
-/** Stops with exit status 3 when training diverged (before anything is saved over --save). */
-async function stopIfDiverged(run: Run, watch: DivergenceWatch, loss: number, step: number) {
-  const health = await watch.check(loss, run.model.parameters());
-  if (health.warning) {
-    run.emit("warning", { step, warning: health.warning }, `step ${step}: ${health.warning}`);
-  }
-  if (!health.diverged) return;
-  const kept = run.cfg.save ? `; nothing was saved over ${run.cfg.save}` : "";
-  console.error(`gpt2: training diverged at step ${step}: ${health.diverged}${kept}.`);
-  run.gpu.destroy();
-  Deno.exit(3);
-}
-
-/** --steps optimizer steps of --accum micro-batches each, from `start`. */
-async function train(
-  run: Run,
-  start: number,
-): Promise<{ loss: number; validation: number; secondsPerStep: number }> {
-  const { cfg, gpu, model, trainer } = run;
-  const rows = cfg.batch * cfg.context;
-  const inputs = new Int32Array(rows), targets = new Int32Array(rows);
-  const progress = new Progress(!cfg.json);
-  const watch = await DivergenceWatch.start(trainer);
-  let lossSum = Tensor.zeros([]), counted = 0, loss = NaN, validation = NaN;
-  let clock = performance.now(), timed = 0, seconds = 0;
-  gpu.resetPeakMemory();
-  for (let step = start + 1; step <= cfg.steps; step++) {
-    for (let micro = 0; micro < cfg.accum; micro++) {
-      sampleBatch(run.data.train, cfg.context, run.batches, inputs, targets);
-      const l = trainer.step(() =>
-        model.loss(Tensor.from(inputs, [cfg.batch, cfg.context], { dtype: "i32" }), targets)
-      );
-      noGrad(() => addInPlace(lossSum, l));
-      l.dispose();
-      counted++;
-    }
-    run.scheduler.step();
-    const logNow = step % cfg.logEvery === 0 || step === cfg.steps;
-    const evalNow = step % cfg.evalEvery === 0 || step === cfg.steps;
-    if (!logNow && !evalNow) continue;
-    loss = (await lossSum.item()) / counted; // the sync point
-    const now = performance.now();
-    seconds += (now - clock) / 1000;
-    timed += counted / cfg.accum;
-    const perStep = seconds / timed;
-    await stopIfDiverged(run, watch, loss, step);
-    const text = `loss ${loss.toFixed(4)}  ${perStep.toFixed(2)} s/step`;
-    if (progress.isBar) progress.update(step, cfg.steps, text);
-    else {
-      const eta = progress.eta(step, cfg.steps);
-      run.emit(
-        "step",
-        { step, loss, secondsPerStep: perStep },
-        `step ${step}/${cfg.steps}  ${text}${eta ? `  ${eta}` : ""}`,
-      );
-    }
-    lossSum.dispose();
-    lossSum = Tensor.zeros([]);
-    counted = 0;
-    if (evalNow) {
-      progress.finish();
-      validation = await validate(run);
-      run.emit(
-        "eval",
-        { step, validationLoss: validation },
-        `step ${step}: validation loss ${validation.toFixed(4)}`,
-      );
-      if (cfg.save) await save(run, step);
-    }
-    clock = performance.now(); // validation and saving are not training time
-  }
-  lossSum.dispose();
-  progress.finish();
-  return { loss, validation, secondsPerStep: seconds / Math.max(timed, 1) };
-}
-
-/** --prompt: samples --max-new-tokens tokens with the KV cache and prints them. */
-async function sample(cfg: Gpt2Args, emit: Emit, model: TinyGpt): Promise<void> {
-  const prompt = encodeGpt2(cfg.prompt!);
-  if (prompt.length === 0) {
-    orExit("gpt2", () => {
-      throw new UsageError("--prompt is empty.");
-    });
-  }
+/** --prompt: samples --max-new-tokens tokens after `prompt` with the KV cache and prints them. */
+async function sample(cfg: Gpt2Args, emit: Emit, model: TinyGpt, prompt: number[]): Promise<void> {
   const started = performance.now();
   const [ids] = await generate(model, [prompt], {
     maxNewTokens: cfg.maxNewTokens,
@@ -346,56 +152,85 @@ async function sample(cfg: Gpt2Args, emit: Emit, model: TinyGpt): Promise<void> 
   );
 }
 
+/** The start line: the adapter, the model and, when training, the text and the run's settings. */
+function startText(cfg: Gpt2Args, adapter: string, sizes: Gpt2Sizes, tokens: number[]): string {
+  const model = `adapter: ${adapter}; GPT-2 ${sizes.layers} layers, width ${sizes.dim}, ` +
+    `${sizes.heads} heads, ${(gpt2Parameters(sizes) / 1e6).toFixed(1)}M parameters (${
+      cfg.weights ?? `random ${cfg.random}`
+    })`;
+  if (!cfg.data) return model;
+  const precision = precisionDetail(cfg.amp, cfg.ampDtype) +
+    (cfg.checkpoint ? ", checkpointed blocks" : "");
+  return `${model}\ntext: ${tokens[0]} training and ${tokens[1]} held-out tokens; ${precision}; ` +
+    `AdamW lr ${cfg.lr}, batch ${cfg.batch}×${cfg.accum} of ${cfg.context} tokens, ` +
+    `${cfg.steps} steps`;
+}
+
+/** The final line: the validation losses, the time per step and the peak (a finished run: no "NaN"). */
+function finalText(
+  result: { before: number; trained: Trained | null; peakBytes: number } | null,
+  wallSeconds: number,
+): string {
+  const wall = `wall ${wallSeconds.toFixed(1)} s`;
+  if (!result) return wall;
+  const peak = `peak GPU memory ${(result.peakBytes / 2 ** 30).toFixed(2)} GiB`;
+  const { before, trained } = result;
+  if (!trained) {
+    return `validation loss ${before.toFixed(4)} (nothing left to train); ${peak}; ${wall}`;
+  }
+  return `validation loss ${before.toFixed(4)} → ${trained.validation.toFixed(4)}; ` +
+    `${trained.secondsPerStep.toFixed(2)} s/step; ${peak}; ${wall}`;
+}
+
 async function main(): Promise<void> {
   const started = performance.now();
   const cfg = await parseFlags(Deno.args);
   if (cfg === null) return;
   const emit: Emit = (event, fields, text) =>
     console.log(cfg.json ? JSON.stringify({ event, ...fields }) : text);
-  const data = cfg.data
-    ? await loadTextTokens(cfg.data, cfg).catch((e) =>
-      orExit("gpt2", () => {
-        throw e;
-      })
+  // A --resume file that cannot continue here, or other flags, are refused before start-up.
+  const record = await readRecordOrExit("gpt2", cfg.resume, GPT2_RUN);
+  const changes = record
+    ? orExit("gpt2", () => checkResumeFlags(cfg.resume!, record.flags, runFlags(cfg), cfg.override))
+    : [];
+  // The lock first: a run in use says so, not that its file holds a run.
+  const lock = cfg.save
+    ? await orExitAsync(
+      "gpt2",
+      () => SaveLock.acquire(cfg.save!, "save", (t) => console.error(`gpt2: ${t}`)),
     )
     : null;
+  await orExitAsync("gpt2", () => checkSaveTarget(cfg, GPT2_RUN));
+  const data = cfg.data ? await orExitAsync("gpt2", () => loadTextTokens(cfg.data!, cfg)) : null;
   const weights = await readWeights(cfg);
-  const lock = cfg.save
-    ? orExit("gpt2", () => SaveLock.acquire(cfg.save!, "save", (t) => console.error(`gpt2: ${t}`)))
-    : null;
-  const gpu = await initGpu();
-  // The sizes, checked against this adapter and host before any GPU allocation of the model.
-  const sizes = weights.entries
-    ? orExit("gpt2", () => {
-      try {
-        return gpt2SizesOf(weights.entries!, { json: weights.json, heads: weights.heads });
-      } catch (e) {
-        throw new UsageError(`--weights ${cfg.weights}: ${reason(e)}`);
-      }
-    })
-    : RANDOM_SIZES[cfg.random!];
-  if (cfg.context > sizes.context) {
+  const sizes = weights?.checkpoint.sizes ?? RANDOM_SIZES[cfg.random!];
+  if (data && cfg.context > sizes.context) {
     orExit("gpt2", () => {
       throw new UsageError(
         `--context ${cfg.context} is longer than the model's ${sizes.context} positions.`,
       );
     });
   }
-  const sampleLength = Math.min(sizes.context, (cfg.prompt?.length ?? 0) + cfg.maxNewTokens);
+  const prompt = cfg.prompt === undefined
+    ? null
+    : orExit("gpt2", () => promptTokens(cfg.prompt!, cfg.maxNewTokens, sizes.context));
+  const gpu = await initGpu();
+  // The sizes, checked against this adapter and host before any GPU allocation of the model.
+  const limits = runLimits(gpu);
+  const tokens = data ? [data.train.length, data.validation.length] : [0, 0];
   const plan = gpt2Buffers(
     sizes,
-    { ...cfg, training: data !== null, sampleLength },
+    { ...cfg, training: data !== null, sampleLength: (prompt?.length ?? 0) + cfg.maxNewTokens },
     {
-      fileBytes: weights.bytes,
-      tokens: data ? data.train.length + data.validation.length : 0,
+      fileBytes: weights?.bytes ?? 0,
+      tokens: tokens[0] + tokens[1],
       cpuAdapter: gpu.adapterProfile.cpu,
-      maxBufferBytes: runLimits(gpu).bufferBytes,
+      maxBufferBytes: limits.bufferBytes,
     },
   );
-  const limits = runLimits(gpu);
   orExit("gpt2", () => checkPlan(plan, limits, GPT2_SIZES));
-  const { model } = buildModel(cfg, weights, limits.bufferBytes);
-  weights.entries?.clear(); // the host copy is no longer needed
+  const model = buildModel(cfg, weights?.checkpoint ?? null, limits.bufferBytes);
+  weights?.checkpoint.tensors.clear(); // the host copy is no longer needed
   if (cfg.checkpoint) model.blocks.checkpoint = sizes.layers;
   emit(
     "start",
@@ -404,93 +239,36 @@ async function main(): Promise<void> {
       model: sizes,
       parameters: gpt2Parameters(sizes),
       ...cfg,
-      tokens: data ? data.train.length + data.validation.length : 0,
+      tokens: tokens[0] + tokens[1],
     },
-    `adapter: ${gpu.adapterName}; GPT-2 ${sizes.layers} layers, width ${sizes.dim}, ${sizes.heads} heads, ` +
-      `${(gpt2Parameters(sizes) / 1e6).toFixed(1)}M parameters (${
-        cfg.weights ?? `random ${cfg.random}`
-      })` +
-      (data
-        ? `\ntext: ${data.train.length} training and ${data.validation.length} held-out tokens; ` +
-          `${precisionDetail(cfg.amp, cfg.ampDtype)}${
-            cfg.checkpoint ? ", checkpointed blocks" : ""
-          }; ` +
-          `AdamW lr ${cfg.lr}, batch ${cfg.batch}×${cfg.accum} of ${cfg.context} tokens, ${cfg.steps} steps`
-        : ""),
+    startText(cfg, gpu.adapterName, sizes, tokens),
   );
-  let result = null;
-  if (data) {
-    const optimizer = new AdamW(model.parameters(), { lr: cfg.lr, weightDecay: 0.01 });
-    const trainer = new AmpTrainer(model, optimizer, {
-      enabled: cfg.amp,
-      dtype: cfg.ampDtype,
-      accumulationSteps: cfg.accum,
-      maxGradNorm: 1,
-    });
-    const scheduler = new LrScheduler(
-      optimizer,
-      cosineSchedule({
-        warmupSteps: Math.min(cfg.warmup, cfg.steps - 1),
-        totalSteps: cfg.steps,
-        minFactor: 0.1,
-      }),
-    );
-    const run: Run = {
-      cfg,
-      emit,
-      gpu,
-      data,
-      model,
-      optimizer,
-      trainer,
-      scheduler,
-      batches: new RandomGenerator(cfg.seed + 1),
-    };
-    const start = await resumeOrStart(run);
-    const before = start < cfg.steps ? await validate(run) : NaN;
-    if (start < cfg.steps) {
-      emit(
-        "eval",
-        { step: start, validationLoss: before },
-        `validation loss before training: ${before.toFixed(4)}`,
-      );
+  const result = data
+    ? {
+      ...(await fineTune({ cfg, emit, gpu, data, model }, record, changes)),
+      peakBytes: gpu.memoryStats().peakBytes,
     }
-    result = {
-      ...(start < cfg.steps
-        ? await train(run, start)
-        : { loss: NaN, validation: NaN, secondsPerStep: NaN }),
-      before,
-    };
-    result = { ...result, peakBytes: gpu.memoryStats().peakBytes };
-    if (cfg.saveWeights) {
-      await saveGpt2(cfg.saveWeights, model).catch((e) => {
-        console.error(`gpt2: writing ${cfg.saveWeights} failed: ${reason(e)}`);
-        Deno.exit(1);
-      });
-      emit(
-        "saved",
-        { path: cfg.saveWeights },
-        `saved ${cfg.saveWeights} (Hugging Face's GPT-2 layout)`,
-      );
-    }
-    trainer.dispose();
-    optimizer.dispose();
-  }
-  if (cfg.prompt !== undefined) await sample(cfg, emit, model);
+    : null;
+  if (prompt) await sample(cfg, emit, model, prompt);
   const wallSeconds = (performance.now() - started) / 1000;
+  const trained = result?.trained;
   emit(
     "final",
-    { ...result, wallSeconds },
     result
-      ? `validation loss ${result.before.toFixed(4)} → ${result.validation.toFixed(4)}; ` +
-        `${result.secondsPerStep.toFixed(2)} s/step; peak GPU memory ${
-          (result.peakBytes / 2 ** 30).toFixed(2)
-        } GiB; wall ${wallSeconds.toFixed(1)} s`
-      : `wall ${wallSeconds.toFixed(1)} s`,
+      ? {
+        before: result.before,
+        loss: trained?.loss ?? null,
+        validation: trained?.validation ?? result.before,
+        secondsPerStep: trained?.secondsPerStep ?? null,
+        peakBytes: result.peakBytes,
+        wallSeconds,
+      }
+      : { wallSeconds },
+    finalText(result, wallSeconds),
   );
   model.dispose();
   gpu.destroy();
   lock?.release();
 }
 
-if (import.meta.main) await main();
+if (import.meta.main) await runMain("gpt2", main);

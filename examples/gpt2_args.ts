@@ -3,9 +3,15 @@
  *
  * @module
  */
-import { parseArgs } from "node:util";
 import { ampDtypeFlag, type AmpFlagDtype } from "./_amp_flag.ts";
-import { choiceFlag, integerFlag, numberFlag, UsageError, withNegativeValues } from "./_cli.ts";
+import {
+  choiceFlag,
+  integerFlag,
+  numberFlag,
+  parseFlags,
+  UsageError,
+  withNegativeValues,
+} from "./_cli.ts";
 
 /** `gpt2.ts --help`. */
 export const GPT2_HELP = `Fine-tune GPT-2 on your own text, and sample from it, on the GPU (WebGPU).
@@ -51,6 +57,8 @@ Training (with --data):
   --resume PATH      continue a run saved with --save (same flags; --override
                      lets --lr change)
   --override         with --resume: train on with a different --lr
+  --overwrite        with --save: start over although PATH holds a file (it is
+                     replaced at the first good validation)
   --save-weights PATH
                      after training, write the model as Hugging Face's
                      model.safetensors (GPT2LMHeadModel's names)
@@ -63,9 +71,11 @@ Output:
   --json             one JSON object per line; a sample's event holds its "ids"
   -h, --help         show this help
 
-Exit status: 0 done; 1 a file could not be read or written; 2 a bad flag, a
-file that is not GPT-2's, or sizes that cannot fit this adapter or host
-(checked before the first step); 3 training diverged.
+Exit status: 0 done; 1 a file could not be read or written, or a --resume
+file that cannot continue here; 2 a bad flag, a file that is not GPT-2's,
+sizes that cannot fit this adapter or host (checked before the first step),
+or --save holding a file without --resume or --overwrite; 3 training diverged
+(nothing is saved over --save then).
 `;
 
 /** The published sizes --random takes. */
@@ -94,6 +104,7 @@ export interface Gpt2Args {
   save?: string;
   resume?: string;
   override: boolean;
+  overwrite: boolean;
   saveWeights?: string;
   prompt?: string;
   maxNewTokens: number;
@@ -135,14 +146,17 @@ const VALUE_FLAGS = [
   "top-k",
 ];
 
-/** The flags in `args`, or null for --help. Throws a UsageError for a bad one. */
+/**
+ * The flags in `args`, or null for --help. Throws a UsageError for a bad one
+ * (an unknown flag names the closest known one).
+ */
 export function parseGpt2Args(args: string[]): Gpt2Args | null {
   const text = (d: string) => ({ type: "string" as const, default: d });
   const size = (flag: string) => text(String(GPT2_SIZES[flag]));
   const flag = { type: "boolean" as const, default: false };
   const optional = { type: "string" as const };
   const ampFlag = ampDtypeFlag(args);
-  const { values: v } = parseArgs({
+  const { values: v } = parseFlags({
     args: withNegativeValues(ampFlag.args, VALUE_FLAGS),
     strict: true,
     allowPositionals: false,
@@ -168,6 +182,7 @@ export function parseGpt2Args(args: string[]): Gpt2Args | null {
       save: optional,
       resume: optional,
       override: flag,
+      overwrite: flag,
       "save-weights": optional,
       prompt: optional,
       "max-new-tokens": size("max-new-tokens"),
@@ -202,6 +217,7 @@ export function parseGpt2Args(args: string[]): Gpt2Args | null {
     save: v.save,
     resume: v.resume,
     override: v.override,
+    overwrite: v.overwrite,
     saveWeights: v["save-weights"],
     prompt: v.prompt,
     maxNewTokens: int("max-new-tokens", v["max-new-tokens"], 1),
@@ -226,6 +242,9 @@ export function parseGpt2Args(args: string[]): Gpt2Args | null {
     }
   }
   if (parsed.override && !parsed.resume) throw new UsageError("--override needs --resume.");
+  if (parsed.overwrite && !parsed.save) {
+    throw new UsageError("--overwrite is for --save: it lets a run replace the file there.");
+  }
   return parsed;
 }
 

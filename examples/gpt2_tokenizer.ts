@@ -34,9 +34,10 @@ function tokenizer(): Tiktoken {
  *
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { decodeGpt2, encodeGpt2 } from "./gpt2_tokenizer.ts";
- * console.assert(encodeGpt2("hello world").join() === "31373,995"); // tiktoken's own test
- * console.assert(decodeGpt2(encodeGpt2("héllo 世界 🙃")) === "héllo 世界 🙃");
+ * assert.equal(encodeGpt2("hello world").join(), "31373,995"); // tiktoken's own test
+ * assert.equal(decodeGpt2(encodeGpt2("héllo 世界 🙃")), "héllo 世界 🙃");
  * ```
  */
 export function encodeGpt2(text: string): number[] {

@@ -29,6 +29,7 @@ import {
   type Tensor,
   ValueError,
 } from "../mod.ts";
+import { dirname, join } from "node:path";
 import { loadSafetensors, saveSafetensors } from "../files.ts";
 import { fromNanoGpt, renameNanoGpt } from "./nanogpt.ts";
 import { TinyGpt, type TinyGptConfig } from "./tiny_gpt_model.ts";
@@ -133,9 +134,12 @@ function bareEntries(entries: ReadonlyMap<string, SafetensorsEntry>): Map<string
   return bare;
 }
 
+/** Whether two host tensors hold the same bytes (a plain loop: 154 MB for the 124M's table). */
 function sameBytes(a: HostTensor, b: HostTensor): boolean {
-  return a.dtype === b.dtype && a.data.byteLength === b.data.byteLength &&
-    a.data.every((v, i) => v === b.data[i]);
+  if (a.dtype !== b.dtype || a.data.byteLength !== b.data.byteLength) return false;
+  const x = a.data, y = b.data;
+  for (let i = 0; i < x.length; i++) if (x[i] !== y[i]) return false;
+  return true;
 }
 
 /** The fields of a Hugging Face GPT-2 `config.json` this loader reads. */
@@ -149,6 +153,13 @@ export interface Gpt2JsonConfig {
   activation_function?: string;
 }
 
+/** A file's GPT-2 tensors, checked: its sizes and its tensors under the bare names. */
+export interface Gpt2Checkpoint {
+  sizes: Gpt2Sizes;
+  /** The tensors without the `transformer.` prefix, the masks and a tied `lm_head.weight`. */
+  tensors: Map<string, HostTensor>;
+}
+
 /**
  * GPT-2's sizes from a file's tensors (with or without `transformer.`), the
  * head count from `json` (a `config.json`), `heads`, or the published widths.
@@ -158,6 +169,17 @@ export function gpt2SizesOf(
   entries: ReadonlyMap<string, SafetensorsEntry>,
   options: { json?: Gpt2JsonConfig; heads?: number } = {},
 ): Gpt2Sizes {
+  return gpt2Checkpoint(entries, options).sizes;
+}
+
+/**
+ * A file's tensors checked as GPT-2's (see {@link gpt2SizesOf}), for
+ * {@link gpt2FromEntries}: the names are read once.
+ */
+export function gpt2Checkpoint(
+  entries: ReadonlyMap<string, SafetensorsEntry>,
+  options: { json?: Gpt2JsonConfig; heads?: number } = {},
+): Gpt2Checkpoint {
   const bare = bareEntries(entries);
   const wte = bare.get("wte.weight"), wpe = bare.get("wpe.weight");
   if (!wte || !wpe || wte.shape.length !== 2 || wpe.shape.length !== 2) {
@@ -208,7 +230,7 @@ export function gpt2SizesOf(
         `(n_head of its config.json, beside the file, or --heads).`,
     );
   }
-  return { vocab, context, layers, dim, heads };
+  return { sizes: { vocab, context, layers, dim, heads }, tensors: bare };
 }
 
 /** A config.json that contradicts the tensors, or is not GPT-2's, is refused. */
@@ -262,8 +284,16 @@ export function fromHuggingFace(
   entries: ReadonlyMap<string, SafetensorsEntry>,
   tableShards = 1,
 ): Map<string, StateValue> {
+  return fromBareNames(bareEntries(entries), tableShards);
+}
+
+/** {@link fromHuggingFace} of tensors already under the bare names. */
+function fromBareNames(
+  bare: ReadonlyMap<string, HostTensor>,
+  tableShards: number,
+): Map<string, StateValue> {
   const nano = new Map<string, StateValue>();
-  for (const [name, value] of bareEntries(entries)) {
+  for (const [name, value] of bare) {
     nano.set(`transformer.${name}`, CONV1D.test(name) ? transposed(value) : value);
   }
   const state = fromNanoGpt(nano);
@@ -333,16 +363,39 @@ export async function toHuggingFace(model: TinyGpt): Promise<Map<string, Safeten
   return out;
 }
 
-/** Reads `config.json` beside `path`, if there is one. */
-async function configBeside(path: string): Promise<Gpt2JsonConfig | undefined> {
-  const slash = path.lastIndexOf("/");
-  const file = `${slash < 0 ? "." : path.slice(0, slash) || "/"}/config.json`;
+/**
+ * The `config.json` beside the weights file `path`, or undefined when there
+ * is none; one that cannot be read as JSON is a ValueError naming it.
+ */
+export async function configBeside(path: string): Promise<Gpt2JsonConfig | undefined> {
+  const file = join(dirname(path), "config.json");
   try {
     return JSON.parse(await Deno.readTextFile(file)) as Gpt2JsonConfig;
   } catch (e) {
     if (e instanceof Deno.errors.NotFound) return undefined;
     throw new ValueError(`GPT-2: ${file} cannot be read as JSON (${(e as Error).message}).`);
   }
+}
+
+/**
+ * A new TinyGpt of GPT-2's options holding a checked file's weights (see
+ * {@link gpt2Checkpoint}); with `maxBufferBytes` the token table is kept
+ * in column pieces that fit one buffer. Loads all or nothing.
+ */
+export function gpt2FromEntries(
+  checkpoint: Gpt2Checkpoint,
+  options: { seed?: number; maxBufferBytes?: number } = {},
+): TinyGpt {
+  const config = gpt2Config(checkpoint.sizes, options.seed, options.maxBufferBytes);
+  const state = fromBareNames(checkpoint.tensors, config.tableShards ?? 1);
+  const model = new TinyGpt(config);
+  try {
+    model.loadStateDict(state);
+  } catch (e) {
+    model.dispose();
+    throw e;
+  }
+  return model;
 }
 
 /**
@@ -359,20 +412,11 @@ export async function loadGpt2(
   options: { heads?: number; seed?: number; maxBufferBytes?: number } = {},
 ): Promise<{ model: TinyGpt; sizes: Gpt2Sizes }> {
   const { entries, metadata } = await loadSafetensors(path);
-  const sizes = gpt2SizesOf(entries, {
+  const checkpoint = gpt2Checkpoint(entries, {
     json: await configBeside(path),
     heads: options.heads ?? headsOf(metadata),
   });
-  const config = gpt2Config(sizes, options.seed, options.maxBufferBytes);
-  const state = fromHuggingFace(entries, config.tableShards);
-  const model = new TinyGpt(config);
-  try {
-    model.loadStateDict(state);
-  } catch (e) {
-    model.dispose();
-    throw e;
-  }
-  return { model, sizes };
+  return { model: gpt2FromEntries(checkpoint, options), sizes: checkpoint.sizes };
 }
 
 /**

@@ -42,12 +42,12 @@ import { checkOutputs, type MnistArgs, parseMnistArgsOrExit } from "./mnist_args
 import { orExit, orExitAsync, runMain } from "./_cli.ts";
 import {
   checkBeforeStart,
-  checkSaveTarget,
-  readRecordOrExit,
+  MNIST_RUN,
   resumeOrStart,
   runFlags,
   type RunRecord,
 } from "./mnist_resume.ts";
+import { checkSaveTarget, readRecordOrExit } from "./_run_file.ts";
 import { evaluate } from "./mnist_evaluate.ts";
 import { precisionName } from "./_amp_flag.ts";
 import { gather, loadData, randomShifts, shuffle } from "./mnist_batches.ts";
@@ -341,15 +341,17 @@ async function main(): Promise<void> {
   const emit: Emit = (event, fields, text) =>
     console.log(cfg.json ? JSON.stringify({ event, ...fields }) : text);
   // A --resume file that cannot continue here is reported before any start-up work.
-  const record = await readRecordOrExit(cfg);
+  const record = await readRecordOrExit("mnist", cfg.resume, MNIST_RUN);
   await checkOutputs(cfg).catch((e) => {
     console.error(`mnist: ${e instanceof Error ? e.message : e} (see --help)`);
     Deno.exit(2);
   });
   // The lock first: a run in use says so, not that its file holds a run.
   const note = (text: string) => console.error(`mnist: ${text}`);
-  const lock = cfg.save ? orExit("mnist", () => SaveLock.acquire(cfg.save!, "save", note)) : null;
-  await orExitAsync("mnist", () => checkSaveTarget(cfg));
+  const lock = cfg.save
+    ? await orExitAsync("mnist", () => SaveLock.acquire(cfg.save!, "save", note))
+    : null;
+  await orExitAsync("mnist", () => checkSaveTarget(cfg, MNIST_RUN));
   const { train, test } = await loadData(cfg);
   const batch = Math.min(cfg.batch, train.count), stepsPerEpoch = Math.floor(train.count / batch);
   const changes = checkBeforeStart(cfg, train.count, batch, record);

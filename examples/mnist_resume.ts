@@ -1,11 +1,9 @@
 /**
  * What `mnist.ts` keeps in a saved training state besides the model,
  * optimizer, trainer and schedule (the `extra` of `saveTrainingState`): its
- * run record, the resume that reads it back, and the checks made with it
- * before any start-up work — a
- * `--save` that would replace a run the user did not ask to replace, a
- * `--resume` file that is missing, not a training state, or not one this
- * script wrote, and flags that differ from the saved run's.
+ * run record ({@link MNIST_RUN} tells `_run_file.ts`'s checks before
+ * start-up how to read it), the resume that reads it back, and the check of
+ * flags that differ from the saved run's.
  *
  * The record is what continuing needs, written so that another program
  * (`examples/torch/continue_ddp.py`) can go on with the same run: the epochs
@@ -17,14 +15,15 @@
  * @module
  */
 import { RandomGenerator } from "../mod.ts";
-import { loadSafetensors, loadTrainingState } from "../files.ts";
+import { loadTrainingState } from "../files.ts";
 import {
   checkResumeFlags,
   describeChanges,
   type FlagChange,
   type FlagValues,
 } from "./_resume_flags.ts";
-import { orExit, reason, UsageError } from "./_cli.ts";
+import { orExit } from "./_cli.ts";
+import type { RunRecordKind } from "./_run_file.ts";
 import type { PlotPoint } from "./_plot.ts";
 import { checkRun, type MnistArgs } from "./mnist_args.ts";
 import type { Run } from "./mnist.ts";
@@ -46,9 +45,6 @@ export interface RunRecord {
   /** The loss chart's points so far. */
   plotPoints?: PlotPoint[];
 }
-
-/** A file problem: the script prints the message and exits with status 1. */
-export class RunFileError extends Error {}
 
 /** The flags a saved training state records (see `checkResumeFlags`). */
 export function runFlags(
@@ -83,32 +79,8 @@ export function savedFlags(record: RunRecord): { shape?: FlagValues; steering?: 
   return { shape: { ...rest, limit: trainCount } };
 }
 
-/** The metadata of a safetensors file, or a RunFileError saying why it cannot be read. */
-async function metadataOf(path: string, flag: string): Promise<Record<string, string>> {
-  try {
-    return (await loadSafetensors(path)).metadata;
-  } catch (e) {
-    if (e instanceof Deno.errors.NotFound) {
-      throw new RunFileError(`--${flag} ${path}: no such file`);
-    }
-    const why = reason(e).replace(/^loadSafetensors: cannot read "[^"]*": /, "");
-    throw new RunFileError(`--${flag} ${path}: ${why.split("\n")[0].slice(0, 200)}`);
-  }
-}
-
-/** Whether a file's metadata is a halfstep training state's. */
-function isTrainingState(metadata: Record<string, string>): boolean {
-  return /^halfstep-(training-state|checkpoint)-\d+$/.test(metadata.format ?? "");
-}
-
-/** The run record in a training state's metadata, or null when it holds none of this script's. */
-function recordOf(metadata: Record<string, string>): RunRecord | null {
-  let extra: unknown;
-  try {
-    extra = JSON.parse(metadata.extra ?? "null");
-  } catch {
-    return null;
-  }
+/** mnist.ts's run record in a parsed `extra`, or null when it is not one. */
+function recordOf(extra: unknown): RunRecord | null {
   const r = extra as RunRecord | null;
   const count = (x: unknown) => Number.isSafeInteger(x) && (x as number) >= 0;
   const ok = typeof r === "object" && r !== null && count(r.epoch) && count(r.step) &&
@@ -117,58 +89,14 @@ function recordOf(metadata: Record<string, string>): RunRecord | null {
   return ok ? r : null;
 }
 
-/**
- * The run record of `--resume`, read before any start-up work: a missing
- * file, one that is not a training state, or a training state without this
- * script's record (from `to_halfstep.py`, or `saveTrainingState` without
- * mnist.ts's `extra`) is a RunFileError of one line.
- */
-export async function readRunRecord(path: string): Promise<RunRecord> {
-  const metadata = await metadataOf(path, "resume");
-  if (!isTrainingState(metadata)) {
-    throw new RunFileError(
-      `--resume ${path}: not a halfstep training state (a model file? load it with loadModule).`,
-    );
-  }
-  const record = recordOf(metadata);
-  if (!record) {
-    throw new RunFileError(
-      `--resume ${path}: a training state without mnist.ts's record of the run (epoch, step, ` +
-        "data order), so it cannot continue here; it was saved by another program.",
-    );
-  }
-  return record;
-}
-
-/** The file `path` names, following links; `path` itself when nothing is there. */
-async function realPathOrSelf(path: string): Promise<string> {
-  return await Deno.realPath(path).catch(() => path);
-}
-
-/**
- * Throws a UsageError when `--save` would replace a file the user did not
- * ask to replace: one is there, it is not the `--resume` file, and
- * `--overwrite` is not given. The message says what the file holds.
- */
-export async function checkSaveTarget(cfg: MnistArgs): Promise<void> {
-  const save = cfg.save;
-  if (!save || cfg.overwrite) return;
-  const exists = await Deno.stat(save).then(() => true, () => false);
-  if (!exists) return;
-  if (cfg.resume && (await realPathOrSelf(cfg.resume)) === (await realPathOrSelf(save))) return;
-  const metadata = await metadataOf(save, "save").catch(() => null);
-  const record = metadata && isTrainingState(metadata) ? recordOf(metadata) : null;
-  const holds = record
-    ? `holds a saved run (epoch ${record.epoch}, step ${record.step})`
-    : metadata && isTrainingState(metadata)
-    ? "holds a saved training state"
-    : "already exists";
-  const resume = record ? `continue it with --resume ${save}, or ` : "";
-  throw new UsageError(
-    `--save ${save} ${holds}; ${resume}add --overwrite to start over (the file is replaced ` +
-      "after the first good epoch).",
-  );
-}
+/** What mnist.ts keeps in a training state, for the checks before start-up (`_run_file.ts`). */
+export const MNIST_RUN: RunRecordKind<RunRecord> = {
+  script: "mnist.ts",
+  holds: "epoch, step, data order",
+  recordOf,
+  describe: (r) => `epoch ${r.epoch}, step ${r.step}`,
+  replaced: "after the first good epoch",
+};
 
 /** Where a run goes on from: the epoch in progress, the steps taken, and the steps into it. */
 export interface Start {
@@ -260,16 +188,4 @@ export function checkBeforeStart(
     "mnist",
     () => checkResumeFlags(cfg.resume!, savedFlags(record), given, cfg.override),
   );
-}
-
-/** The run record of --resume, or null; a file that cannot continue here exits with status 1. */
-export async function readRecordOrExit(cfg: MnistArgs): Promise<RunRecord | null> {
-  if (!cfg.resume) return null;
-  try {
-    return await readRunRecord(cfg.resume);
-  } catch (e) {
-    if (!(e instanceof RunFileError)) throw e;
-    console.error(`mnist: cannot resume: ${e.message}`);
-    Deno.exit(1);
-  }
 }

@@ -85,6 +85,7 @@ function listed(names: string[]): string {
  *
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { initGpu } from "../mod.ts";
  * import { TinyGpt } from "./tiny_gpt_model.ts";
  * import { toNanoGpt } from "./nanogpt.ts";
@@ -93,8 +94,8 @@ function listed(names: string[]): string {
  *   vocab: 5, context: 4, layers: 1, dim: 8, heads: 2, tieEmbeddings: true, headBias: false,
  * });
  * const state = toNanoGpt(model);
- * console.assert(state.get("lm_head.weight") === state.get("transformer.wte.weight"));
- * console.assert(state.has("transformer.h.0.attn.c_attn.weight"));
+ * assert.equal(state.get("lm_head.weight"), state.get("transformer.wte.weight"));
+ * assert.ok(state.has("transformer.h.0.attn.c_attn.weight"));
  * gpu.destroy();
  * ```
  */
@@ -120,10 +121,12 @@ export function toNanoGpt(model: TinyGpt): Map<string, Tensor> {
  *
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { fromNanoGpt } from "./nanogpt.ts";
  * const table = { dtype: "f32" as const, shape: [5, 8], data: new Uint8Array(160) };
  * const state = fromNanoGpt(new Map([["_orig_mod.transformer.wte.weight", table]]));
- * console.assert(state.get("tokens.weight") === table && state.get("head.weight") === table);
+ * assert.equal(state.get("tokens.weight"), table);
+ * assert.equal(state.get("head.weight"), table);
  * ```
  */
 export function fromNanoGpt(state: ReadonlyMap<string, StateValue>): Map<string, StateValue> {
@@ -164,6 +167,7 @@ export function fromNanoGpt(state: ReadonlyMap<string, StateValue>): Map<string,
  *
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { nanoGptConfig } from "./nanogpt.ts";
  * const f32 = (shape: number[]) => ({ dtype: "f32" as const, shape, data: new Uint8Array(0) });
  * const state = new Map([
@@ -173,7 +177,7 @@ export function fromNanoGpt(state: ReadonlyMap<string, StateValue>): Map<string,
  *   ["transformer.h.1.ln_1.weight", f32([32])],
  * ]);
  * const config = nanoGptConfig(state, { heads: 4 });
- * console.assert(config.vocab === 65 && config.layers === 2 && config.bias === false);
+ * assert.deepEqual([config.vocab, config.layers, config.bias], [65, 2, false]);
  * ```
  */
 export function nanoGptConfig(

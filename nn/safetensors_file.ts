@@ -151,8 +151,24 @@ export async function writeTensors(
 
 /**
  * The file `path` names: the target of a symbolic link (followed to the
- * end; a dangling link's target, which the save creates), else `path`
- * itself — also where the permissions do not let it be checked.
+ * end; a dangling link's target, which a save creates), else `path`
+ * itself — also where the permissions do not let it be checked. A save
+ * writes there (a link stays a link), and a lock beside the file it names
+ * is the same whichever name a run was given.
+ *
+ * @param path A file's path, maybe a symbolic link's.
+ * @returns The path of the file a write to `path` replaces.
+ * @example
+ * ```ts
+ * import assert from "node:assert/strict";
+ * import { linkTarget } from "../files.ts";
+ * const dir = await Deno.realPath(await Deno.makeTempDir());
+ * await Deno.writeTextFile(`${dir}/run.safetensors`, "");
+ * await Deno.symlink(`${dir}/run.safetensors`, `${dir}/latest.safetensors`);
+ * assert.equal(await linkTarget(`${dir}/latest.safetensors`), `${dir}/run.safetensors`);
+ * assert.equal(await linkTarget(`${dir}/new.safetensors`), `${dir}/new.safetensors`);
+ * await Deno.remove(dir, { recursive: true });
+ * ```
  */
 export async function linkTarget(path: string): Promise<string> {
   try {

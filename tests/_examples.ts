@@ -9,6 +9,7 @@ import { ROOT } from "./_bundle.ts";
 
 export const MNIST: string = join(ROOT, "examples/mnist.ts");
 export const TINY_GPT: string = join(ROOT, "examples/tiny_gpt.ts");
+export const GPT2: string = join(ROOT, "examples/gpt2.ts");
 /** A quick MNIST run: 8 steps of 128 images. */
 export const QUICK: string[] = ["--limit", "1024", "--epochs", "1"];
 

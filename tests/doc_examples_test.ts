@@ -1,16 +1,18 @@
 /**
  * Documentation examples that can fail. `deno test --doc` runs every `@example`
- * of the library and every ```ts block of the Markdown files, but
- * `console.assert` only prints "Assertion failed" and the example still passes.
- * So each example must check its claims with `assert` from "node:assert/strict"
- * (or throw), and none may call `console.assert`.
+ * of the library and of examples/, and every ```ts block of the Markdown files
+ * (the README and docs/ included), but `console.assert` only prints
+ * "Assertion failed" and the example still passes. So each example must check
+ * its claims with `assert`, imported from "node:assert/strict" (or throw), and
+ * none may call `console.assert`.
  */
 import assert from "node:assert/strict";
 import { join, relative } from "node:path";
 import { ROOT } from "./_bundle.ts";
+import { fencedBlocks } from "./_readme.ts";
 
-/** The library: every .ts file under these folders, and these top-level files. */
-const LIBRARY_FOLDERS = ["gpu", "optim", "nn", "amp"];
+/** Every .ts file under these folders (`deno test --doc` runs the examples' too), and these files. */
+const LIBRARY_FOLDERS = ["gpu", "optim", "nn", "amp", "examples"];
 const LIBRARY_FILES = ["mod.ts", "files.ts"];
 /** Folders that hold no Markdown the suite runs. */
 const SKIPPED_FOLDERS = new Set([".git", "node_modules", "dist", ".gpu"]);
@@ -37,25 +39,9 @@ async function* walk(folder: string, suffix: string): AsyncGenerator<string> {
  * line passed through `unwrap` first (JSDoc's leading ` * `).
  */
 function codeBlocks(file: string, lines: string[], unwrap: (line: string) => string): CodeBlock[] {
-  const blocks: CodeBlock[] = [];
-  let open: { line: number; code: string[] } | null = null;
-  lines.forEach((raw, i) => {
-    const line = unwrap(raw);
-    const fence = line.match(/^\s*```\s*(\S*)(.*)$/);
-    if (open === null) {
-      if (fence === null) return;
-      const runs = /^(ts|typescript|js|javascript|tsx|jsx)$/.test(fence[1]) &&
-        !/\bignore\b/.test(fence[2]);
-      // A block Deno skips is still a block: remember it to find its end.
-      open = { line: runs ? i + 1 : -(i + 1), code: [] };
-    } else if (fence !== null && fence[1] === "") {
-      if (open.line > 0) blocks.push({ file, line: open.line, code: open.code.join("\n") });
-      open = null;
-    } else {
-      open.code.push(line);
-    }
-  });
-  return blocks;
+  return fencedBlocks(lines, unwrap)
+    .filter((b) => /^(ts|typescript|js|javascript|tsx|jsx)$/.test(b.lang) && !b.ignored)
+    .map(({ line, code }) => ({ file, line, code }));
 }
 
 /** The code blocks inside JSDoc comments of a TypeScript file. */
@@ -100,8 +86,12 @@ export function weakness(code: string): string | null {
     return "uses console.assert, which prints and never fails: use assert from node:assert/strict";
   }
   const stripped = code.replace(/\bconsole\.\w+\s*\(/g, "");
-  if (!/\bassert(\.\w+)?\s*\(/.test(stripped) && !/\bthrow\b/.test(stripped)) {
+  const asserts = /\bassert(\.\w+)?\s*\(/.test(stripped);
+  if (!asserts && !/\bthrow\b/.test(stripped)) {
     return "asserts nothing: check its claims with assert from node:assert/strict";
+  }
+  if (asserts && !/^import assert from ["']node:assert\/strict["'];?$/m.test(code)) {
+    return 'calls assert without import assert from "node:assert/strict"';
   }
   return null;
 }
@@ -132,7 +122,11 @@ Deno.test("weakness: console.assert and no assertion are refused; assert and thr
   );
   assert.match(weakness("const x = 1;\nconsole.log(x);")!, /asserts nothing/);
   assert.equal(weakness('import assert from "node:assert/strict";\nassert.equal(f(), 2);'), null);
-  assert.equal(weakness("assert.throws(() => f(), ValueError);"), null);
+  assert.match(weakness("assert.throws(() => f(), ValueError);")!, /without import assert/);
+  assert.match(
+    weakness('import { assert } from "jsr:@std/assert";\nassert(f() === 2);')!,
+    /without import assert from "node:assert\/strict"/,
+  );
   assert.equal(weakness("if (f() !== 2) throw new Error('f');"), null);
 });
 

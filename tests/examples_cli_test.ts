@@ -11,6 +11,7 @@ import {
   afterFirstSave,
   assertRefused,
   events,
+  GPT2,
   MNIST,
   QUICK,
   run,
@@ -66,6 +67,11 @@ Deno.test("examples: every bad flag is one line and exit status 2, before any tr
       await run(TINY_GPT, ["--step", "3"]),
       /^tiny_gpt: unknown flag --step; did you mean --steps\?/,
       "--step",
+    );
+    assertRefused(
+      await run(GPT2, ["--random", "124M", "--data", "x.txt", "--step", "3"]),
+      /^gpt2: unknown flag --step; did you mean --steps\? \(see --help\)$/,
+      "gpt2 --step",
     );
     const help = await run(MNIST, ["--help"]);
     assert.equal(help.code, 0);

@@ -160,10 +160,10 @@ Deno.test("examples guards: the --save lock refuses a live owner, takes over a s
   const dir = await Deno.makeTempDir();
   try {
     const path = join(dir, "run.safetensors"), notes: string[] = [];
-    const lock = SaveLock.acquire(path, "save", (t) => notes.push(t));
+    const lock = await SaveLock.acquire(path, "save", (t) => notes.push(t));
     const owner = JSON.parse(await Deno.readTextFile(`${path}.lock`));
     assert.equal(owner.pid, Deno.pid);
-    assert.throws(
+    await assert.rejects(
       () => SaveLock.acquire(path, "save", (t) => notes.push(t)),
       (e) =>
         e instanceof UsageError &&
@@ -175,7 +175,7 @@ Deno.test("examples guards: the --save lock refuses a live owner, takes over a s
     assert.ok(!(await Deno.stat(`${path}.lock`).then(() => true, () => false)));
     // A lock file left by a run that was killed (SIGKILL): the OS dropped its lock.
     await Deno.writeTextFile(`${path}.lock`, JSON.stringify({ pid: 4242, host: "" }));
-    const again = SaveLock.acquire(path, "save", (t) => notes.push(t));
+    const again = await SaveLock.acquire(path, "save", (t) => notes.push(t));
     assert.deepEqual(notes, [`taking over ${path}.lock: pid 4242 is gone`]);
     again.release();
   } finally {
@@ -191,11 +191,14 @@ Deno.test({
       const file = join(dir, "run.safetensors"), link = join(dir, "latest.safetensors");
       await Deno.writeTextFile(file, "a run");
       await Deno.symlink(file, link);
-      const lock = SaveLock.acquire(link, "save", () => {});
+      const lock = await SaveLock.acquire(link, "save", () => {});
       try {
         assert.equal(lock.lockPath, `${await Deno.realPath(file)}.lock`);
         // Through the link or by its own name: the same file, one writer.
-        assert.throws(() => SaveLock.acquire(file, "save", () => {}), /is in use by another run/);
+        await assert.rejects(
+          () => SaveLock.acquire(file, "save", () => {}),
+          /is in use by another run/,
+        );
       } finally {
         lock.release();
       }

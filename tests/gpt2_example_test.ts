@@ -4,20 +4,31 @@
  * validation loss, saves the run and Hugging Face's file, samples greedy ids
  * that the library gives again from the saved file; a resumed run goes on
  * from its step, other flags are refused, a file that is not GPT-2's is one
- * line; and tiny_gpt.ts --data trains on a given text and samples from it.
+ * line; a run saved at step 3 and resumed is the uninterrupted run bit for
+ * bit; the other examples' guarantees (refusals before start-up, --save
+ * over a run, divergence before saving); and tiny_gpt.ts --data trains on a
+ * given text and samples from it.
  * Needs a python3 with torch for the checkpoint (CI installs it).
  */
 import assert from "node:assert/strict";
 import { join } from "node:path";
-import { ROOT } from "./_bundle.ts";
-import { assertRefused, errorLines, events, run, TINY_GPT, withTempDir } from "./_examples.ts";
+import {
+  assertRefused,
+  errorLines,
+  events,
+  GPT2,
+  type Run,
+  run,
+  TINY_GPT,
+  withTempDir,
+} from "./_examples.ts";
+import { AdamW, AmpTrainer } from "../mod.ts";
+import { loadSafetensors, saveTrainingState } from "../files.ts";
 import { GPU_TEST } from "./_gpu.ts";
 import { runTorchScript } from "./_torch_script.ts";
 import { loadGpt2 } from "../examples/gpt2_weights.ts";
 import { generate } from "../examples/gpt2_generate.ts";
 import { encodeGpt2 } from "../examples/gpt2_tokenizer.ts";
-
-const GPT2 = join(ROOT, "examples/gpt2.ts");
 
 /** A text of a few repeated sentences: a small model learns it within a few steps. */
 const TEXT = Array.from(
@@ -98,6 +109,161 @@ Deno.test({
       await Deno.copyFile(join(dir, "run.safetensors"), foreign);
       const wrong = await run(GPT2, ["--weights", foreign, "--prompt", "Hi"]);
       assertRefused(wrong, /not a GPT-2 checkpoint|not names? of GPT-2/, "a training-state file");
+    });
+  },
+});
+
+const exists = (path: string) => Deno.stat(path).then(() => true, () => false);
+
+/** Asserts a refusal before start-up: exit status `code`, one line matching `message`, no output. */
+function assertRefusedWith(r: Run, code: number, message: RegExp, what: string): void {
+  assert.equal(r.code, code, `${what}: exit status (stderr: ${r.stderr})`);
+  const lines = errorLines(r);
+  assert.equal(lines.length, 1, `${what}: one line, no stack trace: ${JSON.stringify(lines)}`);
+  assert.match(lines[0], message, what);
+  assert.equal(r.stdout.trim(), "", `${what}: refused before start-up (no start event)`);
+}
+
+Deno.test({
+  name: "gpt2.ts keeps the other examples' guarantees: a --resume file it cannot continue or " +
+    "cannot find and a prompt longer than the model's context are refused in one line before " +
+    "start-up; --save over a saved run needs --resume or --overwrite; a run whose validation " +
+    "loss is NaN stops with exit status 3 and the good file untouched; no lock is left",
+  ...GPU_TEST,
+  async fn() {
+    await withTempDir(async (dir) => {
+      const weights = await checkpoint(dir), data = join(dir, "text.txt");
+      await Deno.writeTextFile(data, TEXT);
+      const path = join(dir, "run.safetensors");
+      const flags = [
+        ...["--weights", weights, "--data", data, "--context", "16", "--batch", "2"],
+        ...["--steps", "1", "--eval-windows", "1", "--save", path, "--json"],
+      ];
+      // saveTrainingState without gpt2.ts's record: it used to crash with a TypeError.
+      const { model } = await loadGpt2(weights), optimizer = new AdamW(model.parameters());
+      const trainer = new AmpTrainer(model, optimizer, { enabled: false });
+      const partial = join(dir, "partial.safetensors");
+      await saveTrainingState(partial, { model, optimizer, trainer });
+      trainer.dispose();
+      model.dispose();
+      const foreign = await run(GPT2, [...flags, "--resume", partial, "--save", partial]);
+      assertRefusedWith(
+        foreign,
+        1,
+        /^gpt2: cannot resume: --resume .*partial\.safetensors: a training state without gpt2\.ts's record of the run/,
+        "a training state without the record",
+      );
+      assert.ok(!(await exists(`${partial}.lock`)), "no lock left behind");
+      assertRefusedWith(
+        await run(GPT2, [...flags, "--resume", join(dir, "missing.safetensors")]),
+        1,
+        /^gpt2: cannot resume: --resume .*missing\.safetensors: no such file$/,
+        "a missing --resume file",
+      );
+      const prompt = "The cat sat on the mat ".repeat(6); // 37 tokens: over the 32 positions
+      assertRefusedWith(
+        await run(GPT2, ["--weights", weights, "--prompt", prompt, "--max-new-tokens", "4"]),
+        2,
+        /^gpt2: --prompt is 37 tokens; with --max-new-tokens 4 .* the model's 32 positions/,
+        "a prompt longer than the context",
+      );
+      const first = await run(GPT2, flags);
+      assert.equal(first.code, 0, first.stderr);
+      const saved = await Deno.readFile(path);
+      // The same command again: it used to train and replace the saved run.
+      assertRefusedWith(
+        await run(GPT2, flags),
+        2,
+        /^gpt2: --save .*run\.safetensors holds a saved run \(step 1\); continue it with --resume .*run\.safetensors, or add --overwrite to start over/,
+        "a second --save",
+      );
+      // Weights of ~1e30 after one step: finite, but the validation loss is NaN.
+      const diverged = await run(GPT2, [...flags, "--overwrite", "--lr", "1e30", "--amp", "bf16"]);
+      assert.equal(diverged.code, 3, diverged.stderr);
+      assert.match(errorLines(diverged).at(-1)!, /diverged at step 1: the evaluation loss is NaN/);
+      assert.deepEqual(await Deno.readFile(path), saved, "the good file is untouched");
+      assert.ok(!(await exists(`${path}.lock`)), "no lock left behind");
+      // Resuming the finished run: its validation loss, and no "NaN → NaN".
+      const text = flags.filter((f) => f !== "--json");
+      const finished = await run(GPT2, [...text, "--resume", path]);
+      assert.equal(finished.code, 0, finished.stderr);
+      assert.doesNotMatch(finished.stdout, /NaN/);
+      assert.match(finished.stdout, /holds a finished run \(step 1 of 1\): nothing left to train/);
+      assert.match(finished.stdout, /validation loss \d+\.\d+ \(nothing left to train\)/);
+      // One reader of config.json: a damaged one beside the weights is refused, not ignored.
+      const other = join(dir, "other");
+      await Deno.mkdir(other);
+      await Deno.copyFile(weights, join(other, "model.safetensors"));
+      await Deno.writeTextFile(join(other, "config.json"), "{ n_head: 4");
+      assertRefusedWith(
+        await run(GPT2, ["--weights", join(other, "model.safetensors"), "--prompt", "Hi"]),
+        2,
+        /^gpt2: --weights .*model\.safetensors: GPT-2: .*config\.json cannot be read as JSON/,
+        "a damaged config.json",
+      );
+    });
+  },
+});
+
+/**
+ * Runs gpt2.ts to its end; when it reports saving `path` at `step`, copies
+ * the file to `copy` (the run goes on and later saves replace `path`).
+ */
+async function copyWhenSaved(args: string[], path: string, step: number, copy: string) {
+  const child = new Deno.Command(Deno.execPath(), {
+    args: ["run", "--allow-read", "--allow-env", "--allow-write", GPT2, ...args],
+    env: { DENO_WEBGPU_BACKEND: "vulkan,metal,dx12", NO_COLOR: "1" },
+    stdout: "piped",
+    stderr: "piped",
+  }).spawn();
+  const stderr = new Response(child.stderr).text();
+  let stdout = "", copied = false;
+  for await (const chunk of child.stdout.pipeThrough(new TextDecoderStream())) {
+    stdout += chunk;
+    const saved = events(stdout).some((e) => e.event === "save" && e.step === step);
+    if (saved && !copied) {
+      copied = true;
+      await Deno.copyFile(path, copy);
+    }
+  }
+  return { code: (await child.status).code, stdout, stderr: await stderr };
+}
+
+/** The tensors and metadata of a saved run, for comparing bit for bit. */
+async function savedRun(path: string) {
+  const { entries, metadata } = await loadSafetensors(path);
+  return { metadata, tensors: [...entries].map(([name, e]) => [name, e.dtype, e.shape, e.data]) };
+}
+
+Deno.test({
+  name: "gpt2.ts: a run saved at step 3 and resumed to step 6 gives the losses and the saved " +
+    "run (weights, AdamW, schedule, data order) of the uninterrupted run, bit for bit",
+  ...GPU_TEST,
+  async fn() {
+    await withTempDir(async (dir) => {
+      const weights = await checkpoint(dir), data = join(dir, "text.txt");
+      await Deno.writeTextFile(data, TEXT);
+      const whole = join(dir, "whole.safetensors"), half = join(dir, "half.safetensors");
+      const flags = [
+        ...["--weights", weights, "--data", data, "--context", "16", "--batch", "2"],
+        ...["--steps", "6", "--lr", "3e-3", "--warmup", "2", "--eval-every", "3"],
+        ...["--eval-windows", "2", "--log-every", "1", "--json"],
+      ];
+      const first = await copyWhenSaved([...flags, "--save", whole], whole, 3, half);
+      assert.equal(first.code, 0, first.stderr);
+      const step3 = JSON.parse((await loadSafetensors(half)).metadata.extra);
+      assert.equal(step3.step, 3, "the copy is the run at step 3");
+      assert.notDeepEqual(await savedRun(half), await savedRun(whole), "steps 4 to 6 trained");
+      const resumed = await run(GPT2, [...flags, "--save", half, "--resume", half]);
+      assert.equal(resumed.code, 0, resumed.stderr);
+      // The losses after step 3, without the seconds per step (which differ between runs).
+      const losses = (r: Run) =>
+        events(r.stdout)
+          .filter((e) => (e.event === "step" || e.event === "eval") && (e.step as number) > 3)
+          .map(({ secondsPerStep: _, ...rest }) => rest);
+      assert.equal(losses(resumed).length, 4, "steps 4, 5, 6 and the validation at 6");
+      assert.deepEqual(losses(resumed), losses(first));
+      assert.deepEqual(await savedRun(half), await savedRun(whole), "the saved runs");
     });
   },
 });

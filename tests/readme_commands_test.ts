@@ -4,14 +4,14 @@
  * clone (document by document, in order, with size flags added so each
  * takes seconds: `--limit 512 --epochs 1` for MNIST, a few steps for the
  * GPT, and its output files moved to a temporary folder); the README stays
- * a page or two that says where the snippets run and lists every guide; and
- * each snippet `deno test --doc` runs checks its results with
- * node:assert/strict, never `console.assert`.
+ * a page or two that says where the snippets run and lists every guide (that
+ * each snippet checks its results with node:assert/strict is
+ * doc_examples_test.ts's rule).
  */
 import assert from "node:assert/strict";
 import { join } from "node:path";
 import { ROOT } from "./_bundle.ts";
-import { readDocs, readReadme, shellLines, tsSnippets } from "./_readme.ts";
+import { readDocs, readReadme, shellLines } from "./_readme.ts";
 
 /** The flags that make a command quick, by the script it runs (null: not an example to run). */
 function quickFlags(command: string): string[] | null {
@@ -87,24 +87,6 @@ Deno.test("README: a page or two that says where snippets run and lists every gu
   for (const changelog of [/previous release/i, /before this round/i, /\bwas \d+(\.\d+)?% /]) {
     assert.doesNotMatch(readme, changelog, "no changelog passages");
   }
-});
-
-Deno.test("README and guides: every snippet the suite runs asserts with node:assert/strict", async () => {
-  let snippets = 0;
-  for (const { path, text } of await readDocs()) {
-    for (const snippet of tsSnippets(text)) {
-      snippets++;
-      const head = snippet.split("\n").slice(0, 2).join(" ");
-      assert.doesNotMatch(snippet, /console\.assert/, `${path}: ${head}`);
-      assert.match(snippet, /import assert from "node:assert\/strict";/, `${path}: ${head}`);
-      assert.match(
-        snippet,
-        /\bassert(\.\w+)?\(/,
-        `${path}: a snippet that checks nothing: ${head}`,
-      );
-    }
-  }
-  assert.ok(snippets >= 6, `${snippets} snippets`);
 });
 
 Deno.test("README: install lines as CI runs them (apt-get as root, no sudo), same packages", async () => {

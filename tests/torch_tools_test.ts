@@ -6,7 +6,10 @@
  * (a truncated checkpoint, `amsgrad` or `maximize`, a `--schedule` that does
  * not give the checkpoint's learning rate) is one line on stderr and a
  * non-zero exit, never a traceback; a finished schedule goes on once
- * `--schedule` extends it.
+ * `--schedule` extends it. Damaged records, schedules, optimizer and scaler
+ * states, and checkpoints with a float64 model or no state dict, are one
+ * line too, before any process starts; `write_safetensors` leaves no
+ * temporary file behind and writes through a symbolic link to its file.
  *
  * Needs a Python with torch (CI installs Debian's python3-torch): without
  * one the test fails, it never skips.
@@ -225,6 +228,99 @@ Deno.test("to_halfstep.py: bad input is one line and a non-zero exit; the schedu
     }
     const ok = await tool("to_halfstep.py", [plain, out, ...right]);
     assert.equal(ok.code, 0, ok.stderr);
+  } finally {
+    await Deno.remove(dir, { recursive: true });
+  }
+});
+
+Deno.test({
+  name: "continue_ddp.py and to_halfstep.py: a damaged header, record, schedule, optimizer or " +
+    "scaler, a float64 model and a model that is not a state dict are one line, before any " +
+    "process starts",
+  ...GPU_TEST,
+  async fn() {
+    const dir = await Deno.makeTempDir();
+    try {
+      const good = join(dir, "good.safetensors");
+      await saveRun(good, mnistMlp(1), { steps: 2, total: 8, extra: record(2) });
+      await runTorchScript("damaged_runs.py", [good, dir]);
+      const file = (name: string) => join(dir, name);
+      // Two processes: a check left to them used to print one line per process.
+      const flags = ["--mnist", mnistDataDir(), "--procs", "2", "--device", "cpu"];
+      const cases: [string, RegExp][] = [
+        ["noshape.safetensors", /noshape\.safetensors: tensor 'w' is truncated or malformed$/],
+        [
+          "noseed.safetensors",
+          /noseed\.safetensors: holds no record of an examples\/mnist\.ts run/,
+        ],
+        ["nolastepoch.safetensors", /nolastepoch\.safetensors: holds no learning-rate schedule/],
+        [
+          "badschedule.safetensors",
+          /badschedule\.safetensors: its learning-rate schedule .*"step".* is not one of halfstep's/,
+        ],
+        [
+          "amsgrad.safetensors",
+          /amsgrad\.safetensors: optimizer group 0 has amsgrad=True, which halfstep's optimizers/,
+        ],
+        ["hysteresis.safetensors", /hysteresis\.safetensors: .*hysteresis or a static scale/],
+      ];
+      for (const [name, message] of cases) {
+        const r = await tool("continue_ddp.py", [file(name), ...flags]);
+        assertOneLine(r, 1, new RegExp(`^continue_ddp: .*${message.source}`), name);
+      }
+      const out = file("run.safetensors");
+      const convert = ["--optimizer", "AdamW"];
+      assertOneLine(
+        await tool("to_halfstep.py", [file("f64.pt"), out, ...convert]),
+        1,
+        /^to_halfstep: model\.0\.weight is torch\.float64; halfstep reads float32/,
+        "a float64 model",
+      );
+      assertOneLine(
+        await tool("to_halfstep.py", [file("listmodel.pt"), out, ...convert]),
+        1,
+        /^to_halfstep: .*listmodel\.pt: its 'model' is not a state dict/,
+        "a model that is not a state dict",
+      );
+      assert.ok(!(await Deno.stat(out).then(() => true, () => false)), "nothing written");
+    } finally {
+      await Deno.remove(dir, { recursive: true });
+    }
+  },
+});
+
+/** write_safetensors through a link, then failing at fsync: what is left. */
+const WRITE_THROUGH_LINK = `
+import json, os, sys, torch
+sys.path.insert(0, sys.argv[1])
+from safetensors_file import read_safetensors, write_safetensors
+folder = sys.argv[2]
+target, link = os.path.join(folder, "target.safetensors"), os.path.join(folder, "link.safetensors")
+write_safetensors(target, {"w": torch.ones(2)}, {})
+os.symlink(target, link)
+write_safetensors(link, {"w": torch.zeros(2)}, {})
+def full_disk(fd):
+    raise OSError(28, "No space left on device")
+os.fsync = full_disk
+try:
+    write_safetensors(link, {"w": torch.full((2,), 5.0)}, {})
+    failed = False
+except OSError:
+    failed = True
+print(json.dumps({"failed": failed, "link": os.path.islink(link), "files": sorted(os.listdir(folder)),
+                  "w": read_safetensors(target)[0]["w"].tolist()}))
+`;
+
+Deno.test("write_safetensors (Python): a symbolic link stays one, its file is replaced; a failed write leaves no temporary and the file as it was", async () => {
+  const dir = await Deno.makeTempDir();
+  try {
+    const printed = JSON.parse(await runPython(["-c", WRITE_THROUGH_LINK, TOOLS, dir]));
+    assert.deepEqual(printed, {
+      failed: true,
+      link: true,
+      files: ["link.safetensors", "target.safetensors"],
+      w: [0, 0],
+    });
   } finally {
     await Deno.remove(dir, { recursive: true });
   }

@@ -88,14 +88,25 @@ def weights_digest(model):
     return h.hexdigest()[:16]
 
 
+def _count(x):
+    """Whether ``x`` is a count (an int >= 0; JSON's numbers, not bools)."""
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 0
+
+
 def run_record(run, path):
     """mnist.ts's record of the run (epoch, step, data order, flags), checked; RunFileError if none."""
     record = run["extra"]
-    shape = (record or {}).get("flags", {}).get("shape") if isinstance(record, dict) else None
-    needed = ("epoch", "step", "shuffler")
-    if not isinstance(shape, dict) or any(k not in record for k in needed):
+    flags = record.get("flags") if isinstance(record, dict) else None
+    shape = flags.get("shape") if isinstance(flags, dict) else None
+    shuffler = record.get("shuffler") if isinstance(record, dict) else None
+    ok = (isinstance(shape, dict) and _count(record.get("epoch")) and _count(record.get("step"))
+          and _count(record.get("position", 0)) and isinstance(shuffler, dict)
+          and _count(shuffler.get("seed")) and _count(shuffler.get("offset")))
+    if not ok:
         raise RunFileError(f"{path}: holds no record of an examples/mnist.ts run (epoch, step, data "
                            "order); save the run with mnist.ts --save")
+    if not all(_count(shape.get(k)) and shape.get(k) > 0 for k in ("limit", "batch", "epochs")):
+        raise RunFileError(f"{path}: its record lacks the run's --limit, --batch or --epochs")
     if shape.get("model") != "mlp":
         raise RunFileError(f"{path}: a --model {shape.get('model')} run; this script continues the MLP")
     if shape.get("shift", 0) != 0 or shape.get("accum", 1) != 1:
@@ -114,22 +125,52 @@ def check_model(run, path):
         raise RunFileError(f"{path}: not the examples' MLP 784-256-256-10 ({first[:160]})") from None
 
 
+def saved_schedule(run, path):
+    """The run's scheduler state and halfstep schedule, checked; RunFileError if there is none."""
+    scheduler = run["scheduler"]
+    halfstep = scheduler.get("halfstep") if isinstance(scheduler, dict) else None
+    schedule = halfstep.get("schedule") if isinstance(halfstep, dict) else None
+    if not schedule or not _count(scheduler.get("last_epoch")):
+        raise RunFileError(f"{path}: holds no learning-rate schedule to continue")
+    try:
+        schedule_factor(schedule)  # a name it knows, with its numbers
+        assert _count(schedule["total_steps"]) and _count(schedule["warmup_steps"])
+        float(schedule["min_factor"])
+    except (ValueError, KeyError, TypeError, AssertionError):
+        raise RunFileError(f"{path}: its learning-rate schedule {json.dumps(schedule)[:120]} is not "
+                           "one of halfstep's (cosine or linear, warmup, total, min)") from None
+    return scheduler, schedule
+
+
+def check_state(run, path):
+    """Builds the optimizer and loss scaler the run describes, as every process will: a run they
+    cannot continue (amsgrad, hysteresis, a damaged state) is refused here, before they start."""
+    try:
+        make_optimizer(mnist_mlp().parameters(), run["optimizer"])
+        if run["scaler"]:
+            make_scaler(run["scaler"], torch.device("cpu"))
+    except RunFileError as e:
+        raise RunFileError(f"{path}: {e}") from None
+    except (ValueError, KeyError, TypeError, IndexError) as e:
+        why = str(e).splitlines()[0][:160] if str(e) else type(e).__name__
+        raise RunFileError(f"{path}: its optimizer or loss scaler cannot be continued ({why})") from None
+
+
 def plan(args):
     """Everything checked before the processes start: the run, the data order, the steps."""
     run = read_run(args.run)
     record, shape = run_record(run, args.run)
     check_model(run, args.run)
-    if not run["scheduler"] or not run["scheduler"].get("halfstep", {}).get("schedule"):
-        raise RunFileError(f"{args.run}: holds no learning-rate schedule to continue")
-    schedule = parse_schedule(args.schedule) if args.schedule else run["scheduler"]["halfstep"]["schedule"]
-    schedule_factor(schedule)  # a name it knows
+    check_state(run, args.run)
+    scheduler, saved = saved_schedule(run, args.run)
+    schedule = parse_schedule(args.schedule) if args.schedule else saved
     batch = args.batch or shape["batch"]
     if batch % args.procs:
         raise UsageError(f"the global batch {batch} does not split over --procs {args.procs}; "
                          "give a --procs that divides it")
     order = DataOrder(shape["limit"], batch, record["shuffler"]["seed"], record["shuffler"]["offset"],
                       record["epoch"], record.get("position", 0))
-    at = run["scheduler"]["last_epoch"]
+    at = scheduler["last_epoch"]
     total = schedule["total_steps"]
     left = shape["epochs"] * (shape["limit"] // shape["batch"]) - record["step"]
     steps = args.steps if args.steps is not None else total - at if args.schedule else min(left, total - at)
@@ -139,7 +180,6 @@ def plan(args):
                          "to train on at its final learning rate")
     return {"run": run, "record": record, "shape": shape, "schedule": schedule, "batch": batch,
             "order": order, "steps": steps, "first": at}
-
 
 
 def train(rank, args, port, p):
@@ -236,6 +276,10 @@ def main():
     except (RunFileError, UsageError) as e:
         print(f"continue_ddp: {e}", file=sys.stderr)
         sys.exit(2 if isinstance(e, UsageError) else 1)
+    except (ValueError, KeyError, TypeError, IndexError) as e:  # what the checks above missed
+        print(f"continue_ddp: {args.run}: cannot be continued ({type(e).__name__}: "
+              f"{str(e).splitlines()[0][:200] if str(e) else 'no detail'})", file=sys.stderr)
+        sys.exit(1)
     if args.batch and args.batch != p["shape"]["batch"]:
         print(f"continue_ddp: --batch {args.batch}: THE RUN WAS TRAINED WITH BATCH {p['shape']['batch']}; "
               f"the optimizer now sees {args.batch} examples a step, so this is another run (and "

@@ -56,7 +56,7 @@ def read_run(path):
     try:
         parsed = {key: json.loads(metadata[key]) if key in metadata else None for key in
                   ("optimizer", "scheduler", "scaler", "trainer", "random", "extra")}
-    except ValueError:
+    except (ValueError, TypeError):
         raise RunFileError(f"{path}: its metadata is not valid JSON") from None
     run = dict(parsed, model={}, grads={})
     optimizer = run["optimizer"]

@@ -9,6 +9,7 @@ them, atomically. A file that cannot be used raises :class:`RunFileError`,
 whose message is one line.
 """
 
+import contextlib
 import json
 import math
 import os
@@ -78,6 +79,21 @@ _NUMPY = {"F32": np.float32, "F16": np.float16, "I32": np.int32, "I64": np.int64
 _NAMES = {torch.float32: "F32", torch.float16: "F16", torch.int32: "I32", torch.bfloat16: "BF16"}
 
 
+def _entry(path, name, info):
+    """A header entry's (dtype, shape, start, end), or RunFileError naming the tensor."""
+    try:
+        dtype, shape, (start, end) = info["dtype"], list(info["shape"]), info["data_offsets"]
+        sizes_ok = all(isinstance(n, int) and n >= 0 for n in (*shape, start, end))
+    except (KeyError, TypeError, ValueError):
+        sizes_ok = False
+    if not sizes_ok or dtype not in (*_NUMPY, "BF16"):
+        raise RunFileError(f"{path}: tensor {name!r} is truncated or malformed")
+    width = 2 if dtype in ("BF16", "F16") else 8 if dtype == "I64" else 4
+    if end - start != math.prod(shape) * width:
+        raise RunFileError(f"{path}: tensor {name!r} is truncated or malformed")
+    return dtype, shape, start, end
+
+
 def read_safetensors(path):
     """Returns ({name: tensor}, {metadata key: string}) of a safetensors file, checksums verified.
 
@@ -96,8 +112,12 @@ def read_safetensors(path):
             if len(header_bytes) < length or not isinstance(header, dict):
                 raise ValueError("short header")
             metadata = header.pop("__metadata__", {}) or {}
-            ends = [info["data_offsets"][1] for info in header.values()]
+            if not isinstance(metadata, dict):
+                raise ValueError("metadata")
+            ends = [_entry(path, name, info)[3] for name, info in header.items()]
             data = f.read(max(ends, default=0))
+    except RunFileError:
+        raise
     except FileNotFoundError:
         raise RunFileError(f"{path}: no such file") from None
     except OSError as e:
@@ -106,13 +126,10 @@ def read_safetensors(path):
         raise RunFileError(f"{path}: its header is damaged (not a safetensors file?)") from None
     stored, tensors = {}, {}
     for name, info in header.items():
-        start, end = info["data_offsets"]
-        raw = data[start:end]
-        count = math.prod(info["shape"])
-        width = 2 if info["dtype"] in ("BF16", "F16") else 8 if info["dtype"] == "I64" else 4
-        if end > len(data) or end - start != count * width or info["dtype"] not in (*_NUMPY, "BF16"):
+        dtype, shape, start, end = _entry(path, name, info)
+        if end > len(data):
             raise RunFileError(f"{path}: tensor {name!r} is truncated or malformed")
-        stored[name] = (info["dtype"], info["shape"], raw)
+        stored[name] = (dtype, shape, data[start:end])
     _verify_checksums(path, stored, metadata)
     for name, (dtype, shape, raw) in stored.items():
         if dtype == "BF16":
@@ -129,6 +146,9 @@ def write_safetensors(path, tensors, metadata):
     with halfstep's checksums.
 
     int64 tensors (``num_batches_tracked``) are written as int32, the integer type halfstep has.
+    A tensor of another dtype (float64, say) is a RunFileError, before anything is written. A
+    symbolic link stays one: the file it names is replaced. On failure the temporary file is
+    removed and a file already at ``path`` is left as it was.
     """
     entries, offset = {}, 0
     for name, t in tensors.items():
@@ -136,7 +156,8 @@ def write_safetensors(path, tensors, metadata):
         if t.dtype == torch.int64:
             t = t.to(torch.int32)
         if t.dtype not in _NAMES:
-            raise ValueError(f"write_safetensors: {name} is {t.dtype}; halfstep reads f32, f16, bf16, i32")
+            raise RunFileError(f"{name} is {t.dtype}; halfstep reads float32, float16, bfloat16 "
+                               "and int32 (convert the model first, e.g. model.float())")
         raw = (t.view(torch.int16) if t.dtype == torch.bfloat16 else t).numpy().tobytes()
         entries[name] = (_NAMES[t.dtype], list(t.shape), raw)
     metadata = {k: v for k, v in metadata.items() if k != CHECKSUMS_KEY}
@@ -148,12 +169,18 @@ def write_safetensors(path, tensors, metadata):
         offset += len(raw)
     text = json.dumps(header, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)  # the data starts 8-byte aligned
-    temporary = f"{path}.tmp{os.getpid()}"
-    with open(temporary, "wb") as f:
-        f.write(len(text).to_bytes(8, "little"))
-        f.write(text)
-        for _, _, raw in entries.values():
-            f.write(raw)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(temporary, path)
+    target = os.path.realpath(path)  # through a symbolic link to the file it names
+    temporary = f"{target}.tmp{os.getpid()}"
+    try:
+        with open(temporary, "wb") as f:
+            f.write(len(text).to_bytes(8, "little"))
+            f.write(text)
+            for _, _, raw in entries.values():
+                f.write(raw)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temporary, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(temporary)
+        raise

@@ -34,6 +34,9 @@ from halfstep_run import (ArgumentParser, RunFileError, UsageError, parse_schedu
 
 def check_schedule(text, schedule, scheduler):
     """UsageError unless ``schedule`` gives the learning rates the scheduler holds at its step."""
+    if not {"last_epoch", "base_lrs", "_last_lr"} <= scheduler.keys():
+        raise RunFileError("the checkpoint's 'scheduler' is not a LambdaLR's state dict "
+                           "(last_epoch, base_lrs, _last_lr)")
     step, factor = scheduler["last_epoch"], schedule_factor(schedule)
     for i, (base, lr) in enumerate(zip(scheduler["base_lrs"], scheduler["_last_lr"])):
         want = base * factor(step)
@@ -52,6 +55,14 @@ def read_checkpoint(path):
         raise RunFileError(f"{path}: not a readable torch.save file ({type(e).__name__})") from None
     if not isinstance(checkpoint, dict) or "model" not in checkpoint or "optimizer" not in checkpoint:
         raise RunFileError(f"{path}: not a dict with 'model' and 'optimizer' state dicts")
+    model, optimizer = checkpoint["model"], checkpoint["optimizer"]
+    if not isinstance(model, dict) or not all(torch.is_tensor(v) for v in model.values()):
+        raise RunFileError(f"{path}: its 'model' is not a state dict (model.state_dict(): names to tensors)")
+    if not isinstance(optimizer, dict) or not {"state", "param_groups"} <= optimizer.keys():
+        raise RunFileError(f"{path}: its 'optimizer' is not an optimizer.state_dict() (state, param_groups)")
+    for key in ("scheduler", "scaler"):
+        if checkpoint.get(key) is not None and not isinstance(checkpoint[key], dict):
+            raise RunFileError(f"{path}: its '{key}' is not a state dict")
     return checkpoint
 
 
@@ -78,6 +89,10 @@ def main():
     except (RunFileError, UsageError, OSError) as e:
         print(f"to_halfstep: {e}", file=sys.stderr)
         sys.exit(2 if isinstance(e, UsageError) else 1)
+    except (ValueError, KeyError, TypeError, AttributeError) as e:  # what the checks above missed
+        print(f"to_halfstep: {args.checkpoint}: cannot be converted ({type(e).__name__}: "
+              f"{str(e).splitlines()[0][:200] if str(e) else 'no detail'})", file=sys.stderr)
+        sys.exit(1)
 
 
 if __name__ == "__main__":
