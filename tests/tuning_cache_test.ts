@@ -14,7 +14,7 @@ import assert from "node:assert/strict";
 import { join } from "node:path";
 import { HALFSTEP_VERSION } from "../gpu/tuning/store.ts";
 import { ROOT } from "./_bundle.ts";
-import { readReadme, tsSnippets } from "./_readme.ts";
+import { fencedBlocks, readReadme } from "./_readme.ts";
 
 /** Tunes one small matmul class (`dtype orientation` from the arguments), then trains XOR. */
 const SCRIPT = `
@@ -330,7 +330,8 @@ Deno.test("tuning cache: initGpu() tunes a product at the wait after it first ru
 Deno.test("tuning cache: the README's first model starts and trains measuring nothing: no line, no cache file", async () => {
   const dir = await Deno.makeTempDir();
   try {
-    const [first] = tsSnippets(await readReadme());
+    const [first] = fencedBlocks((await readReadme()).split("\n"))
+      .filter((b) => b.lang === "ts").map((b) => b.code);
     assert.match(first, /initGpu\(\)/, "the README's first snippet starts with initGpu's defaults");
     const source = first.replaceAll('"@halfstep/halfstep"', `"${ROOT}/mod.ts"`);
     const cache = join(dir, "cache");
