@@ -19,9 +19,9 @@ import {
   ATTENTION_PLAN_CANDIDATES,
   attentionPlanCandidates,
 } from "../gpu/kernels/flash_attention.ts";
-import { asGpu, dispatchedKernels, gpu, GPU_TEST } from "./_gpu.ts";
+import { asGpu, gpu, GPU_TEST } from "./_gpu.ts";
 import { attentionSettings } from "../gpu/attention_picks.ts";
-import { dropoutFactor, withPlan } from "./_attention_plans.ts";
+import { type AttentionValues, dropoutFactor, runAttention, withPlan } from "./_attention_plans.ts";
 import { assertClose, type Tolerance } from "./_assert.ts";
 import { quantize, uniform } from "./_reference.ts";
 import { type AttentionDims, causalAttentionWithGrads64 } from "./_attention_reference.ts";
@@ -56,7 +56,7 @@ const TOLERANCE: Record<FloatDType, Tolerance> = {
   bf16: { atol: 1.6e-2, rtol: 1.6e-2 },
 };
 
-type Inputs = { q: Float64Array; k: Float64Array; v: Float64Array; g: Float64Array };
+type Inputs = AttentionValues;
 
 function inputsFor(dims: AttentionDims, dtype: FloatDType, seed: number): Inputs {
   const n = dims.b * dims.t * dims.h * dims.d;
@@ -68,35 +68,7 @@ type RunOptions = { fused: boolean; dropout?: { p: number; range: RandomRange } 
 
 /** Output and the three gradients on the GPU, read back. */
 async function runOnGpu(x: Inputs, dims: AttentionDims, dtype: FloatDType, options: RunOptions) {
-  return (await runRecorded(x, dims, dtype, options)).out;
-}
-
-/** {@link runOnGpu}, with the kernel key of every dispatch of forward and backward. */
-async function runRecorded(
-  x: Inputs,
-  dims: AttentionDims,
-  dtype: FloatDType,
-  options: RunOptions,
-) {
-  const shape = [dims.b, dims.t, dims.h * dims.d];
-  const [q, k, v] = [x.q, x.k, x.v].map((a) =>
-    Tensor.from(a, shape, { dtype, requiresGrad: true })
-  );
-  const g = Tensor.from(x.g, shape, { dtype });
-  let o = q;
-  const kernels = dispatchedKernels(() => {
-    o = causalAttention(q, k, v, { heads: dims.h, ...options });
-    backward(o, { gradient: g });
-  });
-  assert.equal(o.dtype, dtype);
-  const out = {
-    o: await o.read(),
-    dq: await q.grad!.read(),
-    dk: await k.grad!.read(),
-    dv: await v.grad!.read(),
-  };
-  for (const t of [q, k, v, g, o]) t.dispose();
-  return { out, kernels };
+  return (await runAttention(x, dims, dtype, options)).out;
 }
 
 function assertAllClose(
@@ -200,7 +172,7 @@ async function everyPlanAgainstF64() {
         const x = inputsFor(dims, c.dtype, 101 * n + c.d);
         const factor = dropout ? dropoutFactor(dropout.p, range, dims.t) : undefined;
         const expected = causalAttentionWithGrads64(x.q, x.k, x.v, x.g, dims, factor);
-        const { out, kernels } = await runRecorded(x, dims, c.dtype, { fused: true, dropout });
+        const { out, kernels } = await runAttention(x, dims, c.dtype, { fused: true, dropout });
         const label = `${c.dtype} ${JSON.stringify(dims)} ${JSON.stringify(plan)} dropout ${
           dropout?.p ?? 0
         }`;
@@ -437,29 +409,14 @@ Deno.test({
         [{ b: 1, t: 9, h: 2, d: 6 }, "bf16"],
       ] as const
     ) {
-      const x = inputsFor(dims, dtype, 23), c = dims.h * dims.d, rows = dims.b * dims.t;
+      const x = inputsFor(dims, dtype, 23);
       const separate = await runOnGpu(x, dims, dtype, { fused: true });
-      // Row r of qkv is q[r], k[r], v[r] one after another.
-      const packed = new Float64Array(rows * 3 * c);
-      [x.q, x.k, x.v].forEach((part, which) => {
-        for (let r = 0; r < rows; r++) {
-          packed.set(part.subarray(r * c, (r + 1) * c), r * 3 * c + which * c);
-        }
-      });
-      const qkv = Tensor.from(packed, [dims.b, dims.t, 3 * c], { dtype, requiresGrad: true });
-      const o = fusedCausalAttentionPacked(qkv, { heads: dims.h });
-      backward(o, { gradient: Tensor.from(x.g, o.shape, { dtype }) });
+      // Row r of qkv is q[r], k[r], v[r] one after another; its gradient is cut back into thirds.
+      const { out: packed } = await runAttention(x, dims, dtype, { packed: true });
       const label = `${dtype} ${JSON.stringify(dims)}`;
-      assert.deepEqual(await o.read(), separate.o, `${label} output`);
-      const d = await qkv.grad!.read();
-      (["dq", "dk", "dv"] as const).forEach((name, which) => {
-        const part = Float32Array.from(
-          { length: rows * c },
-          (_, i) => d[Math.floor(i / c) * 3 * c + which * c + (i % c)],
-        );
-        assert.deepEqual(part, separate[name], `${label} ${name}`);
-      });
-      for (const t of [qkv, o]) t.dispose();
+      for (const name of ["o", "dq", "dk", "dv"] as const) {
+        assert.deepEqual(packed[name], separate[name], `${label} ${name}`);
+      }
     }
     tidy(() => {
       assert.throws(
