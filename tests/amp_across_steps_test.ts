@@ -13,37 +13,15 @@ import {
   Linear,
   mul,
   NumericsInspector,
-  RandomGenerator,
-  ReLU,
   scale,
-  Sequential,
   SGD,
   sum,
   Tensor,
 } from "../mod.ts";
 import { gpu, GPU_TEST } from "./_gpu.ts";
-import { rng, uniform } from "./_reference.ts";
+import { rng } from "./_reference.ts";
 import { DEFAULT_RULE, ReferenceScaler } from "./_scaler_reference.ts";
-
-const FEATURES = 4, CLASSES = 3, LABELS = [0, 1, 2, 1, 0, 2];
-
-function mlp(seed: number): Sequential {
-  const rng = new RandomGenerator(seed);
-  return new Sequential(
-    new Linear(FEATURES, 8, { seed: rng }),
-    new ReLU(),
-    new Linear(8, 8, { seed: rng }),
-    new ReLU(),
-    new Linear(8, CLASSES, { seed: rng }),
-  );
-}
-
-/** Overwrites element `index` of `t` (f32) with `value`. */
-async function plant(t: Tensor, index: number, value: number): Promise<void> {
-  const values = Float32Array.from(await t.read());
-  values[index] = value;
-  t.writeBytes(new Uint8Array(values.buffer));
-}
+import { batch, LABELS, mlp, plant } from "./_inspector_model.ts";
 
 Deno.test({
   name: "NumericsInspector across steps: the first non-finite stays the first over later " +
@@ -63,7 +41,7 @@ Deno.test({
         p.writeBytes(new Uint8Array(Float32Array.from(clean.get(n)!).buffer));
       }
     };
-    const x = Tensor.from(uniform(LABELS.length * FEATURES, 7, -1, 1), [LABELS.length, FEATURES]);
+    const x = batch();
     const step = () => {
       crossEntropy(model.forward(x), LABELS).backward();
       model.zeroGrad();
