@@ -49,3 +49,51 @@ export function assertClose(
     });
   }
 }
+
+/**
+ * {@link assertClose} for results that may be NaN or ±∞, at the scale of the
+ * terms they are made of: NaN exactly where `expected` is NaN, the same
+ * infinity where it is infinite, and elsewhere |actual − expected| ≤
+ * atol·scale + rtol·|m_i|, with m the magnitudes of the terms each result
+ * sums (default |expected|) and `scale` the largest finite one (or as
+ * given): a rounding error is relative to the terms, not to a result that
+ * cancels to 1e-9, and gradients of 1e-20 are compared at their own scale,
+ * not at an absolute 1e-5.
+ */
+export function assertCloseScaled(
+  actual: ArrayLike<number>,
+  expected: ArrayLike<number>,
+  tol: Tolerance,
+  what = "values",
+  options: { magnitudes?: ArrayLike<number>; scale?: number } = {},
+): void {
+  if (actual.length !== expected.length) {
+    throw new AssertionError({
+      message: `${what}: length ${actual.length} != expected ${expected.length}`,
+    });
+  }
+  const magnitudes = options.magnitudes ?? Float64Array.from(expected, Math.abs);
+  const special = (i: number) => !Number.isFinite(expected[i]) || !Number.isFinite(actual[i]);
+  let scale = 0;
+  for (let i = 0; i < expected.length; i++) {
+    if (!special(i) && Number.isFinite(magnitudes[i])) scale = Math.max(scale, magnitudes[i]);
+  }
+  scale = options.scale ?? scale;
+  let worst = -1, worstExcess = 0;
+  for (let i = 0; i < actual.length; i++) {
+    const excess = special(i)
+      ? (Object.is(actual[i], expected[i]) || actual[i] === expected[i] ? 0 : Infinity)
+      : Math.abs(actual[i] - expected[i]) - (tol.atol * scale + tol.rtol * Math.abs(magnitudes[i]));
+    if (!(excess <= 0) && (worst < 0 || excess > worstExcess)) {
+      worst = i;
+      worstExcess = excess;
+    }
+  }
+  if (worst >= 0) {
+    throw new AssertionError({
+      message: `${what}: element ${worst} is ${actual[worst]}, expected ${expected[worst]} ` +
+        `(magnitude ${magnitudes[worst]}, scale ${scale}; atol ${tol.atol}, rtol ${tol.rtol} ` +
+        `relative to them; ${actual.length} elements)`,
+    });
+  }
+}

@@ -118,6 +118,15 @@ export interface AttentionDims {
  * o_i = Σ_j f_ij·p_ij·v_j; dv_j = Σ_i f_ij·p_ij·g_i; dp_ij = f_ij·g_i·v_j;
  * ds_ij = p_ij·(dp_ij − Σ_j' p_ij'·dp_ij'); dq_i = Σ_j ds_ij·k_j/√d;
  * dk_j = Σ_i ds_ij·q_i/√d.
+ *
+ * Options: `scoreLimit` makes a score past it ±∞ (the largest finite f32
+ * for kernels that compute scores in f32), so a row whose every score is −∞
+ * gives NaN, as softmax of such a row does in PyTorch; softmax subtracts the
+ * row's maximum in f64, so scores of any finite size stay finite here.
+ * `magnitudes` returns instead each result evaluated on the magnitudes of its
+ * terms (|v|, |g|, |k|, |q|, and |dp_ij| + |Σ p·dp| for the difference): the
+ * scale of the rounding error a float evaluation may make, which the result
+ * itself can be far below where the difference cancels (one-hot rows).
  */
 export function causalAttentionWithGrads64(
   q: ArrayLike<number>,
@@ -126,8 +135,13 @@ export function causalAttentionWithGrads64(
   g: ArrayLike<number>,
   dims: AttentionDims,
   factor: (z: number, i: number, j: number) => number = () => 1,
+  options: { scoreLimit?: number; magnitudes?: boolean } = {},
 ): { o: Float64Array; dq: Float64Array; dk: Float64Array; dv: Float64Array } {
   const { b, t, h, d } = dims, c = h * d, n = b * t * c, scale = 1 / Math.sqrt(d);
+  const { scoreLimit = Infinity, magnitudes = false } = options;
+  // A score past `scoreLimit` is ±∞, as it is when computed in a narrower float.
+  const limited = (s: number) => Math.abs(s) > scoreLimit ? Math.sign(s) * Infinity : s;
+  const term = magnitudes ? Math.abs : (x: number) => x;
   const [o, dq, dk, dv] = [0, 1, 2, 3].map(() => new Float64Array(n));
   const at = (z: number, i: number, e: number) => (Math.floor(z / h) * t + i) * c + (z % h) * d + e;
   const rowDot = (x: ArrayLike<number>, i: number, y: ArrayLike<number>, j: number, z: number) => {
@@ -135,11 +149,16 @@ export function causalAttentionWithGrads64(
     for (let e = 0; e < d; e++) s += x[at(z, i, e)] * y[at(z, j, e)];
     return s;
   };
+  const termDot = (x: ArrayLike<number>, i: number, y: ArrayLike<number>, j: number, z: number) => {
+    let s = 0;
+    for (let e = 0; e < d; e++) s += term(x[at(z, i, e)]) * term(y[at(z, j, e)]);
+    return s;
+  };
   for (let z = 0; z < b * h; z++) {
     for (let i = 0; i < t; i++) {
       const p = new Float64Array(i + 1), dp = new Float64Array(i + 1);
       let m = -Infinity;
-      for (let j = 0; j <= i; j++) m = Math.max(m, p[j] = scale * rowDot(q, i, k, j, z));
+      for (let j = 0; j <= i; j++) m = Math.max(m, p[j] = limited(scale * rowDot(q, i, k, j, z)));
       let total = 0;
       for (let j = 0; j <= i; j++) total += p[j] = Math.exp(p[j] - m);
       let pdp = 0;
@@ -147,17 +166,17 @@ export function causalAttentionWithGrads64(
         p[j] /= total;
         const f = factor(z, i, j);
         for (let e = 0; e < d; e++) {
-          o[at(z, i, e)] += f * p[j] * v[at(z, j, e)];
-          dv[at(z, j, e)] += f * p[j] * g[at(z, i, e)];
+          o[at(z, i, e)] += f * p[j] * term(v[at(z, j, e)]);
+          dv[at(z, j, e)] += f * p[j] * term(g[at(z, i, e)]);
         }
-        dp[j] = f * rowDot(g, i, v, j, z);
+        dp[j] = f * termDot(g, i, v, j, z);
         pdp += p[j] * dp[j];
       }
       for (let j = 0; j <= i; j++) {
-        const ds = p[j] * (dp[j] - pdp) * scale;
+        const ds = p[j] * (magnitudes ? dp[j] + pdp : dp[j] - pdp) * scale;
         for (let e = 0; e < d; e++) {
-          dq[at(z, i, e)] += ds * k[at(z, j, e)];
-          dk[at(z, j, e)] += ds * q[at(z, i, e)];
+          dq[at(z, i, e)] += ds * term(k[at(z, j, e)]);
+          dk[at(z, j, e)] += ds * term(q[at(z, i, e)]);
         }
       }
     }

@@ -1,11 +1,5 @@
 import assert from "node:assert/strict";
-import {
-  backward,
-  causalAttention,
-  fusedCausalAttentionPacked,
-  RandomGenerator,
-  Tensor,
-} from "../mod.ts";
+import { RandomGenerator } from "../mod.ts";
 import { type AttentionPlan, type FloatDType, tuneAttention } from "../gpu/mod.ts";
 import {
   ATTENTION_PLAN_CANDIDATES,
@@ -13,9 +7,9 @@ import {
   TILED_ATTENTION_PLANS,
 } from "../gpu/kernels/attention/flash_attention.ts";
 import { tiledAttentionBytes } from "../gpu/kernels/attention/flash_attention_tiled.ts";
-import { asGpu, dispatchedKernels, gpu, GPU_TEST } from "./_gpu.ts";
+import { asGpu, gpu, GPU_TEST } from "./_gpu.ts";
 import { attentionSettings } from "../gpu/kernels/attention/settings.ts";
-import { dropoutFactor, withPlan } from "./_attention_plans.ts";
+import { dropoutFactor, runAttention, withPlan } from "./_attention_plans.ts";
 import { assertClose, type Tolerance } from "./_assert.ts";
 import { quantize, uniform } from "./_reference.ts";
 import { type AttentionDims, causalAttentionWithGrads64 } from "./_attention_reference.ts";
@@ -37,76 +31,17 @@ function inputsFor(dims: AttentionDims, dtype: FloatDType, seed: number) {
   return { q, k, v, g };
 }
 
-/** o, dq, dk, dv of one case on the GPU with the current plan, and the kernels dispatched. */
+/** o, dq, dk, dv of one case on the GPU with the current plan, the f64 reference, and the kernels dispatched. */
 async function runCase(c: Case, seed: number) {
-  const { dims, dtype } = c, shape = [dims.b, dims.t, dims.h * dims.d];
+  const { dims, dtype } = c;
   const x = inputsFor(dims, dtype, seed);
   const range = new RandomGenerator(seed).take(dims.b * dims.h * dims.t * dims.t);
   const dropout = c.dropout ? { p: 0.25, range } : undefined;
-  const expected = causalAttentionWithGrads64(
-    x.q,
-    x.k,
-    x.v,
-    x.g,
-    dims,
-    dropout ? dropoutFactor(dropout.p, range, dims.t) : undefined,
-  );
-  const g = Tensor.from(x.g, shape, { dtype });
-  let read: Record<"o" | "dq" | "dk" | "dv", () => Promise<ArrayLike<number>>>;
-  let tensors: Tensor[];
-  let o = g;
-  if (c.packed) {
-    // q, k, v side by side in one [B, T, 3C] tensor, as CausalSelfAttention runs them.
-    const cw = dims.h * dims.d, rows = dims.b * dims.t, packed = new Float64Array(rows * 3 * cw);
-    for (let r = 0; r < rows; r++) {
-      for (const [n, a] of [x.q, x.k, x.v].entries()) {
-        packed.set(a.subarray(r * cw, (r + 1) * cw), r * 3 * cw + n * cw);
-      }
-    }
-    const qkv = Tensor.from(packed, [dims.b, dims.t, 3 * cw], { dtype, requiresGrad: true });
-    const kernels = dispatchedKernels(() => {
-      o = fusedCausalAttentionPacked(qkv, { heads: dims.h, dropout });
-      backward(o, { gradient: g });
-    });
-    const grad = async (n: number) => {
-      const all = await qkv.grad!.read(), out = new Float64Array(rows * cw);
-      for (let r = 0; r < rows; r++) {
-        out.set(all.subarray(r * 3 * cw + n * cw, r * 3 * cw + (n + 1) * cw), r * cw);
-      }
-      return out;
-    };
-    read = { o: () => o.read(), dq: () => grad(0), dk: () => grad(1), dv: () => grad(2) };
-    tensors = [qkv];
-    return {
-      expected,
-      actual: await readAll(read),
-      kernels,
-      dispose: () => [...tensors, g, o].forEach((t) => t.dispose()),
-    };
-  }
-  const [q, k, v] = [x.q, x.k, x.v].map((a) =>
-    Tensor.from(a, shape, { dtype, requiresGrad: true })
-  );
-  const kernels = dispatchedKernels(() => {
-    o = causalAttention(q, k, v, { heads: dims.h, fused: true, dropout });
-    backward(o, { gradient: g });
-  });
-  read = {
-    o: () => o.read(),
-    dq: () => q.grad!.read(),
-    dk: () => k.grad!.read(),
-    dv: () => v.grad!.read(),
-  };
-  return {
-    expected,
-    actual: await readAll(read),
-    kernels,
-    dispose: () => [q, k, v, g, o].forEach((t) => t.dispose()),
-  };
-}
-
-async function readAll(read: Record<"o" | "dq" | "dk" | "dv", () => Promise<ArrayLike<number>>>) {
-  return { o: await read.o(), dq: await read.dq(), dk: await read.dk(), dv: await read.dv() };
+  const factor = dropout ? dropoutFactor(dropout.p, range, dims.t) : undefined;
+  const expected = causalAttentionWithGrads64(x.q, x.k, x.v, x.g, dims, factor);
+  // Packed: q, k, v side by side in one [B, T, 3C] tensor, as CausalSelfAttention runs them.
+  const { out, kernels } = await runAttention(x, dims, dtype, { packed: c.packed, dropout });
+  return { expected, actual: out, kernels };
 }
 
 function assertCase(r: Awaited<ReturnType<typeof runCase>>, c: Case, label: string) {
@@ -149,7 +84,6 @@ Deno.test({
           const tiles = [0, 1, 2].map(() => tileName(plan));
           assert.deepEqual(tilesOf(r.kernels), tiles, "3 tiled passes");
           assertCase(r, c, `${tileName(plan)} ${c.dtype}`);
-          r.dispose();
         }
       });
     }
@@ -186,7 +120,6 @@ Deno.test({
         const r = await runCase(c, 23 + n);
         assert.deepEqual(tilesOf(r.kernels), [0, 1, 2].map(() => tileName(SMALL_TILE)));
         assertCase(r, c, `${JSON.stringify(c)}`);
-        r.dispose();
       }
     });
   },
@@ -217,7 +150,6 @@ async function fallsBack() {
       const r = await runCase(c, 41);
       assert.deepEqual(tilesOf(r.kernels), [0, 1, 2].map(() => tileName(fitting)));
       assertCase(r, c, tileName(fitting));
-      r.dispose();
     });
   }
 }

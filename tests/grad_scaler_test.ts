@@ -4,41 +4,12 @@ import { GradScaler, type GradScalerOptions } from "../amp/grad_scaler.ts";
 import { launchCopy, launchUnary } from "../gpu/kernels/elementwise.ts";
 import { DTYPES, type FloatDType, mul, sum, Tensor } from "../gpu/mod.ts";
 import { gpu, GPU_TEST } from "./_gpu.ts";
-import { quantize } from "./_reference.ts";
+import { quantize, rng } from "./_reference.ts";
+import { DEFAULT_RULE, ReferenceScaler, type ScalerRule } from "./_scaler_reference.ts";
 
 const F32_MAX = 3.4028234663852886e38;
 /** The largest finite bf16, (2 − 2⁻⁷)·2¹²⁷. */
 const BF16_MAX = (2 - 2 ** -7) * 2 ** 127;
-
-/** The update rule in plain numbers, written from the docs (PyTorch + DeepSpeed hysteresis). */
-class ReferenceScaler {
-  scale: number;
-  growthTracker = 0;
-  hysteresisLeft: number;
-  skippedSteps = 0;
-  lastSkipped = false;
-  constructor(readonly o: Required<Omit<GradScalerOptions, "gpu" | "enabled">>) {
-    this.scale = o.lossScale || o.initScale;
-    this.hysteresisLeft = o.hysteresis;
-  }
-  update(found: boolean): void {
-    this.lastSkipped = found;
-    if (found) this.skippedSteps++;
-    if (this.o.lossScale) return;
-    if (found) {
-      this.growthTracker = 0;
-      this.hysteresisLeft = Math.max(this.hysteresisLeft - 1, 0);
-      if (this.hysteresisLeft === 0) {
-        this.scale = Math.max(Math.fround(this.scale * this.o.backoffFactor), this.o.minScale);
-      }
-    } else if (++this.growthTracker === this.o.growthInterval) {
-      this.growthTracker = 0;
-      this.hysteresisLeft = this.o.hysteresis;
-      const grown = Math.fround(this.scale * this.o.growthFactor);
-      if (Number.isFinite(grown) && grown <= this.o.maxScale) this.scale = grown;
-    }
-  }
-}
 
 /** An optimizer that only records what it was given: a GPU copy of foundInf at step time. */
 class FakeOptimizer implements Optimizer {
@@ -78,31 +49,22 @@ const STEP_GRAD: Record<string, number[]> = {
   nan: [1, 2, NaN],
 };
 
-const DEFAULTS = {
-  initScale: 2 ** 16,
-  growthFactor: 2,
-  backoffFactor: 0.5,
-  growthInterval: 2000,
-  hysteresis: 1,
-  minScale: 1,
-  maxScale: 2 ** 24,
-  lossScale: 0,
-};
-
 /** Runs `steps` through a scaler and the reference, comparing the state after every update. */
-async function runTrajectory(options: Partial<typeof DEFAULTS>, steps: string[]): Promise<void> {
+async function runTrajectory(options: Partial<ScalerRule>, steps: string[]): Promise<void> {
   const scaler = new GradScaler(options);
-  const ref = new ReferenceScaler({ ...DEFAULTS, ...options });
+  const ref = new ReferenceScaler({ ...DEFAULT_RULE, ...options });
   const opt = new FakeOptimizer([paramWithGrad(STEP_GRAD.clean)]);
   try {
-    for (const [i, kind] of steps.entries()) {
+    for (const [i, step] of steps.entries()) {
+      // "kind" or "kind>S": gradients of that kind, then update() or update(S).
+      const [kind, set] = step.split(">");
       opt.params[0].grad!.dispose();
       opt.params[0].grad = Tensor.from(STEP_GRAD[kind], [3]);
       scaler.step(opt);
-      scaler.update();
-      ref.update(kind !== "clean");
+      if (set === undefined) scaler.update(), ref.update(kind !== "clean");
+      else scaler.update(Number(set)), ref.set(Number(set), kind !== "clean");
       const s = await scaler.stateDict();
-      const at = `step ${i} (${kind}) of ${steps.join(",")} with ${JSON.stringify(options)}`;
+      const at = `step ${i} (${step}) of ${steps.join(",")} with ${JSON.stringify(options)}`;
       assert.deepEqual(
         [s.scale, s.growthTracker, s.hysteresisLeft, s.skippedSteps],
         [ref.scale, ref.growthTracker, ref.hysteresisLeft, ref.skippedSteps],
@@ -163,6 +125,106 @@ Deno.test("GradScaler: min/max clamps, never grows to inf, static mode never cha
   scaler.dispose();
   opt.zeroGrad();
 });
+
+Deno.test(
+  "GradScaler: 80 seeded steps, overflows in runs and alone, follow the rule step by step",
+  {
+    ...GPU_TEST,
+  },
+  async () => {
+    // Overflow runs of 1–3 steps between clean runs of 0–7: growth (interval 3) is reached,
+    // interrupted one step short, and hysteresis 2 is used up and re-armed; the scale meets
+    // the ceiling 2^13 and the floor 2^8 on the way.
+    const random = rng(7), steps: string[] = [];
+    while (steps.length < 80) {
+      steps.push(...c(Math.floor(random() * 8)));
+      const run = 1 + Math.floor(random() * 3);
+      for (let i = 0; i < run; i++) steps.push(["inf", "nan", "ninf"][Math.floor(random() * 3)]);
+    }
+    const options = {
+      initScale: 2 ** 11,
+      growthInterval: 3,
+      hysteresis: 2,
+      minScale: 2 ** 8,
+      maxScale: 2 ** 13,
+    };
+    await runTrajectory(options, steps);
+    // The sequence reaches both clamps (the reference says so, not the scaler).
+    const ref = new ReferenceScaler({ ...DEFAULT_RULE, ...options }), seen = new Set<number>();
+    for (const kind of steps) ref.update(kind !== "clean"), seen.add(ref.scale);
+    assert.ok(seen.has(2 ** 8) && seen.has(2 ** 13), [...seen].join());
+  },
+);
+
+Deno.test(
+  "GradScaler: update(newScale) between steps sets the scale and keeps the growth tracker and hysteresis (PyTorch's rule)",
+  {
+    ...GPU_TEST,
+  },
+  async () => {
+    await runTrajectory({ initScale: 2 ** 10, growthInterval: 3, hysteresis: 2 }, [
+      "clean",
+      "clean>4096", // tracker 2 kept: the next clean step grows from 4096
+      "clean",
+      "inf", // hysteresis 2 → 1: no backoff
+      "nan>512", // skipped and counted; hysteresis left at 1, tracker at 0
+      "inf", // 1 → 0: backs off from 512
+      ...c(3),
+    ]);
+  },
+);
+
+Deno.test(
+  "GradScaler: two optimizers over several steps: an overflow in one optimizer's gradients skips both (one shared flag), once; the next step runs both",
+  {
+    ...GPU_TEST,
+  },
+  async () => {
+    const scaler = new GradScaler({ initScale: 2 ** 10, growthInterval: 2 });
+    const ref = new ReferenceScaler({ ...DEFAULT_RULE, initScale: 2 ** 10, growthInterval: 2 });
+    const a = new FakeOptimizer([paramWithGrad([1, 2])]),
+      b = new FakeOptimizer([paramWithGrad([3])]);
+    // Which optimizer's gradients overflow at each step.
+    const steps: ("none" | "a" | "b" | "both")[] = [
+      "none",
+      "b",
+      "none",
+      "a",
+      "none",
+      "none",
+      "both",
+    ];
+    try {
+      for (const [i, broken] of steps.entries()) {
+        for (const [name, opt] of [["a", a], ["b", b]] as const) {
+          const bad = broken === name || broken === "both";
+          opt.params[0].grad!.dispose();
+          opt.params[0].grad = Tensor.from(bad ? [Infinity, 1] : [1, 2], [2]);
+        }
+        // Both unscaled before either steps (as before clipping every parameter group).
+        scaler.unscale(a);
+        scaler.unscale(b);
+        scaler.step(a);
+        scaler.step(b);
+        scaler.update();
+        ref.update(broken !== "none");
+        const flag = broken === "none" ? 0 : 1;
+        const at = `step ${i} (${broken})`;
+        assert.deepEqual([await a.seenFlags(), await b.seenFlags()], [[flag], [flag]], at);
+        const s = await scaler.stateDict();
+        assert.deepEqual(
+          [s.scale, s.growthTracker, s.skippedSteps],
+          [ref.scale, ref.growthTracker, ref.skippedSteps],
+          at,
+        );
+      }
+    } finally {
+      scaler.dispose();
+      a.zeroGrad();
+      b.zeroGrad();
+    }
+  },
+);
 
 /** Values of f16 storage with the padding half of an odd length left dirty (a kernel output). */
 async function dirtyOddF16(values: number[]): Promise<Tensor> {

@@ -8,7 +8,14 @@
  * an uneven last split-K slice. Runs through the GPU-like adapter profile, so
  * the candidates are those a GPU with lavapipe's limits would try; those that
  * need more workgroup memory than lavapipe has are checked by a stand-in of
- * the same per-thread block and k-step.
+ * the same per-thread block and k-step. Every candidate, the CPU ones too,
+ * also runs with one dimension past a tile at a time and at m > n and n > m.
+ *
+ * Compiling dominates (2–8 s of CPU per kernel on lavapipe), so each GPU
+ * candidate compiles 8 kernels, not the 15 of every dtype × orientation ×
+ * epilogue: f32 in every orientation, f16 and bf16 in one each and one
+ * epilogue into f32 and one into bf16, rotating over the candidates so that
+ * every pair (dtype, orientation), (dtype, epilogue) still runs somewhere.
  */
 import assert from "node:assert/strict";
 import {
@@ -43,36 +50,53 @@ interface Product {
   k: number;
 }
 
+type Orientation = readonly [boolean, boolean];
+
+/** A product's operand dtype and orientation (transA, transB). */
+type ProductCase = readonly [FloatDType, Orientation];
+
+/** Every dtype in every orientation. */
+const EVERY_CASE: ProductCase[] = DTYPES.flatMap((d) => ORIENTATIONS.map((o) => [d, o] as const));
+
 /**
- * Runs op(A)·op(B) with the device's tiling in each of `orientations`
- * (default all three) and `dtypes` (default every float dtype); compares with f64.
+ * The products tiling number `n` of a list runs. f32 in every orientation:
+ * the loads' layout (which index a tile's vec4s run along, and the padded
+ * transposed stores) meets the tile's geometry there. f16 and bf16, whose
+ * code differs from f32's only in the loads' widening and the stores,
+ * in one orientation each, rotating over the tilings, so that every dtype
+ * meets every orientation on some tiling (three tilings in a row do it).
+ * One kernel each: 5 where the cross product compiles 9.
  */
+function casesFor(n: number): ProductCase[] {
+  return [
+    ...ORIENTATIONS.map((o) => ["f32", o] as const),
+    ["f16", ORIENTATIONS[n % 3]],
+    ["bf16", ORIENTATIONS[(n + 1) % 3]],
+  ];
+}
+
+/** Runs op(A)·op(B) with the device's tiling for each of `cases`; compares with f64. */
 async function checkProducts(
   dims: Product,
   seed: number,
   label: string,
-  only: {
-    tolerance?: Tolerance;
-    dtypes?: readonly FloatDType[];
-    orientations?: readonly (readonly [boolean, boolean])[];
-  } = {},
+  cases: readonly ProductCase[],
+  tolerance?: Tolerance,
 ): Promise<void> {
-  for (const dtype of only.dtypes ?? DTYPES) {
-    for (const [transA, transB] of only.orientations ?? ORIENTATIONS) {
-      const { batch, m, n, k } = dims;
-      const a = quantize(uniform(batch * m * k, seed), dtype);
-      const b = quantize(uniform(batch * k * n, seed + 1), dtype);
-      const batched = (s: number[]) => (batch > 1 ? [batch, ...s] : s);
-      const ta = Tensor.from(a, batched(transA ? [k, m] : [m, k]), { dtype });
-      const tb = Tensor.from(b, batched(transB ? [n, k] : [k, n]), { dtype });
-      const c = matmul(ta, tb, { transA, transB });
-      const expected = matmul64(a, b, { ...dims, transA, transB });
-      const what = `${label} ${dtype} ${transA ? "t" : "n"}${transB ? "t" : "n"} ${
-        JSON.stringify(dims)
-      }`;
-      assertClose(await c.read(), expected, only.tolerance ?? tolFor(dtype, k), what);
-      [ta, tb, c].forEach((t) => t.dispose());
-    }
+  for (const [dtype, [transA, transB]] of cases) {
+    const { batch, m, n, k } = dims;
+    const a = quantize(uniform(batch * m * k, seed), dtype);
+    const b = quantize(uniform(batch * k * n, seed + 1), dtype);
+    const batched = (s: number[]) => (batch > 1 ? [batch, ...s] : s);
+    const ta = Tensor.from(a, batched(transA ? [k, m] : [m, k]), { dtype });
+    const tb = Tensor.from(b, batched(transB ? [n, k] : [k, n]), { dtype });
+    const c = matmul(ta, tb, { transA, transB });
+    const expected = matmul64(a, b, { ...dims, transA, transB });
+    const what = `${label} ${dtype} ${transA ? "t" : "n"}${transB ? "t" : "n"} ${
+      JSON.stringify(dims)
+    }`;
+    assertClose(await c.read(), expected, tolerance ?? tolFor(dtype, k), what);
+    [ta, tb, c].forEach((t) => t.dispose());
   }
 }
 
@@ -153,36 +177,35 @@ Deno.test({
         tilings.some((t) => t.tk === 32) && tilings.some((t) => t.tn === 12),
         "k-step 32 and 8×12 covered",
       );
-      // Each kernel compiles in about a second on lavapipe (bf16 ones in two): the checks
-      // reuse few (3 orientations × 3 dtypes, an epilogue per dtype, split f16 and bf16 in one).
-      for (const tiling of tilings) {
+      // Each kernel compiles in 2–8 s of CPU on lavapipe (the 8×16 blocks the longest): a
+      // tiling compiles 8 (9 for the first), where the cross product of dtypes, orientations
+      // and epilogues would compile 15. See casesFor for the products.
+      for (const [i, tiling] of tilings.entries()) {
         const bm = tiling.tm * tiling.wgy, bn = tiling.tn * tiling.wgx, tk = tiling.tk;
-        const name = tilingName(tiling);
+        const name = tilingName(tiling), cases = casesFor(i);
+        const half = i % 2 === 0 ? "bf16" : "f16"; // the split's operands, by turns
         await forced(tiling, 0, async () => {
           // Interior tile (0, 0) with vec4 loads and stores, edge tiles in m and n, a partial last k-tile, batched.
-          await checkProducts({ batch: 2, m: bm + 4, n: bn + 4, k: 2 * tk + 4 }, 1, name);
+          await checkProducts({ batch: 2, m: bm + 4, n: bn + 4, k: 2 * tk + 4 }, 1, name, cases);
           // Odd sizes: misaligned strides (scalar loads on the interior tile), n not a multiple of 4 (scalar stores).
-          await checkProducts({ batch: 1, m: 129, n: 385, k: 33 }, 2, name);
+          await checkProducts({ batch: 1, m: 129, n: 385, k: 33 }, 2, name, cases);
           // bf16: odd n, so two threads store the two halves of one word.
-          await checkProducts({ batch: 1, m: 383, n: 7, k: 1 }, 3, name, {
-            dtypes: ["f32", "bf16"],
-          });
-          await checkProducts({ batch: 1, m: 1, n: 1, k: 1 }, 4, name, { dtypes: ["f32", "bf16"] });
-          // The fused epilogue: vec4 stores with the bias per column group, and scalar edge stores.
-          await checkEpilogue({ m: bm + 4, n: bn + 4, k: tk + 4 }, {
-            activation: "gelu",
-            dtype: "f32",
-          }, name);
-          await checkEpilogue({ m: 7, n: 33, k: 9 }, { activation: "relu", dtype: "f16" }, name);
+          const f32AndBf16 = cases.filter(([d]) => d !== "f16");
+          await checkProducts({ batch: 1, m: 383, n: 7, k: 1 }, 3, name, f32AndBf16);
+          await checkProducts({ batch: 1, m: 1, n: 1, k: 1 }, 4, name, f32AndBf16);
+          // The fused epilogue: vec4 stores with the bias per column group, and scalar edge
+          // stores; into f32 (from f32 with GELU, or from f16 with ReLU, by turns) and bf16.
+          const toF32 = i % 2 === 0
+            ? { activation: "gelu", dtype: "f32" } as const
+            : { activation: "relu", dtype: "f16" } as const;
           // bf16 results: whole-word pairs from interior vec4 stores, single halves at the edges.
-          const bf16 = { dtype: "bf16", out: "bf16" } as const;
-          await checkEpilogue({ m: bm + 4, n: bn + 4, k: tk + 4 }, {
-            activation: "gelu",
-            ...bf16,
-          }, name);
-          await checkEpilogue({ m: 7, n: 33, k: 9 }, { activation: "gelu", ...bf16 }, name);
+          const toBf16 = { activation: "gelu", dtype: "bf16", out: "bf16" } as const;
+          for (const epilogue of [toF32, toBf16]) {
+            await checkEpilogue({ m: bm + 4, n: bn + 4, k: tk + 4 }, epilogue, name);
+            await checkEpilogue({ m: 7, n: 33, k: 9 }, epilogue, name);
+          }
           // bf16 operands into an f32 result (a weight gradient for an f32 master), once.
-          if (tiling === tilings[0]) {
+          if (i === 0) {
             const dims = { m: bm + 4, n: bn + 4, k: tk + 4 };
             await checkEpilogue(dims, { activation: "relu", dtype: "bf16", out: "f32" }, name);
           }
@@ -194,25 +217,68 @@ Deno.test({
               `${name} splits ${m}x${n}x${k}`,
             );
           }
-          // Split-K, f32 partial sums: one tile over K = 4096 − 4 (uneven last slice), and
-          // interior vec4 tiles over two slices of uneven length.
-          await checkProducts({ batch: 1, m: 33, n: 7, k: 4092 }, 5, `${name} split`, {
-            dtypes: ["f32"],
-          });
-          // bf16 (the kernel of the next check): slices summed in f32, rounded once into bf16.
-          await checkProducts({ batch: 1, m: 33, n: 7, k: 4092 }, 5, `${name} split`, {
-            dtypes: ["bf16"],
-            orientations: [[true, false]],
-          });
-          await checkProducts({ batch: 1, m: bm, n: bn, k: 520 }, 6, `${name} split`, {
-            orientations: [[true, false]],
-          });
-          await checkProducts({ batch: 1, m: bm, n: bn, k: 520 }, 6, `${name} split`, {
-            dtypes: ["f32"],
-            orientations: [[false, false], [false, true]],
-          });
+          // Split-K, f32 partial sums (the f32 kernels above): one tile over K = 4096 − 4
+          // (uneven last slice), and interior vec4 tiles over two slices of uneven length.
+          const label = `${name} split`, tn = [true, false] as const;
+          await checkProducts({ batch: 1, m: 33, n: 7, k: 4092 }, 5, label, [["f32", [
+            false,
+            false,
+          ]]]);
+          await checkProducts(
+            { batch: 1, m: bm, n: bn, k: 520 },
+            6,
+            label,
+            cases.filter(([d]) => d === "f32"),
+          );
+          // f16 or bf16 operands (by turns) into f32 partials, summed in f32 and rounded once.
+          await checkProducts({ batch: 1, m: 33, n: 7, k: 4092 }, 5, label, [[half, tn]]);
+          await checkProducts({ batch: 1, m: bm, n: bn, k: 520 }, 6, label, [[half, tn]]);
         });
       }
+    });
+  },
+});
+
+/**
+ * Shapes around `tiling`'s workgroup tile (bm × bn, k-step tk), each with
+ * the guard it exercises. One dimension past a tile at a time (by 4, so
+ * vec4 alignment stays and only that bound check differs), then all three
+ * (odd: misaligned strides too), then a tall and a wide product: with
+ * square shapes a kernel that swaps m and n in its grid or bounds passes.
+ * Two batches: a store past row m of batch 0 lands in batch 1 (past the end
+ * of the only batch, lavapipe drops it and nothing shows).
+ */
+function edgeShapes(tiling: MatmulTiling): { dims: Product; guard: string }[] {
+  const bm = tiling.tm * tiling.wgy, bn = tiling.tn * tiling.wgx, k = 2 * Math.max(tiling.tk, 8);
+  const shapes: { dims: Omit<Product, "batch">; guard: string }[] = [
+    { dims: { m: bm + 4, n: bn, k }, guard: "rows past m: A loads and C stores" },
+    { dims: { m: bm, n: bn + 4, k }, guard: "columns past n: B loads and C stores" },
+    { dims: { m: bm, n: bn, k: k + 4 }, guard: "a partial last k-step: zero fill" },
+    { dims: { m: bm + 1, n: bn + 3, k: k + 1 }, guard: "all three, misaligned" },
+    { dims: { m: 2 * bm + 4, n: 12, k }, guard: "m > n: the grid's rows" },
+    { dims: { m: 12, n: 2 * bn + 4, k }, guard: "n > m: the grid's columns" },
+  ];
+  return shapes.map(({ dims, guard }) => ({ dims: { batch: 2, ...dims }, guard }));
+}
+
+Deno.test({
+  name: "matmul tilings: every candidate (CPU and GPU), forced, matches f64 with one " +
+    "dimension past a tile at a time, all three, and at m > n and n > m",
+  ...GPU_TEST,
+  async fn() {
+    const cpu = MATMUL_CANDIDATES.filter((t) => !tilingKind(t).forGpus);
+    const each = async (tiling: MatmulTiling, cases: readonly ProductCase[]) => {
+      await forced(tiling, 0, async () => {
+        for (const [n, { dims, guard }] of edgeShapes(tiling).entries()) {
+          await checkProducts(dims, 40 + n, `${tilingName(tiling)} (${guard})`, cases);
+        }
+      });
+    };
+    // The CPU tilings compile one kernel per dtype whatever the orientation: every case.
+    for (const tiling of cpu) await each(tiling, EVERY_CASE);
+    // The GPU ones the kernels of the test above.
+    await asGpu(async () => {
+      for (const [i, tiling] of candidatesToCheck().entries()) await each(tiling, casesFor(i));
     });
   },
 });
@@ -239,12 +305,15 @@ Deno.test({
           tiling,
           0,
           () =>
-            checkProducts({ batch: 2, m: 68, n: 68, k: 36 }, 8, `${tilingName(tiling)} chunked`, {
-              dtypes: ["f16"],
+            checkProducts(
+              { batch: 2, m: 68, n: 68, k: 36 },
+              8,
+              `${tilingName(tiling)} chunked`,
+              ORIENTATIONS.map((o) => ["f16", o] as const),
               // Runs of 8 summed in f16: a random walk of 8·2⁻¹¹-sized errors over Σ|ab| ≈ 9 (the
               // stated bound, f16_accumulation_test, is 0.035 there); a misplaced element is off by ~1.
-              tolerance: { atol: 0.02, rtol: 2e-3 },
-            }),
+              { atol: 0.02, rtol: 2e-3 },
+            ),
         ))
     );
   },

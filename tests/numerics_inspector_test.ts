@@ -9,11 +9,8 @@ import {
   AmpTrainer,
   checkpoint,
   crossEntropy,
-  Linear,
   type NumericsCounts,
   NumericsInspector,
-  RandomGenerator,
-  ReLU,
   reshape,
   scale,
   Sequential,
@@ -24,6 +21,7 @@ import {
 } from "../mod.ts";
 import { gpu, GPU_TEST } from "./_gpu.ts";
 import { uniform } from "./_reference.ts";
+import { batch, CLASSES, FEATURES, LABELS, mlp, plant } from "./_inspector_model.ts";
 import { capturedWarnings } from "./_warnings.ts";
 
 const F16_MAX = 65504, F16_MIN_NORMAL = 2 ** -14;
@@ -143,36 +141,11 @@ Deno.test({
   },
 });
 
-const FEATURES = 4, CLASSES = 3;
-
-function mlp(seed: number): Sequential {
-  const rng = new RandomGenerator(seed);
-  return new Sequential(
-    new Linear(FEATURES, 8, { seed: rng }),
-    new ReLU(),
-    new Linear(8, 8, { seed: rng }),
-    new ReLU(),
-    new Linear(8, CLASSES, { seed: rng }),
-  );
-}
-
-const LABELS = [0, 1, 2, 1, 0, 2];
-
 /** `forward*` methods left on module instances (the inspector's wrappers while watching). */
 const wrapped = (model: Sequential) =>
   model.namedModules().flatMap(([, m]) =>
     Object.getOwnPropertyNames(m).filter((k) => k.startsWith("forward"))
   );
-const batch = () =>
-  Tensor.from(uniform(LABELS.length * FEATURES, 7, -1, 1), [LABELS.length, FEATURES]);
-
-/** Overwrites element `index` of `t` (f32) with `value`. */
-async function plant(t: Tensor, index: number, value: number): Promise<void> {
-  const values = Float32Array.from(await t.read());
-  values[index] = value;
-  t.writeBytes(new Uint8Array(values.buffer));
-}
-
 Deno.test({
   name: "NumericsInspector: an Inf planted in one layer's weights is named, forward, at its step",
   ...GPU_TEST,

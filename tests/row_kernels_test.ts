@@ -14,9 +14,9 @@ import { crossEntropyPerRow } from "../gpu/ops/cross_entropy.ts";
 import { launchLayerNorm, launchLayerNormFromStats } from "../gpu/kernels/rows/layer_norm.ts";
 import { softmaxForwardKernel } from "../gpu/kernels/rows/softmax.ts";
 import { rowSettings } from "../gpu/kernels/rows/row_layout.ts";
-import { gpuLikeProfile, withAdapterProfile } from "../gpu/tuning/profile_switch.ts";
 import { dispatchedKernels, dispatchedKernelsAsync, gpu, GPU_TEST, withSettings } from "./_gpu.ts";
 import { layerNormCase } from "./_layer_norm_case.ts";
+import { assertPathKeys, ROW_PATHS, type RowPath } from "./_row_paths.ts";
 import { crossEntropy64, quantize, uniform } from "./_reference.ts";
 import { checkSoftmaxCase } from "./_softmax_case.ts";
 import { assertClose, TOL, type Tolerance } from "./_assert.ts";
@@ -25,31 +25,6 @@ import { assertClose, TOL, type Tolerance } from "./_assert.ts";
 const SHAPES = [[7, 1], [70, 65], [33, 383], [3, 4097], [9, 20], [33, 384], [2, 4096]];
 
 const FLOATS = DTYPES.filter((d) => d !== "f16" || gpu.f16);
-
-/** A row path: how it is entered, and what its kernel keys must show. */
-interface Path {
-  name: string;
-  run<T>(fn: () => Promise<T>): Promise<T>;
-}
-
-/** As a GPU (subgroups on or off) with every row on the workgroup/subgroup path (no thread rows). */
-function asGpuRows(subgroups: boolean): Path {
-  return {
-    name: subgroups ? "gpu subgroups" : "gpu workgroup memory",
-    run: (fn) =>
-      withAdapterProfile(
-        gpu,
-        { ...gpuLikeProfile(gpu), subgroups },
-        () => withSettings(rowSettings.of(gpu), { threadRowMax: 0 }, fn),
-      ),
-  };
-}
-
-const PATHS: Path[] = [
-  { name: "cpu", run: (fn) => fn() },
-  asGpuRows(false),
-  ...(gpu.subgroups ? [asGpuRows(true)] : []),
-];
 
 // Row statistics in f32 over up to 4097 terms (their order differs per path).
 const STAT_TOL: Tolerance = { atol: 2e-4, rtol: 1e-4 };
@@ -60,7 +35,7 @@ const STAT_TOL: Tolerance = { atol: 2e-4, rtol: 1e-4 };
  * and returns those keys.
  */
 async function checkEveryCase(
-  path: Path,
+  path: RowPath,
   kernel: string,
   check: (rows: number, cols: number, dtype: FloatDType, label: string) => Promise<void>,
 ): Promise<string[]> {
@@ -83,7 +58,7 @@ Deno.test({
     "match f64 on every row path, f32, f16 and bf16",
   ...GPU_TEST,
   async fn() {
-    for (const path of PATHS) {
+    for (const path of ROW_PATHS) {
       const norms = await checkEveryCase(path, "layer_norm_", async (rows, cols, dtype, label) => {
         const { g, tx, tw, tb, ref } = layerNormCase(rows, cols, dtype);
         const y = layerNorm(tx, { weight: tw, bias: tb });
@@ -111,26 +86,12 @@ Deno.test({
   },
 });
 
-/** The kernels ran on the path's layout, several rows per workgroup and vec4 where the path has them. */
-function assertPathKeys(path: Path, keys: string[]): void {
-  const has = (s: string) => keys.some((k) => k.includes(s));
-  assert.ok(keys.length > 0, path.name);
-  if (path.name === "cpu") {
-    assert.ok(has("layout=thread") && has("width=4"), `${path.name}: ${keys[0]}`);
-    return;
-  }
-  const layout = path.name === "gpu subgroups" ? "layout=subgroup" : "layout=workgroup";
-  assert.ok(keys.every((k) => !k.includes("layout=thread")), `${path.name}: a thread row`);
-  for (const lanes of [4, 32, 64]) assert.ok(has(`lanes=${lanes}`), `${path.name}: lanes ${lanes}`);
-  assert.ok(has(layout) && has("width=4") && has("width=1"), `${path.name}: ${keys[0]}`);
-}
-
 Deno.test({
   name: "row kernels: softmax and log-softmax forward and backward match f64 on every row path, " +
     "f32, f16 and bf16",
   ...GPU_TEST,
   async fn() {
-    for (const path of PATHS) {
+    for (const path of ROW_PATHS) {
       await checkEveryCase(path, "softmax_", async (rows, cols, dtype, where) => {
         for (const log of [false, true]) {
           await checkSoftmaxCase(rows, cols, dtype, { log, seed: cols + 1, where });
@@ -145,7 +106,7 @@ Deno.test({
     "backward match f64 on every row path, f32, f16 and bf16",
   ...GPU_TEST,
   async fn() {
-    for (const path of PATHS) {
+    for (const path of ROW_PATHS) {
       await checkEveryCase(path, "cross_entropy_forward", async (rows, cols, dtype, shapeLabel) => {
         for (const weighted of [false, true]) {
           const n = rows * cols, label = `${shapeLabel} weighted ${weighted}`;

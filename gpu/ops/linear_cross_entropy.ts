@@ -19,6 +19,7 @@ import { record } from "../tensor/autograd.ts";
 import { autocastInputs, releaseCasts } from "../tensor/autocast_hook.ts";
 import { DTypeError, fail, ShapeError, ValueError } from "../base/errors.ts";
 import {
+  CROSS_ENTROPY_STATS_PER_ROW,
   type CrossEntropyParams,
   launchCrossEntropy,
   launchCrossEntropyBackward,
@@ -183,7 +184,7 @@ export function linearCrossEntropyPerRow(
   const whole = rows <= chunk;
   const loss = whole ? null : Tensor.empty([rows], "f32", hs[0].gpu);
   const targetWeight = whole ? null : Tensor.empty([rows], "f32", hs[0].gpu);
-  const stats = whole ? null : Tensor.empty([rows, 2], "f32", hs[0].gpu);
+  const stats = whole ? null : Tensor.empty([rows, CROSS_ENTROPY_STATS_PER_ROW], "f32", hs[0].gpu);
   let out: { loss: Tensor; targetWeight: Tensor; stats: Tensor } | null = null;
   for (let start = 0; start < rows; start += chunk) {
     const n = Math.min(chunk, rows - start);

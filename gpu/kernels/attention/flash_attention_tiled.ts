@@ -459,9 +459,8 @@ export const tiledAttentionDkvKernel = defineKernel({
     ${
       eachEntry(c, (a, b) => {
         const j = `r0 + ${ROW(a)}`, i = `q0 + ${COL(b)}`;
-        return `let p_${a}_${b} = select(0.0, exp(s_${a}_${b} - lt[${
-          COL(b)
-        }]), ${i} >= ${j} && ${i} < p.t);
+        return `let valid_${a}_${b} = ${i} >= ${j} && ${i} < p.t;
+    let p_${a}_${b} = select(0.0, exp(s_${a}_${b} - lt[${COL(b)}]), valid_${a}_${b});
     let keep_${a}_${b} = ${keepFactor(c.dropout, i, j)};
     wt[${ROW(a)} * BC + ${COL(b)}] = p_${a}_${b} * keep_${a}_${b};`;
       })
@@ -469,11 +468,14 @@ export const tiledAttentionDkvKernel = defineKernel({
     workgroupBarrier();
     ${accumulate(c, "dv", "wt", "gt")}
     workgroupBarrier();
+    // Selected, not multiplied by a zero p: a query the key cannot see may have a NaN δ.
     ${
       eachEntry(c, (a, b) =>
-        `wt[${ROW(a)} * BC + ${COL(b)}] = p_${a}_${b} * (dp_${a}_${b} * keep_${a}_${b} - dt[${
+        `wt[${ROW(a)} * BC + ${
           COL(b)
-        }]);`)
+        }] = select(0.0, p_${a}_${b} * (dp_${a}_${b} * keep_${a}_${b} - dt[${
+          COL(b)
+        }]), valid_${a}_${b});`)
     }
     workgroupBarrier();
     ${accumulate(c, "dk", "wt", "qt")}

@@ -5,8 +5,10 @@
  * ε the smoothing and C the class count, a row r with target t is
  *   loss_r = (1 − ε)·w_t·(lse_r − x[r, t]) + (ε / C)·Σ_c w_c·(lse_r − x[r, c]),
  * and a row whose target is the ignore index has loss 0. The forward keeps,
- * per row, lse_r and the coefficient k_r = (1 − ε)·w_t + (ε / C)·W, so the
- * backward is one elementwise pass with p = exp(x − lse):
+ * per row, lse_r = m_r + log s_r as its two parts (at |m| ≫ 1 their f32 sum
+ * would round log s away: lse − x_t and p would lose it) and the coefficient
+ * k_r = (1 − ε)·w_t + (ε / C)·W, so the backward is one elementwise pass
+ * with p = exp((x − m) − log s):
  *   dx[r, j] = g_r · (k_r·p[r, j] − (1 − ε)·w_t·[j = t] − (ε / C)·w_j).
  * It also writes w_t per row (0 when ignored): the divisor of the "mean".
  * (1 − ε) and ε / C come from the host, so no WGSL division rounds them.
@@ -60,7 +62,7 @@ function inputs(c: CrossEntropyConfig) {
   ] as const;
 }
 
-/** Per-row losses, target weights and the (lse, k) pair the backward needs (rows laid out by length). */
+/** Per-row losses, target weights and the (m, log s, k) the backward needs (rows laid out by length). */
 export const crossEntropyForwardKernel = defineKernel({
   name: "cross_entropy_forward",
   bindings: (c: CrossEntropyConfig & { layout: RowLayout; lanes: number }) => [
@@ -95,17 +97,18 @@ fn main(${WGSL_GRID_BUILTINS}) {
   let s = reduce_sum(hsum(sv), lid);
   let below_max = reduce_sum(hsum(bv), lid);
   if (${wgslRowLeader(c.layout)} && in_rows) {
-    let l = m + log(s);
+    let ls = log(s);
     let t = targets[row];
     let kept = t != p.ignore_index;
     let tc = min(u32(max(t, 0)), p.classes - 1u);
     let w_t = select(0.0, ${classWeight(c, "tc")}, kept);
-    let smooth_part = p.per_class_smoothing * (w_total * (l - m) + below_max);
+    let smooth_part = p.per_class_smoothing * (w_total * ls + below_max);
     let x_t = ${ldEntry(c.width, "x", "row * p.classes + tc")};
-    loss[row] = select(0.0, p.keep * w_t * (l - x_t) + smooth_part, kept);
+    loss[row] = select(0.0, p.keep * w_t * ((m - x_t) + ls) + smooth_part, kept);
     target_weight[row] = w_t;
-    stats[2u * row] = l;
-    stats[2u * row + 1u] = select(0.0, p.keep * w_t + p.per_class_smoothing * w_total, kept);
+    stats[3u * row] = m;
+    stats[3u * row + 1u] = ls;
+    stats[3u * row + 2u] = select(0.0, p.keep * w_t + p.per_class_smoothing * w_total, kept);
   }
 }`;
   },
@@ -148,11 +151,11 @@ fn grad_unit(i: u32) -> V {
   let j = (i * ${c.width}u) % p.classes;
   let t = targets[row];
   let tc = min(u32(max(t, 0)), p.classes - 1u);
-  let prob = exp(${ld(c.width, "x", "i")} - stats[2u * row]);
+  let prob = exp((${ld(c.width, "x", "i")} - stats[3u * row]) - stats[3u * row + 1u]);
   let hit = select(V(0.0), V(p.keep * ${classWeight(c, "tc")}), ${columns} == ${
       c.width === 4 ? "vec4<u32>(tc)" : "tc"
     });
-  let d = g[row] * (stats[2u * row + 1u] * prob - hit - p.per_class_smoothing * ${
+  let d = g[row] * (stats[3u * row + 2u] * prob - hit - p.per_class_smoothing * ${
       classWeights(c, `j / ${c.width}u`)
     });
   return select(V(0.0), d, t != p.ignore_index);
@@ -191,13 +194,16 @@ function launchConfig(logits: DeviceArray, params: CrossEntropyParams) {
   return { rows, classes, config, uniforms, weight };
 }
 
+/** Numbers each row keeps for the backward: its maximum m, log s and k. */
+export const CROSS_ENTROPY_STATS_PER_ROW = 3;
+
 /** Per-row results of {@link launchCrossEntropy}, all f32. */
 export interface CrossEntropyRows {
   /** Loss of each row [rows]. */
   loss: DeviceArray;
   /** w_t of each row, 0 where ignored [rows]. */
   targetWeight: DeviceArray;
-  /** lse and k of each row [rows, 2], for the backward. */
+  /** m, log s and k of each row [rows, 3] (lse = m + log s), for the backward. */
   stats: DeviceArray;
 }
 
@@ -211,7 +217,7 @@ export function launchCrossEntropy(
   const { layout, lanes } = rowPlan(logits.gpu, classes);
   const loss = DeviceArray.empty([rows], "f32", logits.gpu);
   const targetWeight = DeviceArray.empty([rows], "f32", logits.gpu);
-  const stats = DeviceArray.empty([rows, 2], "f32", logits.gpu);
+  const stats = DeviceArray.empty([rows, CROSS_ENTROPY_STATS_PER_ROW], "f32", logits.gpu);
   if (rows === 0) return { loss, targetWeight, stats };
   logits.gpu.dispatch(
     logits.gpu.kernel(crossEntropyForwardKernel, { ...config, layout, lanes }),

@@ -57,8 +57,9 @@ export const softmaxForwardKernel = defineKernel({
       ? `let inv = 1.0 / s;\n  ${
         wgslRowStores(c, loop, { name: "y", body: "", value: `exp(${x} - m) * inv` })
       }`
-      : `let shift = m + log(s);\n  ${
-        wgslRowStores(c, loop, { name: "y", body: "", value: `${x} - shift` })
+      // (x − m) − log s, not x − (m + log s): at |m| ≫ 1 the sum m + log s rounds log s away.
+      : `let ls = log(s);\n  ${
+        wgslRowStores(c, loop, { name: "y", body: "", value: `(${x} - m) - ls` })
       }`;
     return rowKernel(
       c,
