@@ -35,6 +35,7 @@ export {
   type MatmulTiling,
   type ProfileOptions,
 } from "./gpu/device.ts";
+export type { Backend, SubgroupMatrixConfig } from "./gpu/backend.ts";
 export type { FlushPolicy } from "./gpu/command_batch.ts";
 export type { ProfileReport, ProfileRow } from "./gpu/profile_report.ts";
 export type { MemoryStats } from "./gpu/buffer_pool.ts";

@@ -22,6 +22,7 @@ import {
 import { fail, GpuError, StateError, ValueError } from "./errors.ts";
 import { runtime } from "./runtime_state.ts";
 import { type AdapterProfile, adapterProfileOf } from "./adapter_profile.ts";
+import { type Backend, type SubgroupMatrixConfig, subgroupMatrixConfigsOf } from "./backend.ts";
 
 /** How to treat f16: use it when the adapter has it, insist on it, or never use it. */
 export type F16Mode = "auto" | "require" | "off";
@@ -108,6 +109,14 @@ export class Gpu {
   readonly device: GPUDevice;
   /** The adapter's own description (vendor, architecture, driver). */
   readonly adapterInfo: GPUAdapterInfo;
+  /** The WebGPU implementation the device comes from (`initGpu`'s `backend`). */
+  readonly backend: Backend;
+  /**
+   * The adapter's subgroup-matrix shapes (tensor cores) as plain objects;
+   * empty unless the device has `chromium-experimental-subgroup-matrix`
+   * (Dawn only). The adapter profile carries the same list for kernels.
+   */
+  readonly subgroupMatrixConfigs: readonly SubgroupMatrixConfig[];
   /**
    * What every adapter-derived choice reads (CPU adapter or GPU, subgroup
    * size, the limits that filter kernels; see `adapter_profile.ts`). Derived
@@ -159,16 +168,24 @@ export class Gpu {
       debug: boolean;
       subgroupsDirective?: boolean;
       flushPolicy: FlushPolicy;
+      backend?: Backend;
     },
   ) {
     this.device = device;
     this.adapterInfo = adapterInfo;
+    this.backend = options.backend ?? "builtin";
+    this.subgroupMatrixConfigs = subgroupMatrixConfigsOf(adapterInfo, device);
     this.f16 = options.f16;
     this.subgroups = device.features.has("subgroups");
     this.subgroupsDirective = this.subgroups && (options.subgroupsDirective ?? false);
     this.f16Accumulation = options.f16Accumulation;
     this.debug = options.debug;
-    this.adapterProfile = adapterProfileOf(adapterInfo, device.limits, this.subgroups);
+    this.adapterProfile = adapterProfileOf(
+      adapterInfo,
+      device.limits,
+      this.subgroups,
+      this.subgroupMatrixConfigs,
+    );
     // Less a margin for the fixed loops around the ones kernels check. Not part
     // of the profile: it is a limit of the driver that executes the kernels.
     this.loopIterationLimit = /llvmpipe/i.test(this.adapterName) ? 65535 - 1024 : Infinity;
@@ -178,7 +195,7 @@ export class Gpu {
     );
     this.pipelines = new PipelineCache(device, (key, wgsl) => {
       if (this.debug) console.error(`[halfstep] compiling ${key}\n${wgsl}`);
-    });
+    }, this.subgroupsDirective);
     this.batch = new CommandBatch(device, options.flushPolicy, (message, kernels) => {
       // A submit failed validation (a kernel that did not compile): its ops have
       // undefined outputs and the next sync point says so; the device stays usable.

@@ -8,8 +8,14 @@ import {
   setDefaultGpu,
 } from "./device.ts";
 import { fail, GpuError } from "./errors.ts";
+import {
+  type Backend,
+  backendGpu,
+  chooseBackend,
+  noAdapterHelp,
+  SUBGROUP_MATRIX_FEATURE,
+} from "./backend.ts";
 import { checkInitGpuOptions } from "./init_options.ts";
-import { wgslRuntime } from "./kernel.ts";
 import { tuneMatmul } from "./matmul_tuning.ts";
 import { matmulSettings } from "./matmul_settings.ts";
 import { tuneAttention } from "./attention_tuning.ts";
@@ -18,6 +24,13 @@ import type { TuningProgress } from "./kernel_timing.ts";
 
 /** Options for {@link initGpu}. */
 export interface InitGpuOptions {
+  /**
+   * The WebGPU implementation: `"builtin"` (default: `navigator.gpu`, Deno's
+   * own or the browser's) or `"dawn"` (Chrome's, from the npm package
+   * `webgpu`, with subgroup matrices; see docs/dawn.md). Default: the
+   * `HALFSTEP_BACKEND` environment variable where readable, else `"builtin"`.
+   */
+  backend?: Backend;
   /**
    * `"auto"` (default): use f16 when the adapter has `shader-f16`, else fall
    * back to f32 and say so once. `"require"`: fail without it. `"off"`: f32 only.
@@ -79,9 +92,6 @@ export interface InitGpuOptions {
   onProgress?: (progress: TuningProgress) => void;
 }
 
-const NO_ADAPTER_HELP = "On a machine without a GPU, install the Vulkan CPU driver " +
-  "(Debian/Ubuntu: `apt-get install mesa-vulkan-drivers`).";
-
 /**
  * Acquires a WebGPU device with the adapter's real limits (and `shader-f16`
  * when available and wanted), picks the matmul tiling, and makes it the
@@ -98,17 +108,12 @@ const NO_ADAPTER_HELP = "On a machine without a GPU, install the Vulkan CPU driv
 export async function initGpu(options: InitGpuOptions = {}): Promise<Gpu> {
   checkInitGpuOptions(options);
   const mode = options.f16 ?? "auto";
-  if (typeof navigator === "undefined" || !navigator.gpu) {
-    fail(
-      GpuError,
-      "initGpu",
-      "WebGPU is not available in this runtime (navigator.gpu is missing).",
-    );
-  }
-  const adapter = await navigator.gpu.requestAdapter({
+  const backend = chooseBackend(options.backend);
+  const entry = await backendGpu(backend);
+  const adapter = await entry.requestAdapter({
     powerPreference: options.powerPreference,
   });
-  if (!adapter) fail(GpuError, "initGpu", `no WebGPU adapter was found. ${NO_ADAPTER_HELP}`);
+  if (!adapter) fail(GpuError, "initGpu", `no WebGPU adapter was found. ${noAdapterHelp(backend)}`);
 
   const hasF16 = adapter.features.has("shader-f16");
   if (mode === "require" && !hasF16) {
@@ -133,11 +138,15 @@ export async function initGpu(options: InitGpuOptions = {}): Promise<Gpu> {
     ? ["timestamp-query"]
     : [];
   if (useF16) features.push("shader-f16");
+  // Tensor cores (Dawn only): subgroup-matrix kernels are subgroup kernels.
+  if ((options.subgroups ?? true) && adapter.features.has(SUBGROUP_MATRIX_FEATURE)) {
+    features.push(SUBGROUP_MATRIX_FEATURE);
+  }
   const device = await requestDevice(adapter, features, requiredLimits, options.subgroups ?? true);
   const directive = device.features.has("subgroups") && await acceptsSubgroupsDirective(device);
-  if (directive) wgslRuntime.subgroupsDirective = true;
   const flush = options.flush ?? "auto";
   const gpu = new Gpu(device, adapter.info, {
+    backend,
     f16: useF16,
     f16Accumulation: accumulation,
     debug: options.debug ?? debugFromEnvironment(),
@@ -180,9 +189,9 @@ async function requestDevice(
   if (subgroups) {
     try {
       return await request([...features, "subgroups" as GPUFeatureName]);
-    } catch { /* not granted: without it */ }
+    } catch { /* not granted: without it (and the subgroup-matrix kernels that need it) */ }
   }
-  return await request(features);
+  return await request(features.filter((f) => f !== SUBGROUP_MATRIX_FEATURE));
 }
 
 /**

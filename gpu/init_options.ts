@@ -5,6 +5,7 @@
  */
 import type { FlushPolicy } from "./command_batch.ts";
 import type { MatmulTiling } from "./device.ts";
+import { BACKENDS } from "./backend.ts";
 import { fail, ValueError } from "./errors.ts";
 import type { InitGpuOptions } from "./init.ts";
 import { shortValue } from "./short_text.ts";
@@ -66,6 +67,7 @@ function positiveBytes(name: string, v: unknown): string | null {
 
 /** Every option's check; the keys are the valid option names. */
 const CHECKS: Record<keyof InitGpuOptions, (name: string, v: unknown) => string | null> = {
+  backend: oneOf(BACKENDS),
   f16: oneOf(["auto", "require", "off"]),
   debug: boolean,
   matmulTiling: (name, v) =>

@@ -23,6 +23,13 @@ export {
 } from "./device.ts";
 export type { AdapterProfile, ProfileLimits } from "./adapter_profile.ts";
 export {
+  type Backend,
+  BACKENDS,
+  SUBGROUP_MATRIX_FEATURE,
+  type SubgroupMatrixConfig,
+} from "./backend.ts";
+export { DAWN_FLAGS, DAWN_PACKAGE } from "./backend_dawn.ts";
+export {
   type DispatchCost,
   DispatchProfiler,
   type DispatchRecord,

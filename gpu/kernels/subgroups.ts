@@ -3,8 +3,8 @@
  * profile ({@link useSubgroups}): a GPU whose device has the `subgroups`
  * feature. CPU adapters keep the workgroup-memory kernels, as measured there
  * (lavapipe grants the feature, with subgroups of 8). `enable subgroups;`
- * is added by the kernel header where the runtime wants it
- * (`wgslRuntime.subgroupsDirective` in gpu/kernel.ts).
+ * is added by the pipeline cache where the device wants it
+ * (`withSubgroupsDirective` in gpu/kernel.ts).
  */
 import type { Gpu } from "../device.ts";
 import { REDUCE_THREADS, WGSL_MAX_OR_NAN } from "./wgsl_math.ts";
