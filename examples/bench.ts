@@ -69,6 +69,8 @@ import { benchMatmul } from "./bench_matmul.ts";
 import { benchOps } from "./bench_ops.ts";
 import { benchTilings } from "./bench_tilings.ts";
 import { benchCheckpoint, benchMlp, benchSoak, benchTinyGpt } from "./bench_training.ts";
+import { backendFlag, backendHelp, backendNote } from "./_backend_flag.ts";
+import { orExit } from "./_cli.ts";
 
 const HELP = `Usage: deno run -A --v8-flags=--expose-gc examples/bench.ts [ENTRY...] [OPTIONS]
        (or deno task bench [ENTRY...] [OPTIONS])
@@ -84,6 +86,8 @@ table on stderr. Needs no npm package and no network.
                 small on CPU adapters
   --retune      measure the matmul tilings and attention plans again instead of reading the
                 tuners' per-adapter cache (so the tuning report has their times)
+${backendHelp(16, "B")}
+                (offline: HALFSTEP_DAWN_NODE=/path/dawn.node)
   -h, --help    show this help`;
 
 const ENTRIES: Record<string, (gpu: Gpu, o: BenchOptions) => Promise<Result[]>> = {
@@ -173,6 +177,7 @@ function parse() {
         size: { type: "string", default: "auto" },
         markdown: { type: "boolean", default: false },
         retune: { type: "boolean", default: false },
+        backend: { type: "string" },
         help: { type: "boolean", short: "h", default: false },
       },
     });
@@ -204,15 +209,19 @@ async function main(): Promise<void> {
     console.error(`bench: --size must be auto, real or small, not "${size}"`);
     Deno.exit(2);
   }
+  const backend = orExit("bench", () => backendFlag(values.backend));
   nativeBackendsOnly();
   // Untuned: the benchmark runs the tuners itself, to report their picks and times.
-  const gpu = await initGpu({ matmulTiling: "default" });
+  const gpu = await initGpu({ matmulTiling: "default", backend });
+  console.error(`adapter: ${gpu.adapterName}${backendNote(gpu)}`);
   const tuning = await tuneForBench(gpu, values.retune);
   console.error(tuningTable(tuning));
   const options: BenchOptions = { steps, repeats, size, tuning };
   const cpu = await cpuName();
   const context = {
     adapter: gpu.adapterName,
+    backend: gpu.backend,
+    subgroupMatrixConfigs: gpu.subgroupMatrixConfigs,
     cpu,
     deno: Deno.version.deno,
     f16: gpu.f16,
@@ -245,7 +254,7 @@ async function main(): Promise<void> {
   if (values.markdown) {
     console.log(
       [
-        `Measured on ${gpu.adapterName}${
+        `Measured on ${gpu.adapterName}${backendNote(gpu)}${
           cpu ? ` (CPU: ${cpu})` : ""
         }, Deno ${Deno.version.deno}, ` +
         `${new Date().toISOString().slice(0, 10)}:`,

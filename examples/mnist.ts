@@ -464,7 +464,7 @@ async function main(): Promise<void> {
   const note = (text: string) => console.error(`mnist: ${text}`);
   const lock = cfg.save ? orExit("mnist", () => SaveLock.acquire(cfg.save!, "save", note)) : null;
   const loadSeconds = (performance.now() - started) / 1000;
-  const gpu = await initGpu();
+  const gpu = await initGpu({ backend: cfg.backend });
   const initSeconds = (performance.now() - started) / 1000 - loadSeconds;
   gpu.resetPeakMemory();
   const batch = Math.min(cfg.batch, train.count), stepsPerEpoch = Math.floor(train.count / batch);

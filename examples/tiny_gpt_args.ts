@@ -6,6 +6,8 @@
 import { integerFlag, numberFlag, UsageError, withNegativeValues } from "./_cli.ts";
 import { profileSteps } from "./_profile_window.ts";
 import { ampDtypeFlag, type AmpFlagDtype } from "./_amp_flag.ts";
+import { backendFlag, backendHelp } from "./_backend_flag.ts";
+import type { Backend } from "../mod.ts";
 import { parseArgs } from "node:util";
 
 /** `tiny_gpt.ts --help`. */
@@ -76,6 +78,7 @@ Flags:
   --json             print one JSON object per line instead of text; the last
                      line is {"event":"final", "validationLoss", "bigramLoss",
                      "stepsPerSecond", "peakBytes", "wallSeconds", "samples", ...}
+${backendHelp(21)}
   -h, --help         show this help
 
 Exit status: 0 done; 2 a bad flag, or sizes that cannot fit this adapter or
@@ -106,6 +109,7 @@ const VALUE_FLAGS = [
   "profile",
   "gelu",
   "save-nanogpt",
+  "backend",
 ];
 
 /** The parsed flags. */
@@ -143,6 +147,8 @@ export interface TinyGptArgs {
   gelu: "none" | "tanh";
   /** Where to save the model under nanoGPT's names (--save-nanogpt), if anywhere. */
   saveNanoGpt: string | undefined;
+  /** The WebGPU backend (--backend); undefined: initGpu's default. */
+  backend: Backend | undefined;
 }
 
 export { UsageError };
@@ -193,6 +199,7 @@ export function parseTinyGptArgs(args: string[]): TinyGptArgs | null {
       "no-bias": flag,
       gelu: text("none"),
       "save-nanogpt": { type: "string" },
+      backend: { type: "string" },
       help: { ...flag, short: "h" },
     },
   });
@@ -226,6 +233,7 @@ export function parseTinyGptArgs(args: string[]): TinyGptArgs | null {
     bias: !v["no-bias"],
     gelu: geluFlag(v.gelu),
     saveNanoGpt: v["save-nanogpt"],
+    backend: backendFlag(v.backend),
   };
   if (parsed.dim % parsed.heads !== 0) {
     throw new UsageError(`--heads (${parsed.heads}) must divide --dim (${parsed.dim}).`);

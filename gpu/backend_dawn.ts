@@ -54,6 +54,14 @@ export function dawnGpu(): Promise<GPU> {
 }
 
 async function loadDawn(): Promise<GPU> {
+  const ffi = permission("ffi");
+  if (ffi !== undefined && ffi !== "granted") {
+    fail(
+      GpuError,
+      "initGpu",
+      "Dawn is a native library (Node-API): run Deno with --allow-ffi (or -A) to use it.",
+    );
+  }
   const file = environment("HALFSTEP_DAWN_NODE");
   let dawn: DawnModule;
   try {
@@ -90,11 +98,16 @@ async function requireNative(path: string): Promise<DawnModule> {
 
 /** An environment variable where the runtime grants reading it without a prompt, else undefined. */
 export function environment(variable: string): string | undefined {
+  if (permission("env", { variable }) !== "granted") return undefined;
   // deno-lint-ignore no-explicit-any
-  const deno = (globalThis as any).Deno;
+  return (globalThis as any).Deno.env.get(variable) || undefined;
+}
+
+/** Deno's permission state for `name` (without a prompt), or undefined outside Deno. */
+function permission(name: string, details: Record<string, string> = {}): string | undefined {
   try {
-    if (deno?.permissions?.querySync?.({ name: "env", variable })?.state !== "granted") return;
-    return deno.env.get(variable) || undefined;
+    // deno-lint-ignore no-explicit-any
+    return (globalThis as any).Deno?.permissions?.querySync?.({ name, ...details })?.state;
   } catch {
     return undefined;
   }
