@@ -12,6 +12,7 @@ import { join } from "node:path";
 import { ROOT } from "./_bundle.ts";
 import {
   assertRefused,
+  BACKEND_PERMISSIONS,
   errorLines,
   events,
   MNIST,
@@ -143,7 +144,15 @@ Deno.test("examples: a second run writing the same --save is refused, naming the
     const state = join(dir, "run.safetensors");
     const args = ["--limit", "1024", "--epochs", "50", "--save", state, "--json"];
     const first = new Deno.Command(Deno.execPath(), {
-      args: ["run", "--allow-read", "--allow-env", "--allow-write", MNIST, ...args],
+      args: [
+        "run",
+        "--allow-read",
+        "--allow-env",
+        "--allow-write",
+        ...BACKEND_PERMISSIONS,
+        MNIST,
+        ...args,
+      ],
       env: { DENO_WEBGPU_BACKEND: "vulkan,metal,dx12", NO_COLOR: "1" },
       stdout: "piped",
       stderr: "null",
