@@ -15,6 +15,7 @@
  * its own Vulkan instance, and a process that made one per device aborted
  * (SIGABRT) after about 160 of them.
  */
+import { throttleDawnPolling } from "./backend_dawn_polling.ts";
 import { fail, GpuError } from "./errors.ts";
 
 /** The npm package that carries Dawn's Node-API binding, pinned. */
@@ -79,7 +80,9 @@ async function loadDawn(): Promise<GPU> {
   if (typeof dawn?.create !== "function") {
     fail(GpuError, "initGpu", `Dawn's module has no create() function. ${INSTALL_HELP}`);
   }
-  return dawn.create([...DAWN_FLAGS]);
+  const gpu = dawn.create([...DAWN_FLAGS]);
+  throttleDawnPolling(); // dawn.node busy-waits for the GPU otherwise
+  return gpu;
 }
 
 /**
