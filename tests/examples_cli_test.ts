@@ -18,6 +18,7 @@ import {
   withTempDir,
 } from "./_examples.ts";
 import { parseMnistArgs } from "../examples/mnist_args.ts";
+import { ROOT } from "./_bundle.ts";
 import { parseTinyGptArgs } from "../examples/tiny_gpt_args.ts";
 
 Deno.test("examples: every bad flag is one line and exit status 2, before any training", async () => {
@@ -43,6 +44,7 @@ Deno.test("examples: every bad flag is one line and exit status 2, before any tr
       [["--model", "resnet"], /--model must be mlp or cnn, not "resnet"/],
       [["--model", "cnn", "--shift", "9"], /--shift must be an integer from 0 to 8, not "9"/],
       [["--optimizer", "rmsprop"], /--optimizer must be sgd or adam, not "rmsprop"/],
+      [["--backend", "metal"], /^mnist: --backend must be builtin or dawn, not "metal"/],
       [["--no-such-flag"], /^mnist: .*no-such-flag.* \(see --help\)$/],
       [["--override"], /^mnist: --override is for --resume/],
       [
@@ -60,12 +62,31 @@ Deno.test("examples: every bad flag is one line and exit status 2, before any tr
     const gpt = await run(TINY_GPT, ["--plot", join(dir, "loss.svg"), "--json"], false);
     assertRefused(gpt, /^tiny_gpt: --plot .*run with --allow-write/, "tiny_gpt --plot");
     assertRefused(await run(TINY_GPT, ["--steps", "-3"]), /--steps must be an integer >= 1/, "-3");
+    assertRefused(
+      await run(TINY_GPT, ["--backend", "wgpu"]),
+      /--backend must be builtin or dawn/,
+      "wgpu",
+    );
+    const bench = join(ROOT, "examples/bench.ts");
+    assertRefused(
+      await run(bench, ["mlp", "--backend", "d"]),
+      /^bench: --backend must be/,
+      "bench",
+    );
     const help = await run(MNIST, ["--help"]);
     assert.equal(help.code, 0);
     assert.match(help.stdout, /with Adam \(default\) or SGD/);
     assert.match(help.stdout, /the last\s+line is \{"event":"final"/);
   } finally {
     await Deno.remove(dir, { recursive: true });
+  }
+});
+
+Deno.test("examples: --backend names the WebGPU backend; without it initGpu's default holds", () => {
+  for (const parse of [parseMnistArgs, parseTinyGptArgs]) {
+    assert.equal(parse(["--backend", "dawn"])!.backend, "dawn");
+    assert.equal(parse(["--backend=builtin"])!.backend, "builtin");
+    assert.equal(parse([])!.backend, undefined, "HALFSTEP_BACKEND, else builtin");
   }
 });
 
