@@ -15,7 +15,7 @@
  * its own Vulkan instance, and a process that made one per device aborted
  * (SIGABRT) after about 160 of them.
  */
-import { throttleDawnPolling } from "./backend_dawn_polling.ts";
+import { pumpDawnEvents } from "./backend_dawn_events.ts";
 import { fail, GpuError } from "./errors.ts";
 
 /** The npm package that carries Dawn's Node-API binding, pinned. */
@@ -81,7 +81,7 @@ async function loadDawn(): Promise<GPU> {
     fail(GpuError, "initGpu", `Dawn's module has no create() function. ${INSTALL_HELP}`);
   }
   const gpu = dawn.create([...DAWN_FLAGS]);
-  throttleDawnPolling(); // dawn.node busy-waits for the GPU otherwise
+  pumpDawnEvents(); // gentle polling, and nothing pending at exit
   return gpu;
 }
 
