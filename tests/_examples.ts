@@ -70,21 +70,26 @@ export function assertRefused(r: Run, message: RegExp, what: string): void {
   assert.equal(r.stdout.trim(), "", `${what}: nothing started`);
 }
 
+/** `deno run` arguments for mnist with `args`, the README's permissions and `--allow-write`. */
+export function mnistRunArgs(args: string[]): string[] {
+  return [
+    "run",
+    "--allow-read",
+    "--allow-env",
+    "--allow-write",
+    ...BACKEND_PERMISSIONS,
+    MNIST,
+    ...args,
+  ];
+}
+
 /**
  * Runs mnist; once epoch 1 has been saved, `then()` says what happens: the
  * process is killed, or a path is removed so that the next save fails.
  */
 export async function afterFirstSave(args: string[], then: () => "kill" | string): Promise<Run> {
   const child = new Deno.Command(Deno.execPath(), {
-    args: [
-      "run",
-      "--allow-read",
-      "--allow-env",
-      "--allow-write",
-      ...BACKEND_PERMISSIONS,
-      MNIST,
-      ...args,
-    ],
+    args: mnistRunArgs(args),
     env: ENV,
     stdout: "piped",
     stderr: "piped",

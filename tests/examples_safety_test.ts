@@ -12,10 +12,10 @@ import { join } from "node:path";
 import { ROOT } from "./_bundle.ts";
 import {
   assertRefused,
-  BACKEND_PERMISSIONS,
   errorLines,
   events,
   MNIST,
+  mnistRunArgs,
   QUICK,
   type Run,
   run,
@@ -144,15 +144,7 @@ Deno.test("examples: a second run writing the same --save is refused, naming the
     const state = join(dir, "run.safetensors");
     const args = ["--limit", "1024", "--epochs", "50", "--save", state, "--json"];
     const first = new Deno.Command(Deno.execPath(), {
-      args: [
-        "run",
-        "--allow-read",
-        "--allow-env",
-        "--allow-write",
-        ...BACKEND_PERMISSIONS,
-        MNIST,
-        ...args,
-      ],
+      args: mnistRunArgs(args),
       env: { DENO_WEBGPU_BACKEND: "vulkan,metal,dx12", NO_COLOR: "1" },
       stdout: "piped",
       stderr: "null",
