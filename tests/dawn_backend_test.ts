@@ -10,6 +10,7 @@ import assert from "node:assert/strict";
 import { join } from "node:path";
 import { BACKENDS, initGpu, SUBGROUP_MATRIX_FEATURE, ValueError } from "../gpu/mod.ts";
 import { ROOT } from "./_bundle.ts";
+import { events, MNIST, run } from "./_examples.ts";
 import { gpu, GPU_TEST } from "./_gpu.ts";
 
 const ON_DAWN = gpu.backend === "dawn";
@@ -160,5 +161,25 @@ Deno.test({
     } finally {
       plain.destroy();
     }
+  },
+});
+
+Deno.test({
+  name: "backends: examples/mnist.ts --amp --backend dawn trains, and says it runs on Dawn" +
+    NEEDS_DAWN,
+  ignore: !ON_DAWN,
+  async fn() {
+    const args = ["--amp", "--backend", "dawn", "--limit", "1024", "--epochs", "1", "--json"];
+    // The README's permissions, and Dawn's --allow-ffi.
+    const trained = await run(MNIST, args, false, ["--allow-read", "--allow-env", "--allow-ffi"]);
+    assert.equal(trained.code, 0, trained.stderr);
+    const all = events(trained.stdout);
+    const start = all.find((e) => e.event === "start")!, final = all.at(-1)!;
+    assert.equal(start.backend, "dawn");
+    assert.deepEqual(start.subgroupMatrixConfigs, gpu.subgroupMatrixConfigs);
+    assert.equal(final.event, "final");
+    assert.equal(final.skippedSteps, 0);
+    // 8 steps of 128 images: far above chance (10%) on the 10000 test images.
+    assert.ok((final.testAccuracy as number) > 0.5, `test accuracy ${final.testAccuracy}`);
   },
 });
