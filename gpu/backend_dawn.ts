@@ -88,10 +88,13 @@ async function loadDawn(): Promise<GPU> {
 /**
  * `import(specifier)`, out of sight of every tool that reads imports ahead of
  * time (Deno's module graph, `deno publish`, esbuild): see the module comment.
+ * Made only when called, so a page whose Content-Security-Policy forbids
+ * `new Function` still loads the library (and never asks for Dawn).
  */
-const importAtRunTime = new Function("specifier", "return import(specifier)") as (
-  specifier: string,
-) => Promise<unknown>;
+function importAtRunTime(specifier: string): Promise<unknown> {
+  const load = new Function("specifier", "return import(specifier)");
+  return load(specifier);
+}
 
 /** Loads a Node-API binary (`.node`) through Node's `require`, as the npm package does. */
 async function requireNative(path: string): Promise<DawnModule> {
