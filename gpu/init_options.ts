@@ -8,12 +8,20 @@ import type { F16Accumulation, MatmulTiling } from "./kernels/gemm/settings.ts";
 import type { F16Mode } from "./device/gpu.ts";
 import type { TuningProgress } from "./tuning/timing.ts";
 import type { TuningMode } from "./tuning/lazy.ts";
+import { type Backend, BACKENDS } from "./device/backend.ts";
 import { fail, ValueError } from "./base/errors.ts";
 import { shortValue } from "./base/short_text.ts";
 import { TILING_KINDS, tilingKind } from "./kernels/gemm/tilings.ts";
 
 /** Options for `initGpu`. */
 export interface InitGpuOptions {
+  /**
+   * The WebGPU implementation: `"builtin"` (default: `navigator.gpu`, Deno's
+   * own or the browser's) or `"dawn"` (Chrome's, from the npm package
+   * `webgpu`, with subgroup matrices; see docs/dawn.md). Default: the
+   * `HALFSTEP_BACKEND` environment variable where readable, else `"builtin"`.
+   */
+  backend?: Backend;
   /**
    * `"auto"` (default): use f16 when the adapter has `shader-f16`, else fall
    * back to f32 and say so once. `"require"`: fail without it. `"off"`: f32 only.
@@ -148,6 +156,7 @@ function positiveBytes(name: string, v: unknown): string | null {
 
 /** Every option's check; the keys are the valid option names. */
 const CHECKS: Record<keyof InitGpuOptions, (name: string, v: unknown) => string | null> = {
+  backend: oneOf(BACKENDS),
   f16: oneOf(["auto", "require", "off"]),
   debug: boolean,
   matmulTiling: (name, v) =>

@@ -63,6 +63,13 @@ export {
 } from "./device/gpu.ts";
 export type { AdapterProfile, ProfileLimits } from "./device/adapter_profile.ts";
 export {
+  type Backend,
+  BACKENDS,
+  SUBGROUP_MATRIX_FEATURE,
+  type SubgroupMatrixConfig,
+} from "./device/backend.ts";
+export { DAWN_FLAGS, DAWN_PACKAGE } from "./device/backend_dawn.ts";
+export {
   type DispatchCost,
   DispatchProfiler,
   type DispatchRecord,

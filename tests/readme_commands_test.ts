@@ -35,7 +35,9 @@ async function runCommands(path: string, text: string, dir: string): Promise<str
     const out = await new Deno.Command(Deno.execPath(), {
       args: [...words.slice(1), ...quickFlags(command)!],
       cwd: ROOT,
-      env: { NO_COLOR: "1", DENO_WEBGPU_BACKEND: "vulkan,metal,dx12" },
+      // The documents' commands are the builtin backend's (docs/dawn.md has Dawn's), also on
+      // the suite's Dawn pass.
+      env: { NO_COLOR: "1", DENO_WEBGPU_BACKEND: "vulkan,metal,dx12", HALFSTEP_BACKEND: "builtin" },
       stdout: "piped",
       stderr: "piped",
     }).output();
