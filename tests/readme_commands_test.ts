@@ -15,6 +15,9 @@ import { readDocs, readReadme, shellLines, tsSnippets } from "./_readme.ts";
 
 /** The flags that make a command quick, by the script it runs (null: not an example to run). */
 function quickFlags(command: string): string[] | null {
+  // Dawn's commands (docs/dawn.md) need Mesa 26's lavapipe here: tests/dawn_backend_test.ts runs
+  // mnist --amp --backend dawn on the suite's Dawn pass.
+  if (/--backend[ =]dawn\b/.test(command)) return null;
   if (command === "deno task demo" || command.includes("examples/mnist.ts")) {
     return ["--limit", "512", "--epochs", "1"];
   }
