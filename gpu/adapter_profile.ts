@@ -17,6 +17,7 @@
  */
 import type { Gpu } from "./device.ts";
 import { withFreshTunerSettings } from "./tuners.ts";
+import { type SubgroupMatrixConfig, subgroupMatrixConfigsOf } from "./subgroup_matrix_configs.ts";
 
 /** The device limits that choose or filter kernels (the rest are checked by WebGPU itself). */
 export interface ProfileLimits {
@@ -50,6 +51,12 @@ export interface AdapterProfile {
   multiprocessors: number;
   /** The limits kernel choices are filtered by. */
   limits: ProfileLimits;
+  /**
+   * The subgroup-matrix shapes the device may use (Dawn, where the adapter
+   * has them; see gpu/subgroup_matrix_configs.ts), else none: the
+   * subgroup-matrix matmul tilings are offered only with an f16→f32 one.
+   */
+  subgroupMatrixConfigs: readonly SubgroupMatrixConfig[];
 }
 
 /**
@@ -76,6 +83,7 @@ export function adapterProfileOf(
   info: GPUAdapterInfo,
   limits: GPUSupportedLimits,
   subgroups = false,
+  subgroupMatrixConfigs: readonly SubgroupMatrixConfig[] = [],
 ): AdapterProfile {
   // subgroupMaxSize is newer than the rest of GPUAdapterInfo: absent, assume a GPU's 32.
   const maxSize = (info as GPUAdapterInfo & { subgroupMaxSize?: number }).subgroupMaxSize;
@@ -90,6 +98,7 @@ export function adapterProfileOf(
       maxComputeInvocationsPerWorkgroup: limits.maxComputeInvocationsPerWorkgroup,
       maxStorageBuffersPerShaderStage: limits.maxStorageBuffersPerShaderStage,
     },
+    subgroupMatrixConfigs,
   };
 }
 
@@ -102,7 +111,7 @@ const GPU_LIMITS: ProfileLimits = {
 
 /**
  * A profile for tests: a GPU (not a fallback adapter, subgroups of 32, used
- * when `gpu` has the feature) with an H100's limits — each capped at `gpu`'s real limit, so every kernel it
+ * when `gpu` has the feature, and `gpu`'s own subgroup-matrix shapes) with an H100's limits — each capped at `gpu`'s real limit, so every kernel it
  * chooses still runs there — and `limits` on top (such as WebGPU's default
  * 16 KiB of workgroup memory, to test a candidate filter).
  *
@@ -135,6 +144,8 @@ export function gpuLikeProfile(gpu: Gpu, limits: Partial<ProfileLimits> = {}): A
     subgroups: gpu.subgroups,
     multiprocessors: DEFAULT_MULTIPROCESSORS,
     limits: { ...capped, ...limits },
+    // The device's own: its kernels run on it.
+    subgroupMatrixConfigs: subgroupMatrixConfigsOf(gpu.adapterInfo, gpu.device.features),
   };
 }
 

@@ -22,6 +22,7 @@ import {
 import { fail, GpuError, StateError, ValueError } from "./errors.ts";
 import { runtime } from "./runtime_state.ts";
 import { type AdapterProfile, adapterProfileOf } from "./adapter_profile.ts";
+import { subgroupMatrixConfigsOf } from "./subgroup_matrix_configs.ts";
 
 /** How to treat f16: use it when the adapter has it, insist on it, or never use it. */
 export type F16Mode = "auto" | "require" | "off";
@@ -36,16 +37,20 @@ export interface MatmulTiling extends Record<string, string | number | boolean> 
    * shared-memory tiles; `"blocked"`: large shared tiles read as vec4
    * (written for GPUs; TM and TN multiples of 4); `"vec4"`: the blocked
    * tiles loaded from storage as vec4 with the next k-tile prefetched
-   * (matmul on GPUs; TM, TN and TK multiples of 4). See `gpu/kernels/tilings.ts`.
+   * (matmul on GPUs; TM, TN and TK multiples of 4); `"subgroup-matrix"`: f16
+   * products on the adapter's subgroup matrices (tensor cores, through Dawn;
+   * per subgroup instead of per thread below, with the config's sizes in `sm`,
+   * `sn`, `sk` and the subgroup size in `sg`; see
+   * `gpu/kernels/gemm_subgroup_matrix.ts`). See `gpu/kernels/tilings.ts`.
    */
-  variant: "register" | "interleaved" | "shared" | "blocked" | "vec4";
-  /** Output rows per thread. */
+  variant: "register" | "interleaved" | "shared" | "blocked" | "vec4" | "subgroup-matrix";
+  /** Output rows per thread (subgroup-matrix: per subgroup). */
   tm: number;
-  /** Output columns per thread. */
+  /** Output columns per thread (subgroup-matrix: per subgroup). */
   tn: number;
-  /** Workgroup threads along columns. */
+  /** Workgroup threads along columns (subgroup-matrix: subgroups). */
   wgx: number;
-  /** Workgroup threads along rows. */
+  /** Workgroup threads along rows (subgroup-matrix: subgroups). */
   wgy: number;
   /** K-slice staged per shared-memory step (shared, blocked and vec4 variants). */
   tk: number;
@@ -168,7 +173,12 @@ export class Gpu {
     this.subgroupsDirective = this.subgroups && (options.subgroupsDirective ?? false);
     this.f16Accumulation = options.f16Accumulation;
     this.debug = options.debug;
-    this.adapterProfile = adapterProfileOf(adapterInfo, device.limits, this.subgroups);
+    this.adapterProfile = adapterProfileOf(
+      adapterInfo,
+      device.limits,
+      this.subgroups,
+      subgroupMatrixConfigsOf(adapterInfo, device.features),
+    );
     // Less a margin for the fixed loops around the ones kernels check. Not part
     // of the profile: it is a limit of the driver that executes the kernels.
     this.loopIterationLimit = /llvmpipe/i.test(this.adapterName) ? 65535 - 1024 : Infinity;

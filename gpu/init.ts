@@ -12,6 +12,8 @@ import { checkInitGpuOptions } from "./init_options.ts";
 import { wgslRuntime } from "./kernel.ts";
 import { tuneMatmul } from "./matmul_tuning.ts";
 import { matmulSettings } from "./matmul_settings.ts";
+import { matmulCandidates } from "./matmul_candidates.ts";
+import { matmulClassKey } from "./matmul_class.ts";
 import { tuneAttention } from "./attention_tuning.ts";
 import { warnOnce } from "./runtime_state.ts";
 import type { TuningProgress } from "./kernel_timing.ts";
@@ -32,10 +34,13 @@ export interface InitGpuOptions {
    * The matmul tilings: `"tune"` (default) measures the candidates per matmul
    * class (dtype, orientation, size) once per adapter and caches the winners
    * (see `tuneMatmul`), and the fused attention kernels' rows per workgroup
-   * likewise (`tuneAttention`); `"default"` skips both; or give one tiling for
-   * every class (attention is then not tuned either).
+   * likewise (`tuneAttention`); `"default"` skips both; `"subgroup-matrix"`
+   * runs every f16 product on the adapter's subgroup matrices (tensor cores:
+   * the first subgroup-matrix candidate; Dawn only, see docs/tensor_cores.md)
+   * and skips tuning; or give one tiling for every class (attention is then
+   * not tuned either).
    */
-  matmulTiling?: "tune" | "default" | MatmulTiling;
+  matmulTiling?: "tune" | "default" | "subgroup-matrix" | MatmulTiling;
   /**
    * When the open batch of commands is submitted without a read:
    * `"auto"` (default) uses a policy measured for this kind of adapter (see
@@ -152,6 +157,7 @@ export async function initGpu(options: InitGpuOptions = {}): Promise<Gpu> {
   if (typeof options.matmulTiling === "object") {
     matmulSettings.of(gpu).tiling = options.matmulTiling;
   }
+  if (options.matmulTiling === "subgroup-matrix") forceSubgroupMatrix(gpu);
   if ((options.matmulTiling ?? "tune") === "tune") {
     const onProgress = options.onProgress ?? announceTuning;
     await tuneMatmul(gpu, { onProgress });
@@ -162,6 +168,35 @@ export async function initGpu(options: InitGpuOptions = {}): Promise<Gpu> {
   }
   if (options.setDefault ?? true) setDefaultGpu(gpu);
   return gpu;
+}
+
+/**
+ * `matmulTiling: "subgroup-matrix"`: the first subgroup-matrix candidate for
+ * every f16 class (other dtypes keep the default tiling), or a `GpuError`
+ * where the device has none.
+ */
+function forceSubgroupMatrix(gpu: Gpu): void {
+  const tiling = gpu.f16
+    ? matmulCandidates(gpu, "f16").find((t) => t.variant === "subgroup-matrix")
+    : undefined;
+  if (!tiling) {
+    gpu.destroy();
+    fail(
+      GpuError,
+      "initGpu",
+      `matmulTiling "subgroup-matrix" needs f16 and an adapter with subgroup matrices of f16 ` +
+        `into f32 (${gpu.adapterName} has ${
+          gpu.f16 ? "none on this backend" : "no f16"
+        }). Use the Dawn backend on a GPU whose Vulkan driver has VK_KHR_cooperative_matrix ` +
+        '(see docs/tensor_cores.md), or matmulTiling "tune".',
+    );
+  }
+  const { classTilings } = matmulSettings.of(gpu);
+  for (const orientation of ["nn", "nt", "tn"] as const) {
+    for (const size of ["small", "medium", "large"] as const) {
+      classTilings.set(matmulClassKey({ dtype: "f16", orientation, size }), tiling);
+    }
+  }
 }
 
 /**

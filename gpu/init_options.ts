@@ -33,7 +33,7 @@ function boolean(name: string, v: unknown): string | null {
 
 function matmulTiling(name: string, v: unknown): string | null {
   if (typeof v !== "object" || v === null) {
-    return `${name} must be "tune", "default" or a tiling { variant, tm, tn, wgx, wgy, tk } ` +
+    return `${name} must be "tune", "default", "subgroup-matrix" or a tiling { variant, tm, tn, wgx, wgy, tk } ` +
       `(see MATMUL_CANDIDATES), not ${shortValue(v)}`;
   }
   const t = v as Partial<MatmulTiling>;
@@ -69,7 +69,9 @@ const CHECKS: Record<keyof InitGpuOptions, (name: string, v: unknown) => string 
   f16: oneOf(["auto", "require", "off"]),
   debug: boolean,
   matmulTiling: (name, v) =>
-    typeof v === "string" ? oneOf(["tune", "default"])(name, v) : matmulTiling(name, v),
+    typeof v === "string"
+      ? oneOf(["tune", "default", "subgroup-matrix"])(name, v)
+      : matmulTiling(name, v),
   flush,
   memoryLimitBytes: positiveBytes,
   f16Accumulation: oneOf(["f32", "chunked"]),

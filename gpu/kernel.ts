@@ -3,7 +3,8 @@
  * (dtype, tile sizes, epilogue, ...), its storage bindings (name, element
  * type, access) and its uniform fields (name, scalar type), and writes the
  * WGSL that follows them. From that one declaration come both the WGSL header
- * (`enable f16;`, the `Params` struct, every `@binding` line) and, at
+ * (`enable f16;`, the subgroup and subgroup-matrix `enable`s its source
+ * needs, the `Params` struct, every `@binding` line) and, at
  * dispatch, the bind group: buffers and uniforms are passed by name, so the
  * two can never disagree.
  *
@@ -70,8 +71,11 @@ export interface KernelDefinition<C extends KernelConfig, B extends string, U ex
  */
 export const wgslRuntime: { subgroupsDirective: boolean } = { subgroupsDirective: false };
 
-/** Subgroup builtin functions or values in WGSL. */
-const SUBGROUP_USE = /\bsubgroup(?:[A-Z]\w*\s*\(|_size\b|_invocation_id\b)/;
+/** Subgroup builtin functions or values in WGSL (subgroup matrices have their own extension). */
+const SUBGROUP_USE = /\bsubgroup(?!Matrix)(?:[A-Z]\w*\s*\(|_size\b|_invocation_id\b|_id\b)/;
+
+/** Subgroup-matrix types or builtins in WGSL (Dawn's experimental extension, see gpu/subgroup_matrix_configs.ts). */
+const SUBGROUP_MATRIX_USE = /\bsubgroup(?:Matrix[A-Z]\w*|_matrix_\w+)\s*[<(]/;
 
 /** The WGSL array element that stores `type`: bf16 is packed two to a u32 word. */
 function storedType(b: Binding): string {
@@ -97,9 +101,10 @@ function header(
   }
   const f16 = bindings.some((b) => F16_TYPES.has(b.type));
   const subgroups = wgslRuntime.subgroupsDirective && SUBGROUP_USE.test(source);
-  return `${subgroups ? "enable subgroups;\n" : ""}${wgslEnables(f16 ? "f16" : "f32")}${
-    lines.join("\n")
-  }\n${accessors(bindings, source)}`;
+  const matrices = SUBGROUP_MATRIX_USE.test(source);
+  return `${subgroups ? "enable subgroups;\n" : ""}${
+    matrices ? "enable chromium_experimental_subgroup_matrix;\n" : ""
+  }${wgslEnables(f16 ? "f16" : "f32")}${lines.join("\n")}\n${accessors(bindings, source)}`;
 }
 
 const F16_TYPES: ReadonlySet<string> = new Set(["f16", "vec2<f16>", "vec4<f16>"]);

@@ -1,12 +1,15 @@
 /**
  * The matmul tilings the tuners try: CPU adapters the register, interleaved
  * and shared ones, GPUs the vec4 and blocked ones (and, for classes, every
- * one that fits). The class tuner (`matmul_tuning.ts`) and the per-shape
+ * one that fits); f16 products the subgroup-matrix ones where the adapter
+ * has them (made from its configs, so not in {@link MATMUL_CANDIDATES}). The class tuner (`matmul_tuning.ts`) and the per-shape
  * tuner (`shape_tuning.ts`) read them; cached picks are checked against them.
  */
 import type { Gpu, MatmulTiling } from "./device.ts";
 import type { FloatDType } from "./dtype.ts";
 import { tilingFits, tilingKind } from "./kernels/tilings.ts";
+import { subgroupMatrixTilings } from "./kernels/gemm_subgroup_matrix.ts";
+import { f16MatrixConfig } from "./subgroup_matrix_configs.ts";
 
 /** The tilings CPU adapters try, register blocks first. */
 const CPU_CANDIDATES: readonly MatmulTiling[] = [
@@ -49,11 +52,20 @@ export const MATMUL_CANDIDATES: readonly MatmulTiling[] = [...CPU_CANDIDATES, ..
 /**
  * The candidates tried on `gpu` for operands stored in `dtype`: on CPU
  * adapters the register, interleaved and shared tilings; on GPUs every one
- * whose workgroup fits the device's limits.
+ * whose workgroup fits the device's limits. f16 operands on an adapter with
+ * an f16→f32 subgroup-matrix config (Dawn) try the subgroup-matrix tilings
+ * first, on CPU adapters too (lavapipe has them): the tuners keep them only
+ * where they measure faster, and the per-shape tuner's budget never leaves
+ * them out.
  */
 export function matmulCandidates(gpu: Gpu, dtype: FloatDType): readonly MatmulTiling[] {
-  if (gpu.adapterProfile.cpu) return MATMUL_CANDIDATES.filter((t) => !tilingKind(t).forGpus);
-  return MATMUL_CANDIDATES.filter((t) => tilingFits(t, dtype, gpu.adapterProfile.limits));
+  const profile = gpu.adapterProfile;
+  // The kernels need subgroup builtins too (subgroup_id).
+  const config = profile.subgroups ? f16MatrixConfig(profile.subgroupMatrixConfigs) : undefined;
+  const matrices = (config ? subgroupMatrixTilings(config) : [])
+    .filter((t) => tilingFits(t, dtype, profile.limits));
+  if (profile.cpu) return [...matrices, ...MATMUL_CANDIDATES.filter((t) => !tilingKind(t).forGpus)];
+  return [...matrices, ...MATMUL_CANDIDATES.filter((t) => tilingFits(t, dtype, profile.limits))];
 }
 
 /** The tiling used before (or instead of) a search. */

@@ -6,7 +6,8 @@
  */
 import type { Gpu, MatmulTiling } from "./device.ts";
 import type { DType, FloatDType } from "./dtype.ts";
-import { tilingName } from "./kernels/tilings.ts";
+import { tilingKind, tilingName } from "./kernels/tilings.ts";
+import { DEFAULT_TILING } from "./matmul_candidates.ts";
 import { matmulSettings } from "./matmul_settings.ts";
 
 export { tilingName };
@@ -98,14 +99,19 @@ export function classOf(problem: MatmulProblem, dtype: DType): MatmulClass {
   };
 }
 
-/** The tiling dispatch uses for `problem`: the tuned winner of its class, else the device's default. */
+/**
+ * The tiling dispatch uses for `problem`: the tuned winner of its class,
+ * else the device's default; one that cannot take `dtype` (a subgroup-matrix
+ * tiling forced for every class, and an f32 product) gives way to
+ * `DEFAULT_TILING`.
+ */
 export function tilingFor(gpu: Gpu, problem: MatmulProblem, dtype: DType): MatmulTiling {
   const { tiling, classTilings } = matmulSettings.of(gpu);
-  if (classTilings.size === 0) return tiling;
   const c = classOf(problem, dtype);
-  return classTilings.get(matmulClassKey(c)) ??
+  const chosen = classTilings.get(matmulClassKey(c)) ??
     // A class not tuned (a large product on a CPU adapter): the medium winner is the nearest.
     classTilings.get(matmulClassKey({ ...c, size: "medium" })) ?? tiling;
+  return (tilingKind(chosen).dtypes ?? [c.dtype]).includes(c.dtype) ? chosen : DEFAULT_TILING;
 }
 
 /** The tiling of every tuned class by class key, and the default's, as names (for logs). */

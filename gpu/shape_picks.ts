@@ -22,7 +22,7 @@ import { cachedPicks, pickCacheKey, type PickStore, type ShapePicks } from "./sh
 import { tilingFits, tilingKind } from "./kernels/tilings.ts";
 import { maxSlices } from "./kernels/gemm.ts";
 import type { Activation } from "./kernels/wgsl_math.ts";
-import { MATMUL_CANDIDATES } from "./matmul_candidates.ts";
+import { matmulCandidates } from "./matmul_candidates.ts";
 import { defineTunerSettings, type TunerSettings } from "./tuners.ts";
 
 /** Bump when kernels or the pick's meaning change: older cached picks are ignored. */
@@ -94,9 +94,19 @@ export function shapeOf(
   };
 }
 
+/** The candidate of `gpu` for `shape`'s dtype equal to `tiling` (a cached pick's), if any. */
+function candidateLike(
+  gpu: Gpu,
+  shape: MatmulShape,
+  tiling: MatmulTiling,
+): MatmulTiling | undefined {
+  const text = JSON.stringify(tiling);
+  return matmulCandidates(gpu, shape.dtype).find((c) => JSON.stringify(c) === text);
+}
+
 /** Whether `pick` can run `shape` on `gpu` (a cached pick is checked before it is trusted). */
 export function pickFits(gpu: Gpu, shape: MatmulShape, pick: ShapePick): boolean {
-  const known = MATMUL_CANDIDATES.some((c) => JSON.stringify(c) === JSON.stringify(pick.tiling));
+  const known = candidateLike(gpu, shape, pick.tiling) !== undefined;
   const split = shape.bias === "none" && shape.activation === "none";
   return known && tilingKind(pick.tiling).forGpus &&
     tilingFits(pick.tiling, shape.dtype, gpu.adapterProfile.limits) &&
@@ -114,9 +124,7 @@ export const MATMUL_SHAPE_STORE: PickStore<MatmulShape, ShapeRecord> = {
   keyOf: matmulShapeKey,
   check(gpu, entry) {
     if (!pickFits(gpu, entry.shape, entry.pick)) return undefined;
-    const tiling = MATMUL_CANDIDATES.find((c) =>
-      JSON.stringify(c) === JSON.stringify(entry.pick.tiling)
-    )!;
+    const tiling = candidateLike(gpu, entry.shape, entry.pick.tiling)!;
     const shape = shapeFields(entry.shape);
     return { shape, pick: { tiling, slices: entry.pick.slices }, seconds: entry.seconds };
   },

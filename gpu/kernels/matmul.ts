@@ -22,7 +22,8 @@ import type { Activation } from "./wgsl_math.ts";
 import { checkGemmLoops, gemmGrid, type GemmIo, gemmSplit, gemmWgsl, sliceLength } from "./gemm.ts";
 import { shapeOf, type ShapePick, shapePickFor } from "../shape_picks.ts";
 import type { GemmVectorIo } from "./gemm_io.ts";
-import { tilingKind } from "./tilings.ts";
+import { tilingKind, tilingName } from "./tilings.ts";
+import { DTypeError, fail } from "../errors.ts";
 import { launchReduce } from "./reduce.ts";
 
 /**
@@ -159,9 +160,8 @@ function vec4Aligned(
   return unit === 1 && other % 4 === 0 && o.batch % 4 === 0;
 }
 
-/** The matmul kernel family. */
-export const matmulKernel = defineKernel({
-  name: "matmul",
+/** The matmul kernels, named `matmul` plus the tiling kind's family suffix (see {@link matmulKernelOf}). */
+const matmulSpec = {
   bindings: (c: MatmulConfig) => {
     const vector = tilingKind(c).vectorOperands;
     const type = (d: DType) => vector ? `vec4<${d as FloatDType}>` as const : d;
@@ -173,8 +173,25 @@ export const matmulKernel = defineKernel({
     ];
   },
   uniforms: UNIFORMS,
-  source: (c) => gemmWgsl(c, stridedIo(c), c.activation),
-});
+  source: (c: MatmulConfig) => gemmWgsl(c, stridedIo(c), c.activation),
+};
+
+/** The matmul kernel family. */
+export const matmulKernel = defineKernel({ name: "matmul", ...matmulSpec });
+
+/** The families of tiling kinds named apart (`matmul_subgroup_matrix`: profiles show tensor-core time). */
+const namedFamilies = new Map<string, typeof matmulKernel>();
+
+/** The matmul family of `tiling`'s kind. */
+function matmulKernelOf(tiling: MatmulTiling): typeof matmulKernel {
+  const family = tilingKind(tiling).family;
+  if (!family) return matmulKernel;
+  let kernel = namedFamilies.get(family);
+  if (!kernel) {
+    namedFamilies.set(family, kernel = defineKernel({ name: `matmul_${family}`, ...matmulSpec }));
+  }
+  return kernel;
+}
 
 /**
  * Records C = A·B for a resolved problem into `c` (contiguous [batch, m, n]).
@@ -205,6 +222,15 @@ export function dispatchMatmul(
       () => shapeOf(problem, { dtype: a.dtype, out: c.dtype }, { bias, activation }),
     ) ?? { tiling: tilingFor(gpu, problem, a.dtype) };
   const tiling = pick.tiling;
+  const takes = tilingKind(tiling).dtypes;
+  if (takes && !takes.includes(a.dtype as FloatDType)) {
+    fail(
+      DTypeError,
+      "matmul",
+      `the tiling ${tilingName(tiling)} takes ${takes.join(" or ")} operands, not ${a.dtype}. ` +
+        "Force it only for those (tilingFor falls back where it cannot run).",
+    );
+  }
   const [gx, gy] = gemmGrid(tiling, m, n, 1);
   // The epilogue acts on whole sums, so only plain products are split.
   const split = bias !== "none" || activation !== "none"
@@ -229,7 +255,7 @@ export function dispatchMatmul(
     bias,
     activation,
   };
-  const kernel = gpu.kernel(matmulKernel, config);
+  const kernel = gpu.kernel(matmulKernelOf(tiling), config);
   const { a: la, b: lb } = problem;
   gpu.dispatch(
     kernel,

@@ -13,6 +13,7 @@ import type { Activation } from "./wgsl_math.ts";
 import { registerWgsl, sharedWgsl } from "./gemm_register.ts";
 import { blockedTileBytes, blockedWgsl } from "./gemm_blocked.ts";
 import { vec4ShapeProblem, vec4TileBytes, vec4Wgsl } from "./gemm_vec4.ts";
+import { SUBGROUP_MATRIX_KIND } from "./gemm_subgroup_matrix.ts";
 
 /** What one tiling kind is and needs. */
 export interface TilingKind {
@@ -35,6 +36,14 @@ export interface TilingKind {
   f16Chunks: boolean;
   /** Written for GPUs: CPU adapters never try it. */
   forGpus: boolean;
+  /** Invocations per workgroup (default `wgx · wgy`). */
+  threads?(t: MatmulTiling): number;
+  /** The operand dtypes it takes (default every float dtype). */
+  dtypes?: readonly FloatDType[];
+  /** Its name in logs and tables (default {@link tilingName}'s common form). */
+  name?(t: MatmulTiling): string;
+  /** Added to a kernel family's name (`matmul_subgroup_matrix`), so profiles show the kind. */
+  family?: string;
 }
 
 const multipleOf4 = (t: MatmulTiling) =>
@@ -86,6 +95,7 @@ export const TILING_KINDS: Readonly<Record<MatmulTiling["variant"], TilingKind>>
     f16Chunks: true,
     forGpus: true,
   },
+  "subgroup-matrix": SUBGROUP_MATRIX_KIND,
 };
 
 /** The record of `t`'s kind. */
@@ -112,7 +122,8 @@ function tileTypeOf(dtype: FloatDType): "f32" | "f16" {
 
 /**
  * Whether `t` with operands stored in `dtype` fits `limits` and its kind's
- * shape constraints. Every tiling takes every float dtype.
+ * shape constraints. Every tiling but subgroup-matrix (f16 only) takes every
+ * float dtype.
  *
  * @example
  * ```ts
@@ -124,7 +135,8 @@ function tileTypeOf(dtype: FloatDType): "f32" | "f16" {
  */
 export function tilingFits(t: MatmulTiling, dtype: FloatDType, limits: TilingLimits): boolean {
   const kind = tilingKind(t);
-  return t.wgx * t.wgy <= limits.maxComputeInvocationsPerWorkgroup &&
+  return (kind.dtypes ?? [dtype]).includes(dtype) &&
+    (kind.threads?.(t) ?? t.wgx * t.wgy) <= limits.maxComputeInvocationsPerWorkgroup &&
     kind.workgroupBytes(t, tileTypeOf(dtype)) <= limits.maxComputeWorkgroupStorageSize &&
     kind.shapeProblem(t) === null;
 }
@@ -133,7 +145,9 @@ export function tilingFits(t: MatmulTiling, dtype: FloatDType, limits: TilingLim
  * A tiling in a few characters, for logs and tables, distinct for distinct
  * tilings: `"vec4 128x128x32 t8x8"` (workgroup tile rows × columns × k-step,
  * per-thread block); the register tilings, which step k by one, print
- * `"interleaved 32x64 t8x8"`.
+ * `"interleaved 32x64 t8x8"`; subgroup-matrix ones
+ * `"subgroup-matrix 128x128x32 s64x64 m16x16x16"` (per-subgroup block, the
+ * adapter's matrix shape).
  *
  * @example
  * ```ts
@@ -144,6 +158,8 @@ export function tilingFits(t: MatmulTiling, dtype: FloatDType, limits: TilingLim
  * ```
  */
 export function tilingName(t: MatmulTiling): string {
+  const named = tilingKind(t).name;
+  if (named) return named(t);
   const block = `${t.tm * t.wgy}x${t.tn * t.wgx}`;
   const k = t.variant === "register" || t.variant === "interleaved" ? "" : `x${t.tk}`;
   return `${t.variant} ${block}${k} t${t.tm}x${t.tn}`;

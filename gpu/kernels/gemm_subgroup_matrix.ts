@@ -1,0 +1,346 @@
+/**
+ * The `subgroup-matrix` GEMM tiling: f16 products on the adapter's subgroup
+ * matrices (NVIDIA's tensor cores through Dawn's
+ * `chromium_experimental_subgroup_matrix`), f32 accumulation.
+ *
+ * - A workgroup of `wgx × wgy` subgroups owns a `tm·wgy × tn·wgx` result
+ *   tile; each subgroup a `tm × tn` block of it, as (tm/M)·(tn/N) result
+ *   matrices of the adapter's config (M, N, K and the subgroup size are
+ *   fields of the tiling, made from the adapter's configs: a shape it does
+ *   not list fails pipeline creation).
+ * - Operands are staged through workgroup memory as f16 tiles, `tk` of k at
+ *   a time, the next k-tile loaded into registers while the current one is
+ *   multiplied (the vec4 tiling's loader, `operandLoader`): vec4 global loads
+ *   on interior, aligned k-tiles, checked scalar loads with zero fill
+ *   elsewhere, so edge tiles need no second kernel and the matrix loop never
+ *   checks bounds.
+ * - Each tile keeps its operand's own layout (its contiguous index fastest,
+ *   rows padded by 8 halves against bank conflicts): the global loads and the
+ *   stores into workgroup memory are contiguous in every orientation, and a
+ *   transposed operand (Aᵀ of a weight gradient, Wᵀ of x·Wᵀ) is read by
+ *   `col_major` matrix loads instead of being transposed.
+ * - The epilogue stores each result matrix into the subgroup's own f32
+ *   scratch in workgroup memory, whose invocations then write it out through
+ *   bias and activation (vec4 stores on interior tiles, checked scalar
+ *   stores at the edges), as the other tilings do.
+ */
+import type { MatmulTiling } from "../device.ts";
+import type { FloatDType } from "../dtype.ts";
+import type { SubgroupMatrixConfig } from "../subgroup_matrix_configs.ts";
+import { epilogue, type GemmIo, range } from "./gemm_io.ts";
+import { activationVec4, type OperandLoader, operandLoader } from "./gemm_vec4.ts";
+import { type Activation, WGSL_MATH } from "./wgsl_math.ts";
+import type { TilingKind } from "./tilings.ts";
+
+/** A subgroup-matrix tiling: the matmul tiling fields plus the config it was made for. */
+export interface SubgroupMatrixTiling extends MatmulTiling {
+  variant: "subgroup-matrix";
+  /** The config's M (result matrix rows). */
+  sm: number;
+  /** The config's N (result matrix columns). */
+  sn: number;
+  /** The config's K. */
+  sk: number;
+  /** The adapter's largest subgroup: invocations per subgroup. */
+  sg: number;
+}
+
+/** Halves of padding per row of a workgroup tile (16 bytes: rows stay 16-byte aligned). */
+const PAD = 8;
+
+/** The config fields of `t` (a tiling of another kind has none). */
+function matrixOf(t: MatmulTiling) {
+  return { sm: t.sm as number, sn: t.sn as number, sk: t.sk as number, sg: t.sg as number };
+}
+
+/** Why a subgroup-matrix kernel cannot be built with `t`, or null. */
+function shapeProblem(t: MatmulTiling): string | null {
+  const { sm, sn, sk, sg } = matrixOf(t);
+  const sizes = { sm, sn, sk, sg };
+  const bad = Object.entries(sizes).find(([, v]) => !(Number.isInteger(v) && v >= 1));
+  if (bad) return `the subgroup-matrix variant needs ${bad[0]} (an integer >= 1), not ${bad[1]}`;
+  if (t.tm % sm !== 0 || t.tn % sn !== 0 || t.tk % sk !== 0) {
+    return `the subgroup-matrix variant needs tm, tn and tk multiples of the config's ` +
+      `${sm}, ${sn} and ${sk}, not ${t.tm}, ${t.tn} and ${t.tk}`;
+  }
+  if (t.tk % 4 !== 0 || sn % 4 !== 0 || (sm * sn) % (4 * sg) !== 0) {
+    return `the subgroup-matrix variant needs tk and N multiples of 4 and M·N a multiple of ` +
+      `4 × the subgroup size ${sg}, not ${t.tk}, ${sn} and ${sm * sn}`;
+  }
+  return null;
+}
+
+/** Rows × row stride (halves) of an operand's tile of `extent` × tk, along its contiguous index. */
+function tileShape(extent: number, tk: number, alongK: boolean): [number, number] {
+  return alongK ? [extent, tk + PAD] : [tk, extent + PAD];
+}
+
+/** Bytes of workgroup memory: both f16 tiles (at the larger orientation) and the f32 scratch. */
+function workgroupBytes(t: MatmulTiling): number {
+  const { sm, sn } = matrixOf(t);
+  const tile = (extent: number) =>
+    Math.max(
+      ...[true, false].map((along) => tileShape(extent, t.tk, along)).map(([r, s]) => r * s),
+    );
+  return 2 * (tile(t.tm * t.wgy) + tile(t.tn * t.wgx)) + 4 * t.wgx * t.wgy * sm * sn;
+}
+
+/** The tiling record (see gpu/kernels/tilings.ts). */
+export const SUBGROUP_MATRIX_KIND: TilingKind = {
+  wgsl: subgroupMatrixWgsl,
+  // The k-tiles, one more (the last multiplication), and the steps of K in each.
+  loopIterations: (t, k) => (Math.ceil(k / t.tk) + 1) * (1 + t.tk / matrixOf(t).sk),
+  workgroupBytes,
+  shapeProblem,
+  vectorOperands: true,
+  layoutAware: true,
+  f16Chunks: false,
+  forGpus: true,
+  threads: (t) => t.wgx * t.wgy * matrixOf(t).sg,
+  dtypes: ["f16"] as readonly FloatDType[],
+  name: (t) => {
+    const { sm, sn, sk } = matrixOf(t);
+    return `subgroup-matrix ${t.tm * t.wgy}x${t.tn * t.wgx}x${t.tk} s${t.tm}x${t.tn} ` +
+      `m${sm}x${sn}x${sk}`;
+  },
+  family: "subgroup_matrix",
+};
+
+/**
+ * The workgroup shapes offered, in matrices of a 16×16 config: rows and
+ * columns of result matrices per subgroup, subgroups along rows and columns.
+ * Unmeasured on a GPU (no adapter with subgroup matrices was at hand): the
+ * SIMT probe's best workgroup tiles (128×128 and 128×256, k-step 32,
+ * `shared/perf/h100-fast-matmul-2026-11-23.jsonl`), as 4 or 8 subgroups of
+ * 64×64 or 64×32, and a 64×64 tile for small products. The tuners time them
+ * against the SIMT tilings per class and shape, so a slow one is never used.
+ */
+const SHAPES = [
+  { rows: 4, cols: 4, wgy: 2, wgx: 2 }, // 128×128, 4 subgroups of 64×64
+  { rows: 4, cols: 2, wgy: 2, wgx: 4 }, // 128×128, 8 subgroups of 64×32
+  { rows: 4, cols: 4, wgy: 2, wgx: 4 }, // 128×256, 8 subgroups of 64×64
+  { rows: 2, cols: 2, wgy: 2, wgx: 2 }, // 64×64, 4 subgroups of 32×32
+] as const;
+
+/**
+ * The subgroup-matrix tilings offered for `config` (see {@link SHAPES}):
+ * the same counts of result matrices per subgroup whatever the config (so
+ * registers per invocation stay alike: 8×8 matrices over 8 invocations hold
+ * as many values each as 16×16 ones over 32), columns scaled where N < M,
+ * and a k-step of 32 (or two of the config's K where that is more).
+ *
+ * @example
+ * ```ts
+ * import { subgroupMatrixTilings } from "./gemm_subgroup_matrix.ts";
+ * const nvidia = { componentType: "f16", resultComponentType: "f32", M: 16, N: 16, K: 16, subgroupSize: 32 };
+ * const [first] = subgroupMatrixTilings(nvidia);
+ * console.assert(first.tm * first.wgy === 128 && first.tk === 32 && first.sg === 32);
+ * ```
+ */
+export function subgroupMatrixTilings(config: SubgroupMatrixConfig): SubgroupMatrixTiling[] {
+  const { M, N, K, subgroupSize } = config;
+  const tk = Math.max(2, Math.ceil(32 / K)) * K;
+  return SHAPES.map((s) => ({
+    variant: "subgroup-matrix",
+    tm: s.rows * M,
+    tn: Math.max(1, Math.round(s.cols * M / N)) * N,
+    wgx: s.wgx,
+    wgy: s.wgy,
+    tk,
+    sm: M,
+    sn: N,
+    sk: K,
+    sg: subgroupSize,
+  }));
+}
+
+/** The WGSL body of a GEMM kernel with the subgroup-matrix tiling `t` (see the module comment). */
+export function subgroupMatrixWgsl(t: MatmulTiling, io: GemmIo, activation: Activation): string {
+  const problem = shapeProblem(t);
+  if (problem) throw new Error(`subgroupMatrixWgsl: ${problem}`);
+  const { sm, sn, sk, sg } = matrixOf(t);
+  const { tk, wgx } = t;
+  const bm = t.tm * t.wgy, bn = t.tn * t.wgx, subgroups = t.wgx * t.wgy;
+  const threads = subgroups * sg;
+  const kCount = io.kCount ?? "p.k";
+  const aAlongK = (io.aAlong ?? "k") === "k", bAlongK = io.bAlong === "k";
+  const [aRows, aStride] = tileShape(bm, tk, aAlongK);
+  const [bRows, bStride] = tileShape(bn, tk, bAlongK);
+  const vector = io.vector;
+  // A unit (slow, fast) of the loader is 4 halves from (slow, 4·fast) of the tile's own layout.
+  const storeInto = (tile: string, stride: number) => (reg: string, slow: string, fast: string) =>
+    range(4).map((c) =>
+      `${tile}[${slow} * ${stride}u + ${fast} * 4u + ${c}u] = f16(${reg}[${c}]);`
+    );
+  const shared = { tk, threads, kCount, tileType: "f16" } as const;
+  const a = operandLoader({
+    ...shared,
+    op: "a",
+    extent: bm,
+    alongK: aAlongK,
+    origin: "tile_row",
+    limit: "p.m",
+    vec: vector ? vector.aVec : () => "",
+    at: io.aAt,
+    store: storeInto("tile_a", aStride),
+  });
+  const b = operandLoader({
+    ...shared,
+    op: "b",
+    extent: bn,
+    alongK: bAlongK,
+    origin: "tile_col",
+    limit: "p.n",
+    vec: vector ? (col, k) => vector.bVec(k, col) : () => "",
+    at: (col, k) => io.bAt(k, col),
+    store: storeInto("tile_b", bStride),
+  });
+  const rowsM = t.tm / sm, colsN = t.tn / sn;
+  const left = `subgroup_matrix_left<f16, ${sk}, ${sm}>`;
+  const right = `subgroup_matrix_right<f16, ${sn}, ${sk}>`;
+  // Element (r, k) of A's tile at r·stride + k (row_major) or k·stride + r (col_major); B's (k, c) likewise.
+  const leftAt = (i: number) =>
+    aAlongK
+      ? `subgroupMatrixLoad<${left}, row_major>(&tile_a, (row0 + ${
+        i * sm
+      }u) * ${aStride}u + kk, ${aStride}u)`
+      : `subgroupMatrixLoad<${left}, col_major>(&tile_a, kk * ${aStride}u + row0 + ${
+        i * sm
+      }u, ${aStride}u)`;
+  const rightAt = (j: number) =>
+    bAlongK
+      ? `subgroupMatrixLoad<${right}, col_major>(&tile_b, (col0 + ${
+        j * sn
+      }u) * ${bStride}u + kk, ${bStride}u)`
+      : `subgroupMatrixLoad<${right}, row_major>(&tile_b, kk * ${bStride}u + col0 + ${
+        j * sn
+      }u, ${bStride}u)`;
+  const acc = (i: number, j: number) => `acc${i}_${j}`;
+  const pairs = range(rowsM).flatMap((i) => range(colsN).map((j) => [i, j] as const));
+  // One step of K: the subgroup's left and right matrices, then every product.
+  const math = [
+    ...range(rowsM).map((i) => `let l${i} = ${leftAt(i)};`),
+    ...range(colsN).map((j) => `let r${j} = ${rightAt(j)};`),
+    ...pairs.map(([i, j]) =>
+      `${acc(i, j)} = subgroupMatrixMultiplyAccumulate(l${i}, r${j}, ${acc(i, j)});`
+    ),
+  ];
+  const join = (lines: string[], indent: string) => lines.join(`\n${indent}`);
+  return `${WGSL_MATH}${io.prelude ?? ""}
+var<workgroup> tile_a: array<f16, ${aRows * aStride}>;
+var<workgroup> tile_b: array<f16, ${bRows * bStride}>;
+var<workgroup> scratch: array<f32, ${subgroups * sm * sn}>; // a result matrix per subgroup
+@compute @workgroup_size(${threads})
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,
+    @builtin(subgroup_id) subgroup: u32, @builtin(subgroup_invocation_id) lane: u32) {
+  let tile_row = wid.y * ${bm}u;
+  let tile_col = wid.x * ${bn}u;
+  let t = lid.x;
+  let z = wid.z;
+  ${io.setup}
+  // The subgroup's block (subgroup_id is uniform to the matrix builtins; lid.x / ${sg} is not).
+  let row0 = (subgroup / ${wgx}u) * ${t.tm}u;
+  let col0 = (subgroup % ${wgx}u) * ${t.tn}u;
+  // Interior: the whole tile in range and the operands vec4-aligned (uniform per workgroup).
+  let whole = tile_row + ${bm}u <= p.m && tile_col + ${bn}u <= p.n;
+  let k_tiles = (${kCount} + ${tk - 1}u) / ${tk}u;
+  let vector_tiles = select(0u, ${kCount} / ${tk}u, whole && ${vector ? vector.aligned : "false"});
+  ${join([...a.prelude, ...b.prelude], "  ")}
+  ${join([...a.registers, ...b.registers], "  ")}
+  ${
+    join(
+      pairs.map(([i, j]) => `var ${acc(i, j)} = subgroup_matrix_result<f32, ${sn}, ${sm}>();`),
+      "  ",
+    )
+  }
+  // k-tile kt is loaded into registers while tile kt − 1 is multiplied, then stored.
+  for (var kt = 0u; kt <= k_tiles; kt++) {
+    let k0 = kt * ${tk}u;
+    if (kt < k_tiles) {
+      ${loadTile(vector !== undefined, a, b)}
+    }
+    if (kt > 0u) {
+      for (var kk = 0u; kk < ${tk}u; kk += ${sk}u) {
+        ${join(math, "        ")}
+      }
+    }
+    workgroupBarrier();
+    if (kt < k_tiles) {
+      ${join([...a.stores, ...b.stores], "      ")}
+    }
+    workgroupBarrier();
+  }
+  ${resultStores(t, io, activation, pairs)}
+}`;
+}
+
+/** Statements loading the k-tile at `k0` into the registers: vec4 loads while `kt < vector_tiles`. */
+function loadTile(
+  vector: boolean,
+  a: OperandLoader,
+  b: OperandLoader,
+): string {
+  const scalar = [...a.scalarLoads, ...b.scalarLoads].join("\n        ");
+  if (!vector) return scalar;
+  return `if (kt < vector_tiles) {
+        ${[...a.vectorLoads, ...b.vectorLoads].join("\n        ")}
+      } else {
+        ${scalar}
+      }`;
+}
+
+/**
+ * The epilogue: each result matrix through the subgroup's scratch, then
+ * stored by its invocations (bias, activation, edges as the other tilings).
+ */
+function resultStores(
+  t: MatmulTiling,
+  io: GemmIo,
+  activation: Activation,
+  pairs: (readonly [number, number])[],
+): string {
+  const { sm, sn, sg } = matrixOf(t);
+  const perLane = sm * sn / sg;
+  const vector = io.vector;
+  return pairs.map(([i, j]) => {
+    const base = `subgroup * ${sm * sn}u`;
+    const origin = `tile_row + row0 + ${i * sm}u`, colOrigin = `tile_col + col0 + ${j * sn}u`;
+    // Element e of the matrix: lane + e·SG (scalar) or the quad lane + e·SG (vec4).
+    const scalar = epilogue(
+      { ...t, tm: perLane, tn: 1 },
+      io,
+      activation,
+      (e) => `${origin} + (lane + ${e * sg}u) / ${sn}u`,
+      (_, e) => `${colOrigin} + (lane + ${e * sg}u) % ${sn}u`,
+      (e) => `scratch[${base} + lane + ${e * sg}u]`,
+    );
+    const vectorStores = vector
+      ? range(perLane / 4).map((e) => {
+        const q = `(lane + ${e * sg}u) * 4u`;
+        const v = `vec4<f32>(scratch[${base} + ${q}], scratch[${base} + ${q} + 1u], ` +
+          `scratch[${base} + ${q} + 2u], scratch[${base} + ${q} + 3u])`;
+        const sum = vector.biasVec
+          ? `${v} + ${vector.biasVec(`(${colOrigin} + ${q} % ${sn}u)`)}`
+          : v;
+        return `{ let s = ${sum}; ${
+          vector.storeVec(
+            `(${origin} + ${q} / ${sn}u)`,
+            `(${colOrigin} + ${q} % ${sn}u)`,
+            activationVec4(activation, "s"),
+          )
+        } }`;
+      })
+      : [];
+    const stores = vector
+      ? `if (whole && ${vector.storeAligned}) {
+    ${vectorStores.join("\n    ")}
+  } else {
+    ${scalar}
+  }`
+      : scalar;
+    return `subgroupMatrixStore<row_major>(&scratch, ${base}, acc${i}_${j}, ${sn}u);
+  workgroupBarrier();
+  ${stores}
+  workgroupBarrier();`;
+  }).join("\n  ");
+}
