@@ -11,6 +11,9 @@
  * (`matmulSettings`' `splitKWorkgroups` = 0), the figure that says whether splitting pays
  * on the adapter. Each row says which candidate the tuner chose for the
  * product's class, so "the tuner is within 10% of the best" can be read off.
+ * Where the adapter has subgroup matrices (the Dawn backend), the f16 rows
+ * include every subgroup-matrix candidate (tensor cores), and the adapter's
+ * configs are printed first and kept in every row.
  */
 import { classOf, type Gpu, matmulCandidates, tilingFor, tilingName } from "../gpu/mod.ts";
 import { dispatchMatmul, type MatmulProblem } from "../gpu/kernels/matmul.ts";
@@ -62,6 +65,10 @@ function problemOf(s: Shape): MatmulProblem {
  * products unsplit) per product and dtype.
  */
 export async function benchTilings(gpu: Gpu, o: BenchOptions): Promise<Result[]> {
+  const subgroupMatrixConfigs = matrixConfigsOf(gpu);
+  console.error(
+    `bench tilings: subgroup-matrix configs of ${gpu.adapterName}: ${subgroupMatrixConfigs}`,
+  );
   const size = resolveSize(gpu, o.size);
   const results: Result[] = [];
   const settings = matmulSettings.of(gpu);
@@ -110,6 +117,7 @@ export async function benchTilings(gpu: Gpu, o: BenchOptions): Promise<Result[]>
                 f16Accumulation: dtype === "f16" ? sum : null,
                 slices,
                 chosen: isChosen,
+                subgroupMatrixConfigs,
                 gflops: flops / (t.ms / 1000) / 1e9,
                 msPerOp: t.ms,
                 timing: t.timing,
@@ -126,4 +134,18 @@ export async function benchTilings(gpu: Gpu, o: BenchOptions): Promise<Result[]>
     settings.splitKWorkgroups = splitTarget;
   }
   return results;
+}
+
+/**
+ * The adapter's subgroup-matrix shapes in one line (`"f16>f32 16x16x16, ...
+ * (subgroups of 32)"`), or why there are none: every subgroup-matrix
+ * candidate's row comes with it.
+ */
+function matrixConfigsOf(gpu: Gpu): string {
+  const configs = gpu.adapterProfile.subgroupMatrixConfigs;
+  if (configs.length === 0) return "none (the Dawn backend lists them where the driver has them)";
+  const shapes = configs.map((c) =>
+    `${c.componentType}>${c.resultComponentType} ${c.M}x${c.N}x${c.K}`
+  );
+  return `${shapes.join(", ")} (subgroups of ${configs[0].subgroupSize})`;
 }

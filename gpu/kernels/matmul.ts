@@ -22,7 +22,7 @@ import type { Activation } from "./wgsl_math.ts";
 import { checkGemmLoops, gemmGrid, type GemmIo, gemmSplit, gemmWgsl, sliceLength } from "./gemm.ts";
 import { shapeOf, type ShapePick, shapePickFor } from "../shape_picks.ts";
 import type { GemmVectorIo } from "./gemm_io.ts";
-import { tilingKind, tilingName } from "./tilings.ts";
+import { kindFamily, tilingKind, tilingName } from "./tilings.ts";
 import { DTypeError, fail } from "../errors.ts";
 import { launchReduce } from "./reduce.ts";
 
@@ -160,8 +160,9 @@ function vec4Aligned(
   return unit === 1 && other % 4 === 0 && o.batch % 4 === 0;
 }
 
-/** The matmul kernels, named `matmul` plus the tiling kind's family suffix (see {@link matmulKernelOf}). */
-const matmulSpec = {
+/** The matmul kernel family (named apart per tiling kind where it says: `kindFamily`). */
+export const matmulKernel = defineKernel({
+  name: "matmul",
   bindings: (c: MatmulConfig) => {
     const vector = tilingKind(c).vectorOperands;
     const type = (d: DType) => vector ? `vec4<${d as FloatDType}>` as const : d;
@@ -173,25 +174,8 @@ const matmulSpec = {
     ];
   },
   uniforms: UNIFORMS,
-  source: (c: MatmulConfig) => gemmWgsl(c, stridedIo(c), c.activation),
-};
-
-/** The matmul kernel family. */
-export const matmulKernel = defineKernel({ name: "matmul", ...matmulSpec });
-
-/** The families of tiling kinds named apart (`matmul_subgroup_matrix`: profiles show tensor-core time). */
-const namedFamilies = new Map<string, typeof matmulKernel>();
-
-/** The matmul family of `tiling`'s kind. */
-function matmulKernelOf(tiling: MatmulTiling): typeof matmulKernel {
-  const family = tilingKind(tiling).family;
-  if (!family) return matmulKernel;
-  let kernel = namedFamilies.get(family);
-  if (!kernel) {
-    namedFamilies.set(family, kernel = defineKernel({ name: `matmul_${family}`, ...matmulSpec }));
-  }
-  return kernel;
-}
+  source: (c) => gemmWgsl(c, stridedIo(c), c.activation),
+});
 
 /**
  * Records C = A·B for a resolved problem into `c` (contiguous [batch, m, n]).
@@ -255,7 +239,7 @@ export function dispatchMatmul(
     bias,
     activation,
   };
-  const kernel = gpu.kernel(matmulKernelOf(tiling), config);
+  const kernel = gpu.kernel(kindFamily(matmulKernel, tiling), config);
   const { a: la, b: lb } = problem;
   gpu.dispatch(
     kernel,

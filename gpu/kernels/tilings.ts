@@ -9,6 +9,7 @@
 import type { MatmulTiling } from "../device.ts";
 import type { FloatDType } from "../dtype.ts";
 import type { GemmIo } from "./gemm_io.ts";
+import { defineKernel, type KernelConfig, type KernelDefinition } from "../kernel.ts";
 import type { Activation } from "./wgsl_math.ts";
 import { registerWgsl, sharedWgsl } from "./gemm_register.ts";
 import { blockedTileBytes, blockedWgsl } from "./gemm_blocked.ts";
@@ -97,6 +98,29 @@ export const TILING_KINDS: Readonly<Record<MatmulTiling["variant"], TilingKind>>
   },
   "subgroup-matrix": SUBGROUP_MATRIX_KIND,
 };
+
+/** The families of kinds named apart, by base family and kind. */
+const families = new WeakMap<object, Map<string, object>>();
+
+/**
+ * `base`, or where `t`'s kind names its kernels apart (`family`) the same
+ * declaration named `${base.name}_${family}` (`matmul_subgroup_matrix`), so
+ * that profiles and kernel keys show which kind ran.
+ */
+export function kindFamily<C extends KernelConfig, B extends string, U extends string>(
+  base: KernelDefinition<C, B, U>,
+  t: MatmulTiling,
+): KernelDefinition<C, B, U> {
+  const family = tilingKind(t).family;
+  if (!family) return base;
+  let named = families.get(base);
+  if (!named) families.set(base, named = new Map());
+  let kernel = named.get(family) as KernelDefinition<C, B, U> | undefined;
+  if (!kernel) {
+    named.set(family, kernel = defineKernel({ ...base, name: `${base.name}_${family}` }));
+  }
+  return kernel;
+}
 
 /** The record of `t`'s kind. */
 export function tilingKind(t: MatmulTiling): TilingKind {

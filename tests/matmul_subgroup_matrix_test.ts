@@ -1,0 +1,202 @@
+/**
+ * Every subgroup-matrix (tensor-core) matmul candidate of the adapter,
+ * forced, against f64: the three orientations (the transposed operands are
+ * read by col_major matrix loads), batched, split-K and unsplit (K = 4096),
+ * bias/activation epilogues, f16 and f32 results, at shapes that run each
+ * path of the kernel: interior tiles (vec4 staging and stores), edge tiles
+ * (zero-filled staging, checked stores), misaligned operands (scalar staging
+ * on interior tiles), a partial last k-tile, single rows and columns.
+ *
+ * Needs an adapter with an f16→f32 subgroup-matrix config: the Dawn backend
+ * (HALFSTEP_BACKEND=dawn; Mesa 26's lavapipe lists 8×8×8). Elsewhere the
+ * tests are ignored, saying so in their names.
+ */
+import assert from "node:assert/strict";
+import { type MatmulTiling, Tensor, tilingName } from "../gpu/mod.ts";
+import { dispatchMatmul } from "../gpu/kernels/matmul.ts";
+import { gemmSplit } from "../gpu/kernels/gemm.ts";
+import { denseProblem, type MatmulOrientation } from "../gpu/matmul_class.ts";
+import { matmulCandidates } from "../gpu/matmul_candidates.ts";
+import { matmulSettings } from "../gpu/matmul_settings.ts";
+import { subgroupMatrixTilings } from "../gpu/kernels/gemm_subgroup_matrix.ts";
+import { f16MatrixConfig } from "../gpu/subgroup_matrix_configs.ts";
+import { dispatchedKernelsAsync, gpu, GPU_TEST, withSettings, withTiling } from "./_gpu.ts";
+import { gelu64, matmul64, quantize, uniform } from "./_reference.ts";
+import { assertClose, TOL, type Tolerance } from "./_assert.ts";
+
+const config = f16MatrixConfig(gpu.adapterProfile.subgroupMatrixConfigs);
+/** Appended to each test's name where it cannot run. */
+const CANNOT_RUN = config ? "" : " (IGNORED: this adapter has no f16→f32 subgroup-matrix " +
+  "config; run on the Dawn backend, HALFSTEP_BACKEND=dawn)";
+const DAWN_TEST = { ...GPU_TEST, ignore: !config } as const;
+
+/**
+ * f16 operands are exact in f32 and their products too, so the sums carry
+ * only f32 rounding, which may grow like √K (as matmul_test); an f16 result
+ * adds its own rounding (half-ulp 2⁻¹¹ relative). A misplaced element or a
+ * lost k-tile is off by far more.
+ */
+function tolFor(out: "f32" | "f16", k: number): Tolerance {
+  const t = TOL[out];
+  return { atol: t.atol * Math.max(1, Math.sqrt(k) / 4), rtol: t.rtol };
+}
+
+const ORIENTATIONS: readonly MatmulOrientation[] = ["nn", "nt", "tn"];
+
+interface Check {
+  batch?: number;
+  m: number;
+  n: number;
+  k: number;
+  out: "f32" | "f16";
+  /** A bias of f16 and an activation after it (x·Wᵀ + b, as linear). */
+  epilogue?: "relu" | "gelu";
+}
+
+/** op(A)·op(B) in `orientation` with the device's forced tiling, against f64. */
+async function check(c: Check, orientation: MatmulOrientation, seed: number, label: string) {
+  const { m, n, k, out } = c, batch = c.batch ?? 1;
+  const a = quantize(uniform(batch * m * k, seed), "f16");
+  const b = quantize(uniform(batch * k * n, seed + 1), "f16");
+  const bias = quantize(uniform(n, seed + 2), "f16");
+  const problem = denseProblem({ batch, m, n, k }, orientation);
+  const ta = Tensor.from(a, [a.length], { dtype: "f16" });
+  const tb = Tensor.from(b, [b.length], { dtype: "f16" });
+  const tbias = Tensor.from(bias, [n], { dtype: "f16" });
+  const tc = Tensor.empty([batch * m * n], out, gpu);
+  const epilogue = c.epilogue ? { bias: tbias, activation: c.epilogue } : {};
+  dispatchMatmul(problem, ta, tb, tc, epilogue);
+  const product = matmul64(a, b, {
+    batch,
+    m,
+    n,
+    k,
+    transA: orientation === "tn",
+    transB: orientation === "nt",
+  });
+  const act = c.epilogue === "relu" ? (v: number) => Math.max(v, 0) : gelu64;
+  const expected = c.epilogue ? product.map((v, i) => act(v + bias[i % n])) : product;
+  const what = `${label} ${orientation} ${JSON.stringify(c)}`;
+  assertClose(await tc.read(), expected, tolFor(out, k), what);
+  [ta, tb, tbias, tc].forEach((t) => t.dispose());
+}
+
+/** Runs `fn` with `tiling` forced and split-K aiming at `splitTarget` workgroups (0: never). */
+function forced<T>(tiling: MatmulTiling, splitTarget: number, fn: () => Promise<T>): Promise<T> {
+  return withTiling(
+    tiling,
+    () => withSettings(matmulSettings.of(gpu), { splitKWorkgroups: splitTarget }, fn),
+  );
+}
+
+/** The adapter's subgroup-matrix candidates (those the tuners try). */
+function candidates(): MatmulTiling[] {
+  return matmulCandidates(gpu, "f16").filter((t) => t.variant === "subgroup-matrix");
+}
+
+Deno.test({
+  name:
+    `subgroup-matrix matmul: the adapter offers every candidate of its f16→f32 config${CANNOT_RUN}`,
+  ...DAWN_TEST,
+  fn() {
+    assert.deepEqual(candidates().map(tilingName), subgroupMatrixTilings(config!).map(tilingName));
+    assert.ok(candidates().every((t) => t.sm === config!.M && t.sg === config!.subgroupSize));
+  },
+});
+
+Deno.test({
+  name:
+    `subgroup-matrix matmul: every candidate, forced, matches f64 in each orientation, batched, ` +
+    `at interior, edge, misaligned and degenerate shapes, f16 and f32 results${CANNOT_RUN}`,
+  ...DAWN_TEST,
+  async fn() {
+    // Kernels compile in seconds each on lavapipe: six per candidate (3 orientations × 2 results).
+    for (const tiling of candidates()) {
+      const bm = tiling.tm * tiling.wgy, bn = tiling.tn * tiling.wgx, tk = tiling.tk;
+      const name = tilingName(tiling);
+      await forced(tiling, 0, async () => {
+        for (const orientation of ORIENTATIONS) {
+          // Interior tile (0, 0): vec4 staging and stores; edge tiles in m and n; a partial last k-tile.
+          await check(
+            { batch: 2, m: bm + 4, n: bn + 4, k: 2 * tk + 4, out: "f16" },
+            orientation,
+            1,
+            name,
+          );
+          // Odd k: scalar staging on the interior tile; odd n: scalar stores.
+          await check({ m: 129, n: 385, k: 33, out: "f32" }, orientation, 2, name);
+          // Single rows, columns and k.
+          await check({ batch: 3, m: 1, n: 7, k: 1, out: "f16" }, orientation, 3, name);
+          await check({ m: 383, n: 1, k: 7, out: "f32" }, orientation, 4, name);
+        }
+      });
+    }
+  },
+});
+
+Deno.test({
+  name: `subgroup-matrix matmul: every candidate with split-K (f32 partial sums) and unsplit at ` +
+    `K = 4096 matches f64${CANNOT_RUN}`,
+  ...DAWN_TEST,
+  async fn() {
+    for (const tiling of candidates()) {
+      const bm = tiling.tm * tiling.wgy, bn = tiling.tn * tiling.wgx;
+      const name = tilingName(tiling);
+      await forced(tiling, 256, async () => {
+        for (const [m, n, k] of [[33, 7, 4092], [bm, bn, 520]]) {
+          assert.ok(
+            gemmSplit(gpu, tiling, { m, n, k }, 1).slices > 1,
+            `${name} splits ${m}x${n}x${k}`,
+          );
+        }
+        for (const orientation of ORIENTATIONS) {
+          // One tile over K = 4096 − 4 in uneven slices, rounded once into f16.
+          await check({ m: 33, n: 7, k: 4092, out: "f16" }, orientation, 5, `${name} split`);
+          // Interior tiles (vec4 staging) over two slices of uneven length.
+          await check({ m: bm, n: bn, k: 520, out: "f32" }, orientation, 6, `${name} split`);
+        }
+      });
+      await forced(tiling, 0, () => check({ m: 33, n: 7, k: 4096, out: "f32" }, "nt", 7, name));
+    }
+  },
+});
+
+Deno.test({
+  name:
+    `subgroup-matrix matmul: every candidate's bias and ReLU/GELU epilogue (x·Wᵀ + b), f16 and ` +
+    `f32 results, matches f64${CANNOT_RUN}`,
+  ...DAWN_TEST,
+  async fn() {
+    for (const tiling of candidates()) {
+      const bm = tiling.tm * tiling.wgy, bn = tiling.tn * tiling.wgx, tk = tiling.tk;
+      const name = tilingName(tiling);
+      await forced(tiling, 256, async () => {
+        // Interior tiles store vec4s with the bias per column group; edges store checked scalars.
+        await check(
+          { m: bm + 4, n: bn + 4, k: tk + 4, out: "f16", epilogue: "gelu" },
+          "nt",
+          8,
+          name,
+        );
+        await check({ m: 7, n: 33, k: 129, out: "f32", epilogue: "relu" }, "nt", 9, name);
+      });
+    }
+  },
+});
+
+Deno.test({
+  name: `subgroup-matrix matmul: its kernels are named matmul_subgroup_matrix${CANNOT_RUN}`,
+  ...DAWN_TEST,
+  async fn() {
+    const [tiling] = candidates();
+    const keys = await forced(
+      tiling,
+      0,
+      () =>
+        dispatchedKernelsAsync(() =>
+          check({ m: 33, n: 7, k: 33, out: "f32" }, "nn", 10, tilingName(tiling))
+        ),
+    );
+    assert.ok(keys.some((k) => k.startsWith("matmul_subgroup_matrix{")), keys.join(", "));
+  },
+});
