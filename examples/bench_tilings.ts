@@ -15,7 +15,14 @@
  * include every subgroup-matrix candidate (tensor cores), and the adapter's
  * configs are printed first and kept in every row.
  */
-import { classOf, type Gpu, matmulCandidates, tilingFor, tilingName } from "../gpu/mod.ts";
+import {
+  classOf,
+  type Gpu,
+  GpuError,
+  matmulCandidates,
+  tilingFor,
+  tilingName,
+} from "../gpu/mod.ts";
 import { dispatchMatmul, type MatmulProblem } from "../gpu/kernels/matmul.ts";
 import { gemmSplit } from "../gpu/kernels/gemm.ts";
 import { tilingKind } from "../gpu/kernels/tilings.ts";
@@ -96,7 +103,7 @@ export async function benchTilings(gpu: Gpu, o: BenchOptions): Promise<Result[]>
               settings.splitKWorkgroups = splitting ? splitTarget : 0;
               const slices = gemmSplit(gpu, tiling, problem, 1).slices;
               gpu.resetPeakMemory();
-              const t = await gpuTimed(
+              const t = await timedOrFailed(
                 gpu,
                 repeats,
                 () => dispatchMatmul(problem, a, b, c, {}, tiling),
@@ -121,6 +128,7 @@ export async function benchTilings(gpu: Gpu, o: BenchOptions): Promise<Result[]>
                 gflops: flops / (t.ms / 1000) / 1e9,
                 msPerOp: t.ms,
                 timing: t.timing,
+                ...(t.error && { error: t.error }),
                 peakBytes: gpu.memoryStats().peakBytes,
               });
             }
@@ -148,4 +156,19 @@ function matrixConfigsOf(gpu: Gpu): string {
     `${c.componentType}>${c.resultComponentType} ${c.M}x${c.N}x${c.K}`
   );
   return `${shapes.join(", ")} (subgroups of ${configs[0].subgroupSize})`;
+}
+
+/**
+ * `gpuTimed`, or where the candidate's kernel fails on this adapter (a
+ * subgroup-matrix shape its driver rejects) Infinity ms and the error's first
+ * line, so one candidate cannot stop the benchmark.
+ */
+async function timedOrFailed(gpu: Gpu, repeats: number, fn: () => void) {
+  try {
+    return { ...await gpuTimed(gpu, repeats, fn), error: undefined };
+  } catch (e) {
+    gpu.throwIfFailed();
+    if (!(e instanceof GpuError)) throw e;
+    return { ms: Infinity, timing: "failed", error: e.message.split("\n")[0].slice(0, 300) };
+  }
 }

@@ -3,13 +3,27 @@
  * per-adapter cache of their winners.
  */
 import type { Gpu } from "./device.ts";
+import { GpuError } from "./errors.ts";
 
 /**
  * Seconds per call of `run` (which records dispatches): GPU timestamps where
  * the adapter has them, else wall time over enough repeats that the wait
  * (~11 ms in Deno) is a small part. Runs it once first to compile and warm up.
+ * A candidate whose kernel fails on this adapter (a subgroup-matrix tiling
+ * its driver rejects: those are designed without a GPU at hand) takes
+ * Infinity, so it is never picked; a lost device still stops the tuner.
  */
 export async function secondsPerRun(gpu: Gpu, run: () => void): Promise<number> {
+  try {
+    return await timeRuns(gpu, run);
+  } catch (e) {
+    gpu.throwIfFailed();
+    if (e instanceof GpuError) return Infinity;
+    throw e;
+  }
+}
+
+async function timeRuns(gpu: Gpu, run: () => void): Promise<number> {
   run();
   await gpu.sync();
   if (gpu.device.features.has("timestamp-query")) {

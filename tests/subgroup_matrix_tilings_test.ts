@@ -14,8 +14,10 @@ import {
   DTypeError,
   GpuError,
   initGpu,
+  matmul,
   type MatmulTiling,
   Tensor,
+  tidy,
   tilingName,
   tuneMatmul,
   tuneMatmulShapes,
@@ -31,6 +33,8 @@ import { subgroupMatrixTilings } from "../gpu/kernels/gemm_subgroup_matrix.ts";
 import { f16MatrixConfig, type SubgroupMatrixConfig } from "../gpu/subgroup_matrix_configs.ts";
 import { forgetMatmulShapes, shapeCacheKey } from "../gpu/shape_picks.ts";
 import { gpu, GPU_TEST, withTiling } from "./_gpu.ts";
+import { defineKernel } from "../gpu/kernel.ts";
+import { secondsPerRun } from "../gpu/kernel_timing.ts";
 
 const f16 = { componentType: "f16", resultComponentType: "f32" } as const;
 /** What NVIDIA's Vulkan driver is expected to list (with subgroups of 32), and lavapipe's. */
@@ -232,6 +236,34 @@ Deno.test({
         localStorage.removeItem(shapeCacheKey(gpu));
       }
     });
+  },
+});
+
+Deno.test({
+  name:
+    "subgroup-matrix tilings: a candidate whose kernel fails on the adapter times as Infinity " +
+    "(never picked) and the device stays usable",
+  ...GPU_TEST,
+  async fn() {
+    // A kernel no WGSL front end accepts, as a driver may reject a subgroup-matrix shape.
+    const broken = defineKernel({
+      name: "broken_candidate",
+      bindings: () => [{ name: "x", type: "f32", write: true }],
+      uniforms: {},
+      source: () => "@compute @workgroup_size(1)\nfn main() { x[0] = no_such_value; }",
+    });
+    const x = Tensor.zeros([4]), square = Tensor.zeros([2, 2]);
+    const seconds = await secondsPerRun(
+      gpu,
+      () => gpu.dispatch(gpu.kernel(broken, {}), { x }, {}, [1]),
+    );
+    assert.equal(seconds, Infinity);
+    const working = await secondsPerRun(
+      gpu,
+      () => tidy(() => void matmul(square, square)),
+    );
+    assert.ok(Number.isFinite(working) && working > 0);
+    [x, square].forEach((t) => t.dispose());
   },
 });
 
