@@ -44,11 +44,13 @@ interface DawnAdapterInfo {
  *
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { initGpu } from "./mod.ts";
  * import { subgroupMatrixConfigsOf } from "./subgroup_matrix_configs.ts";
  * const gpu = await initGpu({ matmulTiling: "default" });
  * const configs = subgroupMatrixConfigsOf(gpu.adapterInfo, gpu.device.features);
- * console.assert(configs.every((c) => c.subgroupSize % 4 === 0 && c.M > 0));
+ * // None on Deno's own WebGPU; Dawn lists the adapter's (lavapipe: 8×8×8, subgroups of 8).
+ * assert.deepEqual(configs, gpu.adapterProfile.subgroupMatrixConfigs);
  * gpu.destroy();
  * ```
  */

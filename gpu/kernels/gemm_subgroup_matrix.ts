@@ -131,10 +131,14 @@ const SHAPES = [
  *
  * @example
  * ```ts
+ * import assert from "node:assert/strict";
  * import { subgroupMatrixTilings } from "./gemm_subgroup_matrix.ts";
- * const nvidia = { componentType: "f16", resultComponentType: "f32", M: 16, N: 16, K: 16, subgroupSize: 32 };
- * const [first] = subgroupMatrixTilings(nvidia);
- * console.assert(first.tm * first.wgy === 128 && first.tk === 32 && first.sg === 32);
+ * const f16 = { componentType: "f16", resultComponentType: "f32" };
+ * const [nvidia] = subgroupMatrixTilings({ ...f16, M: 16, N: 16, K: 16, subgroupSize: 32 });
+ * assert.deepEqual([nvidia.tm * nvidia.wgy, nvidia.tn * nvidia.wgx, nvidia.tk], [128, 128, 32]);
+ * // lavapipe's 8×8×8: as many matrices per subgroup, so half the tile.
+ * const [lavapipe] = subgroupMatrixTilings({ ...f16, M: 8, N: 8, K: 8, subgroupSize: 8 });
+ * assert.deepEqual([lavapipe.tm * lavapipe.wgy, lavapipe.sg], [64, 8]);
  * ```
  */
 export function subgroupMatrixTilings(config: SubgroupMatrixConfig): SubgroupMatrixTiling[] {
