@@ -1,7 +1,9 @@
 import assert from "node:assert/strict";
 import { DTYPES, type FloatDType, mul, sum, Tensor, tidy } from "../gpu/mod.ts";
 import { conv2d, type Conv2dOptions } from "../gpu/ops/conv2d.ts";
-import { asGpu, dispatchedKernels, gpu, GPU_TEST, withEachTiling } from "./_gpu.ts";
+import { asGpu, dispatchedKernels, gpu, GPU_TEST, withEachTiling, withTiling } from "./_gpu.ts";
+import { matmulCandidates } from "../gpu/matmul_candidates.ts";
+import { f16MatrixConfig } from "../gpu/subgroup_matrix_configs.ts";
 import { MATMUL_CANDIDATES } from "../gpu/matmul_tuning.ts";
 import { gemmSplit } from "../gpu/kernels/gemm.ts";
 import { tilingName } from "../gpu/matmul_class.ts";
@@ -177,6 +179,36 @@ Deno.test({
       bf16Variants.add(tiling.variant);
       await checkCase(CASES[4], "bf16", tilingName(tiling));
     });
+  },
+});
+
+const matrixConfig = f16MatrixConfig(gpu.adapterProfile.subgroupMatrixConfigs);
+
+Deno.test({
+  name: "conv2d: in f16 on every subgroup-matrix tiling (tensor cores), forward, dx, dweight " +
+    "and dbias match f64" +
+    (matrixConfig ? "" : " (IGNORED: this adapter has no f16→f32 subgroup-matrix config; " +
+      "run on the Dawn backend, HALFSTEP_BACKEND=dawn)"),
+  ignore: matrixConfig === undefined,
+  ...GPU_TEST,
+  async fn() {
+    const tilings = matmulCandidates(gpu, "f16").filter((t) => t.variant === "subgroup-matrix");
+    assert.ok(tilings.length > 0);
+    for (const tiling of tilings) {
+      await withTiling(tiling, async () => {
+        // Stride, groups, bias (both orientations of the products); a 33×33 plane with ReLU.
+        for (const t of [CASES[9], CASES[8]]) await checkCase(t, "f16", tilingName(tiling));
+        const keys = dispatchedKernels(() =>
+          tidy(() =>
+            void conv2d(
+              Tensor.zeros([1, 2, 3, 3], { dtype: "f16" }),
+              Tensor.zeros([2, 2, 3, 3], { dtype: "f16" }),
+            )
+          )
+        );
+        assert.ok(keys.some((k) => k.startsWith("conv2d_subgroup_matrix{")), keys.join(", "));
+      });
+    }
   },
 });
 

@@ -28,7 +28,7 @@ import type { MatmulTiling } from "../device.ts";
 import type { FloatDType } from "../dtype.ts";
 import type { SubgroupMatrixConfig } from "../subgroup_matrix_configs.ts";
 import { epilogue, type GemmIo, range } from "./gemm_io.ts";
-import { activationVec4, type OperandLoader, operandLoader } from "./gemm_vec4.ts";
+import { activationVec4 } from "./gemm_vec4.ts";
 import { type Activation, WGSL_MATH } from "./wgsl_math.ts";
 import type { TilingKind } from "./tilings.ts";
 
@@ -158,6 +158,66 @@ export function subgroupMatrixTilings(config: SubgroupMatrixConfig): SubgroupMat
   }));
 }
 
+/** How one operand's tile is staged (see {@link stagingLoops}). */
+interface Operand {
+  /** "a" (rows of the result) or "b" (its columns). */
+  op: "a" | "b";
+  /** Rows (a) or columns (b) of the workgroup tile. */
+  extent: number;
+  /** The operand's contiguous index is k. */
+  alongK: boolean;
+  /** Halves per row of its workgroup tile. */
+  stride: number;
+  /** WGSL: the tile's first row (a) or column (b), and its bound. */
+  origin: string;
+  limit: string;
+  /** The element at (outer, k) as an f32 expression; vec4 along the contiguous index. */
+  at: (outer: string, k: string) => string;
+  vec?: (outer: string, k: string) => string;
+}
+
+/**
+ * Loops that stage one operand's k-tile at `k0` in units of four elements
+ * along its contiguous index, `regs` units per invocation in a private
+ * array (unrolled by GPU compilers, a loop for lavapipe, whose compile time
+ * grows with unrolled code): `load` fills the registers (vec4 loads while
+ * `kt < vector_tiles`, else checked scalars with zero fill) and `store`
+ * writes them into the tile in the operand's own layout.
+ */
+function stagingLoops(o: Operand, tk: number, threads: number, kCount: string) {
+  const fast = o.alongK ? tk / 4 : o.extent / 4, units = o.extent * tk / 4;
+  const regs = Math.ceil(units / threads);
+  const unit = `let u = t + r * ${threads}u;${
+    regs * threads > units ? ` if (u >= ${units}u) { continue; }` : ""
+  }
+      let slow = u / ${fast}u; let fast = u % ${fast}u;`;
+  // (outer, k) of the unit's first element; the other three follow along the contiguous index.
+  const [outer, k] = o.alongK
+    ? [`(${o.origin} + slow)`, `(k0 + fast * 4u)`]
+    : [`(${o.origin} + fast * 4u)`, `(k0 + slow)`];
+  const checked = range(4).map((c) => {
+    const [oc, kc] = o.alongK ? [outer, `(${k} + ${c}u)`] : [`(${outer} + ${c}u)`, k];
+    return `if (${oc} < ${o.limit} && ${kc} < ${kCount}) { v[${c}] = ${o.at(oc, kc)}; }`;
+  });
+  const scalar = `var v = vec4<f32>();\n      ${checked.join("\n      ")}\n      r${o.op}[r] = v;`;
+  const loads = o.vec
+    ? `if (kt < vector_tiles) { r${o.op}[r] = ${
+      o.vec(outer, k)
+    }; } else {\n      ${scalar}\n      }`
+    : scalar;
+  const each = (body: string) =>
+    `for (var r = 0u; r < ${regs}u; r++) {\n      ${unit}\n      ${body}\n    }`;
+  return {
+    registers: `var r${o.op}: array<vec4<f32>, ${regs}>;`,
+    load: each(loads),
+    store: each(
+      range(4).map((c) =>
+        `tile_${o.op}[slow * ${o.stride}u + fast * 4u + ${c}u] = f16(r${o.op}[r][${c}]);`
+      ).join(" "),
+    ),
+  };
+}
+
 /** The WGSL body of a GEMM kernel with the subgroup-matrix tiling `t` (see the module comment). */
 export function subgroupMatrixWgsl(t: MatmulTiling, io: GemmIo, activation: Activation): string {
   const problem = shapeProblem(t);
@@ -171,34 +231,36 @@ export function subgroupMatrixWgsl(t: MatmulTiling, io: GemmIo, activation: Acti
   const [aRows, aStride] = tileShape(bm, tk, aAlongK);
   const [bRows, bStride] = tileShape(bn, tk, bAlongK);
   const vector = io.vector;
-  // A unit (slow, fast) of the loader is 4 halves from (slow, 4·fast) of the tile's own layout.
-  const storeInto = (tile: string, stride: number) => (reg: string, slow: string, fast: string) =>
-    range(4).map((c) =>
-      `${tile}[${slow} * ${stride}u + ${fast} * 4u + ${c}u] = f16(${reg}[${c}]);`
-    );
-  const shared = { tk, threads, kCount, tileType: "f16" } as const;
-  const a = operandLoader({
-    ...shared,
-    op: "a",
-    extent: bm,
-    alongK: aAlongK,
-    origin: "tile_row",
-    limit: "p.m",
-    vec: vector ? vector.aVec : () => "",
-    at: io.aAt,
-    store: storeInto("tile_a", aStride),
-  });
-  const b = operandLoader({
-    ...shared,
-    op: "b",
-    extent: bn,
-    alongK: bAlongK,
-    origin: "tile_col",
-    limit: "p.n",
-    vec: vector ? (col, k) => vector.bVec(k, col) : () => "",
-    at: (col, k) => io.bAt(k, col),
-    store: storeInto("tile_b", bStride),
-  });
+  const a = stagingLoops(
+    {
+      op: "a",
+      extent: bm,
+      alongK: aAlongK,
+      stride: aStride,
+      origin: "tile_row",
+      limit: "p.m",
+      at: io.aAt,
+      vec: vector?.aVec,
+    },
+    tk,
+    threads,
+    kCount,
+  );
+  const b = stagingLoops(
+    {
+      op: "b",
+      extent: bn,
+      alongK: bAlongK,
+      stride: bStride,
+      origin: "tile_col",
+      limit: "p.n",
+      at: (col, k) => io.bAt(k, col),
+      vec: vector && ((col, k) => vector.bVec(k, col)),
+    },
+    tk,
+    threads,
+    kCount,
+  );
   const rowsM = t.tm / sm, colsN = t.tn / sn;
   const left = `subgroup_matrix_left<f16, ${sk}, ${sm}>`;
   const right = `subgroup_matrix_right<f16, ${sn}, ${sk}>`;
@@ -249,8 +311,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
   let whole = tile_row + ${bm}u <= p.m && tile_col + ${bn}u <= p.n;
   let k_tiles = (${kCount} + ${tk - 1}u) / ${tk}u;
   let vector_tiles = select(0u, ${kCount} / ${tk}u, whole && ${vector ? vector.aligned : "false"});
-  ${join([...a.prelude, ...b.prelude], "  ")}
-  ${join([...a.registers, ...b.registers], "  ")}
+  ${a.registers}
+  ${b.registers}
   ${
     join(
       pairs.map(([i, j]) => `var ${acc(i, j)} = subgroup_matrix_result<f32, ${sn}, ${sm}>();`),
@@ -261,7 +323,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
   for (var kt = 0u; kt <= k_tiles; kt++) {
     let k0 = kt * ${tk}u;
     if (kt < k_tiles) {
-      ${loadTile(vector !== undefined, a, b)}
+      ${a.load}
+      ${b.load}
     }
     if (kt > 0u) {
       for (var kk = 0u; kk < ${tk}u; kk += ${sk}u) {
@@ -270,7 +333,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     }
     workgroupBarrier();
     if (kt < k_tiles) {
-      ${join([...a.stores, ...b.stores], "      ")}
+      ${a.store}
+      ${b.store}
     }
     workgroupBarrier();
   }
@@ -278,24 +342,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }`;
 }
 
-/** Statements loading the k-tile at `k0` into the registers: vec4 loads while `kt < vector_tiles`. */
-function loadTile(
-  vector: boolean,
-  a: OperandLoader,
-  b: OperandLoader,
-): string {
-  const scalar = [...a.scalarLoads, ...b.scalarLoads].join("\n        ");
-  if (!vector) return scalar;
-  return `if (kt < vector_tiles) {
-        ${[...a.vectorLoads, ...b.vectorLoads].join("\n        ")}
-      } else {
-        ${scalar}
-      }`;
-}
-
 /**
  * The epilogue: each result matrix through the subgroup's scratch, then
- * stored by its invocations (bias, activation, edges as the other tilings).
+ * stored by its invocations (bias, activation, edges as the other tilings):
+ * vec4s on interior tiles where the io has them, else checked scalars.
  */
 function resultStores(
   t: MatmulTiling,
@@ -304,47 +354,39 @@ function resultStores(
   pairs: (readonly [number, number])[],
 ): string {
   const { sm, sn, sg } = matrixOf(t);
-  const perLane = sm * sn / sg;
-  const vector = io.vector;
-  return pairs.map(([i, j]) => {
-    const base = `subgroup * ${sm * sn}u`;
-    const origin = `tile_row + row0 + ${i * sm}u`, colOrigin = `tile_col + col0 + ${j * sn}u`;
-    // Element e of the matrix: lane + e·SG (scalar) or the quad lane + e·SG (vec4).
-    const scalar = epilogue(
-      { ...t, tm: perLane, tn: 1 },
+  const base = `subgroup * ${sm * sn}u`;
+  // Element e of the matrix at (e / N, e % N) from its first row and column (`row_m`, `col_m`).
+  const scalar = `for (var e = lane; e < ${sm * sn}u; e += ${sg}u) {
+    ${
+    epilogue(
+      { ...t, tm: 1, tn: 1 },
       io,
       activation,
-      (e) => `${origin} + (lane + ${e * sg}u) / ${sn}u`,
-      (_, e) => `${colOrigin} + (lane + ${e * sg}u) % ${sn}u`,
-      (e) => `scratch[${base} + lane + ${e * sg}u]`,
-    );
-    const vectorStores = vector
-      ? range(perLane / 4).map((e) => {
-        const q = `(lane + ${e * sg}u) * 4u`;
-        const v = `vec4<f32>(scratch[${base} + ${q}], scratch[${base} + ${q} + 1u], ` +
-          `scratch[${base} + ${q} + 2u], scratch[${base} + ${q} + 3u])`;
-        const sum = vector.biasVec
-          ? `${v} + ${vector.biasVec(`(${colOrigin} + ${q} % ${sn}u)`)}`
-          : v;
-        return `{ let s = ${sum}; ${
-          vector.storeVec(
-            `(${origin} + ${q} / ${sn}u)`,
-            `(${colOrigin} + ${q} % ${sn}u)`,
-            activationVec4(activation, "s"),
-          )
-        } }`;
-      })
-      : [];
-    const stores = vector
-      ? `if (whole && ${vector.storeAligned}) {
-    ${vectorStores.join("\n    ")}
+      () => `row_m + e / ${sn}u`,
+      () => `col_m + e % ${sn}u`,
+      () => `scratch[${base} + e]`,
+    )
+  }
+  }`;
+  const vector = io.vector;
+  const stores = vector
+    ? `if (whole && ${vector.storeAligned}) {
+    for (var e = lane * 4u; e < ${sm * sn}u; e += ${4 * sg}u) {
+      let col = col_m + e % ${sn}u;
+      let v = vec4<f32>(scratch[${base} + e], scratch[${base} + e + 1u], scratch[${base} + e + 2u], scratch[${base} + e + 3u]);
+      let s = ${vector.biasVec ? `v + ${vector.biasVec("col")}` : "v"};
+      ${vector.storeVec(`(row_m + e / ${sn}u)`, "col", activationVec4(activation, "s"))}
+    }
   } else {
     ${scalar}
   }`
-      : scalar;
-    return `subgroupMatrixStore<row_major>(&scratch, ${base}, acc${i}_${j}, ${sn}u);
+    : scalar;
+  return pairs.map(([i, j]) =>
+    `{ subgroupMatrixStore<row_major>(&scratch, ${base}, acc${i}_${j}, ${sn}u);
   workgroupBarrier();
+  let row_m = tile_row + row0 + ${i * sm}u;
+  let col_m = tile_col + col0 + ${j * sn}u;
   ${stores}
-  workgroupBarrier();`;
-  }).join("\n  ");
+  workgroupBarrier(); }`
+  ).join("\n  ");
 }

@@ -66,7 +66,7 @@ export function vec4ShapeProblem(t: MatmulTiling): string | null {
 }
 
 /** How one operand's tile is loaded: the WGSL pieces of a loader. */
-export interface OperandLoader {
+interface OperandLoader {
   /** Loop-invariant indices of each thread's loads. */
   prelude: string[];
   /** Register declarations. */
@@ -82,12 +82,9 @@ export interface OperandLoader {
 /**
  * The loader of operand `op` ("a": extent along rows, "b": along columns).
  * Each thread owns `ceil(units / threads)` vec4 units of the tile, indices
- * computed once. `alongK`: the operand's contiguous index is k. A unit is
- * (slow, fast): along k (outer index, k-quad), else (k, outer quad). `store`
- * replaces the stores into this tiling's `[k][outer]` vec4 tiles (the
- * subgroup-matrix tiling keeps the operand's own layout).
+ * computed once. `alongK`: the operand's contiguous index is k.
  */
-export function operandLoader(opts: {
+function operandLoader(opts: {
   op: "a" | "b";
   extent: number;
   tk: number;
@@ -99,7 +96,6 @@ export function operandLoader(opts: {
   tileType: "f32" | "f16";
   vec: (outer: string, k: string) => string;
   at: (outer: string, k: string) => string;
-  store?: (register: string, slow: string, fast: string) => string[];
 }): OperandLoader {
   const { op, extent, tk, threads, alongK, origin, limit, kCount, tileType } = opts;
   // Units of the tile: alongK, (outer d, k-quad q) with q fastest; else (k, outer-quad q), q fastest.
@@ -136,9 +132,7 @@ export function operandLoader(opts: {
     });
     out.scalarLoads.push(...guarded([`${reg} = vec4<f32>();`, ...checked]));
     const tile = `tile_${op}`;
-    const stores = opts.store
-      ? opts.store(reg, `${s}_slow`, `${s}_fast`)
-      : alongK
+    const stores = alongK
       ? range(4).map((c) =>
         `${tile}[${s}_fast * 4u + ${c}u][${s}_slow / 4u][${s}_slow % 4u] = ${tileType}(${reg}[${c}]);`
       )
