@@ -7,10 +7,14 @@
  *   tile; each subgroup a `tm × tn` block of it, as (tm/M)·(tn/N) result
  *   matrices of the adapter's config (M, N, K and the subgroup size are
  *   fields of the tiling, made from the adapter's configs: a shape it does
- *   not list fails pipeline creation).
+ *   not list fails pipeline creation). A subgroup finds its block by
+ *   `@builtin(subgroup_id)` (the matrix builtins need subgroup-uniform
+ *   offsets, which `local_invocation_id / size` is not to WGSL), and the
+ *   workgroup is sized for subgroups of the adapter's largest size.
  * - Operands are staged through workgroup memory as f16 tiles, `tk` of k at
  *   a time, the next k-tile loaded into registers while the current one is
- *   multiplied (the vec4 tiling's loader, `operandLoader`): vec4 global loads
+ *   multiplied (as the vec4 tiling does; written as loops, since lavapipe's
+ *   compile time grows with unrolled code): vec4 global loads
  *   on interior, aligned k-tiles, checked scalar loads with zero fill
  *   elsewhere, so edge tiles need no second kernel and the matrix loop never
  *   checks bounds.
