@@ -89,11 +89,25 @@ function workgroupBytes(t: MatmulTiling): number {
   return 2 * (tile(t.tm * t.wgy) + tile(t.tn * t.wgx)) + 4 * t.wgx * t.wgy * sm * sn;
 }
 
+/**
+ * Loop iterations of one invocation over a reduction of `k` (lavapipe caps
+ * them): per k-tile, and one more, the staging loops (loads and stores of
+ * both operands) and the steps of K; then each result matrix's stores.
+ */
+function loopIterations(t: MatmulTiling, k: number): number {
+  const { sm, sn, sk, sg } = matrixOf(t);
+  const threads = t.wgx * t.wgy * sg;
+  const staging = 2 * (Math.ceil(t.tm * t.wgy * t.tk / 4 / threads) +
+    Math.ceil(t.tn * t.wgx * t.tk / 4 / threads));
+  const pairs = (t.tm / sm) * (t.tn / sn);
+  return (Math.ceil(k / t.tk) + 1) * (1 + staging + t.tk / sk) +
+    pairs * Math.ceil(sm * sn / sg);
+}
+
 /** The tiling record (see gpu/kernels/tilings.ts). */
 export const SUBGROUP_MATRIX_KIND: TilingKind = {
   wgsl: subgroupMatrixWgsl,
-  // The k-tiles, one more (the last multiplication), and the steps of K in each.
-  loopIterations: (t, k) => (Math.ceil(k / t.tk) + 1) * (1 + t.tk / matrixOf(t).sk),
+  loopIterations,
   workgroupBytes,
   shapeProblem,
   vectorOperands: true,
