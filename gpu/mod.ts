@@ -22,6 +22,7 @@ export {
   setDefaultGpu,
 } from "./device.ts";
 export type { AdapterProfile, ProfileLimits } from "./adapter_profile.ts";
+export type { SubgroupMatrixConfig } from "./subgroup_matrix_configs.ts";
 export {
   type DispatchCost,
   DispatchProfiler,
