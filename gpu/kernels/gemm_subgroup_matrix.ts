@@ -282,23 +282,16 @@ export function subgroupMatrixWgsl(t: MatmulTiling, io: GemmIo, activation: Acti
   const rowsM = t.tm / sm, colsN = t.tn / sn;
   const left = `subgroup_matrix_left<f16, ${sk}, ${sm}>`;
   const right = `subgroup_matrix_right<f16, ${sn}, ${sk}>`;
-  // Element (r, k) of A's tile at r·stride + k (row_major) or k·stride + r (col_major); B's (k, c) likewise.
-  const leftAt = (i: number) =>
-    aAlongK
-      ? `subgroupMatrixLoad<${left}, row_major>(&tile_a, (row0 + ${
-        i * sm
-      }u) * ${aStride}u + kk, ${aStride}u)`
-      : `subgroupMatrixLoad<${left}, col_major>(&tile_a, kk * ${aStride}u + row0 + ${
-        i * sm
-      }u, ${aStride}u)`;
-  const rightAt = (j: number) =>
-    bAlongK
-      ? `subgroupMatrixLoad<${right}, col_major>(&tile_b, (col0 + ${
-        j * sn
-      }u) * ${bStride}u + kk, ${bStride}u)`
-      : `subgroupMatrixLoad<${right}, row_major>(&tile_b, kk * ${bStride}u + col0 + ${
-        j * sn
-      }u, ${bStride}u)`;
+  // A tile along k holds [outer][k]: element (outer, k) at outer·stride + k, else at
+  // k·stride + outer. A's rows are the left matrix's rows (row_major when along k), B's columns
+  // the right matrix's columns (col_major when along k).
+  const matrix = (type: string, tile: string, alongK: boolean, stride: number, first: string) => {
+    const major = alongK === (tile === "tile_a") ? "row_major" : "col_major";
+    const offset = alongK ? `(${first}) * ${stride}u + kk` : `kk * ${stride}u + ${first}`;
+    return `subgroupMatrixLoad<${type}, ${major}>(&${tile}, ${offset}, ${stride}u)`;
+  };
+  const leftAt = (i: number) => matrix(left, "tile_a", aAlongK, aStride, `row0 + ${i * sm}u`);
+  const rightAt = (j: number) => matrix(right, "tile_b", bAlongK, bStride, `col0 + ${j * sn}u`);
   const acc = (i: number, j: number) => `acc${i}_${j}`;
   const pairs = range(rowsM).flatMap((i) => range(colsN).map((j) => [i, j] as const));
   // One step of K: the subgroup's left and right matrices, then every product.
