@@ -12,7 +12,7 @@ import { checkInitGpuOptions } from "./init_options.ts";
 import { wgslRuntime } from "./kernel.ts";
 import { tuneMatmul } from "./matmul_tuning.ts";
 import { matmulSettings } from "./matmul_settings.ts";
-import { matmulCandidates } from "./matmul_candidates.ts";
+import { subgroupMatrixCandidates } from "./matmul_candidates.ts";
 import { matmulClassKey } from "./matmul_class.ts";
 import { tuneAttention } from "./attention_tuning.ts";
 import { warnOnce } from "./runtime_state.ts";
@@ -176,9 +176,7 @@ export async function initGpu(options: InitGpuOptions = {}): Promise<Gpu> {
  * where the device has none.
  */
 function forceSubgroupMatrix(gpu: Gpu): void {
-  const tiling = gpu.f16
-    ? matmulCandidates(gpu, "f16").find((t) => t.variant === "subgroup-matrix")
-    : undefined;
+  const tiling = gpu.f16 ? subgroupMatrixCandidates(gpu, "f16")[0] : undefined;
   if (!tiling) {
     gpu.destroy();
     fail(

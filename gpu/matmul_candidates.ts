@@ -52,20 +52,33 @@ export const MATMUL_CANDIDATES: readonly MatmulTiling[] = [...CPU_CANDIDATES, ..
 /**
  * The candidates tried on `gpu` for operands stored in `dtype`: on CPU
  * adapters the register, interleaved and shared tilings; on GPUs every one
- * whose workgroup fits the device's limits. f16 operands on an adapter with
- * an f16→f32 subgroup-matrix config (Dawn) try the subgroup-matrix tilings
- * first, on CPU adapters too (lavapipe has them): the tuners keep them only
- * where they measure faster, and the per-shape tuner's budget never leaves
- * them out.
+ * whose workgroup fits the device's limits, f16 operands the
+ * subgroup-matrix tilings first (where the device has them: the tuners keep
+ * them only where they measure faster, and the per-shape tuner's budget
+ * never leaves them out).
  */
 export function matmulCandidates(gpu: Gpu, dtype: FloatDType): readonly MatmulTiling[] {
   const profile = gpu.adapterProfile;
-  // The kernels need subgroup builtins too (subgroup_id).
+  if (profile.cpu) return MATMUL_CANDIDATES.filter((t) => !tilingKind(t).forGpus);
+  return [
+    ...subgroupMatrixCandidates(gpu, dtype),
+    ...MATMUL_CANDIDATES.filter((t) => tilingFits(t, dtype, profile.limits)),
+  ];
+}
+
+/**
+ * The subgroup-matrix tilings `gpu` can run on operands stored in `dtype`:
+ * those of its f16→f32 config that fit its limits (f16 only; none without
+ * the config or without subgroups, whose builtins they use). CPU adapters
+ * have them too (Mesa 26's lavapipe, through Dawn), where they are tested,
+ * but do not tune them: lavapipe emulates each matrix product (2–8x slower
+ * than its register tilings) and compiles such a kernel in 8–25 s.
+ */
+export function subgroupMatrixCandidates(gpu: Gpu, dtype: FloatDType): MatmulTiling[] {
+  const profile = gpu.adapterProfile;
   const config = profile.subgroups ? f16MatrixConfig(profile.subgroupMatrixConfigs) : undefined;
-  const matrices = (config ? subgroupMatrixTilings(config) : [])
+  return (config ? subgroupMatrixTilings(config) : [])
     .filter((t) => tilingFits(t, dtype, profile.limits));
-  if (profile.cpu) return [...matrices, ...MATMUL_CANDIDATES.filter((t) => !tilingKind(t).forGpus)];
-  return [...matrices, ...MATMUL_CANDIDATES.filter((t) => tilingFits(t, dtype, profile.limits))];
 }
 
 /** The tiling used before (or instead of) a search. */

@@ -10,7 +10,7 @@ import {
   withEachTiling,
   withTiling,
 } from "./_gpu.ts";
-import { matmulCandidates } from "../gpu/matmul_candidates.ts";
+import { subgroupMatrixCandidates } from "../gpu/matmul_candidates.ts";
 import { f16MatrixConfig } from "../gpu/subgroup_matrix_configs.ts";
 import { MATMUL_CANDIDATES } from "../gpu/matmul_tuning.ts";
 import { gemmSplit } from "../gpu/kernels/gemm.ts";
@@ -202,8 +202,10 @@ Deno.test({
   async fn() {
     // The smallest: each kernel compiles in seconds on lavapipe, and the three passes' gathers
     // (the GemmIo) are the same whatever the tile (tests/matmul_subgroup_matrix_test.ts runs each).
-    const tiling = matmulCandidates(gpu, "f16").filter((t) => t.variant === "subgroup-matrix")
-      .reduce((a, b) => (a.tm * a.tn <= b.tm * b.tn ? a : b));
+    const tiling = subgroupMatrixCandidates(gpu, "f16").reduce((
+      a,
+      b,
+    ) => (a.tm * a.tn <= b.tm * b.tn ? a : b));
     await withTiling(tiling, async () => {
       // Stride, groups and bias, both orientations of the products (transposed and not).
       const keys = await dispatchedKernelsAsync(() =>

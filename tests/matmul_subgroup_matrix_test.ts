@@ -16,11 +16,11 @@ import { type MatmulTiling, Tensor, tilingName } from "../gpu/mod.ts";
 import { dispatchMatmul } from "../gpu/kernels/matmul.ts";
 import { gemmSplit } from "../gpu/kernels/gemm.ts";
 import { denseProblem, type MatmulOrientation } from "../gpu/matmul_class.ts";
-import { matmulCandidates } from "../gpu/matmul_candidates.ts";
+import { matmulCandidates, subgroupMatrixCandidates } from "../gpu/matmul_candidates.ts";
 import { matmulSettings } from "../gpu/matmul_settings.ts";
 import { subgroupMatrixTilings } from "../gpu/kernels/gemm_subgroup_matrix.ts";
 import { f16MatrixConfig } from "../gpu/subgroup_matrix_configs.ts";
-import { dispatchedKernelsAsync, gpu, GPU_TEST, withSettings, withTiling } from "./_gpu.ts";
+import { asGpu, dispatchedKernelsAsync, gpu, GPU_TEST, withSettings, withTiling } from "./_gpu.ts";
 import { gelu64, matmul64, quantize, uniform } from "./_reference.ts";
 import { assertClose, TOL, type Tolerance } from "./_assert.ts";
 
@@ -89,18 +89,22 @@ function forced<T>(tiling: MatmulTiling, splitTarget: number, fn: () => Promise<
   );
 }
 
-/** The adapter's subgroup-matrix candidates (those the tuners try). */
+/** The adapter's subgroup-matrix candidates (those the tuners try on a GPU). */
 function candidates(): MatmulTiling[] {
-  return matmulCandidates(gpu, "f16").filter((t) => t.variant === "subgroup-matrix");
+  return subgroupMatrixCandidates(gpu, "f16");
 }
 
 Deno.test({
-  name:
-    `subgroup-matrix matmul: the adapter offers every candidate of its f16→f32 config${CANNOT_RUN}`,
+  name: `subgroup-matrix matmul: the adapter has every candidate of its f16→f32 config, which ` +
+    `the tuners try as on a GPU (not on this CPU adapter)${CANNOT_RUN}`,
   ...DAWN_TEST,
-  fn() {
+  async fn() {
     assert.deepEqual(candidates().map(tilingName), subgroupMatrixTilings(config!).map(tilingName));
     assert.ok(candidates().every((t) => t.sm === config!.M && t.sg === config!.subgroupSize));
+    const isMatrix = (t: MatmulTiling) => t.variant === "subgroup-matrix";
+    assert.equal(gpu.adapterProfile.cpu, !matmulCandidates(gpu, "f16").some(isMatrix));
+    const tried = await asGpu(() => Promise.resolve(matmulCandidates(gpu, "f16")));
+    assert.deepEqual(tried.filter(isMatrix).map(tilingName), candidates().map(tilingName));
   },
 });
 
