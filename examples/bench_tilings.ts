@@ -26,6 +26,7 @@ import {
 import { dispatchMatmul, type MatmulProblem } from "../gpu/kernels/matmul.ts";
 import { gemmSplit } from "../gpu/kernels/gemm.ts";
 import { tilingKind } from "../gpu/kernels/tilings.ts";
+import { subgroupMatrixCandidates } from "../gpu/matmul_candidates.ts";
 import { matmulSettings } from "../gpu/matmul_settings.ts";
 import { RandomGenerator, Tensor } from "../mod.ts";
 import { type BenchOptions, gpuTimed, resolveSize, type Result } from "./_bench.ts";
@@ -92,7 +93,7 @@ export async function benchTilings(gpu: Gpu, o: BenchOptions): Promise<Result[]>
         const chosen = tilingName(tilingFor(gpu, problem, dtype));
         const flops = 2 * s.m * s.n * s.k;
         const repeats = flops > 1e10 ? Math.min(o.repeats, 3) : o.repeats;
-        for (const tiling of matmulCandidates(gpu, dtype)) {
+        for (const tiling of benchedTilings(gpu, dtype)) {
           const sums = dtype === "f16" && tilingKind(tiling).f16Chunks
             ? ["f32", "chunked"] as const
             : ["f32"] as const;
@@ -171,4 +172,14 @@ async function timedOrFailed(gpu: Gpu, repeats: number, fn: () => void) {
     if (!(e instanceof GpuError)) throw e;
     return { ms: Infinity, timing: "failed", error: e.message.split("\n")[0].slice(0, 300) };
   }
+}
+
+/**
+ * The tilings timed for `dtype`: the tuner's candidates, and on CPU adapters
+ * (which do not tune them) the subgroup-matrix ones too, so every adapter
+ * that has them reports them.
+ */
+function benchedTilings(gpu: Gpu, dtype: "f32" | "f16") {
+  const tuned = matmulCandidates(gpu, dtype);
+  return gpu.adapterProfile.cpu ? [...subgroupMatrixCandidates(gpu, dtype), ...tuned] : tuned;
 }
