@@ -4,6 +4,7 @@
  */
 import type { Gpu } from "./device.ts";
 import { GpuError } from "./errors.ts";
+import { f16MatrixConfig } from "./subgroup_matrix_configs.ts";
 
 /**
  * Seconds per call of `run` (which records dispatches): GPU timestamps where
@@ -67,12 +68,17 @@ export async function timeCandidates<T>(
 
 /**
  * The cache key of `tuner`'s winners (version `version`) on `gpu`: by
- * adapter, and by profile when a test runs the device as another adapter
- * (`withAdapterProfile`), so its winners never mix with the real ones.
+ * adapter, by profile when a test runs the device as another adapter
+ * (`withAdapterProfile`), so its winners never mix with the real ones, and by
+ * the subgroup-matrix shape its device may use: one adapter through Dawn
+ * has candidates that it lacks through Deno's WebGPU, so winners picked
+ * without them are not reused where they exist.
  */
 export function tunerCacheKey(gpu: Gpu, tuner: string, version: number): string {
   const profile = gpu.adapterProfile.name === "adapter" ? "" : ` [${gpu.adapterProfile.name}]`;
-  return `halfstep.${tuner}.v${version}:${gpu.adapterName}${profile}`;
+  const c = f16MatrixConfig(gpu.adapterProfile.subgroupMatrixConfigs);
+  const matrices = c ? ` [subgroup-matrix ${c.M}x${c.N}x${c.K}]` : "";
+  return `halfstep.${tuner}.v${version}:${gpu.adapterName}${profile}${matrices}`;
 }
 
 /**

@@ -34,7 +34,7 @@ import { f16MatrixConfig, type SubgroupMatrixConfig } from "../gpu/subgroup_matr
 import { forgetMatmulShapes, shapeCacheKey } from "../gpu/shape_picks.ts";
 import { gpu, GPU_TEST, withTiling } from "./_gpu.ts";
 import { defineKernel } from "../gpu/kernel.ts";
-import { secondsPerRun } from "../gpu/kernel_timing.ts";
+import { secondsPerRun, tunerCacheKey } from "../gpu/kernel_timing.ts";
 
 const f16 = { componentType: "f16", resultComponentType: "f32" } as const;
 /** What NVIDIA's Vulkan driver is expected to list (with subgroups of 32), and lavapipe's. */
@@ -264,6 +264,24 @@ Deno.test({
     );
     assert.ok(Number.isFinite(working) && working > 0);
     [x, square].forEach((t) => t.dispose());
+  },
+});
+
+Deno.test({
+  name: "subgroup-matrix tilings: tuned winners are cached apart where the device has subgroup " +
+    "matrices (one adapter through Dawn has candidates it lacks through Deno's WebGPU)",
+  ...GPU_TEST,
+  async fn() {
+    const keyWith = (configs: SubgroupMatrixConfig[]) =>
+      withAdapterProfile(
+        gpu,
+        profileWith(configs),
+        () => Promise.resolve(tunerCacheKey(gpu, "matmulTuning", 1)),
+      );
+    const [none, nvidia] = [await keyWith([]), await keyWith([NVIDIA])];
+    assert.notEqual(none, nvidia);
+    assert.match(nvidia, /subgroup-matrix 16x16x16/);
+    assert.equal(await keyWith([I8]), none, "only an f16→f32 config counts");
   },
 });
 
