@@ -30,7 +30,8 @@ export function backendFlag(text: string | undefined): Backend | undefined {
  * ```ts
  * import assert from "node:assert/strict";
  * import { backendNote } from "./_backend_flag.ts";
- * const configs = [{ componentType: "f16", resultComponentType: "f32", M: 8, N: 8, K: 8 }];
+ * const f16 = { componentType: "f16", resultComponentType: "f32" };
+ * const configs = [{ ...f16, M: 8, N: 8, K: 8, subgroupSize: 8 }];
  * const note = backendNote({ backend: "dawn", subgroupMatrixConfigs: configs });
  * assert.equal(note, " (Dawn; subgroup matrices f16→f32 8×8×8)");
  * assert.equal(backendNote({ backend: "builtin", subgroupMatrixConfigs: [] }), "");

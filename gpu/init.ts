@@ -3,14 +3,12 @@ export type { InitGpuOptions };
 import type { FlushPolicy } from "./device/command_batch.ts";
 import { Gpu, setDefaultGpu } from "./device/gpu.ts";
 import { fail, GpuError } from "./base/errors.ts";
-import {
-  backendGpu,
-  chooseBackend,
-  noAdapterHelp,
-  SUBGROUP_MATRIX_FEATURE,
-} from "./device/backend.ts";
+import { backendGpu, chooseBackend, noAdapterHelp } from "./device/backend.ts";
+import { SUBGROUP_MATRIX_FEATURE } from "./device/subgroup_matrix_configs.ts";
 import { checkInitGpuOptions, type InitGpuOptions } from "./init_options.ts";
 import { matmulSettings } from "./kernels/gemm/settings.ts";
+import { subgroupMatrixCandidates } from "./kernels/gemm/candidates.ts";
+import { matmulClassKey } from "./kernels/gemm/matmul_class.ts";
 import type { TuningProgress } from "./tuning/timing.ts";
 import { startTuning } from "./kernels/tuning_modes.ts";
 import { LAZY_TUNING_BUDGET, type TuningMode } from "./tuning/lazy.ts";
@@ -93,6 +91,7 @@ export async function initGpu(options: InitGpuOptions = {}): Promise<Gpu> {
   if (typeof options.matmulTiling === "object") {
     matmulSettings.of(gpu).tiling = options.matmulTiling;
   }
+  if (options.matmulTiling === "subgroup-matrix") forceSubgroupMatrix(gpu);
   // A fixed or default tiling turns tuning off (checkInitGpuOptions refuses it with a mode).
   const tuning: TuningMode = (options.matmulTiling ?? "tune") === "tune"
     ? options.tuning ?? "lazy"
@@ -101,6 +100,33 @@ export async function initGpu(options: InitGpuOptions = {}): Promise<Gpu> {
   await startTuning(gpu, tuning, options.onProgress ?? announce);
   if (options.setDefault ?? true) setDefaultGpu(gpu);
   return gpu;
+}
+
+/**
+ * `matmulTiling: "subgroup-matrix"`: the first subgroup-matrix candidate for
+ * every f16 class (other dtypes keep the default tiling), or a `GpuError`
+ * where the device has none.
+ */
+function forceSubgroupMatrix(gpu: Gpu): void {
+  const tiling = gpu.f16 ? subgroupMatrixCandidates(gpu, "f16")[0] : undefined;
+  if (!tiling) {
+    gpu.destroy();
+    fail(
+      GpuError,
+      "initGpu",
+      `matmulTiling "subgroup-matrix" needs f16 and an adapter with subgroup matrices of f16 ` +
+        `into f32 (${gpu.adapterName} has ${
+          gpu.f16 ? "none on this backend" : "no f16"
+        }). Use the Dawn backend on a GPU whose Vulkan driver has VK_KHR_cooperative_matrix ` +
+        '(see docs/tensor_cores.md), or matmulTiling "tune".',
+    );
+  }
+  const { classTilings } = matmulSettings.of(gpu);
+  for (const orientation of ["nn", "nt", "tn"] as const) {
+    for (const size of ["small", "medium", "large"] as const) {
+      classTilings.set(matmulClassKey({ dtype: "f16", orientation, size }), tiling);
+    }
+  }
 }
 
 /**

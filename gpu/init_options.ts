@@ -37,10 +37,12 @@ export interface InitGpuOptions {
    * class (dtype, orientation, size) once per adapter and caches the winners
    * (see `tuneMatmul`), and the fused attention kernels' plans likewise
    * (`tuneAttention`), when {@link InitGpuOptions.tuning} says; `"default"`
-   * skips both; or give one tiling for every class (attention is then not
-   * tuned either).
+   * skips both; `"subgroup-matrix"` runs every f16 product on the adapter's
+   * subgroup matrices (tensor cores: the first subgroup-matrix candidate; Dawn
+   * only, see docs/tensor_cores.md) and skips tuning; or give one tiling for
+   * every class (attention is then not tuned either).
    */
-  matmulTiling?: "tune" | "default" | MatmulTiling;
+  matmulTiling?: "tune" | "default" | "subgroup-matrix" | MatmulTiling;
   /**
    * When kernels are tuned. `"lazy"` (default): dispatch uses the picks the
    * per-user cache holds, and a product (or attention) whose class or, on
@@ -123,7 +125,7 @@ function boolean(name: string, v: unknown): string | null {
 
 function matmulTiling(name: string, v: unknown): string | null {
   if (typeof v !== "object" || v === null) {
-    return `${name} must be "tune", "default" or a tiling { variant, tm, tn, wgx, wgy, tk } ` +
+    return `${name} must be "tune", "default", "subgroup-matrix" or a tiling { variant, tm, tn, wgx, wgy, tk } ` +
       `(see MATMUL_CANDIDATES), not ${shortValue(v)}`;
   }
   const t = v as Partial<MatmulTiling>;
@@ -160,7 +162,9 @@ const CHECKS: Record<keyof InitGpuOptions, (name: string, v: unknown) => string 
   f16: oneOf(["auto", "require", "off"]),
   debug: boolean,
   matmulTiling: (name, v) =>
-    typeof v === "string" ? oneOf(["tune", "default"])(name, v) : matmulTiling(name, v),
+    typeof v === "string"
+      ? oneOf(["tune", "default", "subgroup-matrix"])(name, v)
+      : matmulTiling(name, v),
   tuning: oneOf(["lazy", "eager", "off"]),
   flush,
   memoryLimitBytes: positiveBytes,

@@ -107,8 +107,10 @@ Deno.test({
     const configs = gpu.subgroupMatrixConfigs;
     assert.ok(configs.length > 0);
     for (const c of configs) {
-      assert.deepEqual(Object.keys(c), ["componentType", "resultComponentType", "M", "N", "K"]);
-      assert.ok([c.M, c.N, c.K].every((n) => Number.isInteger(n) && n > 0), JSON.stringify(c));
+      const fields = ["componentType", "resultComponentType", "M", "N", "K", "subgroupSize"];
+      assert.deepEqual(Object.keys(c), fields);
+      const sizes = [c.M, c.N, c.K, c.subgroupSize];
+      assert.ok(sizes.every((n) => Number.isInteger(n) && n > 0), JSON.stringify(c));
     }
     // Plain objects: JSON keeps every field (Dawn's native objects print as {}).
     assert.deepEqual(JSON.parse(JSON.stringify(configs)), configs);
@@ -120,6 +122,7 @@ Deno.test({
       );
       assert.deepEqual(shapes, ["f16>f16 8x8x8", "f16>f32 8x8x8", "u8>u32 8x8x8", "i8>i32 8x8x8"]);
       assert.equal(gpu.adapterProfile.subgroupSize, 8);
+      assert.ok(configs.every((c) => c.subgroupSize === 8));
     }
   },
 });

@@ -15,7 +15,7 @@
  * switch is in gpu/tuning/profile_switch.ts, since a profile's settings
  * switch with it).
  */
-import type { SubgroupMatrixConfig } from "./backend.ts";
+import type { SubgroupMatrixConfig } from "./subgroup_matrix_configs.ts";
 
 /** The device limits that choose or filter kernels (the rest are checked by WebGPU itself). */
 export interface ProfileLimits {
@@ -51,8 +51,10 @@ export interface AdapterProfile {
   limits: ProfileLimits;
   /**
    * The subgroup-matrix shapes (tensor cores) kernels may use: the adapter's
-   * list where the device has the feature (Dawn only), else none. Kernels take
-   * M, N, K from here: a shape the adapter does not list fails to compile.
+   * list where the device has the feature (Dawn only; see
+   * gpu/device/subgroup_matrix_configs.ts), else none. Kernels take M, N, K
+   * from here (a shape the adapter does not list fails to compile); the
+   * subgroup-matrix matmul tilings are offered only with an f16→f32 one.
    */
   subgroupMatrixConfigs: readonly SubgroupMatrixConfig[];
 }

@@ -21,7 +21,8 @@ import {
 } from "./kernel.ts";
 import { fail, GpuError, StateError, ValueError } from "../base/errors.ts";
 import { type AdapterProfile, adapterProfileOf } from "./adapter_profile.ts";
-import { type Backend, type SubgroupMatrixConfig, subgroupMatrixConfigsOf } from "./backend.ts";
+import type { Backend } from "./backend.ts";
+import { type SubgroupMatrixConfig, subgroupMatrixConfigsOf } from "./subgroup_matrix_configs.ts";
 
 /** How to treat f16: use it when the adapter has it, insist on it, or never use it. */
 export type F16Mode = "auto" | "require" | "off";
@@ -117,7 +118,7 @@ export class Gpu {
     this.device = device;
     this.adapterInfo = adapterInfo;
     this.backend = options.backend ?? "builtin";
-    this.subgroupMatrixConfigs = subgroupMatrixConfigsOf(adapterInfo, device);
+    this.subgroupMatrixConfigs = subgroupMatrixConfigsOf(adapterInfo, device.features);
     this.f16 = options.f16;
     this.subgroups = device.features.has("subgroups");
     this.subgroupsDirective = this.subgroups && (options.subgroupsDirective ?? false);

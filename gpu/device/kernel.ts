@@ -3,7 +3,9 @@
  * (dtype, tile sizes, epilogue, ...), its storage bindings (name, element
  * type, access) and its uniform fields (name, scalar type), and writes the
  * WGSL that follows them. From that one declaration come both the WGSL header
- * (`enable f16;`, the `Params` struct, every `@binding` line) and, at
+ * (`enable f16;`, the subgroup-matrix `enable` its source needs, the
+ * `Params` struct, every `@binding` line; `enable subgroups;` is the
+ * pipeline cache's, per device) and, at
  * dispatch, the bind group: buffers and uniforms are passed by name, so the
  * two can never disagree.
  *
@@ -63,8 +65,14 @@ export interface KernelDefinition<C extends KernelConfig, B extends string, U ex
   wgsl(config: C): string;
 }
 
-/** Subgroup builtin functions or values in WGSL. */
-const SUBGROUP_USE = /\bsubgroup(?:[A-Z]\w*\s*\(|_size\b|_invocation_id\b)/;
+/** Subgroup builtin functions or values in WGSL (subgroup matrices have their own extension). */
+const SUBGROUP_USE = /\bsubgroup(?!Matrix)(?:[A-Z]\w*\s*\(|_size\b|_invocation_id\b|_id\b)/;
+
+/**
+ * Subgroup-matrix types or builtins in WGSL (Dawn's experimental extension,
+ * see gpu/device/subgroup_matrix_configs.ts).
+ */
+const SUBGROUP_MATRIX_USE = /\bsubgroup(?:Matrix[A-Z]\w*|_matrix_\w+)\s*[<(]/;
 
 /**
  * `wgsl` with `enable subgroups;` first where it uses subgroups and the
@@ -99,7 +107,10 @@ function header(
     lines.push(`@group(0) @binding(${bindings.length}) var<uniform> p: Params;`);
   }
   const f16 = bindings.some((b) => F16_TYPES.has(b.type));
-  return `${wgslEnables(f16 ? "f16" : "f32")}${lines.join("\n")}\n${accessors(bindings, source)}`;
+  const matrices = SUBGROUP_MATRIX_USE.test(source);
+  return `${matrices ? "enable chromium_experimental_subgroup_matrix;\n" : ""}${
+    wgslEnables(f16 ? "f16" : "f32")
+  }${lines.join("\n")}\n${accessors(bindings, source)}`;
 }
 
 const F16_TYPES: ReadonlySet<string> = new Set(["f16", "vec2<f16>", "vec4<f16>"]);
