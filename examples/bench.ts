@@ -68,7 +68,7 @@
 import { type Gpu, initGpu } from "../mod.ts";
 import { tilingNames } from "../gpu/mod.ts";
 import { type BenchOptions, type BenchSize, cpuName, type Result } from "./_bench.ts";
-import { parseFlags } from "./_cli.ts";
+import { orExit, parseFlags } from "./_cli.ts";
 import { holdTuningForBench, tuneForBench, tuningTable } from "./_bench_tuning.ts";
 import { benchCnn } from "./bench_cnn.ts";
 import { benchGpt } from "./bench_gpt.ts";
@@ -77,6 +77,7 @@ import { benchMatmul } from "./bench_matmul.ts";
 import { benchOps } from "./bench_ops.ts";
 import { benchTilings } from "./bench_tilings.ts";
 import { benchCheckpoint, benchMlp, benchSoak, benchTinyGpt } from "./bench_training.ts";
+import { backendFlag, backendHelp, backendNote } from "./_backend_flag.ts";
 
 const HELP = `Usage: deno run -A --v8-flags=--expose-gc examples/bench.ts [ENTRY...] [OPTIONS]
        (or deno task bench [ENTRY...] [OPTIONS])
@@ -92,6 +93,8 @@ table on stderr. Needs no npm package and no network.
                 small on CPU adapters
   --retune      measure the matmul tilings and attention plans again instead of reading the
                 tuners' per-adapter cache (so the tuning report has their times)
+${backendHelp(16, "B")}
+                (offline: HALFSTEP_DAWN_NODE=/path/dawn.node)
   -h, --help    show this help`;
 
 const ENTRIES: Record<string, (gpu: Gpu, o: BenchOptions) => Promise<Result[]>> = {
@@ -187,6 +190,7 @@ function parse() {
         size: { type: "string", default: "auto" },
         markdown: { type: "boolean", default: false },
         retune: { type: "boolean", default: false },
+        backend: { type: "string" },
         help: { type: "boolean", short: "h", default: false },
       },
     });
@@ -218,9 +222,11 @@ async function main(): Promise<void> {
     console.error(`bench: --size must be auto, real or small, not "${size}"`);
     Deno.exit(2);
   }
+  const backend = orExit("bench", () => backendFlag(values.backend));
   nativeBackendsOnly();
   // Lazy tuning notes what each entry runs; each warm-up tunes it, before the entry times.
-  const gpu = await initGpu({ tuning: "lazy" });
+  const gpu = await initGpu({ tuning: "lazy", backend });
+  console.error(`adapter: ${gpu.adapterName}${backendNote(gpu)}`);
   holdTuningForBench(gpu);
   // The tuners run here too, to report every class's and dtype's pick with its time.
   const tuning = await tuneForBench(gpu, values.retune);
@@ -229,6 +235,8 @@ async function main(): Promise<void> {
   const cpu = await cpuName();
   const context = {
     adapter: gpu.adapterName,
+    backend: gpu.backend,
+    subgroupMatrixConfigs: gpu.subgroupMatrixConfigs,
     cpu,
     deno: Deno.version.deno,
     f16: gpu.f16,
@@ -261,7 +269,7 @@ async function main(): Promise<void> {
   if (values.markdown) {
     console.log(
       [
-        `Measured on ${gpu.adapterName}${
+        `Measured on ${gpu.adapterName}${backendNote(gpu)}${
           cpu ? ` (CPU: ${cpu})` : ""
         }, Deno ${Deno.version.deno}, ` +
         `${new Date().toISOString().slice(0, 10)}:`,

@@ -11,11 +11,22 @@
  * (`matmulSettings`' `splitKWorkgroups` = 0), the figure that says whether splitting pays
  * on the adapter. Each row says which candidate the tuner chose for the
  * product's class, so "the tuner is within 10% of the best" can be read off.
+ * Where the adapter has subgroup matrices (the Dawn backend), the f16 rows
+ * include every subgroup-matrix candidate (tensor cores), and the adapter's
+ * configs are printed first and kept in every row.
  */
-import { classOf, type Gpu, matmulCandidates, tilingFor, tilingName } from "../gpu/mod.ts";
+import {
+  classOf,
+  type Gpu,
+  GpuError,
+  matmulCandidates,
+  tilingFor,
+  tilingName,
+} from "../gpu/mod.ts";
 import { dispatchMatmul, type MatmulProblem } from "../gpu/kernels/gemm/matmul.ts";
 import { gemmSplit } from "../gpu/kernels/gemm/gemm.ts";
 import { tilingKind } from "../gpu/kernels/gemm/tilings.ts";
+import { subgroupMatrixCandidates } from "../gpu/kernels/gemm/candidates.ts";
 import { matmulSettings } from "../gpu/kernels/gemm/settings.ts";
 import { RandomGenerator, Tensor } from "../mod.ts";
 import { type BenchOptions, gpuTimed, resolveSize, type Result } from "./_bench.ts";
@@ -62,6 +73,10 @@ function problemOf(s: Shape): MatmulProblem {
  * products unsplit) per product and dtype.
  */
 export async function benchTilings(gpu: Gpu, o: BenchOptions): Promise<Result[]> {
+  const subgroupMatrixConfigs = matrixConfigsOf(gpu);
+  console.error(
+    `bench tilings: subgroup-matrix configs of ${gpu.adapterName}: ${subgroupMatrixConfigs}`,
+  );
   const size = resolveSize(gpu, o.size);
   const results: Result[] = [];
   const settings = matmulSettings.of(gpu);
@@ -78,7 +93,7 @@ export async function benchTilings(gpu: Gpu, o: BenchOptions): Promise<Result[]>
         const chosen = tilingName(tilingFor(gpu, problem, dtype));
         const flops = 2 * s.m * s.n * s.k;
         const repeats = flops > 1e10 ? Math.min(o.repeats, 3) : o.repeats;
-        for (const tiling of matmulCandidates(gpu, dtype)) {
+        for (const tiling of benchedTilings(gpu, dtype)) {
           const sums = dtype === "f16" && tilingKind(tiling).f16Chunks
             ? ["f32", "chunked"] as const
             : ["f32"] as const;
@@ -89,7 +104,7 @@ export async function benchTilings(gpu: Gpu, o: BenchOptions): Promise<Result[]>
               settings.splitKWorkgroups = splitting ? splitTarget : 0;
               const slices = gemmSplit(gpu, tiling, problem, 1).slices;
               gpu.resetPeakMemory();
-              const t = await gpuTimed(
+              const t = await timedOrFailed(
                 gpu,
                 repeats,
                 () => dispatchMatmul(problem, a, b, c, {}, tiling),
@@ -110,9 +125,11 @@ export async function benchTilings(gpu: Gpu, o: BenchOptions): Promise<Result[]>
                 f16Accumulation: dtype === "f16" ? sum : null,
                 slices,
                 chosen: isChosen,
+                subgroupMatrixConfigs,
                 gflops: flops / (t.ms / 1000) / 1e9,
                 msPerOp: t.ms,
                 timing: t.timing,
+                ...(t.error && { error: t.error }),
                 peakBytes: gpu.memoryStats().peakBytes,
               });
             }
@@ -126,4 +143,43 @@ export async function benchTilings(gpu: Gpu, o: BenchOptions): Promise<Result[]>
     settings.splitKWorkgroups = splitTarget;
   }
   return results;
+}
+
+/**
+ * The adapter's subgroup-matrix shapes in one line (`"f16>f32 16x16x16, ...
+ * (subgroups of 32)"`), or why there are none: every subgroup-matrix
+ * candidate's row comes with it.
+ */
+function matrixConfigsOf(gpu: Gpu): string {
+  const configs = gpu.adapterProfile.subgroupMatrixConfigs;
+  if (configs.length === 0) return "none (the Dawn backend lists them where the driver has them)";
+  const shapes = configs.map((c) =>
+    `${c.componentType}>${c.resultComponentType} ${c.M}x${c.N}x${c.K}`
+  );
+  return `${shapes.join(", ")} (subgroups of ${configs[0].subgroupSize})`;
+}
+
+/**
+ * `gpuTimed`, or where the candidate's kernel fails on this adapter (a
+ * subgroup-matrix shape its driver rejects) Infinity ms and the error's first
+ * line, so one candidate cannot stop the benchmark.
+ */
+async function timedOrFailed(gpu: Gpu, repeats: number, fn: () => void) {
+  try {
+    return { ...await gpuTimed(gpu, repeats, fn), error: undefined };
+  } catch (e) {
+    gpu.throwIfFailed();
+    if (!(e instanceof GpuError)) throw e;
+    return { ms: Infinity, timing: "failed", error: e.message.split("\n")[0].slice(0, 300) };
+  }
+}
+
+/**
+ * The tilings timed for `dtype`: the tuner's candidates, and on CPU adapters
+ * (which do not tune them) the subgroup-matrix ones too, so every adapter
+ * that has them reports them.
+ */
+function benchedTilings(gpu: Gpu, dtype: "f32" | "f16") {
+  const tuned = matmulCandidates(gpu, dtype);
+  return gpu.adapterProfile.cpu ? [...subgroupMatrixCandidates(gpu, dtype), ...tuned] : tuned;
 }

@@ -14,6 +14,8 @@ import {
   withNegativeValues,
 } from "./_cli.ts";
 import { ampDtypeFlag, type AmpFlagDtype } from "./_amp_flag.ts";
+import { backendFlag, backendHelp } from "./_backend_flag.ts";
+import type { Backend } from "../mod.ts";
 import { profileSteps } from "./_profile_window.ts";
 import type { MnistModel } from "./mnist_model.ts";
 
@@ -94,6 +96,7 @@ Flags:
                    time of every kernel (HALFSTEP_PROFILE=N does the same)
   --json           print one JSON object per line instead of text; the last
                    line is {"event":"final", "testAccuracy", "steps", "peakBytes", ...}
+${backendHelp(19)}
   -h, --help       show this help
 
 Exit status: 0 done; 1 a file could not be read or written (or --resume
@@ -147,6 +150,8 @@ export interface MnistArgs {
   evalBatch: number;
   dataDir: string | undefined;
   json: boolean;
+  /** The WebGPU backend (--backend); undefined: initGpu's default. */
+  backend: Backend | undefined;
 }
 
 /** The most epochs a run may ask for (a typo such as 1e9 is caught, not trained). */
@@ -178,6 +183,7 @@ const VALUE_FLAGS = [
   "eval-batch",
   "data-dir",
   "on-save-error",
+  "backend",
 ];
 
 /** The flags in `args`, or null for --help. Every value is checked; a bad one is a UsageError. */
@@ -215,6 +221,7 @@ export function parseMnistArgs(args: string[]): MnistArgs | null {
       "data-dir": { type: "string" },
       "on-save-error": { type: "string", default: "stop" },
       json: { type: "boolean", default: false },
+      backend: { type: "string" },
       help: { type: "boolean", short: "h", default: false },
     },
   });
@@ -289,6 +296,7 @@ export function parseMnistArgs(args: string[]): MnistArgs | null {
     evalBatch: integerFlag("eval-batch", values["eval-batch"], 1),
     dataDir: values["data-dir"],
     json: values.json,
+    backend: backendFlag(values.backend),
   };
 }
 

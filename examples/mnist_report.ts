@@ -9,6 +9,7 @@ import { tilingNames } from "../gpu/mod.ts";
 import type { Run, Tally } from "./mnist.ts";
 import { writeLossChart } from "./_plot.ts";
 import { precisionDetail, precisionName } from "./_amp_flag.ts";
+import { backendNote } from "./_backend_flag.ts";
 import { mnistStepFlops } from "./_flops.ts";
 
 const mib = (bytes: number): string => `${(bytes / 2 ** 20).toFixed(2)} MiB`;
@@ -29,13 +30,15 @@ export function reportStart(
       trainCount: train.count,
       testCount: test.count,
       ...cfg,
+      backend: gpu.backend,
+      subgroupMatrixConfigs: gpu.subgroupMatrixConfigs,
       batch,
       stepsPerEpoch,
       loadSeconds,
       initSeconds,
     },
     [
-      `adapter: ${gpu.adapterName}; matmul tilings: ${
+      `adapter: ${gpu.adapterName}${backendNote(gpu)}; matmul tilings: ${
         Object.entries(tilingNames(gpu)).map(([c, t]) => `${c} ${t}`).join(", ")
       }`,
       `MNIST: ${train.count} train / ${test.count} test images (loaded in ${

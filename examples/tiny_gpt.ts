@@ -327,7 +327,7 @@ async function main(): Promise<void> {
   const emit: Emit = (event, fields, text) =>
     console.log(cfg.json ? JSON.stringify({ event, ...fields }) : text);
   const data = await loadData(cfg);
-  const gpu = await initGpu();
+  const gpu = await initGpu({ backend: cfg.backend });
   const setupSeconds = (performance.now() - started) / 1000;
   checkFits(cfg, gpu, data.corpus.vocab.length);
   const model = new TinyGpt({ ...cfg, vocab: data.corpus.vocab.length, seed: cfg.seed });

@@ -6,6 +6,8 @@
 import { integerFlag, numberFlag, parseFlags, UsageError, withNegativeValues } from "./_cli.ts";
 import { profileSteps } from "./_profile_window.ts";
 import { ampDtypeFlag, type AmpFlagDtype } from "./_amp_flag.ts";
+import { backendFlag, backendHelp } from "./_backend_flag.ts";
+import type { Backend } from "../mod.ts";
 
 /** `tiny_gpt.ts --help`. */
 export const TINY_GPT_HELP =
@@ -81,6 +83,7 @@ Flags:
   --json             print one JSON object per line instead of text; the last
                      line is {"event":"final", "validationLoss", "bigramLoss",
                      "stepsPerSecond", "peakBytes", "wallSeconds", "samples", ...}
+${backendHelp(21)}
   -h, --help         show this help
 
 Exit status: 0 done; 2 a bad flag, or sizes that cannot fit this adapter or
@@ -112,6 +115,7 @@ const VALUE_FLAGS = [
   "gelu",
   "save-nanogpt",
   "data",
+  "backend",
 ];
 
 /** The parsed flags. */
@@ -151,6 +155,8 @@ export interface TinyGptArgs {
   saveNanoGpt: string | undefined;
   /** A text file to train on instead of the word list (--data), if any. */
   data: string | undefined;
+  /** The WebGPU backend (--backend); undefined: initGpu's default. */
+  backend: Backend | undefined;
 }
 
 export { UsageError };
@@ -202,6 +208,7 @@ export function parseTinyGptArgs(args: string[]): TinyGptArgs | null {
       gelu: text("none"),
       "save-nanogpt": { type: "string" },
       data: { type: "string" },
+      backend: { type: "string" },
       help: { ...flag, short: "h" },
     },
   });
@@ -236,6 +243,7 @@ export function parseTinyGptArgs(args: string[]): TinyGptArgs | null {
     gelu: geluFlag(v.gelu),
     saveNanoGpt: v["save-nanogpt"],
     data: v.data,
+    backend: backendFlag(v.backend),
   };
   if (parsed.dim % parsed.heads !== 0) {
     throw new UsageError(`--heads (${parsed.heads}) must divide --dim (${parsed.dim}).`);

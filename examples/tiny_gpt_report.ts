@@ -8,6 +8,7 @@
 import type { Run, Training } from "./tiny_gpt.ts";
 import { writeLossChart } from "./_plot.ts";
 import { precisionDetail, precisionName } from "./_amp_flag.ts";
+import { backendNote } from "./_backend_flag.ts";
 
 const mib = (bytes: number): string => `${(bytes / 2 ** 20).toFixed(2)} MiB`;
 
@@ -24,6 +25,8 @@ export function reportStart(
       adapter: gpu.adapterName,
       f16: gpu.f16,
       ...c,
+      backend: gpu.backend,
+      subgroupMatrixConfigs: gpu.subgroupMatrixConfigs,
       vocab: corpus.vocab.length,
       parameters,
       trainChars: corpus.train.length,
@@ -33,7 +36,8 @@ export function reportStart(
       setupSeconds,
     },
     [
-      `adapter: ${gpu.adapterName}; ${c.data ? `${c.data}, lines` : "words"}: ` +
+      `adapter: ${gpu.adapterName}${backendNote(gpu)}; ` +
+      `${c.data ? `${c.data}, lines` : "words"}: ` +
       `${corpus.trainWords.size} train / ${corpus.validationWords} ` +
       `held out (${corpus.train.length} training characters, vocab ${corpus.vocab.length})`,
       `GPT: ${c.layers} blocks, dim ${c.dim}, ${c.heads} heads, context ${c.context}, ` +

@@ -3,17 +3,17 @@ export type { InitGpuOptions };
 import type { FlushPolicy } from "./device/command_batch.ts";
 import { Gpu, setDefaultGpu } from "./device/gpu.ts";
 import { fail, GpuError } from "./base/errors.ts";
+import { backendGpu, chooseBackend, noAdapterHelp } from "./device/backend.ts";
+import { SUBGROUP_MATRIX_FEATURE } from "./device/subgroup_matrix_configs.ts";
 import { checkInitGpuOptions, type InitGpuOptions } from "./init_options.ts";
-import { wgslRuntime } from "./device/kernel.ts";
 import { matmulSettings } from "./kernels/gemm/settings.ts";
+import { subgroupMatrixCandidates } from "./kernels/gemm/candidates.ts";
+import { matmulClassKey } from "./kernels/gemm/matmul_class.ts";
 import type { TuningProgress } from "./tuning/timing.ts";
 import { startTuning } from "./kernels/tuning_modes.ts";
 import { LAZY_TUNING_BUDGET, type TuningMode } from "./tuning/lazy.ts";
 import { warnOnce } from "./base/warn_once.ts";
 import { tuningStore } from "./tuning/store.ts";
-
-const NO_ADAPTER_HELP = "On a machine without a GPU, install the Vulkan CPU driver " +
-  "(Debian/Ubuntu: `apt-get install mesa-vulkan-drivers`).";
 
 /**
  * Acquires a WebGPU device with the adapter's real limits (and `shader-f16`
@@ -38,17 +38,12 @@ const NO_ADAPTER_HELP = "On a machine without a GPU, install the Vulkan CPU driv
 export async function initGpu(options: InitGpuOptions = {}): Promise<Gpu> {
   checkInitGpuOptions(options);
   const mode = options.f16 ?? "auto";
-  if (typeof navigator === "undefined" || !navigator.gpu) {
-    fail(
-      GpuError,
-      "initGpu",
-      "WebGPU is not available in this runtime (navigator.gpu is missing).",
-    );
-  }
-  const adapter = await navigator.gpu.requestAdapter({
+  const backend = chooseBackend(options.backend);
+  const entry = await backendGpu(backend);
+  const adapter = await entry.requestAdapter({
     powerPreference: options.powerPreference,
   });
-  if (!adapter) fail(GpuError, "initGpu", `no WebGPU adapter was found. ${NO_ADAPTER_HELP}`);
+  if (!adapter) fail(GpuError, "initGpu", `no WebGPU adapter was found. ${noAdapterHelp(backend)}`);
 
   const hasF16 = adapter.features.has("shader-f16");
   if (mode === "require" && !hasF16) {
@@ -73,13 +68,18 @@ export async function initGpu(options: InitGpuOptions = {}): Promise<Gpu> {
     ? ["timestamp-query"]
     : [];
   if (useF16) features.push("shader-f16");
+  // Tensor cores (Dawn only): subgroup-matrix kernels are subgroup kernels.
+  if ((options.subgroups ?? true) && adapter.features.has(SUBGROUP_MATRIX_FEATURE)) {
+    features.push(SUBGROUP_MATRIX_FEATURE);
+  }
   const device = await requestDevice(adapter, features, requiredLimits, options.subgroups ?? true);
   const directive = device.features.has("subgroups") && await acceptsSubgroupsDirective(device);
-  if (directive) wgslRuntime.subgroupsDirective = true;
   const flush = options.flush ?? "auto";
   const gpu = new Gpu(device, adapter.info, {
+    backend,
     f16: useF16,
     debug: options.debug ?? debugFromEnvironment(),
+    subgroupsDirective: directive,
     flushPolicy: flush === "auto"
       ? defaultFlushPolicy(adapter.info)
       : flush === "read"
@@ -91,6 +91,7 @@ export async function initGpu(options: InitGpuOptions = {}): Promise<Gpu> {
   if (typeof options.matmulTiling === "object") {
     matmulSettings.of(gpu).tiling = options.matmulTiling;
   }
+  if (options.matmulTiling === "subgroup-matrix") forceSubgroupMatrix(gpu);
   // A fixed or default tiling turns tuning off (checkInitGpuOptions refuses it with a mode).
   const tuning: TuningMode = (options.matmulTiling ?? "tune") === "tune"
     ? options.tuning ?? "lazy"
@@ -99,6 +100,33 @@ export async function initGpu(options: InitGpuOptions = {}): Promise<Gpu> {
   await startTuning(gpu, tuning, options.onProgress ?? announce);
   if (options.setDefault ?? true) setDefaultGpu(gpu);
   return gpu;
+}
+
+/**
+ * `matmulTiling: "subgroup-matrix"`: the first subgroup-matrix candidate for
+ * every f16 class (other dtypes keep the default tiling), or a `GpuError`
+ * where the device has none.
+ */
+function forceSubgroupMatrix(gpu: Gpu): void {
+  const tiling = gpu.f16 ? subgroupMatrixCandidates(gpu, "f16")[0] : undefined;
+  if (!tiling) {
+    gpu.destroy();
+    fail(
+      GpuError,
+      "initGpu",
+      `matmulTiling "subgroup-matrix" needs f16 and an adapter with subgroup matrices of f16 ` +
+        `into f32 (${gpu.adapterName} has ${
+          gpu.f16 ? "none on this backend" : "no f16"
+        }). Use the Dawn backend on a GPU whose Vulkan driver has VK_KHR_cooperative_matrix ` +
+        '(see docs/tensor_cores.md), or matmulTiling "tune".',
+    );
+  }
+  const { classTilings } = matmulSettings.of(gpu);
+  for (const orientation of ["nn", "nt", "tn"] as const) {
+    for (const size of ["small", "medium", "large"] as const) {
+      classTilings.set(matmulClassKey({ dtype: "f16", orientation, size }), tiling);
+    }
+  }
 }
 
 /**
@@ -117,9 +145,9 @@ async function requestDevice(
   if (subgroups) {
     try {
       return await request([...features, "subgroups" as GPUFeatureName]);
-    } catch { /* not granted: without it */ }
+    } catch { /* not granted: without it (and the subgroup-matrix kernels that need it) */ }
   }
-  return await request(features);
+  return await request(features.filter((f) => f !== SUBGROUP_MATRIX_FEATURE));
 }
 
 /**

@@ -8,12 +8,20 @@ import type { F16Accumulation, MatmulTiling } from "./kernels/gemm/settings.ts";
 import type { F16Mode } from "./device/gpu.ts";
 import type { TuningProgress } from "./tuning/timing.ts";
 import type { TuningMode } from "./tuning/lazy.ts";
+import { type Backend, BACKENDS } from "./device/backend.ts";
 import { fail, ValueError } from "./base/errors.ts";
 import { shortValue } from "./base/short_text.ts";
 import { TILING_KINDS, tilingKind } from "./kernels/gemm/tilings.ts";
 
 /** Options for `initGpu`. */
 export interface InitGpuOptions {
+  /**
+   * The WebGPU implementation: `"builtin"` (default: `navigator.gpu`, Deno's
+   * own or the browser's) or `"dawn"` (Chrome's, from the npm package
+   * `webgpu`, with subgroup matrices; see docs/dawn.md). Default: the
+   * `HALFSTEP_BACKEND` environment variable where readable, else `"builtin"`.
+   */
+  backend?: Backend;
   /**
    * `"auto"` (default): use f16 when the adapter has `shader-f16`, else fall
    * back to f32 and say so once. `"require"`: fail without it. `"off"`: f32 only.
@@ -29,10 +37,12 @@ export interface InitGpuOptions {
    * class (dtype, orientation, size) once per adapter and caches the winners
    * (see `tuneMatmul`), and the fused attention kernels' plans likewise
    * (`tuneAttention`), when {@link InitGpuOptions.tuning} says; `"default"`
-   * skips both; or give one tiling for every class (attention is then not
-   * tuned either).
+   * skips both; `"subgroup-matrix"` runs every f16 product on the adapter's
+   * subgroup matrices (tensor cores: the first subgroup-matrix candidate; Dawn
+   * only, see docs/tensor_cores.md) and skips tuning; or give one tiling for
+   * every class (attention is then not tuned either).
    */
-  matmulTiling?: "tune" | "default" | MatmulTiling;
+  matmulTiling?: "tune" | "default" | "subgroup-matrix" | MatmulTiling;
   /**
    * When kernels are tuned. `"lazy"` (default): dispatch uses the picks the
    * per-user cache holds, and a product (or attention) whose class or, on
@@ -115,7 +125,7 @@ function boolean(name: string, v: unknown): string | null {
 
 function matmulTiling(name: string, v: unknown): string | null {
   if (typeof v !== "object" || v === null) {
-    return `${name} must be "tune", "default" or a tiling { variant, tm, tn, wgx, wgy, tk } ` +
+    return `${name} must be "tune", "default", "subgroup-matrix" or a tiling { variant, tm, tn, wgx, wgy, tk } ` +
       `(see MATMUL_CANDIDATES), not ${shortValue(v)}`;
   }
   const t = v as Partial<MatmulTiling>;
@@ -148,10 +158,13 @@ function positiveBytes(name: string, v: unknown): string | null {
 
 /** Every option's check; the keys are the valid option names. */
 const CHECKS: Record<keyof InitGpuOptions, (name: string, v: unknown) => string | null> = {
+  backend: oneOf(BACKENDS),
   f16: oneOf(["auto", "require", "off"]),
   debug: boolean,
   matmulTiling: (name, v) =>
-    typeof v === "string" ? oneOf(["tune", "default"])(name, v) : matmulTiling(name, v),
+    typeof v === "string"
+      ? oneOf(["tune", "default", "subgroup-matrix"])(name, v)
+      : matmulTiling(name, v),
   tuning: oneOf(["lazy", "eager", "off"]),
   flush,
   memoryLimitBytes: positiveBytes,

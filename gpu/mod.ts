@@ -62,6 +62,12 @@ export {
   type WaitWork,
 } from "./device/gpu.ts";
 export type { AdapterProfile, ProfileLimits } from "./device/adapter_profile.ts";
+export { type Backend, BACKENDS } from "./device/backend.ts";
+export {
+  SUBGROUP_MATRIX_FEATURE,
+  type SubgroupMatrixConfig,
+} from "./device/subgroup_matrix_configs.ts";
+export { DAWN_FLAGS, DAWN_PACKAGE } from "./device/backend_dawn.ts";
 export {
   type DispatchCost,
   DispatchProfiler,

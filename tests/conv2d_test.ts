@@ -1,7 +1,17 @@
 import assert from "node:assert/strict";
 import { DTYPES, type FloatDType, mul, sum, Tensor, tidy } from "../gpu/mod.ts";
 import { conv2d, type Conv2dOptions } from "../gpu/ops/conv2d.ts";
-import { asGpu, dispatchedKernels, gpu, GPU_TEST, withEachTiling } from "./_gpu.ts";
+import {
+  asGpu,
+  dispatchedKernels,
+  dispatchedKernelsAsync,
+  gpu,
+  GPU_TEST,
+  withEachTiling,
+  withTiling,
+} from "./_gpu.ts";
+import { subgroupMatrixCandidates } from "../gpu/kernels/gemm/candidates.ts";
+import { f16MatrixConfig } from "../gpu/device/subgroup_matrix_configs.ts";
 import { MATMUL_CANDIDATES } from "../gpu/kernels/gemm/class_tuner.ts";
 import { gemmSplit } from "../gpu/kernels/gemm/gemm.ts";
 import { tilingName } from "../gpu/kernels/gemm/matmul_class.ts";
@@ -176,6 +186,33 @@ Deno.test({
       if (bf16Variants.has(tiling.variant)) return;
       bf16Variants.add(tiling.variant);
       await checkCase(CASES[4], "bf16", tilingName(tiling));
+    });
+  },
+});
+
+const matrixConfig = f16MatrixConfig(gpu.adapterProfile.subgroupMatrixConfigs);
+
+Deno.test({
+  name: "conv2d: in f16 on a subgroup-matrix tiling (tensor cores), forward, dx, dweight and " +
+    "dbias match f64" +
+    (matrixConfig ? "" : " (IGNORED: this adapter has no f16→f32 subgroup-matrix config; " +
+      "run on the Dawn backend, HALFSTEP_BACKEND=dawn)"),
+  ignore: matrixConfig === undefined,
+  ...GPU_TEST,
+  async fn() {
+    // The smallest: each kernel compiles in seconds on lavapipe, and the three passes' gathers
+    // (the GemmIo) are the same whatever the tile (tests/matmul_subgroup_matrix_test.ts runs each).
+    const tiling = subgroupMatrixCandidates(gpu, "f16").reduce((
+      a,
+      b,
+    ) => (a.tm * a.tn <= b.tm * b.tn ? a : b));
+    await withTiling(tiling, async () => {
+      // Stride, groups and bias, both orientations of the products (transposed and not).
+      const keys = await dispatchedKernelsAsync(() =>
+        checkCase(CASES[9], "f16", tilingName(tiling))
+      );
+      assert.ok(keys.some((k) => k.startsWith("conv2d_subgroup_matrix{")), keys.join(", "));
+      await checkCase(CASES[10], "f16", tilingName(tiling));
     });
   },
 });

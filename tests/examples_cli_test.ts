@@ -19,6 +19,7 @@ import {
   withTempDir,
 } from "./_examples.ts";
 import { parseMnistArgs } from "../examples/mnist_args.ts";
+import { ROOT } from "./_bundle.ts";
 import { parseTinyGptArgs } from "../examples/tiny_gpt_args.ts";
 
 Deno.test("examples: every bad flag is one line and exit status 2, before any training", async () => {
@@ -44,6 +45,7 @@ Deno.test("examples: every bad flag is one line and exit status 2, before any tr
       [["--model", "resnet"], /--model must be mlp or cnn, not "resnet"/],
       [["--model", "cnn", "--shift", "9"], /--shift must be an integer from 0 to 8, not "9"/],
       [["--optimizer", "rmsprop"], /--optimizer must be sgd or adam, not "rmsprop"/],
+      [["--backend", "metal"], /^mnist: --backend must be builtin or dawn, not "metal"/],
       [["--no-such-flag"], /^mnist: .*no-such-flag.* \(see --help\)$/],
       [["--epoch", "3"], /^mnist: unknown flag --epoch; did you mean --epochs\? \(see --help\)$/],
       [["--bach=64"], /^mnist: unknown flag --bach; did you mean --batch\?/],
@@ -73,6 +75,17 @@ Deno.test("examples: every bad flag is one line and exit status 2, before any tr
       /^gpt2: unknown flag --step; did you mean --steps\? \(see --help\)$/,
       "gpt2 --step",
     );
+    assertRefused(
+      await run(TINY_GPT, ["--backend", "wgpu"]),
+      /--backend must be builtin or dawn/,
+      "wgpu",
+    );
+    const bench = join(ROOT, "examples/bench.ts");
+    assertRefused(
+      await run(bench, ["mlp", "--backend", "d"]),
+      /^bench: --backend must be/,
+      "bench",
+    );
     const help = await run(MNIST, ["--help"]);
     assert.equal(help.code, 0);
     assert.match(help.stdout, /with Adam \(default\) or SGD/);
@@ -89,6 +102,14 @@ Deno.test("examples: --limit below the default batch trains on one batch of them
   assert.match(r.stdout, /batch 100, 1 epoch\(s\) × 1 steps/);
   assert.doesNotMatch(r.stdout, /n\/a/, "no 'n/a B' for steps the run never reached");
   assert.match(r.stdout, /^allocated between steps: after step 1 \d+ B$/m);
+});
+
+Deno.test("examples: --backend names the WebGPU backend; without it initGpu's default holds", () => {
+  for (const parse of [parseMnistArgs, parseTinyGptArgs]) {
+    assert.equal(parse(["--backend", "dawn"])!.backend, "dawn");
+    assert.equal(parse(["--backend=builtin"])!.backend, "builtin");
+    assert.equal(parse([])!.backend, undefined, "HALFSTEP_BACKEND, else builtin");
+  }
 });
 
 Deno.test("examples: --amp bf16 picks bf16; --amp alone, --amp f16 and --fp16 stay f16", () => {

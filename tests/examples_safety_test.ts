@@ -15,6 +15,7 @@ import {
   errorLines,
   events,
   MNIST,
+  mnistRunArgs,
   QUICK,
   type Run,
   run,
@@ -151,7 +152,7 @@ Deno.test("examples: a second run writing the same --save is refused, naming the
     const state = join(dir, "run.safetensors");
     const args = ["--limit", "1024", "--epochs", "50", "--save", state, "--json"];
     const first = new Deno.Command(Deno.execPath(), {
-      args: ["run", "--allow-read", "--allow-env", "--allow-write", MNIST, ...args],
+      args: mnistRunArgs(args),
       env: { DENO_WEBGPU_BACKEND: "vulkan,metal,dx12", NO_COLOR: "1" },
       stdout: "piped",
       stderr: "null",

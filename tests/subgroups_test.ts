@@ -7,7 +7,7 @@ import assert from "node:assert/strict";
 import { initGpu, ValueError } from "../gpu/mod.ts";
 import { gpuLikeProfile } from "../gpu/tuning/profile_switch.ts";
 import { useSubgroups } from "../gpu/kernels/wgsl/subgroups.ts";
-import { wgslRuntime } from "../gpu/device/kernel.ts";
+import { withSubgroupsDirective } from "../gpu/device/kernel.ts";
 import { reduceKernel } from "../gpu/kernels/reduce.ts";
 import { asGpu, gpu, GPU_TEST } from "./_gpu.ts";
 
@@ -48,21 +48,19 @@ Deno.test({
   },
 });
 
-Deno.test("subgroups: `enable subgroups;` leads a kernel that uses them where the runtime wants it", () => {
+Deno.test("subgroups: `enable subgroups;` leads a kernel that uses them where the device wants it", () => {
   const config = { op: "sum", dtype: "f16", out: "f32" } as const;
-  const saved = wgslRuntime.subgroupsDirective;
-  try {
-    for (const directive of [false, true]) {
-      wgslRuntime.subgroupsDirective = directive;
-      const withSubgroups = reduceKernel.wgsl({ ...config, layout: "subgroup" });
-      assert.equal(withSubgroups.startsWith("enable subgroups;\nenable f16;"), directive);
-      assert.ok(withSubgroups.includes("subgroupAdd("));
-      // Kernels without subgroup builtins never carry it.
-      assert.ok(!reduceKernel.wgsl({ ...config, layout: "workgroup" }).includes("subgroups"));
-    }
-  } finally {
-    wgslRuntime.subgroupsDirective = saved;
+  for (const directive of [false, true]) {
+    const withSubgroups = withSubgroupsDirective(
+      reduceKernel.wgsl({ ...config, layout: "subgroup" }),
+      directive,
+    );
+    assert.equal(withSubgroups.startsWith("enable subgroups;\nenable f16;"), directive);
+    assert.ok(withSubgroups.includes("subgroupAdd("));
+    // Kernels without subgroup builtins never carry it.
+    const without = reduceKernel.wgsl({ ...config, layout: "workgroup" });
+    assert.ok(!withSubgroupsDirective(without, directive).includes("subgroups"));
   }
-  // Deno's naga rejects the line: the probe leaves it out here.
-  assert.equal(gpu.subgroupsDirective, false);
+  // Deno's naga rejects the line, Dawn's Tint requires it: the probe tells them apart.
+  assert.equal(gpu.subgroupsDirective, gpu.backend === "dawn" && gpu.subgroups);
 });

@@ -15,6 +15,7 @@
  * switch is in gpu/tuning/profile_switch.ts, since a profile's settings
  * switch with it).
  */
+import type { SubgroupMatrixConfig } from "./subgroup_matrix_configs.ts";
 
 /** The device limits that choose or filter kernels (the rest are checked by WebGPU itself). */
 export interface ProfileLimits {
@@ -48,6 +49,14 @@ export interface AdapterProfile {
   multiprocessors: number;
   /** The limits kernel choices are filtered by. */
   limits: ProfileLimits;
+  /**
+   * The subgroup-matrix shapes (tensor cores) kernels may use: the adapter's
+   * list where the device has the feature (Dawn only; see
+   * gpu/device/subgroup_matrix_configs.ts), else none. Kernels take M, N, K
+   * from here (a shape the adapter does not list fails to compile); the
+   * subgroup-matrix matmul tilings are offered only with an f16→f32 one.
+   */
+  subgroupMatrixConfigs: readonly SubgroupMatrixConfig[];
 }
 
 /**
@@ -75,6 +84,7 @@ export function adapterProfileOf(
   info: GPUAdapterInfo,
   limits: GPUSupportedLimits,
   subgroups = false,
+  subgroupMatrixConfigs: readonly SubgroupMatrixConfig[] = [],
 ): AdapterProfile {
   // subgroupMaxSize is newer than the rest of GPUAdapterInfo: absent, assume a GPU's 32.
   const maxSize = (info as GPUAdapterInfo & { subgroupMaxSize?: number }).subgroupMaxSize;
@@ -89,5 +99,6 @@ export function adapterProfileOf(
       maxComputeInvocationsPerWorkgroup: limits.maxComputeInvocationsPerWorkgroup,
       maxStorageBuffersPerShaderStage: limits.maxStorageBuffersPerShaderStage,
     },
+    subgroupMatrixConfigs,
   };
 }

@@ -179,6 +179,8 @@ export class CommandBatch {
    */
   write(buffer: GPUBuffer, data: ArrayBufferView<ArrayBuffer>): void {
     if (this.#pending > 0) this.flush();
+    // The bytes, never the view itself: Dawn (0.6.2) takes a view's element size from its
+    // type and dies with SIGFPE on a Float16Array, which it does not know.
     this.#device.queue.writeBuffer(buffer, 0, data.buffer, data.byteOffset, data.byteLength);
   }
 

@@ -18,10 +18,11 @@ import {
   type KernelConfig,
   type KernelDefinition,
   PipelineCache,
-  wgslRuntime,
 } from "./kernel.ts";
 import { fail, GpuError, StateError, ValueError } from "../base/errors.ts";
 import { type AdapterProfile, adapterProfileOf } from "./adapter_profile.ts";
+import type { Backend } from "./backend.ts";
+import { type SubgroupMatrixConfig, subgroupMatrixConfigsOf } from "./subgroup_matrix_configs.ts";
 
 /** How to treat f16: use it when the adapter has it, insist on it, or never use it. */
 export type F16Mode = "auto" | "require" | "off";
@@ -50,6 +51,14 @@ export class Gpu {
   readonly device: GPUDevice;
   /** The adapter's own description (vendor, architecture, driver). */
   readonly adapterInfo: GPUAdapterInfo;
+  /** The WebGPU implementation the device comes from (`initGpu`'s `backend`). */
+  readonly backend: Backend;
+  /**
+   * The adapter's subgroup-matrix shapes (tensor cores) as plain objects;
+   * empty unless the device has `chromium-experimental-subgroup-matrix`
+   * (Dawn only). The adapter profile carries the same list for kernels.
+   */
+  readonly subgroupMatrixConfigs: readonly SubgroupMatrixConfig[];
   /**
    * What every adapter-derived choice reads (CPU adapter or GPU, subgroup
    * size, the limits that filter kernels; see `adapter_profile.ts`). Derived
@@ -64,6 +73,13 @@ export class Gpu {
    * subgroups, as the adapter profile says (`adapterProfile.subgroups`).
    */
   readonly subgroups: boolean;
+  /**
+   * Whether this device's WGSL front end needs `enable subgroups;` before
+   * subgroup builtins (Tint: Dawn, Chrome) or rejects it (naga: Deno's
+   * WebGPU), for a device that has subgroups; probed by `initGpu`. Per
+   * device, since one process may hold devices of both backends.
+   */
+  readonly subgroupsDirective: boolean;
   /** True to print generated WGSL as it compiles (the `HALFSTEP_DEBUG` switch). */
   readonly debug: boolean;
   /** Size-class buffer pool; see {@link Gpu.memoryStats}. */
@@ -95,14 +111,24 @@ export class Gpu {
       f16: boolean;
       debug: boolean;
       flushPolicy: FlushPolicy;
+      subgroupsDirective?: boolean;
+      backend?: Backend;
     },
   ) {
     this.device = device;
     this.adapterInfo = adapterInfo;
+    this.backend = options.backend ?? "builtin";
+    this.subgroupMatrixConfigs = subgroupMatrixConfigsOf(adapterInfo, device.features);
     this.f16 = options.f16;
     this.subgroups = device.features.has("subgroups");
+    this.subgroupsDirective = this.subgroups && (options.subgroupsDirective ?? false);
     this.debug = options.debug;
-    this.adapterProfile = adapterProfileOf(adapterInfo, device.limits, this.subgroups);
+    this.adapterProfile = adapterProfileOf(
+      adapterInfo,
+      device.limits,
+      this.subgroups,
+      this.subgroupMatrixConfigs,
+    );
     // Less a margin for the fixed loops around the ones kernels check. Not part
     // of the profile: it is a limit of the driver that executes the kernels.
     this.loopIterationLimit = /llvmpipe/i.test(this.adapterName) ? 65535 - 1024 : Infinity;
@@ -112,7 +138,7 @@ export class Gpu {
     );
     this.pipelines = new PipelineCache(device, (key, wgsl) => {
       if (this.debug) console.error(`[halfstep] compiling ${key}\n${wgsl}`);
-    });
+    }, this.subgroupsDirective);
     this.batch = new CommandBatch(device, options.flushPolicy, (message, kernels) => {
       // A submit failed validation (a kernel that did not compile): its ops have
       // undefined outputs and the next sync point says so; the device stays usable.
@@ -136,16 +162,6 @@ export class Gpu {
     device.addEventListener("uncapturederror", (event) => {
       this.#fail(`A GPU command failed: ${(event as GPUUncapturedErrorEvent).error.message}`);
     });
-  }
-
-  /**
-   * Whether this runtime's WGSL needs `enable subgroups;` before subgroup
-   * builtins (Chrome) or rejects it (naga, in Deno), for a device that has
-   * subgroups. One answer per process, kept in `wgslRuntime` (kernel.ts),
-   * which writes the headers; probed by `initGpu`.
-   */
-  get subgroupsDirective(): boolean {
-    return this.subgroups && wgslRuntime.subgroupsDirective;
   }
 
   /** The adapter's description, for logs and benchmark records. */

@@ -3,7 +3,9 @@
  * (dtype, tile sizes, epilogue, ...), its storage bindings (name, element
  * type, access) and its uniform fields (name, scalar type), and writes the
  * WGSL that follows them. From that one declaration come both the WGSL header
- * (`enable f16;`, the `Params` struct, every `@binding` line) and, at
+ * (`enable f16;`, the subgroup-matrix `enable` its source needs, the
+ * `Params` struct, every `@binding` line; `enable subgroups;` is the
+ * pipeline cache's, per device) and, at
  * dispatch, the bind group: buffers and uniforms are passed by name, so the
  * two can never disagree.
  *
@@ -63,15 +65,24 @@ export interface KernelDefinition<C extends KernelConfig, B extends string, U ex
   wgsl(config: C): string;
 }
 
-/**
- * What this runtime's WGSL front end wants: `enable subgroups;` before
- * subgroup builtins (Chrome requires it, naga in Deno rejects it). Set by
- * `initGpu`'s probe; one runtime per process, so it is not part of a key.
- */
-export const wgslRuntime: { subgroupsDirective: boolean } = { subgroupsDirective: false };
+/** Subgroup builtin functions or values in WGSL (subgroup matrices have their own extension). */
+const SUBGROUP_USE = /\bsubgroup(?!Matrix)(?:[A-Z]\w*\s*\(|_size\b|_invocation_id\b|_id\b)/;
 
-/** Subgroup builtin functions or values in WGSL. */
-const SUBGROUP_USE = /\bsubgroup(?:[A-Z]\w*\s*\(|_size\b|_invocation_id\b)/;
+/**
+ * Subgroup-matrix types or builtins in WGSL (Dawn's experimental extension,
+ * see gpu/device/subgroup_matrix_configs.ts).
+ */
+const SUBGROUP_MATRIX_USE = /\bsubgroup(?:Matrix[A-Z]\w*|_matrix_\w+)\s*[<(]/;
+
+/**
+ * `wgsl` with `enable subgroups;` first where it uses subgroups and the
+ * device's WGSL front end wants the line: Tint (Dawn, Chrome) requires it,
+ * naga (Deno's WebGPU) rejects it. Per device, since one process may hold
+ * devices of both backends.
+ */
+export function withSubgroupsDirective(wgsl: string, directive: boolean): string {
+  return directive && SUBGROUP_USE.test(wgsl) ? `enable subgroups;\n${wgsl}` : wgsl;
+}
 
 /** The WGSL array element that stores `type`: bf16 is packed two to a u32 word. */
 function storedType(b: Binding): string {
@@ -96,10 +107,10 @@ function header(
     lines.push(`@group(0) @binding(${bindings.length}) var<uniform> p: Params;`);
   }
   const f16 = bindings.some((b) => F16_TYPES.has(b.type));
-  const subgroups = wgslRuntime.subgroupsDirective && SUBGROUP_USE.test(source);
-  return `${subgroups ? "enable subgroups;\n" : ""}${wgslEnables(f16 ? "f16" : "f32")}${
-    lines.join("\n")
-  }\n${accessors(bindings, source)}`;
+  const matrices = SUBGROUP_MATRIX_USE.test(source);
+  return `${matrices ? "enable chromium_experimental_subgroup_matrix;\n" : ""}${
+    wgslEnables(f16 ? "f16" : "f32")
+  }${lines.join("\n")}\n${accessors(bindings, source)}`;
 }
 
 const F16_TYPES: ReadonlySet<string> = new Set(["f16", "vec2<f16>", "vec4<f16>"]);
@@ -340,11 +351,21 @@ export class PipelineCache {
   #layouts = new Map<string, GPUBindGroupLayout>();
   #device: GPUDevice;
   #onCompile: (key: string, wgsl: string) => void;
+  #subgroupsDirective: boolean;
 
-  /** A cache for `device`; `onCompile` sees each new key and its WGSL (debug output). */
-  constructor(device: GPUDevice, onCompile: (key: string, wgsl: string) => void) {
+  /**
+   * A cache for `device`; `onCompile` sees each new key and its WGSL (debug
+   * output); `subgroupsDirective`: the device wants `enable subgroups;`
+   * (see {@link withSubgroupsDirective}).
+   */
+  constructor(
+    device: GPUDevice,
+    onCompile: (key: string, wgsl: string) => void,
+    subgroupsDirective = false,
+  ) {
     this.#device = device;
     this.#onCompile = onCompile;
+    this.#subgroupsDirective = subgroupsDirective;
   }
 
   /** The pipeline for `config`, compiling it the first time. */
@@ -357,7 +378,7 @@ export class PipelineCache {
     if (!compiled) {
       const bindings = definition.bindings(config);
       const uniforms = Object.entries(definition.uniforms) as [U, UniformType][];
-      const code = definition.wgsl(config);
+      const code = withSubgroupsDirective(definition.wgsl(config), this.#subgroupsDirective);
       this.#onCompile(key, code);
       const layout = this.#layout(bindings, uniforms.length > 0);
       this.#device.pushErrorScope("validation");

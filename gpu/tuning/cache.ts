@@ -11,6 +11,7 @@
  */
 import type { Gpu } from "../device/gpu.ts";
 import { adapterIdentity, type TuningStore, tuningStore } from "./store.ts";
+import { f16MatrixConfig } from "../device/subgroup_matrix_configs.ts";
 
 /** A measured pick: at least its key's value and its time (seconds per run). */
 export interface TimedPick<S> {
@@ -34,13 +35,18 @@ export interface PickStore<S, R extends TimedPick<S>> {
 
 /**
  * The store key of a tuner's picks on `gpu`: by tuner, version and
- * adapter, and by profile when a test runs the device as another adapter
- * (`withAdapterProfile`), so its picks never mix with the real ones.
+ * adapter, by profile when a test runs the device as another adapter
+ * (`withAdapterProfile`), so its picks never mix with the real ones, and by
+ * the subgroup-matrix shape its device may use: one adapter through Dawn has
+ * candidates that it lacks through Deno's WebGPU, so picks made without them
+ * are not reused where they exist.
  */
 export function pickCacheKey<S, R extends TimedPick<S>>(gpu: Gpu, store: PickStore<S, R>): string {
   const profile = gpu.adapterProfile.name === "adapter" ? "" : ` [${gpu.adapterProfile.name}]`;
   const adapter = `${gpu.adapterName}${adapterIdentity(gpu.adapterInfo)}`;
-  return `halfstep.${store.tuner}.v${store.version}:${adapter}${profile}`;
+  const c = f16MatrixConfig(gpu.adapterProfile.subgroupMatrixConfigs);
+  const matrices = c ? ` [subgroup-matrix ${c.M}x${c.N}x${c.K}]` : "";
+  return `halfstep.${store.tuner}.v${store.version}:${adapter}${profile}${matrices}`;
 }
 
 /** The per-user tuning store (a file in Deno, `localStorage` in browsers; see store.ts). */

@@ -21,7 +21,7 @@ const GPU_LIMITS: ProfileLimits = {
 
 /**
  * A profile for tests: a GPU (not a fallback adapter, subgroups of 32, used
- * when `gpu` has the feature) with an H100's limits — each capped at `gpu`'s real limit, so every kernel it
+ * when `gpu` has the feature, and `gpu`'s subgroup-matrix shapes) with an H100's limits — each capped at `gpu`'s real limit, so every kernel it
  * chooses still runs there — and `limits` on top (such as WebGPU's default
  * 16 KiB of workgroup memory, to test a candidate filter).
  *
@@ -56,6 +56,7 @@ export function gpuLikeProfile(gpu: Gpu, limits: Partial<ProfileLimits> = {}): A
     subgroups: gpu.subgroups,
     multiprocessors: DEFAULT_MULTIPROCESSORS,
     limits: { ...capped, ...limits },
+    subgroupMatrixConfigs: gpu.subgroupMatrixConfigs,
   };
 }
 

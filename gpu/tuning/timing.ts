@@ -3,13 +3,27 @@
  * time), candidates with their finalists timed again, and progress reports.
  */
 import type { Gpu } from "../device/gpu.ts";
+import { GpuError } from "../base/errors.ts";
 
 /**
  * Seconds per call of `run` (which records dispatches): GPU timestamps where
  * the adapter has them, else wall time over enough repeats that the wait
  * for the GPU is a small part. Runs it once first to compile and warm up.
+ * A candidate whose kernel fails on this adapter (a subgroup-matrix tiling
+ * its driver rejects: those are designed without a GPU at hand) takes
+ * Infinity, so it is never picked; a lost device still stops the tuner.
  */
 export async function secondsPerRun(gpu: Gpu, run: () => void): Promise<number> {
+  try {
+    return await timeRuns(gpu, run);
+  } catch (e) {
+    gpu.throwIfFailed();
+    if (e instanceof GpuError) return Infinity;
+    throw e;
+  }
+}
+
+async function timeRuns(gpu: Gpu, run: () => void): Promise<number> {
   run();
   await gpu.sync();
   if (gpu.device.features.has("timestamp-query")) {

@@ -1,13 +1,17 @@
 /**
  * The matmul tilings the tuners try: CPU adapters the register, interleaved
  * and shared ones, GPUs the vec4 and blocked ones (and, for classes, every
- * one that fits). The class tuner (`class_tuner.ts`) and the per-shape
- * tuner (`shape_tuner.ts`) read them; cached picks are checked against them.
+ * one that fits); f16 products the subgroup-matrix ones where the adapter
+ * has them (made from its configs, so not in {@link MATMUL_CANDIDATES}). The
+ * class tuner (`class_tuner.ts`) and the per-shape tuner (`shape_tuner.ts`)
+ * read them; cached picks are checked against them.
  */
 import type { Gpu } from "../../device/gpu.ts";
 import { DEFAULT_TILING, type MatmulTiling } from "./settings.ts";
 import type { FloatDType } from "../../base/dtype.ts";
 import { tilingFits, tilingKind } from "./tilings.ts";
+import { subgroupMatrixTilings } from "./gemm_subgroup_matrix.ts";
+import { f16MatrixConfig } from "../../device/subgroup_matrix_configs.ts";
 
 /** The tilings CPU adapters try, register blocks first. */
 const CPU_CANDIDATES: readonly MatmulTiling[] = [
@@ -47,9 +51,31 @@ export const MATMUL_CANDIDATES: readonly MatmulTiling[] = [...CPU_CANDIDATES, ..
 /**
  * The candidates tried on `gpu` for operands stored in `dtype`: on CPU
  * adapters the register, interleaved and shared tilings; on GPUs every one
- * whose workgroup fits the device's limits.
+ * whose workgroup fits the device's limits, f16 operands the
+ * subgroup-matrix tilings first (where the device has them: the tuners keep
+ * them only where they measure faster, and the per-shape tuner's budget
+ * never leaves them out).
  */
 export function matmulCandidates(gpu: Gpu, dtype: FloatDType): readonly MatmulTiling[] {
-  if (gpu.adapterProfile.cpu) return MATMUL_CANDIDATES.filter((t) => !tilingKind(t).forGpus);
-  return MATMUL_CANDIDATES.filter((t) => tilingFits(t, dtype, gpu.adapterProfile.limits));
+  const profile = gpu.adapterProfile;
+  if (profile.cpu) return MATMUL_CANDIDATES.filter((t) => !tilingKind(t).forGpus);
+  return [
+    ...subgroupMatrixCandidates(gpu, dtype),
+    ...MATMUL_CANDIDATES.filter((t) => tilingFits(t, dtype, profile.limits)),
+  ];
+}
+
+/**
+ * The subgroup-matrix tilings `gpu` can run on operands stored in `dtype`:
+ * those of its f16→f32 config that fit its limits (f16 only; none without
+ * the config or without subgroups, whose builtins they use). CPU adapters
+ * have them too (Mesa 26's lavapipe, through Dawn), where they are tested,
+ * but do not tune them: lavapipe emulates each matrix product (2–8x slower
+ * than its register tilings) and compiles such a kernel in 8–25 s.
+ */
+export function subgroupMatrixCandidates(gpu: Gpu, dtype: FloatDType): MatmulTiling[] {
+  const profile = gpu.adapterProfile;
+  const config = profile.subgroups ? f16MatrixConfig(profile.subgroupMatrixConfigs) : undefined;
+  return (config ? subgroupMatrixTilings(config) : [])
+    .filter((t) => tilingFits(t, dtype, profile.limits));
 }

@@ -26,6 +26,7 @@ import { type CandidateTimer, timeCandidates } from "../../tuning/timing.ts";
 import { type PickStore, readPicks } from "../../tuning/cache.ts";
 import { type ClassTuningOptions, tuneClasses } from "../../tuning/picks.ts";
 import { MATMUL_CANDIDATES, matmulCandidates } from "./candidates.ts";
+import { tilingKind } from "./tilings.ts";
 import { DEFAULT_TILING, matmulSettings, type MatmulTiling } from "./settings.ts";
 
 export { DEFAULT_TILING, MATMUL_CANDIDATES, matmulCandidates };
@@ -103,11 +104,15 @@ const CLASS_STORE: PickStore<MatmulClass, ClassRecord> = {
   keyOf: matmulClassKey,
   check(gpu, entry) {
     const { dtype, orientation, size } = entry.shape;
-    // Only a candidate this device's profile still offers (f16 tiles are the smaller ones).
+    // Only a candidate this device's profile still offers (f16 tiles are the smaller ones)
+    // for the class's dtype (subgroup-matrix tilings take f16 only).
     const pick = matmulCandidates(gpu, "f16").find((c) =>
       JSON.stringify(c) === JSON.stringify(entry.pick)
     );
-    return pick && { shape: { dtype, orientation, size }, pick, seconds: entry.seconds };
+    const takes = pick && (tilingKind(pick).dtypes ?? [dtype]).includes(dtype);
+    return takes
+      ? { shape: { dtype, orientation, size }, pick, seconds: entry.seconds }
+      : undefined;
   },
 };
 

@@ -29,6 +29,7 @@ import {
   transposedIo,
 } from "./gemm.ts";
 import { launchReduce } from "../reduce.ts";
+import { kindFamily } from "./tilings.ts";
 
 /** Geometry of one convolution. */
 export interface Conv2dGeometry {
@@ -351,7 +352,12 @@ function dispatchConv(
   checkGemmLoops(gpu, k, d.tiling, "conv2d");
   const transposed = transposeFor(d.size);
   const [m, n] = transposed ? [d.size.n, d.size.m] : [d.size.m, d.size.n];
-  const kernel = gpu.kernel(conv2dKernel, { ...d.tiling, ...config, pass: d.pass, transposed });
+  const kernel = gpu.kernel(kindFamily(conv2dKernel, d.tiling), {
+    ...d.tiling,
+    ...config,
+    pass: d.pass,
+    transposed,
+  });
   gpu.dispatch(
     kernel,
     buffers,

@@ -110,15 +110,15 @@ export function transposedIo(io: GemmIo): GemmIo {
 export const range = (n: number): number[] => Array.from({ length: n }, (_, i) => i);
 
 /**
- * Stores the thread's result (i, j), `accAt(i, j)` in WGSL, at (row(i), col(j))
+ * Stores the thread's result (i, j), `accAt(i, j)` in WGSL, at (row(i, j), col(j, i))
  * through bias and activation, skipping rows and columns out of range.
  */
 export function epilogue(
   t: MatmulTiling,
   io: GemmIo,
   activation: Activation,
-  row: (i: number) => string,
-  col: (j: number) => string,
+  row: (i: number, j: number) => string,
+  col: (j: number, i: number) => string,
   accAt: (i: number, j: number) => string = (i, j) => `acc[${i * t.tn + j}]`,
 ): string {
   const lines: string[] = [];
@@ -127,7 +127,7 @@ export function epilogue(
       const acc = accAt(i, j);
       const v = io.bias ? `${acc} + ${io.bias("row", "col")}` : acc;
       lines.push(
-        `{ let row = ${row(i)}; let col = ${col(j)};\n` +
+        `{ let row = ${row(i, j)}; let col = ${col(j, i)};\n` +
           `    if (row < p.m && col < p.n) { ${
             io.store("row", "col", activationExpr(activation, v))
           } } }`,

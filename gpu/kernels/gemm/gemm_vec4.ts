@@ -142,7 +142,7 @@ function operandLoader(opts: {
 }
 
 /** `activation` applied to each lane of the vec4<f32> named `v`. */
-function activationVec4(activation: Activation, v: string): string {
+export function activationVec4(activation: Activation, v: string): string {
   if (activation === "none") return v;
   return `vec4<f32>(${range(4).map((c) => activationExpr(activation, `${v}[${c}]`)).join(", ")})`;
 }

@@ -22,7 +22,8 @@ import type { Activation } from "../wgsl/math.ts";
 import { checkGemmLoops, gemmGrid, type GemmIo, gemmSplit, gemmWgsl, sliceLength } from "./gemm.ts";
 import { shapeOf, type ShapePick, shapePickFor } from "./shape_picks.ts";
 import type { GemmVectorIo } from "./gemm_io.ts";
-import { tilingKind } from "./tilings.ts";
+import { kindFamily, tilingKind, tilingName } from "./tilings.ts";
+import { DTypeError, fail } from "../../base/errors.ts";
 import { launchReduce } from "../reduce.ts";
 
 /**
@@ -159,7 +160,7 @@ function vec4Aligned(
   return unit === 1 && other % 4 === 0 && o.batch % 4 === 0;
 }
 
-/** The matmul kernel family. */
+/** The matmul kernel family (named apart per tiling kind where it says: `kindFamily`). */
 export const matmulKernel = defineKernel({
   name: "matmul",
   bindings: (c: MatmulConfig) => {
@@ -205,6 +206,15 @@ export function dispatchMatmul(
       () => shapeOf(problem, { dtype: a.dtype, out: c.dtype }, { bias, activation }),
     ) ?? { tiling: tilingFor(gpu, problem, a.dtype) };
   const tiling = pick.tiling;
+  const takes = tilingKind(tiling).dtypes;
+  if (takes && !takes.includes(a.dtype as FloatDType)) {
+    fail(
+      DTypeError,
+      "matmul",
+      `the tiling ${tilingName(tiling)} takes ${takes.join(" or ")} operands, not ${a.dtype}. ` +
+        "Force it only for those (tilingFor falls back where it cannot run).",
+    );
+  }
   const [gx, gy] = gemmGrid(tiling, m, n, 1);
   // The epilogue acts on whole sums, so only plain products are split.
   const split = bias !== "none" || activation !== "none"
@@ -230,7 +240,7 @@ export function dispatchMatmul(
     bias,
     activation,
   };
-  const kernel = gpu.kernel(matmulKernel, config);
+  const kernel = gpu.kernel(kindFamily(matmulKernel, tiling), config);
   const { a: la, b: lb } = problem;
   gpu.dispatch(
     kernel,

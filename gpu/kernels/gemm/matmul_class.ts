@@ -6,8 +6,8 @@
  */
 import type { Gpu } from "../../device/gpu.ts";
 import type { DType, FloatDType } from "../../base/dtype.ts";
-import { tilingName } from "./tilings.ts";
-import { matmulSettings, type MatmulTiling } from "./settings.ts";
+import { tilingKind, tilingName } from "./tilings.ts";
+import { DEFAULT_TILING, matmulSettings, type MatmulTiling } from "./settings.ts";
 import { noteUntuned } from "../../tuning/lazy.ts";
 
 export { tilingName };
@@ -115,14 +115,26 @@ export function tunedSizes(gpu: Gpu): MatmulSize[] {
 
 /**
  * The tiling dispatch uses for `problem`: the tuned winner of its class, else
- * of the medium class beside it, else the device's default. A class tuned on
- * this adapter that has no winner yet is noted for lazy tuning.
+ * of the medium class beside it, else the device's default; one that cannot
+ * take `dtype` (a subgroup-matrix tiling given for every product, and an f32
+ * one) gives way to `DEFAULT_TILING`. A class tuned on this adapter that has
+ * no winner yet is noted for lazy tuning.
  */
 export function tilingFor(gpu: Gpu, problem: MatmulProblem, dtype: DType): MatmulTiling {
   const { tiling, classTilings } = matmulSettings.of(gpu);
   const c = classOf(problem, dtype);
-  const own = classTilings.get(matmulClassKey(c));
-  if (own) return own;
+  const chosen = classTilings.get(matmulClassKey(c)) ?? untunedTiling(gpu, problem, c, tiling);
+  return (tilingKind(chosen).dtypes ?? [c.dtype]).includes(c.dtype) ? chosen : DEFAULT_TILING;
+}
+
+/** The tiling of a class without a winner of its own: the medium winner beside it, else `tiling`. */
+function untunedTiling(
+  gpu: Gpu,
+  problem: MatmulProblem,
+  c: MatmulClass,
+  tiling: MatmulTiling,
+): MatmulTiling {
+  const { classTilings } = matmulSettings.of(gpu);
   // A class not tuned here (a small or large product on a CPU adapter): the medium winner.
   const medium = { ...c, size: "medium" as const };
   const nearest = classTilings.get(matmulClassKey(medium));

@@ -16,16 +16,20 @@ export interface MatmulTiling extends Record<string, string | number | boolean> 
    * shared-memory tiles; `"blocked"`: large shared tiles read as vec4
    * (written for GPUs; TM and TN multiples of 4); `"vec4"`: the blocked
    * tiles loaded from storage as vec4 with the next k-tile prefetched
-   * (matmul on GPUs; TM, TN and TK multiples of 4). See `gpu/kernels/gemm/tilings.ts`.
+   * (matmul on GPUs; TM, TN and TK multiples of 4); `"subgroup-matrix"`: f16
+   * products on the adapter's subgroup matrices (tensor cores, through Dawn;
+   * per subgroup instead of per thread below, with the config's sizes in `sm`,
+   * `sn`, `sk` and the subgroup size in `sg`; see
+   * `gpu/kernels/gemm/gemm_subgroup_matrix.ts`). See `gpu/kernels/gemm/tilings.ts`.
    */
-  variant: "register" | "interleaved" | "shared" | "blocked" | "vec4";
-  /** Output rows per thread. */
+  variant: "register" | "interleaved" | "shared" | "blocked" | "vec4" | "subgroup-matrix";
+  /** Output rows per thread (subgroup-matrix: per subgroup). */
   tm: number;
-  /** Output columns per thread. */
+  /** Output columns per thread (subgroup-matrix: per subgroup). */
   tn: number;
-  /** Workgroup threads along columns. */
+  /** Workgroup threads along columns (subgroup-matrix: subgroups). */
   wgx: number;
-  /** Workgroup threads along rows. */
+  /** Workgroup threads along rows (subgroup-matrix: subgroups). */
   wgy: number;
   /** K-slice staged per shared-memory step (shared, blocked and vec4 variants). */
   tk: number;

@@ -26,7 +26,7 @@ import { cachedPicks, type ShapePicks } from "../../tuning/picks.ts";
 import { tilingFits, tilingKind } from "./tilings.ts";
 import { maxSlices } from "./gemm.ts";
 import type { Activation } from "../wgsl/math.ts";
-import { MATMUL_CANDIDATES } from "./candidates.ts";
+import { matmulCandidates } from "./candidates.ts";
 import { defineTunerSettings, type TunerSettings } from "../../tuning/settings.ts";
 import { noteUntuned } from "../../tuning/lazy.ts";
 
@@ -102,9 +102,19 @@ export function shapeOf(
   };
 }
 
+/** The candidate of `gpu` for `shape`'s dtype equal to `tiling` (a cached pick's), if any. */
+function candidateLike(
+  gpu: Gpu,
+  shape: MatmulShape,
+  tiling: MatmulTiling,
+): MatmulTiling | undefined {
+  const text = JSON.stringify(tiling);
+  return matmulCandidates(gpu, shape.dtype).find((c) => JSON.stringify(c) === text);
+}
+
 /** Whether `pick` can run `shape` on `gpu` (a cached pick is checked before it is trusted). */
 export function pickFits(gpu: Gpu, shape: MatmulShape, pick: ShapePick): boolean {
-  const known = MATMUL_CANDIDATES.some((c) => JSON.stringify(c) === JSON.stringify(pick.tiling));
+  const known = candidateLike(gpu, shape, pick.tiling) !== undefined;
   const split = shape.bias === "none" && shape.activation === "none";
   return known && tilingKind(pick.tiling).forGpus &&
     tilingFits(pick.tiling, shape.dtype, gpu.adapterProfile.limits) &&
@@ -122,9 +132,7 @@ export const MATMUL_SHAPE_STORE: PickStore<MatmulShape, ShapeRecord> = {
   keyOf: matmulShapeKey,
   check(gpu, entry) {
     if (!pickFits(gpu, entry.shape, entry.pick)) return undefined;
-    const tiling = MATMUL_CANDIDATES.find((c) =>
-      JSON.stringify(c) === JSON.stringify(entry.pick.tiling)
-    )!;
+    const tiling = candidateLike(gpu, entry.shape, entry.pick.tiling)!;
     const shape = shapeFields(entry.shape);
     return { shape, pick: { tiling, slices: entry.pick.slices }, seconds: entry.seconds };
   },

@@ -9,10 +9,19 @@
 import type { MatmulTiling } from "./settings.ts";
 import type { FloatDType } from "../../base/dtype.ts";
 import type { GemmIo } from "./gemm_io.ts";
+import { defineKernel, type KernelConfig, type KernelDefinition } from "../../device/kernel.ts";
 import type { Activation } from "../wgsl/math.ts";
 import { registerWgsl, sharedWgsl } from "./gemm_register.ts";
 import { blockedTileBytes, blockedWgsl } from "./gemm_blocked.ts";
 import { vec4ShapeProblem, vec4TileBytes, vec4Wgsl } from "./gemm_vec4.ts";
+import {
+  subgroupMatrixLoops,
+  subgroupMatrixName,
+  subgroupMatrixShapeProblem,
+  subgroupMatrixThreads,
+  subgroupMatrixTileBytes,
+  subgroupMatrixWgsl,
+} from "./gemm_subgroup_matrix.ts";
 
 /** What one tiling kind is and needs. */
 export interface TilingKind {
@@ -35,6 +44,14 @@ export interface TilingKind {
   f16Chunks: boolean;
   /** Written for GPUs: CPU adapters never try it. */
   forGpus: boolean;
+  /** Invocations per workgroup (default `wgx · wgy`). */
+  threads?(t: MatmulTiling): number;
+  /** The operand dtypes it takes (default every float dtype). */
+  dtypes?: readonly FloatDType[];
+  /** Its name in logs and tables (default {@link tilingName}'s common form). */
+  name?(t: MatmulTiling): string;
+  /** Added to a kernel family's name (`matmul_subgroup_matrix`), so profiles show the kind. */
+  family?: string;
 }
 
 const multipleOf4 = (t: MatmulTiling) =>
@@ -86,7 +103,44 @@ export const TILING_KINDS: Readonly<Record<MatmulTiling["variant"], TilingKind>>
     f16Chunks: true,
     forGpus: true,
   },
+  "subgroup-matrix": {
+    wgsl: subgroupMatrixWgsl,
+    loopIterations: subgroupMatrixLoops,
+    workgroupBytes: subgroupMatrixTileBytes,
+    shapeProblem: subgroupMatrixShapeProblem,
+    vectorOperands: true,
+    layoutAware: true,
+    f16Chunks: false,
+    forGpus: true,
+    threads: subgroupMatrixThreads,
+    dtypes: ["f16"],
+    name: subgroupMatrixName,
+    family: "subgroup_matrix",
+  },
 };
+
+/** The families of kinds named apart, by base family and kind. */
+const families = new WeakMap<object, Map<string, object>>();
+
+/**
+ * `base`, or where `t`'s kind names its kernels apart (`family`) the same
+ * declaration named `${base.name}_${family}` (`matmul_subgroup_matrix`), so
+ * that profiles and kernel keys show which kind ran.
+ */
+export function kindFamily<C extends KernelConfig, B extends string, U extends string>(
+  base: KernelDefinition<C, B, U>,
+  t: MatmulTiling,
+): KernelDefinition<C, B, U> {
+  const family = tilingKind(t).family;
+  if (!family) return base;
+  let named = families.get(base);
+  if (!named) families.set(base, named = new Map());
+  let kernel = named.get(family) as KernelDefinition<C, B, U> | undefined;
+  if (!kernel) {
+    named.set(family, kernel = defineKernel({ ...base, name: `${base.name}_${family}` }));
+  }
+  return kernel;
+}
 
 /** The record of `t`'s kind. */
 export function tilingKind(t: MatmulTiling): TilingKind {
@@ -112,7 +166,8 @@ function tileTypeOf(dtype: FloatDType): "f32" | "f16" {
 
 /**
  * Whether `t` with operands stored in `dtype` fits `limits` and its kind's
- * shape constraints. Every tiling takes every float dtype.
+ * shape constraints. Every tiling but subgroup-matrix (f16 only) takes every
+ * float dtype.
  *
  * @example
  * ```ts
@@ -126,7 +181,8 @@ function tileTypeOf(dtype: FloatDType): "f32" | "f16" {
  */
 export function tilingFits(t: MatmulTiling, dtype: FloatDType, limits: TilingLimits): boolean {
   const kind = tilingKind(t);
-  return t.wgx * t.wgy <= limits.maxComputeInvocationsPerWorkgroup &&
+  return (kind.dtypes ?? [dtype]).includes(dtype) &&
+    (kind.threads?.(t) ?? t.wgx * t.wgy) <= limits.maxComputeInvocationsPerWorkgroup &&
     kind.workgroupBytes(t, tileTypeOf(dtype)) <= limits.maxComputeWorkgroupStorageSize &&
     kind.shapeProblem(t) === null;
 }
@@ -135,7 +191,9 @@ export function tilingFits(t: MatmulTiling, dtype: FloatDType, limits: TilingLim
  * A tiling in a few characters, for logs and tables, distinct for distinct
  * tilings: `"vec4 128x128x32 t8x8"` (workgroup tile rows × columns × k-step,
  * per-thread block); the register tilings, which step k by one, print
- * `"interleaved 32x64 t8x8"`.
+ * `"interleaved 32x64 t8x8"`; subgroup-matrix ones
+ * `"subgroup-matrix 128x128x32 s64x64 m16x16x16"` (per-subgroup block, the
+ * adapter's matrix shape).
  *
  * @example
  * ```ts
@@ -147,6 +205,8 @@ export function tilingFits(t: MatmulTiling, dtype: FloatDType, limits: TilingLim
  * ```
  */
 export function tilingName(t: MatmulTiling): string {
+  const named = tilingKind(t).name;
+  if (named) return named(t);
   const block = `${t.tm * t.wgy}x${t.tn * t.wgx}`;
   const k = t.variant === "register" || t.variant === "interleaved" ? "" : `x${t.tk}`;
   return `${t.variant} ${block}${k} t${t.tm}x${t.tn}`;

@@ -13,17 +13,26 @@ export function wgslIsNan(v: string): string {
 
 /**
  * `max_or_nan(a, b)`: the larger, or NaN when either is NaN, as PyTorch's
- * max and amax propagate NaN (a bare `max` may drop it).
+ * max and amax propagate NaN (a bare `max` may drop it). The larger is chosen
+ * by an integer compare of the bits in float order (−0 < +0), never by the
+ * float `max`: WGSL lets that flush subnormals to zero, and Dawn's on
+ * lavapipe does (`max(-inf, 0x007f8000)` gave 0), while a max only selects.
  */
-export const WGSL_MAX_OR_NAN = `fn max_or_nan(a: f32, b: f32) -> f32 {
-  return select(select(max(a, b), b, ${wgslIsNan("b")}), a, ${wgslIsNan("a")});
+export const WGSL_MAX_OR_NAN = `fn float_order(x: f32) -> i32 {
+  let i = bitcast<i32>(x);
+  return select(i, i ^ 0x7fffffff, i < 0);
+}
+fn max_or_nan(a: f32, b: f32) -> f32 {
+  let larger = select(b, a, float_order(a) > float_order(b));
+  return select(select(larger, b, ${wgslIsNan("b")}), a, ${wgslIsNan("a")});
 }
 `;
 
 /**
  * `relu`, `gelu` (tanh form) and `gelu_derivative` (and their `_from_exp`
  * forms, for a kernel that needs both from one exponential); NaN in gives NaN out, as
- * in PyTorch (ReLU must not hide from the loss scaler the NaN it looks for).
+ * in PyTorch (ReLU must not hide from the loss scaler the NaN it looks for;
+ * it tests the sign from the bits, as a float `max` may flush subnormals).
  * The tanh form is written as a sigmoid, 0.5·(1 + tanh u) = 1 / (1 + e^(−2u)),
  * so its left tail does not cancel to a rounding residue; beyond |x| = 10 it
  * has saturated in f32 (GELU is −0 or x there, its derivative 0 or 1), which
@@ -33,7 +42,7 @@ export const WGSL_MATH = `fn is_nan(x: f32) -> bool {
   return ${wgslIsNan("x")};
 }
 fn relu(x: f32) -> f32 {
-  return select(max(x, 0.0), x, is_nan(x));
+  return select(select(0.0, x, bitcast<i32>(x) > 0), x, is_nan(x));
 }
 fn gelu_exp(x: f32) -> f32 {
   let c = clamp(x, -10.0, 10.0);

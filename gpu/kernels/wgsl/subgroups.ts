@@ -3,8 +3,8 @@
  * profile ({@link useSubgroups}): a GPU whose device has the `subgroups`
  * feature. CPU adapters keep the workgroup-memory kernels, which are faster
  * there (lavapipe grants the feature, with small subgroups). `enable subgroups;`
- * is added by the kernel header where the runtime wants it
- * (`wgslRuntime.subgroupsDirective` in gpu/device/kernel.ts).
+ * is added by the pipeline cache where the device wants it
+ * (`withSubgroupsDirective` in gpu/device/kernel.ts).
  */
 import type { Gpu } from "../../device/gpu.ts";
 import { REDUCE_THREADS, WGSL_MAX_OR_NAN } from "./math.ts";
