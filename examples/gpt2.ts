@@ -19,6 +19,7 @@ import { loadSafetensors } from "../files.ts";
 import { checkOutputPath, orExit, orExitAsync, reason, runMain, UsageError } from "./_cli.ts";
 import { checkPlan, runLimits } from "./_preflight.ts";
 import { checkResumeFlags } from "./_resume_flags.ts";
+import { backendNote } from "./_backend_flag.ts";
 import { checkSaveTarget, readRecordOrExit } from "./_run_file.ts";
 import { SaveLock } from "./_save_lock.ts";
 import { precisionDetail } from "./_amp_flag.ts";
@@ -214,7 +215,7 @@ async function main(): Promise<void> {
   const prompt = cfg.prompt === undefined
     ? null
     : orExit("gpt2", () => promptTokens(cfg.prompt!, cfg.maxNewTokens, sizes.context));
-  const gpu = await initGpu();
+  const gpu = await initGpu({ backend: cfg.backend });
   // The sizes, checked against this adapter and host before any GPU allocation of the model.
   const limits = runLimits(gpu);
   const tokens = data ? [data.train.length, data.validation.length] : [0, 0];
@@ -239,9 +240,10 @@ async function main(): Promise<void> {
       model: sizes,
       parameters: gpt2Parameters(sizes),
       ...cfg,
+      backend: gpu.backend,
       tokens: tokens[0] + tokens[1],
     },
-    startText(cfg, gpu.adapterName, sizes, tokens),
+    startText(cfg, `${gpu.adapterName}${backendNote(gpu)}`, sizes, tokens),
   );
   const result = data
     ? {

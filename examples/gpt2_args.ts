@@ -4,6 +4,8 @@
  * @module
  */
 import { ampDtypeFlag, type AmpFlagDtype } from "./_amp_flag.ts";
+import { backendFlag, backendHelp } from "./_backend_flag.ts";
+import type { Backend } from "../mod.ts";
 import {
   choiceFlag,
   integerFlag,
@@ -69,6 +71,7 @@ Sampling (after training, if any):
   --top-k N          draw among the N most likely tokens (default 40; 0 = all)
 Output:
   --json             one JSON object per line; a sample's event holds its "ids"
+${backendHelp(21)}
   -h, --help         show this help
 
 Exit status: 0 done; 1 a file could not be read or written, or a --resume
@@ -111,6 +114,8 @@ export interface Gpt2Args {
   temperature: number;
   topK: number;
   json: boolean;
+  /** The WebGPU backend (--backend); undefined: initGpu's default. */
+  backend: Backend | undefined;
 }
 
 /** The defaults of the flags that size a run's buffers. */
@@ -144,6 +149,7 @@ const VALUE_FLAGS = [
   "max-new-tokens",
   "temperature",
   "top-k",
+  "backend",
 ];
 
 /**
@@ -189,6 +195,7 @@ export function parseGpt2Args(args: string[]): Gpt2Args | null {
       temperature: text("0.8"),
       "top-k": text("40"),
       json: flag,
+      backend: optional,
       help: { ...flag, short: "h" },
     },
   });
@@ -224,6 +231,7 @@ export function parseGpt2Args(args: string[]): Gpt2Args | null {
     temperature: numberFlag("temperature", v.temperature, (x) => x >= 0, "a number >= 0"),
     topK: int("top-k", v["top-k"], 0),
     json: v.json,
+    backend: backendFlag(v.backend),
   };
   if ((parsed.weights === undefined) === (parsed.random === undefined)) {
     throw new UsageError("give --weights model.safetensors, or --random 124M for random weights.");

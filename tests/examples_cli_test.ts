@@ -80,6 +80,11 @@ Deno.test("examples: every bad flag is one line and exit status 2, before any tr
       /--backend must be builtin or dawn/,
       "wgpu",
     );
+    assertRefused(
+      await run(GPT2, ["--random", "124M", "--prompt", "hi", "--backend", "wgpu"]),
+      /^gpt2: --backend must be builtin or dawn/,
+      "gpt2 --backend",
+    );
     const bench = join(ROOT, "examples/bench.ts");
     assertRefused(
       await run(bench, ["mlp", "--backend", "d"]),
