@@ -1,21 +1,24 @@
 /**
  * How the subgroup-matrix (tensor-core) attention forward joins the fused
- * attention's plans, on every backend (no kernel of it runs here, except one
- * that must fail to compile): the candidates an adapter profile offers (f16
- * only, GPUs with an f16→f32 config and subgroups, head sizes and workgroup
- * memory it fits), the tuner picking it where it measures fastest, a failed
- * compile timing as Infinity, and `initGpu({ attentionPlan:
- * "subgroup-matrix" })`. tests/attention_subgroup_matrix_test.ts runs it
- * against f64 on Dawn.
+ * attention's plans, on every backend (no kernel of it is checked here; one
+ * must fail to compile, and on Dawn the forced device runs one): the
+ * candidates an adapter profile offers (f16 only, GPUs with an f16→f32
+ * config and subgroups, head sizes and workgroup memory it fits), the tuner
+ * picking it where it measures fastest, a failed compile timing as
+ * Infinity, and `initGpu({ attentionPlan: "subgroup-matrix" })`, also beside
+ * lazy tuning. tests/attention_subgroup_matrix_test.ts runs it against f64
+ * on Dawn.
  */
 import assert from "node:assert/strict";
 import {
   type AdapterProfile,
   type AttentionPlan,
   type FloatDType,
+  fusedCausalAttention,
   GpuError,
   initGpu,
   matmul,
+  pendingTuning,
   Tensor,
   tidy,
   tuneAttention,
@@ -40,6 +43,7 @@ import {
   type SubgroupMatrixConfig,
 } from "../gpu/device/subgroup_matrix_configs.ts";
 import { gpu, GPU_TEST } from "./_gpu.ts";
+import { withMemoryStore } from "./_tuning.ts";
 
 const config = f16MatrixConfig(gpu.adapterProfile.subgroupMatrixConfigs);
 
@@ -201,6 +205,41 @@ Deno.test({
       forced.destroy();
     }
   },
+});
+
+Deno.test({
+  name: "subgroup-matrix attention: with lazy tuning the forced f16 plan stays: f16 attention " +
+    "is not noted for tuning (f32 attention is) and the plan is unchanged after it ran" +
+    (F16_CONFIG ? "" : " (IGNORED: this adapter has no f16→f32 subgroup-matrix config)"),
+  ignore: !F16_CONFIG,
+  ...GPU_TEST,
+  fn: () =>
+    withMemoryStore(async () => {
+      const forced = await initGpu({
+        backend: gpu.backend,
+        tuning: "lazy",
+        attentionPlan: "subgroup-matrix",
+        setDefault: false,
+        onProgress: () => {},
+      });
+      try {
+        const plan = attentionSettings.of(forced).plans.get("f16");
+        assert.ok(plan?.matrix, "forced");
+        const attend = (dtype: FloatDType) => {
+          const q = Tensor.full([1, 64, 128], 0.1, { dtype, gpu: forced });
+          fusedCausalAttention(q, q, q, { heads: 2 }).dispose();
+          q.dispose();
+        };
+        attend("f16");
+        const noted = () => pendingTuning(forced).map((p) => `${p.task} ${p.key}`);
+        assert.ok(!noted().some((k) => k.startsWith("attention")), noted().join(", "));
+        attend("f32"); // an unforced dtype is still tuned lazily
+        assert.ok(noted().includes("attention plans f32"), noted().join(", "));
+        assert.equal(attentionSettings.of(forced).plans.get("f16"), plan, "still forced");
+      } finally {
+        forced.destroy();
+      }
+    }),
 });
 
 Deno.test("subgroup-matrix attention: initGpu checks the attentionPlan names", async () => {
