@@ -9,6 +9,9 @@ import { checkInitGpuOptions, type InitGpuOptions } from "./init_options.ts";
 import { matmulSettings } from "./kernels/gemm/settings.ts";
 import { subgroupMatrixCandidates } from "./kernels/gemm/candidates.ts";
 import { matmulClassKey } from "./kernels/gemm/matmul_class.ts";
+import { attentionSettings } from "./kernels/attention/settings.ts";
+import { DEFAULT_ATTENTION_PLAN } from "./kernels/attention/plans.ts";
+import { attentionMatrixFor } from "./kernels/attention/flash_attention_subgroup_matrix.ts";
 import type { TuningProgress } from "./tuning/timing.ts";
 import { startTuning } from "./kernels/tuning_modes.ts";
 import { LAZY_TUNING_BUDGET, type TuningMode } from "./tuning/lazy.ts";
@@ -98,8 +101,36 @@ export async function initGpu(options: InitGpuOptions = {}): Promise<Gpu> {
     : "off";
   const announce = tuning === "lazy" ? announceLazyTuning() : announceTuning;
   await startTuning(gpu, tuning, options.onProgress ?? announce);
+  // After tuning started: the forced forward joins the f16 plan it tuned (or cached).
+  if (options.attentionPlan === "subgroup-matrix") forceSubgroupMatrixAttention(gpu);
   if (options.setDefault ?? true) setDefaultGpu(gpu);
   return gpu;
+}
+
+/** Destroys `gpu` and throws the GpuError of an `option` that needs subgroup matrices. */
+function failWithoutMatrices(gpu: Gpu, option: string, instead: string): never {
+  gpu.destroy();
+  fail(
+    GpuError,
+    "initGpu",
+    `${option} needs f16 and an adapter with subgroup matrices of f16 into f32 ` +
+      `(${gpu.adapterName} has ${gpu.f16 ? "none on this backend" : "no f16"}). Use the Dawn ` +
+      "backend on a GPU whose Vulkan driver has VK_KHR_cooperative_matrix " +
+      `(see docs/tensor_cores.md), or ${instead}.`,
+  );
+}
+
+/**
+ * `attentionPlan: "subgroup-matrix"`: the subgroup-matrix forward in the f16
+ * plan (at the head size the tuner times; other head sizes refit it), or a
+ * `GpuError` where the device has none.
+ */
+function forceSubgroupMatrixAttention(gpu: Gpu): void {
+  const matrix = gpu.f16 ? attentionMatrixFor(gpu, 64, "f16") : undefined;
+  if (!matrix) failWithoutMatrices(gpu, 'attentionPlan "subgroup-matrix"', 'attentionPlan "auto"');
+  const { plans } = attentionSettings.of(gpu);
+  const { matrix: _, ...tuned } = plans.get("f16") ?? DEFAULT_ATTENTION_PLAN;
+  plans.set("f16", { ...tuned, matrix });
 }
 
 /**
@@ -109,18 +140,7 @@ export async function initGpu(options: InitGpuOptions = {}): Promise<Gpu> {
  */
 function forceSubgroupMatrix(gpu: Gpu): void {
   const tiling = gpu.f16 ? subgroupMatrixCandidates(gpu, "f16")[0] : undefined;
-  if (!tiling) {
-    gpu.destroy();
-    fail(
-      GpuError,
-      "initGpu",
-      `matmulTiling "subgroup-matrix" needs f16 and an adapter with subgroup matrices of f16 ` +
-        `into f32 (${gpu.adapterName} has ${
-          gpu.f16 ? "none on this backend" : "no f16"
-        }). Use the Dawn backend on a GPU whose Vulkan driver has VK_KHR_cooperative_matrix ` +
-        '(see docs/tensor_cores.md), or matmulTiling "tune".',
-    );
-  }
+  if (!tiling) failWithoutMatrices(gpu, 'matmulTiling "subgroup-matrix"', 'matmulTiling "tune"');
   const { classTilings } = matmulSettings.of(gpu);
   for (const orientation of ["nn", "nt", "tn"] as const) {
     for (const size of ["small", "medium", "large"] as const) {

@@ -44,6 +44,16 @@ export interface InitGpuOptions {
    */
   matmulTiling?: "tune" | "default" | "subgroup-matrix" | MatmulTiling;
   /**
+   * The fused attention's plan: `"auto"` (default) as `matmulTiling` and
+   * `tuning` say (tuned, cached, or the default); `"subgroup-matrix"` runs
+   * its f16 forward on the adapter's subgroup matrices (tensor cores; Dawn
+   * only, see docs/tensor_cores.md) wherever the head size is a multiple of
+   * the config's sizes, with the backward of the f16 plan `initGpu` holds
+   * (eagerly tuned, cached, or the default: the forced f16 plan is not
+   * tuned lazily), until `tuneAttentionShapes` picks per shape.
+   */
+  attentionPlan?: "auto" | "subgroup-matrix";
+  /**
    * When kernels are tuned. `"lazy"` (default): dispatch uses the picks the
    * per-user cache holds, and a product (or attention) whose class or, on
    * GPUs, shape has none runs the default and is tuned at the next wait
@@ -169,6 +179,7 @@ const CHECKS: Record<keyof InitGpuOptions, (name: string, v: unknown) => string 
   flush,
   memoryLimitBytes: positiveBytes,
   f16Accumulation: oneOf(["f32", "chunked"]),
+  attentionPlan: oneOf(["auto", "subgroup-matrix"]),
   subgroups: boolean,
   setDefault: boolean,
   powerPreference: oneOf(["low-power", "high-performance"]),

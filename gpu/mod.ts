@@ -150,6 +150,7 @@ export {
   type TuneAttentionShapesOptions,
 } from "./kernels/attention/tuner.ts";
 export type { AttentionPlan } from "./kernels/attention/plans.ts";
+export type { AttentionMatrix } from "./kernels/attention/flash_attention_subgroup_matrix.ts";
 export type { AttentionTile } from "./kernels/attention/flash_attention_tiled.ts";
 export {
   type F16Accumulation,

@@ -99,19 +99,22 @@ Deno.test({
     withMemoryStore(() =>
       asGpu(async () => {
         const dtypes: FloatDType[] = gpu.f16 ? ["f32", "f16", "bf16"] : ["f32", "bf16"];
-        const candidates = attentionPlanCandidates(gpu, attentionTuningProblem(gpu).headSize);
-        const winners = dtypes.map((_, i) => candidates[(4 * i + 1) % candidates.length]);
-        // The dtypes are timed one after another, each over every candidate and 3 finalists:
+        const { headSize } = attentionTuningProblem(gpu);
+        // Each dtype's own (f16's add the subgroup-matrix pairings where the device has them).
+        const candidates = dtypes.map((dtype) => attentionPlanCandidates(gpu, headSize, dtype));
+        const winners = candidates.map((c, i) => c[(4 * i + 1) % c.length]);
+        // The dtypes are timed one after another, each over its candidates and 3 finalists:
         // a call's index says whose turn it is.
-        const perDtype = candidates.length + 3;
+        let timings = 0;
+        const ends = candidates.map((c) => timings += c.length + 3);
         const calls: AttentionPlan[] = [];
         const timer = (plan: AttentionPlan) => {
-          const winner = winners[Math.floor(calls.length / perDtype)];
+          const winner = winners[ends.findIndex((end) => calls.length < end)];
           calls.push(plan);
           return Promise.resolve(plan === winner ? 1e-3 : 2e-3 + calls.length * 1e-6);
         };
         const tuned = await tuneAttention(gpu, { timer, cache: true });
-        assert.equal(calls.length, dtypes.length * perDtype);
+        assert.equal(calls.length, timings);
         assert.deepEqual(
           tuned.map((t) => [t.dtype, t.best, t.cached]),
           dtypes.map((d, i) => [d, winners[i], false]),
@@ -128,7 +131,7 @@ Deno.test({
         own("this run");
         attentionSettings.reset(gpu); // a new run: only the cache remains
         const again = await tuneAttention(gpu, { timer, cache: true });
-        assert.equal(calls.length, dtypes.length * perDtype, "not timed again");
+        assert.equal(calls.length, timings, "not timed again");
         assert.deepEqual(
           again.map((t) => [t.dtype, t.best, t.cached]),
           dtypes.map((d, i) => [d, winners[i], true]),

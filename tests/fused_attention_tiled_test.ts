@@ -217,7 +217,7 @@ Deno.test({
           assert.equal(t.best, fastest);
           assert.equal(attentionSettings.of(gpu).plans.get(t.dtype), fastest);
           assert.deepEqual(t.measurements.map((m) => m.plan), [
-            ...attentionPlanCandidates(gpu, 64),
+            ...attentionPlanCandidates(gpu, 64, t.dtype),
           ]);
         }
         assert.ok(seen.some((p) => p.tile) && seen.some((p) => !p.tile), "tiled and row plans");

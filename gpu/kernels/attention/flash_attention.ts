@@ -28,7 +28,10 @@
  *
  * These are the row plans; plans with a `tile` run the register-tiled kernels
  * of flash_attention_tiled.ts instead (GPUs only; same inputs, outputs,
- * log-sum-exp, δ and dropout mask), chosen here by the same plan lookup.
+ * log-sum-exp, δ and dropout mask), chosen here by the same plan lookup; and
+ * plans with a `matrix` run the f16 forward of
+ * flash_attention_subgroup_matrix.ts (tensor cores through Dawn) before
+ * their row or tiled backward.
  */
 import type { Gpu } from "../../device/gpu.ts";
 
@@ -58,6 +61,11 @@ import {
   QUERIES,
   VALUES,
 } from "./flash_attention_shared.ts";
+import {
+  fittingMatrix,
+  matrixAttentionIterations,
+  subgroupMatrixAttentionKernel,
+} from "./flash_attention_subgroup_matrix.ts";
 import {
   tiledAttentionDkvKernel,
   tiledAttentionDqKernel,
@@ -467,11 +475,24 @@ function stagedBytes(stage: number, headSize: number, dtype: DType): number {
  * GPUs, else the dtype's; see gpu/kernels/attention/settings.ts), with fewer
  * rows for short sequences (the smallest candidate that covers T, so few
  * threads idle) and a smaller stage where D's tiles would not fit the
- * device's workgroup memory.
+ * device's workgroup memory; a subgroup-matrix forward where it fits D and
+ * the dtype (see {@link fittingMatrix}).
  */
 function planFor(gpu: Gpu, dtype: DType, s: FlashAttentionShape): AttentionPlan {
+  const { matrix, ...tuned } = attentionPlanFor(gpu, dtype, s) ?? DEFAULT_ATTENTION_PLAN;
+  const fitted = fittingMatrix(gpu, matrix, s.headSize, dtype);
+  const simt = simtPlanFor(gpu, dtype, s, tuned);
+  return fitted ? { ...simt, matrix: fitted } : simt;
+}
+
+/** {@link planFor} of a plan without a subgroup-matrix forward. */
+function simtPlanFor(
+  gpu: Gpu,
+  dtype: DType,
+  s: FlashAttentionShape,
+  tuned: AttentionPlan,
+): AttentionPlan {
   const { t, headSize } = s;
-  const tuned = attentionPlanFor(gpu, dtype, s) ?? DEFAULT_ATTENTION_PLAN;
   if (tuned.tile) {
     // Tuned at one head size: at another, the first tiled plan that fits (else the default).
     if (tileFits(gpu, tuned, headSize)) return tuned;
@@ -512,10 +533,14 @@ function setup(
 ) {
   const { q } = inputTensors(inputs), dtype = q.dtype;
   const plan = s.plan
-    ? { ...s.plan, stage: fittingStage(q.gpu, s.plan.stage, s.headSize, dtype) }
+    ? {
+      ...s.plan,
+      stage: fittingStage(q.gpu, s.plan.stage, s.headSize, dtype),
+      matrix: fittingMatrix(q.gpu, s.plan.matrix, s.headSize, dtype),
+    }
     : planFor(q.gpu, dtype, s);
-  const { rows, stage, tile } = plan;
-  const blocks = Math.ceil(s.t / rows), bh = s.batch * s.heads;
+  const { rows, stage, tile, matrix } = plan;
+  const bh = s.batch * s.heads;
   // The tiled kernels read scalars (their staging loads are coalesced anyway).
   const lanes = s.headSize % 4 === 0 && !tile ? 4 : 1;
   // Per row: up to T keys (or queries), each with two loops over the head's
@@ -523,9 +548,10 @@ function setup(
   // thread also copies its share of every tile.
   const vectors = s.headSize / lanes;
   const staging = stage > 0 ? Math.ceil(s.t / stage) * (Math.ceil(stage * vectors / rows) + 2) : 0;
-  const iterations = tile
-    ? tiledAttentionIterations(tile, s.headSize, s.t)
-    : s.t * (2 * vectors + 4) + staging;
+  const iterations = Math.max(
+    tile ? tiledAttentionIterations(tile, s.headSize, s.t) : s.t * (2 * vectors + 4) + staging,
+    matrix ? matrixAttentionIterations(matrix, s.headSize, s.t) : 0,
+  );
   if (iterations > q.gpu.loopIterationLimit) {
     failLoopIterations(
       q.gpu,
@@ -538,23 +564,27 @@ function setup(
   const packed = "qkv" in inputs;
   const common = { dtype, headSize: s.headSize, dropout: dropout !== null, packed };
   const config = { ...common, lanes, rows, stage } as const;
-  const c = (s.heads * s.headSize) / lanes; // C in bound elements
-  const uniforms = {
-    t: s.t,
-    heads: s.heads,
-    blocks,
-    bh,
-    scale: 1 / Math.sqrt(s.headSize),
-    p: dropout?.p ?? 0,
-    keepScale: dropout ? 1 / (1 - dropout.p) : 1,
-    key: dropout?.range.key ?? 0,
-    counter: dropout?.range.counter ?? 0,
-    inWidth: packed ? 3 * c : c,
-    qOff: 0,
-    kOff: packed ? c : 0,
-    vOff: packed ? 2 * c : 0,
+  // C in bound elements (of `width` values) and the blocks of `rows` rows.
+  const uniformsOf = (width: number, rows: number) => {
+    const c = (s.heads * s.headSize) / width;
+    return {
+      t: s.t,
+      heads: s.heads,
+      blocks: Math.ceil(s.t / rows),
+      bh,
+      scale: 1 / Math.sqrt(s.headSize),
+      p: dropout?.p ?? 0,
+      keepScale: dropout ? 1 / (1 - dropout.p) : 1,
+      key: dropout?.range.key ?? 0,
+      counter: dropout?.range.counter ?? 0,
+      inWidth: packed ? 3 * c : c,
+      qOff: 0,
+      kOff: packed ? c : 0,
+      vOff: packed ? 2 * c : 0,
+    };
   };
-  const gpu = q.gpu;
+  const uniforms = uniformsOf(lanes, rows), gpu = q.gpu;
+  const grid = grid1d(uniforms.blocks * bh);
   // The three kernels of the plan, compiled on first use.
   const kernels = tile
     ? {
@@ -567,7 +597,21 @@ function setup(
       dq: () => gpu.kernel(flashAttentionDqKernel, config),
       dkv: () => gpu.kernel(flashAttentionDkvKernel, config),
     };
-  return { kernels, uniforms, grid: grid1d(blocks * bh), empty: bh === 0 || s.t === 0 };
+  // A subgroup-matrix forward has its own blocks (and binds vec4s); the backward is the plan's.
+  const matrixUniforms = matrix && uniformsOf(4, matrix.subgroups * matrix.sm);
+  const forward = matrix && matrixUniforms
+    ? {
+      kernel: () =>
+        gpu.kernel(subgroupMatrixAttentionKernel, {
+          ...matrix,
+          headSize: s.headSize,
+          dropout: dropout !== null,
+        }),
+      uniforms: matrixUniforms,
+      grid: grid1d(matrixUniforms.blocks * bh),
+    }
+    : { kernel: kernels.forward, uniforms, grid };
+  return { kernels, forward, uniforms, grid, empty: bh === 0 || s.t === 0 };
 }
 
 /** o [B, T, H·D] and lse [B·H, T] (f32) of causal attention (no autograd). */
@@ -579,13 +623,13 @@ export function launchFlashAttention(
   const { q, k, v } = inputTensors(inputs), gpu = q.gpu;
   const o = DeviceArray.empty([s.batch, s.t, s.heads * s.headSize], q.dtype, gpu);
   const lse = DeviceArray.empty([s.batch * s.heads, s.t], "f32", gpu);
-  const { kernels, uniforms, grid, empty } = setup(inputs, s, dropout);
+  const { forward, empty } = setup(inputs, s, dropout);
   if (empty) return { o, lse };
   gpu.dispatch(
-    kernels.forward(),
+    forward.kernel(),
     { q, k, v, o, lse },
-    uniforms,
-    grid,
+    forward.uniforms,
+    forward.grid,
   );
   return { o, lse };
 }

@@ -5,11 +5,13 @@
  * list candidates without importing the kernels back.
  */
 import type { Gpu } from "../../device/gpu.ts";
+import type { DType } from "../../base/dtype.ts";
 import {
   type AttentionTile,
   TILED_ATTENTION_TILES,
   tiledAttentionBytes,
 } from "./flash_attention_tiled.ts";
+import { type AttentionMatrix, attentionMatrixFor } from "./flash_attention_subgroup_matrix.ts";
 
 /** How the fused attention kernels split their work: rows per workgroup, and rows staged per step. */
 export interface AttentionPlan {
@@ -27,6 +29,13 @@ export interface AttentionPlan {
    * over `bc` rows of the other side, each thread a `rm` × `rn` block.
    */
   tile?: AttentionTile;
+  /**
+   * Set for the subgroup-matrix forward (f16 only; tensor cores through
+   * Dawn, gpu/kernels/attention/flash_attention_subgroup_matrix.ts): it
+   * replaces the forward kernel; the backward runs the plan's other fields
+   * as usual.
+   */
+  matrix?: AttentionMatrix;
 }
 
 /** Sizes of one fused attention call. */
@@ -61,17 +70,26 @@ export const TILED_ATTENTION_PLANS: readonly AttentionPlan[] = TILED_ATTENTION_T
 }));
 
 /**
- * The plans tried on `gpu` at head size D: on CPU adapters only the row plans
- * reading from storage (there a barrier costs more than the shared reads
- * save), on GPUs all row plans and the register-tiled ones whose tiles fit
- * the workgroup memory.
+ * The plans tried on `gpu` at head size D for q, k, v in `dtype`: on CPU
+ * adapters only the row plans reading from storage (there a barrier costs
+ * more than the shared reads save), on GPUs all row plans and the
+ * register-tiled ones whose tiles fit the workgroup memory, and for f16
+ * where the device has subgroup matrices the subgroup-matrix forward, paired
+ * with the default row plan's and each fitting tiled plan's backward (its
+ * forward's one compile serves every pairing; lavapipe, a CPU adapter, is
+ * never offered it: it emulates the matrix products and compiles such a
+ * kernel in seconds).
  */
-export function attentionPlanCandidates(gpu: Gpu, headSize = 64): readonly AttentionPlan[] {
+export function attentionPlanCandidates(
+  gpu: Gpu,
+  headSize = 64,
+  dtype: DType = "f32",
+): readonly AttentionPlan[] {
   if (gpu.adapterProfile.cpu) return ATTENTION_PLAN_CANDIDATES.filter((p) => p.stage === 0);
-  return [
-    ...ATTENTION_PLAN_CANDIDATES,
-    ...TILED_ATTENTION_PLANS.filter((p) => tileFits(gpu, p, headSize)),
-  ];
+  const tiled = TILED_ATTENTION_PLANS.filter((p) => tileFits(gpu, p, headSize));
+  const matrix = attentionMatrixFor(gpu, headSize, dtype);
+  const paired = matrix ? [DEFAULT_ATTENTION_PLAN, ...tiled].map((p) => ({ ...p, matrix })) : [];
+  return [...ATTENTION_PLAN_CANDIDATES, ...tiled, ...paired];
 }
 
 /** Whether a tiled plan's tiles at head size D fit `gpu`'s workgroup memory and threads. */

@@ -21,7 +21,7 @@ import { defineTunerSettings, type TunerSettings } from "../../tuning/settings.t
 import { noteUntuned } from "../../tuning/lazy.ts";
 
 /** Bump when the kernels, candidates or the key change: older cached picks are ignored. */
-const ATTENTION_SHAPES_VERSION = 1;
+const ATTENTION_SHAPES_VERSION = 2;
 
 /** The tasks under which the attention tuners' work is reported and noted for lazy tuning. */
 export const ATTENTION_PLAN_TASK = "attention plans", ATTENTION_SHAPE_TASK = "attention shapes";
@@ -115,7 +115,7 @@ export const ATTENTION_SHAPE_STORE: PickStore<AttentionShape, AttentionShapeReco
     const { heads, t, headSize, dtype } = entry.shape;
     if (![heads, t, headSize].every((c) => Number.isInteger(c) && c > 0)) return undefined;
     if (!DTYPES.includes(dtype)) return undefined;
-    const plan = attentionPlanCandidates(gpu, headSize).find((c) =>
+    const plan = attentionPlanCandidates(gpu, headSize, dtype).find((c) =>
       JSON.stringify(c) === JSON.stringify(entry.plan)
     );
     return plan && { shape: { heads, t, headSize, dtype }, plan, seconds: entry.seconds };

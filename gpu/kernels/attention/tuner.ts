@@ -38,7 +38,7 @@ import {
 } from "../../tuning/picks.ts";
 
 /** Bump when the kernels or candidates change: cached winners of older versions are ignored. */
-const TUNER_VERSION = 5;
+const TUNER_VERSION = 6;
 
 /** One dtype's result. */
 export interface AttentionTuning {
@@ -67,10 +67,13 @@ const DTYPE_STORE: PickStore<FloatDType, DtypeRecord> = {
   tuner: "attentionTuning",
   version: TUNER_VERSION,
   keyOf: (dtype) => dtype,
-  check(_gpu, entry) {
-    const pick = [...ATTENTION_PLAN_CANDIDATES, ...TILED_ATTENTION_PLANS].find((c) =>
-      JSON.stringify(c) === JSON.stringify(entry.pick)
-    );
+  check(gpu, entry) {
+    const pick = [
+      ...ATTENTION_PLAN_CANDIDATES,
+      ...TILED_ATTENTION_PLANS,
+      // The tuning problem's head size (64): the subgroup-matrix pairings of f16.
+      ...attentionPlanCandidates(gpu, 64, "f16").filter((p) => p.matrix),
+    ].find((c) => JSON.stringify(c) === JSON.stringify(entry.pick));
     return pick && { shape: entry.shape, pick, seconds: entry.seconds };
   },
 };
@@ -103,7 +106,7 @@ async function timePlans(
 > {
   const { batch, t, heads, headSize } = problem, c = heads * headSize;
   let scratch: { qkv: DeviceArray; dout: DeviceArray } | undefined;
-  const candidates = attentionPlanCandidates(gpu, headSize);
+  const candidates = attentionPlanCandidates(gpu, headSize, dtype);
   let trials = 0;
   try {
     const timed = await timeCandidates(candidates, (plan) => {
