@@ -84,14 +84,21 @@ Deno.test({
       [0, 1, 2].map(() => xs.slice(r * 4, r * 4 + 4).reduce((a, b) => a + b, 0))
     );
     assertClose(await y.read(), expected, TOL.f16, "read from the copy");
-    for (let micro = 0; micro < 2; micro++) {
-      const loss = tidy(() => autocast(() => sum(linear(x, w)), { masterWeights: masters }));
+    // linear writes W's gradient in f32 straight into the master (weightGradTarget); matmul
+    // reads the copy as a cast of the master, whose rule casts the copy's f16 gradient up.
+    const products = [
+      () => linear(x, w),
+      () => linear(x, w),
+      () => matmul(x, w, { transB: true }),
+    ];
+    for (const product of products) {
+      const loss = tidy(() => autocast(() => sum(product()), { masterWeights: masters }));
       loss.backward();
       loss.dispose();
+      assert.equal(w.grad!.dtype, "f32");
     }
-    assert.equal(w.grad!.dtype, "f32");
-    // d Σ(x·Wᵀ) / dW[o, i] = Σ_r x[r, i], twice (two micro-batches accumulate).
-    const dw = [0, 1, 2].flatMap(() => [0, 1, 2, 3].map((i) => 2 * (xs[i] + xs[4 + i])));
+    // d Σ(x·Wᵀ) / dW[o, i] = Σ_r x[r, i], three times (three micro-batches accumulate).
+    const dw = [0, 1, 2].flatMap(() => [0, 1, 2, 3].map((i) => 3 * (xs[i] + xs[4 + i])));
     assertClose(await w.grad!.read(), dw, TOL.f16, "accumulated master gradient");
     masters.dispose();
   },

@@ -326,6 +326,8 @@ Deno.test("safetensors: truncated and corrupt files are rejected with clear erro
   }
   rejects(one({ data_offsets: [0, 8] }), /"t": data_offsets \[0, 8\] span 8 bytes .* needs 12/);
   rejects(one({ data_offsets: [4, 16] }, f32(4)), /hole of 4 bytes before tensor "t"/);
+  // The smallest hole, one byte: offsets one off from the data they describe.
+  rejects(one({ data_offsets: [1, 13] }, new Uint8Array(13)), /hole of 1 bytes before tensor "t"/);
   rejects(one({ data_offsets: [0] }), /"t": data_offsets \[0\] must be \[begin, end\]/);
   rejects(one({ data_offsets: [0, 12] }, f32(2)), /truncated: tensor "t" ends at data byte 12/);
   const two = (bBegin: number, data: Uint8Array) =>
@@ -335,6 +337,7 @@ Deno.test("safetensors: truncated and corrupt files are rejected with clear erro
     }, data);
   rejects(two(8, f32(5)), /Tensor "b" \[8, 20\) overlaps tensor "a"/);
   rejects(two(16, f32(7)), /hole of 4 bytes before tensor "b"/);
+  rejects(two(13, new Uint8Array(25)), /hole of 1 bytes before tensor "b"/);
   rejects(fileByHand({ __metadata__: { step: 1 } }, new Uint8Array()), /"__metadata__" must be/);
   // A 10 MB name or value is cut, never echoed whole.
   const hugeName = "n".repeat(10_000_000);
