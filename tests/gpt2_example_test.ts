@@ -14,6 +14,7 @@ import assert from "node:assert/strict";
 import { join } from "node:path";
 import {
   assertRefused,
+  BACKEND_PERMISSIONS,
   errorLines,
   events,
   GPT2,
@@ -211,7 +212,15 @@ Deno.test({
  */
 async function copyWhenSaved(args: string[], path: string, step: number, copy: string) {
   const child = new Deno.Command(Deno.execPath(), {
-    args: ["run", "--allow-read", "--allow-env", "--allow-write", GPT2, ...args],
+    args: [
+      "run",
+      "--allow-read",
+      "--allow-env",
+      "--allow-write",
+      ...BACKEND_PERMISSIONS,
+      GPT2,
+      ...args,
+    ],
     env: { DENO_WEBGPU_BACKEND: "vulkan,metal,dx12", NO_COLOR: "1" },
     stdout: "piped",
     stderr: "piped",

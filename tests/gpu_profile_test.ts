@@ -9,6 +9,7 @@
 import assert from "node:assert/strict";
 import { matmul, MATMUL_CANDIDATES, type MatmulTiling, Tensor, tuneMatmul } from "../gpu/mod.ts";
 import { defaultTuningClasses, matmulCandidates } from "../gpu/kernels/gemm/class_tuner.ts";
+import { subgroupMatrixCandidates } from "../gpu/kernels/gemm/candidates.ts";
 import {
   classOf,
   matmulClassKey,
@@ -62,11 +63,13 @@ Deno.test({
         ],
         [64, 16, 256],
       );
-      // Every candidate that fits, GPU ones included; every class size; staged attention plans.
+      // Every candidate that fits, GPU ones included, after the subgroup-matrix ones where the
+      // device has them (through Dawn: tests/subgroup_matrix_tilings_test.ts tests those); every
+      // class size; staged attention plans.
       for (const dtype of ["f32", "f16"] as const) {
         const candidates = matmulCandidates(gpu, dtype);
         const fit = MATMUL_CANDIDATES.filter((t) => tilingFits(t, dtype, p.limits));
-        assert.deepEqual(candidates, fit, dtype);
+        assert.deepEqual(candidates, [...subgroupMatrixCandidates(gpu, dtype), ...fit], dtype);
         assert.ok(BLOCKED.every((t) => candidates.includes(t)), `${dtype}: blocked tilings run`);
         assert.ok(
           candidates.filter((t) => t.variant === "vec4").length >= 4,
@@ -105,8 +108,10 @@ Deno.test({
     assert.equal(bytes(tooLarge, "f32"), 16896);
     assert.equal(bytes(tooLarge, "f16"), 8448);
     await asGpu(async () => {
+      // The SIMT GPU tilings (the subgroup-matrix ones a Dawn device adds are another family's).
       const names = (dtype: "f32" | "f16") =>
-        matmulCandidates(gpu, dtype).filter((t) => tilingKind(t).forGpus).map(tilingName);
+        matmulCandidates(gpu, dtype)
+          .filter((t) => tilingKind(t).forGpus && t.variant !== "subgroup-matrix").map(tilingName);
       assert.deepEqual(names("f32"), ["vec4 128x256x8 t8x16", "vec4 64x64x16 t4x4"]);
       assert.deepEqual(names("f16"), [
         "vec4 128x256x8 t8x16",

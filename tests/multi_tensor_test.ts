@@ -273,7 +273,7 @@ async function gpuStyleRun(o: (typeof OPTIMIZERS)[number], onGpu: boolean) {
 
 Deno.test(
   "multi-tensor, as on a GPU: SGD, Adam and AdamW updates, unscale and clipping fill every slot " +
-    "the device allows (16; the updates as many as its storage bindings allow), match f64 " +
+    "the device allows (16, as many as its storage bindings allow), match f64 " +
     "and give the bits of one tensor per dispatch",
   GPU_TEST,
   async () => {
@@ -293,11 +293,13 @@ Deno.test(
         one.outcome,
         `${o.name}: as on a GPU vs one per dispatch`,
       );
-      // Two steps; unscale and clipping's two passes at 16 a dispatch, the updates at their most.
+      // Two steps; unscale (a gradient a slot, beside the scale and the flag) and every kernel at
+      // its most: 16 a dispatch where the device's storage bindings allow (Deno's lavapipe allows
+      // 32; Dawn's, 16, leaves unscale 14).
       const sgd = o.name.startsWith("SGD");
       const update = sgd ? fullRuns(4, 2) : fullRuns(5, 3);
       const twice = (runs: number[]) => [...runs, ...runs];
-      assert.deepEqual(slotsOf(many.keys, "grad_scaler_unscale"), twice([16, 1]), o.name);
+      assert.deepEqual(slotsOf(many.keys, "grad_scaler_unscale"), twice(fullRuns(1, 2)), o.name);
       assert.deepEqual(slotsOf(many.keys, sgd ? "fused_sgd" : "fused_adam"), twice(update), o.name);
       assert.ok(slotsOf(one.keys, "grad_scaler_unscale").every((s) => s === 1));
     }

@@ -260,7 +260,9 @@ Deno.test({
   async fn() {
     const warnings = await capturedWarnings(() =>
       withoutShaderF16(async () => {
-        const options = { matmulTiling: "default", setDefault: false } as const;
+        // On the builtin backend, whose adapters come from the navigator.gpu patched above (the
+        // fallback is initGpu's own rule, the same for every backend).
+        const options = { matmulTiling: "default", setDefault: false, backend: "builtin" } as const;
         const a = await initGpu(options), b = await initGpu(options);
         assert.equal(a.f16, false);
         assert.equal(b.f16, false);

@@ -112,7 +112,14 @@ fn main(${WGSL_GRID_BUILTINS}) {
         }
       }`)
     }
-  if (${subgroups ? "subgroupAny(bad) && subgroupBroadcastFirst(lid) == lid" : "bad"}) {
+  ${
+      // Both subgroup calls before the branch: Tint (Dawn) refuses one on the right of a && in
+      // its uniformity analysis, as the short circuit makes it conditional.
+      subgroups
+        ? `let any_bad = subgroupAny(bad);
+  let first = subgroupBroadcastFirst(lid);
+  if (any_bad && first == lid) {`
+        : "if (bad) {"}
     atomicStore(&found[0], ${ONE_BITS}u);
   }
 }`;
