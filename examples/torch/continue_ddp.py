@@ -32,6 +32,7 @@ input is one line on stderr and exit status 1 (a file) or 2 (a flag).
 """
 
 import contextlib
+import datetime
 import hashlib
 import json
 import os
@@ -198,8 +199,10 @@ def train_rank(rank, args, port, p):
     if cuda:
         torch.cuda.set_device(device)
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    # A rank that never arrives (or a collective that never completes) ends the run in minutes
+    # with one line, not after the default half hour.
     dist.init_process_group("nccl" if cuda else "gloo", init_method=f"tcp://127.0.0.1:{port}",
-                            rank=rank, world_size=world)
+                            rank=rank, world_size=world, timeout=datetime.timedelta(minutes=5))
     run, order, share = p["run"], p["order"], p["batch"] // world
     model = mnist_mlp().to(device)
     model.load_state_dict(run["model"], strict=True)
