@@ -9,35 +9,18 @@
  *   checkpointing, and AMP + checkpointing with the unfused head (logits
  *   whole) where one buffer holds them, each from a fresh model: the step's
  *   peak bytes (weights, AdamW state and activations) and the preflight's
- *   estimate beside it. The buffer pool allocates as ops are recorded, so the
- *   peak is read once the step is recorded, without reading the loss back
- *   (recording still waits for the GPU at times: on a CPU adapter a 124M step
- *   at this size takes many minutes, and did not finish on a shared 2-vCPU
- *   machine). The
- *   peak does not depend on the adapter. `--size small` runs batch 2 × 128.
+ *   estimate beside it, each mode in a process of its own that exits once
+ *   its step is recorded (see gpt2_memory_step.ts). The peak does not depend
+ *   on the adapter. `--size small` runs batch 2 × 128.
  *
  * @module
  */
-import {
-  AdamW,
-  AmpTrainer,
-  crossEntropy,
-  type Gpu,
-  noGrad,
-  RandomGenerator,
-  Tensor,
-  tidy,
-} from "../mod.ts";
-import { type BenchOptions, disposeAll, resolveSize, type Result, warmUp } from "./_bench.ts";
+import { type Gpu, noGrad, RandomGenerator, Tensor, tidy } from "../mod.ts";
+import { type BenchOptions, resolveSize, type Result, warmUp } from "./_bench.ts";
 import { KvCache } from "./gpt2_generate.ts";
-import { gpt2StepPeakBytes } from "./gpt2_memory.ts";
-import { GPT2_124M, gpt2Config, type Gpt2Sizes, initGpt2 } from "./gpt2_weights.ts";
+import { bufferLimit, GPT2_MEMORY_MODES } from "./gpt2_memory_step.ts";
+import { GPT2_124M, gpt2Config, type Gpt2Sizes } from "./gpt2_weights.ts";
 import { TinyGpt } from "./tiny_gpt_model.ts";
-
-/** The most bytes one buffer may hold and a kernel bind on this adapter. */
-function bufferLimit(gpu: Gpu): number {
-  return Math.min(gpu.device.limits.maxBufferSize, gpu.device.limits.maxStorageBufferBindingSize);
-}
 
 /** Per-token milliseconds at a position: `tokens` steps starting there, after one untimed. */
 async function msPerToken(
@@ -104,67 +87,36 @@ export async function benchGpt2(gpu: Gpu, o: BenchOptions): Promise<Result[]> {
   return results;
 }
 
-/** The modes of the memory table. */
-const MODES = [
-  { mode: "f32", amp: false, dtype: "f16", checkpoint: false, fused: true },
-  { mode: "amp", amp: true, dtype: "f16", checkpoint: false, fused: true },
-  { mode: "amp+ckpt", amp: true, dtype: "f16", checkpoint: true, fused: true },
-  { mode: "bf16+ckpt", amp: true, dtype: "bf16", checkpoint: true, fused: true },
-  // The unfused head's logits [4096, 50257] (823 MB in f32) exceed one buffer on many adapters.
-  { mode: "amp+ckpt, unfused head", amp: true, dtype: "f16", checkpoint: true, fused: false },
-] as const;
-
-/** One training step of GPT-2 124M per mode: its peak bytes. */
+/**
+ * One training step of GPT-2 124M per mode: its peak bytes. Each mode runs in
+ * a process of its own (examples/gpt2_memory_step.ts) that exits once its
+ * step is recorded, so no mode waits for the adapter to run another's step
+ * (tens of minutes on a CPU adapter).
+ */
 export async function benchGpt2Memory(gpu: Gpu, o: BenchOptions): Promise<Result[]> {
   const real = resolveSize(gpu, o.size) === "real";
   const batch = real ? 8 : 2, context = real ? 512 : 128;
-  const rng = new RandomGenerator(5);
-  const ids = Array.from(rng.uniform(batch * context), (u) => Math.floor(u * 50257));
-  const targets = Array.from(rng.uniform(batch * context), (u) => Math.floor(u * 50257));
   const results: Result[] = [];
-  const limit = bufferLimit(gpu);
-  for (const m of MODES) {
-    if (!m.fused && 4 * batch * context * 50257 > limit) continue; // the logits would not fit
-    await gpu.sync();
-    gpu.resetPeakMemory();
-    const model = new TinyGpt(gpt2Config(GPT2_124M, 1, bufferLimit(gpu)));
-    initGpt2(model, 1);
-    if (m.checkpoint) model.blocks.checkpoint = GPT2_124M.layers;
-    const optimizer = new AdamW(model.parameters(), { lr: 1e-4, weightDecay: 0.01 });
-    const trainer = new AmpTrainer(model, optimizer, {
-      enabled: m.amp,
-      dtype: m.dtype,
-      maxGradNorm: 1,
-    });
-    const x = Tensor.from(ids, [batch, context], { dtype: "i32" });
-    const start = performance.now();
-    const loss = trainer.step(() =>
-      m.fused ? model.loss(x, targets) : crossEntropy(model.forward(x), targets)
-    );
-    // Every buffer of the step is allocated (and the freed ones returned) by now.
-    const seconds = (performance.now() - start) / 1000;
-    const peakBytes = gpu.memoryStats().peakBytes;
-    results.push({
-      bench: "gpt2_memory",
-      mode: m.mode,
-      model: `GPT-2 124M, batch ${batch} × ${context}`,
-      recordSeconds: seconds,
-      peakBytes,
-      peakGiB: peakBytes / 2 ** 30,
-      estimatedGiB: gpt2StepPeakBytes(GPT2_124M, {
-        batch,
-        context,
-        amp: m.amp,
-        checkpoint: m.checkpoint,
-        training: true,
-        sampleLength: 1,
-      }) / 2 ** 30,
-    });
-    // Printed at once: the process may be stopped before lavapipe has run the recorded steps.
-    console.error(
-      `gpt2_memory ${m.mode}: ${peakBytes} bytes (${(peakBytes / 2 ** 30).toFixed(3)} GiB)`,
-    );
-    disposeAll(loss, x, trainer, optimizer, model);
+  for (const m of GPT2_MEMORY_MODES) {
+    if (!m.fused && 4 * batch * context * 50257 > bufferLimit(gpu)) continue; // the logits would not fit
+    const { code, stdout, stderr } = await new Deno.Command(Deno.execPath(), {
+      args: [
+        "run",
+        "-A",
+        new URL("./gpt2_memory_step.ts", import.meta.url).pathname,
+        `--mode=${m.mode}`,
+        `--batch=${batch}`,
+        `--context=${context}`,
+        `--backend=${gpu.backend}`,
+      ],
+      stdout: "piped",
+      stderr: "piped",
+    }).output();
+    if (code !== 0) {
+      throw new Error(`gpt2_memory ${m.mode}: ${new TextDecoder().decode(stderr).trim()}`);
+    }
+    const result = JSON.parse(new TextDecoder().decode(stdout).trim().split("\n").at(-1)!);
+    results.push(result as Result);
   }
   return results;
 }

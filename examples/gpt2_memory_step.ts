@@ -1,0 +1,146 @@
+/**
+ * One GPT-2 124M training step's peak bytes, in a process of its own: the
+ * measurement behind `bench.ts gpt2_memory` (which runs this file once per
+ * mode) and docs/gpt2.md's memory table.
+ *
+ *     deno run -A examples/gpt2_memory_step.ts --mode amp+ckpt [--batch 8 --context 512]
+ *
+ * prints one JSON line and exits as soon as the step is recorded, without
+ * waiting for the adapter to run it. That is honest: the buffer pool
+ * allocates (and takes back) every buffer as ops are recorded, so its peak
+ * is final once `trainer.step` returns, and nothing in a step reads back.
+ * It matters on a CPU adapter, where recording waits for execution anyway:
+ * lavapipe runs a submitted batch inside `queue.submit` (Deno's wgpu), and
+ * under Dawn creating a compute pipeline waits while lavapipe's queue runs.
+ * So each step's pipelines are compiled first, by the same step on a
+ * one-block GPT-2 at batch 1 (cheap to run), and the 124M step then records
+ * in seconds instead of running for tens of minutes.
+ *
+ * @module
+ */
+import {
+  AdamW,
+  AmpTrainer,
+  crossEntropy,
+  type Gpu,
+  initGpu,
+  RandomGenerator,
+  Tensor,
+} from "../mod.ts";
+import { parseFlags } from "./_cli.ts";
+import { backendFlag } from "./_backend_flag.ts";
+import { gpt2StepPeakBytes } from "./gpt2_memory.ts";
+import { GPT2_124M, gpt2Config, type Gpt2Sizes, initGpt2 } from "./gpt2_weights.ts";
+import { TinyGpt } from "./tiny_gpt_model.ts";
+
+/** A row of the memory table. */
+export interface Gpt2MemoryMode {
+  mode: string;
+  amp: boolean;
+  dtype: "f16" | "bf16";
+  checkpoint: boolean;
+  /** The chunked head and loss (`model.loss`), or the logits whole. */
+  fused: boolean;
+}
+
+/** The modes of the memory table. */
+export const GPT2_MEMORY_MODES: readonly Gpt2MemoryMode[] = [
+  { mode: "f32", amp: false, dtype: "f16", checkpoint: false, fused: true },
+  { mode: "amp", amp: true, dtype: "f16", checkpoint: false, fused: true },
+  { mode: "amp+ckpt", amp: true, dtype: "f16", checkpoint: true, fused: true },
+  { mode: "bf16+ckpt", amp: true, dtype: "bf16", checkpoint: true, fused: true },
+  // The unfused head's logits [4096, 50257] (823 MB in f32) exceed one buffer on many adapters.
+  { mode: "amp+ckpt, unfused head", amp: true, dtype: "f16", checkpoint: true, fused: false },
+];
+
+/** The most bytes one buffer may hold and a kernel bind on this adapter. */
+export function bufferLimit(gpu: Gpu): number {
+  return Math.min(gpu.device.limits.maxBufferSize, gpu.device.limits.maxStorageBufferBindingSize);
+}
+
+/** Records one training step of a fresh GPT-2 of `sizes` in mode `m`; returns what to dispose. */
+function recordStep(gpu: Gpu, sizes: Gpt2Sizes, m: Gpt2MemoryMode, ids: number[][]) {
+  const [batch, context] = [ids.length, ids[0].length];
+  const model = new TinyGpt(gpt2Config(sizes, 1, bufferLimit(gpu)));
+  initGpt2(model, 1);
+  if (m.checkpoint) model.blocks.checkpoint = sizes.layers;
+  const optimizer = new AdamW(model.parameters(), { lr: 1e-4, weightDecay: 0.01 });
+  const trainer = new AmpTrainer(model, optimizer, {
+    enabled: m.amp,
+    dtype: m.dtype,
+    maxGradNorm: 1,
+  });
+  const x = Tensor.from(ids.flat(), [batch, context], { dtype: "i32" });
+  const targets = ids.flat().map((id) => (id * 7 + 1) % sizes.vocab);
+  const loss = trainer.step(() =>
+    m.fused ? model.loss(x, targets) : crossEntropy(model.forward(x), targets)
+  );
+  return [loss, x, trainer, optimizer, model];
+}
+
+/**
+ * The peak bytes of one GPT-2 124M training step at `batch` × `context` in
+ * mode `m`, read once the step is recorded (it may still be running), with
+ * the preflight's estimate beside it.
+ */
+export async function measureGpt2Step(
+  gpu: Gpu,
+  m: Gpt2MemoryMode,
+  batch: number,
+  context: number,
+): Promise<Record<string, unknown> & { peakBytes: number }> {
+  const rng = new RandomGenerator(5);
+  const ids = Array.from(
+    { length: batch },
+    () => Array.from(rng.uniform(context), (u) => Math.floor(u * GPT2_124M.vocab)),
+  );
+  // Compile the step's pipelines on a one-block model at batch 1 (same widths, same kernels).
+  for (const t of recordStep(gpu, { ...GPT2_124M, layers: 1 }, m, ids.slice(0, 1))) t.dispose();
+  await gpu.sync();
+  gpu.resetPeakMemory();
+  const start = performance.now();
+  const made = recordStep(gpu, GPT2_124M, m, ids);
+  const recordSeconds = (performance.now() - start) / 1000;
+  const peakBytes = gpu.memoryStats().peakBytes;
+  for (const t of made) t.dispose();
+  const estimate = gpt2StepPeakBytes(GPT2_124M, {
+    batch,
+    context,
+    amp: m.amp,
+    checkpoint: m.checkpoint,
+    training: true,
+    sampleLength: 1,
+  });
+  return {
+    bench: "gpt2_memory",
+    mode: m.mode,
+    model: `GPT-2 124M, batch ${batch} × ${context}`,
+    recordSeconds,
+    peakBytes,
+    peakGiB: peakBytes / 2 ** 30,
+    estimatedGiB: estimate / 2 ** 30,
+  };
+}
+
+if (import.meta.main) {
+  const { values } = parseFlags({
+    args: Deno.args,
+    options: {
+      mode: { type: "string", default: "amp+ckpt" },
+      batch: { type: "string", default: "8" },
+      context: { type: "string", default: "512" },
+      backend: { type: "string" },
+    },
+  });
+  const m = GPT2_MEMORY_MODES.find((x) => x.mode === values.mode);
+  if (!m) {
+    console.error(
+      `gpt2_memory_step: --mode must be one of ${GPT2_MEMORY_MODES.map((x) => x.mode).join(", ")}`,
+    );
+    Deno.exit(2);
+  }
+  const gpu = await initGpu({ tuning: "off", backend: backendFlag(values.backend) });
+  const result = await measureGpt2Step(gpu, m, Number(values.batch), Number(values.context));
+  console.log(JSON.stringify({ ...result, adapter: gpu.adapterName, backend: gpu.backend }));
+  Deno.exit(0); // without waiting for the adapter to run the recorded step
+}
