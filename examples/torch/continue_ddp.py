@@ -46,7 +46,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
 
-from halfstep_run import (ArgumentParser, RunFileError, UsageError, make_optimizer, make_scaler, make_scheduler,
+from halfstep_run import (ArgumentParser, RunFileError, UsageError, exit_in_one_line, make_optimizer, make_scaler, make_scheduler,
                           parse_schedule, read_run, schedule_factor, write_run)
 from mnist_order import DataOrder
 
@@ -276,13 +276,8 @@ def main():
             raise UsageError(f"--procs {args.procs} needs as many GPUs; {torch.cuda.device_count()} found")
         p = plan(args)
         load_mnist(args.mnist, p["shape"]["limit"])  # a missing folder is said before starting
-    except (RunFileError, UsageError) as e:
-        print(f"continue_ddp: {e}", file=sys.stderr)
-        sys.exit(2 if isinstance(e, UsageError) else 1)
-    except (ValueError, KeyError, TypeError, IndexError) as e:  # what the checks above missed
-        print(f"continue_ddp: {args.run}: cannot be continued ({type(e).__name__}: "
-              f"{str(e).splitlines()[0][:200] if str(e) else 'no detail'})", file=sys.stderr)
-        sys.exit(1)
+    except (RunFileError, ValueError, KeyError, TypeError, IndexError) as e:  # checks' and missed
+        exit_in_one_line("continue_ddp", e, args.run, "continued")
     if args.batch and args.batch != p["shape"]["batch"]:
         print(f"continue_ddp: --batch {args.batch}: THE RUN WAS TRAINED WITH BATCH {p['shape']['batch']}; "
               f"the optimizer now sees {args.batch} examples a step, so this is another run (and "

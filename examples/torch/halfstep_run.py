@@ -140,6 +140,17 @@ def write_run(path, model, optimizer, scheduler=None, schedule=None, scaler=None
     write_safetensors(path, tensors, metadata)
 
 
+def exit_in_one_line(tool, error, subject, cannot):
+    """Ends a tool on bad input with one line: what a check said (exit 2 for a flag, 1 for a file),
+    or, for an error the checks missed, which input and the error's first line (exit 1)."""
+    if isinstance(error, (RunFileError, UsageError, OSError)):
+        print(f"{tool}: {error}", file=sys.stderr)
+        sys.exit(2 if isinstance(error, UsageError) else 1)
+    detail = str(error).splitlines()[0][:200] if str(error) else "no detail"
+    print(f"{tool}: {subject}: cannot be {cannot} ({type(error).__name__}: {detail})", file=sys.stderr)
+    sys.exit(1)
+
+
 class ArgumentParser(argparse.ArgumentParser):
     """argparse's parser, whose errors are one line (``script: problem (see --help)``), exit status 2."""
 

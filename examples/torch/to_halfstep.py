@@ -27,7 +27,7 @@ import sys
 
 import torch
 
-from halfstep_run import (ArgumentParser, RunFileError, UsageError, parse_schedule, refuse_unsupported, schedule_factor,
+from halfstep_run import (ArgumentParser, RunFileError, UsageError, exit_in_one_line, parse_schedule, refuse_unsupported, schedule_factor,
                           write_run)
 
 
@@ -86,13 +86,8 @@ def main():
         model = {k.removeprefix("module."): v for k, v in checkpoint["model"].items()}
         write_run(args.out, model, dict(checkpoint["optimizer"], kind=args.optimizer), scheduler,
                   schedule, checkpoint.get("scaler") or None)
-    except (RunFileError, UsageError, OSError) as e:
-        print(f"to_halfstep: {e}", file=sys.stderr)
-        sys.exit(2 if isinstance(e, UsageError) else 1)
-    except (ValueError, KeyError, TypeError, AttributeError) as e:  # what the checks above missed
-        print(f"to_halfstep: {args.checkpoint}: cannot be converted ({type(e).__name__}: "
-              f"{str(e).splitlines()[0][:200] if str(e) else 'no detail'})", file=sys.stderr)
-        sys.exit(1)
+    except (RunFileError, OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        exit_in_one_line("to_halfstep", e, args.checkpoint, "converted")
 
 
 if __name__ == "__main__":
