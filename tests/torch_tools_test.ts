@@ -289,6 +289,37 @@ Deno.test({
   },
 });
 
+Deno.test("to_halfstep.py: a checkpoint carrying a pickled payload is refused in one line and the payload never runs (zip and legacy formats)", async () => {
+  const dir = await Deno.makeTempDir();
+  try {
+    for (const format of ["zip", "legacy"]) {
+      const path = join(dir, `payload-${format}.pt`), marker = join(dir, `ran-${format}`);
+      await runTorchScript("pickled_payload_checkpoint.py", [
+        path,
+        marker,
+        ...(format === "legacy" ? ["legacy"] : []),
+      ]);
+      const out = join(dir, `run-${format}.safetensors`);
+      const r = await tool("to_halfstep.py", [path, out, "--optimizer", "AdamW"]);
+      assert.ok(!(await exists(marker)), `${format}: the payload ran (os.mkdir made ${marker})`);
+      assertOneLine(
+        r,
+        1,
+        /^to_halfstep: .*payload-\w+\.pt: refused: loading it would call posix\.mkdir, which is not a tensor/,
+        format,
+      );
+      assert.ok(!(await exists(out)), `${format}: nothing written`);
+    }
+  } finally {
+    await Deno.remove(dir, { recursive: true });
+  }
+});
+
+/** Whether something is at `path`. */
+function exists(path: string): Promise<boolean> {
+  return Deno.lstat(path).then(() => true, () => false);
+}
+
 /** write_safetensors through a link, then failing at fsync: what is left. */
 const WRITE_THROUGH_LINK = `
 import json, os, sys, torch

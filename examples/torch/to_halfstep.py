@@ -16,7 +16,9 @@ file with ``loadTrainingState`` into the same model, ``AdamW`` / ``Adam`` /
 ``SGD``, ``LrScheduler`` and ``AmpTrainer``. A run that stops in the middle
 of one of its steps cannot be saved this way: save after
 ``optimizer.step()``. Options halfstep's optimizers lack (``amsgrad``,
-``maximize``, ``dampening``) are refused. Bad input is one line on stderr
+``maximize``, ``dampening``) are refused. The checkpoint is read without
+running code from it (``torch_file.py``: a pickled call, ``os.system``, is
+refused in one line before it runs). Bad input is one line on stderr
 and exit status 1 (a file) or 2 (a flag).
 
 In a training script, ``halfstep_run.write_run`` does the same from the live
@@ -29,6 +31,7 @@ import torch
 
 from halfstep_run import (ArgumentParser, RunFileError, UsageError, exit_in_one_line, parse_schedule, refuse_unsupported, schedule_factor,
                           write_run)
+from torch_file import load_state_dicts
 
 
 
@@ -47,12 +50,7 @@ def check_schedule(text, schedule, scheduler):
 
 def read_checkpoint(path):
     """The checkpoint dict, or RunFileError in one line."""
-    try:
-        checkpoint = torch.load(path, map_location="cpu")
-    except FileNotFoundError:
-        raise RunFileError(f"{path}: no such file") from None
-    except Exception as e:  # truncated or not a torch.save file: pickle, zip and EOF errors
-        raise RunFileError(f"{path}: not a readable torch.save file ({type(e).__name__})") from None
+    checkpoint = load_state_dicts(path)  # never runs code from the file
     if not isinstance(checkpoint, dict) or "model" not in checkpoint or "optimizer" not in checkpoint:
         raise RunFileError(f"{path}: not a dict with 'model' and 'optimizer' state dicts")
     model, optimizer = checkpoint["model"], checkpoint["optimizer"]
