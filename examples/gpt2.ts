@@ -14,13 +14,20 @@
  *
  * @module
  */
+import { dirname, join } from "node:path";
 import { initGpu, type SafetensorsEntry } from "../mod.ts";
 import { loadSafetensors } from "../files.ts";
-import { checkOutputPath, orExit, orExitAsync, reason, runMain, UsageError } from "./_cli.ts";
+import { orExit, orExitAsync, reason, runMain, UsageError } from "./_cli.ts";
 import { checkPlan, runLimits } from "./_preflight.ts";
 import { checkResumeFlags } from "./_resume_flags.ts";
 import { backendNote } from "./_backend_flag.ts";
-import { checkSaveTarget, readRecordOrExit } from "./_run_file.ts";
+import { readRecordOrExit, saveOutput } from "./_run_file.ts";
+import {
+  checkOutputsReplace,
+  checkOutputsWritable,
+  type InputFile,
+  type OutputFile,
+} from "./_outputs.ts";
 import { SaveLock } from "./_save_lock.ts";
 import { precisionDetail } from "./_amp_flag.ts";
 import { GPT2_HELP, GPT2_SIZES, type Gpt2Args, parseGpt2Args } from "./gpt2_args.ts";
@@ -67,10 +74,27 @@ async function parseFlags(args: string[]): Promise<Gpt2Args | null> {
     console.log(GPT2_HELP.trimEnd());
     return null;
   }
-  for (const [flag, path] of [["save", cfg.save], ["save-weights", cfg.saveWeights]] as const) {
-    if (path) await orExitAsync("gpt2", () => checkOutputPath(flag, path));
-  }
+  await orExitAsync("gpt2", () => checkOutputsWritable(gpt2Files(cfg).outputs));
   return cfg;
+}
+
+/**
+ * The files the run writes (--save, --save-weights) and reads (--weights,
+ * the config.json beside it, --data, --resume), for the one output rule
+ * (examples/_outputs.ts).
+ */
+function gpt2Files(cfg: Gpt2Args): { outputs: OutputFile[]; inputs: InputFile[] } {
+  const outputs: OutputFile[] = [];
+  if (cfg.save) outputs.push(saveOutput({ save: cfg.save, resume: cfg.resume }, GPT2_RUN));
+  if (cfg.saveWeights) outputs.push({ flag: "save-weights", path: cfg.saveWeights });
+  const inputs: InputFile[] = [];
+  if (cfg.weights) {
+    inputs.push({ flag: "weights", path: cfg.weights });
+    inputs.push({ flag: "weights", path: join(dirname(cfg.weights), "config.json") });
+  }
+  if (cfg.data) inputs.push({ flag: "data", path: cfg.data });
+  if (cfg.resume) inputs.push({ flag: "resume", path: cfg.resume });
+  return { outputs, inputs };
 }
 
 /**
@@ -201,7 +225,10 @@ async function main(): Promise<void> {
       () => SaveLock.acquire(cfg.save!, "save", (t) => console.error(`gpt2: ${t}`)),
     )
     : null;
-  await orExitAsync("gpt2", () => checkSaveTarget(cfg, GPT2_RUN));
+  await orExitAsync("gpt2", () => {
+    const { outputs, inputs } = gpt2Files(cfg);
+    return checkOutputsReplace(outputs, { inputs, overwrite: cfg.overwrite });
+  });
   const data = cfg.data ? await orExitAsync("gpt2", () => loadTextTokens(cfg.data!, cfg)) : null;
   const weights = await readWeights(cfg);
   const sizes = weights?.checkpoint.sizes ?? RANDOM_SIZES[cfg.random!];

@@ -59,8 +59,11 @@ Training (with --data):
   --resume PATH      continue a run saved with --save (same flags; --override
                      lets --lr change)
   --override         with --resume: train on with a different --lr
-  --overwrite        with --save: start over although PATH holds a file (it is
-                     replaced at the first good validation)
+  --overwrite        replace the files --save and --save-weights name although
+                     they are there (a saved run is replaced at the first good
+                     validation); without it such a run is refused before it
+                     starts, unless --save is the --resume file; a file the run
+                     reads (--weights, --data, --resume) is never replaced
   --save-weights PATH
                      after training, write the model as Hugging Face's
                      model.safetensors (GPT2LMHeadModel's names)
@@ -77,7 +80,7 @@ ${backendHelp(21)}
 Exit status: 0 done; 1 a file could not be read or written, or a --resume
 file that cannot continue here; 2 a bad flag, a file that is not GPT-2's,
 sizes that cannot fit this adapter or host (checked before the first step),
-or --save holding a file without --resume or --overwrite; 3 training diverged
+or an output holding a file without --resume or --overwrite; 3 training diverged
 (nothing is saved over --save then).
 `;
 
@@ -250,8 +253,10 @@ export function parseGpt2Args(args: string[]): Gpt2Args | null {
     }
   }
   if (parsed.override && !parsed.resume) throw new UsageError("--override needs --resume.");
-  if (parsed.overwrite && !parsed.save) {
-    throw new UsageError("--overwrite is for --save: it lets a run replace the file there.");
+  if (parsed.overwrite && !parsed.save && !parsed.saveWeights) {
+    throw new UsageError(
+      "--overwrite is for --save and --save-weights: it lets the run replace the files there.",
+    );
   }
   return parsed;
 }

@@ -38,7 +38,7 @@ import { finishInspect, heatmapPath, InspectLog } from "./_inspect.ts";
 import { writeHeatmap } from "./_heatmap.ts";
 import { Progress } from "./_progress.ts";
 import { profileFields, ProfileWindow } from "./_profile_window.ts";
-import { checkOutputs, type MnistArgs, parseMnistArgsOrExit } from "./mnist_args.ts";
+import { type MnistArgs, mnistFiles, parseMnistArgsOrExit } from "./mnist_args.ts";
 import { orExit, orExitAsync, runMain } from "./_cli.ts";
 import {
   checkBeforeStart,
@@ -47,7 +47,8 @@ import {
   runFlags,
   type RunRecord,
 } from "./mnist_resume.ts";
-import { checkSaveTarget, readRecordOrExit } from "./_run_file.ts";
+import { readRecordOrExit } from "./_run_file.ts";
+import { checkOutputsReplace, checkOutputsWritable } from "./_outputs.ts";
 import { evaluate } from "./mnist_evaluate.ts";
 import { precisionName } from "./_amp_flag.ts";
 import { gather, loadData, randomShifts, shuffle } from "./mnist_batches.ts";
@@ -342,7 +343,8 @@ async function main(): Promise<void> {
     console.log(cfg.json ? JSON.stringify({ event, ...fields }) : text);
   // A --resume file that cannot continue here is reported before any start-up work.
   const record = await readRecordOrExit("mnist", cfg.resume, MNIST_RUN);
-  await checkOutputs(cfg).catch((e) => {
+  const files = mnistFiles(cfg, MNIST_RUN);
+  await checkOutputsWritable(files.outputs).catch((e) => {
     console.error(`mnist: ${e instanceof Error ? e.message : e} (see --help)`);
     Deno.exit(2);
   });
@@ -351,7 +353,10 @@ async function main(): Promise<void> {
   const lock = cfg.save
     ? await orExitAsync("mnist", () => SaveLock.acquire(cfg.save!, "save", note))
     : null;
-  await orExitAsync("mnist", () => checkSaveTarget(cfg, MNIST_RUN));
+  await orExitAsync(
+    "mnist",
+    () => checkOutputsReplace(files.outputs, { inputs: files.inputs, overwrite: cfg.overwrite }),
+  );
   const { train, test } = await loadData(cfg);
   const batch = Math.min(cfg.batch, train.count), stepsPerEpoch = Math.floor(train.count / batch);
   const changes = checkBeforeStart(cfg, train.count, batch, record);

@@ -5,7 +5,6 @@
  */
 import { isStaticLossScale } from "../mod.ts";
 import {
-  checkOutputPath,
   choiceFlag,
   integerFlag,
   numberFlag,
@@ -18,6 +17,9 @@ import { backendFlag, backendHelp } from "./_backend_flag.ts";
 import type { Backend } from "../mod.ts";
 import { profileSteps } from "./_profile_window.ts";
 import type { MnistModel } from "./mnist_model.ts";
+import { heatmapPath } from "./_inspect.ts";
+import type { InputFile, OutputFile } from "./_outputs.ts";
+import { type RunRecordKind, saveOutput } from "./_run_file.ts";
 
 export { UsageError };
 
@@ -70,10 +72,11 @@ Flags:
                    data order) to PATH after every epoch, atomically; a run
                    that diverged (see Exit status) leaves the last good file.
                    PATH.lock keeps a second run from writing PATH at once
-  --overwrite      with --save: start over although PATH holds a file (a
-                   saved run); it is replaced after the first good epoch.
-                   Without it such a --save is refused, unless PATH is the
-                   --resume file
+  --overwrite      replace the files --save and --plot name although they are
+                   there (a saved run is replaced after the first good epoch).
+                   Without it such a run is refused before it starts, unless
+                   --save is the --resume file (a resumed run also rewrites
+                   its --plot); a file the run reads is never replaced
   --resume PATH    continue the run saved in PATH exactly where it stopped
                    (same flags as the saved run)
   --override       with --resume: train on with another --lr or --loss-scale
@@ -102,7 +105,7 @@ ${backendHelp(19)}
 Exit status: 0 done; 1 a file could not be read or written (or --resume
 holds no run of this script); 2 a bad flag, a run that cannot fit this
 adapter or host (checked before the first step), --save in use by another
-run, or --save holding a file without --resume or --overwrite; 3 training
+run, or an output holding a file without --resume or --overwrite; 3 training
 diverged (a non-finite evaluation loss or weights; in f32 a non-finite
 loss; under --amp steps skipped with the dynamic loss scale at its floor,
 every step of an epoch skipped at a static scale, or 50 in a row): nothing
@@ -242,8 +245,10 @@ export function parseMnistArgs(args: string[]): MnistArgs | null {
       "--override is for --resume: it accepts flags that differ from the file's.",
     );
   }
-  if (values.overwrite && values.save === undefined) {
-    throw new UsageError("--overwrite is for --save: it lets a run replace the file there.");
+  if (values.overwrite && values.save === undefined && values.plot === undefined) {
+    throw new UsageError(
+      "--overwrite is for --save and --plot: it lets the run replace the files there.",
+    );
   }
   const model = choiceFlag("model", values.model, ["mlp", "cnn"]);
   const limit = values.limit === undefined
@@ -301,12 +306,29 @@ export function parseMnistArgs(args: string[]): MnistArgs | null {
 }
 
 /**
- * Checks that every output path can be written: before anything loads, so
- * a bad path costs no time.
+ * The files the run writes (--save, --plot and, with --inspect, its heat
+ * map) and reads (--resume), for the one output rule (examples/_outputs.ts).
+ * A resumed run may rewrite its own chart.
  */
-export async function checkOutputs(cfg: MnistArgs): Promise<void> {
-  if (cfg.save) await checkOutputPath("save", cfg.save);
-  if (cfg.plot) await checkOutputPath("plot", cfg.plot);
+export function mnistFiles<R>(
+  cfg: MnistArgs,
+  run: RunRecordKind<R>,
+): { outputs: OutputFile[]; inputs: InputFile[] } {
+  const outputs: OutputFile[] = [];
+  if (cfg.save) outputs.push(saveOutput({ save: cfg.save, resume: cfg.resume }, run));
+  const replaceable = cfg.resume !== undefined;
+  if (cfg.plot) {
+    outputs.push({ flag: "plot", path: cfg.plot, replaceable });
+    if (cfg.inspect) {
+      outputs.push({
+        flag: "plot",
+        what: "the heat map",
+        path: heatmapPath(cfg.plot),
+        replaceable,
+      });
+    }
+  }
+  return { outputs, inputs: cfg.resume ? [{ flag: "resume", path: cfg.resume }] : [] };
 }
 
 /**

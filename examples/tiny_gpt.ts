@@ -12,9 +12,10 @@
  *
  * @module
  */
-import { checkOutputPath, orExit, runMain } from "./_cli.ts";
+import { orExit, runMain } from "./_cli.ts";
+import { checkOutputFiles, type OutputFile } from "./_outputs.ts";
 import { DivergenceWatch, evaluationHealth, type Health } from "./_divergence.ts";
-import { finishInspect, InspectLog } from "./_inspect.ts";
+import { finishInspect, heatmapPath, InspectLog } from "./_inspect.ts";
 import { checkPlan, runLimits } from "./_preflight.ts";
 import { profileFields, ProfileWindow } from "./_profile_window.ts";
 import { Progress } from "./_progress.ts";
@@ -87,16 +88,28 @@ export interface Training {
   plotPoints: PlotPoint[];
 }
 
+/** The files the run writes, for the one output rule (examples/_outputs.ts). */
+function outputs(cfg: TinyGptArgs): OutputFile[] {
+  const files: OutputFile[] = [];
+  if (cfg.plot) {
+    files.push({ flag: "plot", path: cfg.plot });
+    if (cfg.inspect) files.push({ flag: "plot", what: "the heat map", path: heatmapPath(cfg.plot) });
+  }
+  if (cfg.saveNanoGpt) files.push({ flag: "save-nanogpt", path: cfg.saveNanoGpt });
+  return files;
+}
+
 /**
- * The flags, or null after printing --help; a bad flag, or a --plot path that
- * cannot be written, is one line and exit status 2, before any training.
+ * The flags, or null after printing --help; a bad flag, or an output that
+ * cannot be written or would replace a file unasked (examples/_outputs.ts),
+ * is one line and exit status 2, before any training.
  */
 async function parseFlags(args: string[]): Promise<TinyGptArgs | null> {
   let cfg: TinyGptArgs | null;
   try {
     cfg = parseTinyGptArgs(args);
-    if (cfg?.plot) await checkOutputPath("plot", cfg.plot);
-    if (cfg?.saveNanoGpt) await checkOutputPath("save-nanogpt", cfg.saveNanoGpt);
+    const inputs = cfg?.data ? [{ flag: "data", path: cfg.data }] : [];
+    if (cfg) await checkOutputFiles(outputs(cfg), { inputs, overwrite: cfg.overwrite });
   } catch (e) {
     if (!(e instanceof UsageError || e instanceof TypeError)) throw e;
     console.error(`tiny_gpt: ${e.message} (see --help)`);

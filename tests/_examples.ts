@@ -55,10 +55,15 @@ export function events(stdout: string): Record<string, unknown>[] {
   return stdout.split("\n").filter((l) => l.startsWith("{")).map((l) => JSON.parse(l));
 }
 
-/** stderr without the adapter's XDG_RUNTIME_DIR warning and Dawn's notes on its limits. */
+/**
+ * stderr without the adapter's XDG_RUNTIME_DIR warning, Dawn's notes on its
+ * limits, and Deno's lines as it fetches an npm package a script imports
+ * the first time on this machine (the suite's runs may be the first).
+ */
 export function errorLines(r: Run): string[] {
   return r.stderr.trim().split("\n").filter((l) =>
-    l && !l.includes("XDG_RUNTIME_DIR") && !/^Warning: max\w+ artificially reduced/.test(l)
+    l && !l.includes("XDG_RUNTIME_DIR") && !/^Warning: max\w+ artificially reduced/.test(l) &&
+    !/^(Download https:\/\/|Initialize \S+@\S+$)/.test(l)
   );
 }
 

@@ -18,7 +18,9 @@ of one of its steps cannot be saved this way: save after
 ``optimizer.step()``. Options halfstep's optimizers lack (``amsgrad``,
 ``maximize``, ``dampening``) are refused. The checkpoint is read without
 running code from it (``torch_file.py``: a pickled call, ``os.system``, is
-refused in one line before it runs). Bad input is one line on stderr
+refused in one line before it runs). ``OUT`` must not be there already
+(``--overwrite`` replaces it) nor be the checkpoint, and its folder must
+take a new file: checked before the checkpoint is read. Bad input is one line on stderr
 and exit status 1 (a file) or 2 (a flag).
 
 In a training script, ``halfstep_run.write_run`` does the same from the live
@@ -29,8 +31,8 @@ import sys
 
 import torch
 
-from halfstep_run import (ArgumentParser, RunFileError, UsageError, exit_in_one_line, parse_schedule, refuse_unsupported, schedule_factor,
-                          write_run)
+from halfstep_run import (ArgumentParser, RunFileError, UsageError, check_output, exit_in_one_line, parse_schedule,
+                          refuse_unsupported, say_written, schedule_factor, write_run)
 from torch_file import load_state_dicts
 
 
@@ -71,8 +73,10 @@ def main():
     parser.add_argument("--optimizer", required=True, choices=["AdamW", "Adam", "SGD"],
                         help="the optimizer's class (a state dict does not say)")
     parser.add_argument("--schedule", help="the LambdaLR's schedule, e.g. cosine:warmup=20,total=400")
+    parser.add_argument("--overwrite", action="store_true", help="replace a file already at OUT")
     args = parser.parse_args()
     try:
+        check_output("OUT", args.out, args.overwrite, [("CHECKPOINT", args.checkpoint)])
         schedule = parse_schedule(args.schedule) if args.schedule else None
         checkpoint = read_checkpoint(args.checkpoint)
         refuse_unsupported(checkpoint["optimizer"].get("param_groups", []))
@@ -82,8 +86,10 @@ def main():
         if scheduler is not None:
             check_schedule(args.schedule, schedule, scheduler)
         model = {k.removeprefix("module."): v for k, v in checkpoint["model"].items()}
-        write_run(args.out, model, dict(checkpoint["optimizer"], kind=args.optimizer), scheduler,
-                  schedule, checkpoint.get("scaler") or None)
+        steps = write_run(args.out, model, dict(checkpoint["optimizer"], kind=args.optimizer), scheduler,
+                          schedule, checkpoint.get("scaler") or None)
+        say_written("to_halfstep", args.out, f"a halfstep training run at step {steps}, {args.optimizer}; "
+                    "loadTrainingState resumes it")
     except (RunFileError, OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         exit_in_one_line("to_halfstep", e, args.checkpoint, "converted")
 
