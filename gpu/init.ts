@@ -16,7 +16,7 @@ import type { TuningProgress } from "./tuning/timing.ts";
 import { startTuning } from "./kernels/tuning_modes.ts";
 import { LAZY_TUNING_BUDGET, type TuningMode } from "./tuning/lazy.ts";
 import { warnOnce } from "./base/warn_once.ts";
-import { tuningStore } from "./tuning/store.ts";
+import { whereTuningIsKept } from "./tuning/store.ts";
 
 /**
  * Acquires a WebGPU device with the adapter's real limits (and `shader-f16`
@@ -183,27 +183,32 @@ async function acceptsSubgroupsDirective(device: GPUDevice): Promise<boolean> {
   return (await device.popErrorScope()) === null;
 }
 
-/** The default progress report of eager tuning: one line as a tuning run starts. */
+/**
+ * The default progress report of eager tuning: one line on stderr as a
+ * tuning run starts (stdout stays the script's: a --json run's lines).
+ */
 function announceTuning({ task, done, total }: TuningProgress): void {
   if (done !== 0) return;
-  console.info(
+  console.error(
     `halfstep: measuring ${task} for this adapter (${total} problem${total === 1 ? "" : "s"}; ` +
-      `once: the winners are kept in ${tuningStore().where}). ` +
-      'initGpu({ tuning: "off" }) skips it.',
+      `${whereTuningIsKept()}). initGpu({ tuning: "off" }) skips it.`,
   );
 }
 
-/** The default progress report of lazy tuning: one line, the first time it measures. */
+/**
+ * The default progress report of lazy tuning: one line on stderr, the
+ * first time it measures, saying where the picks will be kept.
+ */
 function announceLazyTuning(): (progress: TuningProgress) => void {
   let said = false;
   const { perWaitSeconds, totalSeconds } = LAZY_TUNING_BUDGET;
   return ({ done }) => {
     if (done !== 0 || said) return;
     said = true;
-    console.info(
+    console.error(
       "halfstep: tuning the kernels of this run's shapes as they first run, while it waits " +
-        `(at most ${perWaitSeconds} s a wait, ${totalSeconds} s in all; once: the picks are kept ` +
-        `in ${tuningStore().where}). initGpu({ tuning: "off" }) skips it.`,
+        `(at most ${perWaitSeconds} s a wait, ${totalSeconds} s in all; ${whereTuningIsKept()}). ` +
+        'initGpu({ tuning: "off" }) skips it.',
     );
   };
 }

@@ -32,17 +32,18 @@ export const BACKEND_PERMISSIONS: readonly string[] = Deno.env.get("HALFSTEP_BAC
 
 /**
  * Runs a script with the README's permissions (`--allow-write` unless `write`
- * is false); `permissions` replaces them all.
+ * is false); `permissions` replaces them all; `env` adds to its environment.
  */
 export async function run(
   script: string,
   args: string[],
   write = true,
   permissions = ["--allow-read", "--allow-env", ...(write ? ["--allow-write"] : [])],
+  env: Record<string, string> = {},
 ): Promise<Run> {
   const out = await new Deno.Command(Deno.execPath(), {
     args: ["run", ...permissions, ...BACKEND_PERMISSIONS, script, ...args],
-    env: ENV,
+    env: { ...ENV, ...env },
     stdout: "piped",
     stderr: "piped",
   }).output();

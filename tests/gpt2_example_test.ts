@@ -26,42 +26,10 @@ import {
 import { AdamW, AmpTrainer } from "../mod.ts";
 import { loadSafetensors, saveTrainingState } from "../files.ts";
 import { GPU_TEST } from "./_gpu.ts";
-import { runTorchScript } from "./_torch_script.ts";
+import { checkpoint, TEXT } from "./_gpt2_twin.ts";
 import { loadGpt2 } from "../examples/gpt2_weights.ts";
 import { generate } from "../examples/gpt2_generate.ts";
 import { encodeGpt2 } from "../examples/gpt2_tokenizer.ts";
-
-/** A text of a few repeated sentences: a small model learns it within a few steps. */
-const TEXT = Array.from(
-  { length: 60 },
-  (_, i) => `The ${["cat", "dog", "bird"][i % 3]} sat on the mat number ${i % 7}.`,
-).join("\n");
-
-/** The twin's checkpoint (model.safetensors and config.json) in `dir`. */
-async function checkpoint(dir: string): Promise<string> {
-  const spec = join(dir, "spec.json");
-  await Deno.writeTextFile(
-    spec,
-    JSON.stringify({
-      vocab: 50257,
-      context: 32,
-      layers: 2,
-      dim: 32,
-      heads: 4,
-      seed: 2,
-      ids: [1, 2],
-      shape: [1, 2],
-      targets: [2, 3],
-      lr: 0,
-      weight_decay: 0,
-      steps: 0,
-      prompt: [1],
-      new_tokens: 1,
-    }),
-  );
-  await runTorchScript("gpt2_twin.py", ["make", join(dir, "ckpt"), spec]);
-  return join(dir, "ckpt", "model.safetensors");
-}
 
 Deno.test({
   name: "gpt2.ts: fine-tunes a GPT-2 checkpoint on a text (validation loss falls), saves the run " +
