@@ -48,13 +48,13 @@ import {
 import {
   bigramCrossEntropy,
   evaluationWindows,
-  loadEnglishWords,
   NEWLINE,
   sampleBatch,
   splitWords,
   textCorpus,
   type WordCorpus,
 } from "./words_data.ts";
+import { loadEnglishWords } from "./english_words.ts";
 
 /** Prints one event: a JSON line with --json, else `text`. */
 export type Emit = (event: string, fields: Record<string, unknown>, text: string) => void;
@@ -93,7 +93,9 @@ function outputs(cfg: TinyGptArgs): OutputFile[] {
   const files: OutputFile[] = [];
   if (cfg.plot) {
     files.push({ flag: "plot", path: cfg.plot });
-    if (cfg.inspect) files.push({ flag: "plot", what: "the heat map", path: heatmapPath(cfg.plot) });
+    if (cfg.inspect) {
+      files.push({ flag: "plot", what: "the heat map", path: heatmapPath(cfg.plot) });
+    }
   }
   if (cfg.saveNanoGpt) files.push({ flag: "save-nanogpt", path: cfg.saveNanoGpt });
   return files;
