@@ -161,6 +161,12 @@ function promptTokens(text: string, maxNewTokens: number, context: number): numb
 
 /** --prompt: samples --max-new-tokens tokens after `prompt` with the KV cache and prints them. */
 async function sample(cfg: Gpt2Args, emit: Emit, model: TinyGpt, prompt: number[]): Promise<void> {
+  emit(
+    "phase",
+    { phase: "sample", tokens: cfg.maxNewTokens },
+    `sampling ${cfg.maxNewTokens} tokens after the prompt's ${prompt.length} (the first ` +
+      "compiles the kernels)...",
+  );
   const started = performance.now();
   const [ids] = await generate(model, [prompt], {
     maxNewTokens: cfg.maxNewTokens,

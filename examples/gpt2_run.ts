@@ -23,7 +23,7 @@ import {
 import { loadTrainingState, saveTrainingState } from "../files.ts";
 import { reason } from "./_cli.ts";
 import { DivergenceWatch, evaluationHealth, type Health } from "./_divergence.ts";
-import { Progress } from "./_progress.ts";
+import { FirstStep, Progress } from "./_progress.ts";
 import { describeChanges, type FlagChange, type FlagValues } from "./_resume_flags.ts";
 import type { RunRecordKind } from "./_run_file.ts";
 import type { Gpt2Args } from "./gpt2_args.ts";
@@ -148,6 +148,13 @@ export async function validate(run: Run): Promise<number> {
   const { cfg, model, trainer } = run;
   const windows = evaluationWindows(run.data.validation, cfg.context, cfg.evalWindows);
   const progress = new Progress(!cfg.json);
+  if (!progress.isBar) {
+    run.emit(
+      "phase",
+      { phase: "validate", windows: windows.count },
+      `validating: ${windows.count} held-out windows of ${cfg.context} tokens...`,
+    );
+  }
   model.eval();
   const total = Tensor.zeros([]);
   for (let w = 0; w < windows.count; w += cfg.batch) {
@@ -208,8 +215,10 @@ export async function train(run: Run, start: number): Promise<Trained> {
   const watch = await DivergenceWatch.start(trainer);
   let lossSum = Tensor.zeros([]), counted = 0, loss = NaN, validation = NaN;
   let clock = performance.now(), timed = 0, seconds = 0, barText = "training";
+  const first = new FirstStep(run.emit, cfg.logEvery);
   gpu.resetPeakMemory();
   for (let step = start + 1; step <= cfg.steps; step++) {
+    first.before();
     for (let micro = 0; micro < cfg.accum; micro++) {
       sampleBatch(run.data.train, cfg.context, run.batches, inputs, targets);
       const l = trainer.step(() =>
@@ -219,6 +228,7 @@ export async function train(run: Run, start: number): Promise<Trained> {
       l.dispose();
       counted++;
     }
+    first.after();
     run.scheduler.step();
     const logNow = step % cfg.logEvery === 0 || step === cfg.steps;
     const evalNow = step % cfg.evalEvery === 0 || step === cfg.steps;

@@ -36,7 +36,7 @@ import { checkPlan, runLimits } from "./_preflight.ts";
 import { SaveLock } from "./_save_lock.ts";
 import { finishInspect, heatmapPath, InspectLog } from "./_inspect.ts";
 import { writeHeatmap } from "./_heatmap.ts";
-import { Progress } from "./_progress.ts";
+import { FirstStep, Progress } from "./_progress.ts";
 import { profileFields, ProfileWindow } from "./_profile_window.ts";
 import { type MnistArgs, mnistFiles, parseMnistArgsOrExit } from "./mnist_args.ts";
 import { orExit, orExitAsync, runMain } from "./_cli.ts";
@@ -82,6 +82,8 @@ export interface Run {
   inspect: InspectLog | null;
   /** When the program started (performance.now()), for the time to the first accuracy. */
   started: number;
+  /** Says the session's first step (it compiles the kernels). */
+  firstStep: FirstStep;
 }
 
 /** What the training loop tracks across epochs, from `step` on. */
@@ -162,9 +164,11 @@ async function trainEpoch(
     // One micro-batch: forward under autocast (with --amp), scaled backward;
     // every --accum micro-batches the trainer unscales, checks for overflow,
     // steps the optimizer (skipped on the GPU on overflow) and updates the scale.
+    run.firstStep.before();
     const loss = trainer.step(() =>
       crossEntropy(model.forward(Tensor.from(pixels, mnistInputShape(cfg.model, batch))), labels)
     );
+    run.firstStep.after();
     if (tally.step % cfg.accum === cfg.accum - 1) scheduler.step(); // after each optimizer step
     noGrad(() => addInPlace(tally.lossSum, loss));
     loss.dispose();
@@ -381,6 +385,7 @@ async function main(): Promise<void> {
     shuffler,
     profile,
     started,
+    firstStep: new FirstStep(emit, cfg.logEvery),
   };
   const from = await resumeOrStart(run, record, changes);
   run.inspect?.startAfter(from.step);

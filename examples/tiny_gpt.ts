@@ -18,7 +18,7 @@ import { DivergenceWatch, evaluationHealth, type Health } from "./_divergence.ts
 import { finishInspect, heatmapPath, InspectLog } from "./_inspect.ts";
 import { checkPlan, runLimits } from "./_preflight.ts";
 import { profileFields, ProfileWindow } from "./_profile_window.ts";
-import { Progress } from "./_progress.ts";
+import { FirstStep, Progress } from "./_progress.ts";
 import {
   AdamW,
   addInPlace,
@@ -184,15 +184,18 @@ async function train(run: Run): Promise<Training> {
   const watch = await DivergenceWatch.start(trainer);
   const progress = new Progress(!c.json);
   let barText = "training"; // the last logged loss replaces it
+  const first = new FirstStep(run.emit, c.logEvery);
   for (let step = 1; step <= c.steps; step++) {
     sampleBatch(run.corpus.train, c.context, rng, inputs, targets);
     run.profile?.before(step);
+    first.before();
     const loss = trainer.step(() =>
       crossEntropy(
         model.forward(Tensor.from(inputs, [c.batch, c.context], { dtype: "i32" })),
         targets,
       )
     );
+    first.after();
     scheduler.step();
     noGrad(() => addInPlace(lossSum, loss));
     loss.dispose();
@@ -242,6 +245,13 @@ async function evaluate(run: Run): Promise<number> {
   model.eval();
   const total = Tensor.zeros([]);
   const progress = new Progress(!cfg.json);
+  if (!progress.isBar) {
+    run.emit(
+      "phase",
+      { phase: "evaluate", windows: windows.count },
+      `evaluating: ${windows.count} validation windows of ${cfg.context} characters...`,
+    );
+  }
   for (let w = 0; w < windows.count; w += cfg.batch) {
     const n = Math.min(cfg.batch, windows.count - w);
     const span = [w * cfg.context, (w + n) * cfg.context];
@@ -274,6 +284,7 @@ async function sampleWords(run: Run): Promise<string[]> {
   const newline = vocab.indexOf(NEWLINE);
   const seqs = Array.from({ length: cfg.samples }, () => [newline]);
   const done = seqs.map(() => false);
+  run.emit("phase", { phase: "sample", words: cfg.samples }, `sampling ${cfg.samples} words...`);
   for (let t = 1; t <= cfg.context && done.includes(false); t++) {
     const ids = seqs.flat();
     const logits = noGrad(() =>
