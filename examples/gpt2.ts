@@ -122,7 +122,7 @@ async function readWeights(
   );
   const checkpoint = orExit("gpt2", () => {
     try {
-      return gpt2Checkpoint(entries, { json, heads: cfg.heads ?? headsOf(metadata) });
+      return gpt2Checkpoint(entries, { json, heads: cfg.heads, savedHeads: headsOf(metadata) });
     } catch (e) {
       throw new UsageError(`--weights ${path}: ${reason(e)}`);
     }
