@@ -222,7 +222,15 @@ async function main(): Promise<void> {
   // A --resume file that cannot continue here, or other flags, are refused before start-up.
   const record = await readRecordOrExit("gpt2", cfg.resume, GPT2_RUN);
   const changes = record
-    ? orExit("gpt2", () => checkResumeFlags(cfg.resume!, record.flags, runFlags(cfg), cfg.override))
+    ? orExit("gpt2", () => {
+      if (cfg.steps < record.step) {
+        throw new UsageError(
+          `--steps ${cfg.steps}: ${cfg.resume} is already at step ${record.step}; give --steps ` +
+            `${record.step} (its end) or more (to extend it).`,
+        );
+      }
+      return checkResumeFlags(cfg.resume!, record.flags, runFlags(cfg), cfg.override);
+    })
     : [];
   // The lock first: a run in use says so, not that its file holds a run.
   const lock = cfg.save

@@ -57,7 +57,8 @@ Training (with --data):
                      data order) every --eval-every steps and at the end, atomically;
                      the file is locked (PATH.lock) while this run writes it
   --resume PATH      continue a run saved with --save (same flags; --override
-                     lets --lr change)
+                     lets --lr change; a larger --steps extends a run, finished
+                     or not, its schedule going on as the new total says)
   --override         with --resume: train on with a different --lr
   --overwrite        replace the files --save and --save-weights name although
                      they are there (a saved run is replaced at the first good

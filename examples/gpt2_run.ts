@@ -24,7 +24,12 @@ import { loadTrainingState, saveTrainingState } from "../files.ts";
 import { reason } from "./_cli.ts";
 import { DivergenceWatch, evaluationHealth, type Health } from "./_divergence.ts";
 import { FirstStep, Progress } from "./_progress.ts";
-import { describeChanges, type FlagChange, type FlagValues } from "./_resume_flags.ts";
+import {
+  describeChanges,
+  type FlagChange,
+  type FlagValues,
+  lengthChanges,
+} from "./_resume_flags.ts";
 import type { RunRecordKind } from "./_run_file.ts";
 import type { Gpt2Args } from "./gpt2_args.ts";
 import type { TokenSplit } from "./gpt2_data.ts";
@@ -53,7 +58,7 @@ export interface Run {
 export interface SavedRun {
   step: number;
   batches: { seed: number; offset: number };
-  flags: { shape: FlagValues; steering: FlagValues };
+  flags: { shape: FlagValues; steering: FlagValues; length?: FlagValues };
 }
 
 /** gpt2.ts's record in a parsed `extra`, or null when it is not one. */
@@ -75,13 +80,18 @@ export const GPT2_RUN: RunRecordKind<SavedRun> = {
   replaced: "at the first good validation",
 };
 
-/** The flags a saved run records: those a resumed run must repeat, and those --override may change. */
-export function runFlags(cfg: Gpt2Args): { shape: FlagValues; steering: FlagValues } {
+/**
+ * The flags a saved run records: those a resumed run must repeat, those
+ * --override may change, and its length (--steps), which a resumed run may
+ * change (the schedule then runs to the new total).
+ */
+export function runFlags(
+  cfg: Gpt2Args,
+): { shape: FlagValues; steering: FlagValues; length: FlagValues } {
   return {
     shape: {
       weights: cfg.weights ?? `random ${cfg.random}`,
       data: cfg.data!,
-      steps: cfg.steps,
       batch: cfg.batch,
       accum: cfg.accum,
       context: cfg.context,
@@ -91,6 +101,7 @@ export function runFlags(cfg: Gpt2Args): { shape: FlagValues; steering: FlagValu
       seed: cfg.seed,
     },
     steering: { lr: cfg.lr },
+    length: { steps: cfg.steps },
   };
 }
 
@@ -114,6 +125,17 @@ export async function resumeOrStart(
   const path = cfg.resume;
   if (changes.length > 0) {
     run.emit("override", { changes }, `--override: resuming with ${describeChanges(changes)}`);
+  }
+  const longer = lengthChanges(record.flags, runFlags(cfg));
+  if (longer.length > 0) {
+    const saved = Number(longer[0].saved);
+    run.emit(
+      "extend",
+      { path, step: record.step, savedSteps: saved, steps: cfg.steps },
+      `--steps ${cfg.steps} (saved: ${saved}): ${cfg.steps > saved ? "extending" : "shortening"} ` +
+        `the run from step ${record.step}; its schedule goes on as a ${cfg.steps}-step one ` +
+        `(warmup, then cosine decay to lr/10 at step ${cfg.steps})`,
+    );
   }
   run.scheduler.step(trainer.steps);
   run.batches = new RandomGenerator(record.batches.seed, record.batches.offset);

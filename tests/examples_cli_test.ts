@@ -173,7 +173,7 @@ Deno.test("examples: a resumed run counts its own steps, keeps the chart, and a 
     // Other flags cannot resume it.
     const mismatch = await run(MNIST, [...flags, "--seed", "1", "--resume", state]);
     assert.equal(mismatch.code, 2);
-    assert.match(mismatch.stderr, /Resume with the same flags/);
+    assert.match(mismatch.stderr, /Resume with the saved flags/);
     // The killed run's lock file is taken over: the OS dropped its lock when it died.
     assert.match(mismatch.stderr, /taking over .*run\.safetensors\.lock: pid \d+ is gone/);
     // Resumed: epoch 2 only, 8 steps of 128 images; the chart holds both epochs.
