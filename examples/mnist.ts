@@ -365,7 +365,7 @@ async function main(): Promise<void> {
   const batch = Math.min(cfg.batch, train.count), stepsPerEpoch = Math.floor(train.count / batch);
   const changes = checkBeforeStart(cfg, train.count, batch, record);
   const loadSeconds = (performance.now() - started) / 1000;
-  const gpu = await initGpu({ backend: cfg.backend });
+  const gpu = await initGpu({ backend: cfg.backend, deterministic: cfg.deterministic });
   const initSeconds = (performance.now() - started) / 1000 - loadSeconds;
   gpu.resetPeakMemory();
   const sizes = { batch, stepsPerEpoch, totalSteps: stepsPerEpoch * cfg.epochs };

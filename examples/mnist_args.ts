@@ -60,6 +60,10 @@ Flags:
                    (default 0.9); v = g + m·v, w -= lr·v, as torch.optim.SGD
                    without dampening
   --seed N         seed of the weight init and the shuffling (default 0)
+  --deterministic  the same bits on every run of this adapter, whatever the
+                   tuning cache holds: default kernels, nothing tuned
+                   (initGpu's deterministic option; slower: the CPU adapter
+                   ran the demo's steps about 1.6x slower)
   --log-every N    read the loss back every N steps (default 50); each read
                    waits for the GPU. The loss printed is the mean over those
                    N steps, summed on the GPU without syncing
@@ -148,6 +152,8 @@ export interface MnistArgs {
   accum: number;
   checkpoint: boolean;
   seed: number;
+  /** initGpu({ deterministic: true }): default kernels, nothing tuned or read from the cache. */
+  deterministic: boolean;
   logEvery: number;
   limit: number | undefined;
   evalBatch: number;
@@ -218,6 +224,7 @@ export function parseMnistArgs(args: string[]): MnistArgs | null {
       accum: { type: "string", default: "1" },
       checkpoint: { type: "boolean", default: false },
       seed: { type: "string", default: "0" },
+      deterministic: { type: "boolean", default: false },
       "log-every": { type: "string", default: "50" },
       limit: { type: "string" },
       "eval-batch": { type: "string", default: "1000" },
@@ -296,6 +303,7 @@ export function parseMnistArgs(args: string[]): MnistArgs | null {
     accum: integerFlag("accum", values.accum, 1),
     checkpoint: values.checkpoint,
     seed: integerFlag("seed", values.seed, 0),
+    deterministic: values.deterministic,
     logEvery: integerFlag("log-every", values["log-every"], 1),
     limit,
     evalBatch: integerFlag("eval-batch", values["eval-batch"], 1),

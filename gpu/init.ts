@@ -9,6 +9,7 @@ import { checkInitGpuOptions, type InitGpuOptions } from "./init_options.ts";
 import { matmulSettings } from "./kernels/gemm/settings.ts";
 import { subgroupMatrixCandidates } from "./kernels/gemm/candidates.ts";
 import { matmulClassKey } from "./kernels/gemm/matmul_class.ts";
+import { shapeState } from "./kernels/gemm/shape_picks.ts";
 import { attentionSettings } from "./kernels/attention/settings.ts";
 import { DEFAULT_ATTENTION_PLAN } from "./kernels/attention/plans.ts";
 import { attentionMatrixFor } from "./kernels/attention/flash_attention_subgroup_matrix.ts";
@@ -95,16 +96,30 @@ export async function initGpu(options: InitGpuOptions = {}): Promise<Gpu> {
     matmulSettings.of(gpu).tiling = options.matmulTiling;
   }
   if (options.matmulTiling === "subgroup-matrix") forceSubgroupMatrix(gpu);
-  // A fixed or default tiling turns tuning off (checkInitGpuOptions refuses it with a mode).
-  const tuning: TuningMode = (options.matmulTiling ?? "tune") === "tune"
+  // A fixed or default tiling, or determinism, turns tuning off (checkInitGpuOptions refuses
+  // them with a mode).
+  const tuning: TuningMode = (options.matmulTiling ?? "tune") === "tune" && !options.deterministic
     ? options.tuning ?? "lazy"
     : "off";
   const announce = tuning === "lazy" ? announceLazyTuning() : announceTuning;
   await startTuning(gpu, tuning, options.onProgress ?? announce);
+  if (options.deterministic) dropCachedShapePicks(gpu);
   // After tuning started: the forced forward joins the f16 plan it tuned (or cached).
   if (options.attentionPlan === "subgroup-matrix") forceSubgroupMatrixAttention(gpu);
   if (options.setDefault ?? true) setDefaultGpu(gpu);
   return gpu;
+}
+
+/**
+ * `deterministic`: the per-shape picks a GPU's tables took from the cache
+ * are dropped (with tuning off, the class picks were never read), so no
+ * product or attention depends on what the cache holds.
+ */
+function dropCachedShapePicks(gpu: Gpu): void {
+  for (const table of [shapeState(gpu), attentionSettings.of(gpu).shapes]) {
+    table.picks.clear();
+    table.fromCache.clear();
+  }
 }
 
 /** Destroys `gpu` and throws the GpuError of an `option` that needs subgroup matrices. */
