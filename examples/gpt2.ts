@@ -288,7 +288,7 @@ async function main(): Promise<void> {
   );
   const result = data
     ? {
-      ...(await fineTune({ cfg, emit, gpu, data, model }, record, changes)),
+      ...(await fineTune({ cfg, emit, gpu, data, model, lock }, record, changes)),
       peakBytes: gpu.memoryStats().peakBytes,
     }
     : null;

@@ -79,10 +79,10 @@ ${backendHelp(21)}
   -h, --help         show this help
 
 Exit status: 0 done; 1 a file could not be read or written, or a --resume
-file that cannot continue here; 2 a bad flag, a file that is not GPT-2's,
-sizes that cannot fit this adapter or host (checked before the first step),
-or an output holding a file without --resume or --overwrite; 3 training diverged
-(nothing is saved over --save then).
+file that cannot continue here; 2 a bad flag, a file that is not GPT-2's, a
+--data that is not UTF-8 text, sizes that cannot fit this adapter or host
+(checked before the first step), or an output holding a file without --resume
+or --overwrite; 3 training diverged (nothing is saved over --save then).
 `;
 
 /** The published sizes --random takes. */

@@ -22,6 +22,8 @@ import {
 } from "../mod.ts";
 import { loadTrainingState, saveTrainingState } from "../files.ts";
 import { reason } from "./_cli.ts";
+import { sameFile } from "./_outputs.ts";
+import type { SaveLock } from "./_save_lock.ts";
 import { DivergenceWatch, evaluationHealth, type Health } from "./_divergence.ts";
 import { FirstStep, Progress } from "./_progress.ts";
 import {
@@ -52,6 +54,8 @@ export interface Run {
   scheduler: LrScheduler;
   /** Draws the training windows; saved with the run. */
   batches: RandomGenerator;
+  /** --save's lock (told what the file holds after each save), or null. */
+  lock: SaveLock | null;
 }
 
 /** What --save writes besides the model, optimizer and trainer (the training state's `extra`). */
@@ -123,6 +127,7 @@ export async function resumeOrStart(
     Deno.exit(1);
   });
   const path = cfg.resume;
+  if (cfg.save && await sameFile(cfg.save, path)) run.lock?.hold(`step ${record.step}`);
   if (changes.length > 0) {
     run.emit("override", { changes }, `--override: resuming with ${describeChanges(changes)}`);
   }
@@ -159,9 +164,11 @@ async function save(run: Run, step: number): Promise<void> {
     await saveTrainingState(cfg.save!, { model, optimizer, trainer, scheduler }, { extra });
   } catch (e) {
     console.error(`gpt2: saving ${cfg.save} failed: ${reason(e)}`);
+    if (cfg.json) run.emit("save_error", { what: cfg.save, error: reason(e) }, "");
     run.gpu.destroy();
     Deno.exit(1);
   }
+  run.lock?.hold(`step ${step}`);
   run.emit("save", { path: cfg.save, step }, `saved ${cfg.save} (step ${step})`);
 }
 
@@ -328,6 +335,7 @@ export async function fineTune(
   if (cfg.saveWeights) {
     await saveGpt2(cfg.saveWeights, model).catch((e) => {
       console.error(`gpt2: writing ${cfg.saveWeights} failed: ${reason(e)}`);
+      if (cfg.json) base.emit("save_error", { what: cfg.saveWeights, error: reason(e) }, "");
       Deno.exit(1);
     });
     run.emit(

@@ -48,7 +48,7 @@ import {
   type RunRecord,
 } from "./mnist_resume.ts";
 import { readRecordOrExit } from "./_run_file.ts";
-import { checkOutputsReplace, checkOutputsWritable } from "./_outputs.ts";
+import { checkOutputsReplace, checkOutputsWritable, sameFile } from "./_outputs.ts";
 import { evaluate } from "./mnist_evaluate.ts";
 import { precisionName } from "./_amp_flag.ts";
 import { gather, loadData, randomShifts, shuffle } from "./mnist_batches.ts";
@@ -84,6 +84,10 @@ export interface Run {
   started: number;
   /** Says the session's first step (it compiles the kernels). */
   firstStep: FirstStep;
+  /** --save's lock (told what the file holds after each save), or null. */
+  lock: SaveLock | null;
+  /** Failed writes of --save so far, and what the file last held (for the run's last word). */
+  saves: { failed: number; lastFailed: boolean; holds: string | null };
 }
 
 /** What the training loop tracks across epochs, from `step` on. */
@@ -238,7 +242,9 @@ async function writeOutput(run: Run, what: string, write: () => Promise<void>): 
     const next = run.cfg.onSaveError === "stop"
       ? "stopping (--on-save-error continue keeps training)"
       : "training goes on";
-    run.emit("save_error", { what, error: why }, `mnist: writing ${what} failed: ${why}; ${next}`);
+    // A failure is a notice: on stderr (as gpt2.ts's), and an event too with --json.
+    console.error(`mnist: writing ${what} failed: ${why}; ${next}`);
+    if (run.cfg.json) run.emit("save_error", { what, error: why }, "");
     if (run.cfg.onSaveError === "stop") {
       run.gpu.destroy();
       Deno.exit(1);
@@ -280,8 +286,12 @@ async function save(run: Run, tally: Tally, epoch: number): Promise<void> {
         }),
     );
     if (saved) {
+      run.saves.holds = `epoch ${epoch} (step ${step})`;
+      run.lock?.hold(run.saves.holds);
       run.emit("save", { path: cfg.save, epoch, step }, `saved ${cfg.save} (epoch ${epoch})`);
     }
+    run.saves.failed += saved ? 0 : 1;
+    run.saves.lastFailed = !saved;
   }
 }
 
@@ -386,8 +396,14 @@ async function main(): Promise<void> {
     profile,
     started,
     firstStep: new FirstStep(emit, cfg.logEvery),
+    lock,
+    saves: { failed: 0, lastFailed: false, holds: null },
   };
   const from = await resumeOrStart(run, record, changes);
+  if (record && cfg.save && await sameFile(cfg.save, cfg.resume!)) {
+    run.saves.holds = MNIST_RUN.describe(record); // until this session's first save
+    lock?.hold(run.saves.holds);
+  }
   run.inspect?.startAfter(from.step);
   const progress = new Progress(!cfg.json);
   const tally = new Tally(from.step, from.plotPoints);
@@ -410,6 +426,26 @@ async function main(): Promise<void> {
   await report(run, tally, started);
   gpu.destroy();
   lock?.release();
+  if (run.saves.failed > 0) endAfterFailedSaves(run);
+}
+
+/**
+ * The last word of a run whose saves failed (--on-save-error continue): how
+ * many, and what the file holds; exit status 1 when the last one failed
+ * (the run's end is not in the file).
+ */
+function endAfterFailedSaves(run: Run): void {
+  const { failed, lastFailed, holds } = run.saves, path = run.cfg.save!;
+  const saves = `${failed} save${failed === 1 ? "" : "s"} of ${path} failed`;
+  if (!lastFailed) {
+    console.error(`mnist: ${saves}; the last one succeeded: it holds ${holds}.`);
+    return;
+  }
+  const kept = holds === null
+    ? `nothing was saved to ${path}`
+    : `the last save that succeeded holds ${holds}: --resume ${path} continues from there`;
+  console.error(`mnist: ${saves}, the last one's included; ${kept}.`);
+  Deno.exit(1);
 }
 
 if (import.meta.main) await runMain("mnist", main);

@@ -88,8 +88,9 @@ Flags:
                    such a change is refused
   --on-save-error stop|continue
                    when a save fails during training (disk full, say): stop
-                   the run (default) or report it and keep training; the
-                   previous file is never damaged either way
+                   the run (default) or report it and keep training (it then
+                   ends saying what the file holds, exit status 1 if the
+                   last save failed); the previous file is never damaged
   --plot PATH      write an SVG chart of training loss and loss scale to PATH
                    (rewritten after every epoch); with --inspect also a heat
                    map of each layer's f16 overflow and underflow over steps

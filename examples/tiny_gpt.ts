@@ -12,7 +12,8 @@
  *
  * @module
  */
-import { orExit, runMain } from "./_cli.ts";
+import { orExit, orExitAsync, runMain } from "./_cli.ts";
+import { readUtf8 } from "./_text_file.ts";
 import { checkOutputFiles, type OutputFile } from "./_outputs.ts";
 import { DivergenceWatch, evaluationHealth, type Health } from "./_divergence.ts";
 import { finishInspect, heatmapPath, InspectLog } from "./_inspect.ts";
@@ -124,7 +125,7 @@ async function parseFlags(args: string[]): Promise<TinyGptArgs | null> {
 /**
  * The words split by `--seed` (or `--data`'s text, split in order), the
  * validation windows and the bigram baseline on them. A text too short for
- * one window per part, or a file that cannot be read, is exit status 2.
+ * one window per part is exit status 2; a file that cannot be read, 1.
  */
 async function loadData(cfg: TinyGptArgs) {
   const corpus = cfg.data
@@ -148,15 +149,12 @@ async function loadData(cfg: TinyGptArgs) {
   return { corpus, windows, bigram };
 }
 
-/** `--data`'s text (UTF-8), or one line and exit status 2. */
-async function readText(path: string): Promise<string> {
-  try {
-    return new TextDecoder("utf-8", { fatal: true }).decode(await Deno.readFile(path));
-  } catch (e) {
-    const why = e instanceof TypeError ? "it is not UTF-8 text" : (e as Error).message;
-    console.error(`tiny_gpt: --data ${path} cannot be read (${why}).`);
-    Deno.exit(2);
-  }
+/**
+ * `--data`'s text (UTF-8); one that is not UTF-8 text is one line and exit
+ * status 2, one that cannot be read exit status 1 (runMain).
+ */
+function readText(path: string): Promise<string> {
+  return orExitAsync("tiny_gpt", () => readUtf8("data", path));
 }
 
 /**

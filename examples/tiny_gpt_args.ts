@@ -89,11 +89,12 @@ Flags:
 ${backendHelp(21)}
   -h, --help         show this help
 
-Exit status: 0 done; 1 a file could not be read or written; 2 a bad flag, an
-output holding a file without --overwrite, or sizes that cannot fit this
-adapter or host (checked before the model is built); 3 training diverged (a non-finite
-validation loss or weights; in f32 a non-finite logged loss; under --amp
-steps skipped with the loss scale at its floor, or 50 in a row).
+Exit status: 0 done; 1 a file could not be read or written; 2 a bad flag, a
+--data that is not UTF-8 text or too short, an output holding a file without
+--overwrite, or sizes that cannot fit this adapter or host (checked before the
+model is built); 3 training diverged (a non-finite validation loss or weights;
+in f32 a non-finite logged loss; under --amp steps skipped with the loss scale
+at its floor, or 50 in a row).
 
 Memory: "peak" is the buffer pool's peakBytes over the training steps (after
 start-up). That the loop leaks no GPU memory is checked by tests/memory_test.ts.

@@ -92,9 +92,13 @@ export function mnistRunArgs(args: string[]): string[] {
 
 /**
  * Runs mnist; once epoch 1 has been saved, `then()` says what happens: the
- * process is killed, or a path is removed so that the next save fails.
+ * process is killed, interrupted (SIGINT, as Ctrl-C), or a path is removed
+ * so that the next save fails.
  */
-export async function afterFirstSave(args: string[], then: () => "kill" | string): Promise<Run> {
+export async function afterFirstSave(
+  args: string[],
+  then: () => "kill" | "interrupt" | string,
+): Promise<Run> {
   const child = new Deno.Command(Deno.execPath(), {
     args: mnistRunArgs(args),
     env: ENV,
@@ -109,6 +113,7 @@ export async function afterFirstSave(args: string[], then: () => "kill" | string
       acted = true;
       const action = then();
       if (action === "kill") child.kill("SIGKILL");
+      else if (action === "interrupt") child.kill("SIGINT");
       else await Deno.remove(action, { recursive: true }); // the next save has nowhere to go
     }
   }
