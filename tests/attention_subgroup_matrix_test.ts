@@ -24,6 +24,7 @@ import { dropoutFactor, runAttention, withPlan } from "./_attention_plans.ts";
 import { assertClose, type Tolerance } from "./_assert.ts";
 import { quantize, uniform } from "./_reference.ts";
 import { type AttentionDims, causalAttentionWithGrads64 } from "./_attention_reference.ts";
+import { requireMatricesOnDawn } from "./_dawn_pass.ts";
 
 const config = f16MatrixConfig(gpu.adapterProfile.subgroupMatrixConfigs);
 /** Appended to each test's name where it cannot run. */
@@ -147,3 +148,5 @@ Deno.test({
     });
   },
 });
+
+requireMatricesOnDawn("subgroup-matrix attention", config !== undefined);

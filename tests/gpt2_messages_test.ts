@@ -72,3 +72,18 @@ Deno.test("gpt2.ts: a NaN in the weights is named as Hugging Face names it, and 
     assert.doesNotMatch(nan.stderr, /blocks\.|fc1|allowNonFinite|TinyGpt/, "halfstep's names");
   });
 });
+
+Deno.test("GPT-2 files: a config.json layer_norm_epsilon other than GPT-2's 1e-5 is refused in one line (this model runs 1e-5); 1e-05 spelt another way loads", async () => {
+  const { loadSafetensors } = await import("../files.ts");
+  const { gpt2Checkpoint } = await import("../examples/gpt2_weights.ts");
+  await withTempDir(async (dir) => {
+    const { entries } = await loadSafetensors(await checkpoint(dir));
+    const json = { n_head: 4, layer_norm_epsilon: 1e-3 };
+    assert.throws(
+      () => gpt2Checkpoint(entries, { json }),
+      /^ValueError: GPT-2: config\.json's layer_norm_epsilon is 0\.001; this model has 1e-5\.$/,
+    );
+    const same = JSON.parse('{"n_head": 4, "layer_norm_epsilon": 1e-05}');
+    assert.equal(gpt2Checkpoint(entries, { json: same }).sizes.heads, 4);
+  });
+});

@@ -388,6 +388,53 @@ Deno.test("continue_ddp.py and to_halfstep.py: an output replaces a file only wi
   }
 });
 
+/** CpuGradScaler through an overflowing step and two clean ones: what it did, as JSON. */
+const CPU_SCALER = `
+import json, sys, torch
+sys.path.insert(0, sys.argv[1])
+from halfstep_run import CpuGradScaler
+torch.manual_seed(0)
+model = torch.nn.Linear(3, 2)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+scaler = CpuGradScaler(init_scale=2.0 ** 16, growth_interval=2)
+weights = lambda: [p.detach().clone() for p in model.parameters()]
+def same(a, b):
+    return all(torch.equal(x, y) for x, y in zip(a, b))
+out = {}
+for bad in (float("inf"), float("-inf"), float("nan")):
+    before = weights()
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+        p.grad.view(-1)[0] = bad
+    scaler.step(optimizer)
+    scaler.update()
+    out[str(bad)] = {"kept": same(before, weights()), **scaler.state_dict()}
+before = weights()
+for _ in range(2):
+    optimizer.zero_grad()
+    scaler.scale(model(torch.ones(1, 3)).sum()).backward()
+    scaler.step(optimizer)
+    scaler.update()
+out["clean"] = {"kept": same(before, weights()), **scaler.state_dict()}
+print(json.dumps(out))
+`;
+
+Deno.test("CpuGradScaler (continue_ddp.py's loss scaler on CPUs): an inf, -inf or NaN gradient skips the step, weights untouched, and halves the scale; clean steps grow it after growth_interval, as torch.cuda.amp.GradScaler does", async () => {
+  const out = JSON.parse(await runPython(["-c", CPU_SCALER, TOOLS]));
+  const state = (scale: number, tracker: number, kept: boolean) => ({
+    kept,
+    scale,
+    growth_factor: 2,
+    backoff_factor: 0.5,
+    growth_interval: 2,
+    _growth_tracker: tracker,
+  });
+  assert.deepEqual(out.inf, state(32768, 0, true), "inf: skipped, backed off");
+  assert.deepEqual(out["-inf"], state(16384, 0, true), "-inf: skipped, backed off");
+  assert.deepEqual(out.nan, state(8192, 0, true), "NaN: skipped, backed off");
+  assert.deepEqual(out.clean, state(16384, 0, false), "two clean steps: stepped, grown once");
+});
+
 /** Whether something is at `path`. */
 function exists(path: string): Promise<boolean> {
   return Deno.lstat(path).then(() => true, () => false);

@@ -5,8 +5,9 @@
  * - In Deno, a JSON file `tuning-<halfstep version>.json` in
  *   `$HALFSTEP_CACHE_DIR`, else `$XDG_CACHE_HOME/halfstep`, else
  *   `~/.cache/halfstep` (`%LOCALAPPDATA%\halfstep` on Windows), written
- *   atomically (a temporary file renamed over it; entries other processes
- *   wrote meanwhile are kept). Its entries are keyed by tuner, adapter
+ *   atomically (a temporary file renamed over it) under an OS lock on
+ *   `tuning-<version>.json.lock`, so entries other processes write at the
+ *   same time are kept. Its entries are keyed by tuner, adapter
  *   (name, vendor, device, architecture: what WebGPU tells of the driver) and
  *   profile; the file name carries halfstep's version, so another version's
  *   kernels are measured afresh.
@@ -74,6 +75,10 @@ interface DenoApi {
   renameSync(from: string, to: string): void;
   removeSync(path: string): void;
   mkdirSync(path: string, options: { recursive: boolean }): void;
+  openSync(
+    path: string,
+    options: { read: boolean; write: boolean; create: boolean },
+  ): { lockSync(exclusive: boolean): void; close(): void };
   errors: { NotFound: new (...args: never[]) => Error };
 }
 
@@ -245,12 +250,34 @@ function fileStore(
       return false;
     }
   };
-  const write = (change: (all: Record<string, string>) => void) => {
-    const all = read(); // what other processes stored meanwhile is kept
-    if (broken) return; // damaged since: left alone
-    change(all);
-    if (writeAtomically(JSON.stringify(all, null, 1), path)) loaded = all;
+  /**
+   * An exclusive OS lock on `${path}.lock` while `fn` runs, so that two
+   * processes storing at once (the parallel test suite, two scripts) read,
+   * change and write the file one after the other, each keeping the other's
+   * entries; where no lock can be taken (a read-only folder) `fn` runs
+   * without one, and its write fails and says so.
+   */
+  const locked = (fn: () => void) => {
+    let file: { close(): void } | null = null;
+    try {
+      deno.mkdirSync(dir, { recursive: true });
+      const opened = deno.openSync(`${path}.lock`, { read: true, write: true, create: true });
+      file = opened;
+      opened.lockSync(true); // waits for the other process's write
+    } catch { /* no lock here: the write below says what went wrong */ }
+    try {
+      fn();
+    } finally {
+      file?.close(); // closing drops the lock
+    }
   };
+  const write = (change: (all: Record<string, string>) => void) =>
+    locked(() => {
+      const all = read(); // what other processes stored meanwhile is kept
+      if (broken) return; // damaged since: left alone
+      change(all);
+      if (writeAtomically(JSON.stringify(all, null, 1), path)) loaded = all;
+    });
   return {
     where: path,
     explain() {
