@@ -212,7 +212,7 @@ Deno.test("examples guards: resume flags that shape the run must match; steering
   assert.deepEqual(checkResumeFlags("f", saved, same, false), []);
   assert.throws(
     () => checkResumeFlags("f", saved, { ...same, shape: { model: "cnn", batch: 64 } }, true),
-    /^f was saved by a run with other flags: --model cnn \(saved: mlp\), --batch 64 \(saved: 128\)\. Resume with the saved flags\.$/,
+    /f was saved by a run with other flags: --model cnn \(saved: mlp\), --batch 64 \(saved: 128\)\. Resume with the saved flags\.$/,
   );
   const lr = { ...same, steering: { lr: 0.01 } };
   assert.throws(
