@@ -104,6 +104,37 @@ function legend(entries: [string, string, string][]): string {
   }).join("\n");
 }
 
+/** Pixels a dashed line must keep from another to be told apart. */
+const CLEARANCE = 8;
+
+/**
+ * The right axis's exponents and scale for `scales`, widened (one power of
+ * two at a time, on the side that moves the line away) until the loss-scale
+ * line no longer runs along the baseline at `baselineAt` (a constant scale is
+ * a horizontal line, which could lie on the baseline's): at most a quarter of
+ * its points within {@link CLEARANCE} pixels of it (a line that crosses it
+ * is fine).
+ */
+function scaleAxisClearOf(
+  scales: number[],
+  baselineAt: number | null,
+): { exponents: number[]; yScale: Scale } {
+  let exponents = log2Ticks(Math.log2(Math.min(...scales)), Math.log2(Math.max(...scales)));
+  let [lo, hi] = [exponents[0], exponents.at(-1)!];
+  for (let widen = 0;; widen++) {
+    const yScale = log2Scale(lo, hi, PLOT.bottom, PLOT.top);
+    const ys = scales.map(yScale);
+    if (baselineAt === null) return { exponents, yScale };
+    const near = ys.filter((v) => Math.abs(v - baselineAt) < CLEARANCE).length;
+    if (near <= ys.length / 4 || widen === 8) return { exponents, yScale };
+    // Below the baseline (larger y): a power above the data lowers the line; else one below.
+    const mean = ys.reduce((a, b) => a + b, 0) / ys.length;
+    if (mean >= baselineAt) hi++;
+    else lo--;
+    exponents = log2Ticks(lo + 1, hi - 1).filter((e) => e >= lo && e <= hi);
+  }
+}
+
 /**
  * The chart as SVG text. The training loss is the first `<path d=…>` (tests
  * count its points).
@@ -127,8 +158,8 @@ export function lossChartSvg(chart: LossChart): string {
   const y = linearScale(yTicks[0], yTicks.at(-1)!, PLOT.bottom, PLOT.top);
   const scales = points.map((p) => p.lossScale).filter((s) => finite(s) && s > 0);
   const showScale = scales.some((s) => s !== 1); // all 1: AMP off, nothing to show
-  const exponents = log2Ticks(Math.log2(Math.min(...scales)), Math.log2(Math.max(...scales)));
-  const yScale = log2Scale(exponents[0], exponents.at(-1)!, PLOT.bottom, PLOT.top);
+  const baselineAt = baseline && finite(baseline.loss) ? y(baseline.loss) : null;
+  const { exponents, yScale } = scaleAxisClearOf(scales, baselineAt);
   const hidden = points.filter((p) => !finite(p.loss)).length;
 
   const parts = [
@@ -148,8 +179,8 @@ export function lossChartSvg(chart: LossChart): string {
     );
   }
   const entries: [string, string, string][] = [[COLOR.loss, "", "training loss"]];
-  if (baseline && finite(baseline.loss)) {
-    const at = px(y(baseline.loss));
+  if (baseline && baselineAt !== null) {
+    const at = px(baselineAt);
     parts.push(
       `<line class="baseline" x1="${PLOT.left}" x2="${PLOT.right}" y1="${at}" y2="${at}" ` +
         `stroke="${COLOR.baseline}" stroke-width="1.5" stroke-dasharray="8 4"/>`,

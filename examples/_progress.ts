@@ -78,3 +78,45 @@ export class Progress {
     this.#lastDraw = -Infinity;
   }
 }
+
+/** How an example prints one event: a JSON line with --json, else `text`. */
+export type PhaseEmit = (event: string, fields: Record<string, unknown>, text: string) => void;
+
+/**
+ * The first training step of a session, said before and after: recording it
+ * compiles its kernels (seconds on a GPU, a minute or two for a CNN on a CPU
+ * adapter), and a piped run would otherwise print nothing until its first
+ * log line. Nothing waits for the GPU: "recorded" is when the step's
+ * dispatches were recorded.
+ */
+export class FirstStep {
+  #started = 0;
+  #state: "before" | "running" | "done" = "before";
+
+  constructor(readonly emit: PhaseEmit, readonly logEvery: number) {}
+
+  /** Before each step: the first one is announced. */
+  before(): void {
+    if (this.#state !== "before") return;
+    this.#state = "running";
+    this.#started = performance.now();
+    this.emit(
+      "phase",
+      { phase: "first step" },
+      "first step: compiling its kernels (on a CPU adapter this takes a while)...",
+    );
+  }
+
+  /** After each step: the first one says how long it took and when the next line comes. */
+  after(): void {
+    if (this.#state !== "running") return;
+    this.#state = "done";
+    const seconds = (performance.now() - this.#started) / 1000;
+    this.emit(
+      "phase",
+      { phase: "training", firstStepSeconds: seconds },
+      `first step recorded in ${seconds.toFixed(1)} s; training (a line every ${this.logEvery} ` +
+        "steps)",
+    );
+  }
+}

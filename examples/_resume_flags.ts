@@ -1,10 +1,13 @@
 /**
  * What a resumed run may and may not change. A saved training state records
- * the flags it was trained with in two groups: those that shape the run (the
- * model, the data order, the optimizer's kind and state layout, the
- * schedule's length), which a resumed run must repeat, and those that only
- * steer it (learning rate, loss scale), which `--override` may change — and
- * then each change is printed, so that no flag changes training silently.
+ * the flags it was trained with in groups: those that shape the run (the
+ * model, the data order, the optimizer's kind and state layout), which a
+ * resumed run must repeat; those that only steer it (learning rate, loss
+ * scale), which `--override` may change — and then each change is printed,
+ * so that no flag changes training silently; and its length (`--steps`),
+ * which a resumed run may change freely, said in one line: a finished
+ * fine-tune extended by 200 steps goes on into a schedule of the new total,
+ * as Hugging Face's Trainer resumes into a longer `max_steps`.
  *
  * @module
  */
@@ -28,9 +31,22 @@ export function flagChanges(saved: FlagValues | undefined, given: FlagValues): F
     .map((flag) => ({ flag, saved: saved[flag], given: given[flag] }));
 }
 
-/** `--lr 0.002 → 0.01, --seed 0 → 1`. */
+/** `--lr 0.01 (saved: 0.002), --seed 1 (saved: 0)`: the given values, each beside the saved one. */
 export function describeChanges(changes: FlagChange[]): string {
-  return changes.map((c) => `--${c.flag} ${c.saved} → ${c.given}`).join(", ");
+  return changes.map((c) => `--${c.flag} ${c.given} (saved: ${c.saved})`).join(", ");
+}
+
+/** The saved flags of a run: its groups, as a saved record holds them. */
+export interface SavedFlags {
+  shape?: FlagValues;
+  steering?: FlagValues;
+  /** The run's length (older files keep it in `shape`). */
+  length?: FlagValues;
+}
+
+/** How the run's length flags (`--steps`) differ from the saved ones (see the module comment). */
+export function lengthChanges(saved: SavedFlags, given: { length?: FlagValues }): FlagChange[] {
+  return given.length ? flagChanges(saved.length ?? saved.shape, given.length) : [];
 }
 
 /**
@@ -40,22 +56,27 @@ export function describeChanges(changes: FlagChange[]): string {
  */
 export function checkResumeFlags(
   path: string,
-  saved: { shape?: FlagValues; steering?: FlagValues },
-  given: { shape: FlagValues; steering: FlagValues },
+  saved: SavedFlags,
+  given: { shape: FlagValues; steering: FlagValues; length?: FlagValues },
   override: boolean,
 ): FlagChange[] {
   const shape = flagChanges(saved.shape, given.shape);
   if (shape.length > 0) {
+    const lengths = given.length ? Object.keys(given.length).map((f) => `--${f}`) : [];
+    const free = lengths.length > 0
+      ? ` (${lengths.join(", ")} may change: it sets the run's ` +
+        "length)"
+      : "";
     throw new UsageError(
-      `${path} was saved by another run (${describeChanges(shape)}, saved → given); ` +
-        "Resume with the same flags.",
+      `${path} was saved by a run with other flags: ${describeChanges(shape)}. Resume with ` +
+        `the saved flags${free}.`,
     );
   }
   const steering = flagChanges(saved.steering, given.steering);
   if (steering.length > 0 && !override) {
     throw new UsageError(
-      `resuming ${path} would change ${describeChanges(steering)} (saved → given); ` +
-        "give the saved values, or add --override to train on with the new ones.",
+      `resuming ${path} would change ${describeChanges(steering)}; give the saved values, or ` +
+        "add --override to train on with the new ones.",
     );
   }
   return steering;

@@ -4,14 +4,13 @@
  * full load, which verifies every checksum, comes later): a `--resume` file
  * that is missing, not a training state, or without this script's record of
  * the run (from `to_halfstep.py`, or `saveTrainingState` without the
- * script's `extra`); and a `--save` that would replace a file the user did
- * not ask to replace.
+ * script's `extra`); and `--save` as an output that would replace a file
+ * the user did not ask to replace.
  *
  * @module
  */
-import { resolve } from "node:path";
-import { linkTarget } from "../files.ts";
-import { reason, UsageError } from "./_cli.ts";
+import { reason } from "./_cli.ts";
+import type { OutputFile } from "./_outputs.ts";
 
 /** A file problem: the script prints the message and exits with status 1. */
 export class RunFileError extends Error {}
@@ -114,47 +113,34 @@ export async function readRunRecord<R>(path: string, kind: RunRecordKind<R>): Pr
 }
 
 /**
- * Whether `a` and `b` name one existing file: the same inode (through links,
- * `./`, folders' links), or where the system tells none, the same path once
- * links are followed.
+ * `--save` as an output of the one rule (examples/_outputs.ts): it may be
+ * the `--resume` file it goes on saving; any other file there is refused
+ * unless `--overwrite` is given, with a message that says what the file
+ * holds.
  */
-async function sameFile(a: string, b: string): Promise<boolean> {
-  try {
-    const [x, y] = await Promise.all([Deno.stat(a), Deno.stat(b)]);
-    if (x.ino !== null && y.ino !== null) return x.dev === y.dev && x.ino === y.ino;
-  } catch {
-    return false;
-  }
-  return resolve(await linkTarget(a)) === resolve(await linkTarget(b));
-}
-
-/**
- * Throws a UsageError when `--save` would replace a file the user did not
- * ask to replace: one is there, it is not the `--resume` file, and
- * `--overwrite` is not given. The message says what the file holds.
- */
-export async function checkSaveTarget<R>(
-  flags: { save?: string; resume?: string; overwrite: boolean },
+export function saveOutput<R>(
+  flags: { save: string; resume?: string },
   kind: RunRecordKind<R>,
-): Promise<void> {
+): OutputFile {
   const { save, resume } = flags;
-  if (!save || flags.overwrite) return;
-  const exists = await Deno.stat(save).then(() => true, () => false);
-  if (!exists) return;
-  if (resume && (await sameFile(resume, save))) return;
-  const metadata = await metadataOf(save, "save").catch(() => null);
-  const state = metadata !== null && isTrainingState(metadata);
-  const record = state ? recordIn(metadata, kind) : null;
-  const holds = record
-    ? `holds a saved run (${kind.describe(record)})`
-    : state
-    ? "holds a saved training state"
-    : "already exists";
-  const resumeIt = record ? `continue it with --resume ${save}, or ` : "";
-  throw new UsageError(
-    `--save ${save} ${holds}; ${resumeIt}add --overwrite to start over (the file is replaced ` +
-      `${kind.replaced}).`,
-  );
+  return {
+    flag: "save",
+    path: save,
+    continues: resume,
+    async refusal() {
+      const metadata = await metadataOf(save, "save").catch(() => null);
+      const state = metadata !== null && isTrainingState(metadata);
+      const record = state ? recordIn(metadata, kind) : null;
+      const holds = record
+        ? `holds a saved run (${kind.describe(record)})`
+        : state
+        ? "holds a saved training state"
+        : "already exists";
+      const resumeIt = record ? `continue it with --resume ${save}, or ` : "";
+      return `--save ${save} ${holds}; ${resumeIt}add --overwrite to start over (the file is ` +
+        `replaced ${kind.replaced}).`;
+    },
+  };
 }
 
 /** {@link readRunRecord} of `--resume`, or null; a file that cannot continue exits with status 1. */

@@ -6,7 +6,9 @@
  * dies however it dies (SIGKILL included), so a lock file left by a killed
  * run is simply taken over, with a note; no process table is read (Deno lets
  * only -A read /proc). The file goes away on a normal exit, on `Deno.exit`
- * and on SIGINT/SIGTERM.
+ * and on SIGINT/SIGTERM, where the run ends with a line saying what the file
+ * holds (what the script last told {@link SaveLock.hold}) and that `--resume`
+ * continues it.
  *
  * @module
  */
@@ -44,10 +46,18 @@ export class SaveLock {
   #released = false;
   #unlisten: () => void;
 
-  private constructor(readonly lockPath: string, file: Deno.FsFile) {
+  #holds: string | null = null;
+
+  private constructor(
+    readonly lockPath: string,
+    file: Deno.FsFile,
+    readonly path: string,
+    readonly note: (text: string) => void,
+  ) {
     this.#file = file;
     const onExit = () => this.release();
     const onSignal = (code: number) => () => {
+      this.note(this.#farewell());
       this.release();
       Deno.exit(code);
     };
@@ -66,7 +76,8 @@ export class SaveLock {
    * link names, so a run saving through the link and one saving to the file
    * itself take the same lock) for this process. Throws a UsageError naming
    * the other process while a live one holds it; takes over a file a dead
-   * run left and calls `note` with what it did.
+   * run left and calls `note` with what it did (and, if the run is
+   * interrupted, with what the file holds).
    */
   static async acquire(
     path: string,
@@ -100,9 +111,22 @@ export class SaveLock {
       const me = JSON.stringify({ pid: Deno.pid, host: hostname() });
       file.truncateSync(0);
       file.writeSync(new TextEncoder().encode(me));
-      return new SaveLock(lockPath, file);
+      return new SaveLock(lockPath, file, path, note);
     }
     throw new UsageError(`--${flag} ${path}: ${lockPath} keeps changing hands; try again.`);
+  }
+
+  /** Records what the file holds now ("epoch 2 (step 936)"), after a save or a resume. */
+  hold(what: string): void {
+    this.#holds = what;
+  }
+
+  /** The line an interrupted run ends with: what the file holds, and how to go on. */
+  #farewell(): string {
+    return this.#holds === null
+      ? `interrupted before the first save: nothing was written to ${this.path}.`
+      : `interrupted; ${this.path} holds ${this.#holds}: add --resume ${this.path} to continue ` +
+        "from there.";
   }
 
   /** Removes the lock file and drops the lock (once; later calls do nothing). */

@@ -14,13 +14,20 @@
  *
  * @module
  */
+import { dirname, join } from "node:path";
 import { initGpu, type SafetensorsEntry } from "../mod.ts";
 import { loadSafetensors } from "../files.ts";
-import { checkOutputPath, orExit, orExitAsync, reason, runMain, UsageError } from "./_cli.ts";
+import { orExit, orExitAsync, reason, runMain, UsageError } from "./_cli.ts";
 import { checkPlan, runLimits } from "./_preflight.ts";
 import { checkResumeFlags } from "./_resume_flags.ts";
 import { backendNote } from "./_backend_flag.ts";
-import { checkSaveTarget, readRecordOrExit } from "./_run_file.ts";
+import { readRecordOrExit, saveOutput } from "./_run_file.ts";
+import {
+  checkOutputsReplace,
+  checkOutputsWritable,
+  type InputFile,
+  type OutputFile,
+} from "./_outputs.ts";
 import { SaveLock } from "./_save_lock.ts";
 import { precisionDetail } from "./_amp_flag.ts";
 import { GPT2_HELP, GPT2_SIZES, type Gpt2Args, parseGpt2Args } from "./gpt2_args.ts";
@@ -67,10 +74,27 @@ async function parseFlags(args: string[]): Promise<Gpt2Args | null> {
     console.log(GPT2_HELP.trimEnd());
     return null;
   }
-  for (const [flag, path] of [["save", cfg.save], ["save-weights", cfg.saveWeights]] as const) {
-    if (path) await orExitAsync("gpt2", () => checkOutputPath(flag, path));
-  }
+  await orExitAsync("gpt2", () => checkOutputsWritable(gpt2Files(cfg).outputs));
   return cfg;
+}
+
+/**
+ * The files the run writes (--save, --save-weights) and reads (--weights,
+ * the config.json beside it, --data, --resume), for the one output rule
+ * (examples/_outputs.ts).
+ */
+function gpt2Files(cfg: Gpt2Args): { outputs: OutputFile[]; inputs: InputFile[] } {
+  const outputs: OutputFile[] = [];
+  if (cfg.save) outputs.push(saveOutput({ save: cfg.save, resume: cfg.resume }, GPT2_RUN));
+  if (cfg.saveWeights) outputs.push({ flag: "save-weights", path: cfg.saveWeights });
+  const inputs: InputFile[] = [];
+  if (cfg.weights) {
+    inputs.push({ flag: "weights", path: cfg.weights });
+    inputs.push({ flag: "weights", path: join(dirname(cfg.weights), "config.json") });
+  }
+  if (cfg.data) inputs.push({ flag: "data", path: cfg.data });
+  if (cfg.resume) inputs.push({ flag: "resume", path: cfg.resume });
+  return { outputs, inputs };
 }
 
 /**
@@ -98,7 +122,7 @@ async function readWeights(
   );
   const checkpoint = orExit("gpt2", () => {
     try {
-      return gpt2Checkpoint(entries, { json, heads: cfg.heads ?? headsOf(metadata) });
+      return gpt2Checkpoint(entries, { json, heads: cfg.heads, savedHeads: headsOf(metadata) });
     } catch (e) {
       throw new UsageError(`--weights ${path}: ${reason(e)}`);
     }
@@ -137,6 +161,12 @@ function promptTokens(text: string, maxNewTokens: number, context: number): numb
 
 /** --prompt: samples --max-new-tokens tokens after `prompt` with the KV cache and prints them. */
 async function sample(cfg: Gpt2Args, emit: Emit, model: TinyGpt, prompt: number[]): Promise<void> {
+  emit(
+    "phase",
+    { phase: "sample", tokens: cfg.maxNewTokens },
+    `sampling ${cfg.maxNewTokens} tokens after the prompt's ${prompt.length} (the first ` +
+      "compiles the kernels)...",
+  );
   const started = performance.now();
   const [ids] = await generate(model, [prompt], {
     maxNewTokens: cfg.maxNewTokens,
@@ -192,7 +222,15 @@ async function main(): Promise<void> {
   // A --resume file that cannot continue here, or other flags, are refused before start-up.
   const record = await readRecordOrExit("gpt2", cfg.resume, GPT2_RUN);
   const changes = record
-    ? orExit("gpt2", () => checkResumeFlags(cfg.resume!, record.flags, runFlags(cfg), cfg.override))
+    ? orExit("gpt2", () => {
+      if (cfg.steps < record.step) {
+        throw new UsageError(
+          `--steps ${cfg.steps}: ${cfg.resume} is already at step ${record.step}; give --steps ` +
+            `${record.step} (its end) or more (to extend it).`,
+        );
+      }
+      return checkResumeFlags(cfg.resume!, record.flags, runFlags(cfg), cfg.override);
+    })
     : [];
   // The lock first: a run in use says so, not that its file holds a run.
   const lock = cfg.save
@@ -201,7 +239,10 @@ async function main(): Promise<void> {
       () => SaveLock.acquire(cfg.save!, "save", (t) => console.error(`gpt2: ${t}`)),
     )
     : null;
-  await orExitAsync("gpt2", () => checkSaveTarget(cfg, GPT2_RUN));
+  await orExitAsync("gpt2", () => {
+    const { outputs, inputs } = gpt2Files(cfg);
+    return checkOutputsReplace(outputs, { inputs, overwrite: cfg.overwrite });
+  });
   const data = cfg.data ? await orExitAsync("gpt2", () => loadTextTokens(cfg.data!, cfg)) : null;
   const weights = await readWeights(cfg);
   const sizes = weights?.checkpoint.sizes ?? RANDOM_SIZES[cfg.random!];
@@ -247,7 +288,7 @@ async function main(): Promise<void> {
   );
   const result = data
     ? {
-      ...(await fineTune({ cfg, emit, gpu, data, model }, record, changes)),
+      ...(await fineTune({ cfg, emit, gpu, data, model, lock }, record, changes)),
       peakBytes: gpu.memoryStats().peakBytes,
     }
     : null;

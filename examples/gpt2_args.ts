@@ -57,10 +57,14 @@ Training (with --data):
                      data order) every --eval-every steps and at the end, atomically;
                      the file is locked (PATH.lock) while this run writes it
   --resume PATH      continue a run saved with --save (same flags; --override
-                     lets --lr change)
+                     lets --lr change; a larger --steps extends a run, finished
+                     or not, its schedule going on as the new total says)
   --override         with --resume: train on with a different --lr
-  --overwrite        with --save: start over although PATH holds a file (it is
-                     replaced at the first good validation)
+  --overwrite        replace the files --save and --save-weights name although
+                     they are there (a saved run is replaced at the first good
+                     validation); without it such a run is refused before it
+                     starts, unless --save is the --resume file; a file the run
+                     reads (--weights, --data, --resume) is never replaced
   --save-weights PATH
                      after training, write the model as Hugging Face's
                      model.safetensors (GPT2LMHeadModel's names)
@@ -75,10 +79,10 @@ ${backendHelp(21)}
   -h, --help         show this help
 
 Exit status: 0 done; 1 a file could not be read or written, or a --resume
-file that cannot continue here; 2 a bad flag, a file that is not GPT-2's,
-sizes that cannot fit this adapter or host (checked before the first step),
-or --save holding a file without --resume or --overwrite; 3 training diverged
-(nothing is saved over --save then).
+file that cannot continue here; 2 a bad flag, a file that is not GPT-2's, a
+--data that is not UTF-8 text, sizes that cannot fit this adapter or host
+(checked before the first step), or an output holding a file without --resume
+or --overwrite; 3 training diverged (nothing is saved over --save then).
 `;
 
 /** The published sizes --random takes. */
@@ -250,8 +254,10 @@ export function parseGpt2Args(args: string[]): Gpt2Args | null {
     }
   }
   if (parsed.override && !parsed.resume) throw new UsageError("--override needs --resume.");
-  if (parsed.overwrite && !parsed.save) {
-    throw new UsageError("--overwrite is for --save: it lets a run replace the file there.");
+  if (parsed.overwrite && !parsed.save && !parsed.saveWeights) {
+    throw new UsageError(
+      "--overwrite is for --save and --save-weights: it lets the run replace the files there.",
+    );
   }
   return parsed;
 }

@@ -8,6 +8,7 @@
  * @module
  */
 import { UsageError } from "./_cli.ts";
+import { readUtf8 } from "./_text_file.ts";
 import { encodeGpt2 } from "./gpt2_tokenizer.ts";
 
 /** A text's tokens, split. */
@@ -21,19 +22,14 @@ export interface TokenSplit {
 /**
  * The tokens of the file at `path`, split with `validation` (a share) held
  * out. Throws a UsageError when a part cannot hold one window of
- * `context` + 1 tokens, or the file cannot be read.
+ * `context` + 1 tokens or the file is not UTF-8 text, a RunFileError when it
+ * cannot be read (exit status 1).
  */
 export async function loadTextTokens(
   path: string,
   options: { validation: number; context: number },
 ): Promise<TokenSplit> {
-  let text: string;
-  try {
-    text = new TextDecoder("utf-8", { fatal: true }).decode(await Deno.readFile(path));
-  } catch (e) {
-    const why = e instanceof TypeError ? "it is not UTF-8 text" : (e as Error).message;
-    throw new UsageError(`--data ${path}: cannot be read (${why}).`);
-  }
+  const text = await readUtf8("data", path);
   const ids = Int32Array.from(encodeGpt2(text));
   const held = Math.round(ids.length * options.validation);
   const train = ids.subarray(0, ids.length - held), validation = ids.subarray(ids.length - held);

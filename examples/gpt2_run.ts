@@ -22,9 +22,16 @@ import {
 } from "../mod.ts";
 import { loadTrainingState, saveTrainingState } from "../files.ts";
 import { reason } from "./_cli.ts";
+import { sameFile } from "./_outputs.ts";
+import type { SaveLock } from "./_save_lock.ts";
 import { DivergenceWatch, evaluationHealth, type Health } from "./_divergence.ts";
-import { Progress } from "./_progress.ts";
-import { describeChanges, type FlagChange, type FlagValues } from "./_resume_flags.ts";
+import { FirstStep, Progress } from "./_progress.ts";
+import {
+  describeChanges,
+  type FlagChange,
+  type FlagValues,
+  lengthChanges,
+} from "./_resume_flags.ts";
 import type { RunRecordKind } from "./_run_file.ts";
 import type { Gpt2Args } from "./gpt2_args.ts";
 import type { TokenSplit } from "./gpt2_data.ts";
@@ -47,13 +54,15 @@ export interface Run {
   scheduler: LrScheduler;
   /** Draws the training windows; saved with the run. */
   batches: RandomGenerator;
+  /** --save's lock (told what the file holds after each save), or null. */
+  lock: SaveLock | null;
 }
 
 /** What --save writes besides the model, optimizer and trainer (the training state's `extra`). */
 export interface SavedRun {
   step: number;
   batches: { seed: number; offset: number };
-  flags: { shape: FlagValues; steering: FlagValues };
+  flags: { shape: FlagValues; steering: FlagValues; length?: FlagValues };
 }
 
 /** gpt2.ts's record in a parsed `extra`, or null when it is not one. */
@@ -75,13 +84,18 @@ export const GPT2_RUN: RunRecordKind<SavedRun> = {
   replaced: "at the first good validation",
 };
 
-/** The flags a saved run records: those a resumed run must repeat, and those --override may change. */
-export function runFlags(cfg: Gpt2Args): { shape: FlagValues; steering: FlagValues } {
+/**
+ * The flags a saved run records: those a resumed run must repeat, those
+ * --override may change, and its length (--steps), which a resumed run may
+ * change (the schedule then runs to the new total).
+ */
+export function runFlags(
+  cfg: Gpt2Args,
+): { shape: FlagValues; steering: FlagValues; length: FlagValues } {
   return {
     shape: {
       weights: cfg.weights ?? `random ${cfg.random}`,
       data: cfg.data!,
-      steps: cfg.steps,
       batch: cfg.batch,
       accum: cfg.accum,
       context: cfg.context,
@@ -91,6 +105,7 @@ export function runFlags(cfg: Gpt2Args): { shape: FlagValues; steering: FlagValu
       seed: cfg.seed,
     },
     steering: { lr: cfg.lr },
+    length: { steps: cfg.steps },
   };
 }
 
@@ -112,8 +127,20 @@ export async function resumeOrStart(
     Deno.exit(1);
   });
   const path = cfg.resume;
+  if (cfg.save && await sameFile(cfg.save, path)) run.lock?.hold(`step ${record.step}`);
   if (changes.length > 0) {
     run.emit("override", { changes }, `--override: resuming with ${describeChanges(changes)}`);
+  }
+  const longer = lengthChanges(record.flags, runFlags(cfg));
+  if (longer.length > 0) {
+    const saved = Number(longer[0].saved);
+    run.emit(
+      "extend",
+      { path, step: record.step, savedSteps: saved, steps: cfg.steps },
+      `--steps ${cfg.steps} (saved: ${saved}): ${cfg.steps > saved ? "extending" : "shortening"} ` +
+        `the run from step ${record.step}; its schedule goes on as a ${cfg.steps}-step one ` +
+        `(warmup, then cosine decay to lr/10 at step ${cfg.steps})`,
+    );
   }
   run.scheduler.step(trainer.steps);
   run.batches = new RandomGenerator(record.batches.seed, record.batches.offset);
@@ -137,9 +164,11 @@ async function save(run: Run, step: number): Promise<void> {
     await saveTrainingState(cfg.save!, { model, optimizer, trainer, scheduler }, { extra });
   } catch (e) {
     console.error(`gpt2: saving ${cfg.save} failed: ${reason(e)}`);
+    if (cfg.json) run.emit("save_error", { what: cfg.save, error: reason(e) }, "");
     run.gpu.destroy();
     Deno.exit(1);
   }
+  run.lock?.hold(`step ${step}`);
   run.emit("save", { path: cfg.save, step }, `saved ${cfg.save} (step ${step})`);
 }
 
@@ -148,6 +177,13 @@ export async function validate(run: Run): Promise<number> {
   const { cfg, model, trainer } = run;
   const windows = evaluationWindows(run.data.validation, cfg.context, cfg.evalWindows);
   const progress = new Progress(!cfg.json);
+  if (!progress.isBar) {
+    run.emit(
+      "phase",
+      { phase: "validate", windows: windows.count },
+      `validating: ${windows.count} held-out windows of ${cfg.context} tokens...`,
+    );
+  }
   model.eval();
   const total = Tensor.zeros([]);
   for (let w = 0; w < windows.count; w += cfg.batch) {
@@ -208,8 +244,10 @@ export async function train(run: Run, start: number): Promise<Trained> {
   const watch = await DivergenceWatch.start(trainer);
   let lossSum = Tensor.zeros([]), counted = 0, loss = NaN, validation = NaN;
   let clock = performance.now(), timed = 0, seconds = 0, barText = "training";
+  const first = new FirstStep(run.emit, cfg.logEvery);
   gpu.resetPeakMemory();
   for (let step = start + 1; step <= cfg.steps; step++) {
+    first.before();
     for (let micro = 0; micro < cfg.accum; micro++) {
       sampleBatch(run.data.train, cfg.context, run.batches, inputs, targets);
       const l = trainer.step(() =>
@@ -219,6 +257,7 @@ export async function train(run: Run, start: number): Promise<Trained> {
       l.dispose();
       counted++;
     }
+    first.after();
     run.scheduler.step();
     const logNow = step % cfg.logEvery === 0 || step === cfg.steps;
     const evalNow = step % cfg.evalEvery === 0 || step === cfg.steps;
@@ -296,6 +335,7 @@ export async function fineTune(
   if (cfg.saveWeights) {
     await saveGpt2(cfg.saveWeights, model).catch((e) => {
       console.error(`gpt2: writing ${cfg.saveWeights} failed: ${reason(e)}`);
+      if (cfg.json) base.emit("save_error", { what: cfg.saveWeights, error: reason(e) }, "");
       Deno.exit(1);
     });
     run.emit(

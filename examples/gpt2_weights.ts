@@ -15,11 +15,14 @@
  * A token table over one buffer's limit is loaded into column pieces
  * (`tableShards`) and joined again on saving.
  * Sizes come from the tensors; the head count, which no tensor shows, from a
- * `config.json` beside the file, else the file's own metadata (`n_head`, as
- * halfstep writes it), else the published sizes' widths.
+ * `config.json` beside the file (which `--heads` may not contradict), else
+ * `--heads`, else the file's own metadata (`n_head`, as halfstep writes it),
+ * else the published sizes' widths. A tensor holding NaN or ±Inf is refused
+ * under its own name.
  *
  * @module
  */
+import { nonFiniteCount } from "../nn/mod.ts";
 import {
   type HostTensor,
   RandomGenerator,
@@ -162,12 +165,14 @@ export interface Gpt2Checkpoint {
 
 /**
  * GPT-2's sizes from a file's tensors (with or without `transformer.`), the
- * head count from `json` (a `config.json`), `heads`, or the published widths.
- * Throws a HalfstepError naming what is missing, misshapen or foreign.
+ * head count from `json` (a `config.json`), `heads` (--heads), `savedHeads`
+ * (the file's metadata), or the published widths. Throws a HalfstepError, in
+ * Hugging Face's names, naming what is missing, misshapen, foreign or not
+ * finite.
  */
 export function gpt2SizesOf(
   entries: ReadonlyMap<string, SafetensorsEntry>,
-  options: { json?: Gpt2JsonConfig; heads?: number } = {},
+  options: { json?: Gpt2JsonConfig; heads?: number; savedHeads?: number } = {},
 ): Gpt2Sizes {
   return gpt2Checkpoint(entries, options).sizes;
 }
@@ -178,7 +183,7 @@ export function gpt2SizesOf(
  */
 export function gpt2Checkpoint(
   entries: ReadonlyMap<string, SafetensorsEntry>,
-  options: { json?: Gpt2JsonConfig; heads?: number } = {},
+  options: { json?: Gpt2JsonConfig; heads?: number; savedHeads?: number } = {},
 ): Gpt2Checkpoint {
   const bare = bareEntries(entries);
   const wte = bare.get("wte.weight"), wpe = bare.get("wpe.weight");
@@ -223,14 +228,66 @@ export function gpt2Checkpoint(
   }
   const json = options.json ?? {};
   checkJson(json, { vocab, dim, context, layers });
-  const heads = options.heads ?? json.n_head ?? GPT2_HEADS[dim];
-  if (!heads || dim % heads !== 0) {
+  const heads = headCount(dim, json, options);
+  const bad = [...expected.keys()].map((name) => [name, nonFiniteCount(bare.get(name)!)] as const)
+    .filter(([, count]) => count > 0);
+  if (bad.length > 0) {
+    const [name, count] = bad[0];
+    const more = bad.length > 1 ? ` (and ${bad.length - 1} more tensor(s))` : "";
     throw new ValueError(
-      `GPT-2: width ${dim} is not one of the published sizes; give the head count ` +
-        `(n_head of its config.json, beside the file, or --heads).`,
+      `GPT-2: ${name} holds ${count} NaN or ±Inf value(s)${more}: the file is damaged, or was ` +
+        "saved from a run that diverged; download it again.",
     );
   }
   return { sizes: { vocab, context, layers, dim, heads }, tensors: bare };
+}
+
+/**
+ * The head count, in the order docs/gpt2.md gives: config.json's n_head
+ * (which `heads`, the --heads flag, may repeat but not contradict), else
+ * `heads`, else the count the file's own metadata records (`savedHeads`),
+ * else the published sizes' by width. Each refusal says why.
+ */
+function headCount(
+  dim: number,
+  json: Gpt2JsonConfig,
+  options: { heads?: number; savedHeads?: number },
+): number {
+  const given = json.n_head;
+  if (given !== undefined && !(Number.isInteger(given) && given > 0)) {
+    throw new ValueError(
+      `GPT-2: config.json's n_head is ${JSON.stringify(given).slice(0, 40)}, not a whole ` +
+        "number of attention heads.",
+    );
+  }
+  if (given !== undefined && options.heads !== undefined && options.heads !== given) {
+    throw new ValueError(
+      `GPT-2: --heads ${options.heads}, but the config.json beside the file says n_head ` +
+        `${given}, and config.json comes first: drop --heads (it is for a file without one).`,
+    );
+  }
+  const [heads, from] = given !== undefined
+    ? [given, "config.json's n_head"]
+    : options.heads !== undefined
+    ? [options.heads, "--heads"]
+    : options.savedHeads !== undefined
+    ? [options.savedHeads, "the file's n_head"]
+    : [GPT2_HEADS[dim], "the published size's head count"];
+  if (heads === undefined) {
+    throw new ValueError(
+      `GPT-2: width ${dim} is not one of the published sizes (768, 1024, 1280, 1600) and no ` +
+        "config.json is beside the file: give the head count with --heads.",
+    );
+  }
+  if (dim % heads !== 0) {
+    const divisors = Array.from({ length: dim }, (_, i) => i + 1).filter((d) => dim % d === 0);
+    throw new ValueError(
+      `GPT-2: ${from} ${heads} does not divide the width ${dim} (each head takes width / ` +
+        `heads channels); the divisors are ${divisors.slice(0, 12).join(", ")}` +
+        `${divisors.length > 12 ? ", ..." : ""}.`,
+    );
+  }
+  return heads;
 }
 
 /** A config.json that contradicts the tensors, or is not GPT-2's, is refused. */
@@ -414,7 +471,8 @@ export async function loadGpt2(
   const { entries, metadata } = await loadSafetensors(path);
   const checkpoint = gpt2Checkpoint(entries, {
     json: await configBeside(path),
-    heads: options.heads ?? headsOf(metadata),
+    heads: options.heads,
+    savedHeads: headsOf(metadata),
   });
   return { model: gpt2FromEntries(checkpoint, options), sizes: checkpoint.sizes };
 }

@@ -36,9 +36,9 @@ import { checkPlan, runLimits } from "./_preflight.ts";
 import { SaveLock } from "./_save_lock.ts";
 import { finishInspect, heatmapPath, InspectLog } from "./_inspect.ts";
 import { writeHeatmap } from "./_heatmap.ts";
-import { Progress } from "./_progress.ts";
+import { FirstStep, Progress } from "./_progress.ts";
 import { profileFields, ProfileWindow } from "./_profile_window.ts";
-import { checkOutputs, type MnistArgs, parseMnistArgsOrExit } from "./mnist_args.ts";
+import { type MnistArgs, mnistFiles, parseMnistArgsOrExit } from "./mnist_args.ts";
 import { orExit, orExitAsync, runMain } from "./_cli.ts";
 import {
   checkBeforeStart,
@@ -47,7 +47,8 @@ import {
   runFlags,
   type RunRecord,
 } from "./mnist_resume.ts";
-import { checkSaveTarget, readRecordOrExit } from "./_run_file.ts";
+import { readRecordOrExit } from "./_run_file.ts";
+import { checkOutputsReplace, checkOutputsWritable, sameFile } from "./_outputs.ts";
 import { evaluate } from "./mnist_evaluate.ts";
 import { precisionName } from "./_amp_flag.ts";
 import { gather, loadData, randomShifts, shuffle } from "./mnist_batches.ts";
@@ -81,6 +82,12 @@ export interface Run {
   inspect: InspectLog | null;
   /** When the program started (performance.now()), for the time to the first accuracy. */
   started: number;
+  /** Says the session's first step (it compiles the kernels). */
+  firstStep: FirstStep;
+  /** --save's lock (told what the file holds after each save), or null. */
+  lock: SaveLock | null;
+  /** Failed writes of --save so far, and what the file last held (for the run's last word). */
+  saves: { failed: number; lastFailed: boolean; holds: string | null };
 }
 
 /** What the training loop tracks across epochs, from `step` on. */
@@ -161,9 +168,11 @@ async function trainEpoch(
     // One micro-batch: forward under autocast (with --amp), scaled backward;
     // every --accum micro-batches the trainer unscales, checks for overflow,
     // steps the optimizer (skipped on the GPU on overflow) and updates the scale.
+    run.firstStep.before();
     const loss = trainer.step(() =>
       crossEntropy(model.forward(Tensor.from(pixels, mnistInputShape(cfg.model, batch))), labels)
     );
+    run.firstStep.after();
     if (tally.step % cfg.accum === cfg.accum - 1) scheduler.step(); // after each optimizer step
     noGrad(() => addInPlace(tally.lossSum, loss));
     loss.dispose();
@@ -233,7 +242,9 @@ async function writeOutput(run: Run, what: string, write: () => Promise<void>): 
     const next = run.cfg.onSaveError === "stop"
       ? "stopping (--on-save-error continue keeps training)"
       : "training goes on";
-    run.emit("save_error", { what, error: why }, `mnist: writing ${what} failed: ${why}; ${next}`);
+    // A failure is a notice: on stderr (as gpt2.ts's), and an event too with --json.
+    console.error(`mnist: writing ${what} failed: ${why}; ${next}`);
+    if (run.cfg.json) run.emit("save_error", { what, error: why }, "");
     if (run.cfg.onSaveError === "stop") {
       run.gpu.destroy();
       Deno.exit(1);
@@ -275,8 +286,12 @@ async function save(run: Run, tally: Tally, epoch: number): Promise<void> {
         }),
     );
     if (saved) {
+      run.saves.holds = `epoch ${epoch} (step ${step})`;
+      run.lock?.hold(run.saves.holds);
       run.emit("save", { path: cfg.save, epoch, step }, `saved ${cfg.save} (epoch ${epoch})`);
     }
+    run.saves.failed += saved ? 0 : 1;
+    run.saves.lastFailed = !saved;
   }
 }
 
@@ -342,7 +357,8 @@ async function main(): Promise<void> {
     console.log(cfg.json ? JSON.stringify({ event, ...fields }) : text);
   // A --resume file that cannot continue here is reported before any start-up work.
   const record = await readRecordOrExit("mnist", cfg.resume, MNIST_RUN);
-  await checkOutputs(cfg).catch((e) => {
+  const files = mnistFiles(cfg, MNIST_RUN);
+  await checkOutputsWritable(files.outputs).catch((e) => {
     console.error(`mnist: ${e instanceof Error ? e.message : e} (see --help)`);
     Deno.exit(2);
   });
@@ -351,12 +367,15 @@ async function main(): Promise<void> {
   const lock = cfg.save
     ? await orExitAsync("mnist", () => SaveLock.acquire(cfg.save!, "save", note))
     : null;
-  await orExitAsync("mnist", () => checkSaveTarget(cfg, MNIST_RUN));
+  await orExitAsync(
+    "mnist",
+    () => checkOutputsReplace(files.outputs, { inputs: files.inputs, overwrite: cfg.overwrite }),
+  );
   const { train, test } = await loadData(cfg);
   const batch = Math.min(cfg.batch, train.count), stepsPerEpoch = Math.floor(train.count / batch);
   const changes = checkBeforeStart(cfg, train.count, batch, record);
   const loadSeconds = (performance.now() - started) / 1000;
-  const gpu = await initGpu({ backend: cfg.backend });
+  const gpu = await initGpu({ backend: cfg.backend, deterministic: cfg.deterministic });
   const initSeconds = (performance.now() - started) / 1000 - loadSeconds;
   gpu.resetPeakMemory();
   const sizes = { batch, stepsPerEpoch, totalSteps: stepsPerEpoch * cfg.epochs };
@@ -376,8 +395,15 @@ async function main(): Promise<void> {
     shuffler,
     profile,
     started,
+    firstStep: new FirstStep(emit, cfg.logEvery),
+    lock,
+    saves: { failed: 0, lastFailed: false, holds: null },
   };
   const from = await resumeOrStart(run, record, changes);
+  if (record && cfg.save && await sameFile(cfg.save, cfg.resume!)) {
+    run.saves.holds = MNIST_RUN.describe(record); // until this session's first save
+    lock?.hold(run.saves.holds);
+  }
   run.inspect?.startAfter(from.step);
   const progress = new Progress(!cfg.json);
   const tally = new Tally(from.step, from.plotPoints);
@@ -400,6 +426,26 @@ async function main(): Promise<void> {
   await report(run, tally, started);
   gpu.destroy();
   lock?.release();
+  if (run.saves.failed > 0) endAfterFailedSaves(run);
+}
+
+/**
+ * The last word of a run whose saves failed (--on-save-error continue): how
+ * many, and what the file holds; exit status 1 when the last one failed
+ * (the run's end is not in the file).
+ */
+function endAfterFailedSaves(run: Run): void {
+  const { failed, lastFailed, holds } = run.saves, path = run.cfg.save!;
+  const saves = `${failed} save${failed === 1 ? "" : "s"} of ${path} failed`;
+  if (!lastFailed) {
+    console.error(`mnist: ${saves}; the last one succeeded: it holds ${holds}.`);
+    return;
+  }
+  const kept = holds === null
+    ? `nothing was saved to ${path}`
+    : `the last save that succeeded holds ${holds}: --resume ${path} continues from there`;
+  console.error(`mnist: ${saves}, the last one's included; ${kept}.`);
+  Deno.exit(1);
 }
 
 if (import.meta.main) await runMain("mnist", main);

@@ -5,7 +5,6 @@
  */
 import { isStaticLossScale } from "../mod.ts";
 import {
-  checkOutputPath,
   choiceFlag,
   integerFlag,
   numberFlag,
@@ -18,6 +17,9 @@ import { backendFlag, backendHelp } from "./_backend_flag.ts";
 import type { Backend } from "../mod.ts";
 import { profileSteps } from "./_profile_window.ts";
 import type { MnistModel } from "./mnist_model.ts";
+import { heatmapPath } from "./_inspect.ts";
+import type { InputFile, OutputFile } from "./_outputs.ts";
+import { type RunRecordKind, saveOutput } from "./_run_file.ts";
 
 export { UsageError };
 
@@ -58,6 +60,10 @@ Flags:
                    (default 0.9); v = g + m·v, w -= lr·v, as torch.optim.SGD
                    without dampening
   --seed N         seed of the weight init and the shuffling (default 0)
+  --deterministic  the same bits on every run of this adapter, whatever the
+                   tuning cache holds: default kernels, nothing tuned
+                   (initGpu's deterministic option; slower: the CPU adapter
+                   ran the demo's steps about 1.6x slower)
   --log-every N    read the loss back every N steps (default 50); each read
                    waits for the GPU. The loss printed is the mean over those
                    N steps, summed on the GPU without syncing
@@ -70,10 +76,11 @@ Flags:
                    data order) to PATH after every epoch, atomically; a run
                    that diverged (see Exit status) leaves the last good file.
                    PATH.lock keeps a second run from writing PATH at once
-  --overwrite      with --save: start over although PATH holds a file (a
-                   saved run); it is replaced after the first good epoch.
-                   Without it such a --save is refused, unless PATH is the
-                   --resume file
+  --overwrite      replace the files --save and --plot name although they are
+                   there (a saved run is replaced after the first good epoch).
+                   Without it such a run is refused before it starts, unless
+                   --save is the --resume file (a resumed run also rewrites
+                   its --plot); a file the run reads is never replaced
   --resume PATH    continue the run saved in PATH exactly where it stopped
                    (same flags as the saved run)
   --override       with --resume: train on with another --lr or --loss-scale
@@ -81,8 +88,9 @@ Flags:
                    such a change is refused
   --on-save-error stop|continue
                    when a save fails during training (disk full, say): stop
-                   the run (default) or report it and keep training; the
-                   previous file is never damaged either way
+                   the run (default) or report it and keep training (it then
+                   ends saying what the file holds, exit status 1 if the
+                   last save failed); the previous file is never damaged
   --plot PATH      write an SVG chart of training loss and loss scale to PATH
                    (rewritten after every epoch); with --inspect also a heat
                    map of each layer's f16 overflow and underflow over steps
@@ -102,7 +110,7 @@ ${backendHelp(19)}
 Exit status: 0 done; 1 a file could not be read or written (or --resume
 holds no run of this script); 2 a bad flag, a run that cannot fit this
 adapter or host (checked before the first step), --save in use by another
-run, or --save holding a file without --resume or --overwrite; 3 training
+run, or an output holding a file without --resume or --overwrite; 3 training
 diverged (a non-finite evaluation loss or weights; in f32 a non-finite
 loss; under --amp steps skipped with the dynamic loss scale at its floor,
 every step of an epoch skipped at a static scale, or 50 in a row): nothing
@@ -145,6 +153,8 @@ export interface MnistArgs {
   accum: number;
   checkpoint: boolean;
   seed: number;
+  /** initGpu({ deterministic: true }): default kernels, nothing tuned or read from the cache. */
+  deterministic: boolean;
   logEvery: number;
   limit: number | undefined;
   evalBatch: number;
@@ -215,6 +225,7 @@ export function parseMnistArgs(args: string[]): MnistArgs | null {
       accum: { type: "string", default: "1" },
       checkpoint: { type: "boolean", default: false },
       seed: { type: "string", default: "0" },
+      deterministic: { type: "boolean", default: false },
       "log-every": { type: "string", default: "50" },
       limit: { type: "string" },
       "eval-batch": { type: "string", default: "1000" },
@@ -242,8 +253,10 @@ export function parseMnistArgs(args: string[]): MnistArgs | null {
       "--override is for --resume: it accepts flags that differ from the file's.",
     );
   }
-  if (values.overwrite && values.save === undefined) {
-    throw new UsageError("--overwrite is for --save: it lets a run replace the file there.");
+  if (values.overwrite && values.save === undefined && values.plot === undefined) {
+    throw new UsageError(
+      "--overwrite is for --save and --plot: it lets the run replace the files there.",
+    );
   }
   const model = choiceFlag("model", values.model, ["mlp", "cnn"]);
   const limit = values.limit === undefined
@@ -291,6 +304,7 @@ export function parseMnistArgs(args: string[]): MnistArgs | null {
     accum: integerFlag("accum", values.accum, 1),
     checkpoint: values.checkpoint,
     seed: integerFlag("seed", values.seed, 0),
+    deterministic: values.deterministic,
     logEvery: integerFlag("log-every", values["log-every"], 1),
     limit,
     evalBatch: integerFlag("eval-batch", values["eval-batch"], 1),
@@ -301,12 +315,29 @@ export function parseMnistArgs(args: string[]): MnistArgs | null {
 }
 
 /**
- * Checks that every output path can be written: before anything loads, so
- * a bad path costs no time.
+ * The files the run writes (--save, --plot and, with --inspect, its heat
+ * map) and reads (--resume), for the one output rule (examples/_outputs.ts).
+ * A resumed run may rewrite its own chart.
  */
-export async function checkOutputs(cfg: MnistArgs): Promise<void> {
-  if (cfg.save) await checkOutputPath("save", cfg.save);
-  if (cfg.plot) await checkOutputPath("plot", cfg.plot);
+export function mnistFiles<R>(
+  cfg: MnistArgs,
+  run: RunRecordKind<R>,
+): { outputs: OutputFile[]; inputs: InputFile[] } {
+  const outputs: OutputFile[] = [];
+  if (cfg.save) outputs.push(saveOutput({ save: cfg.save, resume: cfg.resume }, run));
+  const replaceable = cfg.resume !== undefined;
+  if (cfg.plot) {
+    outputs.push({ flag: "plot", path: cfg.plot, replaceable });
+    if (cfg.inspect) {
+      outputs.push({
+        flag: "plot",
+        what: "the heat map",
+        path: heatmapPath(cfg.plot),
+        replaceable,
+      });
+    }
+  }
+  return { outputs, inputs: cfg.resume ? [{ flag: "resume", path: cfg.resume }] : [] };
 }
 
 /**

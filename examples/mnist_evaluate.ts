@@ -18,6 +18,13 @@ import { mnistInputShape } from "./mnist_model.ts";
 export async function evaluate(run: Run, tally: Tally, epoch: number): Promise<void> {
   const { gpu, model, test } = run, batch = run.cfg.evalBatch;
   const progress = new Progress(!run.cfg.json);
+  if (!progress.isBar) {
+    run.emit(
+      "phase",
+      { phase: "evaluate", epoch },
+      `epoch ${epoch}: evaluating ${test.count} test images...`,
+    );
+  }
   const evalStart = performance.now();
   tally.trainPeak = Math.max(tally.trainPeak, gpu.memoryStats().peakBytes);
   gpu.resetPeakMemory();

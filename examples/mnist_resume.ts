@@ -139,7 +139,7 @@ export async function resumeOrStart(
     run.emit(
       "override",
       { changes },
-      `--override: resuming ${cfg.resume} with ${describeChanges(changes)} (saved → given)`,
+      `--override: resuming ${cfg.resume} with ${describeChanges(changes)}`,
     );
   }
   run.scheduler.step(trainer.steps); // the restored optimizer carries the lr it was saved with

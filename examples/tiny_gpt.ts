@@ -12,12 +12,14 @@
  *
  * @module
  */
-import { checkOutputPath, orExit, runMain } from "./_cli.ts";
+import { orExit, orExitAsync, runMain } from "./_cli.ts";
+import { readUtf8 } from "./_text_file.ts";
+import { checkOutputFiles, type OutputFile } from "./_outputs.ts";
 import { DivergenceWatch, evaluationHealth, type Health } from "./_divergence.ts";
-import { finishInspect, InspectLog } from "./_inspect.ts";
+import { finishInspect, heatmapPath, InspectLog } from "./_inspect.ts";
 import { checkPlan, runLimits } from "./_preflight.ts";
 import { profileFields, ProfileWindow } from "./_profile_window.ts";
-import { Progress } from "./_progress.ts";
+import { FirstStep, Progress } from "./_progress.ts";
 import {
   AdamW,
   addInPlace,
@@ -47,13 +49,13 @@ import {
 import {
   bigramCrossEntropy,
   evaluationWindows,
-  loadEnglishWords,
   NEWLINE,
   sampleBatch,
   splitWords,
   textCorpus,
   type WordCorpus,
 } from "./words_data.ts";
+import { loadEnglishWords } from "./english_words.ts";
 
 /** Prints one event: a JSON line with --json, else `text`. */
 export type Emit = (event: string, fields: Record<string, unknown>, text: string) => void;
@@ -87,16 +89,30 @@ export interface Training {
   plotPoints: PlotPoint[];
 }
 
+/** The files the run writes, for the one output rule (examples/_outputs.ts). */
+function outputs(cfg: TinyGptArgs): OutputFile[] {
+  const files: OutputFile[] = [];
+  if (cfg.plot) {
+    files.push({ flag: "plot", path: cfg.plot });
+    if (cfg.inspect) {
+      files.push({ flag: "plot", what: "the heat map", path: heatmapPath(cfg.plot) });
+    }
+  }
+  if (cfg.saveNanoGpt) files.push({ flag: "save-nanogpt", path: cfg.saveNanoGpt });
+  return files;
+}
+
 /**
- * The flags, or null after printing --help; a bad flag, or a --plot path that
- * cannot be written, is one line and exit status 2, before any training.
+ * The flags, or null after printing --help; a bad flag, or an output that
+ * cannot be written or would replace a file unasked (examples/_outputs.ts),
+ * is one line and exit status 2, before any training.
  */
 async function parseFlags(args: string[]): Promise<TinyGptArgs | null> {
   let cfg: TinyGptArgs | null;
   try {
     cfg = parseTinyGptArgs(args);
-    if (cfg?.plot) await checkOutputPath("plot", cfg.plot);
-    if (cfg?.saveNanoGpt) await checkOutputPath("save-nanogpt", cfg.saveNanoGpt);
+    const inputs = cfg?.data ? [{ flag: "data", path: cfg.data }] : [];
+    if (cfg) await checkOutputFiles(outputs(cfg), { inputs, overwrite: cfg.overwrite });
   } catch (e) {
     if (!(e instanceof UsageError || e instanceof TypeError)) throw e;
     console.error(`tiny_gpt: ${e.message} (see --help)`);
@@ -109,7 +125,7 @@ async function parseFlags(args: string[]): Promise<TinyGptArgs | null> {
 /**
  * The words split by `--seed` (or `--data`'s text, split in order), the
  * validation windows and the bigram baseline on them. A text too short for
- * one window per part, or a file that cannot be read, is exit status 2.
+ * one window per part is exit status 2; a file that cannot be read, 1.
  */
 async function loadData(cfg: TinyGptArgs) {
   const corpus = cfg.data
@@ -133,15 +149,12 @@ async function loadData(cfg: TinyGptArgs) {
   return { corpus, windows, bigram };
 }
 
-/** `--data`'s text (UTF-8), or one line and exit status 2. */
-async function readText(path: string): Promise<string> {
-  try {
-    return new TextDecoder("utf-8", { fatal: true }).decode(await Deno.readFile(path));
-  } catch (e) {
-    const why = e instanceof TypeError ? "it is not UTF-8 text" : (e as Error).message;
-    console.error(`tiny_gpt: --data ${path} cannot be read (${why}).`);
-    Deno.exit(2);
-  }
+/**
+ * `--data`'s text (UTF-8); one that is not UTF-8 text is one line and exit
+ * status 2, one that cannot be read exit status 1 (runMain).
+ */
+function readText(path: string): Promise<string> {
+  return orExitAsync("tiny_gpt", () => readUtf8("data", path));
 }
 
 /**
@@ -169,15 +182,18 @@ async function train(run: Run): Promise<Training> {
   const watch = await DivergenceWatch.start(trainer);
   const progress = new Progress(!c.json);
   let barText = "training"; // the last logged loss replaces it
+  const first = new FirstStep(run.emit, c.logEvery);
   for (let step = 1; step <= c.steps; step++) {
     sampleBatch(run.corpus.train, c.context, rng, inputs, targets);
     run.profile?.before(step);
+    first.before();
     const loss = trainer.step(() =>
       crossEntropy(
         model.forward(Tensor.from(inputs, [c.batch, c.context], { dtype: "i32" })),
         targets,
       )
     );
+    first.after();
     scheduler.step();
     noGrad(() => addInPlace(lossSum, loss));
     loss.dispose();
@@ -227,6 +243,13 @@ async function evaluate(run: Run): Promise<number> {
   model.eval();
   const total = Tensor.zeros([]);
   const progress = new Progress(!cfg.json);
+  if (!progress.isBar) {
+    run.emit(
+      "phase",
+      { phase: "evaluate", windows: windows.count },
+      `evaluating: ${windows.count} validation windows of ${cfg.context} characters...`,
+    );
+  }
   for (let w = 0; w < windows.count; w += cfg.batch) {
     const n = Math.min(cfg.batch, windows.count - w);
     const span = [w * cfg.context, (w + n) * cfg.context];
@@ -259,6 +282,7 @@ async function sampleWords(run: Run): Promise<string[]> {
   const newline = vocab.indexOf(NEWLINE);
   const seqs = Array.from({ length: cfg.samples }, () => [newline]);
   const done = seqs.map(() => false);
+  run.emit("phase", { phase: "sample", words: cfg.samples }, `sampling ${cfg.samples} words...`);
   for (let t = 1; t <= cfg.context && done.includes(false); t++) {
     const ids = seqs.flat();
     const logits = noGrad(() =>

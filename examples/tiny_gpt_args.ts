@@ -80,16 +80,21 @@ Flags:
                      the whole report)
   --profile N        profile N training steps (from step 11) and print the GPU
                      time of every kernel (HALFSTEP_PROFILE=N does the same)
+  --overwrite        replace the files --plot and --save-nanogpt name although
+                     they are there (without it such a run is refused before
+                     it starts; the --data file is never replaced)
   --json             print one JSON object per line instead of text; the last
                      line is {"event":"final", "validationLoss", "bigramLoss",
                      "stepsPerSecond", "peakBytes", "wallSeconds", "samples", ...}
 ${backendHelp(21)}
   -h, --help         show this help
 
-Exit status: 0 done; 2 a bad flag, or sizes that cannot fit this adapter or
-host (checked before the model is built); 3 training diverged (a non-finite
-validation loss or weights; in f32 a non-finite logged loss; under --amp
-steps skipped with the loss scale at its floor, or 50 in a row).
+Exit status: 0 done; 1 a file could not be read or written; 2 a bad flag, a
+--data that is not UTF-8 text or too short, an output holding a file without
+--overwrite, or sizes that cannot fit this adapter or host (checked before the
+model is built); 3 training diverged (a non-finite validation loss or weights;
+in f32 a non-finite logged loss; under --amp steps skipped with the loss scale
+at its floor, or 50 in a row).
 
 Memory: "peak" is the buffer pool's peakBytes over the training steps (after
 start-up). That the loop leaks no GPU memory is checked by tests/memory_test.ts.
@@ -139,6 +144,8 @@ export interface TinyGptArgs {
   temperature: number;
   json: boolean;
   plot: string | undefined;
+  /** Replace files already at the output paths. */
+  overwrite: boolean;
   /** Attach a numerics inspector; report it at the end (and a heat map with --plot). */
   inspect: boolean;
   /** Steps to profile (from --profile or HALFSTEP_PROFILE), if any. */
@@ -201,6 +208,7 @@ export function parseTinyGptArgs(args: string[]): TinyGptArgs | null {
       json: flag,
       inspect: flag,
       plot: { type: "string" },
+      overwrite: flag,
       profile: { type: "string" },
       "tie-embeddings": flag,
       "no-head-bias": flag,
@@ -235,6 +243,7 @@ export function parseTinyGptArgs(args: string[]): TinyGptArgs | null {
     temperature: positive("temperature", v.temperature),
     json: v.json,
     plot: v.plot,
+    overwrite: v.overwrite,
     inspect: v.inspect,
     profile: profileSteps(v.profile === undefined ? undefined : int("profile", v.profile, 1)),
     tieEmbeddings: v["tie-embeddings"],
@@ -245,6 +254,11 @@ export function parseTinyGptArgs(args: string[]): TinyGptArgs | null {
     data: v.data,
     backend: backendFlag(v.backend),
   };
+  if (parsed.overwrite && !parsed.plot && !parsed.saveNanoGpt) {
+    throw new UsageError(
+      "--overwrite is for --plot and --save-nanogpt: it lets the run replace the files there.",
+    );
+  }
   if (parsed.dim % parsed.heads !== 0) {
     throw new UsageError(`--heads (${parsed.heads}) must divide --dim (${parsed.dim}).`);
   }

@@ -1,6 +1,6 @@
 /**
- * The character-level data of the tiny GPT example: the English word list of
- * the npm package `an-array-of-english-words` (274,937 lowercase words),
+ * The character-level data of the tiny GPT example: a word list (the npm
+ * package `an-array-of-english-words` by default, english_words.ts),
  * shuffled with a seed and split by word into training and validation sets,
  * each encoded as one stream "\nword\nword\n…" of character ids, plus the
  * add-one-smoothed bigram baseline the model has to beat. Nothing here
@@ -12,12 +12,6 @@ import { RandomGenerator } from "../mod.ts";
 
 /** The separator between words, and the first character of every stream. */
 export const NEWLINE = "\n";
-
-/** The list of ~275k English words (loaded on first call; a 3 MB JSON file). */
-export async function loadEnglishWords(): Promise<string[]> {
-  const module = await import("npm:an-array-of-english-words@2.0.0", { with: { type: "json" } });
-  return module.default as string[];
-}
 
 /** A word list split into encoded training and validation streams. */
 export interface WordCorpus {

@@ -13,6 +13,7 @@ import { checkInitGpuOptions, type InitGpuOptions } from "./init_options.ts";
 import { matmulSettings } from "./kernels/gemm/settings.ts";
 import { subgroupMatrixCandidates } from "./kernels/gemm/candidates.ts";
 import { matmulClassKey } from "./kernels/gemm/matmul_class.ts";
+import { shapeState } from "./kernels/gemm/shape_picks.ts";
 import { attentionSettings } from "./kernels/attention/settings.ts";
 import { DEFAULT_ATTENTION_PLAN } from "./kernels/attention/plans.ts";
 import { attentionMatrixFor } from "./kernels/attention/flash_attention_subgroup_matrix.ts";
@@ -21,7 +22,7 @@ import type { TuningProgress } from "./tuning/timing.ts";
 import { startTuning } from "./kernels/tuning_modes.ts";
 import { LAZY_TUNING_BUDGET, type TuningMode } from "./tuning/lazy.ts";
 import { warnOnce } from "./base/warn_once.ts";
-import { tuningStore } from "./tuning/store.ts";
+import { whereTuningIsKept } from "./tuning/store.ts";
 
 /**
  * Acquires a WebGPU device with the adapter's real limits (and `shader-f16`
@@ -114,16 +115,30 @@ export async function initGpu(options: InitGpuOptions = {}): Promise<Gpu> {
     matmulSettings.of(gpu).tiling = options.matmulTiling;
   }
   if (options.matmulTiling === "subgroup-matrix") forceSubgroupMatrix(gpu);
-  // A fixed or default tiling turns tuning off (checkInitGpuOptions refuses it with a mode).
-  const tuning: TuningMode = (options.matmulTiling ?? "tune") === "tune"
+  // A fixed or default tiling, or determinism, turns tuning off (checkInitGpuOptions refuses
+  // them with a mode).
+  const tuning: TuningMode = (options.matmulTiling ?? "tune") === "tune" && !options.deterministic
     ? options.tuning ?? "lazy"
     : "off";
   const announce = tuning === "lazy" ? announceLazyTuning() : announceTuning;
   await startTuning(gpu, tuning, options.onProgress ?? announce);
+  if (options.deterministic) dropCachedShapePicks(gpu);
   // After tuning started: the forced forward joins the f16 plan it tuned (or cached).
   if (options.attentionPlan === "subgroup-matrix") forceSubgroupMatrixAttention(gpu);
   if (options.setDefault ?? true) setDefaultGpu(gpu);
   return gpu;
+}
+
+/**
+ * `deterministic`: the per-shape picks a GPU's tables took from the cache
+ * are dropped (with tuning off, the class picks were never read), so no
+ * product or attention depends on what the cache holds.
+ */
+function dropCachedShapePicks(gpu: Gpu): void {
+  for (const table of [shapeState(gpu), attentionSettings.of(gpu).shapes]) {
+    table.picks.clear();
+    table.fromCache.clear();
+  }
 }
 
 /** Destroys `gpu` and throws the GpuError of an `option` that needs subgroup matrices. */
@@ -207,27 +222,32 @@ async function acceptsSubgroupsDirective(device: GPUDevice): Promise<boolean> {
   return (await device.popErrorScope()) === null;
 }
 
-/** The default progress report of eager tuning: one line as a tuning run starts. */
+/**
+ * The default progress report of eager tuning: one line on stderr as a
+ * tuning run starts (stdout stays the script's: a --json run's lines).
+ */
 function announceTuning({ task, done, total }: TuningProgress): void {
   if (done !== 0) return;
-  console.info(
+  console.error(
     `halfstep: measuring ${task} for this adapter (${total} problem${total === 1 ? "" : "s"}; ` +
-      `once: the winners are kept in ${tuningStore().where}). ` +
-      'initGpu({ tuning: "off" }) skips it.',
+      `${whereTuningIsKept()}). initGpu({ tuning: "off" }) skips it.`,
   );
 }
 
-/** The default progress report of lazy tuning: one line, the first time it measures. */
+/**
+ * The default progress report of lazy tuning: one line on stderr, the
+ * first time it measures, saying where the picks will be kept.
+ */
 function announceLazyTuning(): (progress: TuningProgress) => void {
   let said = false;
   const { perWaitSeconds, totalSeconds } = LAZY_TUNING_BUDGET;
   return ({ done }) => {
     if (done !== 0 || said) return;
     said = true;
-    console.info(
+    console.error(
       "halfstep: tuning the kernels of this run's shapes as they first run, while it waits " +
-        `(at most ${perWaitSeconds} s a wait, ${totalSeconds} s in all; once: the picks are kept ` +
-        `in ${tuningStore().where}). initGpu({ tuning: "off" }) skips it.`,
+        `(at most ${perWaitSeconds} s a wait, ${totalSeconds} s in all; ${whereTuningIsKept()}). ` +
+        'initGpu({ tuning: "off" }) skips it.',
     );
   };
 }

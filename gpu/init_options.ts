@@ -78,6 +78,20 @@ export interface InitGpuOptions {
    */
   tuning?: TuningMode;
   /**
+   * The same bits on every run of the same script and seed on the same
+   * adapter, whatever the per-user tuning cache holds (PyTorch's
+   * `torch.use_deterministic_algorithms(True)`): nothing is tuned and no
+   * pick is read from the cache, so every product and attention runs its
+   * default tiling and plan (or the one `matmulTiling` / `attentionPlan`
+   * forces). Without it, a run's last bits depend on the picks its cache
+   * holds (different tilings round differently). Costs the speed tuning
+   * buys: on the CPU adapter the MNIST demo's steps ran at 1.8–2.0 steps/s
+   * against 3.2 tuned (docs/performance.md); on GPUs the gap can be wider.
+   * Default false; not with `tuning: "lazy"` or `"eager"`, nor
+   * `matmulTiling: "tune"`.
+   */
+  deterministic?: boolean;
+  /**
    * When the open batch of commands is submitted without a read:
    * `"auto"` (default) uses a policy measured for this kind of adapter (see
    * `defaultFlushPolicy`); `"read"` submits only when something is read;
@@ -194,6 +208,7 @@ const CHECKS: Record<keyof InitGpuOptions, (name: string, v: unknown) => string 
       ? oneOf(["tune", "default", "subgroup-matrix"])(name, v)
       : matmulTiling(name, v),
   tuning: oneOf(["lazy", "eager", "off"]),
+  deterministic: boolean,
   flush,
   memoryLimitBytes: positiveBytes,
   f16Accumulation: oneOf(["f32", "chunked"]),
@@ -226,12 +241,21 @@ export function checkInitGpuOptions(options: unknown): void {
       if (problem) problems.push(problem);
     }
   }
-  const { tuning, matmulTiling } = options as InitGpuOptions;
+  const { tuning, matmulTiling, deterministic } = options as InitGpuOptions;
   if ((tuning === "lazy" || tuning === "eager") && (matmulTiling ?? "tune") !== "tune") {
     problems.push(
       `tuning ${shortValue(tuning)} tunes the matmul tilings, which matmulTiling ` +
         `${shortValue(matmulTiling)} fixes; give one of them`,
     );
+  }
+  if (deterministic === true && (tuning === "lazy" || tuning === "eager")) {
+    problems.push(
+      `deterministic runs nothing tuned, which tuning ${shortValue(tuning)} asks for; give one ` +
+        "of them",
+    );
+  }
+  if (deterministic === true && matmulTiling === "tune") {
+    problems.push('deterministic runs the default tilings, which matmulTiling "tune" replaces');
   }
   fail(ValueError, "initGpu", problems);
 }

@@ -32,17 +32,18 @@ export const BACKEND_PERMISSIONS: readonly string[] = Deno.env.get("HALFSTEP_BAC
 
 /**
  * Runs a script with the README's permissions (`--allow-write` unless `write`
- * is false); `permissions` replaces them all.
+ * is false); `permissions` replaces them all; `env` adds to its environment.
  */
 export async function run(
   script: string,
   args: string[],
   write = true,
   permissions = ["--allow-read", "--allow-env", ...(write ? ["--allow-write"] : [])],
+  env: Record<string, string> = {},
 ): Promise<Run> {
   const out = await new Deno.Command(Deno.execPath(), {
     args: ["run", ...permissions, ...BACKEND_PERMISSIONS, script, ...args],
-    env: ENV,
+    env: { ...ENV, ...env },
     stdout: "piped",
     stderr: "piped",
   }).output();
@@ -55,10 +56,15 @@ export function events(stdout: string): Record<string, unknown>[] {
   return stdout.split("\n").filter((l) => l.startsWith("{")).map((l) => JSON.parse(l));
 }
 
-/** stderr without the adapter's XDG_RUNTIME_DIR warning and Dawn's notes on its limits. */
+/**
+ * stderr without the adapter's XDG_RUNTIME_DIR warning, Dawn's notes on its
+ * limits, and Deno's lines as it fetches an npm package a script imports
+ * the first time on this machine (the suite's runs may be the first).
+ */
 export function errorLines(r: Run): string[] {
   return r.stderr.trim().split("\n").filter((l) =>
-    l && !l.includes("XDG_RUNTIME_DIR") && !/^Warning: max\w+ artificially reduced/.test(l)
+    l && !l.includes("XDG_RUNTIME_DIR") && !/^Warning: max\w+ artificially reduced/.test(l) &&
+    !/^(Download https:\/\/|Initialize \S+@\S+$)/.test(l)
   );
 }
 
@@ -86,9 +92,13 @@ export function mnistRunArgs(args: string[]): string[] {
 
 /**
  * Runs mnist; once epoch 1 has been saved, `then()` says what happens: the
- * process is killed, or a path is removed so that the next save fails.
+ * process is killed, interrupted (SIGINT, as Ctrl-C), or a path is removed
+ * so that the next save fails.
  */
-export async function afterFirstSave(args: string[], then: () => "kill" | string): Promise<Run> {
+export async function afterFirstSave(
+  args: string[],
+  then: () => "kill" | "interrupt" | string,
+): Promise<Run> {
   const child = new Deno.Command(Deno.execPath(), {
     args: mnistRunArgs(args),
     env: ENV,
@@ -103,6 +113,7 @@ export async function afterFirstSave(args: string[], then: () => "kill" | string
       acted = true;
       const action = then();
       if (action === "kill") child.kill("SIGKILL");
+      else if (action === "interrupt") child.kill("SIGINT");
       else await Deno.remove(action, { recursive: true }); // the next save has nowhere to go
     }
   }

@@ -74,3 +74,24 @@ export async function withLazyTuning(
     setTuningStore(saved);
   }
 }
+
+/**
+ * Runs `fn` with fresh tuner settings and lazy tuning on as `initGpu()`
+ * starts it but with no progress callback (as `initGpu({ onProgress })`
+ * may leave it) and the real tuners timing on the GPU; waits note keys and
+ * never tune (a wait budget of 0 s), so `tunePending` does all of it. A
+ * memory store stands in for the per-user cache.
+ */
+export async function withRealLazyTuning(fn: () => Promise<void>): Promise<void> {
+  const saved = setTuningStore(memoryStore());
+  try {
+    await withFreshTunerSettings(gpu, async () => {
+      startLazyTuning(gpu);
+      lazyTuning.of(gpu).budget.perWaitSeconds = 0;
+      await fn();
+    });
+  } finally {
+    gpu.setWaitWork(null);
+    setTuningStore(saved);
+  }
+}

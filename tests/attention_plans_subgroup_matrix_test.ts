@@ -45,6 +45,7 @@ import {
 } from "../gpu/device/subgroup_matrix_configs.ts";
 import { gpu, GPU_TEST } from "./_gpu.ts";
 import { withMemoryStore } from "./_tuning.ts";
+import { requireMatricesOnDawn } from "./_dawn_pass.ts";
 
 const config = f16MatrixConfig(gpu.adapterProfile.subgroupMatrixConfigs);
 
@@ -270,3 +271,5 @@ Deno.test("subgroup-matrix attention: initGpu checks the attentionPlan names", a
     (e) => e instanceof ValueError && /"auto" or "subgroup-matrix"/.test(e.message),
   );
 });
+
+requireMatricesOnDawn("subgroup-matrix attention plans", F16_CONFIG);

@@ -21,6 +21,7 @@ import { attentionMatrixFor } from "../gpu/kernels/attention/flash_attention_sub
 import { matrixBackwardsFor } from "../gpu/kernels/attention/flash_attention_subgroup_matrix_backward.ts";
 import { f16MatrixConfig } from "../gpu/device/subgroup_matrix_configs.ts";
 import { gpu, GPU_TEST } from "./_gpu.ts";
+import { requireMatricesOnDawn } from "./_dawn_pass.ts";
 import { checkMatrixAttention, type MatrixAttentionCase, withPlan } from "./_attention_plans.ts";
 
 const config = f16MatrixConfig(gpu.adapterProfile.subgroupMatrixConfigs);
@@ -129,3 +130,5 @@ Deno.test({
     });
   },
 });
+
+requireMatricesOnDawn("subgroup-matrix attention backward", config !== undefined);

@@ -21,6 +21,7 @@ import { attentionMatrixFor } from "../gpu/kernels/attention/flash_attention_sub
 import { f16MatrixConfig } from "../gpu/device/subgroup_matrix_configs.ts";
 import { gpu, GPU_TEST } from "./_gpu.ts";
 import { checkMatrixAttention, type MatrixAttentionCase, withPlan } from "./_attention_plans.ts";
+import { requireMatricesOnDawn } from "./_dawn_pass.ts";
 
 const config = f16MatrixConfig(gpu.adapterProfile.subgroupMatrixConfigs);
 /** Appended to each test's name where it cannot run. */
@@ -107,3 +108,5 @@ Deno.test({
     });
   },
 });
+
+requireMatricesOnDawn("subgroup-matrix attention", config !== undefined);

@@ -78,3 +78,32 @@ Deno.test({
     });
   },
 });
+
+Deno.test({
+  name: "DivergenceWatch and evaluationHealth: +Inf and −Inf count as divergence as NaN does " +
+    "(a loss, a weight, an evaluation loss)",
+  ...GPU_TEST,
+  async fn() {
+    const { AmpTrainer, Linear, SGD, Tensor } = await import("../mod.ts");
+    const { DivergenceWatch, evaluationHealth } = await import("../examples/_divergence.ts");
+    const model = new Linear(3, 2, { seed: 1 });
+    const trainer = new AmpTrainer(model, new SGD(model.parameters(), { lr: 0.1 }), {
+      enabled: false,
+    });
+    const watch = await DivergenceWatch.start(trainer);
+    for (const loss of [Infinity, -Infinity, NaN]) {
+      const health = await watch.check(loss, null);
+      assert.equal(health.diverged, `the training loss is ${loss}: lower --lr`, `loss ${loss}`);
+      assert.match(evaluationHealth(loss, trainer).diverged ?? "", /the evaluation loss is/);
+    }
+    assert.equal((await watch.check(2.5, model.parameters())).diverged, null, "a finite run");
+    for (const bad of [Infinity, -Infinity]) {
+      const weights = [Tensor.from([1, 2, bad, 4], [4]), Tensor.from([0.5], [1])];
+      const health = await watch.check(2.5, weights);
+      assert.equal(health.diverged, "the weights hold inf or NaN: lower --lr", `weight ${bad}`);
+      weights.forEach((t) => t.dispose());
+    }
+    assert.equal(evaluationHealth(2.5, trainer).diverged, null);
+    trainer.dispose();
+  },
+});

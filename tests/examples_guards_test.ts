@@ -212,10 +212,13 @@ Deno.test("examples guards: resume flags that shape the run must match; steering
   assert.deepEqual(checkResumeFlags("f", saved, same, false), []);
   assert.throws(
     () => checkResumeFlags("f", saved, { ...same, shape: { model: "cnn", batch: 64 } }, true),
-    /f was saved by another run \(--model mlp → cnn, --batch 128 → 64, saved → given\)/,
+    /f was saved by a run with other flags: --model cnn \(saved: mlp\), --batch 64 \(saved: 128\)\. Resume with the saved flags\.$/,
   );
   const lr = { ...same, steering: { lr: 0.01 } };
-  assert.throws(() => checkResumeFlags("f", saved, lr, false), /would change --lr 0\.002 → 0\.01/);
+  assert.throws(
+    () => checkResumeFlags("f", saved, lr, false),
+    /would change --lr 0\.01 \(saved: 0\.002\); give the saved values/,
+  );
   assert.deepEqual(checkResumeFlags("f", saved, lr, true), [
     { flag: "lr", saved: 0.002, given: 0.01 },
   ]);

@@ -121,13 +121,21 @@ Deno.test("examples: resuming with another --lr or --loss-scale is refused unles
     const lr = await run(MNIST, [...resume, "--lr", "0.01"]);
     assertResumeRefused(
       lr,
-      /would change --lr 0\.002 → 0\.01 \(saved → given\).*--override/,
+      /would change --lr 0\.01 \(saved: 0\.002\); .*--override/,
       "--lr",
     );
     const scale = await run(MNIST, [...resume, "--loss-scale", "1024"]);
-    assertResumeRefused(scale, /would change --loss-scale 0 → 1024 .*--override/, "--loss-scale");
+    assertResumeRefused(
+      scale,
+      /would change --loss-scale 1024 \(saved: 0\); .*--override/,
+      "--loss-scale",
+    );
     const seed = await run(MNIST, [...resume, "--seed", "1", "--override"]);
-    assertResumeRefused(seed, /saved by another run \(--seed 0 → 1, saved → given\)/, "--seed");
+    assertResumeRefused(
+      seed,
+      /saved by a run with other flags: --seed 1 \(saved: 0\)\. Resume with the saved flags/,
+      "--seed",
+    );
     const over = await run(MNIST, [
       ...resume,
       "--lr",

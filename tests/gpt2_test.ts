@@ -376,3 +376,33 @@ Deno.test({
     }
   },
 });
+
+Deno.test({
+  name: "GPT-2 KV cache filled to the model's context: a prompt and new tokens making exactly " +
+    "`context` positions give the tokens and the last logits of recomputing the whole context",
+  ...GPU_TEST,
+  async fn() {
+    const context = 24;
+    const model = new TinyGpt(gpt2Config({ vocab: 61, context, layers: 2, dim: 24, heads: 3 }, 5));
+    const prompt = [3, 14, 15, 9];
+    const options = { maxNewTokens: context - prompt.length, temperature: 0 };
+    const [cached] = await generate(model, [prompt], options);
+    const [whole] = await generate(model, [prompt], { ...options, recompute: true });
+    assert.equal(cached.length, context - prompt.length);
+    assert.deepEqual(cached, whole, "greedy tokens to the last position");
+    // The cache at its full length: position context − 1's logits against the whole forward.
+    const sequence = [...prompt, ...cached].slice(0, context);
+    const cache = new KvCache(model, 1, context);
+    model.eval();
+    let last = await cache.step(sequence.slice(0, 4)).read() as Float32Array;
+    for (let t = 4; t < context; t++) last = await cache.step([sequence[t]]).read() as Float32Array;
+    assert.equal(cache.position, context);
+    assert.throws(() => cache.step([1]), RangeError, "no position left");
+    const all = await tidy(() =>
+      model.forward(Tensor.from(sequence, [1, context], { dtype: "i32" }))
+    ).read();
+    assertClose(last, all.subarray((context - 1) * 61), { atol: 1e-5, rtol: 1e-5 }, "last");
+    cache.dispose();
+    model.dispose();
+  },
+});

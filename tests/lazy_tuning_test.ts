@@ -35,7 +35,7 @@ import { shapeState } from "../gpu/kernels/gemm/shape_picks.ts";
 import { denseProblem } from "../gpu/kernels/gemm/matmul_class.ts";
 import { matmul64 } from "./_reference.ts";
 import { asGpu, gpu, GPU_TEST } from "./_gpu.ts";
-import { withLazyTuning } from "./_lazy_tuning.ts";
+import { withLazyTuning, withRealLazyTuning } from "./_lazy_tuning.ts";
 
 /** The values of an m × k (or k × m) operand: fixed, in [-0.5, 0.5). */
 function values(count: number, step: number, period: number): number[] {
@@ -244,5 +244,29 @@ Deno.test({
       assert.deepEqual(pendingTuning(other), [], "nothing noted");
       other.destroy();
     }
+  },
+});
+
+Deno.test({
+  name:
+    "lazy tuning without a progress callback, timed on the GPU: tunePending counts the keys it " +
+    "tuned, and the tuners' scratch buffers leave the pool and the caller's peak",
+  ...GPU_TEST,
+  async fn() {
+    await withRealLazyTuning(async () => {
+      const c = product(96, 128, 80); // worth tuning: its class is noted
+      assert.equal((await c.read()).length, 96 * 80);
+      c.dispose();
+      assert.equal(pendingTuning(gpu).length, 1, "noted at the wait, not tuned there");
+      const before = gpu.memoryStats();
+      // It used to count inside lazy.onProgress?.(...): without a callback, 0 keys, and the
+      // scratch buffers the tuner timed with stayed in the pool and in the caller's peak.
+      assert.equal(await tunePending(gpu), 1, "one class tuned");
+      const after = gpu.memoryStats();
+      assert.deepEqual(pendingTuning(gpu), []);
+      assert.equal(after.peakBytes, before.peakBytes, "the caller's peak, not the tuner's");
+      assert.equal(after.allocatedBytes, before.allocatedBytes, "nothing left allocated");
+      assert.equal(after.reservedBytes, after.allocatedBytes, "no scratch buffer left cached");
+    });
   },
 });

@@ -253,3 +253,107 @@ Deno.test({
     dst.dispose();
   },
 });
+
+/**
+ * The head and its cross-entropy in f64 on the host: the mean (or sum) over
+ * the rows whose target is not `ignoreIndex`, and the gradients of h and W.
+ * Row by row, so a real vocabulary's logits are never all held.
+ */
+function linearCrossEntropy64(
+  h: ArrayLike<number>,
+  w: ArrayLike<number>,
+  targets: number[],
+  dims: { rows: number; features: number; classes: number },
+  options: { ignoreIndex: number; reduction: "mean" | "sum" },
+) {
+  const { rows, features: f, classes } = dims;
+  const kept = targets.filter((t) => t !== options.ignoreIndex).length;
+  const per = options.reduction === "mean" ? 1 / kept : 1;
+  const dh = new Float64Array(rows * f), dw = new Float64Array(classes * f);
+  const logits = new Float64Array(classes);
+  let loss = 0;
+  for (let r = 0; r < rows; r++) {
+    if (targets[r] === options.ignoreIndex) continue;
+    let max = -Infinity;
+    for (let c = 0; c < classes; c++) {
+      let s = 0;
+      for (let k = 0; k < f; k++) s += h[r * f + k] * w[c * f + k];
+      logits[c] = s;
+      if (s > max) max = s;
+    }
+    let sum = 0;
+    for (let c = 0; c < classes; c++) sum += Math.exp(logits[c] - max);
+    loss += (max + Math.log(sum) - logits[targets[r]]) * per;
+    for (let c = 0; c < classes; c++) {
+      const g = (Math.exp(logits[c] - max) / sum - (c === targets[r] ? 1 : 0)) * per;
+      for (let k = 0; k < f; k++) {
+        dh[r * f + k] += g * w[c * f + k];
+        dw[c * f + k] += g * h[r * f + k];
+      }
+    }
+  }
+  return { loss, dh, dw };
+}
+
+Deno.test({
+  name: "linearCrossEntropy with an ignoreIndex of its own (a real class id, not −100): those " +
+    "rows add nothing to the loss and gradients, mean over the rest, against f64, every chunking",
+  ...GPU_TEST,
+  async fn() {
+    const dims = { rows: 23, features: 9, classes: 41 }, ignoreIndex = 7;
+    const rng = new RandomGenerator(47);
+    const hv = rng.uniform(dims.rows * dims.features, -2, 2);
+    const wv = rng.uniform(dims.classes * dims.features, -1, 1);
+    const targets = Array.from(rng.uniform(dims.rows), (u) => Math.floor(u * dims.classes));
+    for (let r = 0; r < dims.rows; r += 4) targets[r] = ignoreIndex; // 6 rows ignored
+    for (const reduction of ["mean", "sum"] as const) {
+      const want = linearCrossEntropy64(hv, wv, targets, dims, { ignoreIndex, reduction });
+      for (const chunkRows of [undefined, 5]) {
+        const grad = { requiresGrad: true };
+        const h = Tensor.from(hv, [dims.rows, dims.features], grad);
+        const w = Tensor.from(wv, [dims.classes, dims.features], grad);
+        const loss = linearCrossEntropy(h, w, targets, { ignoreIndex, reduction, chunkRows });
+        loss.backward();
+        const what = `${reduction}, chunkRows ${chunkRows ?? "default"}`;
+        assertClose(await loss.read(), [want.loss], F32, `${what}: loss`);
+        assertClose(await h.grad!.read(), want.dh, F32, `${what}: dh`);
+        assertClose(await w.grad!.read(), want.dw, F32, `${what}: dW`);
+        for (const t of [h, w, loss, h.grad, w.grad]) t?.dispose();
+      }
+    }
+  },
+});
+
+Deno.test({
+  name: "linearCrossEntropy at GPT-2's vocabulary (50257) with its default chunk size: loss and " +
+    "gradients against f64 over several chunks, and its peak far below the whole logits",
+  ...GPU_TEST,
+  async fn() {
+    const dims = { rows: 700, features: 8, classes: 50257 };
+    const rng = new RandomGenerator(50257);
+    const hv = rng.uniform(dims.rows * dims.features, -1, 1);
+    const wv = rng.uniform(dims.classes * dims.features, -0.5, 0.5);
+    const targets = Array.from(rng.uniform(dims.rows), (u) => Math.floor(u * dims.classes));
+    const want = linearCrossEntropy64(hv, wv, targets, dims, {
+      ignoreIndex: -100,
+      reduction: "mean",
+    });
+    const grad = { requiresGrad: true };
+    const h = Tensor.from(hv, [dims.rows, dims.features], grad);
+    const w = Tensor.from(wv, [dims.classes, dims.features], grad);
+    await gpu.sync();
+    gpu.resetPeakMemory();
+    const before = gpu.memoryStats().allocatedBytes;
+    const loss = linearCrossEntropy(h, w, targets); // the default chunk: 166 rows
+    loss.backward();
+    await gpu.sync();
+    const peak = gpu.memoryStats().peakBytes - before;
+    const logitsBytes = 4 * dims.rows * dims.classes; // 141 MB
+    assert.ok(peak < logitsBytes / 2, `peak ${peak} B, the whole logits ${logitsBytes} B`);
+    assertClose(await loss.read(), [want.loss], F32, "loss");
+    assertClose(await h.grad!.read(), want.dh, F32, "dh");
+    // dW sums 700 rows' small terms in chunks: f32 partial sums of ~1e-5-sized values.
+    assertClose(await w.grad!.read(), want.dw, { atol: 1e-8, rtol: 1e-4 }, "dW");
+    for (const t of [h, w, loss, h.grad, w.grad]) t?.dispose();
+  },
+});

@@ -23,6 +23,8 @@ import { f16MatrixConfig } from "../gpu/device/subgroup_matrix_configs.ts";
 import { asGpu, dispatchedKernelsAsync, gpu, GPU_TEST, withSettings, withTiling } from "./_gpu.ts";
 import { gelu64, matmul64, quantize, uniform } from "./_reference.ts";
 import { assertClose, TOL, type Tolerance } from "./_assert.ts";
+import { requireMatricesOnDawn } from "./_dawn_pass.ts";
+import { edgeShapes } from "./_matmul_edges.ts";
 
 const config = f16MatrixConfig(gpu.adapterProfile.subgroupMatrixConfigs);
 /** Appended to each test's name where it cannot run. */
@@ -198,3 +200,27 @@ Deno.test({
     assert.ok(keys.some((k) => k.startsWith("matmul_subgroup_matrix{")), keys.join(", "));
   },
 });
+
+Deno.test({
+  name: `subgroup-matrix matmul: every candidate, forced, through the other tilings' edge sweep ` +
+    `(one dimension past a tile at a time, all three, m > n and n > m, two batches)${CANNOT_RUN}`,
+  ...DAWN_TEST,
+  async fn() {
+    // The sweep of tests/matmul_tilings_test.ts, which never met these tilings (issue 47).
+    for (const [i, tiling] of candidates().entries()) {
+      await forced(tiling, 0, async () => {
+        for (const [n, { dims, guard }] of edgeShapes(tiling).entries()) {
+          const label = `${tilingName(tiling)} (${guard})`;
+          await check(
+            { ...dims, out: "f32" },
+            ORIENTATIONS[i % ORIENTATIONS.length],
+            40 + n,
+            label,
+          );
+        }
+      });
+    }
+  },
+});
+
+requireMatricesOnDawn("subgroup-matrix matmul", config !== undefined);

@@ -436,3 +436,40 @@ Deno.test({
     x.dispose();
   },
 });
+
+Deno.test({
+  name: "NumericsInspector: over steps that break at different points the first report names " +
+    "the earliest in time (a late layer in step 1, not an earlier layer in step 2); after a " +
+    "reset, the next report names its own first",
+  ...GPU_TEST,
+  async fn() {
+    const model = mlp(3);
+    const inspector = new NumericsInspector(model);
+    const x = batch();
+    const step = () => crossEntropy(model.forward(x), LABELS).backward();
+    inspector.watch(step); // step 0: clean
+    model.zeroGrad();
+    await plant(model.stateDict().get("4.weight")!, 3, Infinity);
+    inspector.watch(step); // step 1: the last layer breaks
+    model.zeroGrad();
+    await plant(model.stateDict().get("0.weight")!, 2, -Infinity);
+    inspector.watch(step); // step 2: the first layer breaks, earlier in the step
+    model.zeroGrad();
+    const first = await inspector.report({ reset: true });
+    assert.deepEqual(
+      { step: first.firstNonFinite?.step, name: first.firstNonFinite?.name },
+      { step: 1, name: "4" },
+    );
+    assert.equal(first.firstNonFinite?.phase, "forward");
+    inspector.watch(step); // step 3: still broken at the first layer
+    const second = await inspector.report();
+    assert.equal(second.steps, 1);
+    assert.deepEqual(
+      { step: second.firstNonFinite?.step, name: second.firstNonFinite?.name },
+      { step: 3, name: "0" },
+    );
+    model.dispose();
+    inspector.dispose();
+    x.dispose();
+  },
+});

@@ -132,7 +132,9 @@ Deno.test("plot: every logged point is drawn at its value, with validation and b
   assert.equal(scale.vertices.length, 300);
   assert.equal(scale.vertices[0][1] - scale.vertices[299][1] < 0, true, "the scale fell");
   const exponents = [...svg.matchAll(/>2<tspan dy="-5" font-size="9">(-?\d+)</g)].map((m) => m[1]);
-  assert.deepEqual(exponents, ["14", "15", "16", "17"]);
+  // 14…17 enclose the data; the scale's 2^15 lay along the baseline at 2.45, so one more
+  // power below lifts it clear (the test below).
+  assert.deepEqual(exponents, ["13", "14", "15", "16", "17"]);
 });
 
 Deno.test("plot: short, f32 and diverged runs", () => {
@@ -163,4 +165,30 @@ Deno.test("plot: short, f32 and diverged runs", () => {
   assert.equal(broken.lines, 2, "the line breaks at the NaN");
   assert.match(diverged, /1 non-finite loss point\(s\) not drawn/);
   assert.doesNotMatch(diverged, /NaN/);
+});
+
+Deno.test("plot: the loss-scale line never runs along the baseline (issue 47: in gpt.svg a constant scale lay on the bigram line)", () => {
+  const losses = Array.from({ length: 40 }, (_, i) => 3.3 - i * 0.03);
+  // A constant scale (a short AMP run) and one that halves once, against baselines across the plot.
+  const runs: [string, (i: number) => number][] = [
+    ["constant 2^16", () => 65536],
+    ["2^16 then 2^15", (i) => (i < 20 ? 65536 : 32768)],
+  ];
+  for (const [what, scaleAt] of runs) {
+    for (let b = 0; b <= 60; b++) {
+      const baseline = 2.1 + b * 0.02;
+      const svg = lossChartSvg({
+        title: "t",
+        points: losses.map((loss, i) => ({ step: i + 1, loss, lossScale: scaleAt(i) })),
+        baseline: { label: "bigram baseline", loss: baseline },
+      });
+      const at = Number(svg.match(/<line class="baseline" [^>]*y1="([\d.]+)"/)![1]);
+      const ys = pathOf(svg, "loss-scale")!.vertices.map(([, y]) => y);
+      const near = ys.filter((y) => Math.abs(y - at) < 8).length;
+      assert.ok(near <= ys.length / 4, `${what}, baseline ${baseline}: ${near} points on it`);
+      // Every label of the right axis lies on the plot.
+      const labels = [...svg.matchAll(/<text x="[\d.]+" y="([\d.]+)" fill="#d97706">2</g)];
+      assert.ok(labels.length >= 2 && labels.every((m) => Number(m[1]) > 0), `${what}: labels`);
+    }
+  }
 });

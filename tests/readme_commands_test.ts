@@ -104,3 +104,18 @@ Deno.test("README: install lines as CI runs them (apt-get as root, no sudo), sam
   assert.deepEqual(installed.sort(), ["chromium", "mesa-vulkan-drivers"]);
   for (const name of installed) assert.match(ci, new RegExp(`packages\\+=\\(${name}\\)`), name);
 });
+
+Deno.test("guides: every --data file a command names is there (docs/gpt2.md's CPU run named a COPYING the checkout lacks), my.txt standing for the reader's own text", async () => {
+  for (const { path, text } of await readDocs()) {
+    for (const line of shellLines(text)) {
+      for (const [, file] of line.matchAll(/--data[ =](\S+)/g)) {
+        if (file === "my.txt") continue; // "your text", as the guides say
+        const at = file.startsWith("/") ? file : join(ROOT, file);
+        assert.ok(
+          await Deno.stat(at).then((s) => s.isFile, () => false),
+          `${path}: --data ${file} is not there (${line})`,
+        );
+      }
+    }
+  }
+});

@@ -16,6 +16,7 @@ import { setDefaultGpu } from "../gpu/mod.ts";
 import { subgroupMatrixCandidates } from "../gpu/kernels/gemm/candidates.ts";
 import { f16MatrixConfig } from "../gpu/device/subgroup_matrix_configs.ts";
 import { dispatchedKernelsAsync, gpu, GPU_TEST, withTiling } from "./_gpu.ts";
+import { requireMatricesOnDawn } from "./_dawn_pass.ts";
 import { assertClose } from "./_assert.ts";
 import { crossEntropy64, matmul64, quantize, uniform } from "./_reference.ts";
 import { TinyGpt } from "../examples/tiny_gpt_model.ts";
@@ -162,3 +163,5 @@ Deno.test({
     }
   },
 });
+
+requireMatricesOnDawn("tensor cores step", config !== undefined);

@@ -35,14 +35,18 @@ import { runTorchScript } from "./_torch_script.ts";
 
 const TOOLS = new URL("../examples/torch/", import.meta.url).pathname;
 
-/** Runs a tool; its exit status and stderr (it may fail: that is what is tested). */
-async function tool(script: string, args: string[]): Promise<{ code: number; stderr: string }> {
+/** Runs a tool; its exit status and output (it may fail: that is what is tested). */
+async function tool(
+  script: string,
+  args: string[],
+): Promise<{ code: number; stdout: string; stderr: string }> {
   const out = await new Deno.Command(torchPython(), {
     args: ["-B", join(TOOLS, script), ...args],
     stdout: "piped",
     stderr: "piped",
   }).output();
-  return { code: out.code, stderr: new TextDecoder().decode(out.stderr) };
+  const text = (b: Uint8Array) => new TextDecoder().decode(b);
+  return { code: out.code, stdout: text(out.stdout), stderr: text(out.stderr) };
 }
 
 /** Asserts a refusal: exit status `code`, one line of stderr matching `message`, no traceback. */
@@ -288,6 +292,153 @@ Deno.test({
     }
   },
 });
+
+Deno.test("to_halfstep.py: a checkpoint carrying a pickled payload is refused in one line and the payload never runs (zip and legacy formats)", async () => {
+  const dir = await Deno.makeTempDir();
+  try {
+    for (const format of ["zip", "legacy"]) {
+      const path = join(dir, `payload-${format}.pt`), marker = join(dir, `ran-${format}`);
+      await runTorchScript("pickled_payload_checkpoint.py", [
+        path,
+        marker,
+        ...(format === "legacy" ? ["legacy"] : []),
+      ]);
+      const out = join(dir, `run-${format}.safetensors`);
+      const r = await tool("to_halfstep.py", [path, out, "--optimizer", "AdamW"]);
+      assert.ok(!(await exists(marker)), `${format}: the payload ran (os.mkdir made ${marker})`);
+      assertOneLine(
+        r,
+        1,
+        /^to_halfstep: .*payload-\w+\.pt: refused: loading it would call posix\.mkdir, which is not a tensor/,
+        format,
+      );
+      assert.ok(!(await exists(out)), `${format}: nothing written`);
+    }
+  } finally {
+    await Deno.remove(dir, { recursive: true });
+  }
+});
+
+Deno.test("continue_ddp.py and to_halfstep.py: an output replaces a file only with --overwrite, never their input, and its folder is checked before any work; to_halfstep says what it wrote", async () => {
+  const dir = await Deno.makeTempDir();
+  try {
+    const checkpoint = join(dir, "ckpt.pt");
+    await runTorchScript("adamw_cosine_checkpoint.py", [checkpoint, "{}"]);
+    const run = join(dir, "run.safetensors"), old = join(dir, "old.safetensors");
+    await Deno.writeTextFile(old, "a continued run at step 400");
+    const convert = ["--optimizer", "AdamW", "--schedule", "cosine:warmup=20,total=400"];
+    const before = await Deno.readFile(checkpoint);
+    const converted = await tool("to_halfstep.py", [checkpoint, run, ...convert]);
+    assert.equal(converted.code, 0, converted.stderr);
+    assert.match(
+      converted.stdout,
+      /^to_halfstep: wrote .*run\.safetensors \(a halfstep training run at step 3, AdamW; loadTrainingState resumes it\)$/m,
+    );
+    const cases: [string, string, string[], RegExp][] = [
+      [
+        "to_halfstep onto an existing file",
+        "to_halfstep.py",
+        [checkpoint, old, ...convert],
+        /^to_halfstep: OUT .*old\.safetensors already exists; add --overwrite to replace it, or give another path$/,
+      ],
+      [
+        "to_halfstep onto its own input",
+        "to_halfstep.py",
+        [checkpoint, checkpoint, ...convert, "--overwrite"],
+        /^to_halfstep: OUT .*ckpt\.pt is the file of CHECKPOINT, which this run reads/,
+      ],
+      [
+        "continue_ddp --save over a run",
+        "continue_ddp.py",
+        [run, "--save", old, "--procs", "1"],
+        /^continue_ddp: --save .*old\.safetensors already exists; add --overwrite/,
+      ],
+      [
+        "continue_ddp --save onto the run it reads",
+        "continue_ddp.py",
+        [run, "--save", run, "--overwrite", "--procs", "1"],
+        /^continue_ddp: --save .*run\.safetensors is the file of the run, which this run reads/,
+      ],
+      [
+        "continue_ddp --save into a missing folder",
+        "continue_ddp.py",
+        [run, "--save", join(dir, "no", "such", "c.safetensors"), "--procs", "1"],
+        /^continue_ddp: --save .*c\.safetensors: the folder .*no\/such does not exist; create it first$/,
+      ],
+      [
+        "continue_ddp --log over a log",
+        "continue_ddp.py",
+        [run, "--log", join(dir, "old"), "--procs", "1"],
+        /^continue_ddp: --log .*old\.rank0\.jsonl already exists/,
+      ],
+    ];
+    await Deno.writeTextFile(join(dir, "old.rank0.jsonl"), "{}\n");
+    for (const [what, script, args, message] of cases) {
+      const started = performance.now();
+      assertOneLine(await tool(script, args), 2, message, what);
+      // Refused before any work: no process started, no step trained (a second, not minutes).
+      assert.ok(performance.now() - started < 60_000, `${what}: refused at once`);
+    }
+    assert.equal(await Deno.readTextFile(old), "a continued run at step 400", "the run is kept");
+    assert.deepEqual(await Deno.readFile(checkpoint), before, "the checkpoint is kept");
+    const over = await tool("to_halfstep.py", [checkpoint, old, ...convert, "--overwrite"]);
+    assert.equal(over.code, 0, over.stderr);
+  } finally {
+    await Deno.remove(dir, { recursive: true });
+  }
+});
+
+/** CpuGradScaler through an overflowing step and two clean ones: what it did, as JSON. */
+const CPU_SCALER = `
+import json, sys, torch
+sys.path.insert(0, sys.argv[1])
+from halfstep_run import CpuGradScaler
+torch.manual_seed(0)
+model = torch.nn.Linear(3, 2)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+scaler = CpuGradScaler(init_scale=2.0 ** 16, growth_interval=2)
+weights = lambda: [p.detach().clone() for p in model.parameters()]
+def same(a, b):
+    return all(torch.equal(x, y) for x, y in zip(a, b))
+out = {}
+for bad in (float("inf"), float("-inf"), float("nan")):
+    before = weights()
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+        p.grad.view(-1)[0] = bad
+    scaler.step(optimizer)
+    scaler.update()
+    out[str(bad)] = {"kept": same(before, weights()), **scaler.state_dict()}
+before = weights()
+for _ in range(2):
+    optimizer.zero_grad()
+    scaler.scale(model(torch.ones(1, 3)).sum()).backward()
+    scaler.step(optimizer)
+    scaler.update()
+out["clean"] = {"kept": same(before, weights()), **scaler.state_dict()}
+print(json.dumps(out))
+`;
+
+Deno.test("CpuGradScaler (continue_ddp.py's loss scaler on CPUs): an inf, -inf or NaN gradient skips the step, weights untouched, and halves the scale; clean steps grow it after growth_interval, as torch.cuda.amp.GradScaler does", async () => {
+  const out = JSON.parse(await runPython(["-c", CPU_SCALER, TOOLS]));
+  const state = (scale: number, tracker: number, kept: boolean) => ({
+    kept,
+    scale,
+    growth_factor: 2,
+    backoff_factor: 0.5,
+    growth_interval: 2,
+    _growth_tracker: tracker,
+  });
+  assert.deepEqual(out.inf, state(32768, 0, true), "inf: skipped, backed off");
+  assert.deepEqual(out["-inf"], state(16384, 0, true), "-inf: skipped, backed off");
+  assert.deepEqual(out.nan, state(8192, 0, true), "NaN: skipped, backed off");
+  assert.deepEqual(out.clean, state(16384, 0, false), "two clean steps: stepped, grown once");
+});
+
+/** Whether something is at `path`. */
+function exists(path: string): Promise<boolean> {
+  return Deno.lstat(path).then(() => true, () => false);
+}
 
 /** write_safetensors through a link, then failing at fsync: what is left. */
 const WRITE_THROUGH_LINK = `

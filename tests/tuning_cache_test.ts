@@ -288,12 +288,13 @@ async function runSaved(
   name: string,
   source: string,
   env: Record<string, string>,
+  permissions: string[] = ALL,
 ): Promise<{ code: number; lines: string[]; stderr: string }> {
   await Deno.mkdir(join(dir, folder), { recursive: true });
   const path = join(dir, folder, name);
   await Deno.writeTextFile(path, source);
   const out = await new Deno.Command(Deno.execPath(), {
-    args: ["run", "--no-check", ...ALL, path],
+    args: ["run", "--no-check", ...permissions, path],
     cwd: join(dir, folder),
     env: { DENO_WEBGPU_BACKEND: "vulkan,metal,dx12", NO_COLOR: "1", ...env },
     stdout: "piped",
@@ -309,19 +310,81 @@ Deno.test("tuning cache: initGpu() tunes a product at the wait after it first ru
     const env = { HALFSTEP_CACHE_DIR: join(dir, "cache") };
     const first = await runSaved(dir, "one", "lazy.ts", LAZY_SCRIPT, env);
     assert.equal(first.code, 0, first.stderr);
-    const said = first.lines.filter((l) => l.startsWith("halfstep:"));
-    assert.equal(said.length, 1, `one line says it tunes: ${JSON.stringify(first.lines)}`);
-    assert.match(said[0], /tuning the kernels of this run's shapes as they first run/);
+    // On stderr (stdout stays the script's), one line: that it tunes, and where the picks go.
+    assert.deepEqual(first.lines.filter((l) => l.startsWith("halfstep:")), [], "not on stdout");
+    const said = first.stderr.split("\n").filter((l) => l.startsWith("halfstep:"));
+    assert.equal(said.length, 1, `one line says it tunes: ${first.stderr}`);
+    assert.match(
+      said[0],
+      /tuning the kernels of this run's shapes as they first run, .*; tuning results are kept in .*cache\/tuning-.*\.json; every later script starts with them\)/,
+    );
     const cold = JSON.parse(first.lines.at(-1)!);
     assert.deepEqual([cold.cachedAtStart, cold.tuned], [0, 1], "nothing cached; one class tuned");
     assert.equal(cold.value, 128 * 0.5 * 0.25, "the product before the tuning is right");
     const second = await runSaved(dir, "elsewhere/deeper", "copy.ts", LAZY_SCRIPT, env);
     assert.equal(second.code, 0, second.stderr);
     assert.deepEqual(second.lines.filter((l) => l.startsWith("halfstep:")), [], "nothing to say");
+    assert.doesNotMatch(second.stderr, /^halfstep:/m, "nothing to say on stderr either");
     const warm = JSON.parse(second.lines.at(-1)!);
     assert.ok(warm.cachedAtStart >= 1, "the pick is there before the first product");
     assert.equal(warm.tuned, 0, "nothing measured again");
     assert.equal(warm.value, cold.value);
+  } finally {
+    await Deno.remove(dir, { recursive: true });
+  }
+});
+
+Deno.test("tuning cache: where the picks are kept is one true line when tuning starts, on stderr, whatever the cache folder is (no --allow-write, a file, damaged, read-only)", async () => {
+  const dir = await Deno.makeTempDir();
+  try {
+    const cache = join(dir, "cache");
+    const readOnlyCase = CAN_MAKE_READ_ONLY ? [["read-only", "read-only"]] : [];
+    const cases: [string, RegExp, () => Promise<void>, string[]?][] = [
+      [
+        "no --allow-write (the demo's permissions)",
+        /--allow-read and --allow-write for the per-user tuning cache .* would share tuning results between scripts; kept for this script only \(localStorage\)\)\. /,
+        async () => {},
+        ["--allow-read", "--allow-env"],
+      ],
+      [
+        "a file where the folder should be",
+        /cannot read the tuning cache .*tuning-.*\.json \(Not a directory.*\); tuning in memory this run\)\. /,
+        () => Deno.writeTextFile(cache, "a file"),
+      ],
+      [
+        "a damaged cache file",
+        /the tuning cache .*tuning-.*\.json is damaged \(not a JSON object\); tuning in memory this run/,
+        async () => {
+          await Deno.mkdir(cache);
+          await Deno.writeTextFile(join(cache, `tuning-${HALFSTEP_VERSION}.json`), "{not json");
+        },
+      ],
+    ];
+    for (const [what, line, prepare, permissions] of cases) {
+      await Deno.remove(cache, { recursive: true }).catch(() => {});
+      await prepare();
+      // A localStorage of its own too: an earlier case's picks there would be found.
+      const env = { HALFSTEP_CACHE_DIR: cache, DENO_DIR: join(dir, `deno-${what.length}`) };
+      const r = await runSaved(dir, "s", "lazy.ts", LAZY_SCRIPT, env, permissions);
+      assert.equal(r.code, 0, `${what}: ${r.stderr}`);
+      assert.equal(JSON.parse(r.lines.at(-1)!).tuned, 1, `${what}: it tuned`);
+      assert.deepEqual(r.lines.filter((l) => /halfstep|cache/.test(l)), [r.lines.at(-1)], what);
+      const said = r.stderr.split("\n").filter((l) => l.startsWith("halfstep:"));
+      assert.equal(said.length, 1, `${what}: one line, got ${JSON.stringify(said)}`);
+      assert.match(said[0], /^halfstep: tuning the kernels of this run's shapes/, what);
+      assert.match(said[0], line, what);
+    }
+    for (const [what] of readOnlyCase) {
+      await Deno.remove(cache, { recursive: true }).catch(() => {});
+      await Deno.mkdir(cache);
+      await readOnly(cache, async () => {
+        const r = await runSaved(dir, "s", "lazy.ts", LAZY_SCRIPT, { HALFSTEP_CACHE_DIR: cache });
+        assert.equal(r.code, 0, `${what}: ${r.stderr}`);
+        const said = r.stderr.split("\n").filter((l) => l.startsWith("halfstep:"));
+        assert.equal(said.length, 1, `${what}: one line, got ${JSON.stringify(said)}`);
+        assert.match(said[0], /cannot write the tuning cache .*; tuning results kept in memory/);
+      });
+    }
   } finally {
     await Deno.remove(dir, { recursive: true });
   }

@@ -16,7 +16,9 @@ unless ``--schedule`` extends it (or ``--steps`` asks for steps at its final
 learning rate). ``--batch`` changes the global batch, which changes the
 run: said loudly. Progress is printed; ``--save`` writes the run back,
 checksummed, where it stopped (``mnist.ts --resume`` goes on from there,
-also mid-epoch); ``--log PREFIX`` writes one JSON line per step and process
+also mid-epoch; a file there already is replaced only with ``--overwrite``,
+the run file read never, and the folder is checked before any work);
+``--log PREFIX`` writes one JSON line per step and process
 (loss, learning rate, scale, a digest of the weights) to
 ``PREFIX.rank<r>.jsonl``.
 
@@ -46,8 +48,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
 
-from halfstep_run import (ArgumentParser, RunFileError, UsageError, exit_in_one_line, make_optimizer, make_scaler, make_scheduler,
-                          parse_schedule, read_run, schedule_factor, write_run)
+from halfstep_run import (ArgumentParser, RunFileError, UsageError, check_output, exit_in_one_line, make_optimizer,
+                          make_scaler, make_scheduler, parse_schedule, read_run, schedule_factor, write_run)
 from mnist_order import DataOrder
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -256,6 +258,16 @@ def train_rank(rank, args, port, p):
     dist.destroy_process_group()
 
 
+def check_outputs(args):
+    """--save and --log's files, before any work: writable, not the run read, replaced only with
+    --overwrite (UsageError)."""
+    inputs = [("the run", args.run)]
+    if args.save:
+        check_output("--save", args.save, args.overwrite, inputs)
+    for rank in range(args.procs if args.log else 0):
+        check_output("--log", f"{args.log}.rank{rank}.jsonl", args.overwrite, inputs)
+
+
 def main():
     parser = ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("run", help="the run file mnist.ts --save wrote")
@@ -268,10 +280,13 @@ def main():
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--save", help="write the continued run here, for halfstep")
     parser.add_argument("--log", help="write PREFIX.rank<r>.jsonl, a line per step")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace files already at --save and --log's paths")
     args = parser.parse_args()
     try:
         if args.procs < 1 or (args.steps is not None and args.steps < 1) or (args.batch is not None and args.batch < 1):
             raise UsageError("--procs, --steps and --batch must be at least 1")
+        check_outputs(args)
         if args.device == "cuda" and torch.cuda.device_count() < args.procs:
             raise UsageError(f"--procs {args.procs} needs as many GPUs; {torch.cuda.device_count()} found")
         p = plan(args)

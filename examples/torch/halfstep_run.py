@@ -27,7 +27,9 @@ writing halfstep's checksums). A file that cannot be used raises
 import argparse
 import json
 import math
+import os
 import sys
+import tempfile
 
 import torch
 
@@ -96,7 +98,8 @@ def write_run(path, model, optimizer, scheduler=None, schedule=None, scaler=None
     ``model``, ``optimizer``, ``scheduler`` (a ``LambdaLR``) and ``scaler`` are
     the live objects, or their state dicts (``optimizer`` then a dict with a
     ``kind``); ``schedule`` describes the scheduler's lambda as halfstep's
-    ``{"name", "warmup_steps", "total_steps", "min_factor"}``.
+    ``{"name", "warmup_steps", "total_steps", "min_factor"}``. Returns the
+    run's step count.
     """
     model_sd = model if isinstance(model, dict) else model.state_dict()
     optimizer_sd = optimizer if isinstance(optimizer, dict) else dict(
@@ -138,6 +141,45 @@ def write_run(path, model, optimizer, scheduler=None, schedule=None, scaler=None
         steps = max([s["step"] for s in state.values() if "step" in s], default=0)
     metadata["trainer"] = json.dumps({"micro_step": 0, "steps": steps})
     write_safetensors(path, tensors, metadata)
+    return steps
+
+
+def _same_file(a, b):
+    """Whether ``a`` and ``b`` name one file (the same inode where both exist, else the same path)."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return os.path.realpath(a) == os.path.realpath(b)
+
+
+def check_output(flag, path, overwrite, inputs=()):
+    """The one rule for a file a tool writes, checked before any work (examples/_outputs.ts in
+    the Deno examples): UsageError unless it can be written (not a folder, in a folder that exists
+    and takes a new file), is none of ``inputs`` (``(flag, path)`` pairs; never allowed) and, when
+    a file is there, ``overwrite`` is given. ``flag`` names it in messages ("--save", or "OUT")."""
+    where = f"{flag} {path}"
+    if os.path.isdir(path):
+        raise UsageError(f"{where}: it is a folder; give a file name")
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise UsageError(f"{where}: the folder {folder} does not exist; create it first")
+    try:
+        fd, probe = tempfile.mkstemp(dir=folder, prefix=".halfstep-write-check-")
+        os.close(fd)
+        os.remove(probe)
+    except OSError as e:
+        raise UsageError(f"{where}: the folder {folder} cannot be written ({e.strerror or e})") from None
+    for name, read in inputs:
+        if _same_file(path, read):
+            raise UsageError(f"{where} is the file of {name}, which this run reads: writing it would "
+                             "replace it; give another path")
+    if os.path.lexists(path) and not overwrite:
+        raise UsageError(f"{where} already exists; add --overwrite to replace it, or give another path")
+
+
+def say_written(tool, path, what):
+    """The line that says what a tool wrote: ``tool: wrote PATH (what)``."""
+    print(f"{tool}: wrote {path} ({what})", flush=True)
 
 
 def exit_in_one_line(tool, error, subject, cannot):

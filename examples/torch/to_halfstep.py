@@ -16,7 +16,11 @@ file with ``loadTrainingState`` into the same model, ``AdamW`` / ``Adam`` /
 ``SGD``, ``LrScheduler`` and ``AmpTrainer``. A run that stops in the middle
 of one of its steps cannot be saved this way: save after
 ``optimizer.step()``. Options halfstep's optimizers lack (``amsgrad``,
-``maximize``, ``dampening``) are refused. Bad input is one line on stderr
+``maximize``, ``dampening``) are refused. The checkpoint is read without
+running code from it (``torch_file.py``: a pickled call, ``os.system``, is
+refused in one line before it runs). ``OUT`` must not be there already
+(``--overwrite`` replaces it) nor be the checkpoint, and its folder must
+take a new file: checked before the checkpoint is read. Bad input is one line on stderr
 and exit status 1 (a file) or 2 (a flag).
 
 In a training script, ``halfstep_run.write_run`` does the same from the live
@@ -27,8 +31,9 @@ import sys
 
 import torch
 
-from halfstep_run import (ArgumentParser, RunFileError, UsageError, exit_in_one_line, parse_schedule, refuse_unsupported, schedule_factor,
-                          write_run)
+from halfstep_run import (ArgumentParser, RunFileError, UsageError, check_output, exit_in_one_line, parse_schedule,
+                          refuse_unsupported, say_written, schedule_factor, write_run)
+from torch_file import load_state_dicts
 
 
 
@@ -47,12 +52,7 @@ def check_schedule(text, schedule, scheduler):
 
 def read_checkpoint(path):
     """The checkpoint dict, or RunFileError in one line."""
-    try:
-        checkpoint = torch.load(path, map_location="cpu")
-    except FileNotFoundError:
-        raise RunFileError(f"{path}: no such file") from None
-    except Exception as e:  # truncated or not a torch.save file: pickle, zip and EOF errors
-        raise RunFileError(f"{path}: not a readable torch.save file ({type(e).__name__})") from None
+    checkpoint = load_state_dicts(path)  # never runs code from the file
     if not isinstance(checkpoint, dict) or "model" not in checkpoint or "optimizer" not in checkpoint:
         raise RunFileError(f"{path}: not a dict with 'model' and 'optimizer' state dicts")
     model, optimizer = checkpoint["model"], checkpoint["optimizer"]
@@ -73,8 +73,10 @@ def main():
     parser.add_argument("--optimizer", required=True, choices=["AdamW", "Adam", "SGD"],
                         help="the optimizer's class (a state dict does not say)")
     parser.add_argument("--schedule", help="the LambdaLR's schedule, e.g. cosine:warmup=20,total=400")
+    parser.add_argument("--overwrite", action="store_true", help="replace a file already at OUT")
     args = parser.parse_args()
     try:
+        check_output("OUT", args.out, args.overwrite, [("CHECKPOINT", args.checkpoint)])
         schedule = parse_schedule(args.schedule) if args.schedule else None
         checkpoint = read_checkpoint(args.checkpoint)
         refuse_unsupported(checkpoint["optimizer"].get("param_groups", []))
@@ -84,8 +86,10 @@ def main():
         if scheduler is not None:
             check_schedule(args.schedule, schedule, scheduler)
         model = {k.removeprefix("module."): v for k, v in checkpoint["model"].items()}
-        write_run(args.out, model, dict(checkpoint["optimizer"], kind=args.optimizer), scheduler,
-                  schedule, checkpoint.get("scaler") or None)
+        steps = write_run(args.out, model, dict(checkpoint["optimizer"], kind=args.optimizer), scheduler,
+                          schedule, checkpoint.get("scaler") or None)
+        say_written("to_halfstep", args.out, f"a halfstep training run at step {steps}, {args.optimizer}; "
+                    "loadTrainingState resumes it")
     except (RunFileError, OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         exit_in_one_line("to_halfstep", e, args.checkpoint, "converted")
 

@@ -170,9 +170,9 @@ export async function tuneAtWait(gpu: Gpu, unbounded = false): Promise<number> {
       if (!unbounded && spent() >= budget.perWaitSeconds) break;
       if (!unbounded && lazy.spentSeconds + spent() >= budget.totalSeconds) {
         if (!lazy.overBudget) {
-          // Information, on stdout as the tuning line: a run's warnings stay its own.
+          // Information, on stderr as the tuning line: stdout stays the script's.
           const left = lazy.pending.size;
-          console.info(
+          console.error(
             `halfstep: lazy tuning stopped at its budget of ${budget.totalSeconds} s; ${left} ` +
               `more ${left === 1 ? "kernel keeps its" : "kernels keep their"} default ` +
               "(await tunePending(gpu) tunes what is left)",
@@ -191,7 +191,8 @@ export async function tuneAtWait(gpu: Gpu, unbounded = false): Promise<number> {
         const why = (e instanceof Error ? e.message : String(e)).split("\n")[0].slice(0, 160);
         warnOnce(`tuning ${job.task} ${job.key} failed (${why}); it keeps the default`);
       }
-      lazy.onProgress?.({ task: job.task, done: ++done, total });
+      done++; // counted here: an optional call skips its arguments when there is no callback
+      lazy.onProgress?.({ task: job.task, done, total });
     }
   } finally {
     lazy.spentSeconds += spent();

@@ -5,8 +5,9 @@
  * - In Deno, a JSON file `tuning-<halfstep version>.json` in
  *   `$HALFSTEP_CACHE_DIR`, else `$XDG_CACHE_HOME/halfstep`, else
  *   `~/.cache/halfstep` (`%LOCALAPPDATA%\halfstep` on Windows), written
- *   atomically (a temporary file renamed over it; entries other processes
- *   wrote meanwhile are kept). Its entries are keyed by tuner, adapter
+ *   atomically (a temporary file renamed over it) under an OS lock on
+ *   `tuning-<version>.json.lock`, so entries other processes write at the
+ *   same time are kept. Its entries are keyed by tuner, adapter
  *   (name, vendor, device, architecture: what WebGPU tells of the driver) and
  *   profile; the file name carries halfstep's version, so another version's
  *   kernels are measured afresh.
@@ -18,7 +19,8 @@
  *   `--allow-env` to find it), Deno's `localStorage` keeps the winners for
  *   this script only; where there is none, memory for this run. A damaged,
  *   unreadable or read-only cache file is left alone and the run tunes in
- *   memory. Each of these is said once, in one line, when a tuner first
+ *   memory. Each of these is said once, in one line: in the line that
+ *   announces tuning (`whereTuningIsKept`), or else when a tuner first
  *   stores a winner — a run that finds its winners says nothing.
  *
  * @module
@@ -39,6 +41,12 @@ export interface TuningStore {
   keys(): string[];
   /** Where the entries live, for messages: a file's path, "localStorage" or "memory". */
   readonly where: string;
+  /**
+   * Where the next winners will be kept, in one true sentence checked now
+   * (a file store reads its file and tries its folder), for the line that
+   * announces tuning; the store then does not say it again on its own.
+   */
+  explain?(): string;
 }
 
 /**
@@ -67,27 +75,44 @@ interface DenoApi {
   renameSync(from: string, to: string): void;
   removeSync(path: string): void;
   mkdirSync(path: string, options: { recursive: boolean }): void;
+  openSync(
+    path: string,
+    options: { read: boolean; write: boolean; create: boolean },
+  ): { lockSync(exclusive: boolean): void; close(): void };
   errors: { NotFound: new (...args: never[]) => Error };
 }
 
-/** Says something once per process (a run that tunes may store many winners). */
-function sayOnce(): (text: string) => void {
-  let said = false;
-  return (text) => {
-    if (!said) console.warn(`halfstep: ${text}`);
-    said = true;
+/**
+ * A store's notes: the first said once per process (a run that tunes may
+ * store many winners), and not what `explain` already returned.
+ */
+function notes(): { say(text: string): void; explained(text: string): string } {
+  const said = new Set<string>();
+  let first = true;
+  return {
+    say(text) {
+      if (said.has(text) || !first) return;
+      first = false;
+      said.add(text);
+      console.warn(`halfstep: ${text}`);
+    },
+    explained(text) {
+      said.add(text); // a different note later is news, and said
+      return text;
+    },
   };
 }
 
 /** A store in memory, for this run only; `note` is said when the first winner is stored. */
 function memoryStore(where: string, note: string | null): TuningStore {
   const entries = new Map<string, string>();
-  const say = sayOnce();
+  const say = notes();
   return {
     where,
+    explain: () => say.explained(note ?? "tuning results are kept in memory, for this run"),
     getItem: (key) => entries.get(key) ?? null,
     setItem(key, value) {
-      if (note) say(note);
+      if (note) say.say(note);
       entries.set(key, value);
     },
     removeItem: (key) => void entries.delete(key),
@@ -104,10 +129,11 @@ function webStorage(note: string | null): TuningStore | null {
   } catch {
     return null; // a browser that forbids it (privacy settings, an opaque origin)
   }
-  const say = sayOnce();
+  const say = notes();
   const fallback = memoryStore("memory", null);
   return {
     where: "localStorage",
+    explain: () => say.explained(note ?? "tuning results are kept in localStorage"),
     getItem: (key) => {
       try {
         return storage.getItem(key) ?? fallback.getItem(key);
@@ -118,9 +144,9 @@ function webStorage(note: string | null): TuningStore | null {
     setItem(key, value) {
       try {
         storage.setItem(key, value);
-        if (note) say(note);
+        if (note) say.say(note);
       } catch (e) {
-        say(`cannot store tuning results in localStorage (${message(e)}); kept in memory`);
+        say.say(`cannot store tuning results in localStorage (${message(e)}); kept in memory`);
         fallback.setItem(key, value);
       }
     },
@@ -177,8 +203,9 @@ function fileStore(
   fallback: TuningStore,
 ): TuningStore {
   const path = `${dir}/tuning-${HALFSTEP_VERSION}.json`;
-  const say = sayOnce();
+  const say = notes();
   let broken = false; // damaged or unreadable: left alone, the run tunes in memory
+  let problem: string | null = null; // why it is broken, as said
   const memory = new Map<string, string>();
   const read = (): Record<string, string> => {
     let text: string;
@@ -187,7 +214,7 @@ function fileStore(
     } catch (e) {
       if (e instanceof deno.errors.NotFound) return {};
       broken = true;
-      say(`cannot read the tuning cache ${path} (${message(e)}); tuning in memory this run`);
+      problem = `cannot read the tuning cache ${path} (${message(e)}); tuning in memory this run`;
       return {};
     }
     try {
@@ -197,41 +224,79 @@ function fileStore(
       return Object.fromEntries(strings) as Record<string, string>;
     } catch {
       broken = true;
-      say(
-        `the tuning cache ${path} is damaged (not a JSON object); tuning in memory this run ` +
-          "(delete the file to start a fresh cache)",
-      );
+      problem = `the tuning cache ${path} is damaged (not a JSON object); tuning in memory ` +
+        "this run (delete the file to start a fresh cache)";
       return {};
     }
   };
   let loaded: Record<string, string> | null = null;
   const entries = () => (loaded ??= read());
-  const write = (change: (all: Record<string, string>) => void) => {
-    const all = read(); // what other processes stored meanwhile is kept
-    if (broken) return; // damaged since: left alone
-    change(all);
+  /** Writes `text` to a new temporary file, then renames it to `to` (false: it said why not). */
+  const writeAtomically = (text: string, to: string | null): boolean => {
     const temp = `${path}.tmp-${crypto.randomUUID()}`;
     try {
       deno.mkdirSync(dir, { recursive: true });
-      deno.writeTextFileSync(temp, JSON.stringify(all, null, 1));
-      deno.renameSync(temp, path);
-      loaded = all;
+      deno.writeTextFileSync(temp, text);
+      if (to) deno.renameSync(temp, to);
+      else deno.removeSync(temp);
+      return true;
     } catch (e) {
       try {
         deno.removeSync(temp);
       } catch { /* never created */ }
       broken = true;
-      say(`cannot write the tuning cache ${path} (${message(e)}); tuning results kept in memory`);
+      problem = `cannot write the tuning cache ${path} (${message(e)}); tuning results kept ` +
+        "in memory";
+      return false;
     }
   };
+  /**
+   * An exclusive OS lock on `${path}.lock` while `fn` runs, so that two
+   * processes storing at once (the parallel test suite, two scripts) read,
+   * change and write the file one after the other, each keeping the other's
+   * entries; where no lock can be taken (a read-only folder) `fn` runs
+   * without one, and its write fails and says so.
+   */
+  const locked = (fn: () => void) => {
+    let file: { close(): void } | null = null;
+    try {
+      deno.mkdirSync(dir, { recursive: true });
+      const opened = deno.openSync(`${path}.lock`, { read: true, write: true, create: true });
+      file = opened;
+      opened.lockSync(true); // waits for the other process's write
+    } catch { /* no lock here: the write below says what went wrong */ }
+    try {
+      fn();
+    } finally {
+      file?.close(); // closing drops the lock
+    }
+  };
+  const write = (change: (all: Record<string, string>) => void) =>
+    locked(() => {
+      const all = read(); // what other processes stored meanwhile is kept
+      if (broken) return; // damaged since: left alone
+      change(all);
+      if (writeAtomically(JSON.stringify(all, null, 1), path)) loaded = all;
+    });
   return {
     where: path,
+    explain() {
+      if (!writable) return fallback.explain?.() ?? `tuning results are kept in ${fallback.where}`;
+      entries();
+      if (!broken) writeAtomically("", null); // the folder takes a new file
+      return say.explained(
+        problem ?? `tuning results are kept in ${path}; every later script starts with them`,
+      );
+    },
     getItem: (key) => memory.get(key) ?? entries()[key] ?? fallback.getItem(key),
     setItem(key, value) {
       if (entries()[key] === value && !broken) return; // a run that found its winners writes nothing
       if (!writable) return fallback.setItem(key, value);
       if (!broken) write((all) => void (all[key] = value));
-      if (broken) memory.set(key, value);
+      if (broken) {
+        say.say(problem!); // said when it matters: a winner that cannot be kept there
+        memory.set(key, value);
+      }
     },
     removeItem(key) {
       memory.delete(key);
@@ -277,6 +342,30 @@ let current: TuningStore | null = null;
  */
 export function tuningStore(): TuningStore {
   return current ??= chooseStore();
+}
+
+/**
+ * Where tuning results will be kept, in one true sentence (checked now:
+ * see {@link TuningStore.explain}), for the line that announces tuning.
+ *
+ * @example
+ * ```ts
+ * import assert from "node:assert/strict";
+ * import { setTuningStore, whereTuningIsKept } from "./store.ts";
+ * const before = setTuningStore({
+ *   where: "memory",
+ *   getItem: () => null,
+ *   setItem() {},
+ *   removeItem() {},
+ *   keys: () => [],
+ * });
+ * assert.equal(whereTuningIsKept(), "tuning results are kept in memory");
+ * setTuningStore(before);
+ * ```
+ */
+export function whereTuningIsKept(): string {
+  const store = tuningStore();
+  return store.explain?.() ?? `tuning results are kept in ${store.where}`;
 }
 
 /**

@@ -21,8 +21,9 @@
  * exactly once, a missing test file) or a baseline fails.
  */
 import { parseArgs } from "node:util";
-import { dirname, join } from "node:path";
+import { join } from "node:path";
 import { fileURLToPath } from "node:url";
+import { copyCheckout } from "../_checkout.ts";
 import {
   loadMutants,
   type Mutant,
@@ -62,29 +63,6 @@ const { values: options, positionals: patterns } = parseArgs({
 
 /** Progress lines: stderr under --json (stdout is the report), else stdout. */
 const say = (line: string) => options.json ? console.error(line) : console.log(line);
-
-/** The checkout's files (tracked, and untracked unless ignored) copied into a temporary folder. */
-async function copyCheckout(): Promise<string> {
-  const listed = await new Deno.Command("git", {
-    args: ["ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-    cwd: ROOT,
-    stdout: "piped",
-  }).output();
-  if (!listed.success) throw new Error("git ls-files failed: is this a git checkout?");
-  const files = new Set(new TextDecoder().decode(listed.stdout).split("\0").filter(Boolean));
-  const dir = await Deno.makeTempDir({ prefix: "halfstep-mutants-" });
-  for (const file of files) {
-    const info = await Deno.lstat(join(ROOT, file)).catch(() => null);
-    if (!info?.isFile) continue; // deleted in the working tree, or a link
-    await Deno.mkdir(dirname(join(dir, file)), { recursive: true });
-    await Deno.copyFile(join(ROOT, file), join(dir, file));
-  }
-  // npm packages are not copied: the copy uses the checkout's.
-  if (await Deno.lstat(join(ROOT, "node_modules")).catch(() => null)) {
-    await Deno.symlink(join(ROOT, "node_modules"), join(dir, "node_modules"));
-  }
-  return dir;
-}
 
 /** Runs `mutant`'s tests in `dir` (planted or not), killed after `timeout` seconds. */
 async function runTests(dir: string, mutant: Mutant, cache: string): Promise<Outcome> {
@@ -168,7 +146,7 @@ async function main(): Promise<number> {
     for (const m of chosen) say(`${m.name}  ${m.file}  ${m.tests.join(" ")}\n  ${m.why}`);
     return 0;
   }
-  const dir = await copyCheckout();
+  const dir = await copyCheckout("halfstep-mutants-", { nodeModules: true });
   say(`planting ${chosen.length} mutants, one at a time, in ${dir}`);
   try {
     if (options.baseline && (await baselineFailures(dir, chosen)).length > 0) {
