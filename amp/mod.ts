@@ -38,6 +38,7 @@ export {
   type HasParameters,
   type TrainerPrecision,
 } from "./trainer.ts";
+export { CapturedStep, type CaptureOptions, type CaptureStats } from "./captured_step.ts";
 export { NumericsInspector, type ReportOptions, type WatchOptions } from "./numerics_inspector.ts";
 export {
   type FirstNonFinite,

@@ -75,8 +75,17 @@ export {
   type ProfileTiming,
 } from "./device/profiler.ts";
 export type { ProfileReport, ProfileRow } from "./device/profile_report.ts";
-export { BufferPool, type MemoryStats } from "./device/buffer_pool.ts";
+export { BufferPool, type MemoryStats, PoolReserve } from "./device/buffer_pool.ts";
 export { type BatchCounters, CommandBatch, type FlushPolicy } from "./device/command_batch.ts";
+export {
+  CommandRecording,
+  firstDifference,
+  type RecordedCommand,
+  type RecordedCopy,
+  type RecordedDispatch,
+  type RecordedWrite,
+} from "./device/command_recording.ts";
+export { CommandGraph, type GraphCommand } from "./device/command_graph.ts";
 export {
   type Binding,
   type CompiledKernel,
@@ -89,13 +98,14 @@ export {
   type KernelDefinition,
   kernelKey,
   type KernelSpec,
+  type LiveUniforms,
   optional,
   PipelineCache,
   type UniformFields,
   type UniformType,
 } from "./device/kernel.ts";
 export {
-  type ArrayStorage,
+  ArrayStorage,
   type ArrayValues,
   assertArrayFits,
   bufferBytes,
@@ -106,7 +116,12 @@ export {
 export type { CandidateTimer, TuningProgress } from "./tuning/timing.ts";
 export type { TimedPick } from "./tuning/cache.ts";
 export type { ClassTuningOptions, ShapePicks, ShapeTuningOptions } from "./tuning/picks.ts";
-export { defineTunerSettings, type TunerSettings } from "./tuning/settings.ts";
+export {
+  defineTunerSettings,
+  settingsChanged,
+  settingsEpoch,
+  type TunerSettings,
+} from "./tuning/settings.ts";
 export {
   LAZY_MIN_WORK,
   LAZY_TUNING_BUDGET,
@@ -194,8 +209,17 @@ export {
   runtime,
   type RuntimeModes,
   type RuntimeState,
+  type StepRecorder,
   withState,
 } from "./tensor/runtime_state.ts";
+export {
+  noteCaptureCheck,
+  recheckStep,
+  recordStep,
+  redrawStep,
+  type StepDraw,
+  StepRecording,
+} from "./tensor/step_recording.ts";
 export {
   type BackwardOptions,
   type GradNode,

@@ -36,6 +36,28 @@ export const POOL_USAGE = 0x0080 /* STORAGE */ | 0x0004 /* COPY_SRC */ | 0x0008;
 /** Creates buffers for the pool; the device layer adds limit checks and error scopes. */
 export type BufferFactory = (bytes: number, label: string) => GPUBuffer;
 
+/**
+ * The buffers one captured step keeps for itself (see
+ * {@link BufferPool.openReserve}): every buffer its recorded runs took from
+ * the pool. Its free ones are handed out only to the step's own next
+ * recording, in the same order the pool would (the lowest created first),
+ * and never to anyone else, so a replay finds each intermediate where the
+ * recording left it; they count as allocated while the reserve holds them.
+ */
+export class PoolReserve {
+  /** Free buffers by size class, highest creation number first. @internal */
+  readonly free = new Map<number, GPUBuffer[]>();
+  /** Every buffer it owns, free or in use. */
+  readonly owned = new Set<GPUBuffer>();
+
+  /** Bytes of every buffer it owns. */
+  get bytes(): number {
+    let n = 0;
+    for (const b of this.owned) n += b.size;
+    return n;
+  }
+}
+
 /** Hands out GPU buffers by size class and keeps the statistics. */
 export class BufferPool {
   /** Free buffers by size class, highest creation number first (so `pop()` gives the lowest). */
@@ -49,6 +71,15 @@ export class BufferPool {
   #count = 0;
   #create: BufferFactory;
   #onDestroy: () => void;
+  /** The reserve each reserved buffer belongs to. */
+  #owners = new Map<GPUBuffer, PoolReserve>();
+  /** What to tell when a pinned buffer is released. */
+  #pins = new Map<GPUBuffer, Set<() => void>>();
+  /**
+   * While set, buffers are taken from this reserve first, and what is taken
+   * from the pool joins it (a captured step records). @internal
+   */
+  activeReserve: PoolReserve | null = null;
   /**
    * The most bytes the pool may hold (`reservedBytes`, buffers in use and
    * cached alike); Infinity for no limit. See `initGpu({ memoryLimitBytes })`.
@@ -67,21 +98,116 @@ export class BufferPool {
   /** A buffer of at least `bytes` bytes; `label` names it in errors. */
   acquire(bytes: number, label: string): GPUBuffer {
     const size = sizeClass(bytes);
-    const buffer = this.#free.get(size)?.pop() ?? this.#createNew(size, label);
+    const reserve = this.activeReserve;
+    let buffer = reserve?.free.get(size)?.pop();
+    if (buffer === undefined) {
+      buffer = this.#free.get(size)?.pop() ?? this.#createNew(size, label);
+      this.#allocated += size;
+      if (this.#allocated > this.#peak) this.#peak = this.#allocated;
+      if (reserve) {
+        reserve.owned.add(buffer);
+        this.#owners.set(buffer, reserve);
+      }
+    }
     this.#inUse.add(buffer);
-    this.#allocated += size;
-    if (this.#allocated > this.#peak) this.#peak = this.#allocated;
     return buffer;
   }
 
-  /** Returns a buffer for reuse. Releasing a buffer twice is a bug and throws. */
+  /**
+   * Returns a buffer for reuse (a reserved one to its reserve). A pinned
+   * buffer tells its pins first. Releasing a buffer twice is a bug and throws.
+   */
   release(buffer: GPUBuffer): void {
     if (!this.#inUse.delete(buffer)) {
       throw new StateError("BufferPool.release: buffer is not in use (released twice?).");
     }
+    if (this.#pins.size > 0) this.#tellPins(buffer);
+    const owner = this.#owners.size > 0 ? this.#owners.get(buffer) : undefined;
+    if (owner) return this.#insertFree(owner.free, buffer); // still held for its step
     this.#allocated -= buffer.size;
-    let list = this.#free.get(buffer.size);
-    if (!list) this.#free.set(buffer.size, list = []);
+    this.#insertFree(this.#free, buffer);
+  }
+
+  /** An empty reserve for a captured step; see {@link PoolReserve}. */
+  openReserve(): PoolReserve {
+    return new PoolReserve();
+  }
+
+  /**
+   * Gives a reserve's buffers back to the pool: its free ones become the
+   * pool's, the ones still in use stay with whoever uses them.
+   */
+  closeReserve(reserve: PoolReserve): void {
+    if (this.activeReserve === reserve) this.activeReserve = null;
+    for (const list of reserve.free.values()) {
+      for (const b of list) {
+        this.#allocated -= b.size;
+        this.#insertFree(this.#free, b);
+      }
+    }
+    reserve.free.clear();
+    for (const b of reserve.owned) this.#owners.delete(b);
+    reserve.owned.clear();
+  }
+
+  /**
+   * Hands `buffer`, free in `reserve`, to a new holder (a handle on an
+   * intermediate a replayed step left there: its gradients mid-accumulation).
+   */
+  claim(reserve: PoolReserve, buffer: GPUBuffer): void {
+    const list = reserve.free.get(buffer.size);
+    const i = list?.indexOf(buffer) ?? -1;
+    if (i < 0) throw new StateError("BufferPool.claim: the buffer is not free in the reserve.");
+    list!.splice(i, 1);
+    this.#inUse.add(buffer);
+  }
+
+  /**
+   * Moves `buffer`, free in the pool, into `reserve` (a captured step used it
+   * and freed it: nobody else may take it now).
+   */
+  adoptInto(reserve: PoolReserve, buffer: GPUBuffer): void {
+    const list = this.#free.get(buffer.size);
+    const i = list?.indexOf(buffer) ?? -1;
+    if (i < 0) throw new StateError("BufferPool.adoptInto: the buffer is not free in the pool.");
+    list!.splice(i, 1);
+    this.#allocated += buffer.size;
+    if (this.#allocated > this.#peak) this.#peak = this.#allocated;
+    reserve.owned.add(buffer);
+    this.#owners.set(buffer, reserve);
+    this.#insertFree(reserve.free, buffer);
+  }
+
+  /** True when `buffer` is handed out (in use), not free in the pool or a reserve. */
+  inUse(buffer: GPUBuffer): boolean {
+    return this.#inUse.has(buffer);
+  }
+
+  /** Calls `onRelease` (once) when `buffer` is next released; see {@link BufferPool.unpin}. */
+  pin(buffer: GPUBuffer, onRelease: () => void): void {
+    let pins = this.#pins.get(buffer);
+    if (!pins) this.#pins.set(buffer, pins = new Set());
+    pins.add(onRelease);
+  }
+
+  /** Takes back a {@link BufferPool.pin}. */
+  unpin(buffer: GPUBuffer, onRelease: () => void): void {
+    const pins = this.#pins.get(buffer);
+    pins?.delete(onRelease);
+    if (pins?.size === 0) this.#pins.delete(buffer);
+  }
+
+  #tellPins(buffer: GPUBuffer): void {
+    const pins = this.#pins.get(buffer);
+    if (!pins) return;
+    this.#pins.delete(buffer);
+    for (const tell of pins) tell();
+  }
+
+  /** Puts `buffer` in a free list by size class, in creation order (see the note). */
+  #insertFree(free: Map<number, GPUBuffer[]>, buffer: GPUBuffer): void {
+    let list = free.get(buffer.size);
+    if (!list) free.set(buffer.size, list = []);
     // NOTE: acquire hands out the free buffer created first, whatever order they
     // were released in, so a loop that runs the same ops gets the same buffers
     // in the same roles every step, and the command batch's cached bind groups hit.
@@ -132,7 +258,10 @@ export class BufferPool {
   destroyAll(): void {
     this.releaseCached();
     for (const b of this.#inUse) b.destroy();
+    for (const b of this.#owners.keys()) b.destroy(); // reserved (destroying twice is harmless)
     this.#inUse.clear();
+    this.#owners.clear();
+    this.#pins.clear();
     this.#allocated = this.#reserved = this.#count = 0;
   }
 

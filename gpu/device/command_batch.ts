@@ -15,16 +15,17 @@
  *   buffers back and reuses its bind groups.
  * - **Profiling.** While a {@link DispatchProfiler} is attached, each dispatch
  *   runs in a pass of its own that writes GPU timestamps.
+ * - **Capture.** While a {@link CommandRecording} is attached (`recorder`),
+ *   every command is noted there as well as recorded (a captured step's
+ *   first runs); {@link CommandBatch.replay} encodes a `CommandGraph` made
+ *   from such a recording, with its own bind groups and uniforms.
  */
-import type { CompiledKernel } from "./kernel.ts";
+import type { CompiledKernel, LiveUniforms } from "./kernel.ts";
 import type { DispatchCost, DispatchProfiler } from "./profiler.ts";
+import type { CommandRecording } from "./command_recording.ts";
+import { type CommandGraph, UNIFORM_BINDING_BYTES } from "./command_graph.ts";
 
 const ARENA_BYTES = 256 * 1024;
-/**
- * Bytes every uniform binding spans (kernels read at most 64 words): one size
- * for all, so kernels that share a bind-group layout share bind groups too.
- */
-const UNIFORM_BINDING_BYTES = 256;
 /**
  * How many FLOPs cost as much time as moving one byte, to add both into one
  * work estimate (a large GPU's FMA rate over its memory bandwidth).
@@ -73,6 +74,8 @@ export class CommandBatch {
   flushPolicy: FlushPolicy;
   /** Set while `gpu.profile()` runs. @internal */
   profiler: DispatchProfiler | null = null;
+  /** Set while a captured step records: every command is noted there too. @internal */
+  recorder: CommandRecording | null = null;
   #device: GPUDevice;
   #align: number;
   #arena: GPUBuffer;
@@ -87,6 +90,8 @@ export class CommandBatch {
   #bindGroups = new Map<string, GPUBindGroup>();
   #offsets = [0];
   #kernels = new Set<CompiledKernel>();
+  /** Graphs replayed into the open batch (a failed submit names their kernels too). */
+  #graphs: CommandGraph[] = [];
   #onSubmitError: (message: string, kernels: CompiledKernel[]) => void;
 
   /**
@@ -119,7 +124,7 @@ export class CommandBatch {
    * Records one dispatch of `kernel`: `buffers` are bound at bindings 0..n-1
    * in order and, when the kernel has uniforms, `words` (u32) at binding n;
    * `workgroups` is the dispatch grid. `cost` feeds the flush policy and the
-   * profiler.
+   * profiler; `live` (the fields a replay recomputes) goes to the recorder.
    */
   dispatch(
     kernel: CompiledKernel,
@@ -127,7 +132,9 @@ export class CommandBatch {
     words: readonly number[],
     workgroups: readonly [number, number?, number?],
     cost: DispatchCost = {},
+    live: LiveUniforms | null = null,
   ): void {
+    this.recorder?.dispatch(kernel, buffers, words, workgroups, cost, live);
     const bindGroup = this.#bindGroup(kernel, buffers);
     let offset = 0;
     if (kernel.uniforms.length > 0) {
@@ -167,6 +174,7 @@ export class CommandBatch {
 
   /** Records a buffer-to-buffer copy in stream order. */
   copy(source: GPUBuffer, target: GPUBuffer, bytes: number): void {
+    this.recorder?.copy(source, target, bytes);
     this.#closePass();
     this.#openEncoder().copyBufferToBuffer(source, 0, target, 0, bytes);
     this.#pending++;
@@ -178,6 +186,7 @@ export class CommandBatch {
    * (which may still read the buffer's old contents) is submitted first.
    */
   write(buffer: GPUBuffer, data: ArrayBufferView<ArrayBuffer>): void {
+    this.recorder?.write(buffer, data);
     if (this.#pending > 0) this.flush();
     // The bytes, never the view itself: Dawn (0.6.2) takes a view's element size from its
     // type and dies with SIGFPE on a Float16Array, which it does not know.
@@ -192,8 +201,9 @@ export class CommandBatch {
       this.#device.queue.writeBuffer(this.#arena, 0, this.#arenaData.buffer, 0, this.#arenaCursor);
     }
     this.profiler?.beforeSubmit(this.#encoder);
-    const kernels = [...this.#kernels];
+    const kernels = [...this.#kernels, ...this.#graphs.flatMap((g) => g.kernels)];
     this.#kernels.clear();
+    this.#graphs.length = 0;
     this.#device.pushErrorScope("validation");
     this.#device.queue.submit([this.#encoder.finish()]);
     this.#device.popErrorScope().then((error) => {
@@ -212,6 +222,7 @@ export class CommandBatch {
    * it submits the batch and waits until the GPU has finished it.
    */
   async read(buffer: GPUBuffer, bytes: number): Promise<ArrayBuffer> {
+    this.recorder?.read();
     const size = Math.ceil(bytes / 4) * 4;
     const staging = this.#device.createBuffer({
       label: "halfstep readback",
@@ -227,6 +238,50 @@ export class CommandBatch {
     } finally {
       staging.destroy();
     }
+  }
+
+  /**
+   * Encodes `graph` (a captured step) into the batch: earlier work is
+   * submitted first and the graph's live uniforms written, then `prelude`
+   * runs (the step's inputs copied into its buffers), then the graph's
+   * commands follow in one pass (a pass per dispatch while profiling). The
+   * batch submits it with whatever comes next, at the next flush.
+   */
+  replay(graph: CommandGraph, prelude: () => void = () => {}): void {
+    // Submitted first: an earlier replay of this graph must not see the words written now.
+    this.flush();
+    graph.writeLiveUniforms(this.#device.queue);
+    prelude();
+    const profiler = this.profiler;
+    let pass: GPUComputePassEncoder | null = null;
+    for (const c of graph.commands) {
+      if (c.kind === "copy") {
+        this.#closePass();
+        pass = null;
+        this.#openEncoder().copyBufferToBuffer(c.source, c.sourceOffset, c.target, 0, c.bytes);
+        continue;
+      }
+      if (profiler) {
+        if (profiler.full) this.flush();
+        this.#closePass();
+        const key = c.kernel.key;
+        pass = this.#openEncoder().beginComputePass(
+          profiler.passFor({ family: key.slice(0, key.indexOf("{")), key, ...c.cost }),
+        );
+      } else pass ??= this.#openPass();
+      pass.setPipeline(c.pipeline);
+      if (c.offsets) pass.setBindGroup(0, c.group, c.offsets);
+      else pass.setBindGroup(0, c.group);
+      pass.dispatchWorkgroups(c.x, c.y, c.z);
+      if (profiler) {
+        pass.end();
+        pass = null;
+      }
+    }
+    this.#graphs.push(graph);
+    this.#pending += graph.commands.length;
+    this.counters.dispatches += graph.dispatches;
+    this.counters.copies += graph.copies;
   }
 
   /** Forgets every cached bind group (buffers were destroyed). */

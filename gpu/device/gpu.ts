@@ -17,6 +17,7 @@ import {
   type DispatchUniforms,
   type KernelConfig,
   type KernelDefinition,
+  type LiveUniforms,
   PipelineCache,
 } from "./kernel.ts";
 import { fail, GpuError, StateError, ValueError } from "../base/errors.ts";
@@ -191,7 +192,9 @@ export class Gpu {
 
   /**
    * Records a dispatch of `kernel` with its buffers and uniform values given
-   * by name (see `defineKernel`); `workgroups` is the grid. No sync.
+   * by name (see `defineKernel`); `workgroups` is the grid. `live` gives the
+   * uniform fields that change from step to step (a learning rate, a
+   * dropout range) for a captured step to recompute at each replay. No sync.
    */
   dispatch<B extends string, U extends string>(
     kernel: CompiledKernel<B, U>,
@@ -199,6 +202,7 @@ export class Gpu {
     uniforms: DispatchUniforms<U>,
     workgroups: readonly [number, number?, number?],
     cost: DispatchCost = {},
+    live: LiveUniforms<U> | null = null,
   ): void {
     this.throwIfFailed();
     const status = kernel.compiled;
@@ -207,10 +211,14 @@ export class Gpu {
     // Bytes default to the tensors bound: the flush policy and the profiler use them.
     const bytes = cost.bytes ?? boundBytes(buffers);
     const record = () =>
-      this.batch.dispatch(kernel as CompiledKernel, values.buffers, values.words, workgroups, {
-        ...cost,
-        bytes,
-      });
+      this.batch.dispatch(
+        kernel as CompiledKernel,
+        values.buffers,
+        values.words,
+        workgroups,
+        { ...cost, bytes },
+        live,
+      );
     if (status.state === "ok" || this.#tried.has(kernel)) return record();
     // The first dispatch of a kernel not yet known to compile goes alone into
     // its own submit, so a kernel that fails costs only its own op.

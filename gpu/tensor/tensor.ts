@@ -210,6 +210,14 @@ export class Tensor extends DeviceArray {
     return this.#indexRange;
   }
 
+  /**
+   * Sets {@link Tensor.indexRange}: a captured step's input, refilled with a
+   * new batch's ids on the GPU, takes that batch's range. @internal
+   */
+  setIndexRange(range: IndexRange | null): void {
+    this.#indexRange = range;
+  }
+
   /** The single value of a one-element tensor. **A sync point**, like `read()`. */
   async item(): Promise<number> {
     if (this.size !== 1) {
