@@ -41,7 +41,7 @@ import {
   fail,
   firstDifference,
   type Gpu,
-  PoolReserve,
+  type PoolReserve,
   recheckStep,
   recordStep,
   redrawStep,

@@ -46,9 +46,9 @@ export type BufferFactory = (bytes: number, label: string) => GPUBuffer;
  */
 export class PoolReserve {
   /** Free buffers by size class, highest creation number first. @internal */
-  readonly free = new Map<number, GPUBuffer[]>();
+  readonly free: Map<number, GPUBuffer[]> = new Map();
   /** Every buffer it owns, free or in use. */
-  readonly owned = new Set<GPUBuffer>();
+  readonly owned: Set<GPUBuffer> = new Set();
 
   /** Bytes of every buffer it owns. */
   get bytes(): number {
