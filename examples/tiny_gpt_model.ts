@@ -50,6 +50,8 @@ export interface TinyGptConfig {
   seed?: number;
   /** Fused attention (default true) or the reference path of matmuls and a saved softmax. */
   fusedAttention?: boolean;
+  /** Dropout on the attention weights while training (default 0; nanoGPT's `dropout`). */
+  dropout?: number;
   /**
    * The head uses the token table as its weight (default false): one
    * parameter, `tokens.weight` and `head.weight` in the state dict, as
@@ -126,7 +128,7 @@ export class TinyGpt extends Module {
     );
     if (shards > 1) this.registerModule("tokenShards", new Sequential(...this.tokenShards));
     this.positions = this.registerModule("positions", new Embedding(context, dim, { seed }));
-    const attention = { fused: config.fusedAttention };
+    const attention = { fused: config.fusedAttention, dropout: config.dropout };
     const blocks = Array.from(
       { length: config.layers },
       () => new TransformerBlock(dim, heads, { seed, attention, bias, gelu }),
