@@ -361,7 +361,7 @@ export class CapturedStep {
     const own = new Set(this.#inputs!.map((t) => t.buffer));
     const pinned: GPUBuffer[] = [];
     for (const b of new Set(cycle.flatMap((p) => [...p.recording.commands.buffers()]))) {
-      if (own.has(b) || reserve.owned.has(b) && !pool.inUse(b)) continue;
+      if (own.has(b) || reserve.owns(b) && !pool.inUse(b)) continue;
       if (!pool.inUse(b)) pool.adoptInto(reserve, b); // freed inside the step: the step's own now
       else {
         pool.pin(b, this.#onPinReleased);

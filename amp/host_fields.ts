@@ -34,6 +34,14 @@ const isPlain = (v: unknown) =>
 export function hostFields(model: HasParameters, params: readonly Tensor[]): HostFields {
   const modules: [string, object][] = isModule(model) ? model.namedModules() : [["", model]];
   const fields: Field[] = [];
+  // Registrations first: a layer added shows as that, not as the field that now holds it.
+  for (const [path, m] of modules) {
+    const owner = m as Record<string, unknown>;
+    const where = path ? `${path}.` : "the model's ";
+    if ("registrations" in owner) {
+      fields.push({ owner, key: "registrations", where, value: owner.registrations, json: false });
+    }
+  }
   for (const [path, m] of modules) {
     const owner = m as Record<string, unknown>;
     const where = path ? `${path}.` : "the model's ";
@@ -52,9 +60,6 @@ export function hostFields(model: HasParameters, params: readonly Tensor[]): Hos
         fields.push({ owner, key, where, value: json ? JSON.stringify(v) : v, json });
       }
     }
-    if ("registrations" in owner) {
-      fields.push({ owner, key: "registrations", where, value: owner.registrations, json: false });
-    }
   }
   const names = isModule(model)
     ? new Map(model.namedParameters().map(([name, t]) => [t, name]))
@@ -66,9 +71,10 @@ export function hostFields(model: HasParameters, params: readonly Tensor[]): Hos
         const now = f.json ? JSON.stringify(f.owner[f.key]) : f.owner[f.key];
         if (now === f.value) continue;
         if (f.key === "registrations") {
-          return `a parameter, buffer or module was registered on ${f.where.replace(/\.$/, "")}`;
+          const on = f.where === "the model's " ? "the model" : f.where.slice(0, -1);
+          return `a parameter, buffer or module was registered on ${on}`;
         }
-        return `${f.where}${f.key} is ${now}, the step was captured with ${f.value}`;
+        return `${f.where}${f.key} is ${shown(now)}, the step was captured with ${shown(f.value)}`;
       }
       for (let i = 0; i < params.length; i++) {
         if (params[i].requiresGrad !== requires[i]) {
@@ -79,6 +85,12 @@ export function hostFields(model: HasParameters, params: readonly Tensor[]): Hos
       return null;
     },
   };
+}
+
+/** A value in a message: plain values as they are, an object by its class. */
+function shown(v: unknown): string {
+  if (typeof v !== "object" || v === null) return String(v);
+  return `a${/^[AEIOU]/.test(v.constructor.name) ? "n" : ""} ${v.constructor.name}`;
 }
 
 function isModule(model: HasParameters): model is HasParameters & Module {

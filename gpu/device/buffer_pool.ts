@@ -40,20 +40,32 @@ export type BufferFactory = (bytes: number, label: string) => GPUBuffer;
  * The buffers one captured step keeps for itself (see
  * {@link BufferPool.openReserve}): every buffer its recorded runs took from
  * the pool. Its free ones are handed out only to the step's own next
- * recording, in the same order the pool would (the lowest created first),
- * and never to anyone else, so a replay finds each intermediate where the
- * recording left it; they count as allocated while the reserve holds them.
+ * recording and never to anyone else, so a replay finds each intermediate
+ * where the recording left it; they count as allocated while the reserve
+ * holds them.
+ *
+ * NOTE: the reserve hands out the free buffer that joined it first (as the
+ * pool hands out the one created first), so a recording that does what the
+ * last one did takes the same buffers in the same roles, and buffers that
+ * joined later (taken from the pool when the reserve had none free) come
+ * last: two recordings of one step agree as soon as the reserve stops
+ * growing, whatever the pool held.
  */
 export class PoolReserve {
-  /** Free buffers by size class, highest creation number first. @internal */
+  /** Free buffers by size class, the one that joined last first. @internal */
   readonly free: Map<number, GPUBuffer[]> = new Map();
-  /** Every buffer it owns, free or in use. */
-  readonly owned: Set<GPUBuffer> = new Set();
+  /** Every buffer it owns, free or in use, with the order it joined in. */
+  readonly joined: Map<GPUBuffer, number> = new Map();
+
+  /** True when `buffer` is one of its own. */
+  owns(buffer: GPUBuffer): boolean {
+    return this.joined.has(buffer);
+  }
 
   /** Bytes of every buffer it owns. */
   get bytes(): number {
     let n = 0;
-    for (const b of this.owned) n += b.size;
+    for (const b of this.joined.keys()) n += b.size;
     return n;
   }
 }
@@ -104,10 +116,7 @@ export class BufferPool {
       buffer = this.#free.get(size)?.pop() ?? this.#createNew(size, label);
       this.#allocated += size;
       if (this.#allocated > this.#peak) this.#peak = this.#allocated;
-      if (reserve) {
-        reserve.owned.add(buffer);
-        this.#owners.set(buffer, reserve);
-      }
+      if (reserve) this.#join(reserve, buffer);
     }
     this.#inUse.add(buffer);
     return buffer;
@@ -123,9 +132,9 @@ export class BufferPool {
     }
     if (this.#pins.size > 0) this.#tellPins(buffer);
     const owner = this.#owners.size > 0 ? this.#owners.get(buffer) : undefined;
-    if (owner) return this.#insertFree(owner.free, buffer); // still held for its step
+    if (owner) return this.#insertFree(owner.free, buffer, owner.joined); // held for its step
     this.#allocated -= buffer.size;
-    this.#insertFree(this.#free, buffer);
+    this.#insertFree(this.#free, buffer, this.#serial);
   }
 
   /** An empty reserve for a captured step; see {@link PoolReserve}. */
@@ -142,12 +151,12 @@ export class BufferPool {
     for (const list of reserve.free.values()) {
       for (const b of list) {
         this.#allocated -= b.size;
-        this.#insertFree(this.#free, b);
+        this.#insertFree(this.#free, b, this.#serial);
       }
     }
     reserve.free.clear();
-    for (const b of reserve.owned) this.#owners.delete(b);
-    reserve.owned.clear();
+    for (const b of reserve.joined.keys()) this.#owners.delete(b);
+    reserve.joined.clear();
   }
 
   /**
@@ -173,9 +182,13 @@ export class BufferPool {
     list!.splice(i, 1);
     this.#allocated += buffer.size;
     if (this.#allocated > this.#peak) this.#peak = this.#allocated;
-    reserve.owned.add(buffer);
+    this.#join(reserve, buffer);
+    this.#insertFree(reserve.free, buffer, reserve.joined);
+  }
+
+  #join(reserve: PoolReserve, buffer: GPUBuffer): void {
+    reserve.joined.set(buffer, reserve.joined.size);
     this.#owners.set(buffer, reserve);
-    this.#insertFree(reserve.free, buffer);
   }
 
   /** True when `buffer` is handed out (in use), not free in the pool or a reserve. */
@@ -204,16 +217,23 @@ export class BufferPool {
     for (const tell of pins) tell();
   }
 
-  /** Puts `buffer` in a free list by size class, in creation order (see the note). */
-  #insertFree(free: Map<number, GPUBuffer[]>, buffer: GPUBuffer): void {
+  /**
+   * Puts `buffer` in a free list by size class, lowest `order` last (what
+   * `pop()` gives): the pool's creation order, or a reserve's joining order.
+   */
+  #insertFree(
+    free: Map<number, GPUBuffer[]>,
+    buffer: GPUBuffer,
+    order: { get(b: GPUBuffer): number | undefined },
+  ): void {
     let list = free.get(buffer.size);
     if (!list) free.set(buffer.size, list = []);
     // NOTE: acquire hands out the free buffer created first, whatever order they
     // were released in, so a loop that runs the same ops gets the same buffers
     // in the same roles every step, and the command batch's cached bind groups hit.
-    const serial = this.#serial.get(buffer)!;
+    const serial = order.get(buffer)!;
     let i = list.length;
-    while (i > 0 && this.#serial.get(list[i - 1])! < serial) i--;
+    while (i > 0 && order.get(list[i - 1])! < serial) i--;
     list.splice(i, 0, buffer);
   }
 

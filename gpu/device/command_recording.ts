@@ -152,7 +152,10 @@ function commandDifference(x: RecordedCommand, y: RecordedCommand): string | nul
   if (x.kind !== y.kind) return `then ${describeCommand(y)}`;
   if (x.kind === "dispatch" && y.kind === "dispatch") {
     if (x.kernel !== y.kernel) return `then ${describeCommand(y)}`;
-    if (!sameList(x.buffers, y.buffers)) return "other buffers";
+    if (!sameList(x.buffers, y.buffers)) {
+      const i = x.buffers.findIndex((b, j) => b !== y.buffers[j]);
+      return `binding ${i} (${x.kernel.bindings[i]?.name ?? "?"}) on another buffer`;
+    }
     if (!sameList(x.workgroups, y.workgroups)) return "another grid";
     const live = new Set(x.liveWords);
     for (let i = 0; i < x.words.length; i++) {
