@@ -16,6 +16,12 @@ export interface MemoryStats {
   peakBytes: number;
   /** Bytes of every GPU buffer the pool owns, in use or cached for reuse. */
   reservedBytes: number;
+  /**
+   * Bytes of the free buffers held for captured steps (their intermediates
+   * between replays): part of `reservedBytes`, not of `allocatedBytes`, and
+   * never released by `releaseCached`.
+   */
+  capturedBytes: number;
   /** Number of GPU buffers the pool owns. */
   bufferCount: number;
 }
@@ -41,8 +47,9 @@ export type BufferFactory = (bytes: number, label: string) => GPUBuffer;
  * {@link BufferPool.openReserve}): every buffer its recorded runs took from
  * the pool. Its free ones are handed out only to the step's own next
  * recording and never to anyone else, so a replay finds each intermediate
- * where the recording left it; they count as allocated while the reserve
- * holds them.
+ * where the recording left it. Its free buffers count as `capturedBytes`,
+ * not as allocated: a replay's intermediates live exactly as the
+ * recording's did, so the peak is the recorded (eager) step's.
  *
  * NOTE: the reserve hands out the free buffer that joined it first (as the
  * pool hands out the one created first), so a recording that does what the
@@ -78,11 +85,12 @@ export class BufferPool {
   #serial = new WeakMap<GPUBuffer, number>();
   #created = 0;
   #allocated = 0;
+  #captured = 0;
   #peak = 0;
   #reserved = 0;
   #count = 0;
   #create: BufferFactory;
-  #onDestroy: () => void;
+  #beforeDestroy: () => void;
   /** The reserve each reserved buffer belongs to. */
   #owners = new Map<GPUBuffer, PoolReserve>();
   /** What to tell when a pinned buffer is released. */
@@ -99,12 +107,13 @@ export class BufferPool {
   limitBytes: number = Infinity;
 
   /**
-   * A pool that creates its buffers with `create`; `onDestroy` runs after it
-   * destroys buffers (the command batch then forgets bind groups over them).
+   * A pool that creates its buffers with `create`; `beforeDestroy` runs
+   * before it destroys free buffers (the device then submits the commands
+   * recorded so far, which may use them, and forgets bind groups over them).
    */
-  constructor(create: BufferFactory, onDestroy: () => void = () => {}) {
+  constructor(create: BufferFactory, beforeDestroy: () => void = () => {}) {
     this.#create = create;
-    this.#onDestroy = onDestroy;
+    this.#beforeDestroy = beforeDestroy;
   }
 
   /** A buffer of at least `bytes` bytes; `label` names it in errors. */
@@ -112,12 +121,13 @@ export class BufferPool {
     const size = sizeClass(bytes);
     const reserve = this.activeReserve;
     let buffer = reserve?.free.get(size)?.pop();
-    if (buffer === undefined) {
+    if (buffer !== undefined) this.#captured -= size;
+    else {
       buffer = this.#free.get(size)?.pop() ?? this.#createNew(size, label);
-      this.#allocated += size;
-      if (this.#allocated > this.#peak) this.#peak = this.#allocated;
       if (reserve) this.#join(reserve, buffer);
     }
+    this.#allocated += size;
+    if (this.#allocated > this.#peak) this.#peak = this.#allocated;
     this.#inUse.add(buffer);
     return buffer;
   }
@@ -131,9 +141,12 @@ export class BufferPool {
       throw new StateError("BufferPool.release: buffer is not in use (released twice?).");
     }
     if (this.#pins.size > 0) this.#tellPins(buffer);
-    const owner = this.#owners.size > 0 ? this.#owners.get(buffer) : undefined;
-    if (owner) return this.#insertFree(owner.free, buffer, owner.joined); // held for its step
     this.#allocated -= buffer.size;
+    const owner = this.#owners.size > 0 ? this.#owners.get(buffer) : undefined;
+    if (owner) {
+      this.#captured += buffer.size; // held for its step
+      return this.#insertFree(owner.free, buffer, owner.joined);
+    }
     this.#insertFree(this.#free, buffer, this.#serial);
   }
 
@@ -150,7 +163,7 @@ export class BufferPool {
     if (this.activeReserve === reserve) this.activeReserve = null;
     for (const list of reserve.free.values()) {
       for (const b of list) {
-        this.#allocated -= b.size;
+        this.#captured -= b.size;
         this.#insertFree(this.#free, b, this.#serial);
       }
     }
@@ -168,6 +181,9 @@ export class BufferPool {
     const i = list?.indexOf(buffer) ?? -1;
     if (i < 0) throw new StateError("BufferPool.claim: the buffer is not free in the reserve.");
     list!.splice(i, 1);
+    this.#captured -= buffer.size;
+    this.#allocated += buffer.size;
+    if (this.#allocated > this.#peak) this.#peak = this.#allocated;
     this.#inUse.add(buffer);
   }
 
@@ -180,8 +196,7 @@ export class BufferPool {
     const i = list?.indexOf(buffer) ?? -1;
     if (i < 0) throw new StateError("BufferPool.adoptInto: the buffer is not free in the pool.");
     list!.splice(i, 1);
-    this.#allocated += buffer.size;
-    if (this.#allocated > this.#peak) this.#peak = this.#allocated;
+    this.#captured += buffer.size;
     this.#join(reserve, buffer);
     this.#insertFree(reserve.free, buffer, reserve.joined);
   }
@@ -239,6 +254,9 @@ export class BufferPool {
 
   /** Destroys every cached (unused) buffer, lowering `reservedBytes`. */
   releaseCached(): void {
+    // NOTE: a tensor freed after its last use was recorded, not yet submitted, is free
+    // here: destroying its buffer first would fail that submit.
+    this.#beforeDestroy();
     for (const list of this.#free.values()) {
       for (const b of list) {
         this.#reserved -= b.size;
@@ -247,7 +265,6 @@ export class BufferPool {
       }
     }
     this.#free.clear();
-    this.#onDestroy();
   }
 
   /** Starts a new peak measurement from the current allocation. */
@@ -268,6 +285,7 @@ export class BufferPool {
   stats(): MemoryStats {
     return {
       allocatedBytes: this.#allocated,
+      capturedBytes: this.#captured,
       peakBytes: this.#peak,
       reservedBytes: this.#reserved,
       bufferCount: this.#count,
@@ -282,7 +300,11 @@ export class BufferPool {
     this.#inUse.clear();
     this.#owners.clear();
     this.#pins.clear();
-    this.#allocated = this.#reserved = this.#count = 0;
+    this.#allocated =
+      this.#reserved =
+      this.#count =
+      this.#captured =
+        0;
   }
 
   #createNew(size: number, label: string): GPUBuffer {

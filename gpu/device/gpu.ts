@@ -135,7 +135,10 @@ export class Gpu {
     this.loopIterationLimit = /llvmpipe/i.test(this.adapterName) ? 65535 - 1024 : Infinity;
     this.pool = new BufferPool(
       (bytes, label) => this.#createBuffer(bytes, label),
-      () => this.batch?.clearBindGroups(),
+      () => {
+        this.batch?.flush();
+        this.batch?.clearBindGroups();
+      },
     );
     this.pipelines = new PipelineCache(device, (key, wgsl) => {
       if (this.debug) console.error(`[halfstep] compiling ${key}\n${wgsl}`);
