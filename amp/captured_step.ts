@@ -388,7 +388,7 @@ export class CapturedStep {
       }
     });
     batch.copy(loss.buffer, out.buffer, bufferBytes(out.size, out.dtype));
-    batch.flush(); // the GPU starts now
+    batch.flushIfDue(); // by default at once: the GPU starts now
     this.#leaveGrads(position);
     t.advance();
     this.#stats.replayed++;

@@ -21,16 +21,11 @@
  *   from such a recording, with its own bind groups and uniforms.
  */
 import type { CompiledKernel, LiveUniforms } from "./kernel.ts";
-import type { DispatchCost, DispatchProfiler } from "./profiler.ts";
+import { type DispatchCost, type DispatchProfiler, dispatchWork } from "./profiler.ts";
 import type { CommandRecording } from "./command_recording.ts";
 import { type CommandGraph, UNIFORM_BINDING_BYTES } from "./command_graph.ts";
 
 const ARENA_BYTES = 256 * 1024;
-/**
- * How many FLOPs cost as much time as moving one byte, to add both into one
- * work estimate (a large GPU's FMA rate over its memory bandwidth).
- */
-const FLOPS_PER_BYTE = 16;
 /** Bind groups kept for reuse; the least recently used go first. */
 const BIND_GROUP_CACHE_SIZE = 4096;
 
@@ -167,9 +162,8 @@ export class CommandBatch {
     this.#kernels.add(kernel);
     this.#pending++;
     this.counters.dispatches++;
-    this.#pendingWork += (cost.bytes ?? 0) + (cost.flops ?? 0) / FLOPS_PER_BYTE;
-    const policy = this.flushPolicy;
-    if (this.#pending >= policy.maxDispatches || this.#pendingWork >= policy.maxWork) this.flush();
+    this.#pendingWork += dispatchWork(cost);
+    this.flushIfDue();
   }
 
   /** Records a buffer-to-buffer copy in stream order. */
@@ -245,7 +239,7 @@ export class CommandBatch {
    * submitted first and the graph's live uniforms written, then `prelude`
    * runs (the step's inputs copied into its buffers), then the graph's
    * commands follow in one pass (a pass per dispatch while profiling). The
-   * batch submits it with whatever comes next, at the next flush.
+   * batch submits it as the flush policy says ({@link CommandBatch.flushIfDue}).
    */
   replay(graph: CommandGraph, prelude: () => void = () => {}): void {
     // Submitted first: an earlier replay of this graph must not see the words written now.
@@ -280,8 +274,15 @@ export class CommandBatch {
     }
     this.#graphs.push(graph);
     this.#pending += graph.commands.length;
+    this.#pendingWork += graph.work;
     this.counters.dispatches += graph.dispatches;
     this.counters.copies += graph.copies;
+  }
+
+  /** Submits what is recorded when the flush policy says it is enough (as a dispatch does). */
+  flushIfDue(): void {
+    const policy = this.flushPolicy;
+    if (this.#pending >= policy.maxDispatches || this.#pendingWork >= policy.maxWork) this.flush();
   }
 
   /** Forgets every cached bind group (buffers were destroyed). */

@@ -20,7 +20,7 @@
  */
 import { type CompiledKernel, type LiveUniforms, type UniformType, uniformWord } from "./kernel.ts";
 import type { RecordedCommand } from "./command_recording.ts";
-import type { DispatchCost } from "./profiler.ts";
+import { type DispatchCost, dispatchWork } from "./profiler.ts";
 
 /** Bytes every uniform binding spans (as the command batch's arena binds them). */
 export const UNIFORM_BINDING_BYTES = 256;
@@ -85,6 +85,8 @@ export class CommandGraph {
   readonly copies: number;
   /** Bytes of GPU memory the graph holds itself (its uniforms and constants). */
   readonly bytes: number;
+  /** The work its dispatches reported, as the flush policy weighs it. */
+  readonly work: number;
   #uniforms: GPUBuffer | null;
   #words: Uint32Array<ArrayBuffer>;
   /** Bytes at the start of the uniform buffer that a replay rewrites. */
@@ -216,6 +218,7 @@ export class CommandGraph {
     });
     this.kernels = [...new Set(dispatches.map((d) => d.kernel))];
     this.dispatches = dispatches.length;
+    this.work = dispatches.reduce((n, d) => n + dispatchWork(d.cost), 0);
     this.copies = this.commands.length - dispatches.length;
     this.bytes = this.#words.byteLength * (this.#uniforms ? 1 : 0) + constantBytes;
   }
