@@ -132,7 +132,7 @@ class Growing extends Module {
 Deno.test({
   name: "capture guards: a module registered after capture captures again",
   ...GPU_TEST,
-  async fn() {
+  fn() {
     const model = new Growing();
     const trainer = new AmpTrainer(model, new AdamW(model.parameters()));
     const reasons: string[] = [];
@@ -285,7 +285,7 @@ Deno.test({
   name: "capture refusals: a read, a host branch and data uploaded from JavaScript are " +
     "refused in one line",
   ...GPU_TEST,
-  async fn() {
+  fn() {
     const cases: [string, (run: Run) => (x: Tensor, y: Tensor) => Tensor, RegExp][] = [
       ["a read", (run) => (x, y) => {
         const loss = run.loss(x, y);
