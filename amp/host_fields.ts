@@ -30,6 +30,11 @@ const isPlain = (v: unknown) =>
   v === null || v === undefined || typeof v === "number" || typeof v === "boolean" ||
   typeof v === "string";
 
+/** Plain data (an object literal or array of plain values), compared as JSON; not a tensor or a module. */
+const isData = (v: unknown): boolean =>
+  Array.isArray(v) ? v.every(isPlain) : typeof v === "object" && v !== null &&
+    Object.getPrototypeOf(v) === Object.prototype && Object.values(v).every(isPlain);
+
 /** `model`'s host settings now, and those of `params` (see the module comment). */
 export function hostFields(model: HasParameters, params: readonly Tensor[]): HostFields {
   const modules: [string, object][] = isModule(model) ? model.namedModules() : [["", model]];
@@ -56,6 +61,7 @@ export function hostFields(model: HasParameters, params: readonly Tensor[]): Hos
       for (const [key, d] of Object.entries(Object.getOwnPropertyDescriptors(p))) {
         if (!d.get || !d.set) continue;
         const v = owner[key];
+        if (!isPlain(v) && !isData(v)) continue; // a tensor, a module: not a setting
         const json = !isPlain(v);
         fields.push({ owner, key, where, value: json ? JSON.stringify(v) : v, json });
       }

@@ -248,10 +248,11 @@ export class CommandBatch {
     prelude();
     const profiler = this.profiler;
     let pass: GPUComputePassEncoder | null = null;
+    let pipeline: GPUComputePipeline | null = null; // a pass keeps it: set only when it changes
     for (const c of graph.commands) {
       if (c.kind === "copy") {
         this.#closePass();
-        pass = null;
+        pass = pipeline = null;
         this.#openEncoder().copyBufferToBuffer(c.source, c.sourceOffset, c.target, 0, c.bytes);
         continue;
       }
@@ -263,13 +264,13 @@ export class CommandBatch {
           profiler.passFor({ family: key.slice(0, key.indexOf("{")), key, ...c.cost }),
         );
       } else pass ??= this.#openPass();
-      pass.setPipeline(c.pipeline);
+      if (c.pipeline !== pipeline) pass.setPipeline(pipeline = c.pipeline);
       if (c.offsets) pass.setBindGroup(0, c.group, c.offsets);
       else pass.setBindGroup(0, c.group);
       pass.dispatchWorkgroups(c.x, c.y, c.z);
       if (profiler) {
         pass.end();
-        pass = null;
+        pass = pipeline = null;
       }
     }
     this.#graphs.push(graph);
