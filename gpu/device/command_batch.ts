@@ -26,8 +26,18 @@ import type { CommandRecording } from "./command_recording.ts";
 import { type CommandGraph, UNIFORM_BINDING_BYTES } from "./command_graph.ts";
 
 const ARENA_BYTES = 256 * 1024;
-/** Bind groups kept for reuse; the least recently used go first. */
+/** Bind groups kept for reuse; past it, all are forgotten and made again as they are used. */
 const BIND_GROUP_CACHE_SIZE = 4096;
+
+/**
+ * A node of the bind-group cache, a trie by layout then buffer: the group
+ * over the buffers on its path, and the longer paths (no key strings to
+ * build at each dispatch).
+ */
+interface GroupNode {
+  group: GPUBindGroup | null;
+  next: Map<GPUBuffer, GroupNode> | null;
+}
 
 /** Counters for debugging and benchmarks. */
 export interface BatchCounters {
@@ -80,9 +90,10 @@ export class CommandBatch {
   #pass: GPUComputePassEncoder | null = null;
   #pending = 0;
   #pendingWork = 0;
-  #ids = new WeakMap<object, number>();
-  #nextId = 1;
-  #bindGroups = new Map<string, GPUBindGroup>();
+  #bindGroups = new Map<GPUBindGroupLayout, GroupNode>();
+  #bindGroupCount = 0;
+  /** The pipeline the open pass has set (a pass keeps it). */
+  #passPipeline: GPUComputePipeline | null = null;
   #offsets = [0];
   #kernels = new Set<CompiledKernel>();
   /** Graphs replayed into the open batch (a failed submit names their kernels too). */
@@ -152,13 +163,18 @@ export class CommandBatch {
         ...cost,
       }))
       : this.#openPass();
-    pass.setPipeline(kernel.pipeline);
+    if (profiler || kernel.pipeline !== this.#passPipeline) {
+      pass.setPipeline(this.#passPipeline = kernel.pipeline);
+    }
     if (kernel.uniforms.length > 0) {
       this.#offsets[0] = offset;
       pass.setBindGroup(0, bindGroup, this.#offsets);
     } else pass.setBindGroup(0, bindGroup);
     pass.dispatchWorkgroups(workgroups[0], workgroups[1] ?? 1, workgroups[2] ?? 1);
-    if (profiler) pass.end();
+    if (profiler) {
+      pass.end();
+      this.#passPipeline = null;
+    }
     this.#kernels.add(kernel);
     this.#pending++;
     this.counters.dispatches++;
@@ -289,6 +305,7 @@ export class CommandBatch {
   /** Forgets every cached bind group (buffers were destroyed). */
   clearBindGroups(): void {
     this.#bindGroups.clear();
+    this.#bindGroupCount = 0;
   }
 
   /** Frees the arena (device teardown). */
@@ -299,35 +316,31 @@ export class CommandBatch {
 
   /** The bind group of `kernel`'s layout over `buffers` (and the arena), cached. */
   #bindGroup(kernel: CompiledKernel, buffers: readonly GPUBuffer[]): GPUBindGroup {
-    let key = `${this.#id(kernel.layout)}`;
-    for (const b of buffers) key += `,${this.#id(b)}`;
-    const cache = this.#bindGroups;
-    let group = cache.get(key);
-    if (group) {
-      cache.delete(key); // most recently used last
-      this.counters.bindGroupHits++;
-    } else {
-      const entries: GPUBindGroupEntry[] = buffers.map((buffer, binding) => ({
-        binding,
-        resource: { buffer },
-      }));
-      if (kernel.uniforms.length > 0) {
-        entries.push({
-          binding: buffers.length,
-          resource: { buffer: this.#arena, offset: 0, size: UNIFORM_BINDING_BYTES },
-        });
-      }
-      group = this.#device.createBindGroup({ layout: kernel.layout, entries });
-      if (cache.size >= BIND_GROUP_CACHE_SIZE) cache.delete(cache.keys().next().value!);
+    if (this.#bindGroupCount >= BIND_GROUP_CACHE_SIZE) this.clearBindGroups();
+    let node: GroupNode | undefined = this.#bindGroups.get(kernel.layout);
+    if (!node) this.#bindGroups.set(kernel.layout, node = { group: null, next: null });
+    for (let i = 0; i < buffers.length; i++) {
+      const next: Map<GPUBuffer, GroupNode> = node.next ??= new Map();
+      let child = next.get(buffers[i]);
+      if (!child) next.set(buffers[i], child = { group: null, next: null });
+      node = child;
     }
-    cache.set(key, group);
-    return group;
-  }
-
-  #id(object: object): number {
-    let id = this.#ids.get(object);
-    if (id === undefined) this.#ids.set(object, id = this.#nextId++);
-    return id;
+    if (node.group) {
+      this.counters.bindGroupHits++;
+      return node.group;
+    }
+    const entries: GPUBindGroupEntry[] = buffers.map((buffer, binding) => ({
+      binding,
+      resource: { buffer },
+    }));
+    if (kernel.uniforms.length > 0) {
+      entries.push({
+        binding: buffers.length,
+        resource: { buffer: this.#arena, offset: 0, size: UNIFORM_BINDING_BYTES },
+      });
+    }
+    this.#bindGroupCount++;
+    return node.group = this.#device.createBindGroup({ layout: kernel.layout, entries });
   }
 
   #openEncoder(): GPUCommandEncoder {
@@ -341,5 +354,6 @@ export class CommandBatch {
   #closePass(): void {
     this.#pass?.end();
     this.#pass = null;
+    this.#passPipeline = null;
   }
 }

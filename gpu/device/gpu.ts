@@ -94,6 +94,8 @@ export class Gpu {
    * 65535 (see `gpu/kernels/loop_limit.ts`); Infinity on other adapters.
    */
   readonly loopIterationLimit: number;
+  /** The lower of maxBufferSize and maxStorageBufferBindingSize, and which: read once (Dawn's getters cross into native code). */
+  readonly #bufferLimit: readonly [string, number];
   #failure: GpuError | null = null;
   /** Errors of single ops (a kernel that failed to compile), thrown at the next sync point. */
   #opErrors: GpuError[] = [];
@@ -133,6 +135,10 @@ export class Gpu {
     // Less a margin for the fixed loops around the ones kernels check. Not part
     // of the profile: it is a limit of the driver that executes the kernels.
     this.loopIterationLimit = /llvmpipe/i.test(this.adapterName) ? 65535 - 1024 : Infinity;
+    const { maxBufferSize, maxStorageBufferBindingSize } = device.limits;
+    this.#bufferLimit = maxBufferSize < maxStorageBufferBindingSize
+      ? ["maxBufferSize", maxBufferSize]
+      : ["maxStorageBufferBindingSize", maxStorageBufferBindingSize];
     this.pool = new BufferPool(
       (bytes, label) => this.#createBuffer(bytes, label),
       () => {
@@ -377,10 +383,7 @@ export class Gpu {
     bytes: number,
     fix = "Use smaller tensors (split the batch).",
   ): void {
-    const { maxBufferSize, maxStorageBufferBindingSize } = this.device.limits;
-    const [name, limit] = maxBufferSize < maxStorageBufferBindingSize
-      ? ["maxBufferSize", maxBufferSize]
-      : ["maxStorageBufferBindingSize", maxStorageBufferBindingSize];
+    const [name, limit] = this.#bufferLimit;
     if (!(bytes <= limit)) {
       fail(
         GpuError,

@@ -363,6 +363,13 @@ export type LiveUniforms<U extends string = string> = () => { readonly [K in U]?
 /** Compiles pipelines on first use and keeps them for the life of the device. */
 export class PipelineCache {
   #pipelines = new Map<string, CompiledKernel>();
+  /**
+   * The same pipelines by definition and the config's values in the order
+   * its keys were written: what every dispatch looks up, without sorting the
+   * config (a config spelled in another order misses here and finds its
+   * pipeline under the sorted key).
+   */
+  #byValues = new WeakMap<object, Map<string, CompiledKernel>>();
   #layouts = new Map<string, GPUBindGroupLayout>();
   #device: GPUDevice;
   #onCompile: (key: string, wgsl: string) => void;
@@ -385,6 +392,23 @@ export class PipelineCache {
 
   /** The pipeline for `config`, compiling it the first time. */
   get<C extends KernelConfig, B extends string, U extends string>(
+    definition: KernelDefinition<C, B, U>,
+    config: C,
+  ): CompiledKernel<B, U> {
+    let fast = "";
+    for (const k in config) fast += `${k}=${config[k]},`;
+    let byValues = this.#byValues.get(definition);
+    if (!byValues) this.#byValues.set(definition, byValues = new Map());
+    let found = byValues.get(fast) as CompiledKernel<B, U> | undefined;
+    if (!found) {
+      found = this.#compiled(definition, config);
+      byValues.set(fast, found as CompiledKernel);
+    }
+    return found;
+  }
+
+  /** The pipeline under `config`'s sorted key, compiled the first time. */
+  #compiled<C extends KernelConfig, B extends string, U extends string>(
     definition: KernelDefinition<C, B, U>,
     config: C,
   ): CompiledKernel<B, U> {
