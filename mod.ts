@@ -223,6 +223,7 @@ export {
   type GradScalerOptions,
   type GradScalerState,
   type HasParameters,
+  type HostInput,
   isStaticLossScale,
   MasterWeights,
   type MasterWeightsOptions,
@@ -236,6 +237,7 @@ export {
   type ParameterDrift,
   type ParameterGradientRow,
   type ReportOptions,
+  type StepInput,
   type TrainerPrecision,
   type WatchOptions,
 } from "./amp/mod.ts";

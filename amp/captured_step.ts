@@ -35,6 +35,8 @@
  */
 import {
   ArrayStorage,
+  assertDType,
+  assertValidShape,
   bufferBytes,
   CommandGraph,
   type DType,
@@ -48,9 +50,14 @@ import {
   sameShape,
   settingsEpoch,
   type Shape,
+  ShapeError,
+  shapeString,
+  shortValue,
+  sizeOf,
   StateError,
   StepRecording,
   Tensor,
+  type TensorData,
   untracked,
   ValueError,
 } from "../gpu/mod.ts";
@@ -62,7 +69,8 @@ import { type HostFields, hostFields } from "./host_fields.ts";
 export interface CaptureOptions {
   /**
    * Told, in one line, why a captured step records again (another input
-   * shape, a module set to eval mode, ...). Default: `console.warn`.
+   * shape, a module set to eval mode, ...). Default: `console.warn`, once
+   * per reason.
    */
   onRecapture?: (reason: string) => void;
 }
@@ -83,6 +91,31 @@ export interface CaptureStats {
   dispatches: number;
   /** Bytes the capture keeps for itself: its reserve of pool buffers and its graphs. */
   reservedBytes: number;
+}
+
+/**
+ * A batch given as host data (a typed array, numbers): written straight
+ * into the step's own input buffer, converted to `dtype` (default f32) as
+ * `Tensor.from` converts it; no tensor of its own is made.
+ */
+export interface HostInput {
+  /** The values, `shape`'s size of them. */
+  readonly data: TensorData;
+  /** Its shape. */
+  readonly shape: Shape;
+  /** Its dtype (default f32; i32 for ids and class targets). */
+  readonly dtype?: DType;
+}
+
+/** One input of {@link CapturedStep.run}: a tensor (copied on the GPU) or host data. */
+export type StepInput = Tensor | HostInput;
+
+/** An input as `run` sees it. */
+interface Given {
+  readonly shape: Shape;
+  readonly dtype: DType;
+  readonly tensor: Tensor | null;
+  readonly data: TensorData | null;
 }
 
 /** What a trainer lends its captured steps. @internal */
@@ -191,8 +224,12 @@ export class CapturedStep {
     }
     this.#t = trainer;
     this.#fn = computeLoss;
-    this.#onRecapture = options.onRecapture ??
-      ((reason) => console.warn(`halfstep: capturing the training step again: ${reason}.`));
+    const told = new Set<string>(); // by default each reason is said once
+    this.#onRecapture = options.onRecapture ?? ((reason) => {
+      if (told.has(reason)) return;
+      told.add(reason);
+      console.warn(`halfstep: capturing the training step again: ${reason}.`);
+    });
     this.#params = trainer.model.parameters();
   }
 
@@ -212,17 +249,18 @@ export class CapturedStep {
   }
 
   /**
-   * One micro-batch on `inputs` (tensors of the shapes and dtypes the step
-   * was captured with; others capture it again): what
+   * One micro-batch on `inputs` (tensors, or host data written straight into
+   * the step's input buffers, of the shapes and dtypes the step was captured
+   * with; others capture it again): what
    * `trainer.step(() => computeLoss(...inputs))` does, replayed once
    * captured. Returns the unscaled loss, a tensor of its own; dispose it
    * (reading it is a sync point). No sync.
    */
-  run(...inputs: Tensor[]): Tensor {
+  run(...batch: StepInput[]): Tensor {
     this.#live();
     const t = this.#t, gpu = t.gpu;
     gpu.throwIfFailed();
-    this.#checkInputs(inputs);
+    const inputs = batch.map((x, i) => this.#given(x, i));
     const micro = t.microStep();
     let why = this.#staleReason(inputs);
     if (why !== null && micro === 0) this.#drop(why);
@@ -239,7 +277,14 @@ export class CapturedStep {
       // Inside a cycle the recordings do not fit: eagerly, until the next boundary.
       this.#recording = [];
       this.#stats.eager++;
-      return t.step(() => this.#fn(...inputs));
+      const tensors = inputs.map((x) =>
+        x.tensor ?? untracked(() => Tensor.from(x.data!, x.shape, { dtype: x.dtype, gpu }))
+      );
+      try {
+        return t.step(() => this.#fn(...tensors));
+      } finally {
+        tensors.forEach((x, i) => inputs[i].tensor || x.dispose());
+      }
     }
     return this.#record(inputs);
   }
@@ -264,17 +309,18 @@ export class CapturedStep {
   }
 
   /** Records micro-batch `inputs` as it runs eagerly (a position of the cycle being recorded). */
-  #record(inputs: readonly Tensor[]): Tensor {
+  #record(inputs: readonly Given[]): Tensor {
     const t = this.#t, gpu = t.gpu;
     if (this.#recording.length === 0) {
       this.#epoch = settingsEpoch(gpu);
       this.#fields = hostFields(t.model, this.#params);
     }
     const statics = this.#staticInputs(inputs);
+    this.#setRanges(inputs); // host data written here
     for (let i = 0; i < inputs.length; i++) {
-      if (inputs[i] !== statics[i]) statics[i].copyFrom(inputs[i]);
+      const x = inputs[i].tensor;
+      if (x && x !== statics[i]) statics[i].copyFrom(x);
     }
-    this.#setRanges(inputs);
     this.#reserve ??= gpu.pool.openReserve();
     const gradsBefore = this.#params.map((p) => p.grad?.buffer ?? null);
     const recording = new StepRecording();
@@ -375,7 +421,7 @@ export class CapturedStep {
   }
 
   /** Replays `position` on `inputs` (host checks passed). */
-  #replay(position: Position, micro: number, inputs: readonly Tensor[]): Tensor {
+  #replay(position: Position, micro: number, inputs: readonly Given[]): Tensor {
     const t = this.#t, gpu = t.gpu, batch = gpu.batch;
     const statics = this.#inputs!;
     redrawStep(position.recording);
@@ -383,8 +429,10 @@ export class CapturedStep {
     const out = Tensor.empty(loss.shape, loss.dtype, gpu);
     batch.replay(this.#capture!.graphs[micro], () => {
       for (let i = 0; i < inputs.length; i++) {
-        const x = inputs[i];
-        if (x !== statics[i]) batch.copy(x.buffer, statics[i].buffer, bufferBytes(x.size, x.dtype));
+        const x = inputs[i].tensor; // host data was written already
+        if (x && x !== statics[i]) {
+          batch.copy(x.buffer, statics[i].buffer, bufferBytes(x.size, x.dtype));
+        }
       }
     });
     batch.copy(loss.buffer, out.buffer, bufferBytes(out.size, out.dtype));
@@ -422,7 +470,7 @@ export class CapturedStep {
   }
 
   /** Why the capture (or the cycle being recorded) no longer fits, or null. */
-  #staleReason(inputs: readonly Tensor[]): string | null {
+  #staleReason(inputs: readonly Given[]): string | null {
     if (!this.#capture && this.#recording.length === 0 && !this.#previous) return null;
     if (this.#stale) return this.#stale;
     const statics = this.#inputs;
@@ -433,7 +481,8 @@ export class CapturedStep {
       for (let i = 0; i < inputs.length; i++) {
         const x = inputs[i], s = statics[i];
         if (x.dtype !== s.dtype || !sameShape(x.shape, s.shape)) {
-          return `input ${i} is ${x.describe()}, the step was captured with ${s.describe()}`;
+          const now = `${x.dtype} ${shapeString(x.shape)}`;
+          return `input ${i} is ${now}, the step was captured with ${s.describe()}`;
         }
       }
     }
@@ -462,7 +511,7 @@ export class CapturedStep {
   }
 
   /** The step's own input tensors, made (again) for `inputs`' shapes and dtypes. */
-  #staticInputs(inputs: readonly Tensor[]): Tensor[] {
+  #staticInputs(inputs: readonly Given[]): Tensor[] {
     const have = this.#inputs;
     const fits = have && have.length === inputs.length &&
       have.every((s, i) => s.dtype === inputs[i].dtype && sameShape(s.shape, inputs[i].shape));
@@ -474,30 +523,51 @@ export class CapturedStep {
     );
   }
 
-  /** Gives the step's inputs the host-known id ranges of `inputs` (ops check them). */
-  #setRanges(inputs: readonly Tensor[]): void {
+  /**
+   * Gives the step's inputs what ops check on the host, the id ranges of
+   * `inputs`; host data is written into them here (which gives its range).
+   */
+  #setRanges(inputs: readonly Given[]): void {
     const statics = this.#inputs;
     if (!statics) return;
     for (let i = 0; i < inputs.length; i++) {
-      if (inputs[i].dtype === "i32") statics[i].setIndexRange(inputs[i].indexRange);
+      const { tensor, data } = inputs[i];
+      if (data) statics[i].write(data);
+      else if (tensor!.dtype === "i32") statics[i].setIndexRange(tensor!.indexRange);
     }
   }
 
-  #checkInputs(inputs: readonly Tensor[]): void {
-    const gpu = this.#t.gpu;
-    inputs.forEach((x, i) => {
-      if (!(x instanceof Tensor) || x.disposed || x.gpu !== gpu) {
-        fail(
-          ValueError,
-          "CapturedStep.run",
-          `input ${i} must be a live tensor on the trainer's device, got ${
-            x instanceof Tensor
-              ? (x.disposed ? "a disposed tensor" : "one of another device")
-              : typeof x
-          }.`,
-        );
+  /** Input `i` of a run, checked. */
+  #given(x: StepInput, i: number): Given {
+    const where = "CapturedStep.run";
+    if (x instanceof Tensor) {
+      if (x.disposed || x.gpu !== this.#t.gpu) {
+        const what = x.disposed ? "disposed" : "on another device";
+        fail(ValueError, where, `input ${i} (${x.describe()}) is ${what}.`);
       }
-    });
+      return { shape: x.shape, dtype: x.dtype, tensor: x, data: null };
+    }
+    const host = x as Partial<HostInput> | null;
+    if (typeof host?.data?.length !== "number" || !Array.isArray(host.shape)) {
+      fail(
+        ValueError,
+        where,
+        `input ${i} must be a tensor or { data, shape, dtype? } of host numbers, got ${
+          shortValue(x)
+        }.`,
+      );
+    }
+    assertValidShape(where, host.shape!);
+    const dtype = host.dtype ?? "f32";
+    assertDType(where, dtype);
+    if (host.data!.length !== sizeOf(host.shape!)) {
+      fail(
+        ShapeError,
+        where,
+        `input ${i} has ${host.data!.length} values for shape ${shapeString(host.shape!)}.`,
+      );
+    }
+    return { shape: host.shape!, dtype, tensor: null, data: host.data! };
   }
 
   #live(): void {

@@ -38,7 +38,13 @@ export {
   type HasParameters,
   type TrainerPrecision,
 } from "./trainer.ts";
-export { CapturedStep, type CaptureOptions, type CaptureStats } from "./captured_step.ts";
+export {
+  CapturedStep,
+  type CaptureOptions,
+  type CaptureStats,
+  type HostInput,
+  type StepInput,
+} from "./captured_step.ts";
 export { NumericsInspector, type ReportOptions, type WatchOptions } from "./numerics_inspector.ts";
 export {
   type FirstNonFinite,

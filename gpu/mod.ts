@@ -49,7 +49,7 @@ export {
   wgslType,
 } from "./base/dtype.ts";
 export { BF16_NAN, bf16FromF32, f32FromBf16 } from "./base/bf16.ts";
-export { sameShape, type Shape, shapeString, sizeOf } from "./base/shape.ts";
+export { assertValidShape, sameShape, type Shape, shapeString, sizeOf } from "./base/shape.ts";
 export { cut, quoted, shortValue } from "./base/short_text.ts";
 
 // the device: Gpu, device arrays, the buffer pool, kernels as data, batching, profiling

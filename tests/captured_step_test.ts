@@ -10,7 +10,16 @@
  */
 import assert from "node:assert/strict";
 import { GPU_TEST } from "./_gpu.ts";
-import { disposeRun, lossBits, makeRun, type RunSetup, snapshot, train } from "./_capture_runs.ts";
+import type { Tensor } from "../mod.ts";
+import {
+  disposeRun,
+  lossBits,
+  makeBatch,
+  makeRun,
+  type RunSetup,
+  snapshot,
+  train,
+} from "./_capture_runs.ts";
 
 const STEPS = 20;
 
@@ -73,3 +82,32 @@ for (const model of ["mlp", "gpt"] as const) {
     });
   }
 }
+
+Deno.test({
+  name: "a captured step takes its batch as host data (written into its own input buffers), " +
+    "with the same results",
+  ...GPU_TEST,
+  async fn() {
+    const setup: RunSetup = { model: "gpt", amp: "f16", dropout: true };
+    const eager = makeRun(setup), captured = makeRun(setup);
+    const step = captured.trainer.capture(captured.loss);
+    const losses: [Tensor[], Tensor[]] = [[], []];
+    for (let i = 0; i < 8; i++) {
+      const [x, y] = makeBatch(setup, i);
+      losses[0].push(eager.trainer.step(() => eager.loss(x, y)));
+      const host = async (t: Tensor) => ({ data: await t.read(), shape: t.shape, dtype: t.dtype });
+      losses[1].push(step.run(await host(x), await host(y)));
+      x.dispose();
+      y.dispose();
+    }
+    assert.equal(step.stats.replayed, 5);
+    assert.deepEqual(await lossBits(losses[1]), await lossBits(losses[0]));
+    assert.deepEqual(await snapshot(captured), await snapshot(eager));
+    assert.throws(
+      () => step.run({ data: [1, 2], shape: [3] }),
+      /input 0 has 2 values for shape \[3\]/,
+    );
+    disposeRun(eager);
+    disposeRun(captured);
+  },
+});
