@@ -7,6 +7,7 @@ import { integerFlag, numberFlag, parseFlags, UsageError, withNegativeValues } f
 import { profileSteps } from "./_profile_window.ts";
 import { ampDtypeFlag, type AmpFlagDtype } from "./_amp_flag.ts";
 import { backendFlag, backendHelp } from "./_backend_flag.ts";
+import { captureHelp } from "./_capture_flag.ts";
 import type { Backend } from "../mod.ts";
 
 /** `tiny_gpt.ts --help`. */
@@ -80,6 +81,7 @@ Flags:
                      the whole report)
   --profile N        profile N training steps (from step 11) and print the GPU
                      time of every kernel (HALFSTEP_PROFILE=N does the same)
+${captureHelp(21)}
   --json             print one JSON object per line instead of text; the last
                      line is {"event":"final", "validationLoss", "bigramLoss",
                      "stepsPerSecond", "peakBytes", "wallSeconds", "samples", ...}
@@ -141,6 +143,8 @@ export interface TinyGptArgs {
   plot: string | undefined;
   /** Attach a numerics inspector; report it at the end (and a heat map with --plot). */
   inspect: boolean;
+  /** Capture the training step (not --no-capture, nor --inspect). */
+  capture: boolean;
   /** Steps to profile (from --profile or HALFSTEP_PROFILE), if any. */
   profile: number | undefined;
   /** The head shares the token table (--tie-embeddings). */
@@ -200,6 +204,7 @@ export function parseTinyGptArgs(args: string[]): TinyGptArgs | null {
       temperature: text("0.8"),
       json: flag,
       inspect: flag,
+      "no-capture": flag,
       plot: { type: "string" },
       profile: { type: "string" },
       "tie-embeddings": flag,
@@ -236,6 +241,7 @@ export function parseTinyGptArgs(args: string[]): TinyGptArgs | null {
     json: v.json,
     plot: v.plot,
     inspect: v.inspect,
+    capture: !v["no-capture"] && !v.inspect,
     profile: profileSteps(v.profile === undefined ? undefined : int("profile", v.profile, 1)),
     tieEmbeddings: v["tie-embeddings"],
     headBias: !v["no-head-bias"],
