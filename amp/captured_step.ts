@@ -177,9 +177,11 @@ const MAX_RECORDED_CYCLES = 3;
  * const step = trainer.capture((x, y) => crossEntropy(model.forward(x), y));
  * const x = Tensor.from([1, 2, 3, 4, 4, 3, 2, 1], [2, 4]);
  * const y = Tensor.from([0, 2], [2], { dtype: "i32" });
- * for (let i = 0; i < 4; i++) step.run(x, y).dispose(); // recorded twice, then replayed
- * assert.equal(step.stats.replayed, 2);
- * assert.equal(trainer.steps, 4);
+ * // Recorded in its first two or three runs (a first step makes some state), then replayed.
+ * for (let i = 0; i < 6; i++) step.run(x, y).dispose();
+ * assert.ok(step.captured);
+ * assert.equal(step.stats.recorded + step.stats.replayed, 6);
+ * assert.equal(trainer.steps, 6);
  * trainer.dispose();
  * gpu.destroy();
  * ```
