@@ -116,14 +116,14 @@ export class BufferPool {
     this.#beforeDestroy = beforeDestroy;
   }
 
-  /** A buffer of at least `bytes` bytes; `label` names it in errors. */
-  acquire(bytes: number, label: string): GPUBuffer {
+  /** A buffer of at least `bytes` bytes; `label` (made only for a new buffer) names it in errors. */
+  acquire(bytes: number, label: () => string): GPUBuffer {
     const size = sizeClass(bytes);
     const reserve = this.activeReserve;
     let buffer = reserve?.free.get(size)?.pop();
     if (buffer !== undefined) this.#captured -= size;
     else {
-      buffer = this.#free.get(size)?.pop() ?? this.#createNew(size, label);
+      buffer = this.#free.get(size)?.pop() ?? this.#createNew(size, label());
       if (reserve) this.#join(reserve, buffer);
     }
     this.#allocated += size;
