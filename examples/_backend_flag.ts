@@ -1,5 +1,5 @@
 /**
- * `--backend builtin|dawn`, shared by the examples and the benchmark: which
+ * `--backend builtin|dawn|dawn-null`, shared by the examples and the benchmark: which
  * WebGPU implementation `initGpu` takes its device from (see docs/dawn.md).
  * Without the flag, `initGpu` reads `HALFSTEP_BACKEND`, else takes Deno's own.
  */
@@ -11,9 +11,10 @@ import { choiceFlag } from "./_cli.ts";
 export function backendHelp(column: number, value = "NAME"): string {
   const pad = (text: string) => text.padEnd(column);
   return [
-    `${pad(`  --backend ${value}`)}WebGPU implementation: builtin (Deno's own, the default)`,
-    `${pad("")}or dawn (Chrome's Dawn from npm webgpu, with subgroup`,
-    `${pad("")}matrices; see docs/dawn.md). Default: HALFSTEP_BACKEND`,
+    `${pad(`  --backend ${value}`)}WebGPU implementation: builtin (Deno's own, the default),`,
+    `${pad("")}dawn (Chrome's Dawn from npm webgpu, with subgroup`,
+    `${pad("")}matrices; see docs/dawn.md) or dawn-null (Dawn's null`,
+    `${pad("")}backend: compiles, executes nothing). Default: HALFSTEP_BACKEND`,
   ].join("\n");
 }
 
@@ -39,7 +40,8 @@ export function backendFlag(text: string | undefined): Backend | undefined {
  */
 export function backendNote(gpu: Pick<Gpu, "backend" | "subgroupMatrixConfigs">): string {
   if (gpu.backend === "builtin") return "";
-  return ` (Dawn; subgroup matrices ${subgroupMatrixShapes(gpu.subgroupMatrixConfigs)})`;
+  const what = gpu.backend === "dawn-null" ? "Dawn's null backend: nothing executes" : "Dawn";
+  return ` (${what}; subgroup matrices ${subgroupMatrixShapes(gpu.subgroupMatrixConfigs)})`;
 }
 
 /** `f16→f32 8×8×8, u8→u32 8×8×8`, or `none`. */

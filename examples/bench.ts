@@ -89,7 +89,6 @@ import { benchTilings } from "./bench_tilings.ts";
 import { benchCheckpoint, benchMlp, benchSoak, benchTinyGpt } from "./bench_training.ts";
 import { backendFlag, backendHelp, backendNote } from "./_backend_flag.ts";
 import { benchHost } from "./bench_host.ts";
-import { initNullGpu } from "./_null_backend.ts";
 
 const HELP = `Usage: deno run -A --v8-flags=--expose-gc examples/bench.ts [ENTRY...] [OPTIONS]
        (or deno task bench [ENTRY...] [OPTIONS])
@@ -262,7 +261,9 @@ async function main(): Promise<void> {
   const backend = orExit("bench", () => backendFlag(values.backend));
   nativeBackendsOnly();
   // Lazy tuning notes what each entry runs; each warm-up tunes it, before the entry times.
-  const gpu = host ? await initNullGpu() : await initGpu({ tuning: "lazy", backend });
+  const gpu = host
+    ? await initGpu({ backend: "dawn-null", tuning: "off", matmulTiling: "default" })
+    : await initGpu({ tuning: "lazy", backend });
   console.error(`adapter: ${gpu.adapterName}${backendNote(gpu)}`);
   if (!host) holdTuningForBench(gpu);
   // The tuners run here too, to report every class's and dtype's pick with its time.

@@ -84,8 +84,19 @@ async function profiledStep(gpu: Gpu, mode: string, step: () => void) {
   };
 }
 
-/** The GPT step in f32, AMP and AMP + checkpointing, and the start-up tuning's picks. */
-export async function benchGpt(gpu: Gpu, o: BenchOptions): Promise<Result[]> {
+/** The modes the GPT step runs in (see the module comment). */
+export const GPT_MODES = ["f32", "amp", "amp+ckpt", "amp unfused", "amp bf16"] as const;
+
+/**
+ * The GPT step in `modes` (default all: f32, AMP, AMP + checkpointing,
+ * unfused attention, bf16), the ratios between them when all ran, and the
+ * start-up tuning's picks.
+ */
+export async function benchGpt(
+  gpu: Gpu,
+  o: BenchOptions,
+  modes: readonly (typeof GPT_MODES)[number][] = GPT_MODES,
+): Promise<Result[]> {
   const size = resolveSize(gpu, o.size);
   const g = gptConfig(size);
   const steps = Math.max(2, Math.ceil(o.steps / 10));
@@ -93,7 +104,7 @@ export async function benchGpt(gpu: Gpu, o: BenchOptions): Promise<Result[]> {
   const label = `${g.layers} layers, ${g.heads} heads, dim ${g.dim}, context ${g.context}, ` +
     `batch ${g.batch}, vocab ${g.vocab}`;
   const results: Result[] = [];
-  for (const mode of ["f32", "amp", "amp+ckpt", "amp unfused", "amp bf16"] as const) {
+  for (const mode of modes) {
     const model = new TinyGpt({ ...g, fusedAttention: mode !== "amp unfused" });
     if (mode === "amp+ckpt") model.blocks.checkpoint = g.layers;
     const optimizer = new AdamW(model.parameters(), { lr: 1e-3 });
@@ -137,20 +148,22 @@ export async function benchGpt(gpu: Gpu, o: BenchOptions): Promise<Result[]> {
   const shapes = shapePicks(gpu);
   if (shapes.length > 0) console.error(shapeTable(shapes, o.tuning.shapeSeconds));
   const [f32, amp, ckpt, unfused, bf16] = results;
-  results.push({
-    bench: "gpt",
-    mode: "ratios",
-    model: "amp/f32, amp+ckpt/amp, fused/unfused attention under amp, and bf16/f16 amp",
-    size,
-    ampSpeedup: (amp.stepsPerSec as number) / (f32.stepsPerSec as number),
-    ampMemoryRatio: amp.peakBytes / f32.peakBytes,
-    checkpointMemoryRatio: ckpt.peakBytes / amp.peakBytes,
-    fusedAttentionSpeedup: (amp.stepsPerSec as number) / (unfused.stepsPerSec as number),
-    fusedAttentionMemoryRatio: amp.peakBytes / unfused.peakBytes,
-    bf16Speedup: (bf16.stepsPerSec as number) / (amp.stepsPerSec as number),
-    bf16MemoryRatio: bf16.peakBytes / amp.peakBytes,
-    peakBytes: ckpt.peakBytes,
-  });
+  if (modes.length === GPT_MODES.length) {
+    results.push({
+      bench: "gpt",
+      mode: "ratios",
+      model: "amp/f32, amp+ckpt/amp, fused/unfused attention under amp, and bf16/f16 amp",
+      size,
+      ampSpeedup: (amp.stepsPerSec as number) / (f32.stepsPerSec as number),
+      ampMemoryRatio: amp.peakBytes / f32.peakBytes,
+      checkpointMemoryRatio: ckpt.peakBytes / amp.peakBytes,
+      fusedAttentionSpeedup: (amp.stepsPerSec as number) / (unfused.stepsPerSec as number),
+      fusedAttentionMemoryRatio: amp.peakBytes / unfused.peakBytes,
+      bf16Speedup: (bf16.stepsPerSec as number) / (amp.stepsPerSec as number),
+      bf16MemoryRatio: bf16.peakBytes / amp.peakBytes,
+      peakBytes: ckpt.peakBytes,
+    });
+  }
   results.push({
     bench: "gpt",
     mode: "tuning",

@@ -192,7 +192,7 @@ const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[xs.length >> 1];
  * uncaptured step, a captured step and (where torch is) PyTorch's, each
  * timed alone; rows with the minimum and median milliseconds, dispatches
  * and µs per dispatch, and the ratio to PyTorch's minimum. `gpu` must be on
- * Dawn's null backend (see `_null_backend.ts`).
+ * Dawn's null backend (`initGpu({ backend: "dawn-null" })`).
  */
 export async function benchHost(gpu: Gpu, rounds: number): Promise<Result[]> {
   setDefaultGpu(gpu);

@@ -2,9 +2,13 @@
 export type { InitGpuOptions };
 import type { FlushPolicy } from "./device/command_batch.ts";
 import { Gpu, setDefaultGpu } from "./device/gpu.ts";
-import { fail, GpuError } from "./base/errors.ts";
+import { fail, GpuError, ValueError } from "./base/errors.ts";
 import { backendGpu, chooseBackend, noAdapterHelp } from "./device/backend.ts";
-import { SUBGROUP_MATRIX_FEATURE } from "./device/subgroup_matrix_configs.ts";
+import {
+  SUBGROUP_MATRIX_FEATURE,
+  SUBGROUP_SIZE_CONTROL_FEATURE,
+} from "./device/subgroup_matrix_configs.ts";
+import { describedAdapter } from "./device/described_adapter.ts";
 import { checkInitGpuOptions, type InitGpuOptions } from "./init_options.ts";
 import { matmulSettings } from "./kernels/gemm/settings.ts";
 import { subgroupMatrixCandidates } from "./kernels/gemm/candidates.ts";
@@ -12,6 +16,7 @@ import { matmulClassKey } from "./kernels/gemm/matmul_class.ts";
 import { attentionSettings } from "./kernels/attention/settings.ts";
 import { DEFAULT_ATTENTION_PLAN } from "./kernels/attention/plans.ts";
 import { attentionMatrixFor } from "./kernels/attention/flash_attention_subgroup_matrix.ts";
+import { matrixBackwardsFor } from "./kernels/attention/flash_attention_subgroup_matrix_backward.ts";
 import type { TuningProgress } from "./tuning/timing.ts";
 import { startTuning } from "./kernels/tuning_modes.ts";
 import { LAZY_TUNING_BUDGET, type TuningMode } from "./tuning/lazy.ts";
@@ -42,11 +47,21 @@ export async function initGpu(options: InitGpuOptions = {}): Promise<Gpu> {
   checkInitGpuOptions(options);
   const mode = options.f16 ?? "auto";
   const backend = chooseBackend(options.backend);
+  if (options.adapter && backend !== "dawn-null") {
+    fail(
+      ValueError,
+      "initGpu",
+      `adapter (${options.adapter.name}) describes an adapter for Dawn's null backend only; ` +
+        `the ${backend} backend's adapter reports its own facts. Add backend: "dawn-null".`,
+    );
+  }
   const entry = await backendGpu(backend);
-  const adapter = await entry.requestAdapter({
+  const found = await entry.requestAdapter({
     powerPreference: options.powerPreference,
   });
-  if (!adapter) fail(GpuError, "initGpu", `no WebGPU adapter was found. ${noAdapterHelp(backend)}`);
+  if (!found) fail(GpuError, "initGpu", `no WebGPU adapter was found. ${noAdapterHelp(backend)}`);
+  // On Dawn's null backend, the adapter it presents as (checkInitGpuOptions allows it nowhere else).
+  const adapter = options.adapter ? describedAdapter(found, options.adapter) : found;
 
   const hasF16 = adapter.features.has("shader-f16");
   if (mode === "require" && !hasF16) {
@@ -71,9 +86,13 @@ export async function initGpu(options: InitGpuOptions = {}): Promise<Gpu> {
     ? ["timestamp-query"]
     : [];
   if (useF16) features.push("shader-f16");
-  // Tensor cores (Dawn only): subgroup-matrix kernels are subgroup kernels.
+  // Tensor cores (Dawn only): subgroup-matrix kernels are subgroup kernels, and pin their
+  // subgroup size where the adapter lets them (see subgroup_matrix_configs.ts).
   if ((options.subgroups ?? true) && adapter.features.has(SUBGROUP_MATRIX_FEATURE)) {
     features.push(SUBGROUP_MATRIX_FEATURE);
+    if (adapter.features.has(SUBGROUP_SIZE_CONTROL_FEATURE)) {
+      features.push(SUBGROUP_SIZE_CONTROL_FEATURE);
+    }
   }
   const device = await requestDevice(adapter, features, requiredLimits, options.subgroups ?? true);
   const directive = device.features.has("subgroups") && await acceptsSubgroupsDirective(device);
@@ -121,16 +140,19 @@ function failWithoutMatrices(gpu: Gpu, option: string, instead: string): never {
 }
 
 /**
- * `attentionPlan: "subgroup-matrix"`: the subgroup-matrix forward in the f16
- * plan (at the head size the tuner times; other head sizes refit it), or a
- * `GpuError` where the device has none.
+ * `attentionPlan: "subgroup-matrix"`: the f16 plan's forward and backward on
+ * subgroup matrices (at the head size the tuner times; other head sizes refit
+ * them), or a `GpuError` where the device has none.
  */
 function forceSubgroupMatrixAttention(gpu: Gpu): void {
   const matrix = gpu.f16 ? attentionMatrixFor(gpu, 64, "f16") : undefined;
-  if (!matrix) failWithoutMatrices(gpu, 'attentionPlan "subgroup-matrix"', 'attentionPlan "auto"');
+  const [matrixBackward] = gpu.f16 ? matrixBackwardsFor(gpu, 64, "f16") : [];
+  if (!matrix || !matrixBackward) {
+    failWithoutMatrices(gpu, 'attentionPlan "subgroup-matrix"', 'attentionPlan "auto"');
+  }
   const { plans } = attentionSettings.of(gpu);
-  const { matrix: _, ...tuned } = plans.get("f16") ?? DEFAULT_ATTENTION_PLAN;
-  plans.set("f16", { ...tuned, matrix });
+  const { matrix: _, matrixBackward: __, ...tuned } = plans.get("f16") ?? DEFAULT_ATTENTION_PLAN;
+  plans.set("f16", { ...tuned, matrix, matrixBackward });
 }
 
 /**
@@ -167,7 +189,9 @@ async function requestDevice(
       return await request([...features, "subgroups" as GPUFeatureName]);
     } catch { /* not granted: without it (and the subgroup-matrix kernels that need it) */ }
   }
-  return await request(features.filter((f) => f !== SUBGROUP_MATRIX_FEATURE));
+  return await request(
+    features.filter((f) => f !== SUBGROUP_MATRIX_FEATURE && f !== SUBGROUP_SIZE_CONTROL_FEATURE),
+  );
 }
 
 /**

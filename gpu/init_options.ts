@@ -9,6 +9,7 @@ import type { F16Mode } from "./device/gpu.ts";
 import type { TuningProgress } from "./tuning/timing.ts";
 import type { TuningMode } from "./tuning/lazy.ts";
 import { type Backend, BACKENDS } from "./device/backend.ts";
+import type { AdapterDescription } from "./device/described_adapter.ts";
 import { fail, ValueError } from "./base/errors.ts";
 import { shortValue } from "./base/short_text.ts";
 import { TILING_KINDS, tilingKind } from "./kernels/gemm/tilings.ts";
@@ -20,8 +21,18 @@ export interface InitGpuOptions {
    * own or the browser's) or `"dawn"` (Chrome's, from the npm package
    * `webgpu`, with subgroup matrices; see docs/dawn.md). Default: the
    * `HALFSTEP_BACKEND` environment variable where readable, else `"builtin"`.
+   * `"dawn-null"` is Dawn's null backend: everything compiles and is
+   * validated, nothing executes (reads return arbitrary bytes).
    */
   backend?: Backend;
+  /**
+   * On the `"dawn-null"` backend only: the adapter to present as (one of
+   * `KNOWN_ADAPTERS`, or a description of your own), so that every kernel the
+   * library would build on that GPU is built and validated here, without it
+   * (see gpu/device/described_adapter.ts). Refused with any other backend: a
+   * real adapter reports its own facts.
+   */
+  adapter?: AdapterDescription;
   /**
    * `"auto"` (default): use f16 when the adapter has `shader-f16`, else fall
    * back to f32 and say so once. `"require"`: fail without it. `"off"`: f32 only.
@@ -169,6 +180,14 @@ function positiveBytes(name: string, v: unknown): string | null {
 /** Every option's check; the keys are the valid option names. */
 const CHECKS: Record<keyof InitGpuOptions, (name: string, v: unknown) => string | null> = {
   backend: oneOf(BACKENDS),
+  adapter: (name, v) => {
+    const d = v as Partial<AdapterDescription> | null;
+    return typeof d === "object" && d !== null && typeof d.name === "string" &&
+        typeof d.info === "object" && Array.isArray(d.features) && typeof d.limits === "object"
+      ? null
+      : `${name} must be an adapter description { name, info, features, limits } ` +
+        `(see KNOWN_ADAPTERS), not ${shortValue(v)}`;
+  },
   f16: oneOf(["auto", "require", "off"]),
   debug: boolean,
   matmulTiling: (name, v) =>

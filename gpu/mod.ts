@@ -65,9 +65,17 @@ export type { AdapterProfile, ProfileLimits } from "./device/adapter_profile.ts"
 export { type Backend, BACKENDS } from "./device/backend.ts";
 export {
   SUBGROUP_MATRIX_FEATURE,
+  SUBGROUP_SIZE_CONTROL_FEATURE,
   type SubgroupMatrixConfig,
+  type SubgroupSizing,
 } from "./device/subgroup_matrix_configs.ts";
-export { DAWN_FLAGS, DAWN_PACKAGE } from "./device/backend_dawn.ts";
+export { DAWN_FLAGS, DAWN_NULL_FLAGS, DAWN_PACKAGE } from "./device/backend_dawn.ts";
+export {
+  type AdapterDescription,
+  describedAdapter,
+  type DescribedMatrixConfig,
+} from "./device/described_adapter.ts";
+export { KNOWN_ADAPTERS } from "./device/known_adapters.ts";
 export {
   type DispatchCost,
   DispatchProfiler,

@@ -36,6 +36,7 @@ import {
   matrixAttentionBytes,
 } from "../gpu/kernels/attention/flash_attention_subgroup_matrix.ts";
 import { attentionSettings } from "../gpu/kernels/attention/settings.ts";
+import { matrixBackwardsFor } from "../gpu/kernels/attention/flash_attention_subgroup_matrix_backward.ts";
 import { gpuLikeProfile, withAdapterProfile } from "../gpu/tuning/profile_switch.ts";
 import { secondsPerRun } from "../gpu/tuning/timing.ts";
 import {
@@ -81,10 +82,20 @@ Deno.test({
     await asProfile(profileWith([NVIDIA]), () => {
       const all = attentionPlanCandidates(gpu, 64, "f16");
       const paired = all.filter((p) => p.matrix);
-      const matrix = { sm: 16, sn: 16, sk: 16, sg: 32, subgroups: 4, bc: 64 };
+      const matrix = { sm: 16, sn: 16, sk: 16, sg: 32, pin: false, subgroups: 4, bc: 64 };
       const backwards = [DEFAULT_ATTENTION_PLAN, ...TILED_ATTENTION_PLANS]
         .filter((p) => !p.tile || tileFits(gpu, p, 64));
-      assert.deepEqual(paired, backwards.map((p) => ({ ...p, matrix })));
+      // And the whole attention on subgroup matrices, in the (at most two) largest backward shapes.
+      const matrixBackwards = matrixBackwardsFor(gpu, 64, "f16");
+      assert.ok(matrixBackwards.length > 0);
+      assert.deepEqual(paired, [
+        ...backwards.map((p) => ({ ...p, matrix })),
+        ...matrixBackwards.slice(0, 2).map((matrixBackward) => ({
+          ...DEFAULT_ATTENTION_PLAN,
+          matrix,
+          matrixBackward,
+        })),
+      ]);
       // Every SIMT plan stays a candidate of its own.
       assert.deepEqual(all.filter((p) => !p.matrix), attentionPlanCandidates(gpu, 64, "f32"));
     });
@@ -94,7 +105,15 @@ Deno.test({
     assert.ok(matrixAttentionBytes(wide[0].matrix!, 128) <= 49152);
     // lavapipe's 8×8×8 within its 32 KiB: 4 subgroups of 8 rows, 32 keys per step.
     const small = await matrices(profileWith([LAVAPIPE], {}, 32768));
-    assert.deepEqual(small[0].matrix, { sm: 8, sn: 8, sk: 8, sg: 8, subgroups: 4, bc: 32 });
+    assert.deepEqual(small[0].matrix, {
+      sm: 8,
+      sn: 8,
+      sk: 8,
+      sg: 8,
+      pin: false,
+      subgroups: 4,
+      bc: 32,
+    });
     const none: [string, Promise<AttentionPlan[]>][] = [
       ["f32", matrices(profileWith([NVIDIA]), 64, "f32")],
       ["bf16", matrices(profileWith([NVIDIA]), 64, "bf16")],
@@ -196,9 +215,11 @@ Deno.test({
     });
     try {
       const { plans } = attentionSettings.of(forced);
+      // The forward and the backward on subgroup matrices (the largest backward that fits).
       assert.deepEqual(plans.get("f16"), {
         ...DEFAULT_ATTENTION_PLAN,
         matrix: attentionMatrixFor(forced, 64, "f16"),
+        matrixBackward: matrixBackwardsFor(forced, 64, "f16")[0],
       });
       assert.ok(!plans.get("f32")?.matrix && !plans.get("bf16")?.matrix);
     } finally {

@@ -45,20 +45,20 @@ const START_DAWN = `const gpu = await mod.initGpu({ backend: "dawn", matmulTilin
 console.log(JSON.stringify({ backend: gpu.backend, configs: gpu.subgroupMatrixConfigs }));
 gpu.destroy();`;
 
-Deno.test("backends: initGpu's backend option and HALFSTEP_BACKEND take builtin or dawn only", async () => {
-  assert.deepEqual(BACKENDS, ["builtin", "dawn"]);
+Deno.test("backends: initGpu's backend option and HALFSTEP_BACKEND take builtin, dawn or dawn-null only", async () => {
+  assert.deepEqual(BACKENDS, ["builtin", "dawn", "dawn-null"]);
   await assert.rejects(
     // deno-lint-ignore no-explicit-any
     () => initGpu({ backend: "vulkan" as any, setDefault: false }),
     (e: Error) =>
       e instanceof ValueError &&
-      /backend must be "builtin" or "dawn", not "vulkan"/.test(e.message),
+      /backend must be "builtin", "dawn" or "dawn-null", not "vulkan"/.test(e.message),
   );
   const bad = await runHalfstep("await mod.initGpu();", ["-A"], { HALFSTEP_BACKEND: "metal" });
   assert.notEqual(bad.code, 0);
   assert.match(
     errorLine(bad.stderr),
-    /ValueError: initGpu: HALFSTEP_BACKEND must be "builtin" or "dawn", not "metal"$/,
+    /ValueError: initGpu: HALFSTEP_BACKEND must be "builtin", "dawn" or "dawn-null", not "metal"$/,
   );
 });
 

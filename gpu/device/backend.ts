@@ -10,12 +10,15 @@ import { fail, GpuError, ValueError } from "../base/errors.ts";
 /**
  * `"builtin"`: the runtime's WebGPU (`navigator.gpu`; in Deno, wgpu);
  * `"dawn"`: Chrome's WebGPU from the npm package `webgpu`, which has
- * subgroup matrices (see docs/dawn.md).
+ * subgroup matrices (see docs/dawn.md); `"dawn-null"`: Dawn's null backend,
+ * which compiles and validates everything and executes nothing (reads
+ * return arbitrary bytes): for compiling kernels as another adapter would
+ * (`initGpu`'s `adapter`) and for timing the host's own work.
  */
-export type Backend = "builtin" | "dawn";
+export type Backend = "builtin" | "dawn" | "dawn-null";
 
 /** The backends, as `initGpu`'s `backend` option and `HALFSTEP_BACKEND` take them. */
-export const BACKENDS: readonly Backend[] = ["builtin", "dawn"];
+export const BACKENDS: readonly Backend[] = ["builtin", "dawn", "dawn-null"];
 
 /**
  * The backend: `chosen` (initGpu's option), else the `HALFSTEP_BACKEND`
@@ -29,7 +32,9 @@ export function chooseBackend(chosen: Backend | undefined): Backend {
     fail(
       ValueError,
       "initGpu",
-      `HALFSTEP_BACKEND must be ${BACKENDS.map((b) => `"${b}"`).join(" or ")}, not "${named}"`,
+      `HALFSTEP_BACKEND must be ${BACKENDS.slice(0, -1).map((b) => `"${b}"`).join(", ")} or "${
+        BACKENDS.at(-1)
+      }", not "${named}"`,
     );
   }
   return named as Backend;
@@ -38,6 +43,7 @@ export function chooseBackend(chosen: Backend | undefined): Backend {
 /** The entry point of `backend`: `navigator.gpu`, or Dawn's (loaded on first use). */
 export async function backendGpu(backend: Backend): Promise<GPU> {
   if (backend === "dawn") return await dawnGpu();
+  if (backend === "dawn-null") return await dawnGpu("null");
   if (typeof navigator === "undefined" || !navigator.gpu) {
     fail(
       GpuError,
@@ -50,7 +56,7 @@ export async function backendGpu(backend: Backend): Promise<GPU> {
 
 /** Why no adapter was found, and what to install. */
 export function noAdapterHelp(backend: Backend): string {
-  return backend === "dawn"
+  return backend !== "builtin"
     ? "Dawn found no Vulkan adapter it accepts. On a machine without a GPU, Dawn needs Mesa " +
       "26's lavapipe (VK_KHR_cooperative_matrix; Mesa 22's is refused): see docs/dawn.md."
     : "On a machine without a GPU, install the Vulkan CPU driver " +

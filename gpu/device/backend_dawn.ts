@@ -39,22 +39,40 @@ const INSTALL_HELP = `Install it with npm's registry reachable (Deno fetches npm
   "on first use), or set HALFSTEP_DAWN_NODE to the path of its dist/linux-x64/dawn.node " +
   "(see docs/dawn.md).";
 
-let instance: Promise<GPU> | null = null;
+/**
+ * Dawn's null backend: adapters and devices that validate every shader,
+ * pipeline and command as Dawn does on a GPU (Tint's whole front end,
+ * Dawn's pipeline rules) and execute none; reads return arbitrary bytes.
+ * For compiling kernels for adapters that are not here
+ * (gpu/device/described_adapter.ts) and for timing the host's work alone.
+ */
+export const DAWN_NULL_FLAGS: readonly string[] = [
+  "backend=null",
+  "enable-dawn-features=allow_unsafe_apis",
+];
+
+/** One instance of each kind per process (see the module note). */
+const instances = new Map<"vulkan" | "null", Promise<GPU>>();
 
 /**
- * The process's Dawn entry point (the `navigator.gpu` of the Dawn backend),
- * created on first use. A missing or broken Dawn is one `GpuError` line that
- * says what to install.
+ * The process's Dawn entry point (the `navigator.gpu` of the Dawn backend;
+ * `null`: of its null backend, {@link DAWN_NULL_FLAGS}), created on first
+ * use. A missing or broken Dawn is one `GpuError` line that says what to
+ * install.
  */
-export function dawnGpu(): Promise<GPU> {
-  instance ??= loadDawn().catch((e) => {
-    instance = null; // a later call may try again (after the user fixed the install)
-    throw e;
-  });
+export function dawnGpu(kind: "vulkan" | "null" = "vulkan"): Promise<GPU> {
+  let instance = instances.get(kind);
+  if (!instance) {
+    instance = loadDawn(kind === "null" ? DAWN_NULL_FLAGS : DAWN_FLAGS).catch((e) => {
+      instances.delete(kind); // a later call may try again (after the user fixed the install)
+      throw e;
+    });
+    instances.set(kind, instance);
+  }
   return instance;
 }
 
-async function loadDawn(): Promise<GPU> {
+async function loadDawn(flags: readonly string[]): Promise<GPU> {
   const ffi = permission("ffi");
   if (ffi !== undefined && ffi !== "granted") {
     fail(
@@ -80,7 +98,7 @@ async function loadDawn(): Promise<GPU> {
   if (typeof dawn?.create !== "function") {
     fail(GpuError, "initGpu", `Dawn's module has no create() function. ${INSTALL_HELP}`);
   }
-  const gpu = dawn.create([...DAWN_FLAGS]);
+  const gpu = dawn.create([...flags]);
   pumpDawnEvents(); // gentle polling, and nothing pending at exit
   return gpu;
 }

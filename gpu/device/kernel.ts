@@ -74,6 +74,9 @@ const SUBGROUP_USE = /\bsubgroup(?!Matrix)(?:[A-Z]\w*\s*\(|_size\b|_invocation_i
  */
 const SUBGROUP_MATRIX_USE = /\bsubgroup(?:Matrix[A-Z]\w*|_matrix_\w+)\s*[<(]/;
 
+/** A pinned subgroup size (`@subgroup_size(n)`, Dawn's `subgroup_size_control` extension). */
+const SUBGROUP_SIZE_USE = /@subgroup_size\s*\(/;
+
 /**
  * `wgsl` with `enable subgroups;` first where it uses subgroups and the
  * device's WGSL front end wants the line: Tint (Dawn, Chrome) requires it,
@@ -108,9 +111,10 @@ function header(
   }
   const f16 = bindings.some((b) => F16_TYPES.has(b.type));
   const matrices = SUBGROUP_MATRIX_USE.test(source);
+  const pinned = SUBGROUP_SIZE_USE.test(source);
   return `${matrices ? "enable chromium_experimental_subgroup_matrix;\n" : ""}${
-    wgslEnables(f16 ? "f16" : "f32")
-  }${lines.join("\n")}\n${accessors(bindings, source)}`;
+    pinned ? "enable subgroup_size_control;\n" : ""
+  }${wgslEnables(f16 ? "f16" : "f32")}${lines.join("\n")}\n${accessors(bindings, source)}`;
 }
 
 const F16_TYPES: ReadonlySet<string> = new Set(["f16", "vec2<f16>", "vec4<f16>"]);
@@ -234,6 +238,25 @@ fn bf16_pack(v: vec2<f32>) -> u32 { return bf16_bits(v.x) | (bf16_bits(v.y) << 1
  * ```
  */
 export function defineKernel<C extends KernelConfig, B extends string, U extends string>(
+  spec: KernelSpec<C, B, U>,
+): KernelDefinition<C, B, U> {
+  const definition = defineKernelOnce(spec);
+  DEFINED.push(definition as unknown as KernelDefinition<KernelConfig, string, string>);
+  return definition;
+}
+
+/** Every kernel family defined so far (by the modules loaded), in definition order. */
+const DEFINED: KernelDefinition<KernelConfig, string, string>[] = [];
+
+/**
+ * Every kernel family the loaded modules defined with {@link defineKernel}:
+ * what a compile check must build at least once. @internal
+ */
+export function definedKernels(): readonly KernelDefinition<KernelConfig, string, string>[] {
+  return DEFINED;
+}
+
+function defineKernelOnce<C extends KernelConfig, B extends string, U extends string>(
   spec: KernelSpec<C, B, U>,
 ): KernelDefinition<C, B, U> {
   const words = Object.keys(spec.uniforms).length;
@@ -419,8 +442,10 @@ export class PipelineCache {
       const uniforms = Object.entries(definition.uniforms) as [U, UniformType][];
       const code = withSubgroupsDirective(definition.wgsl(config), this.#subgroupsDirective);
       this.#onCompile(key, code);
-      const layout = this.#layout(bindings, uniforms.length > 0);
+      // In the scope too: a layout the device cannot take (too many storage buffers) is this
+      // kernel's failure, not the device's.
       this.#device.pushErrorScope("validation");
+      const layout = this.#layout(bindings, uniforms.length > 0);
       const module = this.#device.createShaderModule({ label: key, code });
       const pipeline = this.#device.createComputePipeline({
         label: key,
@@ -455,6 +480,11 @@ export class PipelineCache {
   /** Number of distinct pipelines compiled so far. */
   get size(): number {
     return this.#pipelines.size;
+  }
+
+  /** Every pipeline compiled so far, with its state (for compile checks; see `CompiledKernel.compiled`). */
+  entries(): IterableIterator<CompiledKernel> {
+    return this.#pipelines.values();
   }
 
   /**

@@ -62,10 +62,18 @@ import {
   VALUES,
 } from "./flash_attention_shared.ts";
 import {
+  type AttentionMatrix,
   fittingMatrix,
   matrixAttentionIterations,
   subgroupMatrixAttentionKernel,
 } from "./flash_attention_subgroup_matrix.ts";
+import {
+  matrixAttentionDkvKernel,
+  matrixAttentionDqKernel,
+  matrixBackwardIterations,
+  matrixBackwardProblem,
+  matrixBackwardsFor,
+} from "./flash_attention_subgroup_matrix_backward.ts";
 import {
   tiledAttentionDkvKernel,
   tiledAttentionDqKernel,
@@ -479,10 +487,41 @@ function stagedBytes(stage: number, headSize: number, dtype: DType): number {
  * the dtype (see {@link fittingMatrix}).
  */
 function planFor(gpu: Gpu, dtype: DType, s: FlashAttentionShape): AttentionPlan {
-  const { matrix, ...tuned } = attentionPlanFor(gpu, dtype, s) ?? DEFAULT_ATTENTION_PLAN;
-  const fitted = fittingMatrix(gpu, matrix, s.headSize, dtype);
+  const { matrix, matrixBackward, ...tuned } = attentionPlanFor(gpu, dtype, s) ??
+    DEFAULT_ATTENTION_PLAN;
   const simt = simtPlanFor(gpu, dtype, s, tuned);
-  return fitted ? { ...simt, matrix: fitted } : simt;
+  return withMatrices(gpu, simt, { matrix, matrixBackward }, s.headSize, dtype);
+}
+
+/**
+ * `plan` with the subgroup-matrix forward and backward of `wanted` that fit
+ * head size D in `dtype` (or the ones that do, for a plan tuned or forced at
+ * another head size); without those that none fits.
+ */
+function withMatrices(
+  gpu: Gpu,
+  plan: AttentionPlan,
+  wanted: Pick<AttentionPlan, "matrix" | "matrixBackward">,
+  headSize: number,
+  dtype: DType,
+): AttentionPlan {
+  const { matrix: _, matrixBackward: __, ...simt } = plan;
+  const matrix = fittingMatrix(gpu, wanted.matrix, headSize, dtype);
+  if (!matrix) return simt;
+  const matrixBackward = fittingBackward(gpu, wanted.matrixBackward, headSize, dtype);
+  return matrixBackward ? { ...simt, matrix, matrixBackward } : { ...simt, matrix };
+}
+
+/** `m` where it fits D, else the largest backward that does, else none (as {@link fittingMatrix}). */
+function fittingBackward(
+  gpu: Gpu,
+  m: AttentionMatrix | undefined,
+  headSize: number,
+  dtype: DType,
+): AttentionMatrix | undefined {
+  if (!m) return undefined;
+  if (matrixBackwardProblem(gpu, m, headSize, dtype) === null) return m;
+  return matrixBackwardsFor(gpu, headSize, dtype)[0];
 }
 
 /** {@link planFor} of a plan without a subgroup-matrix forward. */
@@ -533,13 +572,15 @@ function setup(
 ) {
   const { q } = inputTensors(inputs), dtype = q.dtype;
   const plan = s.plan
-    ? {
-      ...s.plan,
-      stage: fittingStage(q.gpu, s.plan.stage, s.headSize, dtype),
-      matrix: fittingMatrix(q.gpu, s.plan.matrix, s.headSize, dtype),
-    }
+    ? withMatrices(
+      q.gpu,
+      { ...s.plan, stage: fittingStage(q.gpu, s.plan.stage, s.headSize, dtype) },
+      s.plan,
+      s.headSize,
+      dtype,
+    )
     : planFor(q.gpu, dtype, s);
-  const { rows, stage, tile, matrix } = plan;
+  const { rows, stage, tile, matrix, matrixBackward } = plan;
   const bh = s.batch * s.heads;
   // The tiled kernels read scalars (their staging loads are coalesced anyway).
   const lanes = s.headSize % 4 === 0 && !tile ? 4 : 1;
@@ -551,6 +592,7 @@ function setup(
   const iterations = Math.max(
     tile ? tiledAttentionIterations(tile, s.headSize, s.t) : s.t * (2 * vectors + 4) + staging,
     matrix ? matrixAttentionIterations(matrix, s.headSize, s.t) : 0,
+    matrixBackward ? matrixBackwardIterations(matrixBackward, s.headSize, s.t) : 0,
   );
   if (iterations > q.gpu.loopIterationLimit) {
     failLoopIterations(
@@ -611,9 +653,20 @@ function setup(
       grid: grid1d(matrixUniforms.blocks * bh),
     }
     : { kernel: kernels.forward, uniforms, grid };
+  // A subgroup-matrix backward likewise (both of its passes share blocks of BR rows).
+  const backwardUniforms = matrixBackward &&
+    uniformsOf(4, matrixBackward.subgroups * matrixBackward.sm);
+  const backward = matrixBackward && backwardUniforms
+    ? {
+      dq: () => gpu.kernel(matrixAttentionDqKernel, { ...matrixBackward, ...common }),
+      dkv: () => gpu.kernel(matrixAttentionDkvKernel, { ...matrixBackward, ...common }),
+      uniforms: backwardUniforms,
+      grid: grid1d(backwardUniforms.blocks * bh),
+    }
+    : { dq: kernels.dq, dkv: kernels.dkv, uniforms, grid };
   // A captured step draws a new dropout range at each replay (the range object is refilled).
   const live = dropout ? () => ({ key: dropout.range.key, counter: dropout.range.counter }) : null;
-  return { kernels, forward, uniforms, grid, live, empty: bh === 0 || s.t === 0 };
+  return { kernels, forward, backward, uniforms, grid, live, empty: bh === 0 || s.t === 0 };
 }
 
 /** o [B, T, H·D] and lse [B·H, T] (f32) of causal attention (no autograd). */
@@ -645,16 +698,23 @@ export function launchFlashAttentionBackward(
   const { o, lse } = saved, { q, k, v } = inputTensors(saved.inputs), gpu = q.gpu;
   const packed = "qkv" in saved.inputs;
   const grads = (packed ? [q] : [q, k, v]).map((x) => DeviceArray.empty(x.shape, x.dtype, gpu));
-  const { kernels, uniforms, grid, live, empty } = setup(saved.inputs, s, dropout);
+  const { backward, live, empty } = setup(saved.inputs, s, dropout);
   if (empty) return grads;
   const [dq, dk, dv] = packed ? [grads[0], grads[0], grads[0]] : grads;
   const delta = DeviceArray.empty(lse.shape, "f32", gpu);
-  gpu.dispatch(kernels.dq(), { q, k, v, o, dout, lse, dq, delta }, uniforms, grid, {}, live);
   gpu.dispatch(
-    kernels.dkv(),
+    backward.dq(),
+    { q, k, v, o, dout, lse, dq, delta },
+    backward.uniforms,
+    backward.grid,
+    {},
+    live,
+  );
+  gpu.dispatch(
+    backward.dkv(),
     { q, k, v, dout, lse, delta, ...(packed ? { dkv: dk } : { dk, dv }) },
-    uniforms,
-    grid,
+    backward.uniforms,
+    backward.grid,
     {},
     live,
   );

@@ -35,7 +35,7 @@
 import type { Gpu } from "../../device/gpu.ts";
 import type { DType } from "../../base/dtype.ts";
 import { defineKernel } from "../../device/kernel.ts";
-import { f16MatrixConfig } from "../../device/subgroup_matrix_configs.ts";
+import { f16MatrixConfig, subgroupSizeAttribute } from "../../device/subgroup_matrix_configs.ts";
 import { WGSL_RANDOM } from "../wgsl/random.ts";
 import { WGSL_GRID_BUILTINS, WGSL_WORKGROUP_INDEX } from "../wgsl/grid.ts";
 import { WGSL_LOWEST } from "../wgsl/math.ts";
@@ -59,6 +59,8 @@ export interface AttentionMatrix {
   sk: number;
   /** The adapter's largest subgroup size. */
   sg: number;
+  /** The kernels pin their subgroups to `sg` (`@subgroup_size`; see subgroup_matrix_configs.ts). */
+  pin: boolean;
   /** Subgroups per workgroup, each owning a band of M query rows. */
   subgroups: number;
   /** Keys per step (a multiple of N and K). */
@@ -76,9 +78,9 @@ export type MatrixAttentionConfig = Pick<AttentionMatrix, keyof AttentionMatrix>
 };
 
 /** Halves of padding per f16 tile row (16 bytes: rows stay 16-byte aligned, banks staggered). */
-const PAD16 = 8;
+export const PAD16 = 8;
 /** Floats of padding per f32 tile row (16 bytes). */
-const PAD32 = 4;
+export const PAD32 = 4;
 
 const range = (n: number) => [...Array(n).keys()];
 
@@ -113,12 +115,17 @@ export function matrixAttentionIterations(m: AttentionMatrix, headSize: number, 
     Math.ceil(t / m.bc) * perBlock;
 }
 
-/** Why `m` cannot run attention of head size D in `dtype` on `gpu`, or null. */
+/**
+ * Why `m` cannot run attention of head size D in `dtype` on `gpu`, or null;
+ * `memory: false` leaves out the forward's own workgroup memory and size
+ * (the backward, which shares the other rules, checks its own).
+ */
 export function matrixAttentionProblem(
   gpu: Gpu,
   m: AttentionMatrix,
   headSize: number,
   dtype: DType,
+  options: { memory?: boolean } = {},
 ): string | null {
   const profile = gpu.adapterProfile, config = f16MatrixConfig(profile.subgroupMatrixConfigs);
   if (dtype !== "f16") return `it multiplies f16 only, not ${dtype}`;
@@ -126,12 +133,17 @@ export function matrixAttentionProblem(
   if (config.M !== m.sm || config.N !== m.sn || config.K !== m.sk || config.subgroupSize !== m.sg) {
     return `its ${m.sm}×${m.sn}×${m.sk} shape is not the device's ${config.M}×${config.N}×${config.K}`;
   }
+  if (m.pin !== (config.subgroupSizing === "pinned")) {
+    return `it ${m.pin ? "pins" : "does not pin"} its subgroup size, unlike the device's config`;
+  }
   if (headSize % m.sk !== 0 || headSize % m.sn !== 0 || headSize % 4 !== 0) {
     return `head size ${headSize} is not a multiple of the config's K, N and 4`;
   }
   if (m.bc % m.sn !== 0 || m.bc % m.sk !== 0 || (m.sm * headSize) % (4 * m.sg) !== 0) {
     return `keys per step ${m.bc} or M·D ${m.sm * headSize} do not fit the config`;
   }
+  // The forward's own tiles and workgroup (the backward checks its own; options.memory false).
+  if (options.memory === false) return null;
   const { limits } = profile;
   if (matrixAttentionBytes(m, headSize) > limits.maxComputeWorkgroupStorageSize) {
     return `its tiles need ${matrixAttentionBytes(m, headSize)} bytes of workgroup memory`;
@@ -167,8 +179,9 @@ export function attentionMatrixFor(
 ): AttentionMatrix | undefined {
   const config = f16MatrixConfig(gpu.adapterProfile.subgroupMatrixConfigs);
   if (!config) return undefined;
-  const { M: sm, N: sn, K: sk, subgroupSize: sg } = config;
-  return [4, 2].map((n) => ({ sm, sn, sk, sg, subgroups: n, bc: n * Math.max(sn, sk) }))
+  const { M: sm, N: sn, K: sk, subgroupSize: sg } = config,
+    pin = config.subgroupSizing === "pinned";
+  return [4, 2].map((n) => ({ sm, sn, sk, sg, pin, subgroups: n, bc: n * Math.max(sn, sk) }))
     .find((m) => matrixAttentionProblem(gpu, m, headSize, dtype) === null);
 }
 
@@ -189,8 +202,28 @@ export function fittingMatrix(
   return attentionMatrixFor(gpu, headSize, dtype);
 }
 
-/** WGSL: copies `count` rows from row `first` of `from` into f16 tiles (zeros past T). */
-function stage(count: string, first: string, copies: [string, typeof QUERIES][]): string {
+/**
+ * The WGSL types of `m`'s matrices: an M×K left operand, a K×N right one
+ * and the M×N f32 result (WGSL names columns first).
+ */
+export function matrixTypes(m: AttentionMatrix): { left: string; right: string; result: string } {
+  return {
+    left: `subgroup_matrix_left<f16, ${m.sk}, ${m.sm}>`,
+    right: `subgroup_matrix_right<f16, ${m.sn}, ${m.sk}>`,
+    result: `subgroup_matrix_result<f32, ${m.sn}, ${m.sm}>`,
+  };
+}
+
+/**
+ * WGSL: copies `count` rows from row `first` of each binding (vec4<f16>
+ * rows of D4 vectors, read directly) into its f16 tile of row stride DP
+ * (zeros past T). Invocation `lid` of NT copies every NT-th vector.
+ */
+export function stageF16Rows(
+  count: string,
+  first: string,
+  copies: [string, typeof QUERIES][],
+): string {
   const each = copies.map(([tile, from]) =>
     `{ let v = select(vec4<f16>(), ${from.name}[${from.index("min(g, p.t - 1u)", "e")}], g < p.t);
       for (var c = 0u; c < 4u; c++) { ${tile}[row * DP + e * 4u + c] = v[c]; } }`
@@ -211,9 +244,7 @@ export const subgroupMatrixAttentionKernel = defineKernel({
   uniforms: ATTENTION_UNIFORMS,
   source: (c) => {
     const { sm, sn, sk, sg, bc } = c, { br, threads, dp, bcp, w, outputs } = layout(c, c.headSize);
-    const left = `subgroup_matrix_left<f16, ${sk}, ${sm}>`;
-    const right = `subgroup_matrix_right<f16, ${sn}, ${sk}>`;
-    const result = `subgroup_matrix_result<f32, ${sn}, ${sm}>`;
+    const { left, right, result } = matrixTypes(c);
     const keys = range(bc / sn), steps = range(bc / sk);
     return `${c.dropout ? WGSL_RANDOM : ""}
 const M = ${sm}u;
@@ -234,7 +265,7 @@ var<workgroup> st: array<f32, ${br * w}>; // scores, then P·V
 var<workgroup> row_max: array<f32, ${br}>;
 var<workgroup> row_sum: array<f32, ${br}>;
 var<workgroup> row_rescale: array<f32, ${br}>;
-@compute @workgroup_size(${threads})
+@compute @workgroup_size(${threads})${subgroupSizeAttribute(sg, c.pin)}
 fn main(${WGSL_GRID_BUILTINS},
     @builtin(subgroup_id) subgroup: u32, @builtin(subgroup_invocation_id) lane: u32) {
   let block = ${WGSL_WORKGROUP_INDEX} % p.blocks;
@@ -246,13 +277,13 @@ fn main(${WGSL_GRID_BUILTINS},
   let r0 = block * BR;
   // The subgroup's band of M rows (subgroup_id is uniform to the matrix builtins).
   let band = subgroup * M;
-  ${stage("BR", "r0", [["qt", QUERIES]])}
+  ${stageF16Rows("BR", "r0", [["qt", QUERIES]])}
   for (var r = lid; r < BR; r += NT) { row_max[r] = ${WGSL_LOWEST}; row_sum[r] = 0.0; }
   var acc: array<vec4<f32>, OUTPUTS>;
   // Keys past the block's last row are masked for all its rows: stop there.
   let keys_end = min(r0 + BR, p.t);
   for (var k0 = 0u; k0 < keys_end; k0 += BC) {
-    ${stage("BC", "k0", [["kpt", KEYS], ["vt", VALUES]])}
+    ${stageF16Rows("BC", "k0", [["kpt", KEYS], ["vt", VALUES]])}
     workgroupBarrier();
     ${keys.map((n) => `var s${n} = ${result}();`).join(" ")}
     for (var kk = 0u; kk < D; kk += ${sk}u) {

@@ -12,6 +12,7 @@ import {
   tiledAttentionBytes,
 } from "./flash_attention_tiled.ts";
 import { type AttentionMatrix, attentionMatrixFor } from "./flash_attention_subgroup_matrix.ts";
+import { matrixBackwardsFor } from "./flash_attention_subgroup_matrix_backward.ts";
 
 /** How the fused attention kernels split their work: rows per workgroup, and rows staged per step. */
 export interface AttentionPlan {
@@ -36,6 +37,14 @@ export interface AttentionPlan {
    * as usual.
    */
   matrix?: AttentionMatrix;
+  /**
+   * Set (with `matrix`) for the subgroup-matrix backward
+   * (gpu/kernels/attention/flash_attention_subgroup_matrix_backward.ts): its
+   * dq and dk/dv passes replace the plan's SIMT ones, so every product of the
+   * f16 attention runs on subgroup matrices. Its own subgroups and keys per
+   * step (its tiles differ from the forward's).
+   */
+  matrixBackward?: AttentionMatrix;
 }
 
 /** Sizes of one fused attention call. */
@@ -75,7 +84,8 @@ export const TILED_ATTENTION_PLANS: readonly AttentionPlan[] = TILED_ATTENTION_T
  * more than the shared reads save), on GPUs all row plans and the
  * register-tiled ones whose tiles fit the workgroup memory, and for f16
  * where the device has subgroup matrices the subgroup-matrix forward, paired
- * with the default row plan's and each fitting tiled plan's backward (its
+ * with the default row plan's and each fitting tiled plan's backward, and
+ * with the subgroup-matrix backward in its two largest fitting shapes (its
  * forward's one compile serves every pairing; lavapipe, a CPU adapter, is
  * never offered it: it emulates the matrix products and compiles such a
  * kernel in seconds).
@@ -88,7 +98,12 @@ export function attentionPlanCandidates(
   if (gpu.adapterProfile.cpu) return ATTENTION_PLAN_CANDIDATES.filter((p) => p.stage === 0);
   const tiled = TILED_ATTENTION_PLANS.filter((p) => tileFits(gpu, p, headSize));
   const matrix = attentionMatrixFor(gpu, headSize, dtype);
-  const paired = matrix ? [DEFAULT_ATTENTION_PLAN, ...tiled].map((p) => ({ ...p, matrix })) : [];
+  if (!matrix) return [...ATTENTION_PLAN_CANDIDATES, ...tiled];
+  const paired: AttentionPlan[] = [DEFAULT_ATTENTION_PLAN, ...tiled].map((p) => ({ ...p, matrix }));
+  // The whole attention on subgroup matrices: the two largest backward shapes that fit.
+  for (const matrixBackward of matrixBackwardsFor(gpu, headSize, dtype).slice(0, 2)) {
+    paired.push({ ...DEFAULT_ATTENTION_PLAN, matrix, matrixBackward });
+  }
   return [...ATTENTION_PLAN_CANDIDATES, ...tiled, ...paired];
 }
 

@@ -29,7 +29,10 @@
  *   stores at the edges), as the other tilings do.
  */
 import type { MatmulTiling } from "./settings.ts";
-import type { SubgroupMatrixConfig } from "../../device/subgroup_matrix_configs.ts";
+import {
+  type SubgroupMatrixConfig,
+  subgroupSizeAttribute,
+} from "../../device/subgroup_matrix_configs.ts";
 import { epilogue, type GemmIo, range } from "./gemm_io.ts";
 import { activationVec4 } from "./gemm_vec4.ts";
 import { type Activation, WGSL_MATH } from "../wgsl/math.ts";
@@ -45,6 +48,8 @@ export interface SubgroupMatrixTiling extends MatmulTiling {
   sk: number;
   /** The adapter's largest subgroup: invocations per subgroup. */
   sg: number;
+  /** The kernel pins its subgroups to `sg` invocations (`@subgroup_size`; see subgroup_matrix_configs.ts). */
+  pin: boolean;
 }
 
 /** Halves of padding per row of a workgroup tile (16 bytes: rows stay 16-byte aligned). */
@@ -52,13 +57,22 @@ const PAD = 8;
 
 /** The config fields of `t` (a tiling of another kind has none). */
 function matrixOf(t: MatmulTiling) {
-  return { sm: t.sm as number, sn: t.sn as number, sk: t.sk as number, sg: t.sg as number };
+  return {
+    sm: t.sm as number,
+    sn: t.sn as number,
+    sk: t.sk as number,
+    sg: t.sg as number,
+    pin: t.pin === true,
+  };
 }
 
 /** Why a subgroup-matrix kernel cannot be built with `t`, or null. */
 export function subgroupMatrixShapeProblem(t: MatmulTiling): string | null {
   const { sm, sn, sk, sg } = matrixOf(t);
   const sizes = { sm, sn, sk, sg };
+  if (t.pin !== undefined && typeof t.pin !== "boolean") {
+    return `the subgroup-matrix variant needs pin true or false, not ${t.pin}`;
+  }
   const bad = Object.entries(sizes).find(([, v]) => !(Number.isInteger(v) && v >= 1));
   if (bad) return `the subgroup-matrix variant needs ${bad[0]} (an integer >= 1), not ${bad[1]}`;
   if (t.tm % sm !== 0 || t.tn % sn !== 0 || t.tk % sk !== 0) {
@@ -163,6 +177,7 @@ export function subgroupMatrixTilings(config: SubgroupMatrixConfig): SubgroupMat
     sn: N,
     sk: K,
     sg: subgroupSize,
+    pin: config.subgroupSizing === "pinned",
   }));
 }
 
@@ -230,7 +245,7 @@ function stagingLoops(o: Operand, tk: number, threads: number, kCount: string) {
 export function subgroupMatrixWgsl(t: MatmulTiling, io: GemmIo, activation: Activation): string {
   const problem = subgroupMatrixShapeProblem(t);
   if (problem) throw new Error(`subgroupMatrixWgsl: ${problem}`);
-  const { sm, sn, sk, sg } = matrixOf(t);
+  const { sm, sn, sk, sg, pin } = matrixOf(t);
   const { tk, wgx } = t;
   const bm = t.tm * t.wgy, bn = t.tn * t.wgx, subgroups = t.wgx * t.wgy;
   const threads = subgroups * sg;
@@ -297,7 +312,7 @@ export function subgroupMatrixWgsl(t: MatmulTiling, io: GemmIo, activation: Acti
 var<workgroup> tile_a: array<f16, ${aRows * aStride}>;
 var<workgroup> tile_b: array<f16, ${bRows * bStride}>;
 var<workgroup> scratch: array<f32, ${subgroups * sm * sn}>; // a result matrix per subgroup
-@compute @workgroup_size(${threads})
+@compute @workgroup_size(${threads})${subgroupSizeAttribute(sg, pin)}
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,
     @builtin(subgroup_id) subgroup: u32, @builtin(subgroup_invocation_id) lane: u32) {
   let tile_row = wid.y * ${bm}u;
