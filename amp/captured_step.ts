@@ -496,6 +496,8 @@ export class CapturedStep {
   #drop(why: string | null): void {
     const capture = this.#capture;
     if (capture) {
+      // A replay may still be in the open batch: submitted before its buffers go.
+      this.#t.gpu.batch.flush();
       for (const g of capture.graphs) g.destroy();
       for (const b of capture.pinned) this.#t.gpu.pool.unpin(b, this.#onPinReleased);
     }
