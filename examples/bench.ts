@@ -161,6 +161,9 @@ function figureOf(result: Result): string {
     } µs JS`;
   }
   if ("speedup" in result) return `×${n("speedup").toFixed(2)} speed`;
+  if ("wallOverGpu" in result) {
+    return `×${n("capturedSpeedup").toFixed(2)} speed, wall/GPU ${n("wallOverGpu").toFixed(2)}`;
+  }
   if ("inspectOverhead" in result) {
     return `${n("msPerStep").toFixed(1)} vs ${n("msPerStepDetached").toFixed(1)} ms/step ×${
       n("inspectOverhead").toFixed(2)
