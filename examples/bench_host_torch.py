@@ -13,7 +13,7 @@ from torch.utils.checkpoint import checkpoint, checkpoint_sequential
 GPTS = {  # vocab, context, layers, dim, heads, gelu, tied head without bias, batch
     "tiny_gpt": (28, 32, 2, 64, 4, "none", False, 32),
     "nanogpt": (65, 256, 6, 384, 6, "none", False, 2),
-    "gpt2": (50257, 256, 12, 768, 12, "tanh", True, 1),
+    "gpt2": (50257, 256, 12, 96, 12, "tanh", True, 1),  # the 124M's layers at width 96, as halfstep's
 }
 
 class Block(nn.Module):
