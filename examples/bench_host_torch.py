@@ -8,7 +8,7 @@
 # halfstep's bench builds them).
 import json, math, sys, time
 import torch, torch.nn as nn, torch.nn.functional as F
-from torch.utils.checkpoint import checkpoint, checkpoint_sequential
+from torch.utils.checkpoint import checkpoint
 
 GPTS = {  # vocab, context, layers, dim, heads, gelu, tied head without bias, batch
     "tiny_gpt": (28, 32, 2, 64, 4, "none", False, 32),
@@ -42,7 +42,7 @@ class GPT(nn.Module):
         s.ckpt = False
     def forward(s, idx):
         x = s.tok(idx) + s.pos(torch.arange(idx.shape[1], device=idx.device))
-        for b in s.blocks: x = checkpoint(b, x) if s.ckpt else b(x)
+        for b in s.blocks: x = checkpoint(b, x, use_reentrant=False) if s.ckpt else b(x)
         return s.head(s.ln(x))
 
 def make(name):
@@ -66,8 +66,15 @@ def make(name):
     model = model.to(dev)
     y = torch.zeros(128, dtype=torch.long, device=dev)
     state = {"ckpt": False}
-    segments = max(1, round(math.sqrt(len(model))))
-    forward = lambda x: checkpoint_sequential(model, segments, x) if state["ckpt"] else model(x)
+    # √n segments, each checkpointed without re-entrance (the input needs no gradient), the last
+    # kept, as checkpoint_sequential and halfstep's "auto" do.
+    layers = list(model.children())
+    size = max(1, len(layers) // max(1, round(math.sqrt(len(layers)))))
+    segments = [nn.Sequential(*layers[i:i + size]) for i in range(0, len(layers), size)]
+    def forward(x):
+        if not state["ckpt"]: return model(x)
+        for seg in segments[:-1]: x = checkpoint(seg, x, use_reentrant=False)
+        return segments[-1](x)
     return model, x, y, lambda ckpt: state.update(ckpt=ckpt), forward
 
 print(json.dumps({"torch": torch.__version__}), flush=True)
@@ -89,4 +96,6 @@ for line in sys.stdin:
         opt.step()
         print(json.dumps({"ms": (time.perf_counter() - t0) * 1000}), flush=True)
     except Exception as e:
-        print(json.dumps({"error": str(e).split("\n")[0][:200]}), flush=True)
+        why = str(e).split("\n")[0][:200]
+        if "convolution_backward" in why: why = "PyTorch's meta device has no convolution backward"
+        print(json.dumps({"error": why}), flush=True)
