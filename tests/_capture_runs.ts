@@ -23,6 +23,7 @@ import {
 } from "../mod.ts";
 import { moduleGenerators } from "../amp/module_generators.ts";
 import { TinyGpt } from "../examples/tiny_gpt_model.ts";
+import { optimizerBytes } from "./_training_state.ts";
 
 /** What a run trains and how. */
 export interface RunSetup {
@@ -157,16 +158,7 @@ export async function snapshot(run: Run): Promise<Record<string, unknown>> {
     out[`grad.${name}`] = await bytes(p.grad);
     out[`copy.${name}`] = await bytes(run.trainer.masters?.copyOf(p));
   }
-  const o = await run.optimizer.stateDict();
-  out.optimizer = {
-    ...o,
-    state: o.state.map((s) => ({
-      ...s,
-      buffers: Object.fromEntries(
-        Object.entries(s.buffers).map(([n, v]) => [n, new Uint8Array(v.buffer)]),
-      ),
-    })),
-  };
+  out.optimizer = optimizerBytes(await run.optimizer.stateDict());
   out.lrs = run.optimizer.groups.map((g) => g.lr);
   out.trainer = await run.trainer.stateDict();
   out.generators = moduleGenerators(run.model).map((g) => g.generator.state());

@@ -23,7 +23,7 @@
 import type { CompiledKernel, LiveUniforms } from "./kernel.ts";
 import { type DispatchCost, type DispatchProfiler, dispatchWork } from "./profiler.ts";
 import type { CommandRecording } from "./command_recording.ts";
-import { type CommandGraph, UNIFORM_BINDING_BYTES } from "./command_graph.ts";
+import { bindGroupEntries, type CommandGraph, UNIFORM_BINDING_BYTES } from "./command_graph.ts";
 
 const ARENA_BYTES = 256 * 1024;
 /** Bind groups kept for reuse; past it, all are forgotten and made again as they are used. */
@@ -329,17 +329,8 @@ export class CommandBatch {
       this.counters.bindGroupHits++;
       return node.group;
     }
-    const entries: GPUBindGroupEntry[] = buffers.map((buffer, binding) => ({
-      binding,
-      resource: { buffer },
-    }));
-    if (kernel.uniforms.length > 0) {
-      entries.push({
-        binding: buffers.length,
-        resource: { buffer: this.#arena, offset: 0, size: UNIFORM_BINDING_BYTES },
-      });
-    }
     this.#bindGroupCount++;
+    const entries = bindGroupEntries(kernel, buffers, this.#arena);
     return node.group = this.#device.createBindGroup({ layout: kernel.layout, entries });
   }
 

@@ -25,6 +25,30 @@ import { type DispatchCost, dispatchWork } from "./profiler.ts";
 /** Bytes every uniform binding spans (as the command batch's arena binds them). */
 export const UNIFORM_BINDING_BYTES = 256;
 
+/**
+ * The entries of a bind group of `kernel`'s layout: `buffers` at bindings
+ * 0..n-1 and, when the kernel has uniforms, `uniforms` (256 bytes bound with
+ * a dynamic offset) at binding n. The command batch's groups bind its arena,
+ * a graph's bind its own uniform buffer.
+ */
+export function bindGroupEntries(
+  kernel: CompiledKernel,
+  buffers: readonly GPUBuffer[],
+  uniforms: GPUBuffer,
+): GPUBindGroupEntry[] {
+  const entries: GPUBindGroupEntry[] = buffers.map((buffer, binding) => ({
+    binding,
+    resource: { buffer },
+  }));
+  if (kernel.uniforms.length > 0) {
+    entries.push({
+      binding: buffers.length,
+      resource: { buffer: uniforms, offset: 0, size: UNIFORM_BINDING_BYTES },
+    });
+  }
+  return entries;
+}
+
 /** A dispatch of a graph, ready to encode. */
 export interface GraphDispatch {
   /** What it is. */
@@ -169,16 +193,7 @@ export class CommandGraph {
       for (const b of buffers) key += `,${id(b)}`;
       let group = groups.get(key);
       if (!group) {
-        const entries: GPUBindGroupEntry[] = buffers.map((buffer, binding) => ({
-          binding,
-          resource: { buffer },
-        }));
-        if (kernel.uniforms.length > 0) {
-          entries.push({
-            binding: buffers.length,
-            resource: { buffer: this.#uniforms!, offset: 0, size: UNIFORM_BINDING_BYTES },
-          });
-        }
+        const entries = bindGroupEntries(kernel, buffers, this.#uniforms!);
         group = device.createBindGroup({ label: options.label, layout: kernel.layout, entries });
         groups.set(key, group);
       }
