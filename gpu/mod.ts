@@ -93,7 +93,12 @@ export {
   type RecordedDispatch,
   type RecordedWrite,
 } from "./device/command_recording.ts";
-export { CommandGraph, type GraphCommand } from "./device/command_graph.ts";
+export {
+  CommandGraph,
+  type GraphCommand,
+  type GraphCopy,
+  type GraphDispatch,
+} from "./device/command_graph.ts";
 export {
   type Binding,
   type CompiledKernel,
