@@ -18,9 +18,9 @@
  * (f16 at 4096³ in each orientation, SIMT against subgroup-matrix tilings,
  * TFLOP/s) and `gpt` (the nanoGPT-size GPT step in f32 and AMP, with the
  * tuner's picks and the top kernels). Each part has a share of the budget
- * ({@link SHARES}; what one leaves unused passes to the next); it starts no new
- * work past its share, and its process is ended 15 s after its backend's
- * share. Lines the driver adds: `{"part": "...", "status": "done" | "out of
+ * ({@link SHARES}): it may use what the earlier parts left and half the shares
+ * of the later ones of its backend, starts no new work past that, and its
+ * backend's process is ended 15 s after the backend's shares. Lines the driver adds: `{"part": "...", "status": "done" | "out of
  * time" | "failed" | "unavailable", "seconds": ...}` per part, and a summary.
  * Exit status 0 when every part ran to the end or was unavailable, 1 otherwise.
  */
@@ -215,16 +215,21 @@ async function child(
   plan: string,
 ): Promise<number> {
   const parts = JSON.parse(plan) as { part: Part; seconds: number }[];
-  let carry = 0, available = true;
-  for (const { part, seconds } of parts) {
+  const started = performance.now();
+  let available = true;
+  for (const [n, { part }] of parts.entries()) {
     if (!PARTS.includes(part)) throw new Error(`gpu_check: no part ${part}`);
     const start = performance.now();
     console.log(JSON.stringify({ marker: "start", part }));
     let status = "done";
+    // A part may use what the earlier ones left, and half the shares of those after it.
+    const seconds = (i: number) => parts[i].seconds;
+    const until = parts.reduce((sum, _, i) => sum + (i <= n ? seconds(i) : seconds(i) / 2), 0);
+    const deadline = started + until * 1000;
     if (!available) status = "unavailable";
     else {
       try {
-        await runPart(part, { backend, size, deadline: start + (seconds + carry) * 1000 });
+        await runPart(part, { backend, size, deadline });
       } catch (e) {
         const message = (e as Error).message.split("\n")[0].slice(0, 300);
         // The first part starts the device: a backend that cannot is unavailable here.
@@ -233,9 +238,7 @@ async function child(
         console.log(JSON.stringify({ check: "gpu", part, backend, status, error: message }));
       }
     }
-    const spent = (performance.now() - start) / 1000;
-    if (status === "done" && spent > seconds + carry) status = "out of time";
-    carry = Math.max(0, seconds + carry - spent);
+    if (status === "done" && performance.now() > deadline) status = "out of time";
     console.log(JSON.stringify({ marker: "end", part, status }));
   }
   return 0;

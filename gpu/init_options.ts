@@ -57,11 +57,10 @@ export interface InitGpuOptions {
   /**
    * The fused attention's plan: `"auto"` (default) as `matmulTiling` and
    * `tuning` say (tuned, cached, or the default); `"subgroup-matrix"` runs
-   * its f16 forward on the adapter's subgroup matrices (tensor cores; Dawn
-   * only, see docs/tensor_cores.md) wherever the head size is a multiple of
-   * the config's sizes, with the backward of the f16 plan `initGpu` holds
-   * (eagerly tuned, cached, or the default: the forced f16 plan is not
-   * tuned lazily), until `tuneAttentionShapes` picks per shape.
+   * its f16 forward and backward on the adapter's subgroup matrices (tensor
+   * cores; Dawn only, see docs/tensor_cores.md) wherever the head size is a
+   * multiple of the config's sizes (the forced f16 plan is not tuned
+   * lazily), until `tuneAttentionShapes` picks per shape.
    */
   attentionPlan?: "auto" | "subgroup-matrix";
   /**

@@ -7,12 +7,15 @@ import {
   type AttentionPlan,
   DTYPES,
   type FloatDType,
+  RandomGenerator,
   type RandomRange,
   randomUniform,
 } from "../gpu/mod.ts";
 import { dispatchedKernels, gpu } from "./_gpu.ts";
+import { assertClose, type Tolerance } from "./_assert.ts";
+import { quantize, uniform } from "./_reference.ts";
 import { attentionSettings } from "../gpu/kernels/attention/settings.ts";
-import type { AttentionDims } from "./_attention_reference.ts";
+import { type AttentionDims, causalAttentionWithGrads64 } from "./_attention_reference.ts";
 
 /**
  * Runs `fn` with each dtype's attention plan set to `plan` and no per-shape
@@ -114,4 +117,62 @@ function third(packed: Float32Array, c: number, rows: number, n: number): Float3
     out.set(packed.subarray((3 * r + n) * c, (3 * r + n + 1) * c), r * c);
   }
   return out;
+}
+
+/**
+ * f16 inputs are exact in f32 and so are their products; scores, softmax
+ * and sums are f32, so the error is the f16 roundings: of p before P·V
+ * (half-ulp 2⁻¹¹ ≈ 4.9e-4 relative, over a convex combination of v: at
+ * most that of |v| ≤ 2), of the output (the same) and, in the gradients, of
+ * the stored o inside δ = dO·O; as the SIMT plans' f16 tolerance
+ * (fused_attention_tiled_test.ts). With scores of ±1000 (|q|, |k| ≤ 32) the
+ * gradients reach 9, where f16's half-ulp is 2⁻⁸ ≈ 3.9e-3, and are sums of
+ * terms of |k|·|dS| that cancel: the SIMT row plan's error on the same
+ * inputs was 7.8e-3 (lavapipe), the subgroup-matrix forward's the same; atol is 4 of those
+ * half-ulps. The subgroup-matrix backward rounds dS and W = P·keep to f16 for their products too
+ * (as FlashAttention on tensor cores): up to 2⁻¹¹·Σ|dS|·|k| in dq and dk where Σ dS cancels to 0,
+ * with Σ|dS| under 8 at D = 64 and |q|, |k| ≤ 2: about 1e-3 after the scale, inside these.
+ */
+export const MATRIX_TOL: Tolerance = { atol: 4e-3, rtol: 4e-3 };
+export const MATRIX_TOL_LARGE: Tolerance = { atol: 1.6e-2, rtol: 4e-3 };
+/** The fallbacks' (the SIMT plans' f32 and bf16 tolerances, fused_attention_tiled_test.ts). */
+const SIMT_TOL: Partial<Record<FloatDType, Tolerance>> = {
+  f32: { atol: 2e-5, rtol: 2e-4 },
+  bf16: { atol: 1.6e-2, rtol: 1.6e-2 },
+};
+
+export interface MatrixAttentionCase {
+  dims: AttentionDims;
+  /** Bound of |q| and |k| (|v| and |dO| stay 2): 32 makes scores of ±1000 at D = 8. */
+  range?: number;
+  dropout?: boolean;
+  packed?: boolean;
+}
+
+/**
+ * o, dq, dk, dv of `c` with the plan in force (see {@link withPlan}) against f64, within the
+ * subgroup-matrix plans' tolerances (the SIMT ones for f32 and bf16, which fall back); the kernels
+ * dispatched.
+ */
+export async function checkMatrixAttention(
+  c: MatrixAttentionCase,
+  seed: number,
+  dtype: FloatDType = "f16",
+): Promise<string[]> {
+  const { dims } = c, n = dims.b * dims.t * dims.h * dims.d, r = c.range ?? 2;
+  const [q, k] = [1, 2].map((s) => quantize(uniform(n, seed + s, -r, r), dtype));
+  const [v, g] = [3, 4].map((s) => quantize(uniform(n, seed + s, -2, 2), dtype));
+  const range = new RandomGenerator(seed).take(dims.b * dims.h * dims.t * dims.t);
+  const dropout = c.dropout ? { p: 0.25, range } : undefined;
+  const factor = dropout && dropoutFactor(dropout.p, range, dims.t);
+  const expected = causalAttentionWithGrads64(q, k, v, g, dims, factor);
+  const { out, kernels } = await runAttention({ q, k, v, g }, dims, dtype, {
+    packed: c.packed,
+    dropout,
+  });
+  const tol = SIMT_TOL[dtype] ?? (r > 2 ? MATRIX_TOL_LARGE : MATRIX_TOL);
+  for (const name of ["o", "dq", "dk", "dv"] as const) {
+    assertClose(out[name], expected[name], tol, `${JSON.stringify(c)} ${dtype} ${name}`);
+  }
+  return kernels;
 }

@@ -78,14 +78,18 @@ export type MatrixAttentionConfig = Pick<AttentionMatrix, keyof AttentionMatrix>
 };
 
 /** Halves of padding per f16 tile row (16 bytes: rows stay 16-byte aligned, banks staggered). */
-export const PAD16 = 8;
+const PAD16 = 8;
 /** Floats of padding per f32 tile row (16 bytes). */
-export const PAD32 = 4;
+const PAD32 = 4;
 
 const range = (n: number) => [...Array(n).keys()];
 
-/** Tile strides: f16 rows of D (Q, K, V), of bc (P), f32 rows of max(bc, D) (scores, P·V). */
-function layout(m: AttentionMatrix, headSize: number) {
+/**
+ * Tile strides: f16 rows of D (Q, K, V), of bc (P), f32 rows of max(bc, D)
+ * (scores, P·V); the workgroup's rows and invocations, and each invocation's
+ * vec4 outputs. The backward's kernels share it.
+ */
+export function matrixTileLayout(m: AttentionMatrix, headSize: number) {
   const br = m.subgroups * m.sm;
   return {
     br,
@@ -100,14 +104,14 @@ function layout(m: AttentionMatrix, headSize: number) {
 
 /** Bytes of workgroup memory: Q, K-then-P and V as f16, scores-then-P·V as f32, 3 f32 per row. */
 export function matrixAttentionBytes(m: AttentionMatrix, headSize: number): number {
-  const { br, dp, bcp, w } = layout(m, headSize);
+  const { br, dp, bcp, w } = matrixTileLayout(m, headSize);
   const f16 = br * dp + Math.max(m.bc * dp, br * bcp) + m.bc * dp;
   return 2 * f16 + 4 * (br * w + 3 * br);
 }
 
 /** Loop iterations of one invocation over T (lavapipe caps them), generously. */
 export function matrixAttentionIterations(m: AttentionMatrix, headSize: number, t: number) {
-  const { br, threads, outputs } = layout(m, headSize);
+  const { br, threads, outputs } = matrixTileLayout(m, headSize);
   const rowsPerLane = Math.ceil(m.sm / m.sg);
   const perBlock = Math.ceil(m.bc * headSize / 4 / threads) + headSize / m.sk +
     2 * m.bc * rowsPerLane + headSize / m.sn * (1 + m.bc / m.sk) + outputs + 4;
@@ -148,7 +152,7 @@ export function matrixAttentionProblem(
   if (matrixAttentionBytes(m, headSize) > limits.maxComputeWorkgroupStorageSize) {
     return `its tiles need ${matrixAttentionBytes(m, headSize)} bytes of workgroup memory`;
   }
-  if (layout(m, headSize).threads > limits.maxComputeInvocationsPerWorkgroup) {
+  if (matrixTileLayout(m, headSize).threads > limits.maxComputeInvocationsPerWorkgroup) {
     return "its workgroup has too many invocations";
   }
   return null;
@@ -203,6 +207,56 @@ export function fittingMatrix(
 }
 
 /**
+ * WGSL: the constants every subgroup-matrix attention kernel is written in
+ * (the shape M, the subgroup size SG, NT invocations, BR rows, BC of the
+ * other side per step, head size D and D4 vec4s, the tile strides DP, BCP
+ * and W, and OUTPUTS vec4s per invocation), and `extra` ones.
+ */
+export function matrixConstants(
+  m: AttentionMatrix,
+  headSize: number,
+  extra: Record<string, number> = {},
+): string {
+  const { br, threads, dp, bcp, w, outputs } = matrixTileLayout(m, headSize);
+  const values = {
+    M: m.sm,
+    SG: m.sg,
+    NT: threads,
+    BR: br,
+    BC: m.bc,
+    D: headSize,
+    D4: headSize / 4,
+    DP: dp,
+    BCP: bcp,
+    W: w,
+    OUTPUTS: outputs,
+    ...extra,
+  };
+  return Object.entries(values).map(([name, v]) => `const ${name} = ${v}u;`).join("\n");
+}
+
+/**
+ * WGSL: the entry point's first lines, as every subgroup-matrix attention
+ * kernel starts (constants NT, M, BR and D4 declared): its workgroup (with the
+ * pinned subgroup size where `m` pins it), which head z and block of BR rows
+ * from r0 it owns, the head's offsets, and the invocation's band of M rows.
+ */
+export function matrixMain(m: AttentionMatrix): string {
+  return `@compute @workgroup_size(NT)${subgroupSizeAttribute(m.sg, m.pin)}
+fn main(${WGSL_GRID_BUILTINS},
+    @builtin(subgroup_id) subgroup: u32, @builtin(subgroup_invocation_id) lane: u32) {
+  let block = ${WGSL_WORKGROUP_INDEX} % p.blocks;
+  let z = ${WGSL_WORKGROUP_INDEX} / p.blocks;
+  if (z >= p.bh) { return; }
+  let width = p.heads * D4;
+  let head0 = (z / p.heads) * p.t * width + (z % p.heads) * D4;
+  let in0 = (z / p.heads) * p.t * p.inWidth + (z % p.heads) * D4;
+  let r0 = block * BR;
+  // The subgroup's band of M rows (subgroup_id is uniform to the matrix builtins).
+  let band = subgroup * M;`;
+}
+
+/**
  * The WGSL types of `m`'s matrices: an M×K left operand, a K×N right one
  * and the M×N f32 result (WGSL names columns first).
  */
@@ -243,21 +297,11 @@ export const subgroupMatrixAttentionKernel = defineKernel({
     attentionBindings(["q", "k", "v"], ["o", "lse"], "vec4<f16>"),
   uniforms: ATTENTION_UNIFORMS,
   source: (c) => {
-    const { sm, sn, sk, sg, bc } = c, { br, threads, dp, bcp, w, outputs } = layout(c, c.headSize);
+    const { sn, sk, bc } = c, { br, dp, bcp, w } = matrixTileLayout(c, c.headSize);
     const { left, right, result } = matrixTypes(c);
     const keys = range(bc / sn), steps = range(bc / sk);
     return `${c.dropout ? WGSL_RANDOM : ""}
-const M = ${sm}u;
-const SG = ${sg}u;
-const NT = ${threads}u;
-const BR = ${br}u;
-const BC = ${bc}u;
-const D = ${c.headSize}u;
-const D4 = ${c.headSize / 4}u;
-const DP = ${dp}u;
-const BCP = ${bcp}u;
-const W = ${w}u;
-const OUTPUTS = ${outputs}u;
+${matrixConstants(c, c.headSize)}
 var<workgroup> qt: array<f16, ${br * dp}>;
 var<workgroup> kpt: array<f16, ${Math.max(bc * dp, br * bcp)}>; // K, then P
 var<workgroup> vt: array<f16, ${bc * dp}>;
@@ -265,18 +309,7 @@ var<workgroup> st: array<f32, ${br * w}>; // scores, then P·V
 var<workgroup> row_max: array<f32, ${br}>;
 var<workgroup> row_sum: array<f32, ${br}>;
 var<workgroup> row_rescale: array<f32, ${br}>;
-@compute @workgroup_size(${threads})${subgroupSizeAttribute(sg, c.pin)}
-fn main(${WGSL_GRID_BUILTINS},
-    @builtin(subgroup_id) subgroup: u32, @builtin(subgroup_invocation_id) lane: u32) {
-  let block = ${WGSL_WORKGROUP_INDEX} % p.blocks;
-  let z = ${WGSL_WORKGROUP_INDEX} / p.blocks;
-  if (z >= p.bh) { return; }
-  let width = p.heads * D4;
-  let head0 = (z / p.heads) * p.t * width + (z % p.heads) * D4;
-  let in0 = (z / p.heads) * p.t * p.inWidth + (z % p.heads) * D4;
-  let r0 = block * BR;
-  // The subgroup's band of M rows (subgroup_id is uniform to the matrix builtins).
-  let band = subgroup * M;
+${matrixMain(c)}
   ${stageF16Rows("BR", "r0", [["qt", QUERIES]])}
   for (var r = lid; r < BR; r += NT) { row_max[r] = ${WGSL_LOWEST}; row_sum[r] = 0.0; }
   var acc: array<vec4<f32>, OUTPUTS>;

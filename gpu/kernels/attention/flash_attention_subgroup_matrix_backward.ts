@@ -39,9 +39,8 @@
 import type { Gpu } from "../../device/gpu.ts";
 import type { DType } from "../../base/dtype.ts";
 import { defineKernel } from "../../device/kernel.ts";
-import { f16MatrixConfig, subgroupSizeAttribute } from "../../device/subgroup_matrix_configs.ts";
+import { f16MatrixConfig } from "../../device/subgroup_matrix_configs.ts";
 import { WGSL_RANDOM } from "../wgsl/random.ts";
-import { WGSL_GRID_BUILTINS, WGSL_WORKGROUP_INDEX } from "../wgsl/grid.ts";
 import {
   ATTENTION_UNIFORMS,
   attentionBindings,
@@ -56,9 +55,10 @@ import {
 import {
   type AttentionMatrix,
   matrixAttentionProblem,
+  matrixConstants,
+  matrixMain,
+  matrixTileLayout,
   matrixTypes,
-  PAD16,
-  PAD32,
   stageF16Rows,
 } from "./flash_attention_subgroup_matrix.ts";
 
@@ -71,18 +71,9 @@ export type MatrixAttentionBackwardConfig = Pick<AttentionMatrix, keyof Attentio
 
 const range = (n: number) => [...Array(n).keys()];
 
-/** Tile strides and per-invocation counts of a backward of shape `m` at head size D. */
+/** The forward's tile layout, and each invocation's cells of its band's M × bc block. */
 function layout(m: AttentionMatrix, headSize: number) {
-  return {
-    br: m.subgroups * m.sm,
-    threads: m.subgroups * m.sg,
-    dp: headSize + PAD16,
-    bcp: m.bc + PAD16,
-    w: Math.max(m.bc, headSize) + PAD32,
-    // Cells of the band's M × bc block per invocation, and vec4 outputs of its M × D.
-    cells: (m.sm * m.bc) / m.sg,
-    outputs: (m.sm * headSize) / (4 * m.sg),
-  };
+  return { ...matrixTileLayout(m, headSize), cells: (m.sm * m.bc) / m.sg };
 }
 
 /**
@@ -257,38 +248,11 @@ function writeRows(
   workgroupBarrier();`;
 }
 
-/** WGSL constants and the band of invocation `lid` (shared by both passes). */
+/** WGSL: the constants of both passes (see `matrixConstants`), and CELLS per invocation. */
 function prelude(c: MatrixAttentionBackwardConfig): string {
-  const { br, threads, dp, bcp, w, cells, outputs } = layout(c, c.headSize);
+  const { cells } = layout(c, c.headSize);
   return `${c.dropout ? WGSL_RANDOM : ""}
-const M = ${c.sm}u;
-const SG = ${c.sg}u;
-const NT = ${threads}u;
-const BR = ${br}u;
-const BC = ${c.bc}u;
-const D = ${c.headSize}u;
-const D4 = ${c.headSize / 4}u;
-const DP = ${dp}u;
-const BCP = ${bcp}u;
-const W = ${w}u;
-const CELLS = ${cells}u;
-const OUTPUTS = ${outputs}u;`;
-}
-
-/** WGSL: the start of `main`: which head and block, and the invocation's band. */
-function mainHead(c: MatrixAttentionBackwardConfig): string {
-  return `@compute @workgroup_size(NT)${subgroupSizeAttribute(c.sg, c.pin)}
-fn main(${WGSL_GRID_BUILTINS},
-    @builtin(subgroup_id) subgroup: u32, @builtin(subgroup_invocation_id) lane: u32) {
-  let block = ${WGSL_WORKGROUP_INDEX} % p.blocks;
-  let z = ${WGSL_WORKGROUP_INDEX} / p.blocks;
-  if (z >= p.bh) { return; }
-  let width = p.heads * D4;
-  let head0 = (z / p.heads) * p.t * width + (z % p.heads) * D4;
-  let in0 = (z / p.heads) * p.t * p.inWidth + (z % p.heads) * D4;
-  let r0 = block * BR;
-  // The subgroup's band of M rows (subgroup_id is uniform to the matrix builtins).
-  let band = subgroup * M;`;
+${matrixConstants(c, c.headSize, { CELLS: cells })}`;
 }
 
 /**
@@ -323,7 +287,7 @@ var<workgroup> st: array<f32, ${br * w}>; // S, then dq
 var<workgroup> pt: array<f32, ${br * w}>; // dP
 var<workgroup> row_lse: array<f32, ${br}>;
 var<workgroup> row_delta: array<f32, ${br}>;
-${mainHead(c)}
+${matrixMain(c)}
   ${stageF16Rows("BR", "r0", [["qt", QUERIES], ["gt", OUTPUT_GRAD]])}
   for (var r = lid; r < BR; r += NT) {
     let i = r0 + r;
@@ -390,7 +354,7 @@ var<workgroup> st: array<f32, ${br * w}>; // Sᵀ, then dk and dv
 var<workgroup> pt: array<f32, ${br * w}>; // dPᵀ
 var<workgroup> col_lse: array<f32, ${c.bc}>;
 var<workgroup> col_delta: array<f32, ${c.bc}>;
-${mainHead(c)}
+${matrixMain(c)}
   ${stageF16Rows("BR", "r0", [["kt", KEYS], ["vt", VALUES]])}
   ${accumulators(c, "dk")}
   ${accumulators(c, "dv")}
