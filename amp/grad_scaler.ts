@@ -361,19 +361,31 @@ export class GradScaler {
         "no unscale() or step() since the last update(); call step() first.",
       );
     }
-    let mode: number = s.lossScale ? UPDATE_MODE.static : UPDATE_MODE.dynamic;
-    if (newScale !== undefined) mode = UPDATE_MODE.set;
-    launchScaleUpdate({ scale: this.#scale, foundInf: this.#foundInf, counters: this.#counters }, {
-      mode,
-      stepped,
-      growth: s.growthFactor,
-      backoff: s.backoffFactor,
-      interval: s.growthInterval,
-      hysteresis: s.hysteresis,
-      minScale: s.minScale,
-      maxScale: s.maxScale,
-      newScale: newScale ?? 0,
-    });
+    // The settings are read when the kernel is recorded and again at each replay of a
+    // captured step (a loaded state may change them).
+    const params = () => {
+      const s = this.#s;
+      const mode = newScale !== undefined
+        ? UPDATE_MODE.set
+        : s.lossScale
+        ? UPDATE_MODE.static
+        : UPDATE_MODE.dynamic;
+      return {
+        mode,
+        stepped,
+        growth: s.growthFactor,
+        backoff: s.backoffFactor,
+        interval: s.growthInterval,
+        hysteresis: s.hysteresis,
+        minScale: s.minScale,
+        maxScale: s.maxScale,
+        newScale: newScale ?? 0,
+      };
+    };
+    launchScaleUpdate(
+      { scale: this.#scale, foundInf: this.#foundInf, counters: this.#counters },
+      params,
+    );
     this.#stages.clear();
   }
 

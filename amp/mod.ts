@@ -38,6 +38,13 @@ export {
   type HasParameters,
   type TrainerPrecision,
 } from "./trainer.ts";
+export {
+  CapturedStep,
+  type CaptureOptions,
+  type CaptureStats,
+  type HostInput,
+  type StepInput,
+} from "./captured_step.ts";
 export { NumericsInspector, type ReportOptions, type WatchOptions } from "./numerics_inspector.ts";
 export {
   type FirstNonFinite,

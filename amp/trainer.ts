@@ -13,6 +13,7 @@ import {
   type HalfstepErrorClass,
   scale,
   ShapeError,
+  StateError,
   type Tensor,
   tidy,
   ValueError,
@@ -26,6 +27,7 @@ import { GradScaler, type GradScalerOptions, type GradScalerState } from "./grad
 import { MasterWeights } from "./master_weights.ts";
 import type { NumericsInspector } from "./numerics_inspector.ts";
 import type { AutocastLists } from "./policy.ts";
+import { CapturedStep, type CaptureOptions } from "./captured_step.ts";
 
 /**
  * What makes `loss` unfit for a step, from shapes alone (no GPU read): not a
@@ -185,6 +187,7 @@ export class AmpTrainer {
   #enabled: boolean;
   #microStep = 0;
   #steps = 0;
+  #captures = new Set<CapturedStep>();
 
   /** Sets up master weights, the scaler and autocast for `model` and `optimizer`. */
   constructor(model: HasParameters, optimizer: Optimizer, options: AmpTrainerOptions = {}) {
@@ -253,6 +256,70 @@ export class AmpTrainer {
       : this.#microBatch(computeLoss);
     if (++this.#microStep === this.accumulationSteps) this.#finishStep();
     return loss;
+  }
+
+  /**
+   * The step `computeLoss` makes, captured: `step.run(...inputs)` does what
+   * `trainer.step(() => computeLoss(...inputs))` does, and after its first
+   * cycles (recorded as they run, and checked to agree) replays them: no
+   * autograd, no tensors, no pool traffic in JavaScript, a pass of recorded
+   * dispatches. The inputs are copied into the step's own buffers; another
+   * shape, a module's setting changed, a parameter frozen or the tuner's
+   * picks changing capture it again (told in one line); a step that reads
+   * the GPU or does different work every time is refused in one line. See
+   * `CapturedStep`. Dispose the step (or the trainer) to free what it keeps.
+   *
+   * @example
+   * ```ts
+   * import assert from "node:assert/strict";
+   * import { AdamW, crossEntropy, initGpu, Linear, Tensor } from "../mod.ts";
+   * const gpu = await initGpu({ matmulTiling: "default" });
+   * const model = new Linear(4, 3, { seed: 1 });
+   * const trainer = new AmpTrainer(model, new AdamW(model.parameters()));
+   * const step = trainer.capture((x, y) => crossEntropy(model.forward(x), y));
+   * const x = Tensor.from([1, 2, 3, 4, 4, 3, 2, 1], [2, 4]);
+   * const y = Tensor.from([0, 2], [2], { dtype: "i32" });
+   * for (let i = 0; i < 5; i++) step.run(x, y).dispose();
+   * assert.ok(step.captured);
+   * assert.equal(trainer.steps, 5);
+   * trainer.dispose(); // its captured steps too
+   * gpu.destroy();
+   * ```
+   */
+  capture(
+    computeLoss: (...inputs: Tensor[]) => Tensor,
+    options: CaptureOptions = {},
+  ): CapturedStep {
+    if (this.#options.inspector) {
+      fail(
+        StateError,
+        "AmpTrainer.capture",
+        "a trainer with a NumericsInspector cannot capture its step (the inspector watches " +
+          "every op as it is recorded); train uncaptured to inspect",
+      );
+    }
+    const params = this.#model.parameters();
+    const step = new CapturedStep(
+      {
+        gpu: params[0]?.gpu ?? getGpu(),
+        model: this.#model,
+        optimizer: this.#optimizer,
+        accumulationSteps: this.accumulationSteps,
+        microStep: () => this.#microStep,
+        step: (fn) => this.step(fn),
+        advance: () => {
+          if (++this.#microStep === this.accumulationSteps) {
+            this.#microStep = 0;
+            this.#steps++;
+          }
+        },
+        forget: (s) => this.#captures.delete(s),
+      },
+      computeLoss,
+      options,
+    );
+    this.#captures.add(step);
+    return step;
   }
 
   /** Forward under autocast and the scaled backward of one micro-batch; returns the loss. */
@@ -375,8 +442,9 @@ export class AmpTrainer {
     this.#steps = state.steps;
   }
 
-  /** Frees the scaler's buffers and the working copies. */
+  /** Frees the scaler's buffers, the working copies and the steps it captured. */
   dispose(): void {
+    for (const step of [...this.#captures]) step.dispose();
     this.scaler.dispose();
     this.masters?.dispose();
   }

@@ -124,7 +124,10 @@ export function numberFlag(
 /** One of `names`. */
 export function choiceFlag<T extends string>(flag: string, text: string, names: readonly T[]): T {
   if (!(names as readonly string[]).includes(text)) {
-    throw new UsageError(`--${flag} must be ${names.join(" or ")}, not "${text}".`);
+    const choices = names.length > 1
+      ? `${names.slice(0, -1).join(", ")} or ${names.at(-1)}`
+      : names.join("");
+    throw new UsageError(`--${flag} must be ${choices}, not "${text}".`);
   }
   return text as T;
 }

@@ -403,7 +403,7 @@ async function gptPart(ctx: PartContext): Promise<void> {
     // bench gpt's steps: 10 timed steps at real size, 2 at small.
     const steps = resolveSize(gpu, ctx.size) === "real" ? 100 : 20;
     const options = { steps, repeats: 10, size: ctx.size, tuning };
-    const results = await benchGpt(gpu, options, ["f32", "amp"]);
+    const results = await benchGpt(gpu, options, ["f32", "amp", "amp captured"]);
     for (const r of results) emit("gpt", ctx, r);
   } finally {
     gpu.destroy();

@@ -39,6 +39,11 @@
  *   with chunked sums on the GPU tiling), timed on a big square and the
  *   GPT's fc1 layer in its three orientations; `*` marks the tuner's pick.
  *   Not part of the default run (it is long on CPU adapters).
+ * - `host`: the host's milliseconds to record one training step, uncaptured
+ *   and captured, of the MNIST MLP and CNN, the tiny GPT, the nanoGPT-size
+ *   GPT and GPT-2 124M in f32, AMP and AMP + checkpointing, on Dawn's null
+ *   backend (nothing computes), with PyTorch eager's on its meta device
+ *   beside them (examples/bench_host.ts). Runs alone, only when named.
  *
  * Synthetic data, so it runs anywhere. `--markdown` prints the figures as a
  * Markdown table to paste into a README or an issue. `--size small` (the default on CPU
@@ -69,7 +74,12 @@ import { type Gpu, initGpu } from "../mod.ts";
 import { tilingNames } from "../gpu/mod.ts";
 import { type BenchOptions, type BenchSize, cpuName, type Result } from "./_bench.ts";
 import { orExit, parseFlags } from "./_cli.ts";
-import { holdTuningForBench, tuneForBench, tuningTable } from "./_bench_tuning.ts";
+import {
+  holdTuningForBench,
+  tuneForBench,
+  type TuningReport,
+  tuningTable,
+} from "./_bench_tuning.ts";
 import { benchCnn } from "./bench_cnn.ts";
 import { benchGpt } from "./bench_gpt.ts";
 import { benchGpt2, benchGpt2Memory } from "./bench_gpt2.ts";
@@ -78,12 +88,15 @@ import { benchOps } from "./bench_ops.ts";
 import { benchTilings } from "./bench_tilings.ts";
 import { benchCheckpoint, benchMlp, benchSoak, benchTinyGpt } from "./bench_training.ts";
 import { backendFlag, backendHelp, backendNote } from "./_backend_flag.ts";
+import { benchHost } from "./bench_host.ts";
 
 const HELP = `Usage: deno run -A --v8-flags=--expose-gc examples/bench.ts [ENTRY...] [OPTIONS]
        (or deno task bench [ENTRY...] [OPTIONS])
 
 Entries: matmul, mlp, checkpoint, tiny_gpt, gpt, ops, cnn, soak, gpt2 (default: all of these), and,
-asked for by name, tilings (every matmul tiling candidate) and gpt2_memory (a GPT-2 124M step). Output: one JSON object per line on stdout; a
+asked for by name, tilings (every matmul tiling candidate), gpt2_memory (a GPT-2 124M step) and
+host (alone: the host's milliseconds per step, uncaptured and captured, on Dawn's null backend,
+beside PyTorch eager's on its meta device where python3 has torch). Output: one JSON object per line on stdout; a
 table on stderr. Needs no npm package and no network.
   --steps N     timed MLP training steps; other entries scale it to their cost (default 100)
   --repeats N   timed runs per kernel or op (default 10)
@@ -113,11 +126,28 @@ const ENTRIES: Record<string, (gpu: Gpu, o: BenchOptions) => Promise<Result[]>> 
 const NAMED_ONLY: Record<string, (gpu: Gpu, o: BenchOptions) => Promise<Result[]>> = {
   tilings: benchTilings,
   gpt2_memory: benchGpt2Memory,
+  host: (gpu, o) => benchHost(gpu, Math.min(o.steps, 15)),
+};
+
+/** What `host` reports for tuning: nothing (its device never computes, so it tunes nothing). */
+const NO_TUNING: TuningReport = {
+  seconds: 0,
+  matmul: [],
+  attention: [],
+  retune: false,
+  shapeSeconds: 0,
 };
 
 /** The headline figure of a result, for the table on stderr. */
 function figureOf(result: Result): string {
   const n = (key: string) => result[key] as number;
+  if ("hostMsMin" in result) {
+    const ratio = result.ratioToTorch === null ? "" : ` ×${n("ratioToTorch").toFixed(2)} torch`;
+    const count = result.dispatchesPerStep === null ? "" : ` (${n("dispatchesPerStep")})`;
+    return result.hostMsMin === null
+      ? String(result.error).slice(0, 40)
+      : `${n("hostMsMin").toFixed(2)} ms${count}${ratio}`;
+  }
   if ("fwdBwdGflops" in result) {
     return `${n("gflops").toFixed(2)} fwd, ${n("fwdBwdGflops").toFixed(2)} fwd+bwd GFLOP/s`;
   }
@@ -131,6 +161,9 @@ function figureOf(result: Result): string {
     } µs JS`;
   }
   if ("speedup" in result) return `×${n("speedup").toFixed(2)} speed`;
+  if ("wallOverGpu" in result) {
+    return `×${n("capturedSpeedup").toFixed(2)} speed, wall/GPU ${n("wallOverGpu").toFixed(2)}`;
+  }
   if ("inspectOverhead" in result) {
     return `${n("msPerStep").toFixed(1)} vs ${n("msPerStepDetached").toFixed(1)} ms/step ×${
       n("inspectOverhead").toFixed(2)
@@ -203,6 +236,12 @@ function parse() {
 async function main(): Promise<void> {
   const { values, positionals } = parse();
   if (values.help) return console.log(HELP);
+  // `host` runs alone, on Dawn's null backend (a device that never computes).
+  const host = positionals.includes("host");
+  if (host && (positionals.length > 1 || values.backend !== undefined)) {
+    console.error("bench: host runs alone, on Dawn's null backend: bench host [--steps N]");
+    Deno.exit(2);
+  }
   const unknown = positionals.filter((p) => !(p in ENTRIES) && !(p in NAMED_ONLY));
   if (unknown.length > 0) {
     console.error(
@@ -225,12 +264,14 @@ async function main(): Promise<void> {
   const backend = orExit("bench", () => backendFlag(values.backend));
   nativeBackendsOnly();
   // Lazy tuning notes what each entry runs; each warm-up tunes it, before the entry times.
-  const gpu = await initGpu({ tuning: "lazy", backend });
+  const gpu = host
+    ? await initGpu({ backend: "dawn-null", tuning: "off", matmulTiling: "default" })
+    : await initGpu({ tuning: "lazy", backend });
   console.error(`adapter: ${gpu.adapterName}${backendNote(gpu)}`);
-  holdTuningForBench(gpu);
+  if (!host) holdTuningForBench(gpu);
   // The tuners run here too, to report every class's and dtype's pick with its time.
-  const tuning = await tuneForBench(gpu, values.retune);
-  console.error(tuningTable(tuning));
+  const tuning = host ? NO_TUNING : await tuneForBench(gpu, values.retune);
+  if (!host) console.error(tuningTable(tuning));
   const options: BenchOptions = { steps, repeats, size, tuning };
   const cpu = await cpuName();
   const context = {

@@ -8,7 +8,11 @@
  * JavaScript and submits). A fourth run, "amp unfused", is AMP with the
  * reference attention (matmuls around a saved T×T softmax), for the fused
  * op's time and memory; a fifth, "amp bf16", is AMP in bf16 (its speed and
- * memory against AMP's in the "ratios" row). On GPUs each mode's first step
+ * memory against AMP's in the "ratios" row); a sixth, "amp captured", is AMP
+ * with the step captured (`trainer.capture`, replayed), timed over three
+ * times the steps, with its wall time per step against its GPU time (the
+ * "captured" row: on a GPU the two should agree within 5%, the GPU never
+ * waiting on JavaScript). On GPUs each mode's first step
  * is followed by per-shape matmul and attention tuning (`tuneMatmulShapes`,
  * `tuneAttentionShapes`) before the timed steps. A
  * "tuning" row says what the start-up tuning picked for each matmul class
@@ -85,7 +89,17 @@ async function profiledStep(gpu: Gpu, mode: string, step: () => void) {
 }
 
 /** The modes the GPT step runs in (see the module comment). */
-export const GPT_MODES = ["f32", "amp", "amp+ckpt", "amp unfused", "amp bf16"] as const;
+export const GPT_MODES = [
+  "f32",
+  "amp",
+  "amp+ckpt",
+  "amp unfused",
+  "amp bf16",
+  "amp captured",
+] as const;
+
+/** Timed steps of a captured mode, per step of the others: its wall time per step is its figure. */
+const CAPTURED_STEPS = 3;
 
 /**
  * The GPT step in `modes` (default all: f32, AMP, AMP + checkpointing,
@@ -114,20 +128,28 @@ export async function benchGpt(
       maxGradNorm: 1,
     });
     let loss: Tensor | null = null;
+    const captured = mode === "amp captured"
+      ? trainer.capture((a, b) => crossEntropy(model.forward(a), b))
+      : null;
     const step = () => {
       loss?.dispose();
-      loss = trainer.step(() => crossEntropy(model.forward(x), y));
+      loss = captured ? captured.run(x, y) : trainer.step(() => crossEntropy(model.forward(x), y));
     };
     step();
     await gpu.sync();
     // Between steps: time each product this step dispatched at its own shape (GPUs).
     await tuneShapesForBench(gpu, o.tuning);
+    // A captured step records its first steps (again after the tuning above), then replays.
+    for (let i = 0; captured && !captured.captured && i < 6; i++) step();
     gpu.resetPeakMemory();
     const before = gpu.batch.counters.dispatches;
-    const seconds = await timed(gpu, steps, step);
-    const dispatchesPerStep = (gpu.batch.counters.dispatches - before) / (steps + 1);
+    const count = captured ? CAPTURED_STEPS * steps : steps;
+    const seconds = await timed(gpu, count, step);
+    const dispatchesPerStep = (gpu.batch.counters.dispatches - before) / (count + 1);
     const finalLoss = await loss!.item();
-    const profiled = mode === "f32" || mode === "amp" ? await profiledStep(gpu, mode, step) : {};
+    const profiled = mode === "f32" || mode === "amp" || captured
+      ? await profiledStep(gpu, mode, step)
+      : {};
     results.push({
       bench: "gpt",
       mode,
@@ -139,6 +161,7 @@ export async function benchGpt(
       dispatchesPerStep,
       finalLoss,
       peakBytes: gpu.memoryStats().peakBytes,
+      ...(captured && { replayedSteps: captured.stats.replayed }),
       ...profiled,
     });
     (loss as Tensor | null)?.dispose();
@@ -148,6 +171,22 @@ export async function benchGpt(
   const shapes = shapePicks(gpu);
   if (shapes.length > 0) console.error(shapeTable(shapes, o.tuning.shapeSeconds));
   const [f32, amp, ckpt, unfused, bf16] = results;
+  const ampRun = results.find((r) => r.mode === "amp");
+  const capturedRun = results.find((r) => r.mode === "amp captured");
+  if (ampRun && capturedRun) {
+    const gpuMs = (capturedRun.profile as { gpuMs: number }).gpuMs;
+    results.push({
+      bench: "gpt",
+      mode: "captured",
+      model: "amp captured against amp; a replayed step's wall time against its GPU time",
+      size,
+      capturedSpeedup: (capturedRun.stepsPerSec as number) / (ampRun.stepsPerSec as number),
+      capturedWallMs: capturedRun.msPerStep,
+      capturedGpuMs: gpuMs,
+      wallOverGpu: (capturedRun.msPerStep as number) / gpuMs,
+      peakBytes: capturedRun.peakBytes,
+    });
+  }
   if (modes.length === GPT_MODES.length) {
     results.push({
       bench: "gpt",

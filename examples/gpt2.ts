@@ -303,6 +303,7 @@ async function main(): Promise<void> {
         loss: trained?.loss ?? null,
         validation: trained?.validation ?? result.before,
         secondsPerStep: trained?.secondsPerStep ?? null,
+        ...trained?.capture,
         peakBytes: result.peakBytes,
         wallSeconds,
       }

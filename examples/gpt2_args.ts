@@ -5,6 +5,7 @@
  */
 import { ampDtypeFlag, type AmpFlagDtype } from "./_amp_flag.ts";
 import { backendFlag, backendHelp } from "./_backend_flag.ts";
+import { captureHelp } from "./_capture_flag.ts";
 import type { Backend } from "../mod.ts";
 import {
   choiceFlag,
@@ -48,6 +49,7 @@ Training (with --data):
                      loss scaling
   --amp bf16         mixed precision in bf16 (no loss scaling)
   --checkpoint       gradient checkpointing: each block keeps only its input
+${captureHelp(21)}
   --validation X     share of the tokens held out (default 0.1)
   --eval-every N     validation loss every N steps, and after the last (default 50)
   --eval-windows N   validation windows of --context tokens scored (default 16)
@@ -103,6 +105,8 @@ export interface Gpt2Args {
   amp: boolean;
   ampDtype: AmpFlagDtype;
   checkpoint: boolean;
+  /** Capture the training step (not --no-capture). */
+  capture: boolean;
   validation: number;
   evalEvery: number;
   evalWindows: number;
@@ -199,6 +203,7 @@ export function parseGpt2Args(args: string[]): Gpt2Args | null {
       temperature: text("0.8"),
       "top-k": text("40"),
       json: flag,
+      "no-capture": flag,
       backend: optional,
       help: { ...flag, short: "h" },
     },
@@ -220,6 +225,7 @@ export function parseGpt2Args(args: string[]): Gpt2Args | null {
     amp: v.amp || v.fp16,
     ampDtype: ampFlag.dtype,
     checkpoint: v.checkpoint,
+    capture: !v["no-capture"],
     validation: numberFlag("validation", v.validation, (x) => x > 0 && x < 1, "in (0, 1)"),
     evalEvery: int("eval-every", v["eval-every"], 1),
     evalWindows: int("eval-windows", v["eval-windows"], 1),

@@ -8,6 +8,7 @@
  *
  * @module
  */
+import { type TrainingStep, trainingStep } from "./_capture_flag.ts";
 import {
   AdamW,
   addInPlace,
@@ -51,6 +52,8 @@ export interface Run {
   model: TinyGpt;
   optimizer: AdamW;
   trainer: AmpTrainer;
+  /** One micro-batch, captured unless --no-capture. */
+  step: TrainingStep;
   scheduler: LrScheduler;
   /** Draws the training windows; saved with the run. */
   batches: RandomGenerator;
@@ -228,6 +231,8 @@ export interface Trained {
   /** The validation loss after the last step. */
   validation: number;
   secondsPerStep: number;
+  /** Whether the step was captured, and how often it replayed. */
+  capture: ReturnType<TrainingStep["stats"]>;
 }
 
 /**
@@ -250,8 +255,10 @@ export async function train(run: Run, start: number): Promise<Trained> {
     first.before();
     for (let micro = 0; micro < cfg.accum; micro++) {
       sampleBatch(run.data.train, cfg.context, run.batches, inputs, targets);
-      const l = trainer.step(() =>
-        model.loss(Tensor.from(inputs, [cfg.batch, cfg.context], { dtype: "i32" }), targets)
+      // The batch goes from host arrays straight into the step's input buffers.
+      const l = run.step.run(
+        { data: inputs, shape: [cfg.batch, cfg.context], dtype: "i32" },
+        { data: targets, shape: [rows], dtype: "i32" },
       );
       noGrad(() => addInPlace(lossSum, l));
       l.dispose();
@@ -296,12 +303,17 @@ export async function train(run: Run, start: number): Promise<Trained> {
   }
   lossSum.dispose();
   progress.finish();
-  return { loss, validation, secondsPerStep: seconds / Math.max(timed, 1) };
+  return {
+    loss,
+    validation,
+    secondsPerStep: seconds / Math.max(timed, 1),
+    capture: run.step.stats(),
+  };
 }
 
 /** Fine-tunes `model` on the text (from --resume's step, if any); what it ended with. */
 export async function fineTune(
-  base: Omit<Run, "optimizer" | "trainer" | "scheduler" | "batches">,
+  base: Omit<Run, "optimizer" | "trainer" | "step" | "scheduler" | "batches">,
   record: SavedRun | null,
   changes: FlagChange[],
 ): Promise<{ before: number; trained: Trained | null }> {
@@ -322,7 +334,9 @@ export async function fineTune(
     }),
   );
   const batches = new RandomGenerator(cfg.seed + 1);
-  const run: Run = { ...base, optimizer, trainer, scheduler, batches };
+  // Captured (recorded in its first steps, then replayed): the same bits as uncaptured.
+  const step = trainingStep(trainer, (x, y) => model.loss(x, y), cfg);
+  const run: Run = { ...base, optimizer, trainer, step, scheduler, batches };
   const start = await resumeOrStart(run, record, changes);
   const before = await validate(run);
   const finished = start >= cfg.steps;

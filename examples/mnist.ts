@@ -51,6 +51,7 @@ import { readRecordOrExit } from "./_run_file.ts";
 import { checkOutputsReplace, checkOutputsWritable, sameFile } from "./_outputs.ts";
 import { evaluate } from "./mnist_evaluate.ts";
 import { precisionName } from "./_amp_flag.ts";
+import { type TrainingStep, trainingStep } from "./_capture_flag.ts";
 import { gather, loadData, randomShifts, shuffle } from "./mnist_batches.ts";
 import { MNIST_PIXELS, type MnistSplit } from "./mnist_data.ts";
 import { mnistBuffers, mnistInputShape, mnistModel } from "./mnist_model.ts";
@@ -73,6 +74,8 @@ export interface Run {
   model: Sequential;
   optimizer: SGD | Adam;
   trainer: AmpTrainer;
+  /** One micro-batch, captured unless --no-capture (or --inspect). */
+  step: TrainingStep;
   scheduler: LrScheduler;
   /** Draws each epoch's data order; the saved training state holds its state. */
   shuffler: RandomGenerator;
@@ -141,7 +144,9 @@ function makeTrainer(cfg: MnistArgs, optimizerSteps: number) {
       })
       : () => 1,
   );
-  return { model, optimizer, trainer, scheduler, inspect };
+  // Captured (recorded in its first steps, then replayed): the same bits as uncaptured.
+  const step = trainingStep(trainer, (x, y) => crossEntropy(model.forward(x), y), cfg);
+  return { model, optimizer, trainer, step, scheduler, inspect };
 }
 
 /**
@@ -155,7 +160,7 @@ async function trainEpoch(
   progress: Progress,
   from = 0,
 ) {
-  const { cfg, train, batch, model, trainer, scheduler, totalSteps } = run;
+  const { cfg, train, batch, trainer, scheduler, totalSteps } = run;
   const pixels = new Float32Array(batch * MNIST_PIXELS), labels = new Int32Array(batch);
   const order = shuffle(train.count, run.shuffler);
   const shifts = cfg.shift > 0 ? randomShifts(train.count, cfg.shift, run.shuffler) : null;
@@ -169,8 +174,10 @@ async function trainEpoch(
     // every --accum micro-batches the trainer unscales, checks for overflow,
     // steps the optimizer (skipped on the GPU on overflow) and updates the scale.
     run.firstStep.before();
-    const loss = trainer.step(() =>
-      crossEntropy(model.forward(Tensor.from(pixels, mnistInputShape(cfg.model, batch))), labels)
+    // The batch goes from host arrays straight into the step's input buffers.
+    const loss = run.step.run(
+      { data: pixels, shape: mnistInputShape(cfg.model, batch) },
+      { data: labels, shape: [batch], dtype: "i32" },
     );
     run.firstStep.after();
     if (tally.step % cfg.accum === cfg.accum - 1) scheduler.step(); // after each optimizer step

@@ -16,6 +16,7 @@ import { ampDtypeFlag, type AmpFlagDtype } from "./_amp_flag.ts";
 import { backendFlag, backendHelp } from "./_backend_flag.ts";
 import type { Backend } from "../mod.ts";
 import { profileSteps } from "./_profile_window.ts";
+import { captureHelp } from "./_capture_flag.ts";
 import type { MnistModel } from "./mnist_model.ts";
 import { heatmapPath } from "./_inspect.ts";
 import type { InputFile, OutputFile } from "./_outputs.ts";
@@ -102,6 +103,7 @@ Flags:
                    (with --json, an "inspect" event holding the whole report)
   --profile N      profile N training steps (from step 11) and print the GPU
                    time of every kernel (HALFSTEP_PROFILE=N does the same)
+${captureHelp(19)}
   --json           print one JSON object per line instead of text; the last
                    line is {"event":"final", "testAccuracy", "steps", "peakBytes", ...}
 ${backendHelp(19)}
@@ -141,6 +143,8 @@ export interface MnistArgs {
   plot: string | undefined;
   /** Attach a numerics inspector; report it at the end (and a heat map with --plot). */
   inspect: boolean;
+  /** Capture the training step (not --no-capture, nor --inspect). */
+  capture: boolean;
   /** After a failed save: stop the run, or report it and keep training. */
   onSaveError: "stop" | "continue";
   /** Steps to profile (from --profile or HALFSTEP_PROFILE), if any. */
@@ -217,6 +221,7 @@ export function parseMnistArgs(args: string[]): MnistArgs | null {
       overwrite: { type: "boolean", default: false },
       plot: { type: "string" },
       inspect: { type: "boolean", default: false },
+      "no-capture": { type: "boolean", default: false },
       profile: { type: "string" },
       momentum: { type: "string" },
       amp: { type: "boolean", default: false },
@@ -283,6 +288,7 @@ export function parseMnistArgs(args: string[]): MnistArgs | null {
     overwrite: values.overwrite,
     plot: values.plot,
     inspect: values.inspect,
+    capture: !values["no-capture"] && !values.inspect,
     onSaveError: choiceFlag("on-save-error", values["on-save-error"], ["stop", "continue"]),
     profile: profileSteps(
       values.profile === undefined ? undefined : integerFlag("profile", values.profile, 1),

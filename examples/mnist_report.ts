@@ -104,6 +104,7 @@ export async function report(run: Run, tally: Tally, started: number): Promise<v
   const allocated200 = tally.allocatedAfter.get(200) ?? null;
   const allocatedLast = tally.allocatedAfter.get(step) ?? null;
   const counters = gpu.batch.counters;
+  const capture = run.step.stats();
   if (cfg.plot) run.emit("plot", { path: cfg.plot }, `wrote ${cfg.plot}`); // before `final`
   run.emit(
     "final",
@@ -132,6 +133,7 @@ export async function report(run: Run, tally: Tally, started: number): Promise<v
       dispatches: counters.dispatches,
       submits: counters.submits,
       reads: counters.reads,
+      ...capture,
       adapter: gpu.adapterName,
     },
     [
@@ -153,6 +155,9 @@ export async function report(run: Run, tally: Tally, started: number): Promise<v
       `reserved ${mib(memory.reservedBytes)}`,
       allocatedLine(tally.allocatedAfter),
       `GPU work: ${counters.dispatches} dispatches, ${counters.submits} submits, ${counters.reads} reads`,
+      capture.captured
+        ? `captured step: ${capture.replayedSteps} of ${sessionSteps} steps replayed`
+        : "uncaptured step (--no-capture or --inspect)",
     ].join("\n"),
   );
 }

@@ -16,6 +16,7 @@ import { orExit, orExitAsync, runMain } from "./_cli.ts";
 import { readUtf8 } from "./_text_file.ts";
 import { checkOutputFiles, type OutputFile } from "./_outputs.ts";
 import { DivergenceWatch, evaluationHealth, type Health } from "./_divergence.ts";
+import { type TrainingStep, trainingStep } from "./_capture_flag.ts";
 import { finishInspect, heatmapPath, InspectLog } from "./_inspect.ts";
 import { checkPlan, runLimits } from "./_preflight.ts";
 import { profileFields, ProfileWindow } from "./_profile_window.ts";
@@ -75,6 +76,8 @@ export interface Run {
   model: TinyGpt;
   optimizer: AdamW;
   trainer: AmpTrainer;
+  /** One micro-batch, captured unless --no-capture (or --inspect). */
+  step: TrainingStep;
   /** The steps `--profile` times, if any. */
   profile: ProfileWindow | null;
   /** With --inspect: the numerics inspector on the trainer and its reports so far. */
@@ -187,11 +190,10 @@ async function train(run: Run): Promise<Training> {
     sampleBatch(run.corpus.train, c.context, rng, inputs, targets);
     run.profile?.before(step);
     first.before();
-    const loss = trainer.step(() =>
-      crossEntropy(
-        model.forward(Tensor.from(inputs, [c.batch, c.context], { dtype: "i32" })),
-        targets,
-      )
+    // The batch goes from host arrays straight into the step's input buffers.
+    const loss = run.step.run(
+      { data: inputs, shape: [c.batch, c.context], dtype: "i32" },
+      { data: targets, shape: [c.batch * c.context], dtype: "i32" },
     );
     first.after();
     scheduler.step();
@@ -367,7 +369,9 @@ async function main(): Promise<void> {
     inspector: inspect?.inspector,
   });
   const profile = cfg.profile ? new ProfileWindow(gpu, cfg.profile, cfg.steps) : null;
-  const run: Run = { cfg, emit, gpu, ...data, model, optimizer, trainer, profile, inspect };
+  // Captured (recorded in its first steps, then replayed): the same bits as uncaptured.
+  const step = trainingStep(trainer, (x, y) => crossEntropy(model.forward(x), y), cfg);
+  const run: Run = { cfg, emit, gpu, ...data, model, optimizer, trainer, step, profile, inspect };
   const training = await train(run);
   const evalStart = performance.now();
   const validation = await evaluate(run);

@@ -7,6 +7,7 @@ import { integerFlag, numberFlag, parseFlags, UsageError, withNegativeValues } f
 import { profileSteps } from "./_profile_window.ts";
 import { ampDtypeFlag, type AmpFlagDtype } from "./_amp_flag.ts";
 import { backendFlag, backendHelp } from "./_backend_flag.ts";
+import { captureHelp } from "./_capture_flag.ts";
 import type { Backend } from "../mod.ts";
 
 /** `tiny_gpt.ts --help`. */
@@ -83,6 +84,7 @@ Flags:
   --overwrite        replace the files --plot and --save-nanogpt name although
                      they are there (without it such a run is refused before
                      it starts; the --data file is never replaced)
+${captureHelp(21)}
   --json             print one JSON object per line instead of text; the last
                      line is {"event":"final", "validationLoss", "bigramLoss",
                      "stepsPerSecond", "peakBytes", "wallSeconds", "samples", ...}
@@ -148,6 +150,8 @@ export interface TinyGptArgs {
   overwrite: boolean;
   /** Attach a numerics inspector; report it at the end (and a heat map with --plot). */
   inspect: boolean;
+  /** Capture the training step (not --no-capture, nor --inspect). */
+  capture: boolean;
   /** Steps to profile (from --profile or HALFSTEP_PROFILE), if any. */
   profile: number | undefined;
   /** The head shares the token table (--tie-embeddings). */
@@ -207,6 +211,7 @@ export function parseTinyGptArgs(args: string[]): TinyGptArgs | null {
       temperature: text("0.8"),
       json: flag,
       inspect: flag,
+      "no-capture": flag,
       plot: { type: "string" },
       overwrite: flag,
       profile: { type: "string" },
@@ -245,6 +250,7 @@ export function parseTinyGptArgs(args: string[]): TinyGptArgs | null {
     plot: v.plot,
     overwrite: v.overwrite,
     inspect: v.inspect,
+    capture: !v["no-capture"] && !v.inspect,
     profile: profileSteps(v.profile === undefined ? undefined : int("profile", v.profile, 1)),
     tieEmbeddings: v["tie-embeddings"],
     headBias: !v["no-head-bias"],

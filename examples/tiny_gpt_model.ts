@@ -19,6 +19,7 @@ import {
   concat,
   crossEntropy,
   Embedding,
+  keep,
   LayerNorm,
   Linear,
   linear,
@@ -50,6 +51,8 @@ export interface TinyGptConfig {
   seed?: number;
   /** Fused attention (default true) or the reference path of matmuls and a saved softmax. */
   fusedAttention?: boolean;
+  /** Dropout on the attention weights while training (default 0; nanoGPT's `dropout`). */
+  dropout?: number;
   /**
    * The head uses the token table as its weight (default false): one
    * parameter, `tokens.weight` and `head.weight` in the state dict, as
@@ -103,6 +106,11 @@ export class TinyGpt extends Module {
   readonly head: Linear;
   /** Columns of each piece of the token table. */
   readonly #pieces: number[];
+  /**
+   * The position ids 0 … T − 1 by T, uploaded once: an upload inside a step
+   * would make the batch submit what it recorded before it.
+   */
+  readonly #positionIds = new Map<number, Tensor>();
 
   /** A model of the given sizes, initialised from `config.seed`. */
   constructor(config: TinyGptConfig) {
@@ -126,7 +134,7 @@ export class TinyGpt extends Module {
     );
     if (shards > 1) this.registerModule("tokenShards", new Sequential(...this.tokenShards));
     this.positions = this.registerModule("positions", new Embedding(context, dim, { seed }));
-    const attention = { fused: config.fusedAttention };
+    const attention = { fused: config.fusedAttention, dropout: config.dropout };
     const blocks = Array.from(
       { length: config.layers },
       () => new TransformerBlock(dim, heads, { seed, attention, bias, gelu }),
@@ -138,6 +146,13 @@ export class TinyGpt extends Module {
       "head",
       new Linear(dim / shards, vocab, { seed, weight, bias: config.headBias }),
     );
+  }
+
+  /** Frees the parameters and the position ids it keeps. */
+  override dispose(): void {
+    for (const t of this.#positionIds.values()) t.dispose();
+    this.#positionIds.clear();
+    super.dispose();
   }
 
   /** The token table's column pieces: `[tokens.weight]` unless the table is sharded. */
@@ -209,10 +224,16 @@ export class TinyGpt extends Module {
         `TinyGpt: ids must be i32 [batch, T] with T <= ${this.config.context}; got ${ids.describe()}.`,
       );
     }
-    const positions = Tensor.from(Array.from({ length: t }, (_, i) => i), [t], { dtype: "i32" });
+    let positions = this.#positionIds.get(t);
+    if (!positions || positions.disposed) {
+      const values = Array.from({ length: t }, (_, i) => i);
+      // Kept: an enclosing tidy() does not free it.
+      positions = keep(Tensor.from(values, [t], { dtype: "i32", gpu: ids.gpu }));
+      this.#positionIds.set(t, positions);
+    }
     const tok = this.embed(ids), pos = this.positions.forward(positions);
     const x = add(tok, pos); // [B, T, C] + [T, C]
-    for (const u of [positions, tok, pos]) u.dispose();
+    for (const u of [tok, pos]) u.dispose();
     const h = this.blocks.forward(x);
     x.dispose();
     const flat = reshape(h, [b * t, this.config.dim]);

@@ -14,7 +14,7 @@ const mib = (bytes: number): string => `${(bytes / 2 ** 20).toFixed(2)} MiB`;
 
 /** The `start` event: the adapter, the data, the model and the run's settings. */
 export function reportStart(
-  run: Omit<Run, "optimizer" | "trainer" | "profile">,
+  run: Omit<Run, "optimizer" | "trainer" | "step" | "profile">,
   setupSeconds: number,
 ): void {
   const { cfg: c, corpus, windows, bigram, gpu } = run;
@@ -85,6 +85,7 @@ export async function report(
     skippedSteps: skipped,
     samples,
     novelSamples: novel,
+    ...run.step.stats(),
   };
   if (c.plot) {
     await writeLossChart(c.plot, {

@@ -49,7 +49,7 @@ export {
   wgslType,
 } from "./base/dtype.ts";
 export { BF16_NAN, bf16FromF32, f32FromBf16 } from "./base/bf16.ts";
-export { sameShape, type Shape, shapeString, sizeOf } from "./base/shape.ts";
+export { assertValidShape, sameShape, type Shape, shapeString, sizeOf } from "./base/shape.ts";
 export { cut, quoted, shortValue } from "./base/short_text.ts";
 
 // the device: Gpu, device arrays, the buffer pool, kernels as data, batching, profiling
@@ -83,8 +83,22 @@ export {
   type ProfileTiming,
 } from "./device/profiler.ts";
 export type { ProfileReport, ProfileRow } from "./device/profile_report.ts";
-export { BufferPool, type MemoryStats } from "./device/buffer_pool.ts";
+export { BufferPool, type MemoryStats, PoolReserve } from "./device/buffer_pool.ts";
 export { type BatchCounters, CommandBatch, type FlushPolicy } from "./device/command_batch.ts";
+export {
+  CommandRecording,
+  firstDifference,
+  type RecordedCommand,
+  type RecordedCopy,
+  type RecordedDispatch,
+  type RecordedWrite,
+} from "./device/command_recording.ts";
+export {
+  CommandGraph,
+  type GraphCommand,
+  type GraphCopy,
+  type GraphDispatch,
+} from "./device/command_graph.ts";
 export {
   type Binding,
   type CompiledKernel,
@@ -97,13 +111,14 @@ export {
   type KernelDefinition,
   kernelKey,
   type KernelSpec,
+  type LiveUniforms,
   optional,
   PipelineCache,
   type UniformFields,
   type UniformType,
 } from "./device/kernel.ts";
 export {
-  type ArrayStorage,
+  ArrayStorage,
   type ArrayValues,
   assertArrayFits,
   bufferBytes,
@@ -114,7 +129,12 @@ export {
 export type { CandidateTimer, TuningProgress } from "./tuning/timing.ts";
 export type { TimedPick } from "./tuning/cache.ts";
 export type { ClassTuningOptions, ShapePicks, ShapeTuningOptions } from "./tuning/picks.ts";
-export { defineTunerSettings, type TunerSettings } from "./tuning/settings.ts";
+export {
+  defineTunerSettings,
+  settingsChanged,
+  settingsEpoch,
+  type TunerSettings,
+} from "./tuning/settings.ts";
 export {
   LAZY_MIN_WORK,
   LAZY_TUNING_BUDGET,
@@ -202,8 +222,17 @@ export {
   runtime,
   type RuntimeModes,
   type RuntimeState,
+  type StepRecorder,
   withState,
 } from "./tensor/runtime_state.ts";
+export {
+  noteCaptureCheck,
+  recheckStep,
+  recordStep,
+  redrawStep,
+  type StepDraw,
+  StepRecording,
+} from "./tensor/step_recording.ts";
 export {
   type BackwardOptions,
   type GradNode,

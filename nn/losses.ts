@@ -10,6 +10,7 @@ import {
   type LinearCrossEntropyOptions,
   linearCrossEntropyPerRow,
   mean,
+  noteCaptureCheck,
   sameShape,
   shortValue,
   square,
@@ -58,10 +59,20 @@ function reduce(losses: Tensor, reduction: Reduction): Tensor {
   return out;
 }
 
-/** Whether some row may be ignored, judged from the targets' host-known range. */
+/**
+ * Whether some row may be ignored, judged from the targets' host-known range
+ * (a captured step asks again for each new batch's targets).
+ */
 function mayIgnore(ids: Tensor, ignoreIndex: number): boolean {
-  const range = ids.indexRange;
-  return range === null || (ignoreIndex >= range.min && ignoreIndex <= range.max);
+  const may = (range = ids.indexRange) =>
+    range === null || (ignoreIndex >= range.min && ignoreIndex <= range.max);
+  const recorded = may();
+  noteCaptureCheck(() =>
+    may() === recorded
+      ? null
+      : `whether the targets may hold the ignore index ${ignoreIndex} changed`
+  );
+  return recorded;
 }
 
 /** Σ losses / Σ target weights: PyTorch's "mean" with weights or ignored rows (NaN when all are ignored). */

@@ -80,6 +80,16 @@ export abstract class Module {
   #buffers = new Map<string, Tensor>();
   #optionalOnLoad = new Set<string>();
   #children = new Map<string, Module>();
+  #registrations = 0;
+
+  /**
+   * How many parameters, buffers and children were registered on this
+   * module (not its descendants): a captured training step records again
+   * when it moves, as its commands may no longer cover the model. @internal
+   */
+  get registrations(): number {
+    return this.#registrations;
+  }
 
   /** Computes the module's output. */
   abstract forward(input: Tensor): Tensor;
@@ -89,6 +99,7 @@ export abstract class Module {
     this.#checkName(name);
     tensor.requiresGrad = true;
     this.#parameters.set(name, tensor);
+    this.#registrations++;
     return tensor;
   }
 
@@ -104,6 +115,7 @@ export abstract class Module {
   ): Tensor {
     this.#checkName(name);
     this.#buffers.set(name, tensor);
+    this.#registrations++;
     if (options.optionalOnLoad) this.#optionalOnLoad.add(name);
     return tensor;
   }
@@ -112,6 +124,7 @@ export abstract class Module {
   protected registerModule<M extends Module>(name: string, module: M): M {
     this.#checkName(name);
     this.#children.set(name, module);
+    this.#registrations++;
     return module;
   }
 

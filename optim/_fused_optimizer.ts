@@ -7,6 +7,7 @@
 import {
   DTypeError,
   fail,
+  noteCaptureCheck,
   sameShape,
   StateError,
   Tensor,
@@ -206,6 +207,11 @@ export abstract class FusedOptimizer<G extends Group> implements Optimizer {
       errors,
     );
     if (work.size === 0) return;
+    // A captured step checks the hyper-parameters again before each replay, as this step did.
+    noteCaptureCheck(() => {
+      fail(ValueError, `${this.kind}.step: invalid hyper-parameters`, this.#groupErrors());
+      return null;
+    });
     this.beforeUpdates(foundInf);
     for (const [group, updates] of work) this.update(updates, { foundInf, gradScale }, group);
   }

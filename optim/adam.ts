@@ -157,8 +157,7 @@ export class Adam extends FusedOptimizer<AdamGroup> {
 
   /** @internal */
   protected update(updates: ParamUpdate[], signals: UpdateSignals, g: AdamGroup): void {
-    launchAdamUpdates(updates, { ...signals, step: this.#step }, {
-      ...g,
+    launchAdamUpdates(updates, { ...signals, step: this.#step }, g, {
       decoupled: this.decoupledWeightDecay,
       biasCorrection: this.biasCorrection,
     });

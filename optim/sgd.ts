@@ -9,7 +9,7 @@
  * `optimizer.groups[i].lr = 1e-4`, which is what `LrScheduler` does. Other
  * hyper-parameters are fixed at construction (or restored by `loadStateDict`).
  */
-import type { Tensor } from "../gpu/mod.ts";
+import { noteCaptureCheck, type Tensor } from "../gpu/mod.ts";
 import {
   checkOptionKeys,
   commonChecks,
@@ -103,6 +103,12 @@ export class SGD extends FusedOptimizer<SGDGroup> {
 
   /** @internal */
   protected update(updates: ParamUpdate[], signals: UpdateSignals, g: SGDGroup): void {
+    // Momentum (and Nesterov with it) picks the kernel: a captured step records again if either turns.
+    const kernel = (h: SGDGroup) => `${h.momentum > 0}/${h.momentum > 0 && h.nesterov}`;
+    const recorded = kernel(g);
+    noteCaptureCheck(() =>
+      kernel(g) === recorded ? null : "SGD's momentum or Nesterov was turned on or off"
+    );
     launchSgdUpdates(updates, signals, g);
   }
 }

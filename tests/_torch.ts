@@ -3,24 +3,7 @@
  * Python has torch: CI installs python3-torch, so every comparison with
  * PyTorch runs there.
  */
-
-/**
- * A Python that imports torch: $HALFSTEP_TORCH_PYTHON, else `python3` on the
- * PATH, else Debian's /usr/bin/python3 (where python3-torch installs), or null.
- */
-function findTorchPython(): string | null {
-  const candidates = [Deno.env.get("HALFSTEP_TORCH_PYTHON"), "python3", "/usr/bin/python3"];
-  for (const python of candidates) {
-    if (!python) continue;
-    try {
-      const args = ["-c", "import torch"];
-      if (new Deno.Command(python, { args, stderr: "null" }).outputSync().success) return python;
-    } catch {
-      // Not installed: try the next one.
-    }
-  }
-  return null;
-}
+import { findTorchPython } from "../examples/_torch_python.ts";
 
 let found: string | null | undefined;
 

@@ -19,6 +19,7 @@ import {
   Tensor,
 } from "../mod.ts";
 import { decodeSafetensors, encodeSafetensors, type SafetensorsEntry } from "../nn/safetensors.ts";
+import type { OptimizerStateDict } from "../optim/mod.ts";
 
 export const FEATURES = 6, CLASSES = 3;
 
@@ -99,8 +100,16 @@ export async function snapshot(run: Run): Promise<Record<string, unknown>> {
   for (const [key, pending] of reads) {
     out[key] = pending ? new Uint8Array((await pending).buffer) : null;
   }
-  const o = await optimizer;
-  out.optimizer = {
+  out.optimizer = optimizerBytes(await optimizer);
+  out.lrs = run.optimizer.groups.map((g) => g.lr);
+  out.trainer = await trainer;
+  out.dropout = (run.model.children()[3] as Dropout).generator.state();
+  return out;
+}
+
+/** An optimizer's state dict with its buffers as bytes: deepEqual only when bit-identical. */
+export function optimizerBytes(o: OptimizerStateDict): Record<string, unknown> {
+  return {
     ...o,
     state: o.state.map((s) => ({
       ...s,
@@ -109,10 +118,6 @@ export async function snapshot(run: Run): Promise<Record<string, unknown>> {
       ),
     })),
   };
-  out.lrs = run.optimizer.groups.map((g) => g.lr);
-  out.trainer = await trainer;
-  out.dropout = (run.model.children()[3] as Dropout).generator.state();
-  return out;
 }
 
 /** The tensors and metadata of a safetensors file. */

@@ -45,7 +45,7 @@ Deno.test("examples: every bad flag is one line and exit status 2, before any tr
       [["--model", "resnet"], /--model must be mlp or cnn, not "resnet"/],
       [["--model", "cnn", "--shift", "9"], /--shift must be an integer from 0 to 8, not "9"/],
       [["--optimizer", "rmsprop"], /--optimizer must be sgd or adam, not "rmsprop"/],
-      [["--backend", "metal"], /^mnist: --backend must be builtin or dawn, not "metal"/],
+      [["--backend", "metal"], /^mnist: --backend must be builtin, dawn or dawn-null, not "metal"/],
       [["--no-such-flag"], /^mnist: .*no-such-flag.* \(see --help\)$/],
       [["--epoch", "3"], /^mnist: unknown flag --epoch; did you mean --epochs\? \(see --help\)$/],
       [["--bach=64"], /^mnist: unknown flag --bach; did you mean --batch\?/],

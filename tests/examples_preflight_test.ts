@@ -25,7 +25,7 @@ import { gpu, GPU_TEST } from "./_gpu.ts";
 async function largestRequest(fn: () => Promise<void>): Promise<number> {
   const acquire = gpu.pool.acquire;
   let largest = 0;
-  gpu.pool.acquire = (bytes: number, label: string) => {
+  gpu.pool.acquire = (bytes: number, label: () => string) => {
     largest = Math.max(largest, bytes);
     return acquire.call(gpu.pool, bytes, label);
   };

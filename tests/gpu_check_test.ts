@@ -50,7 +50,10 @@ Deno.test({
     const builtin = rows.find((r) => r.part === "adapter" && r.backend === "builtin" && r.adapter);
     assert.ok(builtin, "the builtin adapter is described");
     const gptRows = rows.filter((r) => r.part === "gpt" && r.backend === "builtin" && r.msPerStep);
-    assert.deepEqual(gptRows.map((r) => r.mode), ["f32", "amp"]);
+    assert.deepEqual(gptRows.map((r) => r.mode), ["f32", "amp", "amp captured"]);
+    // The captured step's wall time against its GPU time (on a GPU: within 5%).
+    const captured = rows.find((r) => r.part === "gpt" && r.mode === "captured");
+    assert.ok(captured && (captured.wallOverGpu as number) > 0, JSON.stringify(captured));
     if (!matrices) {
       for (const part of ["adapter", "correct", "matmul", "gpt"]) {
         assert.equal(status[`dawn ${part}`], "unavailable", part);

@@ -26,6 +26,8 @@ interface DemoState {
   accuracy: number | null;
   scale: number | null;
   skippedSteps: number | null;
+  captured: boolean;
+  replayedSteps: number;
   error: string | null;
 }
 
@@ -96,6 +98,9 @@ Deno.test({
     assert.ok(last.loss < 0.85 * first.loss, `the loss falls: ${first.loss} → ${last.loss}`);
     assert.ok(state.accuracy !== null && state.accuracy > 0.6, `accuracy ${state.accuracy}`);
     assert.equal(state.skippedSteps, 0);
+    // The page captures its step: recorded in its first steps, then replayed.
+    assert.ok(state.captured, "captured");
+    assert.ok(state.replayedSteps >= STEPS - 3, `replayed ${state.replayedSteps} of ${STEPS}`);
     // The heading names the adapter it ran on; on a software one it never says "your GPU".
     assert.ok(state.heading.includes(state.adapter), state.heading);
     assert.doesNotMatch(state.heading, /your GPU/);

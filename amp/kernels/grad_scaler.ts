@@ -243,16 +243,18 @@ export interface ScaleUpdateParams {
   newScale: number;
 }
 
-/** Runs the scale update on `scale`, `foundInf` and `counters` (i32 [4]). No sync. */
+/**
+ * Runs the scale update on `scale`, `foundInf` and `counters` (i32 [4]),
+ * with `params()` (called again at each replay of a captured step). No sync.
+ */
 export function launchScaleUpdate(
   state: { scale: DeviceArray; foundInf: DeviceArray; counters: DeviceArray },
-  u: ScaleUpdateParams,
+  params: () => ScaleUpdateParams,
 ): void {
   const gpu = state.scale.gpu;
-  gpu.dispatch(
-    gpu.kernel(scaleUpdateKernel, {}),
-    { scale: state.scale, found: state.foundInf, counters: state.counters },
-    {
+  const uniforms = () => {
+    const u = params();
+    return {
       mode: u.mode,
       stepped: u.stepped ? 1 : 0,
       growth: u.growth,
@@ -262,7 +264,14 @@ export function launchScaleUpdate(
       min_scale: u.minScale,
       max_scale: u.maxScale,
       new_scale: u.newScale,
-    },
+    };
+  };
+  gpu.dispatch(
+    gpu.kernel(scaleUpdateKernel, {}),
+    { scale: state.scale, found: state.foundInf, counters: state.counters },
+    uniforms(),
     [1],
+    {},
+    uniforms,
   );
 }

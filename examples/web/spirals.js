@@ -5,7 +5,9 @@
 // anyone watching the page (the headless test in tests/ does).
 //
 // URL parameters: `steps` (default 400), `seed` (default 1), `f16` (initGpu's
-// f16 option: auto, require or off; default auto).
+// f16 option: auto, require or off; default auto), `capture` (off: train
+// uncaptured; by default the step is captured, recorded in its first steps and
+// then replayed without its JavaScript).
 import {
   AdamW,
   AmpTrainer,
@@ -46,6 +48,9 @@ const demo = {
   scale: null,
   skippedSteps: null,
   msPerStep: null,
+  /** Whether the step is captured, and the steps replayed so far. */
+  captured: false,
+  replayedSteps: 0,
   error: null,
 };
 globalThis.halfstepDemo = demo;
@@ -225,19 +230,23 @@ async function main() {
     new Linear(64, 2, { seed: seed + 2 }),
   );
   const trainer = new AmpTrainer(model, new AdamW(model.parameters(), { lr: 0.01 }));
+  const loss = (x, y) => crossEntropy(model.forward(x), y);
+  const captured = params.get("capture") === "off" ? null : trainer.capture(loss);
+  demo.captured = captured !== null;
   setStatus("training", "training…");
   showStats();
   let since = performance.now();
   for (let step = 1; step <= totalSteps; step++) {
-    const loss = trainer.step(() => crossEntropy(model.forward(x), y));
+    const l = captured ? captured.run(x, y) : trainer.step(() => loss(x, y));
+    demo.replayedSteps = captured?.stats.replayed ?? 0;
     if (step % LOG_EVERY === 0 || step === 1 || step === totalSteps) {
-      demo.losses.push({ step, loss: await loss.item() }); // the sync point
+      demo.losses.push({ step, loss: await l.item() }); // the sync point
       demo.msPerStep = (performance.now() - since) / (step === 1 ? 1 : LOG_EVERY);
       since = performance.now();
       demo.scale = await trainer.scaler.getScale();
       demo.skippedSteps = await trainer.scaler.skippedSteps();
     }
-    loss.dispose();
+    l.dispose();
     demo.steps = step;
     if (step % FIELD_EVERY === 0 || step === totalSteps) await drawField(model, data);
     if (step % LOG_EVERY === 0) {

@@ -15,23 +15,29 @@
  *   buffers back and reuses its bind groups.
  * - **Profiling.** While a {@link DispatchProfiler} is attached, each dispatch
  *   runs in a pass of its own that writes GPU timestamps.
+ * - **Capture.** While a {@link CommandRecording} is attached (`recorder`),
+ *   every command is noted there as well as recorded (a captured step's
+ *   first runs); {@link CommandBatch.replay} encodes a `CommandGraph` made
+ *   from such a recording, with its own bind groups and uniforms.
  */
-import type { CompiledKernel } from "./kernel.ts";
-import type { DispatchCost, DispatchProfiler } from "./profiler.ts";
+import type { CompiledKernel, LiveUniforms } from "./kernel.ts";
+import { type DispatchCost, type DispatchProfiler, dispatchWork } from "./profiler.ts";
+import type { CommandRecording } from "./command_recording.ts";
+import { bindGroupEntries, type CommandGraph, UNIFORM_BINDING_BYTES } from "./command_graph.ts";
 
 const ARENA_BYTES = 256 * 1024;
-/**
- * Bytes every uniform binding spans (kernels read at most 64 words): one size
- * for all, so kernels that share a bind-group layout share bind groups too.
- */
-const UNIFORM_BINDING_BYTES = 256;
-/**
- * How many FLOPs cost as much time as moving one byte, to add both into one
- * work estimate (a large GPU's FMA rate over its memory bandwidth).
- */
-const FLOPS_PER_BYTE = 16;
-/** Bind groups kept for reuse; the least recently used go first. */
+/** Bind groups kept for reuse; past it, all are forgotten and made again as they are used. */
 const BIND_GROUP_CACHE_SIZE = 4096;
+
+/**
+ * A node of the bind-group cache, a trie by layout then buffer: the group
+ * over the buffers on its path, and the longer paths (no key strings to
+ * build at each dispatch).
+ */
+interface GroupNode {
+  group: GPUBindGroup | null;
+  next: Map<GPUBuffer, GroupNode> | null;
+}
 
 /** Counters for debugging and benchmarks. */
 export interface BatchCounters {
@@ -73,6 +79,8 @@ export class CommandBatch {
   flushPolicy: FlushPolicy;
   /** Set while `gpu.profile()` runs. @internal */
   profiler: DispatchProfiler | null = null;
+  /** Set while a captured step records: every command is noted there too. @internal */
+  recorder: CommandRecording | null = null;
   #device: GPUDevice;
   #align: number;
   #arena: GPUBuffer;
@@ -82,11 +90,14 @@ export class CommandBatch {
   #pass: GPUComputePassEncoder | null = null;
   #pending = 0;
   #pendingWork = 0;
-  #ids = new WeakMap<object, number>();
-  #nextId = 1;
-  #bindGroups = new Map<string, GPUBindGroup>();
+  #bindGroups = new Map<GPUBindGroupLayout, GroupNode>();
+  #bindGroupCount = 0;
+  /** The pipeline the open pass has set (a pass keeps it). */
+  #passPipeline: GPUComputePipeline | null = null;
   #offsets = [0];
   #kernels = new Set<CompiledKernel>();
+  /** Graphs replayed into the open batch (a failed submit names their kernels too). */
+  #graphs: CommandGraph[] = [];
   #onSubmitError: (message: string, kernels: CompiledKernel[]) => void;
 
   /**
@@ -119,7 +130,7 @@ export class CommandBatch {
    * Records one dispatch of `kernel`: `buffers` are bound at bindings 0..n-1
    * in order and, when the kernel has uniforms, `words` (u32) at binding n;
    * `workgroups` is the dispatch grid. `cost` feeds the flush policy and the
-   * profiler.
+   * profiler; `live` (the fields a replay recomputes) goes to the recorder.
    */
   dispatch(
     kernel: CompiledKernel,
@@ -127,7 +138,9 @@ export class CommandBatch {
     words: readonly number[],
     workgroups: readonly [number, number?, number?],
     cost: DispatchCost = {},
+    live: LiveUniforms | null = null,
   ): void {
+    this.recorder?.dispatch(kernel, buffers, words, workgroups, cost, live);
     const bindGroup = this.#bindGroup(kernel, buffers);
     let offset = 0;
     if (kernel.uniforms.length > 0) {
@@ -150,23 +163,28 @@ export class CommandBatch {
         ...cost,
       }))
       : this.#openPass();
-    pass.setPipeline(kernel.pipeline);
+    if (profiler || kernel.pipeline !== this.#passPipeline) {
+      pass.setPipeline(this.#passPipeline = kernel.pipeline);
+    }
     if (kernel.uniforms.length > 0) {
       this.#offsets[0] = offset;
       pass.setBindGroup(0, bindGroup, this.#offsets);
     } else pass.setBindGroup(0, bindGroup);
     pass.dispatchWorkgroups(workgroups[0], workgroups[1] ?? 1, workgroups[2] ?? 1);
-    if (profiler) pass.end();
+    if (profiler) {
+      pass.end();
+      this.#passPipeline = null;
+    }
     this.#kernels.add(kernel);
     this.#pending++;
     this.counters.dispatches++;
-    this.#pendingWork += (cost.bytes ?? 0) + (cost.flops ?? 0) / FLOPS_PER_BYTE;
-    const policy = this.flushPolicy;
-    if (this.#pending >= policy.maxDispatches || this.#pendingWork >= policy.maxWork) this.flush();
+    this.#pendingWork += dispatchWork(cost);
+    this.flushIfDue();
   }
 
   /** Records a buffer-to-buffer copy in stream order. */
   copy(source: GPUBuffer, target: GPUBuffer, bytes: number): void {
+    this.recorder?.copy(source, target, bytes);
     this.#closePass();
     this.#openEncoder().copyBufferToBuffer(source, 0, target, 0, bytes);
     this.#pending++;
@@ -178,6 +196,7 @@ export class CommandBatch {
    * (which may still read the buffer's old contents) is submitted first.
    */
   write(buffer: GPUBuffer, data: ArrayBufferView<ArrayBuffer>): void {
+    this.recorder?.write(buffer, data);
     if (this.#pending > 0) this.flush();
     // The bytes, never the view itself: Dawn (0.6.2) takes a view's element size from its
     // type and dies with SIGFPE on a Float16Array, which it does not know.
@@ -192,8 +211,9 @@ export class CommandBatch {
       this.#device.queue.writeBuffer(this.#arena, 0, this.#arenaData.buffer, 0, this.#arenaCursor);
     }
     this.profiler?.beforeSubmit(this.#encoder);
-    const kernels = [...this.#kernels];
+    const kernels = [...this.#kernels, ...this.#graphs.flatMap((g) => g.kernels)];
     this.#kernels.clear();
+    this.#graphs.length = 0;
     this.#device.pushErrorScope("validation");
     this.#device.queue.submit([this.#encoder.finish()]);
     this.#device.popErrorScope().then((error) => {
@@ -212,6 +232,7 @@ export class CommandBatch {
    * it submits the batch and waits until the GPU has finished it.
    */
   async read(buffer: GPUBuffer, bytes: number): Promise<ArrayBuffer> {
+    this.recorder?.read();
     const size = Math.ceil(bytes / 4) * 4;
     const staging = this.#device.createBuffer({
       label: "halfstep readback",
@@ -229,9 +250,62 @@ export class CommandBatch {
     }
   }
 
+  /**
+   * Encodes `graph` (a captured step) into the batch: earlier work is
+   * submitted first and the graph's live uniforms written, then `prelude`
+   * runs (the step's inputs copied into its buffers), then the graph's
+   * commands follow in one pass (a pass per dispatch while profiling). The
+   * batch submits it as the flush policy says ({@link CommandBatch.flushIfDue}).
+   */
+  replay(graph: CommandGraph, prelude: () => void = () => {}): void {
+    // Submitted first: an earlier replay of this graph must not see the words written now.
+    this.flush();
+    graph.writeLiveUniforms(this.#device.queue);
+    prelude();
+    const profiler = this.profiler;
+    let pass: GPUComputePassEncoder | null = null;
+    let pipeline: GPUComputePipeline | null = null; // a pass keeps it: set only when it changes
+    for (const c of graph.commands) {
+      if (c.kind === "copy") {
+        this.#closePass();
+        pass = pipeline = null;
+        this.#openEncoder().copyBufferToBuffer(c.source, c.sourceOffset, c.target, 0, c.bytes);
+        continue;
+      }
+      if (profiler) {
+        if (profiler.full) this.flush();
+        this.#closePass();
+        const key = c.kernel.key;
+        pass = this.#openEncoder().beginComputePass(
+          profiler.passFor({ family: key.slice(0, key.indexOf("{")), key, ...c.cost }),
+        );
+      } else pass ??= this.#openPass();
+      if (c.pipeline !== pipeline) pass.setPipeline(pipeline = c.pipeline);
+      if (c.offsets) pass.setBindGroup(0, c.group, c.offsets);
+      else pass.setBindGroup(0, c.group);
+      pass.dispatchWorkgroups(c.x, c.y, c.z);
+      if (profiler) {
+        pass.end();
+        pass = pipeline = null;
+      }
+    }
+    this.#graphs.push(graph);
+    this.#pending += graph.commands.length;
+    this.#pendingWork += graph.work;
+    this.counters.dispatches += graph.dispatches;
+    this.counters.copies += graph.copies;
+  }
+
+  /** Submits what is recorded when the flush policy says it is enough (as a dispatch does). */
+  flushIfDue(): void {
+    const policy = this.flushPolicy;
+    if (this.#pending >= policy.maxDispatches || this.#pendingWork >= policy.maxWork) this.flush();
+  }
+
   /** Forgets every cached bind group (buffers were destroyed). */
   clearBindGroups(): void {
     this.#bindGroups.clear();
+    this.#bindGroupCount = 0;
   }
 
   /** Frees the arena (device teardown). */
@@ -242,35 +316,22 @@ export class CommandBatch {
 
   /** The bind group of `kernel`'s layout over `buffers` (and the arena), cached. */
   #bindGroup(kernel: CompiledKernel, buffers: readonly GPUBuffer[]): GPUBindGroup {
-    let key = `${this.#id(kernel.layout)}`;
-    for (const b of buffers) key += `,${this.#id(b)}`;
-    const cache = this.#bindGroups;
-    let group = cache.get(key);
-    if (group) {
-      cache.delete(key); // most recently used last
-      this.counters.bindGroupHits++;
-    } else {
-      const entries: GPUBindGroupEntry[] = buffers.map((buffer, binding) => ({
-        binding,
-        resource: { buffer },
-      }));
-      if (kernel.uniforms.length > 0) {
-        entries.push({
-          binding: buffers.length,
-          resource: { buffer: this.#arena, offset: 0, size: UNIFORM_BINDING_BYTES },
-        });
-      }
-      group = this.#device.createBindGroup({ layout: kernel.layout, entries });
-      if (cache.size >= BIND_GROUP_CACHE_SIZE) cache.delete(cache.keys().next().value!);
+    if (this.#bindGroupCount >= BIND_GROUP_CACHE_SIZE) this.clearBindGroups();
+    let node: GroupNode | undefined = this.#bindGroups.get(kernel.layout);
+    if (!node) this.#bindGroups.set(kernel.layout, node = { group: null, next: null });
+    for (let i = 0; i < buffers.length; i++) {
+      const next: Map<GPUBuffer, GroupNode> = node.next ??= new Map();
+      let child = next.get(buffers[i]);
+      if (!child) next.set(buffers[i], child = { group: null, next: null });
+      node = child;
     }
-    cache.set(key, group);
-    return group;
-  }
-
-  #id(object: object): number {
-    let id = this.#ids.get(object);
-    if (id === undefined) this.#ids.set(object, id = this.#nextId++);
-    return id;
+    if (node.group) {
+      this.counters.bindGroupHits++;
+      return node.group;
+    }
+    this.#bindGroupCount++;
+    const entries = bindGroupEntries(kernel, buffers, this.#arena);
+    return node.group = this.#device.createBindGroup({ layout: kernel.layout, entries });
   }
 
   #openEncoder(): GPUCommandEncoder {
@@ -284,5 +345,6 @@ export class CommandBatch {
   #closePass(): void {
     this.#pass?.end();
     this.#pass = null;
+    this.#passPipeline = null;
   }
 }

@@ -100,7 +100,10 @@ export class DeviceArray {
     this.dtype = dtype;
     this.#storage = storage ?? new ArrayStorage(
       gpu,
-      gpu.pool.acquire(bufferBytes(sizeOf(shape), dtype), `${dtype} tensor ${shapeString(shape)}`),
+      gpu.pool.acquire(
+        bufferBytes(sizeOf(shape), dtype),
+        () => `${dtype} tensor ${shapeString(shape)}`,
+      ),
     );
   }
 

@@ -17,6 +17,7 @@ import {
   type DispatchUniforms,
   type KernelConfig,
   type KernelDefinition,
+  type LiveUniforms,
   PipelineCache,
 } from "./kernel.ts";
 import { fail, GpuError, StateError, ValueError } from "../base/errors.ts";
@@ -93,6 +94,8 @@ export class Gpu {
    * 65535 (see `gpu/kernels/loop_limit.ts`); Infinity on other adapters.
    */
   readonly loopIterationLimit: number;
+  /** The lower of maxBufferSize and maxStorageBufferBindingSize, and which: read once (Dawn's getters cross into native code). */
+  readonly #bufferLimit: readonly [string, number];
   #failure: GpuError | null = null;
   /** Errors of single ops (a kernel that failed to compile), thrown at the next sync point. */
   #opErrors: GpuError[] = [];
@@ -132,9 +135,16 @@ export class Gpu {
     // Less a margin for the fixed loops around the ones kernels check. Not part
     // of the profile: it is a limit of the driver that executes the kernels.
     this.loopIterationLimit = /llvmpipe/i.test(this.adapterName) ? 65535 - 1024 : Infinity;
+    const { maxBufferSize, maxStorageBufferBindingSize } = device.limits;
+    this.#bufferLimit = maxBufferSize < maxStorageBufferBindingSize
+      ? ["maxBufferSize", maxBufferSize]
+      : ["maxStorageBufferBindingSize", maxStorageBufferBindingSize];
     this.pool = new BufferPool(
       (bytes, label) => this.#createBuffer(bytes, label),
-      () => this.batch?.clearBindGroups(),
+      () => {
+        this.batch?.flush();
+        this.batch?.clearBindGroups();
+      },
     );
     this.pipelines = new PipelineCache(device, (key, wgsl) => {
       if (this.debug) console.error(`[halfstep] compiling ${key}\n${wgsl}`);
@@ -191,7 +201,9 @@ export class Gpu {
 
   /**
    * Records a dispatch of `kernel` with its buffers and uniform values given
-   * by name (see `defineKernel`); `workgroups` is the grid. No sync.
+   * by name (see `defineKernel`); `workgroups` is the grid. `live` gives the
+   * uniform fields that change from step to step (a learning rate, a
+   * dropout range) for a captured step to recompute at each replay. No sync.
    */
   dispatch<B extends string, U extends string>(
     kernel: CompiledKernel<B, U>,
@@ -199,6 +211,7 @@ export class Gpu {
     uniforms: DispatchUniforms<U>,
     workgroups: readonly [number, number?, number?],
     cost: DispatchCost = {},
+    live: LiveUniforms<U> | null = null,
   ): void {
     this.throwIfFailed();
     const status = kernel.compiled;
@@ -212,10 +225,14 @@ export class Gpu {
     // Bytes default to the tensors bound: the flush policy and the profiler use them.
     const bytes = cost.bytes ?? boundBytes(buffers);
     const record = () =>
-      this.batch.dispatch(kernel as CompiledKernel, values.buffers, values.words, workgroups, {
-        ...cost,
-        bytes,
-      });
+      this.batch.dispatch(
+        kernel as CompiledKernel,
+        values.buffers,
+        values.words,
+        workgroups,
+        { ...cost, bytes },
+        live,
+      );
     if (status.state === "ok") return record();
     // The first dispatch of a kernel not yet known to compile goes alone into
     // its own submit, so a kernel that fails costs only its own op; until it is
@@ -382,10 +399,7 @@ export class Gpu {
     bytes: number,
     fix = "Use smaller tensors (split the batch).",
   ): void {
-    const { maxBufferSize, maxStorageBufferBindingSize } = this.device.limits;
-    const [name, limit] = maxBufferSize < maxStorageBufferBindingSize
-      ? ["maxBufferSize", maxBufferSize]
-      : ["maxStorageBufferBindingSize", maxStorageBufferBindingSize];
+    const [name, limit] = this.#bufferLimit;
     if (!(bytes <= limit)) {
       fail(
         GpuError,

@@ -356,21 +356,43 @@ export function bindingValues<B extends string, U extends string>(
   const words = new Array<number>(fields.length);
   for (let i = 0; i < fields.length; i++) {
     const [name, type] = fields[i];
-    const v = uniforms[name];
-    if (type === "f32") {
-      words[i] = f32Bits(v);
-      continue;
-    }
-    const ok = type === "u32" ? v >>> 0 === v : (v | 0) === v;
-    if (!ok) fail(ValueError, kernel.key, `uniform ${name} (${type}) cannot hold ${v}.`);
-    words[i] = v >>> 0;
+    words[i] = uniformWord(kernel.key, name, type, uniforms[name]);
   }
   return { buffers: list, words };
 }
 
+/**
+ * The u32 word a uniform field of `type` holds for `value` (an f32's bits);
+ * throws, naming `where` (the kernel) and the field, on a value the type
+ * cannot hold. What {@link bindingValues} packs, and what a replayed step
+ * packs for the fields it recomputes (see `LiveUniforms`).
+ */
+export function uniformWord(where: string, name: string, type: UniformType, value: number): number {
+  if (type === "f32") return f32Bits(value);
+  const ok = type === "u32" ? value >>> 0 === value : (value | 0) === value;
+  if (!ok) fail(ValueError, where, `uniform ${name} (${type}) cannot hold ${value}.`);
+  return value >>> 0;
+}
+
+/**
+ * The uniform fields of a dispatch that change from one step to the next
+ * while everything else stays (a learning rate set by a schedule, a dropout
+ * range): a function that gives their current values by name. Eager
+ * dispatches ignore it; a captured step calls it at every replay and writes
+ * the words it gives into its uniforms (see command_graph.ts).
+ */
+export type LiveUniforms<U extends string = string> = () => { readonly [K in U]?: number };
+
 /** Compiles pipelines on first use and keeps them for the life of the device. */
 export class PipelineCache {
   #pipelines = new Map<string, CompiledKernel>();
+  /**
+   * The same pipelines by definition and the config's values in the order
+   * its keys were written: what every dispatch looks up, without sorting the
+   * config (a config spelled in another order misses here and finds its
+   * pipeline under the sorted key).
+   */
+  #byValues = new WeakMap<object, Map<string, CompiledKernel>>();
   #layouts = new Map<string, GPUBindGroupLayout>();
   #device: GPUDevice;
   #onCompile: (key: string, wgsl: string) => void;
@@ -393,6 +415,23 @@ export class PipelineCache {
 
   /** The pipeline for `config`, compiling it the first time. */
   get<C extends KernelConfig, B extends string, U extends string>(
+    definition: KernelDefinition<C, B, U>,
+    config: C,
+  ): CompiledKernel<B, U> {
+    let fast = "";
+    for (const k in config) fast += `${k}=${config[k]},`;
+    let byValues = this.#byValues.get(definition);
+    if (!byValues) this.#byValues.set(definition, byValues = new Map());
+    let found = byValues.get(fast) as CompiledKernel<B, U> | undefined;
+    if (!found) {
+      found = this.#compiled(definition, config);
+      byValues.set(fast, found as CompiledKernel);
+    }
+    return found;
+  }
+
+  /** The pipeline under `config`'s sorted key, compiled the first time. */
+  #compiled<C extends KernelConfig, B extends string, U extends string>(
     definition: KernelDefinition<C, B, U>,
     config: C,
   ): CompiledKernel<B, U> {

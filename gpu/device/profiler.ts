@@ -17,6 +17,20 @@ export interface DispatchCost {
   bytes?: number;
 }
 
+/**
+ * How many FLOPs cost as much time as moving one byte, to add both into one
+ * work estimate (a large GPU's FMA rate over its memory bandwidth).
+ */
+const FLOPS_PER_BYTE = 16;
+
+/**
+ * A dispatch's estimated work, as the command batch's flush policy weighs
+ * it: bytes moved plus FLOPs / 16.
+ */
+export function dispatchWork(cost: DispatchCost): number {
+  return (cost.bytes ?? 0) + (cost.flops ?? 0) / FLOPS_PER_BYTE;
+}
+
 /** One profiled dispatch. */
 export interface DispatchRecord {
   /** The kernel's family name (e.g. `"matmul"`). */

@@ -44,6 +44,9 @@ export function launchDropout(src: DeviceArray, p: number, range: RandomRange): 
     { src, dst },
     { n, key: range.key, counter: range.counter, p, scale: 1 / (1 - p) },
     moveGrid(src.dtype, n),
+    {},
+    // A captured step draws a new range at each replay (the range object is refilled).
+    () => ({ key: range.key, counter: range.counter }),
   );
   return dst;
 }

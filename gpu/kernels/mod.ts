@@ -16,6 +16,7 @@ export {
   defineKernel,
   type DispatchUniforms,
   type KernelDefinition,
+  type LiveUniforms,
   optional,
 } from "../device/kernel.ts";
 export { grid1d, WGSL_GRID_BUILTINS, WGSL_WORKGROUP_INDEX } from "./wgsl/grid.ts";

@@ -56,6 +56,10 @@ export const multiTensorSettings: TunerSettings<MultiTensorSettings> = defineTun
 /** A field of the slot table: `wg<k>` (first workgroup of slot k) or `n<k>` (its element count). */
 export type SlotField = `wg${number}` | `n${number}`;
 
+/** The slot table's field names, made once (a table is filled at every dispatch). */
+const WG_FIELDS = Array.from({ length: MAX_TENSOR_SLOTS + 1 }, (_, k) => `wg${k}` as SlotField);
+const N_FIELDS = Array.from({ length: MAX_TENSOR_SLOTS }, (_, k) => `n${k}` as SlotField);
+
 /** The uniform fields of the slot table, for a kernel's `uniforms`. */
 export const SLOT_UNIFORMS: UniformFields<SlotField> = Object.fromEntries([
   ...Array.from({ length: MAX_TENSOR_SLOTS + 1 }, (_, k) => [`wg${k}`, "u32"]),
@@ -142,11 +146,11 @@ export function slotTable(
   const uniforms = {} as Record<SlotField, number>;
   let total = 0;
   for (let k = 0; k < MAX_TENSOR_SLOTS; k++) {
-    uniforms[`wg${k}`] = total;
-    uniforms[`n${k}`] = sizes[k] ?? 0;
+    uniforms[WG_FIELDS[k]] = total;
+    uniforms[N_FIELDS[k]] = sizes[k] ?? 0;
     total += workgroups[k] ?? 0;
   }
-  uniforms[`wg${MAX_TENSOR_SLOTS}`] = total;
+  uniforms[WG_FIELDS[MAX_TENSOR_SLOTS]] = total;
   return { uniforms, grid: grid1d(total), workgroups: total };
 }
 
@@ -189,5 +193,12 @@ export function slotBuffers(
   name: string,
   tensors: readonly DeviceArray[],
 ): Record<string, DeviceArray> {
-  return Object.fromEntries(tensors.map((t, k) => [name + k, t]));
+  let names = SLOT_NAMES.get(name);
+  if (!names) SLOT_NAMES.set(name, names = WG_FIELDS.map((_, k) => name + k));
+  const out: Record<string, DeviceArray> = {};
+  for (let k = 0; k < tensors.length; k++) out[names[k]] = tensors[k];
+  return out;
 }
+
+/** `grad0`, `grad1`, ... by per-tensor binding name, made once each. */
+const SLOT_NAMES = new Map<string, string[]>();

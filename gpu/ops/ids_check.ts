@@ -1,13 +1,15 @@
 /** The up-front check of integer ids (embedding rows, class targets) against a count. */
 import { ValueError } from "../base/errors.ts";
 import type { Tensor } from "../tensor/tensor.ts";
+import { runtime } from "../tensor/runtime_state.ts";
 
 /**
  * Throws unless every id in `ids` lies in [0, count) or equals `except`
  * (cross-entropy's ignore index), judged from the host-known range so no
- * GPU read is needed.
+ * GPU read is needed. A captured step checks each new batch's ids again.
  */
 export function assertIdsInRange(op: string, ids: Tensor, count: number, except?: number): void {
+  runtime.stepRecorder?.noteCheck(() => (assertIdsInRange(op, ids, count, except), null));
   const range = ids.indexRange;
   if (!range) {
     throw new ValueError(

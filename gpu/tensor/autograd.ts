@@ -8,6 +8,7 @@
  */
 import { DTypeError, fail, ShapeError, StateError } from "../base/errors.ts";
 import { launchAccumulate, launchCopy } from "../kernels/elementwise.ts";
+import { launchFill } from "../kernels/fill.ts";
 import type { OpObserver } from "./runtime_state.ts";
 import type { OpName } from "../base/op_registry.ts";
 import { releaseCasts } from "./autocast_hook.ts";
@@ -90,8 +91,9 @@ export class TapeNode implements GradNode {
           "or reduce it first (e.g. with mean()).",
       );
     }
+    // The seed of ones is filled on the GPU: an upload would split the step in two submits.
     const seed = given ??
-      untracked(() => Tensor.full(output.shape, 1, { dtype: output.dtype, gpu: output.gpu }));
+      untracked(() => Tensor.adopt(launchFill(output.shape, 1, output.dtype, output.gpu)));
     try {
       runBackward(this, seed);
     } finally {

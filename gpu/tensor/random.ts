@@ -94,6 +94,7 @@ export class RandomGenerator {
       counter: start % COUNTERS_PER_KEY,
     };
     tape?.noteDraw(this, count, range);
+    runtime.stepRecorder?.noteDraw(this, count, range);
     return range;
   }
 

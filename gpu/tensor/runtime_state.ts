@@ -61,6 +61,31 @@ export interface RandomDraws {
   noteDraw(generator: object, count: number, range: RandomRange): void;
 }
 
+/**
+ * The capture seam: what a captured step's recording notes besides its GPU
+ * commands (those the command batch records itself). A replay runs no
+ * JavaScript of the step, so whatever the step decided on the host from
+ * per-step state must be noted here to be done again before each replay.
+ */
+export interface StepRecorder {
+  /**
+   * `generator` gave `range` for `count` numbers (a dropout mask): a replay
+   * draws again from it, and the dispatches that read `range` (through
+   * their live uniforms) see the new numbers, as an eager step would.
+   */
+  noteDraw(
+    generator: { take(count: number): RandomRange },
+    count: number,
+    range: RandomRange,
+  ): void;
+  /**
+   * A decision made from per-step host data (the range of a batch's ids):
+   * run again before each replay; it throws as the op would (a bad id), or
+   * returns why the recorded commands no longer fit (a re-capture), or null.
+   */
+  noteCheck(check: () => string | null): void;
+}
+
 /** What a tidy scope tracks: anything with an idempotent `dispose()`. */
 export interface ScopedResource {
   /** Frees the resource; calling it twice is harmless. */
@@ -81,6 +106,8 @@ export interface RuntimeModes {
   randomTape: RandomDraws | null;
   /** Sees every op's output and every gradient (a numerics inspector); null: none. */
   opObserver: OpObserver | null;
+  /** Notes what a captured step decides on the host while it records; null: none. */
+  stepRecorder: StepRecorder | null;
 }
 
 /** The whole state: the modes and the bookkeeping beside them. */
@@ -97,13 +124,15 @@ export const runtime: RuntimeState = {
   tracking: true,
   randomTape: null,
   opObserver: null,
+  stepRecorder: null,
   scopes: [],
 };
 
 /** A copy of the current modes, to re-enter later with {@link withState}. */
 export function currentModes(): RuntimeModes {
-  const { gradEnabled, castHook, recomputing, tracking, randomTape, opObserver } = runtime;
-  return { gradEnabled, castHook, recomputing, tracking, randomTape, opObserver };
+  const { gradEnabled, castHook, recomputing, tracking, randomTape, opObserver, stepRecorder } =
+    runtime;
+  return { gradEnabled, castHook, recomputing, tracking, randomTape, opObserver, stepRecorder };
 }
 
 /**

@@ -210,6 +210,51 @@ export class Tensor extends DeviceArray {
     return this.#indexRange;
   }
 
+  /**
+   * Overwrites the values with host data of this tensor's size, converted
+   * to its dtype on the CPU as {@link Tensor.from} does (an i32 tensor takes
+   * the data's id range), in stream order. No sync.
+   *
+   * @example
+   * ```ts
+   * import assert from "node:assert/strict";
+   * import { initGpu, Tensor } from "../../mod.ts";
+   * const gpu = await initGpu({ matmulTiling: "default" });
+   * const ids = Tensor.from([0, 1, 2], [3], { dtype: "i32" });
+   * ids.write([5, 4, 3]);
+   * assert.equal(ids.indexRange!.max, 5);
+   * assert.deepEqual([...await ids.read()], [5, 4, 3]);
+   * gpu.destroy();
+   * ```
+   */
+  write(data: TensorData): void {
+    if (typeof (data as ArrayLike<number> | null)?.length !== "number") {
+      fail(
+        ValueError,
+        "Tensor.write",
+        `data must be an array of numbers, got ${shortValue(data)}.`,
+      );
+    }
+    if (data.length !== this.size) {
+      fail(
+        ShapeError,
+        "Tensor.write",
+        `data has ${data.length} values but ${this.describe()} holds ${this.size}.`,
+      );
+    }
+    if (this.dtype === "i32") checkIndices(data, this.shape);
+    this.writeBytes(hostBytes(data, this.dtype));
+    if (this.dtype === "i32") this.#indexRange = indexRange(data);
+  }
+
+  /**
+   * Sets {@link Tensor.indexRange}: a captured step's input, refilled with a
+   * new batch's ids on the GPU, takes that batch's range. @internal
+   */
+  setIndexRange(range: IndexRange | null): void {
+    this.#indexRange = range;
+  }
+
   /** The single value of a one-element tensor. **A sync point**, like `read()`. */
   async item(): Promise<number> {
     if (this.size !== 1) {

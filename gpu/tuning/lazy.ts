@@ -48,7 +48,7 @@
 import type { Gpu } from "../device/gpu.ts";
 import { warnOnce } from "../base/warn_once.ts";
 import type { CandidateTimer, TuningProgress } from "./timing.ts";
-import { defineTunerSettings, type TunerSettings } from "./settings.ts";
+import { defineTunerSettings, settingsChanged, type TunerSettings } from "./settings.ts";
 
 /** When kernels are tuned: as they first run, all at start-up, or never. */
 export type TuningMode = "lazy" | "eager" | "off";
@@ -197,6 +197,7 @@ export async function tuneAtWait(gpu: Gpu, unbounded = false): Promise<number> {
   } finally {
     lazy.spentSeconds += spent();
     if (done > 0) {
+      settingsChanged(gpu); // new picks: captured steps record again
       // The tuners' scratch buffers leave the pool and the caller's figures.
       gpu.flush();
       gpu.pool.releaseCached();

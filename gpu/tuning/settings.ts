@@ -24,6 +24,40 @@ export interface TunerSettings<S extends object> {
 /** Every device's settings by family, as they are now (a profile switch swaps the inner map). */
 const settings = new WeakMap<Gpu, Map<TunerSettings<object>, object>>();
 
+/** Each device's count of changes to its tuning choices (see {@link settingsEpoch}). */
+const epochs = new WeakMap<Gpu, number>();
+
+/**
+ * How many times `gpu`'s tuning choices may have changed: a tuner picked
+ * (lazy tuning at a wait, `tunePending`), settings were reset or swapped
+ * (`withAdapterProfile`), or someone said so with {@link settingsChanged}.
+ * A captured step recorded under another count is recorded again: its
+ * kernels may no longer be the ones an eager step would run.
+ *
+ * @example
+ * ```ts
+ * import assert from "node:assert/strict";
+ * import { initGpu } from "../mod.ts";
+ * import { settingsChanged, settingsEpoch } from "./settings.ts";
+ * const gpu = await initGpu({ matmulTiling: "default" });
+ * const before = settingsEpoch(gpu);
+ * settingsChanged(gpu); // after setting a tiling by hand
+ * assert.equal(settingsEpoch(gpu), before + 1);
+ * gpu.destroy();
+ * ```
+ */
+export function settingsEpoch(gpu: Gpu): number {
+  return epochs.get(gpu) ?? 0;
+}
+
+/**
+ * Says that `gpu`'s tuning choices changed (a field of a family's settings
+ * set by hand): captured steps record again before their next replay.
+ */
+export function settingsChanged(gpu: Gpu): void {
+  epochs.set(gpu, settingsEpoch(gpu) + 1);
+}
+
 /**
  * Defines a kernel family's settings: `defaults(gpu)` makes a device's
  * object on first use (reading `gpu.adapterProfile`).
@@ -54,6 +88,7 @@ export function defineTunerSettings<S extends object>(
     },
     reset(gpu: Gpu): void {
       settings.get(gpu)?.delete(tuner);
+      settingsChanged(gpu);
     },
   };
   return tuner;
@@ -80,10 +115,12 @@ export function defineTunerSettings<S extends object>(
 export async function withFreshTunerSettings<T>(gpu: Gpu, fn: () => Promise<T>): Promise<T> {
   const saved = settings.get(gpu);
   settings.set(gpu, new Map());
+  settingsChanged(gpu);
   try {
     return await fn();
   } finally {
     if (saved) settings.set(gpu, saved);
     else settings.delete(gpu);
+    settingsChanged(gpu);
   }
 }

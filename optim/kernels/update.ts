@@ -20,6 +20,7 @@ import {
   type DispatchUniforms,
   type DType,
   type KernelDefinition,
+  type LiveUniforms,
   multiTensorDispatches,
   optional,
   SLOT_UNIFORMS,
@@ -258,7 +259,9 @@ export interface UpdateSignals {
  * Dispatches `kernel` over `updates`, as many per dispatch as the device
  * allows and only those that agree on gradient and copy dtypes: `config`
  * gives the rest of a dispatch's kernel config, `state` maps each binding
- * name to the state buffer it binds.
+ * name to the state buffer it binds. `hyper` gives the hyper-parameter
+ * uniforms from the live group, so a captured step recomputes them at each
+ * replay (a scheduled learning rate).
  */
 function launchUpdates<C extends UpdateConfig, U extends string>(
   kernel: KernelDefinition<C, string, U>,
@@ -266,10 +269,11 @@ function launchUpdates<C extends UpdateConfig, U extends string>(
   updates: readonly ParamUpdate[],
   shared: Record<string, DeviceArray>,
   state: Record<string, string>,
-  uniforms: Omit<DispatchUniforms<U>, SlotField>,
+  hyper: () => Omit<DispatchUniforms<U>, SlotField>,
 ): void {
   const work = updates.filter((u) => u.param.size > 0);
   if (work.length === 0) return;
+  const uniforms = hyper();
   const gpu = work[0].param.gpu;
   const dispatches = multiTensorDispatches(gpu, work, {
     perTensor: 3 + Object.keys(state).length, // master, gradient, copy (if any), state
@@ -295,6 +299,8 @@ function launchUpdates<C extends UpdateConfig, U extends string>(
       buffers,
       { ...uniforms, ...table.uniforms } as DispatchUniforms<U>,
       table.grid,
+      {},
+      hyper as LiveUniforms<U>,
     );
   }
 }
@@ -309,7 +315,8 @@ export interface SgdHyper {
 
 /**
  * Fused SGD updates of `updates` (state `momentumBuffer` when momentum > 0),
- * all with the hyper-parameters `h`.
+ * all with the hyper-parameters `h` (the live group: read again at each
+ * replay of a captured step).
  */
 export function launchSgdUpdates(
   updates: readonly ParamUpdate[],
@@ -323,16 +330,20 @@ export function launchSgdUpdates(
     updates,
     { found_inf: signals.foundInf, grad_scale: signals.gradScale },
     momentum ? { velocity: "momentumBuffer" } : {},
-    { lr: h.lr, wd: h.weightDecay, momentum: h.momentum },
+    () => ({ lr: h.lr, wd: h.weightDecay, momentum: h.momentum }),
   );
 }
 
-/** Hyper-parameters of one Adam update. */
+/** Hyper-parameters of one Adam update (a group's; they may change between steps). */
 export interface AdamHyper {
   lr: number;
   weightDecay: number;
   betas: readonly [number, number];
   eps: number;
+}
+
+/** What an Adam update's kernel is specialised on (fixed for an optimizer's life). */
+export interface AdamFlags {
   decoupled: boolean;
   biasCorrection: boolean;
 }
@@ -344,34 +355,41 @@ function lnBeta(beta: number): number {
 
 /**
  * Fused Adam(W) updates of `updates` (states `expAvg`, `expAvgSq`), all with
- * the hyper-parameters `h`, reading the step count from `step` (u32 [1]).
+ * the hyper-parameters `h` (the live group: read again at each replay of a
+ * captured step), reading the step count from `step` (u32 [1]).
  */
 export function launchAdamUpdates(
   updates: readonly ParamUpdate[],
   signals: UpdateSignals & { step: DeviceArray },
   h: AdamHyper,
+  flags: AdamFlags,
 ): void {
-  const [beta1, beta2] = h.betas;
-  // Scalars derived from hyper-parameters are computed in f64 here, then rounded once.
   launchUpdates(
     adamKernel,
-    { decoupled: h.decoupled, biasCorrection: h.biasCorrection },
+    flags,
     updates,
     { found_inf: signals.foundInf, grad_scale: signals.gradScale, step: signals.step },
     { exp_avg: "expAvg", exp_avg_sq: "expAvgSq" },
-    {
-      lr: h.lr,
-      wd: h.weightDecay,
-      decay: 1 - h.lr * h.weightDecay,
-      beta1,
-      one_minus_beta1: 1 - beta1,
-      beta2,
-      one_minus_beta2: 1 - beta2,
-      eps: h.eps,
-      ln_beta1: lnBeta(beta1),
-      ln_beta2: lnBeta(beta2),
-    },
+    () => adamUniforms(h),
   );
+}
+
+/** The uniforms of an Adam update for `h`. */
+function adamUniforms(h: AdamHyper) {
+  const [beta1, beta2] = h.betas;
+  // Scalars derived from hyper-parameters are computed in f64 here, then rounded once.
+  return {
+    lr: h.lr,
+    wd: h.weightDecay,
+    decay: 1 - h.lr * h.weightDecay,
+    beta1,
+    one_minus_beta1: 1 - beta1,
+    beta2,
+    one_minus_beta2: 1 - beta2,
+    eps: h.eps,
+    ln_beta1: lnBeta(beta1),
+    ln_beta2: lnBeta(beta2),
+  };
 }
 
 /** step += 1 on the GPU unless `foundInf` is non-zero. */

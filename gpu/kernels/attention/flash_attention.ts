@@ -664,7 +664,9 @@ function setup(
       grid: grid1d(backwardUniforms.blocks * bh),
     }
     : { dq: kernels.dq, dkv: kernels.dkv, uniforms, grid };
-  return { kernels, forward, backward, uniforms, grid, empty: bh === 0 || s.t === 0 };
+  // A captured step draws a new dropout range at each replay (the range object is refilled).
+  const live = dropout ? () => ({ key: dropout.range.key, counter: dropout.range.counter }) : null;
+  return { kernels, forward, backward, uniforms, grid, live, empty: bh === 0 || s.t === 0 };
 }
 
 /** o [B, T, H·D] and lse [B·H, T] (f32) of causal attention (no autograd). */
@@ -676,14 +678,9 @@ export function launchFlashAttention(
   const { q, k, v } = inputTensors(inputs), gpu = q.gpu;
   const o = DeviceArray.empty([s.batch, s.t, s.heads * s.headSize], q.dtype, gpu);
   const lse = DeviceArray.empty([s.batch * s.heads, s.t], "f32", gpu);
-  const { forward, empty } = setup(inputs, s, dropout);
+  const { forward, live, empty } = setup(inputs, s, dropout);
   if (empty) return { o, lse };
-  gpu.dispatch(
-    forward.kernel(),
-    { q, k, v, o, lse },
-    forward.uniforms,
-    forward.grid,
-  );
+  gpu.dispatch(forward.kernel(), { q, k, v, o, lse }, forward.uniforms, forward.grid, {}, live);
   return { o, lse };
 }
 
@@ -701,7 +698,7 @@ export function launchFlashAttentionBackward(
   const { o, lse } = saved, { q, k, v } = inputTensors(saved.inputs), gpu = q.gpu;
   const packed = "qkv" in saved.inputs;
   const grads = (packed ? [q] : [q, k, v]).map((x) => DeviceArray.empty(x.shape, x.dtype, gpu));
-  const { backward, empty } = setup(saved.inputs, s, dropout);
+  const { backward, live, empty } = setup(saved.inputs, s, dropout);
   if (empty) return grads;
   const [dq, dk, dv] = packed ? [grads[0], grads[0], grads[0]] : grads;
   const delta = DeviceArray.empty(lse.shape, "f32", gpu);
@@ -710,12 +707,16 @@ export function launchFlashAttentionBackward(
     { q, k, v, o, dout, lse, dq, delta },
     backward.uniforms,
     backward.grid,
+    {},
+    live,
   );
   gpu.dispatch(
     backward.dkv(),
     { q, k, v, dout, lse, delta, ...(packed ? { dkv: dk } : { dk, dv }) },
     backward.uniforms,
     backward.grid,
+    {},
+    live,
   );
   delta.dispose();
   return grads;
