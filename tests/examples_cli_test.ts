@@ -77,7 +77,7 @@ Deno.test("examples: every bad flag is one line and exit status 2, before any tr
     );
     assertRefused(
       await run(TINY_GPT, ["--backend", "wgpu"]),
-      /--backend must be builtin or dawn/,
+      /--backend must be builtin, dawn or dawn-null/,
       "wgpu",
     );
     assertRefused(
