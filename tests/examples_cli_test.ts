@@ -82,7 +82,7 @@ Deno.test("examples: every bad flag is one line and exit status 2, before any tr
     );
     assertRefused(
       await run(GPT2, ["--random", "124M", "--prompt", "hi", "--backend", "wgpu"]),
-      /^gpt2: --backend must be builtin or dawn/,
+      /^gpt2: --backend must be builtin, dawn or dawn-null/,
       "gpt2 --backend",
     );
     const bench = join(ROOT, "examples/bench.ts");
