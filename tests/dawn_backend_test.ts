@@ -107,7 +107,15 @@ Deno.test({
     const configs = gpu.subgroupMatrixConfigs;
     assert.ok(configs.length > 0);
     for (const c of configs) {
-      const fields = ["componentType", "resultComponentType", "M", "N", "K", "subgroupSize"];
+      const fields = [
+        "componentType",
+        "resultComponentType",
+        "M",
+        "N",
+        "K",
+        "subgroupSize",
+        "subgroupSizing",
+      ];
       assert.deepEqual(Object.keys(c), fields);
       const sizes = [c.M, c.N, c.K, c.subgroupSize];
       assert.ok(sizes.every((n) => Number.isInteger(n) && n > 0), JSON.stringify(c));

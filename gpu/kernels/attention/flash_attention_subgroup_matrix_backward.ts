@@ -123,7 +123,7 @@ export function matrixBackwardProblem(
  * The subgroup-matrix backwards for head size D in `dtype` on `gpu`, the
  * largest first: 4 or 2 subgroups, with 4 or 2 matrices of the other side
  * per step, those that fit (on a 16×16×16 config with 48 KiB of workgroup
- * memory at D = 64: 2 subgroups of 16 rows over 64 keys first); none where
+ * memory at D = 64: 2 subgroups of 16 rows over 32 keys first); none where
  * the device has no f16→f32 config, the dtype is not f16 or D does not fit.
  *
  * @example
@@ -133,7 +133,7 @@ export function matrixBackwardProblem(
  * import { matrixBackwardsFor } from "./flash_attention_subgroup_matrix_backward.ts";
  * const gpu = await initGpu({ backend: "dawn-null", adapter: KNOWN_ADAPTERS["nvidia-h100"] });
  * const [first] = matrixBackwardsFor(gpu, 64, "f16");
- * assert.deepEqual([first.subgroups, first.bc], [2, 64]);
+ * assert.deepEqual([first.subgroups, first.bc], [2, 32]);
  * assert.deepEqual(matrixBackwardsFor(gpu, 64, "f32"), []);
  * gpu.destroy();
  * ```
