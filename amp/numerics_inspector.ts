@@ -5,7 +5,7 @@
  * gradient a backward rule produces gets one small statistics kernel that
  * adds into a GPU buffer (`amp/kernels/numerics_stats.ts`); nothing is read
  * back until `report()`. It sees ops through the runtime's one observer seam
- * (`gpu/tensor/op_observer.ts`), and names them by the module that ran them, which it
+ * (the op observer of `gpu/tensor/runtime_state.ts`), and names them by the module that ran them, which it
  * learns by wrapping each submodule's `forward` for the length of a step.
  */
 import {

@@ -21,6 +21,16 @@ export const TOL: Record<"f32" | "f16" | "bf16", Tolerance> = {
   bf16: { atol: 1.6e-2, rtol: 1.6e-2 },
 };
 
+/**
+ * The tolerance of a K-long dot product in `dtype`: long sums lose more, so
+ * the absolute error may grow like √K times the unit roundoff (a misplaced
+ * element or a lost k-tile is off by far more).
+ */
+export function tolFor(dtype: keyof typeof TOL, k: number): Tolerance {
+  const t = TOL[dtype];
+  return { atol: t.atol * Math.max(1, Math.sqrt(k) / 4), rtol: t.rtol };
+}
+
 /** Fails with the worst element when any element is out of tolerance. */
 export function assertClose(
   actual: ArrayLike<number>,

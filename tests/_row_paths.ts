@@ -1,5 +1,5 @@
 /**
- * The row kernels' paths (see gpu/kernels/row_layout.ts), for tests that run
+ * The row kernels' paths (see gpu/kernels/rows/row_layout.ts), for tests that run
  * a row kernel on each: the CPU adapter's (a thread per row up to 4096
  * entries), and as a GPU with several rows per workgroup through workgroup
  * memory and, where the device has them, through subgroups.

@@ -24,7 +24,7 @@ import {
 } from "../gpu/kernels/attention/flash_attention.ts";
 import { asGpu, dispatchedKernels, gpu, GPU_TEST } from "./_gpu.ts";
 import { matmul64, quantize, uniform } from "./_reference.ts";
-import { assertClose, TOL, type Tolerance } from "./_assert.ts";
+import { assertClose, tolFor } from "./_assert.ts";
 import { matmulSettings } from "../gpu/kernels/gemm/settings.ts";
 import { rowSettings } from "../gpu/kernels/rows/row_layout.ts";
 import { multiTensorSettings } from "../gpu/kernels/multi_tensor.ts";
@@ -184,12 +184,6 @@ Deno.test({
     );
   },
 });
-
-/** As matmul_test: error may grow like √K times the unit roundoff. */
-function tolFor(dtype: "f32" | "f16", k: number): Tolerance {
-  const t = TOL[dtype];
-  return { atol: t.atol * Math.max(1, Math.sqrt(k) / 4), rtol: t.rtol };
-}
 
 // Uneven last slices (K not a multiple of a slice, nor of a tile's K step), each in another
 // orientation and batch count, with results smaller than one workgroup tile.

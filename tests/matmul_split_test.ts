@@ -2,7 +2,6 @@ import assert from "node:assert/strict";
 import {
   backward,
   DTYPES,
-  type FloatDType,
   type Gpu,
   linear,
   matmul,
@@ -15,13 +14,7 @@ import { dispatchedKernels, gpu, GPU_TEST, withSettings } from "./_gpu.ts";
 import { DEFAULT_TILING, matmulSettings } from "../gpu/kernels/gemm/settings.ts";
 import { matmul64, quantize, uniform } from "./_reference.ts";
 import { gpuLikeProfile } from "../gpu/tuning/profile_switch.ts";
-import { assertClose, TOL, type Tolerance } from "./_assert.ts";
-
-/** As matmul_test: error may grow like √K times the unit roundoff. */
-function tolFor(dtype: FloatDType, k: number): Tolerance {
-  const t = TOL[dtype];
-  return { atol: t.atol * Math.max(1, Math.sqrt(k) / 4), rtol: t.rtol };
-}
+import { assertClose, tolFor } from "./_assert.ts";
 
 /** Runs `fn` with split-K aiming at `workgroups` workgroups, then restores the setting. */
 function withSplitTarget<T>(workgroups: number, fn: () => Promise<T>): Promise<T> {

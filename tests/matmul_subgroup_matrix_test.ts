@@ -22,7 +22,7 @@ import { subgroupMatrixTilings } from "../gpu/kernels/gemm/gemm_subgroup_matrix.
 import { f16MatrixConfig } from "../gpu/device/subgroup_matrix_configs.ts";
 import { asGpu, dispatchedKernelsAsync, gpu, GPU_TEST, withSettings, withTiling } from "./_gpu.ts";
 import { gelu64, matmul64, quantize, uniform } from "./_reference.ts";
-import { assertClose, TOL, type Tolerance } from "./_assert.ts";
+import { assertClose, tolFor } from "./_assert.ts";
 import { requireMatricesOnDawn } from "./_dawn_pass.ts";
 import { edgeShapes } from "./_matmul_edges.ts";
 
@@ -31,17 +31,6 @@ const config = f16MatrixConfig(gpu.adapterProfile.subgroupMatrixConfigs);
 const CANNOT_RUN = config ? "" : " (IGNORED: this adapter has no f16→f32 subgroup-matrix " +
   "config; run on the Dawn backend, HALFSTEP_BACKEND=dawn)";
 const DAWN_TEST = { ...GPU_TEST, ignore: !config } as const;
-
-/**
- * f16 operands are exact in f32 and their products too, so the sums carry
- * only f32 rounding, which may grow like √K (as matmul_test); an f16 result
- * adds its own rounding (half-ulp 2⁻¹¹ relative). A misplaced element or a
- * lost k-tile is off by far more.
- */
-function tolFor(out: "f32" | "f16", k: number): Tolerance {
-  const t = TOL[out];
-  return { atol: t.atol * Math.max(1, Math.sqrt(k) / 4), rtol: t.rtol };
-}
 
 const ORIENTATIONS: readonly MatmulOrientation[] = ["nn", "nt", "tn"];
 

@@ -23,7 +23,7 @@ import {
 import { gpu, GPU_TEST, withEachTiling } from "./_gpu.ts";
 import { gradcheck } from "./_gradcheck.ts";
 import { matmul64, quantize, uniform } from "./_reference.ts";
-import { assertClose, TOL, type Tolerance } from "./_assert.ts";
+import { assertClose, TOL, tolFor } from "./_assert.ts";
 import { matmulSettings } from "../gpu/kernels/gemm/settings.ts";
 import { matmulShapeKey, shapeOf } from "../gpu/kernels/gemm/shape_picks.ts";
 
@@ -35,12 +35,6 @@ const SHAPES = [
   { m: 129, k: 65, n: 33 },
   { m: 3, k: 4096, n: 7 },
 ];
-
-/** Long sums lose more: allow error growing like √K times the f32 unit roundoff. */
-function tolFor(dtype: FloatDType, k: number): Tolerance {
-  const t = TOL[dtype];
-  return { atol: t.atol * Math.max(1, Math.sqrt(k) / 4), rtol: t.rtol };
-}
 
 async function checkProduct(
   dtype: FloatDType,

@@ -34,13 +34,7 @@ import { gemmSplit } from "../gpu/kernels/gemm/gemm.ts";
 import { asGpu, gpu, GPU_TEST, withSettings, withTiling } from "./_gpu.ts";
 import { matmulSettings } from "../gpu/kernels/gemm/settings.ts";
 import { gelu64, matmul64, quantize, uniform } from "./_reference.ts";
-import { assertClose, TOL, type Tolerance } from "./_assert.ts";
-
-/** As matmul_test: error may grow like √K times the unit roundoff. */
-function tolFor(dtype: FloatDType, k: number): Tolerance {
-  const t = TOL[dtype];
-  return { atol: t.atol * Math.max(1, Math.sqrt(k) / 4), rtol: t.rtol };
-}
+import { assertClose, type Tolerance, tolFor } from "./_assert.ts";
 
 const ORIENTATIONS = [[false, false], [false, true], [true, false]] as const;
 

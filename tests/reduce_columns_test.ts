@@ -1,12 +1,12 @@
 /**
- * Column reductions in two coalesced stages (gpu/kernels/reduce_columns.ts,
+ * Column reductions in two coalesced stages (gpu/kernels/rows/reduce_columns.ts,
  * layer_norm_columns.ts), the GPU path of bias and LayerNorm parameter
  * gradients, forced on lavapipe: against f64 at odd shapes, f32 and f16,
  * bit-identical from run to run, and taken where the adapter profile says.
  */
 import assert from "node:assert/strict";
 import { linear, Tensor, tidy } from "../gpu/mod.ts";
-import { launchColumnSum } from "../gpu/kernels/reduce_columns.ts";
+import { launchColumnSum } from "../gpu/kernels/rows/reduce_columns.ts";
 import { launchLayerNormColumnGrads } from "../gpu/kernels/rows/layer_norm_columns.ts";
 import { launchLayerNorm, launchLayerNormParamGrads } from "../gpu/kernels/rows/layer_norm.ts";
 import { launchReduce } from "../gpu/kernels/reduce.ts";

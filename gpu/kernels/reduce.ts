@@ -20,7 +20,7 @@ import {
   wgslRowReduce,
 } from "./rows/row_layout.ts";
 import { REDUCE_THREADS, WGSL_LOWEST } from "./wgsl/math.ts";
-import { columnBlocksFor, launchColumnSum } from "./reduce_columns.ts";
+import { columnBlocksFor, launchColumnSum } from "./rows/reduce_columns.ts";
 
 /** What a reduction computes. `sum` is multiplied by a scale (1/n gives a mean). */
 export type ReduceOp = "sum" | "max";
@@ -81,7 +81,7 @@ fn main(${WGSL_GRID_BUILTINS}) {
  * Reduces `src` (viewed as `view`) along the middle axis into a new tensor of
  * `shape` (outer·inner elements), or into `options.into` (of that size and
  * dtype `out`). `scale` multiplies sums. On GPUs a sum over many rows of
- * wide rows runs in two coalesced stages (see reduce_columns.ts). No autograd.
+ * wide rows runs in two coalesced stages (see rows/reduce_columns.ts). No autograd.
  */
 export function launchReduce(
   op: ReduceOp,

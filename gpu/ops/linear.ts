@@ -187,11 +187,9 @@ export function linearForward(
     flat?.dispose();
     const gb = bias && needs[2]
       ? Tensor.adopt(
-        Tensor.adopt(
-          launchReduce("sum", g2, { outer: 1, axis: rows, inner: outFeatures }, bias.shape, {
-            out: bias.dtype,
-          }),
-        ),
+        launchReduce("sum", g2, { outer: 1, axis: rows, inner: outFeatures }, bias.shape, {
+          out: bias.dtype,
+        }),
       )
       : null;
     g2.dispose();

@@ -36,7 +36,7 @@ import {
 } from "./row_layout.ts";
 import { ld, rowElement, type RowWidth, wgslRowStores, wgslRowWidth } from "./row_width.ts";
 import { REDUCE_THREADS, WGSL_WORKGROUP_REDUCE } from "../wgsl/math.ts";
-import { columnBlocksFor } from "../reduce_columns.ts";
+import { columnBlocksFor } from "./reduce_columns.ts";
 import { launchLayerNormColumnGrads } from "./layer_norm_columns.ts";
 
 /** Which optional vectors a kernel binds, and the storage dtype of x and dx. */

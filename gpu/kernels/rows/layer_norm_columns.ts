@@ -13,7 +13,7 @@ import {
   columnDispatch,
   launchPartialsSum,
   wgslColumnMain,
-} from "../reduce_columns.ts";
+} from "./reduce_columns.ts";
 
 /** Per block of rows: partials of Σ g·x̂ in part[0, block, col], of Σ g in part[1, block, col]. */
 export const layerNormColumnPartialsKernel = defineKernel({

@@ -45,7 +45,7 @@ export interface RowSettings {
  * The row kernels' settings of a device (`rowSettings.of(gpu).threadRowMax`).
  * Default 4096 on CPU adapters, where a thread per row is faster at every
  * length up to there, and 64 on GPUs, where long rows need a workgroup's
- * bandwidth. Column sums read it too (gpu/kernels/reduce_columns.ts).
+ * bandwidth. Column sums read it too (gpu/kernels/rows/reduce_columns.ts).
  *
  * @example
  * ```ts

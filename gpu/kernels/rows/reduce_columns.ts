@@ -15,12 +15,12 @@
  * transaction. Those stay on CPU adapters, where a thread per column walks
  * its rows alone (see `columnBlocksFor`).
  */
-import type { Gpu } from "../device/gpu.ts";
-import type { DType } from "../base/dtype.ts";
-import { defineKernel } from "../device/kernel.ts";
-import { DeviceArray } from "../device/device_array.ts";
-import { grid1d, WGSL_GRID_BUILTINS, WGSL_WORKGROUP_INDEX } from "./wgsl/grid.ts";
-import { rowSettings } from "./rows/row_layout.ts";
+import type { Gpu } from "../../device/gpu.ts";
+import type { DType } from "../../base/dtype.ts";
+import { defineKernel } from "../../device/kernel.ts";
+import { DeviceArray } from "../../device/device_array.ts";
+import { grid1d, WGSL_GRID_BUILTINS, WGSL_WORKGROUP_INDEX } from "../wgsl/grid.ts";
+import { rowSettings } from "./row_layout.ts";
 
 /** Contiguous columns per workgroup (one per thread of a lane). */
 export const COLUMN_WIDTH = 64;
