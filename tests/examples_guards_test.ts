@@ -3,6 +3,10 @@
  * diverged or earns a warning (the loss, the weights, the skipped steps and
  * the loss scale), the `--save` lock (a live owner refused, a file left by a
  * killed run taken over, released once), and the resume flag check.
+ *
+ * Default pass only (.ci/run leaves it out of the Dawn pass): it runs the
+ * examples as a user does, in subprocesses, whose kernels the Dawn pass
+ * tests in process (and the examples on Dawn: dawn_backend_test.ts).
  */
 import assert from "node:assert/strict";
 import { join } from "node:path";

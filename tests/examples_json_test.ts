@@ -5,6 +5,10 @@
  * example's `--json` run, from an empty tuning cache, is piped through a
  * JSON parser line by line here; the notices go to stderr (and the tuning
  * they announce did happen: the notice is there).
+ *
+ * Default pass only (.ci/run leaves it out of the Dawn pass): it runs the
+ * examples as a user does, in subprocesses, whose kernels the Dawn pass
+ * tests in process (and the examples on Dawn: dawn_backend_test.ts).
  */
 import assert from "node:assert/strict";
 import { join } from "node:path";

@@ -5,6 +5,10 @@
  * validation line, and sampling nothing for 18 s before any text. Piped
  * (no progress bar), each phase now starts with a line: the first step
  * before it is recorded and after, evaluation, validation, sampling.
+ *
+ * Default pass only (.ci/run leaves it out of the Dawn pass): it runs the
+ * examples as a user does, in subprocesses, whose kernels the Dawn pass
+ * tests in process (and the examples on Dawn: dawn_backend_test.ts).
  */
 import assert from "node:assert/strict";
 import { join } from "node:path";

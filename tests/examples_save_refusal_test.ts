@@ -6,6 +6,10 @@
  * wrote without mnist.ts's record (`saveTrainingState` alone, or
  * `to_halfstep.py`) — is refused in one line before start-up, with no stack
  * trace and no lock left behind.
+ *
+ * Default pass only (.ci/run leaves it out of the Dawn pass): it runs the
+ * examples as a user does, in subprocesses, whose kernels the Dawn pass
+ * tests in process (and the examples on Dawn: dawn_backend_test.ts).
  */
 import assert from "node:assert/strict";
 import { join } from "node:path";

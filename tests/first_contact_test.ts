@@ -11,6 +11,10 @@
  * dependency, nothing else, and nothing at all the second time; no warning
  * box; stdout makes no claim about the cache, and stderr says once, truly,
  * where the picks are kept.
+ *
+ * Default pass only (.ci/run leaves it out of the Dawn pass): it runs the
+ * examples as a user does, in subprocesses, whose kernels the Dawn pass
+ * tests in process (and the examples on Dawn: dawn_backend_test.ts).
  */
 import assert from "node:assert/strict";
 import { copyCheckout } from "./_checkout.ts";

@@ -9,6 +9,10 @@
  * over a run, divergence before saving); and tiny_gpt.ts --data trains on a
  * given text and samples from it.
  * Needs a python3 with torch for the checkpoint (CI installs it).
+ *
+ * Default pass only (.ci/run leaves it out of the Dawn pass): it runs the
+ * examples as a user does, in subprocesses, whose kernels the Dawn pass
+ * tests in process (and the examples on Dawn: dawn_backend_test.ts).
  */
 import assert from "node:assert/strict";
 import { join } from "node:path";

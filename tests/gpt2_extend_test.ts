@@ -7,6 +7,10 @@
  * longer max_steps the same way), said in one line; below the step it has
  * reached is refused; another flag is still refused, each named with its
  * saved value.
+ *
+ * Default pass only (.ci/run leaves it out of the Dawn pass): it runs the
+ * examples as a user does, in subprocesses, whose kernels the Dawn pass
+ * tests in process (and the examples on Dawn: dawn_backend_test.ts).
  */
 import assert from "node:assert/strict";
 import { join } from "node:path";

@@ -9,6 +9,10 @@
  * cache holding other picks (each class's third candidate, as a tuner that
  * measured them fastest would have stored) gives the same losses bit for bit
  * over its first 150 steps; both start with the default tiling only.
+ *
+ * Default pass only (.ci/run leaves it out of the Dawn pass): it runs the
+ * examples as a user does, in subprocesses, whose kernels the Dawn pass
+ * tests in process (and the examples on Dawn: dawn_backend_test.ts).
  */
 import assert from "node:assert/strict";
 import { join } from "node:path";

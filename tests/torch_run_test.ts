@@ -11,6 +11,10 @@
  *
  * Needs a Python with torch (CI installs Debian's python3-torch): without
  * one the test fails, it never skips.
+ *
+ * Default pass only (.ci/run leaves it out of the Dawn pass): its time goes
+ * to PyTorch's processes; halfstep's numerics against PyTorch on Dawn are
+ * torch_parity_test.ts's and torch_twins_test.ts's.
  */
 import assert from "node:assert/strict";
 import { join } from "node:path";

@@ -19,7 +19,7 @@
  *   `--allow-env` to find it), Deno's `localStorage` keeps the winners for
  *   this script only; where there is none, memory for this run. A damaged,
  *   unreadable or read-only cache file is left alone and the run tunes in
- *   memory. Each of these is said once, in one line: in the line that
+ *   memory. Where the file may be written, it alone is read. Each of these is said once, in one line: in the line that
  *   announces tuning (`whereTuningIsKept`), or else when a tuner first
  *   stores a winner — a run that finds its winners says nothing.
  *
@@ -288,7 +288,11 @@ function fileStore(
         problem ?? `tuning results are kept in ${path}; every later script starts with them`,
       );
     },
-    getItem: (key) => memory.get(key) ?? entries()[key] ?? fallback.getItem(key),
+    // Where the file may be written it is the one store: picks this script once kept in
+    // localStorage (run without --allow-write) are not read, so what a run finds does not
+    // depend on which script path ran before (a cold cache is cold).
+    getItem: (key) =>
+      memory.get(key) ?? entries()[key] ?? (writable ? null : fallback.getItem(key)),
     setItem(key, value) {
       if (entries()[key] === value && !broken) return; // a run that found its winners writes nothing
       if (!writable) return fallback.setItem(key, value);
@@ -303,7 +307,13 @@ function fileStore(
       fallback.removeItem(key);
       if (writable && !broken && key in entries()) write((all) => void delete all[key]);
     },
-    keys: () => [...new Set([...memory.keys(), ...Object.keys(entries()), ...fallback.keys()])],
+    keys: () => [
+      ...new Set([
+        ...memory.keys(),
+        ...Object.keys(entries()),
+        ...(writable ? [] : fallback.keys()),
+      ]),
+    ],
   };
 }
 
