@@ -255,7 +255,15 @@ def train_rank(rank, args, port, p):
         write_run(args.save, model, optimizer, scheduler, p["schedule"], scaler, record)
         print(f"continue_ddp: saved {args.save} at step {record['step']} (epoch {order.epoch}, "
               f"{order.position} steps into the next)", flush=True)
+    dist.barrier()  # every rank's work is done
     dist.destroy_process_group()
+    # torch 1.13's gloo process group can deadlock in its destructor when the DDP model is freed
+    # at exit (the destructor joins a worker thread that waits for the GIL it holds; seen here,
+    # a rank spinning for minutes): with every file written and flushed, the rank leaves without
+    # running it.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def check_outputs(args):
