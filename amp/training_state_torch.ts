@@ -104,6 +104,14 @@ export function optimizerToTorch(
     ...(baseLrs && { initial_lr: baseLrs[gi] }),
     params: g.params,
   }));
+  if (s.stateDtype !== undefined && s.stateDtype !== "f32") {
+    fail(
+      ValueError,
+      "saveTrainingState",
+      `training-state files do not hold stateDtype ${quoted(s.stateDtype)} optimizer states ` +
+        'yet; train with stateDtype "f32" to save the run.',
+    );
+  }
   const state: Record<string, Json> = {};
   const tensors: TorchOptimizerFile["tensors"] = [];
   for (const p of s.state) {
@@ -112,7 +120,7 @@ export function optimizerToTorch(
       tensors.push({
         name: `optimizer.state.${p.param}.${BUFFER_NAMES[ours]}`,
         shape: p.shape,
-        data,
+        data: data as Float32Array,
       });
     }
     // PyTorch's SGD without momentum keeps `momentum_buffer: None`.
