@@ -149,6 +149,8 @@ export {
   type SGDGroup,
   type SGDOptions,
   type SGDParamGroup,
+  type StateBuffer,
+  type StateDtype,
 } from "./optim/mod.ts";
 
 // nn/: modules, layers, losses, checkpointing of layer sequences, safetensors.

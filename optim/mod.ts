@@ -10,7 +10,7 @@
  */
 export type { Optimizer, StepSignals, WorkingCopies } from "./optimizer.ts";
 export type { Group, ParamGroup } from "./_fused_optimizer.ts";
-export type { HyperValue, OptimizerStateDict } from "./_optimizer_state.ts";
+export type { HyperValue, OptimizerStateDict, StateBuffer } from "./_optimizer_state.ts";
 export { SGD, type SGDGroup, type SGDOptions, type SGDParamGroup } from "./sgd.ts";
 export {
   Adam,
