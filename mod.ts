@@ -140,6 +140,7 @@ export {
   type ClipResult,
   cosineSchedule,
   type CosineScheduleOptions,
+  dequantizeStates,
   linearWarmupDecay,
   type LinearWarmupDecayOptions,
   type LrSchedule,

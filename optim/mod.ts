@@ -21,6 +21,7 @@ export {
   type StateDtype,
 } from "./adam.ts";
 export { clipGradNorm, type ClipResult } from "./clip.ts";
+export { dequantizeStates } from "./dequantize_states.ts";
 export {
   cosineSchedule,
   type CosineScheduleOptions,
