@@ -246,6 +246,28 @@ Deno.test(
 );
 
 Deno.test(
+  "8-bit Adam: values across every decade of the maps, both signs, take their nearest code",
+  GPU_TEST,
+  async () => {
+    // From a zero state, m = (1 − β₁)·g and v = (1 − β₂)·g²: log-spaced |g| from 1 down to
+    // 1e-8 per block (its first element the block's max) puts m / absmax in every decade of
+    // the signed map and v / absmax across the unsigned one and below it.
+    const n = 4 * BLOCK;
+    const g = Float32Array.from({ length: n }, (_, i) => {
+      const k = i % BLOCK;
+      return (k % 2 === 0 ? 1 : -1) * 10 ** (-8 * k / (BLOCK - 1)) * (1 + (i >> 8) / 7);
+    });
+    const zero: Quantized = {
+      m: new Uint8Array(n).fill(127),
+      v: new Uint8Array(n),
+      mScale: new Float32Array(4),
+      vScale: new Float32Array(4),
+    };
+    await checkStep("log-spaced", n, g, zero, { lr: 1e-3, wd: 0, decoupled: true, t: 1 });
+  },
+);
+
+Deno.test(
   "8-bit Adam: a skipped step leaves codes, scales and masters bit-identical",
   GPU_TEST,
   async () => {

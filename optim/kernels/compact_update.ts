@@ -8,14 +8,16 @@
  * 8-bit codes per moment (byte e is element 4q + e), or two words of bf16
  * (low half the even element). A workgroup of 256 threads covers 1024
  * elements: 4 blocks of {@link STATE_BLOCK} for the 8-bit absmax scales,
- * each reduced by its 64 threads in workgroup memory. Elements past the
- * tensor's end read as zero and are written as zero bytes, so padding never
- * changes and a state file resumes the same bits.
+ * whose first thread takes the max of its 64 threads' in workgroup memory
+ * (two barriers in all: a CPU adapter pays dearly for each; a tree would
+ * take seven). Elements past the tensor's end read as zero and are written
+ * as zero bytes, so padding never changes and a state file resumes the
+ * same bits.
  *
  * 8bit: m = code₁[byte]·absmax (signed map), v = code₂[byte]·absmax
  * (unsigned map); after the update the new block absmax is max |m| (max v)
  * over the block and each value is stored as the index of the nearest code
- * to value / absmax (ties to the lower index; an all-zero block stores 0).
+ * to value / absmax (ties to the lower index; an all-zero block stores the maps' 0).
  * The update itself uses the f32 m and v before requantization, as
  * bitsandbytes' `kOptimizerStatic8bit2StateBlockwise`.
  *
@@ -55,6 +57,8 @@ const QUAD = 4;
 /** Elements one workgroup updates. */
 const PER_WORKGROUP = WORKGROUP * QUAD;
 const THREADS_PER_BLOCK = STATE_BLOCK / QUAD;
+/** A quad's element offsets, for loops written out (constant indices keep the quad in registers). */
+const QUADS = [0, 1, 2, 3];
 
 /** How compact moments are stored. */
 export type CompactStateDtype = "8bit" | "bf16";
@@ -69,14 +73,30 @@ const SEED_UNIFORMS = Object.fromEntries(SEED_FIELDS.map((f) => [f, "u32"])) as 
   "u32"
 >;
 
-/** Nearest-code search over a sorted 256-entry map at `off` in `code` (workgroup memory). */
+/**
+ * The nearest code to `x` (a value / absmax, in [-1, 1]) in the map at `off`
+ * of `codes` (0: signed, 256: unsigned), ties to the lower
+ * index. The maps' layout gives an index within one of the nearest (the
+ * decade from log10 |x|, the midpoint within it), and the two neighbours
+ * settle it: three reads instead of a binary search's eight.
+ */
 const QUANTIZE = `fn quantize(x: f32, off: u32) -> u32 {
-  var lo = 0u;
-  for (var s = 128u; s > 0u; s = s >> 1u) {
-    if (code[off + lo + s] <= x) { lo = lo + s; }
+  let signed = off == 0u;
+  let a = abs(x);
+  // Decade i holds |values| in [10^(i-7), 10^(i-6)): u = a / 10^(i-6) is in [0.1, 1).
+  let i = clamp(i32(floor(log2(max(a, 1e-30)) * 0.30103)) + 7, 0, 6);
+  let u = a / exp2(f32(i - 6) * 3.3219281);
+  let count = select(2u << u32(i), 1u << u32(i), signed);
+  let j = u32(clamp(round((u - 0.1) / 0.9 * f32(count) - 0.5), 0.0, f32(count - 1u)));
+  // Unsigned: 0, then decade i from index 2^(i+1) - 1. Signed: 0 at 127, decade i from 127 + 2^i.
+  let pos = select(count - 1u + j, 127u + count + j, signed);
+  var c = select(pos, 254u - min(pos, 254u), signed && x < 0.0);
+  if (a == 0.0) { c = select(0u, 127u, signed); }
+  var best = c;
+  for (var k = max(c, 1u) - 1u; k <= min(c + 1u, 255u); k++) {
+    if (abs(codes[off + k] - x) < abs(codes[off + best] - x)) { best = k; }
   }
-  let hi = min(lo + 1u, 255u);
-  return select(lo, hi, code[off + hi] - x < x - code[off + lo]);
+  return best;
 }`;
 
 /** A bf16 half of a word as f32, and f32 → bf16 bits rounded stochastically by 16 random bits. */
@@ -103,10 +123,12 @@ function loadMoments(c: CompactAdamConfig, k: number): string {
         let cv = exp_avg_sq${k}[q];
         let sm = exp_avg_absmax${k}[q / ${THREADS_PER_BLOCK}u];
         let sv = exp_avg_sq_absmax${k}[q / ${THREADS_PER_BLOCK}u];
-        for (var e = 0u; e < ${QUAD}u; e++) {
-          m_old[e] = code[(cm >> (8u * e)) & 255u] * sm;
-          v_old[e] = code[256u + ((cv >> (8u * e)) & 255u)] * sv;
-        }`;
+        ${
+      QUADS.map((e) =>
+        `m_old[${e}] = codes[(cm >> ${8 * e}u) & 255u] * sm;
+        v_old[${e}] = codes[256u + ((cv >> ${8 * e}u) & 255u)] * sv;`
+      ).join("\n        ")
+    }`;
   }
   return `for (var h = 0u; h < 2u; h++) {
           let wm = exp_avg${k}[2u * q + h];
@@ -126,11 +148,13 @@ function storeMoments(c: CompactAdamConfig, k: number): string {
   if (base < n) {
     var cm = 0u;
     var cv = 0u;
-    for (var e = 0u; e < ${QUAD}u; e++) {
-      if (base + e < n) {
-        cm = cm | (quantize(select(0.0, m_new[e] / am, am > 0.0), 0u) << (8u * e));
-        cv = cv | (quantize(select(0.0, v_new[e] / av, av > 0.0), 256u) << (8u * e));
-      }
+    ${
+      QUADS.map((e) =>
+        `if (base + ${e}u < n) {
+      cm = cm | (quantize(select(0.0, m_new[${e}] / am, am > 0.0), 0u) << ${8 * e}u);
+      cv = cv | (quantize(select(0.0, v_new[${e}] / av, av > 0.0), 256u) << ${8 * e}u);
+    }`
+      ).join("\n    ")
     }
     exp_avg${k}[q] = cm;
     exp_avg_sq${k}[q] = cv;
@@ -180,13 +204,13 @@ function slotBody(c: CompactAdamConfig, k: number): string {
   const reduce = c.states !== "8bit" ? "" : `red_m[lid] = mx_m;
       red_v[lid] = mx_v;
       workgroupBarrier();
-      for (var s = ${THREADS_PER_BLOCK / 2}u; s > 0u; s = s >> 1u) {
-        if ((lid & ${THREADS_PER_BLOCK - 1}u) < s) {
+      if ((lid & ${THREADS_PER_BLOCK - 1}u) == 0u) {
+        for (var s = 1u; s < ${THREADS_PER_BLOCK}u; s++) {
           red_m[lid] = max(red_m[lid], red_m[lid + s]);
           red_v[lid] = max(red_v[lid], red_v[lid + s]);
         }
-        workgroupBarrier();
-      }`;
+      }
+      workgroupBarrier();`;
   return `let q = wg * ${WORKGROUP}u + lid;
       let base = ${QUAD}u * q;
       var m_old = array<f32, ${QUAD}>(0.0, 0.0, 0.0, 0.0);
@@ -243,8 +267,7 @@ export const compactAdamKernel = defineKernel({
     `${ONE_MINUS_POW}
 ${
       c.states === "8bit"
-        ? `var<workgroup> code: array<f32, 512>;
-var<workgroup> red_m: array<f32, ${WORKGROUP}>;
+        ? `var<workgroup> red_m: array<f32, ${WORKGROUP}>;
 var<workgroup> red_v: array<f32, ${WORKGROUP}>;
 ${QUANTIZE}`
         : BF16_STATE
@@ -252,11 +275,7 @@ ${QUANTIZE}`
 @compute @workgroup_size(${WORKGROUP})
 fn main(${WGSL_GRID_BUILTINS}) {
   ${SKIP}
-  ${
-      c.states === "8bit"
-        ? "code[lid] = codes[lid];\n  code[lid + 256u] = codes[lid + 256u];\n  workgroupBarrier();"
-        : ""
-    }
+  ${c.states === "8bit" ? "" : ""}
   let scale = grad_scale[0];
   let t_bits = step[0];
   let t = f32(t_bits);
