@@ -29,11 +29,11 @@
 import {
   defineKernel,
   type DeviceArray,
+  MAX_TENSOR_SLOTS,
   optional,
   WGSL_GRID_BUILTINS,
   wgslForEachSlot,
 } from "../../gpu/kernels/mod.ts";
-import { MAX_TENSOR_SLOTS } from "../../gpu/kernels/multi_tensor.ts";
 import {
   type AdamFlags,
   type AdamHyper,
