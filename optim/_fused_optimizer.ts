@@ -307,6 +307,11 @@ export abstract class FusedOptimizer<G extends Group> implements Optimizer {
   /** Loads extra state once everything is validated. */
   protected loadExtra(_state: OptimizerStateDict): void {}
 
+  /** `state` in the layout this optimizer keeps, where it can be converted (Adam: f32 moments into compact ones). */
+  protected converted(state: OptimizerStateDict): OptimizerStateDict {
+    return state;
+  }
+
   /** Buffers whose values cannot be negative (Adam: the second moments). */
   protected nonNegativeState(): readonly string[] {
     return [];
@@ -321,6 +326,7 @@ export abstract class FusedOptimizer<G extends Group> implements Optimizer {
    */
   checkStateDict(state: OptimizerStateDict, options: { allowNonFinite?: boolean } = {}): void {
     this.live("loadStateDict");
+    state = this.converted(state);
     const errors = stateDictErrors(state, {
       kind: this.kind,
       settings: this.settings(),
@@ -346,6 +352,7 @@ export abstract class FusedOptimizer<G extends Group> implements Optimizer {
    */
   loadStateDict(state: OptimizerStateDict, options: { allowNonFinite?: boolean } = {}): void {
     this.checkStateDict(state, options);
+    state = this.converted(state);
     state.groups.forEach((g, gi) => Object.assign(this.groups[gi], cloneHyper(g.hyper)));
     this.allocateState();
     state.state.forEach((s, i) => {

@@ -20,6 +20,7 @@ import {
 } from "./_fused_optimizer.ts";
 import { need, type OptimizerStateDict, type StateSpec } from "./_optimizer_state.ts";
 import { dynamicCode } from "./_dynamic_code.ts";
+import { quantizeStates } from "./quantize_states.ts";
 import { launchCompactAdamUpdates, STATE_BLOCK, stateBlocks } from "./kernels/compact_update.ts";
 import {
   launchAdamUpdates,
@@ -207,6 +208,23 @@ export class Adam extends FusedOptimizer<AdamGroup> {
       expAvgAbsmax: { format: "f32", length: blocks },
       expAvgSqAbsmax: { format: "f32", length: blocks },
     };
+  }
+
+  /**
+   * An f32 state (a run PyTorch continued, or one trained with f32 states)
+   * quantized into this optimizer's compact moments; anything else as given.
+   * @internal
+   */
+  protected override converted(s: OptimizerStateDict): OptimizerStateDict {
+    const f32 = (s?.stateDtype ?? "f32") === "f32";
+    if (this.stateDtype === "f32" || !f32 || s?.kind !== this.kind || !Array.isArray(s.state)) {
+      return s;
+    }
+    const extra = this.stateDtype === "8bit"
+      ? { stateDtype: this.stateDtype, min8bitSize: this.min8bitSize }
+      : { stateDtype: this.stateDtype };
+    const p = this.params;
+    return quantizeStates(s, (i) => (p[i] ? this.stateSpecs(this.groups[0], p[i]) : null), extra);
   }
 
   /** @internal */

@@ -6,7 +6,14 @@
  * refused naming the buffer or option.
  */
 import assert from "node:assert/strict";
-import { Adam, AdamW, type OptimizerStateDict, type StateDtype, Tensor } from "../mod.ts";
+import {
+  Adam,
+  AdamW,
+  dequantizeStates,
+  type OptimizerStateDict,
+  type StateDtype,
+  Tensor,
+} from "../mod.ts";
 import { multiTensorSettings } from "../gpu/kernels/multi_tensor.ts";
 import { gpu, GPU_TEST } from "./_gpu.ts";
 import { CopyMap } from "./_optimizer_reference.ts";
@@ -163,16 +170,56 @@ Deno.test(
       { ...s, state: [{ ...s.state[0], buffers: noScale }] },
       /buffers \[expAvg,expAvgSq,expAvgSqAbsmax\], expected \[expAvg,expAvgSq,expAvgAbsmax,expAvgSqAbsmax\]/,
     );
-    const f32 = new Adam([p]);
-    refused(
-      await f32.stateDict(),
-      /it holds stateDtype "f32" moments, this optimizer keeps "8bit": construct it with \{ stateDtype: "f32" \}/,
-    );
     refused({ ...s, min8bitSize: 4096 }, /construct it with \{ min8bitSize: 4096 \}/);
-    assert.throws(() => f32.loadStateDict(s), /it holds stateDtype "8bit" moments/);
+    const f32 = new Adam([p]);
+    assert.throws(
+      () => f32.loadStateDict(s),
+      /it holds stateDtype "8bit" moments, this optimizer keeps "f32": construct it with \{ stateDtype: "8bit" \}/,
+    );
     // Nothing was loaded: the state is still the one saved.
     assert.deepStrictEqual(await opt.stateDict(), s);
     f32.dispose();
     opt.dispose();
+  },
+);
+
+Deno.test(
+  "compact states: an f32 state (a run PyTorch wrote back) loads quantized, within a code",
+  GPU_TEST,
+  async () => {
+    const n = 1000;
+    const p = Tensor.zeros([n]);
+    const f32 = new AdamW([p]);
+    const m = Float32Array.from(uniform(n, 8, -0.02, 0.02)),
+      v = Float32Array.from(uniform(n, 9, 0, 1e-4));
+    const plain = await f32.stateDict();
+    const given = {
+      ...plain,
+      step: 7,
+      state: [{ ...plain.state[0], buffers: { expAvg: m, expAvgSq: v } }],
+    };
+    for (const stateDtype of COMPACT) {
+      const opt = new AdamW([p], {
+        stateDtype,
+        min8bitSize: stateDtype === "8bit" ? 0 : undefined,
+      });
+      opt.loadStateDict(given);
+      const back = dequantizeStates(await opt.stateDict());
+      assert.equal(back.step, 7);
+      for (const [name, want] of [["expAvg", m], ["expAvgSq", v]] as const) {
+        const got = back.state[0].buffers[name] as Float32Array;
+        const scale = Math.max(...want.map(Math.abs));
+        for (let i = 0; i < n; i++) {
+          // 8bit: the map's steps are at most 1.4% of the block's absmax (around 1); bf16: 2⁻⁸ relative.
+          const allowed = stateDtype === "8bit" ? 0.0071 * scale : 2 ** -8 * Math.abs(want[i]);
+          assert.ok(
+            Math.abs(got[i] - want[i]) <= allowed,
+            `${stateDtype} ${name}[${i}]: ${got[i]} vs ${want[i]}`,
+          );
+        }
+      }
+      opt.dispose();
+    }
+    f32.dispose();
   },
 );
