@@ -53,6 +53,14 @@ export const GPT2_MEMORY_MODES: readonly Gpt2MemoryMode[] = [
   { mode: "amp+ckpt", amp: true, dtype: "f16", checkpoint: true, fused: true },
   { mode: "bf16+ckpt", amp: true, dtype: "bf16", checkpoint: true, fused: true },
   { mode: "amp+ckpt+8bit", amp: true, dtype: "f16", checkpoint: true, fused: true, states: "8bit" },
+  {
+    mode: "amp+ckpt+bf16 states",
+    amp: true,
+    dtype: "f16",
+    checkpoint: true,
+    fused: true,
+    states: "bf16",
+  },
   // The unfused head's logits [4096, 50257] (823 MB in f32) exceed one buffer on many adapters.
   { mode: "amp+ckpt, unfused head", amp: true, dtype: "f16", checkpoint: true, fused: false },
 ];
