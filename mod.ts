@@ -140,6 +140,7 @@ export {
   type ClipResult,
   cosineSchedule,
   type CosineScheduleOptions,
+  dequantizeStates,
   linearWarmupDecay,
   type LinearWarmupDecayOptions,
   type LrSchedule,
@@ -149,6 +150,8 @@ export {
   type SGDGroup,
   type SGDOptions,
   type SGDParamGroup,
+  type StateBuffer,
+  type StateDtype,
 } from "./optim/mod.ts";
 
 // nn/: modules, layers, losses, checkpointing of layer sequences, safetensors.

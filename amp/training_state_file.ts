@@ -7,7 +7,9 @@
  * in PyTorch and writes one back:
  *
  * - tensors: `model.<name>` (the model's state dict), `optimizer.state.<i>.<key>`
- *   (`exp_avg`, `exp_avg_sq`, `momentum_buffer` of parameter i), and, saved
+ *   (`exp_avg`, `exp_avg_sq`, `momentum_buffer` of parameter i; Adam's 8-bit
+ *   and bf16 moments dequantized to f32, with their exact form under
+ *   `optimizer.compact.<i>.<key>`, which halfstep resumes from), and, saved
  *   mid-accumulation, `grad.<name>` (the gradients summed so far);
  * - metadata, as JSON: `optimizer` (`optimizer.state_dict()` without its
  *   tensors: per-parameter `step`, `param_groups` with PyTorch's keys; plus
@@ -30,7 +32,7 @@ import {
   ValueError,
 } from "../gpu/mod.ts";
 import type { LoadStateOptions, Module } from "../nn/module.ts";
-import { entryToTensor } from "../nn/safetensors.ts";
+import { entryToTensor, type SafetensorsEntry } from "../nn/safetensors.ts";
 import { loadSafetensors, writeTensors } from "../nn/safetensors_file.ts";
 import type { LrScheduler, OptimizerStateDict } from "../optim/mod.ts";
 import { moduleGenerators } from "./module_generators.ts";
@@ -131,7 +133,7 @@ export async function saveTrainingState(
   } catch (e) {
     return fail(ValueError, where, `extra must be JSON-safe (${(e as Error).message}).`);
   }
-  const tensors = new Map<string, Tensor>();
+  const tensors = new Map<string, Tensor | SafetensorsEntry>();
   for (const [name, t] of parts.model.stateDict()) tensors.set(`model.${name}`, t);
   // Mid-accumulation, the gradients summed so far are part of the run's state.
   const grads: string[] = [];
@@ -159,6 +161,7 @@ export async function saveTrainingState(
         temporary.push(t);
         tensors.set(name, t);
       }
+      for (const { name, entry } of torch.compact) tensors.set(name, entry);
     }
     if (parts.trainer) {
       const state = await parts.trainer.stateDict();

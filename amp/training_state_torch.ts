@@ -16,7 +16,14 @@
  */
 import { fail, quoted, sameShape, shapeString, ValueError } from "../gpu/mod.ts";
 import type { SafetensorsEntry } from "../nn/safetensors.ts";
-import { Adam, type LrSchedulerState, type OptimizerStateDict, SGD } from "../optim/mod.ts";
+import {
+  Adam,
+  dequantizeStates,
+  type LrSchedulerState,
+  type OptimizerStateDict,
+  SGD,
+  type StateBuffer,
+} from "../optim/mod.ts";
 import type { GradScalerState } from "./grad_scaler.ts";
 import type { AmpTrainerState, TrainerPrecision } from "./trainer.ts";
 
@@ -76,8 +83,50 @@ export function liveTorchKind(optimizer: unknown): TorchOptimizerKind | null {
 export interface TorchOptimizerFile {
   /** `optimizer.state_dict()` without its tensors, plus `kind` and halfstep's extras. */
   metadata: Json;
-  /** Each state buffer under its flat name. */
+  /** Each state buffer under its flat name (compact moments dequantized, as torch.optim.AdamW holds them). */
   tensors: { name: string; shape: number[]; data: Float32Array }[];
+  /** Compact moments as halfstep keeps them, under {@link COMPACT_PREFIX} (see `compactEntries`). */
+  compact: { name: string; entry: SafetensorsEntry }[];
+}
+
+/**
+ * Prefix of Adam's compact moments in a file (`optimizer.compact.<i>.<key>`).
+ * PyTorch reads the dequantized `optimizer.state.*` ones; halfstep resumes
+ * from these, bit for bit.
+ */
+export const COMPACT_PREFIX = "optimizer.compact.";
+
+/** halfstep's compact buffer names → their keys under {@link COMPACT_PREFIX}. */
+const COMPACT_NAMES: Readonly<Record<string, string>> = {
+  expAvg: "exp_avg",
+  expAvgSq: "exp_avg_sq",
+  expAvgAbsmax: "exp_avg_absmax",
+  expAvgSqAbsmax: "exp_avg_sq_absmax",
+};
+
+/**
+ * A parameter's compact buffers as file entries: 8-bit codes packed four to
+ * an i32 word (`exp_avg`, `exp_avg_sq`: [⌈n/4⌉], byte e of word w is element
+ * 4w + e, the last word's spare bytes 0), f32 block scales
+ * (`exp_avg_absmax`, `exp_avg_sq_absmax`), bf16 bits as a bf16 tensor
+ * shaped like the parameter.
+ */
+function compactEntries(
+  i: number,
+  shape: number[],
+  buffers: Record<string, StateBuffer>,
+): TorchOptimizerFile["compact"] {
+  return Object.entries(buffers).map(([ours, data]) => {
+    const bytes = new Uint8Array(data.buffer, data.byteOffset, data.byteLength);
+    const name = `${COMPACT_PREFIX}${i}.${COMPACT_NAMES[ours]}`;
+    if (data instanceof Uint16Array) return { name, entry: { dtype: "bf16", shape, data: bytes } };
+    if (data instanceof Float32Array) {
+      return { name, entry: { dtype: "f32", shape: [data.length], data: bytes.slice() } };
+    }
+    const padded = new Uint8Array(Math.ceil(data.length / 4) * 4);
+    padded.set(bytes);
+    return { name, entry: { dtype: "i32", shape: [padded.length / 4], data: padded } };
+  });
 }
 
 /**
@@ -106,21 +155,31 @@ export function optimizerToTorch(
   }));
   const state: Record<string, Json> = {};
   const tensors: TorchOptimizerFile["tensors"] = [];
-  for (const p of s.state) {
+  const compact: TorchOptimizerFile["compact"] = [];
+  const plain = dequantizeStates(s);
+  for (const [k, p] of plain.state.entries()) {
     const entry: Json = kind === "SGD" ? {} : { step: s.step ?? 0 };
+    const saved = s.state[k].buffers;
+    if (saved.expAvg !== undefined && !(saved.expAvg instanceof Float32Array)) {
+      compact.push(...compactEntries(p.param, p.shape, saved));
+    }
     for (const [ours, data] of Object.entries(p.buffers)) {
       tensors.push({
         name: `optimizer.state.${p.param}.${BUFFER_NAMES[ours]}`,
         shape: p.shape,
-        data,
+        data: data as Float32Array,
       });
     }
     // PyTorch's SGD without momentum keeps `momentum_buffer: None`.
     if (kind === "SGD" && !("momentumBuffer" in p.buffers)) entry.momentum_buffer = null;
     state[p.param] = entry;
   }
-  const halfstep = kind === "SGD" ? {} : { bias_correction: s.settings.biasCorrection };
-  return { metadata: { kind, state, param_groups: paramGroups, halfstep }, tensors };
+  const halfstep = kind === "SGD" ? {} : {
+    bias_correction: s.settings.biasCorrection,
+    ...(s.stateDtype && { state_dtype: s.stateDtype }),
+    ...(s.min8bitSize !== undefined && { min_8bit_size: s.min8bitSize }),
+  };
+  return { metadata: { kind, state, param_groups: paramGroups, halfstep }, tensors, compact };
 }
 
 /**
@@ -152,7 +211,18 @@ export function optimizerFromTorch(
   const wanted = (i: number) =>
     kind === "SGD" ? (momentum.get(i) ? ["momentumBuffer"] : []) : ["expAvg", "expAvgSq"];
   const steps: unknown[] = [];
+  const stateDtype = o.halfstep?.state_dtype;
   const state = live.shapes.map((shape, i) => {
+    if (kind !== "SGD" && (stateDtype === "8bit" || stateDtype === "bf16")) {
+      const exact = compactFromFile(i, shape, stateDtype, file, reject);
+      if (exact) {
+        const saved = (o.state as Record<string, unknown>)[String(i)];
+        if (isObject(saved)) steps.push(saved.step);
+        // The dequantized copies are for PyTorch; the exact form is what resumes.
+        for (const key of ["exp_avg", "exp_avg_sq"]) file.used.add(`optimizer.state.${i}.${key}`);
+        return { param: i, shape: [...shape], buffers: exact };
+      }
+    }
     const saved = (o.state as Record<string, unknown>)[String(i)];
     if (saved !== undefined && !isObject(saved)) reject(`its optimizer state ${i} is malformed`);
     if (saved && kind !== "SGD") steps.push(saved.step);
@@ -179,13 +249,64 @@ export function optimizerFromTorch(
   const settings: Record<string, boolean> = kind === "SGD"
     ? {}
     : { biasCorrection: bias as boolean, decoupledWeightDecay: kind === "AdamW" };
+  const compact = kind === "SGD" || stateDtype === undefined ? {} : {
+    stateDtype: stateDtype as string,
+    ...(o.halfstep?.min_8bit_size !== undefined && {
+      min8bitSize: o.halfstep.min_8bit_size as number,
+    }),
+  };
   return {
     kind: kind === "SGD" ? "SGD" : "Adam",
     settings,
     ...(kind !== "SGD" && { step: oneStep(steps, live.shapes.length, reject) }),
+    ...compact,
     groups,
     state,
   };
+}
+
+/**
+ * Parameter i's compact moments under {@link COMPACT_PREFIX} (null when the
+ * file holds none for it: it kept f32 moments), each checked for its dtype
+ * and shape (see `compactEntries`) and added to `file.used`.
+ */
+function compactFromFile(
+  i: number,
+  shape: readonly number[],
+  stateDtype: "8bit" | "bf16",
+  file: { entries: Map<string, SafetensorsEntry>; used: Set<string> },
+  reject: Reject,
+): Record<string, StateBuffer> | null {
+  const n = shape.reduce((a, b) => a * b, 1);
+  // Scales: any vector here; checkStateDict names a wrong count.
+  const want: [string, SafetensorsEntry["dtype"], readonly number[] | null][] =
+    stateDtype === "bf16" ? [["expAvg", "bf16", shape], ["expAvgSq", "bf16", shape]] : [
+      ["expAvg", "i32", [Math.ceil(n / 4)]],
+      ["expAvgSq", "i32", [Math.ceil(n / 4)]],
+      ["expAvgAbsmax", "f32", null],
+      ["expAvgSqAbsmax", "f32", null],
+    ];
+  if (!file.entries.has(`${COMPACT_PREFIX}${i}.exp_avg`)) return null;
+  const out: Record<string, StateBuffer> = {};
+  for (const [ours, dtype, wantShape] of want) {
+    const name = `${COMPACT_PREFIX}${i}.${COMPACT_NAMES[ours]}`, e = file.entries.get(name);
+    if (!e) reject(`the optimizer buffer ${quoted(name)} is missing`);
+    const shapeOk = wantShape ? sameShape(e.shape, wantShape) : e.shape.length === 1;
+    if (e.dtype !== dtype || !shapeOk) {
+      reject(
+        `the optimizer buffer ${quoted(name)} is ${e.dtype} ${shapeString(e.shape)}, ` +
+          `not ${dtype} ${wantShape ? shapeString(wantShape) : "[blocks]"}`,
+      );
+    }
+    file.used.add(name);
+    const bytes = e.data.slice();
+    out[ours] = dtype === "f32"
+      ? new Float32Array(bytes.buffer)
+      : dtype === "bf16"
+      ? new Uint16Array(bytes.buffer)
+      : bytes.subarray(0, n);
+  }
+  return out;
 }
 
 /** A PyTorch parameter group as halfstep's: renamed, and what halfstep cannot honour refused. */

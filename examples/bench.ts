@@ -35,6 +35,9 @@
  * - `gpt2_memory`: one training step of GPT-2 124M at batch 8 × 512 in f32,
  *   AMP, AMP + checkpointing, bf16 + checkpointing and with the unfused head:
  *   peak bytes (named only: minutes a step on a CPU adapter);
+ * - `optimizer`: the fused AdamW update alone over GPT-2 124M's tensors with
+ *   f32, 8-bit and bf16 moments, interleaved: ms per update and the ratio to
+ *   f32's (examples/bench_optimizer.ts). Runs only when named.
  * - `tilings`: every matmul tiling the tuner tries on this adapter (and f16
  *   with chunked sums on the GPU tiling), timed on a big square and the
  *   GPT's fc1 layer in its three orientations; `*` marks the tuner's pick.
@@ -89,13 +92,14 @@ import { benchTilings } from "./bench_tilings.ts";
 import { benchCheckpoint, benchMlp, benchSoak, benchTinyGpt } from "./bench_training.ts";
 import { backendFlag, backendHelp, backendNote } from "./_backend_flag.ts";
 import { benchHost } from "./bench_host.ts";
+import { benchOptimizer } from "./bench_optimizer.ts";
 
 const HELP = `Usage: deno run -A --v8-flags=--expose-gc examples/bench.ts [ENTRY...] [OPTIONS]
        (or deno task bench [ENTRY...] [OPTIONS])
 
 Entries: matmul, mlp, checkpoint, tiny_gpt, gpt, ops, cnn, soak, gpt2 (default: all of these), and,
-asked for by name, tilings (every matmul tiling candidate), gpt2_memory (a GPT-2 124M step) and
-host (alone: the host's milliseconds per step, uncaptured and captured, on Dawn's null backend,
+asked for by name, tilings (every matmul tiling candidate), gpt2_memory (a GPT-2 124M step),
+optimizer (the AdamW update with f32, 8-bit and bf16 moments, interleaved) and host (alone: the host's milliseconds per step, uncaptured and captured, on Dawn's null backend,
 beside PyTorch eager's on its meta device where python3 has torch). Output: one JSON object per line on stdout; a
 table on stderr. Needs no npm package and no network.
   --steps N     timed MLP training steps; other entries scale it to their cost (default 100)
@@ -126,6 +130,7 @@ const ENTRIES: Record<string, (gpu: Gpu, o: BenchOptions) => Promise<Result[]>> 
 const NAMED_ONLY: Record<string, (gpu: Gpu, o: BenchOptions) => Promise<Result[]>> = {
   tilings: benchTilings,
   gpt2_memory: benchGpt2Memory,
+  optimizer: benchOptimizer,
   host: (gpu, o) => benchHost(gpu, Math.min(o.steps, 15)),
 };
 
@@ -159,6 +164,9 @@ function figureOf(result: Result): string {
     return `${n("fwdMs").toFixed(3)}+${n("bwdMs").toFixed(3)} ms ${rate} ${
       n("jsUsPerOp").toFixed(0)
     } µs JS`;
+  }
+  if ("ratioToF32" in result) {
+    return `${n("msPerUpdate").toFixed(2)} ms/update ×${n("ratioToF32").toFixed(2)} f32`;
   }
   if ("speedup" in result) return `×${n("speedup").toFixed(2)} speed`;
   if ("wallOverGpu" in result) {

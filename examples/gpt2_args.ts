@@ -6,7 +6,8 @@
 import { ampDtypeFlag, type AmpFlagDtype } from "./_amp_flag.ts";
 import { backendFlag, backendHelp } from "./_backend_flag.ts";
 import { captureHelp } from "./_capture_flag.ts";
-import type { Backend } from "../mod.ts";
+import { optimStatesFlag, optimStatesHelp } from "./_optim_states_flag.ts";
+import type { Backend, StateDtype } from "../mod.ts";
 import {
   choiceFlag,
   integerFlag,
@@ -44,6 +45,7 @@ Training (with --data):
   --lr X             peak AdamW learning rate (default 1e-4; weight decay 0.01,
                      gradients clipped to norm 1), linear warmup then cosine
                      decay to lr/10
+${optimStatesHelp(21)}
   --warmup N         warmup steps (default 10)
   --amp, --fp16      mixed precision: f16 autocast, fp32 master weights, dynamic
                      loss scaling
@@ -124,6 +126,8 @@ export interface Gpt2Args {
   json: boolean;
   /** The WebGPU backend (--backend); undefined: initGpu's default. */
   backend: Backend | undefined;
+  /** How AdamW keeps its moments (--optim-states). */
+  optimStates: StateDtype;
 }
 
 /** The defaults of the flags that size a run's buffers. */
@@ -158,6 +162,7 @@ const VALUE_FLAGS = [
   "temperature",
   "top-k",
   "backend",
+  "optim-states",
 ];
 
 /**
@@ -205,6 +210,7 @@ export function parseGpt2Args(args: string[]): Gpt2Args | null {
       json: flag,
       "no-capture": flag,
       backend: optional,
+      "optim-states": text("f32"),
       help: { ...flag, short: "h" },
     },
   });
@@ -242,6 +248,7 @@ export function parseGpt2Args(args: string[]): Gpt2Args | null {
     topK: int("top-k", v["top-k"], 0),
     json: v.json,
     backend: backendFlag(v.backend),
+    optimStates: optimStatesFlag(v["optim-states"]),
   };
   if ((parsed.weights === undefined) === (parsed.random === undefined)) {
     throw new UsageError("give --weights model.safetensors, or --random 124M for random weights.");

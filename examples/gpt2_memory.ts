@@ -9,6 +9,8 @@
  */
 import { LINEAR_CROSS_ENTROPY_CHUNK_ELEMENTS } from "../mod.ts";
 import type { Growth, PlannedBuffer } from "./_preflight.ts";
+import { stateBytesPerParameter } from "./_optim_states_flag.ts";
+import type { StateDtype } from "../mod.ts";
 import { gpt2Config, type Gpt2Sizes } from "./gpt2_weights.ts";
 
 /** The flags that size a run (training is off when `training` is false). */
@@ -20,6 +22,8 @@ export interface Gpt2RunSizes {
   training: boolean;
   /** Positions a sample's KV cache holds. */
   sampleLength: number;
+  /** How AdamW keeps its moments (default f32: 8 bytes a parameter; 8bit: 2, bf16: 4). */
+  optimStates?: StateDtype;
 }
 
 const grow = (flag: string, value: number, power = 1): Growth => ({ flag, value, power });
@@ -37,7 +41,8 @@ export function gpt2Parameters(s: Gpt2Sizes): number {
  * measured about 30C; with checkpointing 4C a block plus one block recomputed), the head's rows, a chunk's logits and
  * their gradient, and the token table's gradient arriving in two parts. At
  * the optimizer step: weights, gradients and the AdamW moments (16 bytes a
- * parameter, plus 2) and two more table-sized buffers. Ten percent is added
+ * parameter, plus 2; 8-bit moments take 2 bytes instead of 8 and bf16 ones 4,
+ * `optimStates`) and two more table-sized buffers. Ten percent is added
  * for what the pool rounds up and small buffers; tests/gpt2_test.ts checks
  * the estimate against measured peaks (never below, at most 1.5 times).
  */
@@ -52,7 +57,8 @@ export function gpt2StepPeakBytes(s: Gpt2Sizes, run: Gpt2RunSizes): number {
   );
   const logits = chunk * s.vocab * (run.amp ? 2 : 4);
   const backward = p * (8 + half) + blocks + rows * c * (4 + half) + 2 * logits + 2 * table;
-  const optimizer = p * (16 + half) + 2 * table;
+  const moments = stateBytesPerParameter(run.optimStates ?? "f32");
+  const optimizer = p * (8 + moments + half) + 2 * table;
   return Math.ceil(1.1 * Math.max(backward, optimizer));
 }
 

@@ -25,6 +25,7 @@ import {
   type Gpu,
   initGpu,
   RandomGenerator,
+  type StateDtype,
   Tensor,
 } from "../mod.ts";
 import { parseFlags } from "./_cli.ts";
@@ -41,6 +42,8 @@ export interface Gpt2MemoryMode {
   checkpoint: boolean;
   /** The chunked head and loss (`model.loss`), or the logits whole. */
   fused: boolean;
+  /** How AdamW keeps its moments (default f32). */
+  states?: StateDtype;
 }
 
 /** The modes of the memory table. */
@@ -49,6 +52,15 @@ export const GPT2_MEMORY_MODES: readonly Gpt2MemoryMode[] = [
   { mode: "amp", amp: true, dtype: "f16", checkpoint: false, fused: true },
   { mode: "amp+ckpt", amp: true, dtype: "f16", checkpoint: true, fused: true },
   { mode: "bf16+ckpt", amp: true, dtype: "bf16", checkpoint: true, fused: true },
+  { mode: "amp+ckpt+8bit", amp: true, dtype: "f16", checkpoint: true, fused: true, states: "8bit" },
+  {
+    mode: "amp+ckpt+bf16 states",
+    amp: true,
+    dtype: "f16",
+    checkpoint: true,
+    fused: true,
+    states: "bf16",
+  },
   // The unfused head's logits [4096, 50257] (823 MB in f32) exceed one buffer on many adapters.
   { mode: "amp+ckpt, unfused head", amp: true, dtype: "f16", checkpoint: true, fused: false },
 ];
@@ -64,7 +76,11 @@ function recordStep(gpu: Gpu, sizes: Gpt2Sizes, m: Gpt2MemoryMode, ids: number[]
   const model = new TinyGpt(gpt2Config(sizes, 1, bufferLimit(gpu)));
   initGpt2(model, 1);
   if (m.checkpoint) model.blocks.checkpoint = sizes.layers;
-  const optimizer = new AdamW(model.parameters(), { lr: 1e-4, weightDecay: 0.01 });
+  const optimizer = new AdamW(model.parameters(), {
+    lr: 1e-4,
+    weightDecay: 0.01,
+    stateDtype: m.states ?? "f32",
+  });
   const trainer = new AmpTrainer(model, optimizer, {
     enabled: m.amp,
     dtype: m.dtype,
@@ -110,6 +126,7 @@ export async function measureGpt2Step(
     checkpoint: m.checkpoint,
     training: true,
     sampleLength: 1,
+    optimStates: m.states,
   });
   return {
     bench: "gpt2_memory",

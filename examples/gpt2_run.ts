@@ -106,6 +106,8 @@ export function runFlags(
       validation: cfg.validation,
       amp: cfg.amp && cfg.ampDtype === "bf16" ? "bf16" : cfg.amp,
       seed: cfg.seed,
+      // The optimizer's state layout: a file of 8-bit moments resumes only with 8-bit ones.
+      "optim-states": cfg.optimStates,
     },
     steering: { lr: cfg.lr },
     length: { steps: cfg.steps },
@@ -318,7 +320,11 @@ export async function fineTune(
   changes: FlagChange[],
 ): Promise<{ before: number; trained: Trained | null }> {
   const { cfg, model } = base;
-  const optimizer = new AdamW(model.parameters(), { lr: cfg.lr, weightDecay: 0.01 });
+  const optimizer = new AdamW(model.parameters(), {
+    lr: cfg.lr,
+    weightDecay: 0.01,
+    stateDtype: cfg.optimStates,
+  });
   const trainer = new AmpTrainer(model, optimizer, {
     enabled: cfg.amp,
     dtype: cfg.ampDtype,

@@ -359,7 +359,11 @@ async function main(): Promise<void> {
   const model = new TinyGpt({ ...cfg, vocab: data.corpus.vocab.length, seed: cfg.seed });
   if (cfg.checkpoint) model.blocks.checkpoint = cfg.layers; // one checkpointed segment per block
   reportStart({ cfg, emit, gpu, ...data, model }, setupSeconds);
-  const optimizer = new AdamW(model.parameters(), { lr: cfg.lr, weightDecay: 0.01 });
+  const optimizer = new AdamW(model.parameters(), {
+    lr: cfg.lr,
+    weightDecay: 0.01,
+    stateDtype: cfg.optimStates,
+  });
   // --inspect: every step of the trainer is watched (counted on the GPU, read when logging).
   const inspect = cfg.inspect ? new InspectLog(model) : null;
   const trainer = new AmpTrainer(model, optimizer, {

@@ -8,7 +8,8 @@ import { profileSteps } from "./_profile_window.ts";
 import { ampDtypeFlag, type AmpFlagDtype } from "./_amp_flag.ts";
 import { backendFlag, backendHelp } from "./_backend_flag.ts";
 import { captureHelp } from "./_capture_flag.ts";
-import type { Backend } from "../mod.ts";
+import { optimStatesFlag, optimStatesHelp } from "./_optim_states_flag.ts";
+import type { Backend, StateDtype } from "../mod.ts";
 
 /** `tiny_gpt.ts --help`. */
 export const TINY_GPT_HELP =
@@ -40,6 +41,7 @@ Flags:
   --heads N          attention heads, must divide --dim (default 4)
   --lr X             peak AdamW learning rate (default 1e-2; weight decay 0.01,
                      gradients clipped to norm 1, cosine decay to lr/10)
+${optimStatesHelp(21)}
   --warmup N         steps of linear learning-rate warmup (default 20)
   --amp, --fp16      mixed precision: f16 autocast, fp32 master weights with f16
                      working copies, dynamic loss scaling (needs shader-f16;
@@ -123,6 +125,7 @@ const VALUE_FLAGS = [
   "save-nanogpt",
   "data",
   "backend",
+  "optim-states",
 ];
 
 /** The parsed flags. */
@@ -168,6 +171,8 @@ export interface TinyGptArgs {
   data: string | undefined;
   /** The WebGPU backend (--backend); undefined: initGpu's default. */
   backend: Backend | undefined;
+  /** How AdamW keeps its moments (--optim-states). */
+  optimStates: StateDtype;
 }
 
 export { UsageError };
@@ -222,6 +227,7 @@ export function parseTinyGptArgs(args: string[]): TinyGptArgs | null {
       "save-nanogpt": { type: "string" },
       data: { type: "string" },
       backend: { type: "string" },
+      "optim-states": text("f32"),
       help: { ...flag, short: "h" },
     },
   });
@@ -259,6 +265,7 @@ export function parseTinyGptArgs(args: string[]): TinyGptArgs | null {
     saveNanoGpt: v["save-nanogpt"],
     data: v.data,
     backend: backendFlag(v.backend),
+    optimStates: optimStatesFlag(v["optim-states"]),
   };
   if (parsed.overwrite && !parsed.plot && !parsed.saveNanoGpt) {
     throw new UsageError(

@@ -22,7 +22,10 @@ import {
   need,
   type OptimizerStateDict,
   sameKeys,
+  type StateBuffer,
   stateDictErrors,
+  type StateSpec,
+  stateWords,
   unknownKeys,
 } from "./_optimizer_state.ts";
 
@@ -141,6 +144,15 @@ export abstract class FusedOptimizer<G extends Group> implements Optimizer {
   protected abstract checkHyper(group: Omit<G, "params">): string[];
   /** Names of the fp32 state buffers (shaped like the parameter) a parameter of `group` needs. */
   protected abstract stateNames(group: Omit<G, "params">): string[];
+  /**
+   * The state buffers parameter `p` of `group` carries: by default
+   * {@link stateNames}, each f32 shaped like `p` (Adam's compact states differ).
+   */
+  protected stateSpecs(group: Omit<G, "params">, p: Tensor): Record<string, StateSpec> {
+    return Object.fromEntries(
+      this.stateNames(group).map((n) => [n, { format: "f32", length: p.size }]),
+    );
+  }
   /** Dispatches the fused updates of a group's parameters that have gradients. */
   protected abstract update(updates: ParamUpdate[], signals: UpdateSignals, group: G): void;
   /** Optimizer-wide switches (saved in state dicts, must match on load). */
@@ -154,12 +166,13 @@ export abstract class FusedOptimizer<G extends Group> implements Optimizer {
   protected allocateState(): void {
     untracked(() => {
       for (const group of this.groups) {
-        const names = this.stateNames(group);
         for (const p of group.params) {
+          const specs = this.stateSpecs(group, p);
           const old = this.#state.get(p);
-          if (old && sameKeys(old, names)) continue;
+          if (old && sameKeys(old, Object.keys(specs))) continue;
           for (const t of Object.values(old ?? {})) t.dispose();
-          this.#state.set(p, Object.fromEntries(names.map((n) => [n, zerosLike(p)])));
+          const fresh = Object.entries(specs).map(([n, spec]) => [n, zerosFor(p, spec)]);
+          this.#state.set(p, Object.fromEntries(fresh));
         }
       }
     });
@@ -253,9 +266,10 @@ export abstract class FusedOptimizer<G extends Group> implements Optimizer {
   }
 
   /**
-   * The optimizer state as plain data: hyper-parameters per group, fp32
-   * buffers per parameter (copied to Float32Arrays) and counters. **A sync
-   * point**: it waits for the GPU (all reads are issued together).
+   * The optimizer state as plain data: hyper-parameters per group, state
+   * buffers per parameter (copied to Float32Arrays; Adam's 8-bit codes to
+   * Uint8Arrays, its bf16 states' bits to Uint16Arrays) and counters.
+   * **A sync point**: it waits for the GPU (all reads are issued together).
    */
   async stateDict(): Promise<OptimizerStateDict> {
     this.live("stateDict");
@@ -264,10 +278,11 @@ export abstract class FusedOptimizer<G extends Group> implements Optimizer {
       params: g.params.map((p) => index.get(p)!),
       hyper: cloneHyper(g),
     }));
+    const groupOf = new Map(this.groups.flatMap((g) => g.params.map((p) => [p, g])));
     const pending = this.params.map(async (p, i) => {
+      const specs = this.stateSpecs(groupOf.get(p)!, p);
       const entries = Object.entries(this.#state.get(p)!);
-      // Optimizer state is all f32, so read() gives Float32Arrays.
-      const data = await Promise.all(entries.map(([, t]) => t.read() as Promise<Float32Array>));
+      const data = await Promise.all(entries.map(([n, t]) => readState(t, specs[n])));
       const buffers = Object.fromEntries(entries.map(([n], j) => [n, data[j]]));
       return { param: i, shape: [...p.shape], buffers };
     });
@@ -292,6 +307,11 @@ export abstract class FusedOptimizer<G extends Group> implements Optimizer {
   /** Loads extra state once everything is validated. */
   protected loadExtra(_state: OptimizerStateDict): void {}
 
+  /** `state` in the layout this optimizer keeps, where it can be converted (Adam: f32 moments into compact ones). */
+  protected converted(state: OptimizerStateDict): OptimizerStateDict {
+    return state;
+  }
+
   /** Buffers whose values cannot be negative (Adam: the second moments). */
   protected nonNegativeState(): readonly string[] {
     return [];
@@ -306,13 +326,14 @@ export abstract class FusedOptimizer<G extends Group> implements Optimizer {
    */
   checkStateDict(state: OptimizerStateDict, options: { allowNonFinite?: boolean } = {}): void {
     this.live("loadStateDict");
+    state = this.converted(state);
     const errors = stateDictErrors(state, {
       kind: this.kind,
       settings: this.settings(),
       params: this.params,
       groups: this.groups,
       checkHyper: (h) => this.checkHyper(h as Omit<G, "params">),
-      stateNames: (h) => this.stateNames(h as Omit<G, "params">),
+      stateSpecs: (h, p) => this.stateSpecs(h as Omit<G, "params">, p),
       checkExtra: (s) => this.checkExtra(s),
       nonNegative: this.nonNegativeState(),
       allowNonFinite: options.allowNonFinite,
@@ -331,12 +352,13 @@ export abstract class FusedOptimizer<G extends Group> implements Optimizer {
    */
   loadStateDict(state: OptimizerStateDict, options: { allowNonFinite?: boolean } = {}): void {
     this.checkStateDict(state, options);
+    state = this.converted(state);
     state.groups.forEach((g, gi) => Object.assign(this.groups[gi], cloneHyper(g.hyper)));
     this.allocateState();
     state.state.forEach((s, i) => {
       const bufs = this.#state.get(this.params[i])!;
       for (const [n, data] of Object.entries(s.buffers)) {
-        bufs[n].writeBytes(new Uint8Array(data.buffer, data.byteOffset, data.byteLength));
+        bufs[n].writeBytes(stateBytes(bufs[n], data));
       }
     });
     this.loadExtra(state);
@@ -381,6 +403,30 @@ export abstract class FusedOptimizer<G extends Group> implements Optimizer {
   }
 }
 
-function zerosLike(p: Tensor): Tensor {
-  return Tensor.zeros(p.shape, { gpu: p.gpu });
+/** A zeroed state buffer for `spec`: f32 shaped like `p` (or a vector), codes and bf16 bits in u32 words. */
+function zerosFor(p: Tensor, spec: StateSpec): Tensor {
+  const gpu = p.gpu;
+  if (spec.format === "f32") {
+    return Tensor.zeros(spec.length === p.size ? p.shape : [spec.length], { gpu });
+  }
+  // An i32 tensor holds the words; the kernels bind it as u32.
+  return Tensor.zeros([stateWords(spec)], { dtype: "i32", gpu });
+}
+
+/** A state buffer's values as a state dict holds them (the padding of the last word dropped). */
+async function readState(t: Tensor, spec: StateSpec): Promise<StateBuffer> {
+  if (spec.format === "f32") return await t.read() as Float32Array;
+  const bytes = await t.gpu.readBuffer(t.buffer, t.size * 4);
+  return spec.format === "u8"
+    ? new Uint8Array(bytes, 0, spec.length).slice()
+    : new Uint16Array(bytes, 0, spec.length).slice();
+}
+
+/** The bytes of state buffer `t` holding `data`, zero-padded to its whole words. */
+function stateBytes(t: Tensor, data: StateBuffer): Uint8Array {
+  const given = new Uint8Array(data.buffer, data.byteOffset, data.byteLength);
+  if (given.byteLength === t.size * 4) return given;
+  const padded = new Uint8Array(t.size * 4);
+  padded.set(given);
+  return padded;
 }

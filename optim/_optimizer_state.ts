@@ -7,6 +7,36 @@ import { quoted, sameShape, shapeString, type Tensor } from "../gpu/mod.ts";
 /** A hyper-parameter value as groups and state dicts hold it. */
 export type HyperValue = number | boolean | readonly number[];
 
+/**
+ * How an optimizer state buffer stores its values: f32, bytes (8-bit
+ * codes: each an index into a 256-value map) or bf16 bits.
+ */
+export type StateFormat = "f32" | "u8" | "bf16";
+
+/** One state buffer of a parameter: how it stores its values and how many it has. */
+export interface StateSpec {
+  /** Storage of each value. */
+  format: StateFormat;
+  /** Values (elements of the parameter, or blocks for a scale). */
+  length: number;
+}
+
+/** A state buffer's values as a state dict holds them: f32 values, 8-bit codes or bf16 bits. */
+export type StateBuffer = Float32Array | Uint8Array | Uint16Array;
+
+/** The typed array that holds values of `format`. */
+const ARRAY_OF: Readonly<Record<StateFormat, string>> = {
+  f32: "Float32Array",
+  u8: "Uint8Array",
+  bf16: "Uint16Array",
+};
+
+/** u32 words the GPU keeps for `spec`: 8-bit codes and bf16 bits fill whole quads of elements. */
+export function stateWords(spec: StateSpec): number {
+  const quads = Math.ceil(spec.length / 4);
+  return spec.format === "f32" ? spec.length : spec.format === "u8" ? quads : 2 * quads;
+}
+
 /** An optimizer's state as plain data (see `stateDict()`); parameters are named by their index in `params`. */
 export interface OptimizerStateDict {
   /** The optimizer class: "SGD" or "Adam" (files from halfstep 0.1 say "FusedSGD", "FusedAdam"). */
@@ -15,10 +45,18 @@ export interface OptimizerStateDict {
   settings: Record<string, boolean>;
   /** Adam: the number of steps taken that were not skipped (Adam's t). */
   step?: number;
+  /** Adam: how m and v are stored, when not "f32" (see `AdamOptions.stateDtype`). */
+  stateDtype?: string;
+  /** Adam with 8-bit states: tensors below this many elements keep f32 states. */
+  min8bitSize?: number;
   /** Per group: the indices of its parameters and its hyper-parameters (restored on load). */
   groups: { params: number[]; hyper: Record<string, HyperValue> }[];
-  /** Per parameter, in `params` order: its shape and fp32 state buffers by name. */
-  state: { param: number; shape: number[]; buffers: Record<string, Float32Array> }[];
+  /**
+   * Per parameter, in `params` order: its shape and state buffers by name
+   * (f32 values; Adam's 8-bit states: codes as bytes and f32 block scales;
+   * bf16 states: their bits).
+   */
+  state: { param: number; shape: number[]; buffers: Record<string, StateBuffer> }[];
 }
 
 /** Kinds written by halfstep 0.1, before the optimizers lost their "Fused" prefix. */
@@ -37,7 +75,8 @@ export interface StateOwner {
   params: readonly Tensor[];
   groups: readonly { readonly params: readonly Tensor[] }[];
   checkHyper(hyper: Record<string, unknown>): string[];
-  stateNames(hyper: Record<string, unknown>): string[];
+  /** The state buffers parameter `param` of a group with `hyper` carries. */
+  stateSpecs(hyper: Record<string, unknown>, param: Tensor): Record<string, StateSpec>;
   /** Problems with the optimizer's own counters (Adam's step). */
   checkExtra(state: OptimizerStateDict): string[];
   /** Buffers whose values can never be negative (Adam's second moments). */
@@ -66,7 +105,7 @@ export function stateDictErrors(s: OptimizerStateDict, me: StateOwner): string[]
     return errors;
   }
   const index = new Map(me.params.map((p, i) => [p, i]));
-  const names: string[][] = [];
+  const specs: Record<string, StateSpec>[] = [];
   s.groups.forEach((g, gi) => {
     const want = me.groups[gi].params.map((p) => index.get(p));
     if (!Array.isArray(g?.params) || g.params.join() !== want.join()) {
@@ -80,8 +119,8 @@ export function stateDictErrors(s: OptimizerStateDict, me: StateOwner): string[]
     const problems = missing.length ? [] : me.checkHyper(hyper);
     errors.push(...problems.map((e) => `group ${gi}: ${e}`));
     // The buffers each parameter must carry follow the loaded hyper-parameters.
-    const expected = me.stateNames(missing.length ? { ...me.groups[gi] } : hyper);
-    for (const _ of want) names.push(expected);
+    const from = missing.length ? { ...me.groups[gi] } : hyper;
+    for (const p of me.groups[gi].params) specs.push(me.stateSpecs(from, p));
   });
   if (!Array.isArray(s.state) || s.state.length !== me.params.length) {
     errors.push(`${s.state?.length ?? "no"} parameter states, expected ${me.params.length}`);
@@ -96,19 +135,52 @@ export function stateDictErrors(s: OptimizerStateDict, me: StateOwner): string[]
       return;
     }
     const bufs = entry.buffers ?? {};
-    if (!sameKeys(bufs, names[i])) {
-      errors.push(`${what}: buffers [${Object.keys(bufs)}], expected [${names[i]}]`);
+    const names = Object.keys(specs[i]);
+    if (!sameKeys(bufs, names)) {
+      errors.push(`${what}: buffers [${Object.keys(bufs)}], expected [${names}]`);
     }
     for (const [n, data] of Object.entries(bufs)) {
-      if (!(data instanceof Float32Array) || data.length !== p.size) {
-        errors.push(`${what}: buffer ${n} must be a Float32Array of ${p.size} values`);
-      } else {
-        const problem = valueProblem(data, me.nonNegative.includes(n), me.allowNonFinite);
+      const spec = specs[i][n];
+      if (!spec) continue;
+      if (!isFormat(data, spec.format) || data.length !== spec.length) {
+        errors.push(
+          `${what}: buffer ${n} must be a ${ARRAY_OF[spec.format]} of ${spec.length} values, ` +
+            `got ${describeArray(data)}`,
+        );
+      } else if (spec.format !== "u8") {
+        const values = spec.format === "f32"
+          ? data as Float32Array
+          : bf16Values(data as Uint16Array);
+        const problem = valueProblem(values, me.nonNegative.includes(n), me.allowNonFinite);
         if (problem) errors.push(`${what}: buffer ${n} holds ${problem}`);
       }
     }
   });
   return errors;
+}
+
+/** Whether `data` is the typed array of `format`. */
+function isFormat(data: unknown, format: StateFormat): boolean {
+  return format === "f32"
+    ? data instanceof Float32Array
+    : format === "u8"
+    ? data instanceof Uint8Array
+    : data instanceof Uint16Array;
+}
+
+/** "a Float32Array of 3 values", or what else `data` is. */
+function describeArray(data: unknown): string {
+  if (ArrayBuffer.isView(data)) {
+    return `a ${data.constructor.name} of ${(data as Float32Array).length} values`;
+  }
+  return data === null ? "null" : typeof data;
+}
+
+/** bf16 bits widened to f32 (exact), for the value checks. */
+function bf16Values(bits: Uint16Array): Float32Array {
+  const words = new Uint32Array(bits.length);
+  for (let i = 0; i < bits.length; i++) words[i] = bits[i] << 16;
+  return new Float32Array(words.buffer);
 }
 
 /**

@@ -10,10 +10,18 @@
  */
 export type { Optimizer, StepSignals, WorkingCopies } from "./optimizer.ts";
 export type { Group, ParamGroup } from "./_fused_optimizer.ts";
-export type { HyperValue, OptimizerStateDict } from "./_optimizer_state.ts";
+export type { HyperValue, OptimizerStateDict, StateBuffer } from "./_optimizer_state.ts";
 export { SGD, type SGDGroup, type SGDOptions, type SGDParamGroup } from "./sgd.ts";
-export { Adam, type AdamGroup, type AdamOptions, type AdamParamGroup, AdamW } from "./adam.ts";
+export {
+  Adam,
+  type AdamGroup,
+  type AdamOptions,
+  type AdamParamGroup,
+  AdamW,
+  type StateDtype,
+} from "./adam.ts";
 export { clipGradNorm, type ClipResult } from "./clip.ts";
+export { dequantizeStates } from "./dequantize_states.ts";
 export {
   cosineSchedule,
   type CosineScheduleOptions,

@@ -308,6 +308,10 @@ def main():
     if p["first"] + p["steps"] > p["schedule"]["total_steps"]:
         print(f"continue_ddp: steps after {p['schedule']['total_steps']} run past the schedule's end, "
               "at its final learning rate", file=sys.stderr)
+    compact = p["run"].get("compact_states")
+    if compact:
+        print(f"continue_ddp: {args.run} kept {compact} AdamW moments; they continue dequantized "
+              "as a plain torch.optim.AdamW state (f32)", file=sys.stderr)
     print(f"continue_ddp: {args.run}: step {p['first']}, epoch {p['order'].epoch + 1} at "
           f"{p['order'].position}/{p['order'].steps_per_epoch}; {p['steps']} steps of {p['batch']} "
           f"images on {args.procs} processes ({p['batch'] // args.procs} each)", flush=True)

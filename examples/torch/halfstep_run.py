@@ -5,7 +5,10 @@ out as PyTorch's checkpoint dict, flattened:
 
 - tensor ``model.<key>``                   is ``checkpoint["model"][key]``
 - tensor ``optimizer.state.<i>.<key>``     is ``checkpoint["optimizer"]["state"][i][key]``
-  (``exp_avg``, ``exp_avg_sq``, ``momentum_buffer``)
+  (``exp_avg``, ``exp_avg_sq``, ``momentum_buffer``); a run with 8-bit or bf16 AdamW
+  states (``stateDtype``) holds them dequantized to f32, a plain ``torch.optim.AdamW``
+  state, and their exact form under ``optimizer.compact.<i>.<key>``, which
+  :func:`read_run` leaves out (``run["compact_states"]`` says which it was)
 - tensor ``grad.<name>``                   a gradient summed so far (saved mid-accumulation)
 - metadata ``optimizer`` (JSON)            the rest of ``optimizer.state_dict()``: per-parameter
   ``step``, ``param_groups`` with PyTorch's keys; plus ``kind`` ("AdamW", "Adam", "SGD")
@@ -47,7 +50,9 @@ def read_run(path):
 
     Keys: ``model`` (a state dict), ``optimizer`` (an ``optimizer.state_dict()``
     with ``kind``), ``scheduler``, ``scaler``, ``trainer`` (None when not saved),
-    ``grads`` ({parameter name: gradient}), ``random``, ``extra``.
+    ``grads`` ({parameter name: gradient}), ``random``, ``extra``,
+    ``compact_states`` ("8bit" or "bf16" when the run kept compact AdamW moments,
+    read here dequantized; else None).
     """
     tensors, metadata = read_safetensors(path)
     if metadata.get("format") != FORMAT:
@@ -62,6 +67,7 @@ def read_run(path):
         raise RunFileError(f"{path}: its metadata is not valid JSON") from None
     run = dict(parsed, model={}, grads={})
     optimizer = run["optimizer"]
+    run["compact_states"] = ((optimizer or {}).get("halfstep") or {}).get("state_dtype")
     if optimizer is not None:
         optimizer["state"] = {int(i): s for i, s in optimizer["state"].items()}
         for s in optimizer["state"].values():
@@ -79,6 +85,8 @@ def read_run(path):
         elif part == "optimizer" and rest.startswith("state."):
             _, i, key = rest.split(".", 2)
             optimizer["state"].setdefault(int(i), {})[key] = t
+        elif part == "optimizer" and rest.startswith("compact.") and run["compact_states"]:
+            pass  # halfstep's exact 8-bit / bf16 moments; PyTorch reads the dequantized ones
         else:
             raise RunFileError(f"{path}: unknown tensor {name!r}")
     return run

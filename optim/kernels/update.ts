@@ -34,16 +34,16 @@ import {
 const WORKGROUP = 256;
 const PER_THREAD = 4;
 /** Largest finite f16. */
-const F16_MAX = "65504.0";
+export const F16_MAX = "65504.0";
 
 /**
  * What every update kernel is specialised on: gradient and working-copy
  * dtypes, and how many parameter tensors one dispatch takes.
  */
-type UpdateConfig = { grad: DType; copy: DType | "none"; slots: number };
+export type UpdateConfig = { grad: DType; copy: DType | "none"; slots: number };
 
 /** The bindings of an update: per slot master, gradient, `state` and copy; then the shared ones. */
-function updateBindings(
+export function updateBindings(
   c: UpdateConfig,
   state: readonly Binding[],
   shared: readonly Binding[] = [],
@@ -62,7 +62,7 @@ function updateBindings(
 }
 
 /** Skip test on the flag's bits: any value but ±0 skips (NaN included). */
-const SKIP = "if ((found_inf[0] & 0x7fffffffu) != 0u) { return; }";
+export const SKIP = "if ((found_inf[0] & 0x7fffffffu) != 0u) { return; }";
 
 /**
  * The element loop of every slot: each pass of the workgroup covers
@@ -161,7 +161,7 @@ export type AdamKernelConfig = UpdateConfig & { decoupled: boolean; biasCorrecti
 // which for β₂ = 0.999 would cost 1 − β₂ᵗ about three digits; near zero we
 // use expm1's Taylor series (Horner, |x| ≤ 0.5: truncation < 3e-11), exact
 // to f32 rounding on any conforming adapter, and 1 − exp(x) elsewhere.
-const ONE_MINUS_POW = `fn one_minus_pow(ln_beta: f32, t: f32) -> f32 {
+export const ONE_MINUS_POW = `fn one_minus_pow(ln_beta: f32, t: f32) -> f32 {
   let x = t * ln_beta;
   if (x < -0.5) { return 1.0 - exp(x); }
   var s = 1.0;
@@ -261,15 +261,18 @@ export interface UpdateSignals {
  * gives the rest of a dispatch's kernel config, `state` maps each binding
  * name to the state buffer it binds. `hyper` gives the hyper-parameter
  * uniforms from the live group, so a captured step recomputes them at each
- * replay (a scheduled learning rate).
+ * replay (a scheduled learning rate). `layout` serves kernels that lay
+ * elements out otherwise (the compact-state Adam): elements per workgroup,
+ * and uniforms of a dispatch's own slots.
  */
-function launchUpdates<C extends UpdateConfig, U extends string>(
+export function launchUpdates<C extends UpdateConfig, U extends string>(
   kernel: KernelDefinition<C, string, U>,
   config: Omit<C, keyof UpdateConfig>,
   updates: readonly ParamUpdate[],
   shared: Record<string, DeviceArray>,
   state: Record<string, string>,
   hyper: () => Omit<DispatchUniforms<U>, SlotField>,
+  layout: UpdateLayout = {},
 ): void {
   const work = updates.filter((u) => u.param.size > 0);
   if (work.length === 0) return;
@@ -280,9 +283,13 @@ function launchUpdates<C extends UpdateConfig, U extends string>(
     shared: Object.keys(shared).length,
     key: (u) => `${u.grad.dtype}/${u.copy?.dtype ?? "none"}`,
     size: (u) => u.param.size,
-    workgroups: (u) => Math.ceil(u.param.size / elementsPerWorkgroup(u.copy?.dtype ?? "none")),
+    workgroups: (u) =>
+      Math.ceil(
+        u.param.size / (layout.perWorkgroup ?? elementsPerWorkgroup(u.copy?.dtype ?? "none")),
+      ),
   });
   for (const { chunk, table } of dispatches) {
+    const own = layout.slotUniforms?.(chunk) ?? {};
     const copy = chunk[0].copy?.dtype ?? "none";
     const full = { ...config, grad: chunk[0].grad.dtype, copy, slots: chunk.length } as C;
     const buffers: Record<string, DeviceArray> = {
@@ -297,12 +304,20 @@ function launchUpdates<C extends UpdateConfig, U extends string>(
     gpu.dispatch(
       gpu.kernel(kernel, full),
       buffers,
-      { ...uniforms, ...table.uniforms } as DispatchUniforms<U>,
+      { ...uniforms, ...table.uniforms, ...own } as DispatchUniforms<U>,
       table.grid,
       {},
       hyper as LiveUniforms<U>,
     );
   }
+}
+
+/** How a kernel that does not follow {@link elementLoops} lays out its work. */
+export interface UpdateLayout {
+  /** Elements one workgroup updates (default: {@link elementLoops}' count). */
+  perWorkgroup?: number;
+  /** Uniforms of one dispatch's slots, from its run of updates (fixed while it is replayed). */
+  slotUniforms?: (chunk: readonly ParamUpdate[]) => Record<string, number>;
 }
 
 /** Hyper-parameters of one SGD update. */
@@ -375,7 +390,7 @@ export function launchAdamUpdates(
 }
 
 /** The uniforms of an Adam update for `h`. */
-function adamUniforms(h: AdamHyper) {
+export function adamUniforms(h: AdamHyper) {
   const [beta1, beta2] = h.betas;
   // Scalars derived from hyper-parameters are computed in f64 here, then rounded once.
   return {
