@@ -219,7 +219,6 @@ async function child(
   let available = true;
   for (const [n, { part }] of parts.entries()) {
     if (!PARTS.includes(part)) throw new Error(`gpu_check: no part ${part}`);
-    const start = performance.now();
     console.log(JSON.stringify({ marker: "start", part }));
     let status = "done";
     // A part may use what the earlier ones left, and half the shares of those after it.

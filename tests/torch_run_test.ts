@@ -258,7 +258,7 @@ Deno.test({
       first50(await run.model.stateDict().get("2.weight")!.read() as Float32Array),
       torch.weight,
     );
-    assert.deepEqual(first50(state.state[2].buffers.expAvgSq), torch.exp_avg_sq);
+    assert.deepEqual(first50(state.state[2].buffers.expAvgSq as Float32Array), torch.exp_avg_sq);
     assert.equal(state.step, torch.step);
     assert.equal(run.scheduler.stepCount, 3);
     assert.ok(
