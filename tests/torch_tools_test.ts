@@ -13,6 +13,9 @@
  *
  * Needs a Python with torch (CI installs Debian's python3-torch): without
  * one the test fails, it never skips.
+ *
+ * Default pass only (.ci/run leaves it out of the Dawn pass, as deno task
+ * test runs it after the parallel part): the tools run in PyTorch's processes.
  */
 import assert from "node:assert/strict";
 import { join } from "node:path";
