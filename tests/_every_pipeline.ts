@@ -171,18 +171,26 @@ function precisions(gpu: Gpu): AmpTrainerOptions[] {
   ];
 }
 
+/** The optimizers every precision trains with: AdamW's f32 and compact states, Adam, SGD. */
+type Optimizer = "adamw" | "adamw 8bit" | "adamw bf16" | "adam" | "sgd";
+
 /** A few steps of `model` under `options`: forward, backward, unscale, clipping, update. */
 function train(
   model: Module,
   loss: () => Tensor,
   options: AmpTrainerOptions,
-  optimizer: "adamw" | "adam" | "sgd" = "adamw",
+  optimizer: Optimizer = "adamw",
 ): void {
   const params = model.parameters();
   const opt = optimizer === "sgd"
     ? new SGD(params, { lr: 0.01, momentum: 0.9 })
     : optimizer === "adam"
     ? new Adam(params, { lr: 1e-3 })
+    : optimizer === "adamw 8bit"
+    // Every tensor in 8 bits, the smallest too: each block size the kernel meets.
+    ? new AdamW(params, { lr: 1e-3, stateDtype: "8bit", min8bitSize: 0 })
+    : optimizer === "adamw bf16"
+    ? new AdamW(params, { lr: 1e-3, stateDtype: "bf16" })
     : new AdamW(params, { lr: 1e-3, weightDecay: 0.01 });
   const trainer = new AmpTrainer(model, opt, options);
   for (let i = 0; i < (options.accumulationSteps ?? 1); i++) trainer.step(loss).dispose();
@@ -191,7 +199,7 @@ function train(
 }
 
 /** An MLP of every dense layer: Linear (with and without bias, fused ReLU/GELU), Dropout, LayerNorm. */
-function mlpStep(gpu: Gpu, options: AmpTrainerOptions, optimizer: "adamw" | "adam" | "sgd") {
+function mlpStep(gpu: Gpu, options: AmpTrainerOptions, optimizer: Optimizer) {
   const model = new Sequential(
     new Linear(20, 48, { seed: 1, gpu }),
     new ReLU(),
@@ -432,6 +440,8 @@ export async function compileEveryPipeline(
       }
       progress(`${dtype} optimizers`);
       mlpStep(gpu, options, "adam");
+      mlpStep(gpu, options, "adamw 8bit");
+      mlpStep(gpu, options, "adamw bf16");
       mlpStep(gpu, options, "sgd");
       gptStep(gpu, options, 96);
       await settle();
