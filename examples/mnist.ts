@@ -124,7 +124,7 @@ function makeTrainer(cfg: MnistArgs, optimizerSteps: number) {
   model.train();
   const optimizer = cfg.optimizer === "sgd"
     ? new SGD(model.parameters(), { lr: cfg.lr, momentum: cfg.momentum })
-    : new Adam(model.parameters(), { lr: cfg.lr });
+    : new Adam(model.parameters(), { lr: cfg.lr, stateDtype: cfg.optimStates });
   // --inspect: every step of the trainer is watched (counted on the GPU, read when logging).
   const inspect = cfg.inspect ? new InspectLog(model) : null;
   const trainer = new AmpTrainer(model, optimizer, {

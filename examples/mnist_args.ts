@@ -14,7 +14,8 @@ import {
 } from "./_cli.ts";
 import { ampDtypeFlag, type AmpFlagDtype } from "./_amp_flag.ts";
 import { backendFlag, backendHelp } from "./_backend_flag.ts";
-import type { Backend } from "../mod.ts";
+import type { Backend, StateDtype } from "../mod.ts";
+import { optimStatesFlag, optimStatesHelp } from "./_optim_states_flag.ts";
 import { profileSteps } from "./_profile_window.ts";
 import { captureHelp } from "./_capture_flag.ts";
 import type { MnistModel } from "./mnist_model.ts";
@@ -43,6 +44,7 @@ Flags:
                    partial batch of an epoch is dropped so that every step
                    has the same shape
   --optimizer NAME sgd (with --momentum) or adam (default adam)
+${optimStatesHelp(19, "Adam")}
   --schedule NAME  learning-rate schedule: cosine (with 2% warmup, default) or
                    constant
   --lr X           learning rate (default 2e-3 for adam, 0.1 for sgd)
@@ -133,6 +135,8 @@ export interface MnistArgs {
   batch: number;
   lr: number;
   optimizer: "sgd" | "adam";
+  /** How Adam keeps its moments (--optim-states). */
+  optimStates: StateDtype;
   schedule: "cosine" | "constant";
   save: string | undefined;
   resume: string | undefined;
@@ -183,6 +187,7 @@ const VALUE_FLAGS = [
   "batch",
   "lr",
   "optimizer",
+  "optim-states",
   "schedule",
   "save",
   "resume",
@@ -214,6 +219,7 @@ export function parseMnistArgs(args: string[]): MnistArgs | null {
       batch: { type: "string" },
       lr: { type: "string" },
       optimizer: { type: "string", default: "adam" },
+      "optim-states": { type: "string", default: "f32" },
       schedule: { type: "string", default: "cosine" },
       save: { type: "string" },
       resume: { type: "string" },
@@ -250,6 +256,10 @@ export function parseMnistArgs(args: string[]): MnistArgs | null {
   if (values["loss-scale"] !== undefined && ampFlag.dtype === "bf16") {
     throw new UsageError("--loss-scale is for --amp f16: bf16 has f32's range, no loss scaling.");
   }
+  const optimStates = optimStatesFlag(values["optim-states"]);
+  if (optimStates !== "f32" && optimizer === "sgd") {
+    throw new UsageError("--optim-states is for --optimizer adam: SGD keeps no moments.");
+  }
   if (values.momentum !== undefined && optimizer !== "sgd") {
     throw new UsageError("--momentum is for --optimizer sgd; Adam keeps its own moments.");
   }
@@ -275,6 +285,7 @@ export function parseMnistArgs(args: string[]): MnistArgs | null {
     epochs: integerFlag("epochs", values.epochs, 1, MAX_EPOCHS),
     batch: integerFlag("batch", batch, 1, TRAIN_IMAGES),
     optimizer,
+    optimStates,
     lr: numberFlag(
       "lr",
       values.lr ?? (optimizer === "sgd" ? "0.1" : "2e-3"),

@@ -56,6 +56,8 @@ export function runFlags(
     model: cfg.model,
     shift: cfg.shift,
     optimizer: cfg.optimizer,
+    // The optimizer's state layout: a file of 8-bit moments resumes only with 8-bit ones.
+    "optim-states": cfg.optimStates,
     schedule: cfg.schedule,
     epochs: cfg.epochs, // the schedule spans them
     limit: trainCount,

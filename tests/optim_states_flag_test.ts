@@ -1,13 +1,15 @@
 /**
- * `--optim-states f32|bf16|8bit` of gpt2.ts and tiny_gpt.ts: parsed (a bad
- * word refused naming the choices), saved among the flags a resumed gpt2
- * run must repeat, counted by the preflight's estimate (never below the
+ * `--optim-states f32|bf16|8bit` of gpt2.ts, tiny_gpt.ts and mnist.ts: parsed
+ * (a bad word refused naming the choices; with mnist's SGD refused), saved
+ * among the flags a resumed gpt2 or mnist run must repeat, counted by the preflight's estimate (never below the
  * measured peak of an 8-bit step).
  */
 import assert from "node:assert/strict";
 import { AdamW, AmpTrainer, Tensor } from "../mod.ts";
 import { parseGpt2Args } from "../examples/gpt2_args.ts";
 import { parseTinyGptArgs } from "../examples/tiny_gpt_args.ts";
+import { parseMnistArgs } from "../examples/mnist_args.ts";
+import { runFlags as mnistRunFlags } from "../examples/mnist_resume.ts";
 import { runFlags } from "../examples/gpt2_run.ts";
 import { checkResumeFlags } from "../examples/_resume_flags.ts";
 import { UsageError } from "../examples/_cli.ts";
@@ -19,7 +21,12 @@ import { gpu, GPU_TEST } from "./_gpu.ts";
 const GPT2 = ["--random", "124M", "--prompt", "hi"];
 
 Deno.test("--optim-states: f32 by default, bf16 or 8bit, another word refused", () => {
-  for (const parse of [parseTinyGptArgs, (a: string[]) => parseGpt2Args([...GPT2, ...a])]) {
+  const parsers = [
+    parseTinyGptArgs,
+    parseMnistArgs,
+    (a: string[]) => parseGpt2Args([...GPT2, ...a]),
+  ];
+  for (const parse of parsers) {
     assert.equal(parse([])!.optimStates, "f32");
     assert.equal(parse(["--optim-states", "8bit"])!.optimStates, "8bit");
     assert.equal(parse(["--optim-states=bf16"])!.optimStates, "bf16");
@@ -51,6 +58,24 @@ Deno.test("--optim-states: a saved gpt2 run resumes only with the moments it was
   assert.throws(
     () => checkResumeFlags("run.safetensors", saved, runFlags(cfg("f32")), true),
     /run\.safetensors was saved by a run with other flags: --optim-states f32 \(saved: 8bit\)/,
+  );
+});
+
+Deno.test("--optim-states: mnist's SGD keeps no moments; a saved mnist run resumes only with its moments", () => {
+  assert.throws(
+    () => parseMnistArgs(["--optimizer", "sgd", "--optim-states", "8bit"]),
+    (e: Error) =>
+      e instanceof UsageError &&
+      e.message === "--optim-states is for --optimizer adam: SGD keeps no moments.",
+  );
+  const flags = (states: string) =>
+    mnistRunFlags(parseMnistArgs(["--optim-states", states])!, 60000, 128);
+  const saved = flags("bf16");
+  assert.equal(saved.shape["optim-states"], "bf16");
+  assert.deepStrictEqual(checkResumeFlags("run.safetensors", saved, flags("bf16"), false), []);
+  assert.throws(
+    () => checkResumeFlags("run.safetensors", saved, flags("8bit"), true),
+    /run\.safetensors was saved by a run with other flags: --optim-states 8bit \(saved: bf16\)/,
   );
 });
 
