@@ -4,6 +4,7 @@
  * PyTorch program continues a halfstep run from its state.
  */
 import type { OptimizerStateDict, StateBuffer } from "./_optimizer_state.ts";
+import { f32FromBf16 } from "../gpu/mod.ts";
 import { dynamicCode } from "./_dynamic_code.ts";
 import { STATE_BLOCK } from "./kernels/compact_update.ts";
 
@@ -14,12 +15,6 @@ function dequantize8bit(codes: Uint8Array, absmax: Float32Array, signed: boolean
   maps ??= { signed: dynamicCode(true), unsigned: dynamicCode(false) };
   const map = signed ? maps.signed : maps.unsigned;
   return Float32Array.from(codes, (c, i) => map[c] * absmax[Math.floor(i / STATE_BLOCK)]);
-}
-
-/** bf16 bits widened to f32 (exact). */
-function widenBf16(bits: Uint16Array): Float32Array {
-  const words = Uint32Array.from(bits, (b) => b << 16);
-  return new Float32Array(words.buffer);
 }
 
 /**
@@ -55,7 +50,7 @@ export function dequantizeStates(s: OptimizerStateDict): OptimizerStateDict {
       buffers[name] = data instanceof Uint8Array && absmax
         ? dequantize8bit(data, absmax, name === "expAvg")
         : data instanceof Uint16Array
-        ? widenBf16(data)
+        ? f32FromBf16(data)
         : data;
     }
     return { ...p, buffers };

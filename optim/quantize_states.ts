@@ -7,6 +7,7 @@
  * @internal
  */
 import type { OptimizerStateDict, StateBuffer, StateSpec } from "./_optimizer_state.ts";
+import { bf16FromF32 } from "../gpu/mod.ts";
 import { dynamicCode } from "./_dynamic_code.ts";
 import { STATE_BLOCK } from "./kernels/compact_update.ts";
 
@@ -37,15 +38,6 @@ function quantize8bit(values: Float32Array, map: Float32Array): [Uint8Array, Flo
   return [codes, absmax];
 }
 
-/** f32 values rounded to bf16 bits, nearest even (NaN → 0x7FC0). */
-function toBf16(values: Float32Array): Uint16Array {
-  const words = new Uint32Array(values.buffer, values.byteOffset, values.length);
-  return Uint16Array.from(
-    words,
-    (w) => (w & 0x7fffffff) > 0x7f800000 ? 0x7fc0 : (w + 0x7fff + ((w >>> 16) & 1)) >>> 16,
-  );
-}
-
 /**
  * `s` with each parameter's f32 `expAvg` / `expAvgSq` stored as `specs(i)`
  * asks (parameter i's buffers in the optimizer loading it); buffers already
@@ -64,8 +56,8 @@ export function quantizeStates(
     }
     const buffers: Record<string, StateBuffer> = { ...b };
     if (want.expAvg?.format === "bf16") {
-      buffers.expAvg = toBf16(b.expAvg);
-      buffers.expAvgSq = toBf16(b.expAvgSq);
+      buffers.expAvg = bf16FromF32(b.expAvg);
+      buffers.expAvgSq = bf16FromF32(b.expAvgSq);
     } else if (want.expAvg?.format === "u8") {
       [buffers.expAvg, buffers.expAvgAbsmax] = quantize8bit(b.expAvg, signed);
       [buffers.expAvgSq, buffers.expAvgSqAbsmax] = quantize8bit(b.expAvgSq, unsigned);

@@ -21,6 +21,7 @@ export {
 } from "../device/kernel.ts";
 export { grid1d, WGSL_GRID_BUILTINS, WGSL_WORKGROUP_INDEX } from "./wgsl/grid.ts";
 export { REDUCE_THREADS, WGSL_WORKGROUP_REDUCE } from "./wgsl/math.ts";
+export { WGSL_RANDOM } from "./wgsl/random.ts";
 export { useSubgroups, WGSL_SUBGROUP_REDUCE } from "./wgsl/subgroups.ts";
 export {
   MAX_TENSOR_SLOTS,

@@ -32,6 +32,7 @@ import {
   MAX_TENSOR_SLOTS,
   optional,
   WGSL_GRID_BUILTINS,
+  WGSL_RANDOM,
   wgslForEachSlot,
 } from "../../gpu/kernels/mod.ts";
 import {
@@ -99,7 +100,10 @@ const QUANTIZE = `fn quantize(x: f32, off: u32) -> u32 {
   return best;
 }`;
 
-/** A bf16 half of a word as f32, and f32 → bf16 bits rounded stochastically by 16 random bits. */
+/**
+ * A bf16 half of a word as f32, and f32 → bf16 bits rounded stochastically by 16 random bits
+ * (dropout's counter-based hash: one stream per tensor seed and step).
+ */
 const BF16_STATE = `fn state_half(word: u32, half: u32) -> f32 {
   return bitcast<f32>(select(word << 16u, word & 0xffff0000u, half == 1u));
 }
@@ -110,11 +114,7 @@ fn state_bf16(v: f32, r: u32) -> u32 {
   }
   return (b + (r & 0xffffu)) >> 16u;
 }
-fn pcg(x: u32) -> u32 {
-  let s = x * 747796405u + 2891336453u;
-  let w = ((s >> ((s >> 28u) + 4u)) ^ s) * 277803737u;
-  return (w >> 22u) ^ w;
-}`;
+${WGSL_RANDOM}`;
 
 /** WGSL that loads quad `q`'s moments of slot `k` into `m_old` / `v_old` (zero past `n`). */
 function loadMoments(c: CompactAdamConfig, k: number): string {
@@ -172,7 +172,7 @@ function storeMoments(c: CompactAdamConfig, k: number): string {
         let e = 2u * h + j;
         if (base + e < n) {
           // One hash per element: its low 16 bits round m, its high 16 bits v.
-          let r = pcg(pcg(p.seed${k} ^ pcg(t_bits)) + base + e);
+          let r = random_u32(p.seed${k} ^ hash_u32(t_bits), base + e);
           wm = wm | (state_bf16(m_new[e], r) << (16u * j));
           wv = wv | (state_bf16(v_new[e], r >> 16u) << (16u * j));
         }
