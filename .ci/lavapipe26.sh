@@ -8,7 +8,7 @@
 # $ROOT/bin/deno.bin is a copy of deno whose ELF interpreter and rpath point into $ROOT.
 # $ROOT/bin/deno runs it with VK_DRIVER_FILES set to Mesa 26's lavapipe:
 #
-#   HALFSTEP_BACKEND=dawn $ROOT/bin/deno test -A tests/matmul_test.ts
+#   HALFSTEP_BACKEND=dawn $ROOT/bin/deno test -A tests/gpu/kernels/matmul_test.ts
 #
 # Programs that deno starts (python3, chromium) use the host's libraries as usual. Deno's own WebGPU
 # works there too (as on Mesa 22). Idempotent: a second run with the same deno and packages returns at

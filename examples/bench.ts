@@ -8,7 +8,7 @@
  *
  * Nothing this file imports may reach an npm package or a remote module
  * (Deno would install the lock file's packages before running anything):
- * tests/bench_offline_test.ts runs it with `--no-npm --no-remote`.
+ * tests/examples/bench_offline_test.ts runs it with `--no-npm --no-remote`.
  *
  * Entries:
  * - `matmul`: GFLOP/s in f32 and f16 of square products (512³ and 4096³), the
@@ -37,7 +37,7 @@
  *   peak bytes (named only: minutes a step on a CPU adapter);
  * - `optimizer`: the fused AdamW update alone over GPT-2 124M's tensors with
  *   f32, 8-bit and bf16 moments, interleaved: ms per update and the ratio to
- *   f32's (examples/bench_optimizer.ts). Runs only when named.
+ *   f32's (examples/bench/optimizer.ts). Runs only when named.
  * - `tilings`: every matmul tiling the tuner tries on this adapter (and f16
  *   with chunked sums on the GPU tiling), timed on a big square and the
  *   GPT's fc1 layer in its three orientations; `*` marks the tuner's pick.
@@ -46,7 +46,7 @@
  *   and captured, of the MNIST MLP and CNN, the tiny GPT, the nanoGPT-size
  *   GPT and GPT-2 124M in f32, AMP and AMP + checkpointing, on Dawn's null
  *   backend (nothing computes), with PyTorch eager's on its meta device
- *   beside them (examples/bench_host.ts). Runs alone, only when named.
+ *   beside them (examples/bench/host.ts). Runs alone, only when named.
  *
  * Synthetic data, so it runs anywhere. `--markdown` prints the figures as a
  * Markdown table to paste into a README or an issue. `--size small` (the default on CPU
@@ -75,24 +75,24 @@
  */
 import { type Gpu, initGpu } from "../mod.ts";
 import { tilingNames } from "../gpu/mod.ts";
-import { type BenchOptions, type BenchSize, cpuName, type Result } from "./_bench.ts";
-import { orExit, parseFlags } from "./_cli.ts";
+import { type BenchOptions, type BenchSize, cpuName, type Result } from "./bench/harness.ts";
+import { orExit, parseFlags } from "./cli/flags.ts";
 import {
   holdTuningForBench,
   tuneForBench,
   type TuningReport,
   tuningTable,
-} from "./_bench_tuning.ts";
-import { benchCnn } from "./bench_cnn.ts";
-import { benchGpt } from "./bench_gpt.ts";
-import { benchGpt2, benchGpt2Memory } from "./bench_gpt2.ts";
-import { benchMatmul } from "./bench_matmul.ts";
-import { benchOps } from "./bench_ops.ts";
-import { benchTilings } from "./bench_tilings.ts";
-import { benchCheckpoint, benchMlp, benchSoak, benchTinyGpt } from "./bench_training.ts";
-import { backendFlag, backendHelp, backendNote } from "./_backend_flag.ts";
-import { benchHost } from "./bench_host.ts";
-import { benchOptimizer } from "./bench_optimizer.ts";
+} from "./bench/tuning.ts";
+import { benchCnn } from "./bench/cnn.ts";
+import { benchGpt } from "./bench/gpt.ts";
+import { benchGpt2, benchGpt2Memory } from "./bench/gpt2.ts";
+import { benchMatmul } from "./bench/matmul.ts";
+import { benchOps } from "./bench/ops.ts";
+import { benchTilings } from "./bench/tilings.ts";
+import { benchCheckpoint, benchMlp, benchSoak, benchTinyGpt } from "./bench/training.ts";
+import { backendFlag, backendHelp, backendNote } from "./cli/backend_flag.ts";
+import { benchHost } from "./bench/host.ts";
+import { benchOptimizer } from "./bench/optimizer.ts";
 
 const HELP = `Usage: deno run -A --v8-flags=--expose-gc examples/bench.ts [ENTRY...] [OPTIONS]
        (or deno task bench [ENTRY...] [OPTIONS])

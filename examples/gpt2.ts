@@ -17,25 +17,25 @@
 import { dirname, join } from "node:path";
 import { initGpu, type SafetensorsEntry } from "../mod.ts";
 import { loadSafetensors } from "../files.ts";
-import { orExit, orExitAsync, reason, runMain, UsageError } from "./_cli.ts";
-import { checkPlan, runLimits } from "./_preflight.ts";
-import { checkResumeFlags } from "./_resume_flags.ts";
-import { backendNote } from "./_backend_flag.ts";
-import { readRecordOrExit, saveOutput } from "./_run_file.ts";
+import { orExit, orExitAsync, reason, runMain, UsageError } from "./cli/flags.ts";
+import { checkPlan, runLimits } from "./cli/preflight.ts";
+import { checkResumeFlags } from "./cli/resume_flags.ts";
+import { backendNote } from "./cli/backend_flag.ts";
+import { readRecordOrExit, saveOutput } from "./runs/run_file.ts";
 import {
   checkOutputsReplace,
   checkOutputsWritable,
   type InputFile,
   type OutputFile,
-} from "./_outputs.ts";
-import { SaveLock } from "./_save_lock.ts";
-import { precisionDetail } from "./_amp_flag.ts";
-import { GPT2_HELP, GPT2_SIZES, type Gpt2Args, parseGpt2Args } from "./gpt2_args.ts";
-import { loadTextTokens } from "./gpt2_data.ts";
-import { generate } from "./gpt2_generate.ts";
-import { gpt2Buffers, gpt2Parameters } from "./gpt2_memory.ts";
-import { type Emit, fineTune, GPT2_RUN, runFlags, type Trained } from "./gpt2_run.ts";
-import { decodeGpt2, encodeGpt2 } from "./gpt2_tokenizer.ts";
+} from "./runs/outputs.ts";
+import { SaveLock } from "./runs/save_lock.ts";
+import { precisionDetail } from "./cli/amp_flag.ts";
+import { GPT2_HELP, GPT2_SIZES, type Gpt2Args, parseGpt2Args } from "./gpt2/args.ts";
+import { loadTextTokens } from "./data/gpt2_tokens.ts";
+import { generate } from "../models/mod.ts";
+import { gpt2Buffers, gpt2Parameters } from "./gpt2/memory.ts";
+import { type Emit, fineTune, GPT2_RUN, runFlags, type Trained } from "./gpt2/run.ts";
+import { decodeGpt2, encodeGpt2 } from "../models/mod.ts";
 import {
   configBeside,
   GPT2_124M,
@@ -46,8 +46,8 @@ import {
   type Gpt2Sizes,
   headsOf,
   initGpt2,
-} from "./gpt2_weights.ts";
-import { TinyGpt } from "./tiny_gpt_model.ts";
+} from "../models/mod.ts";
+import { Gpt } from "../models/mod.ts";
 
 /** The published sizes by --random's names. */
 const RANDOM_SIZES: Record<string, Gpt2Sizes> = {
@@ -81,7 +81,7 @@ async function parseFlags(args: string[]): Promise<Gpt2Args | null> {
 /**
  * The files the run writes (--save, --save-weights) and reads (--weights,
  * the config.json beside it, --data, --resume), for the one output rule
- * (examples/_outputs.ts).
+ * (examples/runs/outputs.ts).
  */
 function gpt2Files(cfg: Gpt2Args): { outputs: OutputFile[]; inputs: InputFile[] } {
   const outputs: OutputFile[] = [];
@@ -135,9 +135,9 @@ function buildModel(
   cfg: Gpt2Args,
   checkpoint: Gpt2Checkpoint | null,
   maxBufferBytes: number,
-): TinyGpt {
+): Gpt {
   if (checkpoint) return gpt2FromEntries(checkpoint, { seed: cfg.seed, maxBufferBytes });
-  const model = new TinyGpt(gpt2Config(RANDOM_SIZES[cfg.random!], cfg.seed, maxBufferBytes));
+  const model = new Gpt(gpt2Config(RANDOM_SIZES[cfg.random!], cfg.seed, maxBufferBytes));
   initGpt2(model, cfg.seed);
   return model;
 }
@@ -160,7 +160,7 @@ function promptTokens(text: string, maxNewTokens: number, context: number): numb
 }
 
 /** --prompt: samples --max-new-tokens tokens after `prompt` with the KV cache and prints them. */
-async function sample(cfg: Gpt2Args, emit: Emit, model: TinyGpt, prompt: number[]): Promise<void> {
+async function sample(cfg: Gpt2Args, emit: Emit, model: Gpt, prompt: number[]): Promise<void> {
   emit(
     "phase",
     { phase: "sample", tokens: cfg.maxNewTokens },

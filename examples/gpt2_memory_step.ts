@@ -28,11 +28,11 @@ import {
   type StateDtype,
   Tensor,
 } from "../mod.ts";
-import { parseFlags } from "./_cli.ts";
-import { backendFlag } from "./_backend_flag.ts";
-import { gpt2StepPeakBytes } from "./gpt2_memory.ts";
-import { GPT2_124M, gpt2Config, type Gpt2Sizes, initGpt2 } from "./gpt2_weights.ts";
-import { TinyGpt } from "./tiny_gpt_model.ts";
+import { parseFlags } from "./cli/flags.ts";
+import { backendFlag } from "./cli/backend_flag.ts";
+import { gpt2StepPeakBytes } from "./gpt2/memory.ts";
+import { GPT2_124M, gpt2Config, type Gpt2Sizes, initGpt2 } from "../models/mod.ts";
+import { Gpt } from "../models/mod.ts";
 
 /** A row of the memory table. */
 export interface Gpt2MemoryMode {
@@ -73,7 +73,7 @@ export function bufferLimit(gpu: Gpu): number {
 /** Records one training step of a fresh GPT-2 of `sizes` in mode `m`; returns what to dispose. */
 function recordStep(gpu: Gpu, sizes: Gpt2Sizes, m: Gpt2MemoryMode, ids: number[][]) {
   const [batch, context] = [ids.length, ids[0].length];
-  const model = new TinyGpt(gpt2Config(sizes, 1, bufferLimit(gpu)));
+  const model = new Gpt(gpt2Config(sizes, 1, bufferLimit(gpu)));
   initGpt2(model, 1);
   if (m.checkpoint) model.blocks.checkpoint = sizes.layers;
   const optimizer = new AdamW(model.parameters(), {

@@ -13,7 +13,7 @@
  *
  * Dawn first, then Deno's own WebGPU, each in a process of its own (a crash
  * costs only the rest of its backend), running the parts of
- * examples/_gpu_check_parts.ts in order: `adapter` (both), `correct` (every
+ * examples/bench/gpu_check_parts.ts in order: `adapter` (both), `correct` (every
  * subgroup-matrix candidate against f64 at three shapes: Dawn), `matmul`
  * (f16 at 4096³ in each orientation, SIMT against subgroup-matrix tilings,
  * TFLOP/s) and `gpt` (the nanoGPT-size GPT step in f32 and AMP, with the
@@ -24,8 +24,8 @@
  * time" | "failed" | "unavailable", "seconds": ...}` per part, and a summary.
  * Exit status 0 when every part ran to the end or was unavailable, 1 otherwise.
  */
-import { parseFlags } from "./_cli.ts";
-import { type Part, PARTS, runPart } from "./_gpu_check_parts.ts";
+import { parseFlags } from "./cli/flags.ts";
+import { type Part, PARTS, runPart } from "./bench/gpu_check_parts.ts";
 import type { Backend } from "../gpu/mod.ts";
 
 /** Each part's share of the budget on each backend (Dawn's parts first: they are the new ones). */

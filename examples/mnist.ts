@@ -25,97 +25,36 @@ import {
   LrScheduler,
   noGrad,
   RandomGenerator,
-  type Sequential,
   SGD,
   Tensor,
 } from "../mod.ts";
 import { saveTrainingState } from "../files.ts";
-import type { PlotPoint } from "./_plot.ts";
-import { DivergenceWatch, evaluationHealth, type Health } from "./_divergence.ts";
-import { checkPlan, runLimits } from "./_preflight.ts";
-import { SaveLock } from "./_save_lock.ts";
-import { finishInspect, heatmapPath, InspectLog } from "./_inspect.ts";
-import { writeHeatmap } from "./_heatmap.ts";
-import { FirstStep, Progress } from "./_progress.ts";
-import { profileFields, ProfileWindow } from "./_profile_window.ts";
-import { type MnistArgs, mnistFiles, parseMnistArgsOrExit } from "./mnist_args.ts";
-import { orExit, orExitAsync, runMain } from "./_cli.ts";
+import { DivergenceWatch, evaluationHealth, type Health } from "./cli/divergence.ts";
+import { checkPlan, runLimits } from "./cli/preflight.ts";
+import { SaveLock } from "./runs/save_lock.ts";
+import { finishInspect, heatmapPath, InspectLog } from "./cli/inspect.ts";
+import { writeHeatmap } from "./plots/heatmap.ts";
+import { FirstStep, Progress } from "./cli/progress.ts";
+import { profileFields, ProfileWindow } from "./cli/profile_window.ts";
+import { type MnistArgs, mnistFiles, parseMnistArgsOrExit } from "./mnist/args.ts";
+import { orExit, orExitAsync, runMain } from "./cli/flags.ts";
 import {
   checkBeforeStart,
   MNIST_RUN,
   resumeOrStart,
   runFlags,
   type RunRecord,
-} from "./mnist_resume.ts";
-import { readRecordOrExit } from "./_run_file.ts";
-import { checkOutputsReplace, checkOutputsWritable, sameFile } from "./_outputs.ts";
-import { evaluate } from "./mnist_evaluate.ts";
-import { precisionName } from "./_amp_flag.ts";
-import { type TrainingStep, trainingStep } from "./_capture_flag.ts";
-import { gather, loadData, randomShifts, shuffle } from "./mnist_batches.ts";
-import { MNIST_PIXELS, type MnistSplit } from "./mnist_data.ts";
-import { mnistBuffers, mnistInputShape, mnistModel } from "./mnist_model.ts";
-import { report, reportStart, writePlot } from "./mnist_report.ts";
-
-/** Prints one event: a JSON line with --json, else `text`. */
-export type Emit = (event: string, fields: Record<string, unknown>, text: string) => void;
-
-/** One training run: the flags, the data, the model and what trains it. */
-export interface Run {
-  cfg: MnistArgs;
-  emit: Emit;
-  gpu: Gpu;
-  train: MnistSplit;
-  test: MnistSplit;
-  /** Examples per step, and steps per epoch and in all. */
-  batch: number;
-  stepsPerEpoch: number;
-  totalSteps: number;
-  model: Sequential;
-  optimizer: SGD | Adam;
-  trainer: AmpTrainer;
-  /** One micro-batch, captured unless --no-capture (or --inspect). */
-  step: TrainingStep;
-  scheduler: LrScheduler;
-  /** Draws each epoch's data order; the saved training state holds its state. */
-  shuffler: RandomGenerator;
-  /** The steps `--profile` times, if any. */
-  profile: ProfileWindow | null;
-  /** With --inspect: the numerics inspector on the trainer and its reports so far. */
-  inspect: InspectLog | null;
-  /** When the program started (performance.now()), for the time to the first accuracy. */
-  started: number;
-  /** Says the session's first step (it compiles the kernels). */
-  firstStep: FirstStep;
-  /** --save's lock (told what the file holds after each save), or null. */
-  lock: SaveLock | null;
-  /** Failed writes of --save so far, and what the file last held (for the run's last word). */
-  saves: { failed: number; lastFailed: boolean; holds: string | null };
-}
-
-/** What the training loop tracks across epochs, from `step` on. */
-export class Tally {
-  /** Sum of the losses since the last log, kept on the GPU so logging needs one read. */
-  lossSum: Tensor = Tensor.zeros([]);
-  lossCount = 0;
-  lastLoss = NaN;
-  testAccuracy = NaN;
-  /** The mean cross-entropy of the last evaluation. */
-  testLoss = NaN;
-  trainSeconds = 0;
-  trainPeak = 0;
-  evalPeak = 0;
-  /** Bytes allocated after steps 10, 200 and the last (for information). */
-  allocatedAfter: Map<number, number> = new Map();
-  /** The whole run's chart (a resumed run starts with the points saved before). */
-  plotPoints: PlotPoint[];
-  /** The step this session started from (0, or where a resumed run stopped). */
-  readonly sessionStart: number;
-  constructor(public step: number, plotPoints: PlotPoint[] = []) {
-    this.sessionStart = step;
-    this.plotPoints = plotPoints;
-  }
-}
+} from "./mnist/resume.ts";
+import { readRecordOrExit } from "./runs/run_file.ts";
+import { checkOutputsReplace, checkOutputsWritable, sameFile } from "./runs/outputs.ts";
+import { evaluate } from "./mnist/evaluate.ts";
+import { precisionName } from "./cli/amp_flag.ts";
+import { trainingStep } from "./cli/capture_flag.ts";
+import { gather, loadData, randomShifts, shuffle } from "./data/mnist_batches.ts";
+import { MNIST_PIXELS } from "./data/mnist.ts";
+import { mnistBuffers, mnistInputShape, mnistModel } from "./mnist/model.ts";
+import { report, reportStart, writePlot } from "./mnist/report.ts";
+import { type Emit, type Run, Tally } from "./mnist/run.ts";
 
 /** The model, its optimizer, the AMP trainer, the learning-rate schedule and --inspect's log. */
 function makeTrainer(cfg: MnistArgs, optimizerSteps: number) {

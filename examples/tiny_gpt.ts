@@ -12,15 +12,15 @@
  *
  * @module
  */
-import { orExit, orExitAsync, runMain } from "./_cli.ts";
-import { readUtf8 } from "./_text_file.ts";
-import { checkOutputFiles, type OutputFile } from "./_outputs.ts";
-import { DivergenceWatch, evaluationHealth, type Health } from "./_divergence.ts";
-import { type TrainingStep, trainingStep } from "./_capture_flag.ts";
-import { finishInspect, heatmapPath, InspectLog } from "./_inspect.ts";
-import { checkPlan, runLimits } from "./_preflight.ts";
-import { profileFields, ProfileWindow } from "./_profile_window.ts";
-import { FirstStep, Progress } from "./_progress.ts";
+import { orExit, orExitAsync, runMain } from "./cli/flags.ts";
+import { readUtf8 } from "./data/text_file.ts";
+import { checkOutputFiles, type OutputFile } from "./runs/outputs.ts";
+import { DivergenceWatch, evaluationHealth, type Health } from "./cli/divergence.ts";
+import { trainingStep } from "./cli/capture_flag.ts";
+import { finishInspect, heatmapPath, InspectLog } from "./cli/inspect.ts";
+import { checkPlan, runLimits } from "./cli/preflight.ts";
+import { profileFields, ProfileWindow } from "./cli/profile_window.ts";
+import { FirstStep, Progress } from "./cli/progress.ts";
 import {
   AdamW,
   addInPlace,
@@ -36,17 +36,19 @@ import {
   tidy,
 } from "../mod.ts";
 import { saveSafetensors } from "../files.ts";
-import { TinyGpt, tinyGptBuffers } from "./tiny_gpt_model.ts";
-import { toNanoGpt } from "./nanogpt.ts";
-import type { PlotPoint } from "./_plot.ts";
-import { report, reportStart } from "./tiny_gpt_report.ts";
+import { Gpt } from "../models/mod.ts";
+import { tinyGptBuffers } from "./tiny_gpt/buffers.ts";
+import type { Emit, Run, Training } from "./tiny_gpt/run.ts";
+import { toNanoGpt } from "../models/mod.ts";
+import type { PlotPoint } from "./plots/loss_chart.ts";
+import { report, reportStart } from "./tiny_gpt/report.ts";
 import {
   parseTinyGptArgs,
   TINY_GPT_HELP,
   TINY_GPT_SIZES,
   type TinyGptArgs,
   UsageError,
-} from "./tiny_gpt_args.ts";
+} from "./tiny_gpt/args.ts";
 import {
   bigramCrossEntropy,
   evaluationWindows,
@@ -54,45 +56,10 @@ import {
   sampleBatch,
   splitWords,
   textCorpus,
-  type WordCorpus,
-} from "./words_data.ts";
-import { loadEnglishWords } from "./english_words.ts";
+} from "./data/words.ts";
+import { loadEnglishWords } from "./data/english_words.ts";
 
-/** Prints one event: a JSON line with --json, else `text`. */
-export type Emit = (event: string, fields: Record<string, unknown>, text: string) => void;
-
-/** Validation windows: inputs and targets, [count, context] each. */
-export type Windows = ReturnType<typeof evaluationWindows>;
-
-/** One training run: the flags, the data, the model and what trains it. */
-export interface Run {
-  cfg: TinyGptArgs;
-  emit: Emit;
-  gpu: Gpu;
-  corpus: WordCorpus;
-  windows: Windows;
-  /** The bigram baseline's loss on the validation windows. */
-  bigram: number;
-  model: TinyGpt;
-  optimizer: AdamW;
-  trainer: AmpTrainer;
-  /** One micro-batch, captured unless --no-capture (or --inspect). */
-  step: TrainingStep;
-  /** The steps `--profile` times, if any. */
-  profile: ProfileWindow | null;
-  /** With --inspect: the numerics inspector on the trainer and its reports so far. */
-  inspect?: InspectLog | null;
-}
-
-/** What training measured. */
-export interface Training {
-  lastLoss: number;
-  trainSeconds: number;
-  trainPeak: number;
-  plotPoints: PlotPoint[];
-}
-
-/** The files the run writes, for the one output rule (examples/_outputs.ts). */
+/** The files the run writes, for the one output rule (examples/runs/outputs.ts). */
 function outputs(cfg: TinyGptArgs): OutputFile[] {
   const files: OutputFile[] = [];
   if (cfg.plot) {
@@ -107,7 +74,7 @@ function outputs(cfg: TinyGptArgs): OutputFile[] {
 
 /**
  * The flags, or null after printing --help; a bad flag, or an output that
- * cannot be written or would replace a file unasked (examples/_outputs.ts),
+ * cannot be written or would replace a file unasked (examples/runs/outputs.ts),
  * is one line and exit status 2, before any training.
  */
 async function parseFlags(args: string[]): Promise<TinyGptArgs | null> {
@@ -356,7 +323,7 @@ async function main(): Promise<void> {
   const gpu = await initGpu({ backend: cfg.backend });
   const setupSeconds = (performance.now() - started) / 1000;
   checkFits(cfg, gpu, data.corpus.vocab.length);
-  const model = new TinyGpt({ ...cfg, vocab: data.corpus.vocab.length, seed: cfg.seed });
+  const model = new Gpt({ ...cfg, vocab: data.corpus.vocab.length, seed: cfg.seed });
   if (cfg.checkpoint) model.blocks.checkpoint = cfg.layers; // one checkpointed segment per block
   reportStart({ cfg, emit, gpu, ...data, model }, setupSeconds);
   const optimizer = new AdamW(model.parameters(), {

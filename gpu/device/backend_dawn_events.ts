@@ -23,7 +23,7 @@
  * ends each test file's worker as soon as its tests are done: a file whose last
  * test left an error scope or a submit in flight took the whole run down (it
  * looked like resources piling up across files; it was the last test of
- * tests/grad_scaler_test.ts, every time). So when the worker unloads, Dawn's
+ * tests/amp/grad_scaler_test.ts, every time). So when the worker unloads, Dawn's
  * ticks run at once until none is left to run ({@link settle}): nothing is
  * pending when the worker's objects are finalized. (Destroying the devices
  * there instead crashed dawn.node outright.)

@@ -16,7 +16,7 @@
  * asked for the described limits capped at its own, and a pipeline beyond
  * its own but within the described ones fails there with Dawn's message
  * naming the figure; a caller that compiles for the description judges that
- * figure against {@link describedLimits} (tests/null_backend_compile_test.ts).
+ * figure against {@link describedLimits} (tests/gpu/device/null_backend_compile_test.ts).
  * Subgroup-matrix shapes are not checked against the configs on the null
  * device (it lists none); the kernels take them from the described ones.
  * Alignment limits (`min…`) stay the null device's own: they lay out buffers,

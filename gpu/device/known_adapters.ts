@@ -1,7 +1,7 @@
 /**
  * Adapters halfstep is built for, described as Dawn reports them (see
  * described_adapter.ts): what the compile test on Dawn's null backend
- * (tests/null_backend_compile_test.ts) builds every pipeline for. The
+ * (tests/gpu/device/null_backend_compile_test.ts) builds every pipeline for. The
  * lavapipe entry is measured (Mesa 26.1.6 through npm `webgpu` 0.6.2,
  * 2026-12-01); the GPU entries are read from Dawn's source (its Vulkan and
  * Metal backends' subgroup-matrix tables and its limit caps) and the

@@ -3,7 +3,7 @@
  * them: each is one exact text of one file, its replacement, the tests
  * expected to fail with it, and why it is a bug. A mutant whose text is not
  * in its file exactly once is refused, so the list cannot silently go stale
- * when the code moves (tests/mutants_test.ts checks the whole list).
+ * when the code moves (tests/package/mutants_test.ts checks the whole list).
  */
 
 /** One planted bug. */

@@ -23,7 +23,7 @@
 import { parseArgs } from "node:util";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
-import { copyCheckout } from "../_checkout.ts";
+import { copyCheckout } from "../helpers/checkout.ts";
 import {
   loadMutants,
   type Mutant,

@@ -29,7 +29,7 @@ import { launchReduce } from "../reduce.ts";
 /**
  * The run of k an f16 matmul sums in f16 under `f16Accumulation: "chunked"`
  * (at most the tiling's TK). Its error bound is in the README; see
- * tests/f16_accumulation_test.ts.
+ * tests/gpu/kernels/f16_accumulation_test.ts.
  */
 export const F16_CHUNK = 8;
 
