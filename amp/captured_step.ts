@@ -62,7 +62,7 @@ import {
   ValueError,
 } from "../gpu/mod.ts";
 import type { Optimizer } from "../optim/optimizer.ts";
-import type { HasParameters } from "./trainer.ts";
+import type { HasParameters } from "./has_parameters.ts";
 import { type HostFields, hostFields } from "./host_fields.ts";
 
 /** Options of `AmpTrainer.capture`. */

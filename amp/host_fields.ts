@@ -9,7 +9,7 @@
  */
 import type { Tensor } from "../gpu/mod.ts";
 import type { Module } from "../nn/module.ts";
-import type { HasParameters } from "./trainer.ts";
+import type { HasParameters } from "./has_parameters.ts";
 
 /** A snapshot of a model's host settings; see the module comment. */
 export interface HostFields {

@@ -28,6 +28,7 @@ import { MasterWeights } from "./master_weights.ts";
 import type { NumericsInspector } from "./numerics_inspector.ts";
 import type { AutocastLists } from "./policy.ts";
 import { CapturedStep, type CaptureOptions } from "./captured_step.ts";
+import type { HasParameters } from "./has_parameters.ts";
 
 /**
  * What makes `loss` unfit for a step, from shapes alone (no GPU read): not a
@@ -115,11 +116,7 @@ const TRAINER_OPTIONS: Record<keyof AmpTrainerOptions, true> = {
   inspector: true,
 };
 
-/** A model: anything with fp32 parameters. */
-export interface HasParameters {
-  /** The fp32 master parameters. */
-  parameters(): Tensor[];
-}
+export type { HasParameters } from "./has_parameters.ts";
 
 /** What {@link AmpTrainer.stateDict} saves besides the model and optimizer. */
 export interface AmpTrainerState {

@@ -31,18 +31,17 @@ import {
   untracked,
   ValueError,
 } from "../gpu/mod.ts";
-import type { LoadStateOptions, Module } from "../nn/module.ts";
+import type { LoadStateOptions } from "../nn/module.ts";
 import { entryToTensor, type SafetensorsEntry } from "../nn/safetensors.ts";
 import { loadSafetensors, writeTensors } from "../nn/safetensors_file.ts";
-import type { LrScheduler, OptimizerStateDict } from "../optim/mod.ts";
 import { moduleGenerators } from "./module_generators.ts";
-import type { AmpTrainer } from "./trainer.ts";
 import {
   optimizerToTorch,
   scalerToTorch,
   schedulerToTorch,
   trainerToTorch,
 } from "./training_state_torch.ts";
+import type { TrainingStateParts } from "./training_state_parts.ts";
 import {
   FORMAT,
   oneLine,
@@ -52,29 +51,7 @@ import {
   type TrainingStatePlan,
 } from "./training_state_parse.ts";
 
-/** An optimizer whose state can be saved (`SGD`, `Adam`, `AdamW`). */
-export interface SavableOptimizer {
-  /** Its parameters, in the order its state dict numbers them. */
-  readonly params: readonly Tensor[];
-  /** Its state as plain data (a sync point). */
-  stateDict(): Promise<OptimizerStateDict>;
-  /** Throws unless `state` can be loaded; changes nothing. */
-  checkStateDict(state: OptimizerStateDict, options?: LoadStateOptions): void;
-  /** Restores it, all or nothing. */
-  loadStateDict(state: OptimizerStateDict, options?: LoadStateOptions): void;
-}
-
-/** What a training state holds; only `model` is required. */
-export interface TrainingStateParts {
-  /** The model (with the state of its modules' random generators: Dropout masks). */
-  model: Module;
-  /** Its optimizer. */
-  optimizer?: SavableOptimizer;
-  /** The AMP trainer (loss scaler and accumulation counters). */
-  trainer?: AmpTrainer;
-  /** The learning-rate scheduler (base learning rates and step). */
-  scheduler?: LrScheduler;
-}
+export type { SavableOptimizer, TrainingStateParts } from "./training_state_parts.ts";
 
 /** Options of {@link saveTrainingState}. */
 export interface SaveTrainingStateOptions {

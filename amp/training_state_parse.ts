@@ -23,7 +23,7 @@ import { type LoadStateOptions, nonFiniteSummary } from "../nn/module.ts";
 import type { SafetensorsEntry } from "../nn/safetensors.ts";
 import type { LrSchedulerState, OptimizerStateDict } from "../optim/mod.ts";
 import { moduleGenerators } from "./module_generators.ts";
-import type { TrainingStateParts } from "./training_state_file.ts";
+import type { TrainingStateParts } from "./training_state_parts.ts";
 import {
   liveTorchKind,
   optimizerFromTorch,

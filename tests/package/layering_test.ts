@@ -247,11 +247,13 @@ function circles(graph: Map<string, Set<string>>): string[][] {
   return found;
 }
 
-Deno.test("layering: no import circle crosses folders; gpu/ holds one, type-only, of at most three files in gpu/tensor/", async () => {
+Deno.test("layering: no import circle crosses folders, none outside gpu/; gpu/ holds one, type-only, of at most three files in gpu/tensor/", async () => {
   const found = circles(await moduleGraph());
   const folder = (f: string) => f.slice(0, f.lastIndexOf("/"));
   const crossing = found.filter((c) => new Set(c.map(folder)).size > 1);
   assert.deepEqual(crossing, [], "circles across folders");
+  const outsideGpu = found.filter((c) => !c[0].startsWith("gpu/"));
+  assert.deepEqual(outsideGpu, [], "circles outside gpu/ (type-only too)");
   const inGpu = found.filter((c) => c[0].startsWith("gpu/"));
   assert.ok(inGpu.length <= 1, `one circle in gpu/ at most: ${JSON.stringify(inGpu)}`);
   for (const c of inGpu) {
