@@ -1,6 +1,6 @@
 /**
  * Each op of the GPT's forward and backward at the GPT's shapes (see
- * bench_gpt.ts), in f32 and f16: GPU ms forward and backward, the rate
+ * bench/gpt.ts), in f32 and f16: GPU ms forward and backward, the rate
  * (TFLOP/s for products, GB/s for the rest, from the bytes the kernels
  * bind), and the JavaScript it takes to record one op.
  */

@@ -62,7 +62,7 @@ export interface TuningReport {
  * Makes `gpu` (started with lazy tuning) a benchmark's device: every kernel
  * shape it runs untuned is still noted, but none is tuned at a wait — only
  * where the benchmark says, in each entry's warm-up (`warmUp` in
- * _bench.ts), before it times — so nothing tunes while it times.
+ * bench/harness.ts), before it times — so nothing tunes while it times.
  */
 export function holdTuningForBench(gpu: Gpu): void {
   const lazy = lazyTuning.of(gpu);

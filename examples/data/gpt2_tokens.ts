@@ -3,7 +3,7 @@
  * into training tokens (the first part) and held-out tokens (the end), so no
  * held-out window overlaps a training one. Training draws windows at random
  * offsets and validation scores consecutive windows, as the tiny GPT's word
- * streams do (`words_data.ts`).
+ * streams do (`data/words.ts`).
  *
  * @module
  */

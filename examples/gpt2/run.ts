@@ -78,7 +78,7 @@ function savedRunOf(extra: unknown): SavedRun | null {
   return ok ? r : null;
 }
 
-/** What gpt2.ts keeps in a training state, for the checks before start-up (`_run_file.ts`). */
+/** What gpt2.ts keeps in a training state, for the checks before start-up (`runs/run_file.ts`). */
 export const GPT2_RUN: RunRecordKind<SavedRun> = {
   script: "gpt2.ts",
   holds: "step, data order",

@@ -1,7 +1,7 @@
 /**
  * What `mnist.ts` keeps in a saved training state besides the model,
  * optimizer, trainer and schedule (the `extra` of `saveTrainingState`): its
- * run record ({@link MNIST_RUN} tells `_run_file.ts`'s checks before
+ * run record ({@link MNIST_RUN} tells `runs/run_file.ts`'s checks before
  * start-up how to read it), the resume that reads it back, and the check of
  * flags that differ from the saved run's.
  *
@@ -91,7 +91,7 @@ function recordOf(extra: unknown): RunRecord | null {
   return ok ? r : null;
 }
 
-/** What mnist.ts keeps in a training state, for the checks before start-up (`_run_file.ts`). */
+/** What mnist.ts keeps in a training state, for the checks before start-up (`runs/run_file.ts`). */
 export const MNIST_RUN: RunRecordKind<RunRecord> = {
   script: "mnist.ts",
   holds: "epoch, step, data order",
