@@ -38,7 +38,7 @@ import {
 } from "../../gpu/mod.ts";
 import { DEFAULT_TILING, matmulSettings } from "../../gpu/kernels/gemm/settings.ts";
 import { matmulCandidates, subgroupMatrixCandidates } from "../../gpu/kernels/gemm/candidates.ts";
-import { dispatchMatmul } from "../../gpu/kernels/gemm/matmul.ts";
+import { launchMatmulInto } from "../../gpu/kernels/gemm/matmul.ts";
 import { denseProblem, type MatmulOrientation } from "../../gpu/kernels/gemm/matmul_class.ts";
 import { attentionSettings } from "../../gpu/kernels/attention/settings.ts";
 import { DEFAULT_ATTENTION_PLAN } from "../../gpu/kernels/attention/plans.ts";
@@ -137,7 +137,7 @@ async function checkMatmul(gpu: Gpu, tiling: MatmulTiling, shape: (typeof MATMUL
   const da = Tensor.from(a, [a.length], { dtype: "f16", gpu });
   const db = Tensor.from(b, [b.length], { dtype: "f16", gpu });
   const dc = DeviceArray.empty([m * n], "f32", gpu);
-  dispatchMatmul(denseProblem({ batch: 1, m, n, k }, orientation), da, db, dc, {}, tiling);
+  launchMatmulInto(denseProblem({ batch: 1, m, n, k }, orientation), da, db, dc, {}, tiling);
   const got = await dc.read();
   for (const x of [da, db, dc]) x.dispose();
   // f16 products are exact in f32; k f32 additions err by at most k·2⁻²⁴ of Σ|a||b| (twice: slack).
@@ -340,7 +340,7 @@ async function matmulPart(ctx: PartContext): Promise<void> {
           const t = await gpuTimed(
             gpu,
             size === "real" ? 5 : 2,
-            () => dispatchMatmul(problem, a, b, c, {}, tiling),
+            () => launchMatmulInto(problem, a, b, c, {}, tiling),
           );
           const tflops = flops / (t.ms / 1000) / 1e12;
           best[kind] = Math.max(best[kind], tflops);

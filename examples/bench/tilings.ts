@@ -23,7 +23,7 @@ import {
   tilingFor,
   tilingName,
 } from "../../gpu/mod.ts";
-import { dispatchMatmul, type MatmulProblem } from "../../gpu/kernels/gemm/matmul.ts";
+import { launchMatmulInto, type MatmulProblem } from "../../gpu/kernels/gemm/matmul.ts";
 import { gemmSplit } from "../../gpu/kernels/gemm/gemm.ts";
 import { tilingKind } from "../../gpu/kernels/gemm/tilings.ts";
 import { subgroupMatrixCandidates } from "../../gpu/kernels/gemm/candidates.ts";
@@ -107,7 +107,7 @@ export async function benchTilings(gpu: Gpu, o: BenchOptions): Promise<Result[]>
               const t = await timedOrFailed(
                 gpu,
                 repeats,
-                () => dispatchMatmul(problem, a, b, c, {}, tiling),
+                () => launchMatmulInto(problem, a, b, c, {}, tiling),
               );
               const name = `${tilingName(tiling)}${sum === "chunked" ? " chunked" : ""}${
                 split > 1 ? (splitting ? ` split×${slices}` : " unsplit") : ""

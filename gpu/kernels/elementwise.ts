@@ -284,7 +284,12 @@ export function launchBinary(
 }
 
 /** dst = beta · dst + alpha · src in place (same size; dtypes may differ, math in f32). No autograd. */
-export function launchAccumulate(dst: DeviceArray, src: DeviceArray, alpha = 1, beta = 1): void {
+export function launchAccumulateInto(
+  dst: DeviceArray,
+  src: DeviceArray,
+  alpha = 1,
+  beta = 1,
+): void {
   const n = dst.size;
   if (n === 0) return;
   const vec4 = useVec4(dst.gpu, n, [dst.dtype, src.dtype], SAME);

@@ -10,7 +10,7 @@ import { defineKernel } from "../device/kernel.ts";
 import type { Shape } from "../base/shape.ts";
 import { DeviceArray } from "../device/device_array.ts";
 import { grid1d, WGSL_GRID_BUILTINS, WGSL_WORKGROUP_INDEX } from "./wgsl/grid.ts";
-import { launchGroupedScatter } from "./embedding_grad.ts";
+import { launchGroupedScatterInto } from "./embedding_grad.ts";
 import { movedType, moveGrid, wgslMoveMain } from "./wgsl/move_elements.ts";
 
 const WORKGROUP = 256;
@@ -97,7 +97,7 @@ export function launchScatterAdd(
     const first = pass * IDS_PER_PASS;
     if (grouped) {
       const count = Math.min(IDS_PER_PASS, ids.size - first);
-      launchGroupedScatter(g, ids, { first, count, accumulate: pass > 0 }, grad);
+      launchGroupedScatterInto(g, ids, { first, count, accumulate: pass > 0 }, grad);
       continue;
     }
     g.gpu.dispatch(

@@ -145,7 +145,7 @@ fn main(${WGSL_GRID_BUILTINS}) {
  * Adds (`accumulate`) or writes into `grad` ([vocab, dim], `out` dtype) the
  * sums of g's rows `first` .. `first + count` grouped by id, as above.
  */
-export function launchGroupedScatter(
+export function launchGroupedScatterInto(
   g: DeviceArray,
   ids: DeviceArray,
   rows: { first: number; count: number; accumulate: boolean },

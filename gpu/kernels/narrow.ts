@@ -9,6 +9,7 @@
 import type { DType } from "../base/dtype.ts";
 import { defineKernel } from "../device/kernel.ts";
 import { DeviceArray } from "../device/device_array.ts";
+import { fail, ShapeError } from "../base/errors.ts";
 import { grid1d, WGSL_GRID_BUILTINS, WGSL_WORKGROUP_INDEX } from "./wgsl/grid.ts";
 import { movedType, moveGrid, WGSL_ZERO_SOURCE, wgslMoveMain } from "./wgsl/move_elements.ts";
 
@@ -52,6 +53,12 @@ export interface NarrowWindow {
   start: number;
   /** How many indices. */
   length: number;
+}
+
+/** Whether the window's offset and width, and a row of `shape`, are whole bf16 words. */
+function fillsWords(shape: readonly number[], w: NarrowWindow): boolean {
+  const { wide, offset, width } = uniformsOf(shape, w);
+  return wide % 2 === 0 && offset % 2 === 0 && width % 2 === 0;
 }
 
 function uniformsOf(shape: readonly number[], w: NarrowWindow) {
@@ -119,7 +126,7 @@ export function launchNarrowInto(dst: DeviceArray, src: DeviceArray, w: NarrowWi
   let { wide, offset, width } = uniformsOf(dst.shape, w);
   let n = src.size;
   if (dst.dtype === "bf16") {
-    if (wide % 2 !== 0 || offset % 2 !== 0 || width % 2 !== 0) return false;
+    if (!fillsWords(dst.shape, w)) return false;
     [wide, offset, width, n] = [wide / 2, offset / 2, width / 2, n / 2];
   }
   if (n === 0) return true;
@@ -130,4 +137,36 @@ export function launchNarrowInto(dst: DeviceArray, src: DeviceArray, w: NarrowWi
     grid1d(Math.ceil(n / 256)),
   );
   return true;
+}
+
+/**
+ * `arrays` joined along `axis` as a new array (they share a dtype and every
+ * extent but that axis's): each written into its window with
+ * {@link launchNarrowInto}. A bf16 piece that does not start and end on whole
+ * words is refused before anything is allocated. No autograd.
+ */
+export function launchConcat(arrays: readonly DeviceArray[], axis: number): DeviceArray {
+  const first = arrays[0];
+  const shape = first.shape.map((e, i) =>
+    i === axis ? arrays.reduce((n, t) => n + t.shape[axis], 0) : e
+  );
+  const windows: NarrowWindow[] = [];
+  let start = 0;
+  for (const t of arrays) {
+    windows.push({ axis, start, length: t.shape[axis] });
+    start += t.shape[axis];
+  }
+  if (first.dtype === "bf16") {
+    const misfit = windows.findIndex((w) => !fillsWords(shape, w));
+    if (misfit >= 0) {
+      fail(
+        ShapeError,
+        "concat",
+        `bf16 ${arrays[misfit].describe()} at ${windows[misfit].start} does not fill whole words.`,
+      );
+    }
+  }
+  const out = DeviceArray.empty(shape, first.dtype, first.gpu);
+  arrays.forEach((t, i) => launchNarrowInto(out, t, windows[i]));
+  return out;
 }

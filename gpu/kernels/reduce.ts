@@ -20,7 +20,7 @@ import {
   wgslRowReduce,
 } from "./rows/row_layout.ts";
 import { REDUCE_THREADS, WGSL_LOWEST } from "./wgsl/math.ts";
-import { columnBlocksFor, launchColumnSum } from "./rows/reduce_columns.ts";
+import { columnBlocksFor, launchColumnSumInto } from "./rows/reduce_columns.ts";
 
 /** What a reduction computes. `sum` is multiplied by a scale (1/n gives a mean). */
 export type ReduceOp = "sum" | "max";
@@ -78,34 +78,51 @@ fn main(${WGSL_GRID_BUILTINS}) {
 });
 
 /**
- * Reduces `src` (viewed as `view`) along the middle axis into a new tensor of
- * `shape` (outer·inner elements), or into `options.into` (of that size and
- * dtype `out`). `scale` multiplies sums. On GPUs a sum over many rows of
- * wide rows runs in two coalesced stages (see rows/reduce_columns.ts). No autograd.
+ * Reduces `src` (viewed as `view`) along the middle axis into a new array of
+ * `shape` (outer·inner elements) and dtype `out` (default src's). `scale`
+ * multiplies sums. On GPUs a sum over many rows of wide rows runs in two
+ * coalesced stages (see rows/reduce_columns.ts). No autograd.
  */
 export function launchReduce(
   op: ReduceOp,
   src: DeviceArray,
   view: ReduceView,
   shape: Shape,
-  options: { scale?: number; out?: DType; into?: DeviceArray } = {},
+  options: { scale?: number; out?: DType } = {},
 ): DeviceArray {
-  const out = options.out ?? options.into?.dtype ?? src.dtype;
-  const dst = options.into ?? DeviceArray.empty(shape, out, src.gpu);
-  if (view.outer * view.inner === 0) return dst;
+  const dst = DeviceArray.empty(shape, options.out ?? src.dtype, src.gpu);
+  launchReduceInto(op, src, view, dst, options.scale);
+  return dst;
+}
+
+/**
+ * {@link launchReduce} into the caller's `dst` (outer·inner elements, any
+ * dtype), overwriting it: the last stage of a split product. No autograd.
+ */
+export function launchReduceInto(
+  op: ReduceOp,
+  src: DeviceArray,
+  view: ReduceView,
+  dst: DeviceArray,
+  scale?: number,
+): void {
+  if (view.outer * view.inner === 0) return;
   if (op === "sum" && columnBlocksFor(src.gpu, view.axis, view.inner)) {
     // Down the rows of [axis, inner] slabs (a bias gradient): two coalesced stages.
     const { outer, axis: rows, inner: cols } = view;
-    return launchColumnSum(src, { outer, rows, cols }, dst, options.scale);
+    launchColumnSumInto(src, { outer, rows, cols }, dst, scale);
+    return;
   }
-  if (view.axis <= REDUCE_CHUNK) return reduceChunks(op, src, view, 1, dst, options.scale);
+  if (view.axis <= REDUCE_CHUNK) {
+    reduceChunks(op, src, view, 1, dst, scale);
+    return;
+  }
   // Two stages: f32 partials per chunk [outer, chunks, inner], then those.
   const chunks = Math.ceil(view.axis / REDUCE_CHUNK);
   const partials = DeviceArray.empty([view.outer * chunks * view.inner], "f32", src.gpu);
   reduceChunks(op, src, view, chunks, partials);
-  reduceChunks(op, partials, { ...view, axis: chunks }, 1, dst, options.scale);
+  reduceChunks(op, partials, { ...view, axis: chunks }, 1, dst, scale);
   partials.dispose();
-  return dst;
 }
 
 /** One dispatch into `dst`: each output reduces one chunk of the axis (all of it when `chunks` is 1). */

@@ -1,7 +1,7 @@
 /** In-place updates for optimizers and gradient bookkeeping (never recorded on the tape). */
 import { DTypeError, fail, ShapeError, StateError } from "../base/errors.ts";
 import { isGradEnabled } from "../tensor/autograd.ts";
-import { launchAccumulate, launchCopy } from "../kernels/elementwise.ts";
+import { launchAccumulateInto, launchCopy } from "../kernels/elementwise.ts";
 import { launchNarrowInto } from "../kernels/narrow.ts";
 import { normalizeAxis, sameShape } from "../base/shape.ts";
 import { Tensor } from "../tensor/tensor.ts";
@@ -44,7 +44,7 @@ export function addInPlace(
   // One buffer cannot be bound read-write and read-only in one dispatch:
   // x += a·x reads a copy.
   const source = src.sharesMemoryWith(dst) ? Tensor.adopt(launchCopy(src)) : src;
-  launchAccumulate(dst, source, options.alpha ?? 1, options.beta ?? 1);
+  launchAccumulateInto(dst, source, options.alpha ?? 1, options.beta ?? 1);
   if (source !== src) source.dispose();
 }
 

@@ -7,7 +7,7 @@ import { ShapeError, ValueError } from "../base/errors.ts";
 import { record } from "../tensor/autograd.ts";
 import { launchBinary, launchUnary } from "../kernels/elementwise.ts";
 import { launchGeluBackward } from "../kernels/gelu_backward.ts";
-import { dispatchMatmul } from "../kernels/gemm/matmul.ts";
+import { launchMatmul } from "../kernels/gemm/matmul.ts";
 import { launchReduce } from "../kernels/reduce.ts";
 import { Tensor } from "../tensor/tensor.ts";
 import { autocastInputs, releaseCasts } from "../tensor/autocast_hook.ts";
@@ -145,9 +145,10 @@ export function linearForward(
   }
   // gelu(x) lives only while a product reads it: here, and again in backward.
   const geluOf = (t: Tensor) => Tensor.adopt(launchUnary(GELU_KERNEL[geluInput!], t));
-  const y = Tensor.empty([...x.shape.slice(0, -1), outFeatures], x.dtype, x.gpu);
   const input = geluInput ? geluOf(x2) : x2;
-  dispatchMatmul(resolved.problem, input, weight, y, { bias: bias ?? undefined, activation });
+  const shape = [...x.shape.slice(0, -1), outFeatures];
+  const epilogue = { bias: bias ?? undefined, activation };
+  const y = Tensor.adopt(launchMatmul(resolved.problem, input, weight, { shape }, epilogue));
   if (input !== x2) input.dispose();
   x2.dispose();
   const backward = (

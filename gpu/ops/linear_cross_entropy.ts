@@ -19,13 +19,13 @@ import { record } from "../tensor/autograd.ts";
 import { autocastInputs, releaseCasts } from "../tensor/autocast_hook.ts";
 import { DTypeError, fail, ShapeError, ValueError } from "../base/errors.ts";
 import {
-  CROSS_ENTROPY_STATS_PER_ROW,
   type CrossEntropyParams,
+  type CrossEntropyRows,
   launchCrossEntropy,
   launchCrossEntropyBackward,
 } from "../kernels/rows/cross_entropy.ts";
-import { launchAccumulate, launchUnary } from "../kernels/elementwise.ts";
-import { launchNarrow, launchNarrowInto } from "../kernels/narrow.ts";
+import { launchAccumulateInto, launchUnary } from "../kernels/elementwise.ts";
+import { launchConcat, launchNarrow, launchNarrowInto } from "../kernels/narrow.ts";
 import type { DeviceArray } from "../device/device_array.ts";
 import { Tensor } from "../tensor/tensor.ts";
 import { assertTensors } from "./checks.ts";
@@ -129,7 +129,7 @@ function chunkLogits(hcs: readonly Tensor[], ws: readonly Tensor[]): Tensor {
   const logits = product(hcs[0], ws[0], false, true);
   for (let i = 1; i < hcs.length; i++) {
     const part = product(hcs[i], ws[i], false, true);
-    launchAccumulate(logits, part, 1, 1);
+    launchAccumulateInto(logits, part, 1, 1);
     part.dispose();
   }
   return logits;
@@ -181,31 +181,26 @@ export function linearCrossEntropyPerRow(
   const hTargets = hs.map((h, i) => weightGradTarget(given.hs[i], h));
   const wTargets = ws.map((w, i) => weightGradTarget(given.ws[i], w));
   const rows = hs[0].shape[0];
-  const whole = rows <= chunk;
-  const loss = whole ? null : Tensor.empty([rows], "f32", hs[0].gpu);
-  const targetWeight = whole ? null : Tensor.empty([rows], "f32", hs[0].gpu);
-  const stats = whole ? null : Tensor.empty([rows, CROSS_ENTROPY_STATS_PER_ROW], "f32", hs[0].gpu);
-  let out: { loss: Tensor; targetWeight: Tensor; stats: Tensor } | null = null;
+  // Each chunk's per-row results, joined once at the end (f32 scalars per row: small).
+  const parts: CrossEntropyRows[] = [];
   for (let start = 0; start < rows; start += chunk) {
     const n = Math.min(chunk, rows - start);
     const hcs = hs.map((h) => rowsOf(h, start, n)), tc = rowsOf(targets, start, n);
     const logits = chunkLogits(hcs, ws);
-    const part = launchCrossEntropy(logits, tc, params);
+    parts.push(launchCrossEntropy(logits, tc, params));
     for (const t of [...hcs, tc, logits]) t.dispose();
-    if (whole) {
-      out = {
-        loss: Tensor.adopt(part.loss),
-        targetWeight: Tensor.adopt(part.targetWeight),
-        stats: Tensor.adopt(part.stats),
-      };
-      break;
-    }
-    placeRows(loss!, part.loss, start);
-    placeRows(targetWeight!, part.targetWeight, start);
-    placeRows(stats!, part.stats, start);
-    for (const t of [part.loss, part.targetWeight, part.stats]) t.dispose();
   }
-  out ??= { loss: loss!, targetWeight: targetWeight!, stats: stats! };
+  const joined = (of: (p: CrossEntropyRows) => DeviceArray): Tensor => {
+    if (parts.length === 1) return Tensor.adopt(of(parts[0]));
+    const whole = Tensor.adopt(launchConcat(parts.map(of), 0));
+    for (const p of parts) of(p).dispose();
+    return whole;
+  };
+  const out = {
+    loss: joined((p) => p.loss),
+    targetWeight: joined((p) => p.targetWeight),
+    stats: joined((p) => p.stats),
+  };
   const losses = record({
     op: "linear_cross_entropy",
     inputs: [...hTargets, ...wTargets],
@@ -244,6 +239,8 @@ function linearCrossEntropyBackward(
   const rows = hs[0].shape[0];
   const whole = rows <= chunk;
   // dh is written chunk by chunk in f32 (rows placed whole), then cast once if h is narrower.
+  // NOTE: the one buffer here that the op allocates for kernels to write into (launchNarrowInto,
+  // a slice of a bigger buffer): joining the chunks' parts at the end would hold dh twice.
   const dhs: (Tensor | null)[] = hs.map((h, i) =>
     needs[i] && !whole ? Tensor.empty(h.shape, "f32", h.gpu) : null
   );
@@ -268,7 +265,7 @@ function linearCrossEntropyBackward(
         const part = product(dlogits, hcs[i], true, false, how.dtypes[k + i]);
         if (dws[i] === null) dws[i] = part;
         else {
-          launchAccumulate(dws[i]!, part, 1, 1);
+          launchAccumulateInto(dws[i]!, part, 1, 1);
           part.dispose();
         }
       }

@@ -6,7 +6,7 @@
 import type { DType } from "../base/dtype.ts";
 import { ShapeError } from "../base/errors.ts";
 import { record } from "../tensor/autograd.ts";
-import { dispatchMatmul, type MatmulProblem } from "../kernels/gemm/matmul.ts";
+import { launchMatmul, type MatmulProblem } from "../kernels/gemm/matmul.ts";
 import { Tensor } from "../tensor/tensor.ts";
 import { autocastInputs } from "../tensor/autocast_hook.ts";
 import { assertSameDtype, assertSameGpu, assertTensors } from "./checks.ts";
@@ -75,9 +75,7 @@ export function product(
   out: DType = a.dtype,
 ): Tensor {
   const { problem, shape } = resolve("matmul", a, b, transA, transB);
-  const c = Tensor.empty(shape, out, a.gpu);
-  dispatchMatmul(problem, a, b, c);
-  return c;
+  return Tensor.adopt(launchMatmul(problem, a, b, { shape, dtype: out }));
 }
 
 /**

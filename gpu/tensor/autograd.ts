@@ -7,7 +7,7 @@
  * memory falls during the backward pass.
  */
 import { DTypeError, fail, ShapeError, StateError } from "../base/errors.ts";
-import { launchAccumulate, launchCopy } from "../kernels/elementwise.ts";
+import { launchAccumulateInto, launchCopy } from "../kernels/elementwise.ts";
 import { launchFill } from "../kernels/fill.ts";
 import type { OpObserver } from "./runtime_state.ts";
 import type { OpName } from "../base/op_registry.ts";
@@ -302,7 +302,7 @@ function runRules(
         given.push(g);
         const target = input.gradFn ? pending.get(input) : input.grad;
         if (target) {
-          launchAccumulate(target, g);
+          launchAccumulateInto(target, g);
           consumed.push(g);
           return;
         }

@@ -264,7 +264,7 @@ Deno.test("layering: no import circle crosses folders, none outside gpu/; gpu/ h
   assert.deepEqual(circles(await moduleGraph(true)).filter((c) => c[0].startsWith("gpu/")), []);
 });
 
-Deno.test("layering: dispatchMatmul and the matmul tuners reach nothing above gpu/kernels/", async () => {
+Deno.test("layering: launchMatmulInto and the matmul tuners reach nothing above gpu/kernels/", async () => {
   const graph = await moduleGraph();
   const roots = [
     "gpu/kernels/gemm/matmul.ts",

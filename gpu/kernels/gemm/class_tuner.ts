@@ -12,7 +12,7 @@
  */
 import type { Gpu } from "../../device/gpu.ts";
 import type { FloatDType } from "../../base/dtype.ts";
-import { dispatchMatmul, type MatmulProblem } from "./matmul.ts";
+import { launchMatmulInto, type MatmulProblem } from "./matmul.ts";
 import {
   denseProblem,
   MATMUL_CLASS_TASK,
@@ -142,7 +142,7 @@ async function tuneClass(
     timed = await timeCandidates(candidates, (tiling) =>
       timer(
         tiling,
-        () => dispatchMatmul(problem, operands.a, operands.b, operands.c, {}, tiling),
+        () => launchMatmulInto(problem, operands.a, operands.b, operands.c, {}, tiling),
       ));
   } finally {
     for (const t of Object.values(operands)) t.dispose();

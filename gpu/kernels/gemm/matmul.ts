@@ -23,8 +23,9 @@ import { checkGemmLoops, gemmGrid, type GemmIo, gemmSplit, gemmWgsl, sliceLength
 import { shapeOf, type ShapePick, shapePickFor } from "./shape_picks.ts";
 import type { GemmVectorIo } from "./gemm_io.ts";
 import { kindFamily, tilingKind, tilingName } from "./tilings.ts";
-import { DTypeError, fail } from "../../base/errors.ts";
-import { launchReduce } from "../reduce.ts";
+import { DTypeError, fail, ShapeError } from "../../base/errors.ts";
+import { launchReduceInto } from "../reduce.ts";
+import { type Shape, sizeOf } from "../../base/shape.ts";
 
 /**
  * The run of k an f16 matmul sums in f16 under `f16Accumulation: "chunked"`
@@ -178,14 +179,46 @@ export const matmulKernel = defineKernel({
 });
 
 /**
- * Records C = A·B for a resolved problem into `c` (contiguous [batch, m, n]).
+ * C = A·B for a resolved problem as a new array of `result.shape` (batch·m·n
+ * elements, contiguous [batch, m, n]) and `result.dtype` (default A's), with
+ * the bias/activation epilogue: {@link launchMatmulInto} into an array it
+ * allocates. No autograd.
+ */
+export function launchMatmul(
+  problem: MatmulProblem,
+  a: DeviceArray,
+  b: DeviceArray,
+  result: { shape: Shape; dtype?: DType },
+  epilogue: { bias?: DeviceArray; activation?: Activation } = {},
+): DeviceArray {
+  const { batch, m, n } = problem;
+  if (sizeOf(result.shape) !== batch * m * n) {
+    fail(
+      ShapeError,
+      "matmul",
+      `a result of shape [${result.shape}] cannot hold ${batch}·${m}·${n}.`,
+    );
+  }
+  const c = DeviceArray.empty(result.shape, result.dtype ?? a.dtype, a.gpu);
+  try {
+    launchMatmulInto(problem, a, b, c, epilogue);
+  } catch (e) {
+    c.dispose();
+    throw e;
+  }
+  return c;
+}
+
+/**
+ * Records C = A·B for a resolved problem into the caller's `c` (contiguous
+ * [batch, m, n], overwritten): the tuners and benchmarks time one operand again and again.
  * The tiling and split are, in order: `forced` (a tiling, or a tiling and
  * slice count: the tuners and benchmarks pass one); on GPUs the pick tuned
  * for this exact shape (`shape_picks.ts`); the winner of the problem's class
  * with the default split. Without a per-shape pick a long reduction over few
  * result tiles is split along k ({@link gemmSlices}); with an epilogue never.
  */
-export function dispatchMatmul(
+export function launchMatmulInto(
   problem: MatmulProblem,
   a: DeviceArray,
   b: DeviceArray,
@@ -267,8 +300,6 @@ export function dispatchMatmul(
     { flops: 2 * batch * m * n * k },
   );
   if (out === c) return;
-  launchReduce("sum", out, { outer: 1, axis: split.slices, inner: batch * m * n }, c.shape, {
-    into: c,
-  });
+  launchReduceInto("sum", out, { outer: 1, axis: split.slices, inner: batch * m * n }, c);
   out.dispose();
 }

@@ -14,7 +14,7 @@
  */
 import type { MatmulTiling } from "./settings.ts";
 import type { Gpu } from "../../device/gpu.ts";
-import { dispatchMatmul } from "./matmul.ts";
+import { launchMatmulInto } from "./matmul.ts";
 import { denseProblem, type MatmulProblem } from "./matmul_class.ts";
 import { DeviceArray } from "../../device/device_array.ts";
 import { type CandidateTimer, retimeFinalists } from "../../tuning/timing.ts";
@@ -149,7 +149,7 @@ async function tuneShape(
   const timeOf = (pick: ShapePick) =>
     timer(pick, () => {
       const o = operands ??= operandsOf(gpu, shape, problem);
-      dispatchMatmul(problem, o.a, o.b, o.c, o.epilogue, pick);
+      launchMatmulInto(problem, o.a, o.b, o.c, o.epilogue, pick);
     });
   const time = async (pick: ShapePick) => {
     picks.push(pick);

@@ -2,7 +2,7 @@
  * The GEMM tilings, one record per kind: its WGSL generator, the loop
  * iterations an invocation runs (against an adapter's loop cap), the
  * workgroup memory it needs, its shape constraints and what it asks of the
- * operands. `dispatchMatmul`, the convolutions, the tuner, the candidate
+ * operands. `launchMatmulInto`, the convolutions, the tuner, the candidate
  * filter, `bench tilings` and the tests read these records; nothing else
  * switches on `MatmulTiling.variant`.
  */

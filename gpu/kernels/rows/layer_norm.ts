@@ -37,7 +37,7 @@ import {
 import { ld, rowElement, type RowWidth, wgslRowStores, wgslRowWidth } from "./row_width.ts";
 import { REDUCE_THREADS, WGSL_WORKGROUP_REDUCE } from "../wgsl/math.ts";
 import { columnBlocksFor } from "./reduce_columns.ts";
-import { launchLayerNormColumnGrads } from "./layer_norm_columns.ts";
+import { launchLayerNormColumnGradsInto } from "./layer_norm_columns.ts";
 
 /** Which optional vectors a kernel binds, and the storage dtype of x and dx. */
 export type LayerNormConfig = {
@@ -310,7 +310,7 @@ export function launchLayerNormParamGrads(
   const db = want.bias ? DeviceArray.empty([cols], "f32", x.gpu) : null;
   if (cols === 0 || (!dw && !db)) return { dw, db };
   if (columnBlocksFor(x.gpu, rows, cols)) {
-    launchLayerNormColumnGrads(x, g, { mean, rstd }, { rows, cols }, { dw, db });
+    launchLayerNormColumnGradsInto(x, g, { mean, rstd }, { rows, cols }, { dw, db });
     return { dw, db };
   }
   const config = { dtype: x.dtype, grad: g.dtype, weight: want.weight, bias: want.bias };

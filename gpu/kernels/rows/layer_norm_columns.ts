@@ -11,7 +11,7 @@ import { DeviceArray } from "../../device/device_array.ts";
 import {
   columnBlocks,
   columnDispatch,
-  launchPartialsSum,
+  launchPartialsSumInto,
   wgslColumnMain,
 } from "./reduce_columns.ts";
 
@@ -51,7 +51,7 @@ export const layerNormColumnPartialsKernel = defineKernel({
  * over x ([rows, cols]) with upstream `g` and the saved per-row statistics,
  * in two coalesced stages. No autograd.
  */
-export function launchLayerNormColumnGrads(
+export function launchLayerNormColumnGradsInto(
   x: DeviceArray,
   g: DeviceArray,
   stats: { mean: DeviceArray; rstd: DeviceArray },
@@ -65,7 +65,7 @@ export function launchLayerNormColumnGrads(
   const { uniforms, grid } = columnDispatch(1, rows, cols, blocks);
   x.gpu.dispatch(kernel, { x, g, mean: stats.mean, rstd: stats.rstd, part }, uniforms, grid);
   const partials = { outer: 1, rows: blocks.blocks, cols };
-  if (out.dw) launchPartialsSum(part, partials, out.dw);
-  if (out.db) launchPartialsSum(part, { ...partials, offset: blocks.blocks * cols }, out.db);
+  if (out.dw) launchPartialsSumInto(part, partials, out.dw);
+  if (out.db) launchPartialsSumInto(part, { ...partials, offset: blocks.blocks * cols }, out.db);
   part.dispose();
 }

@@ -167,27 +167,26 @@ export const columnSumKernel = defineKernel({
  * `src`. Any shape (a forced path in tests); `columnBlocksFor` says where it
  * pays. No autograd.
  */
-export function launchColumnSum(
+export function launchColumnSumInto(
   src: DeviceArray,
   view: { outer: number; rows: number; cols: number; offset?: number },
   dst: DeviceArray,
   scale = 1,
-): DeviceArray {
+): void {
   const { outer, rows, cols } = view;
-  if (outer * cols === 0) return dst;
+  if (outer * cols === 0) return;
   const blocks = columnBlocks(rows);
   const partials = DeviceArray.empty([outer * blocks.blocks * cols], "f32", src.gpu);
   columnSumStage(src, { outer, rows, cols }, blocks, partials, 1, view.offset ?? 0);
-  launchPartialsSum(partials, { outer, rows: blocks.blocks, cols }, dst, scale);
+  launchPartialsSumInto(partials, { outer, rows: blocks.blocks, cols }, dst, scale);
   partials.dispose();
-  return dst;
 }
 
 /**
  * Stage 2: sums the f32 `partials` ([outer, rows, cols] from `offset`) over
  * their rows in order into `dst` ([outer, cols], times `scale`), one block.
  */
-export function launchPartialsSum(
+export function launchPartialsSumInto(
   partials: DeviceArray,
   view: { outer: number; rows: number; cols: number; offset?: number },
   dst: DeviceArray,

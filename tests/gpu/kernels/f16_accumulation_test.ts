@@ -18,7 +18,7 @@ import {
   Tensor,
   ValueError,
 } from "../../../mod.ts";
-import { dispatchMatmul } from "../../../gpu/kernels/gemm/matmul.ts";
+import { launchMatmulInto } from "../../../gpu/kernels/gemm/matmul.ts";
 import { F16_CHUNK, type MatmulTiling, tilingName } from "../../../gpu/mod.ts";
 import { gpu, GPU_TEST } from "../../helpers/gpu.ts";
 import { quantize } from "../../helpers/reference.ts";
@@ -57,7 +57,7 @@ async function worstError(
   const ta = Tensor.from(a, [m * k], { dtype: "f16" });
   const tb = Tensor.from(b, [k * n], { dtype: "f16" });
   const c = Tensor.empty([m * n], "f32", gpu);
-  dispatchMatmul(
+  launchMatmulInto(
     {
       batch: 1,
       m,

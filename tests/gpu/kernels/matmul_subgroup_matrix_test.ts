@@ -13,7 +13,7 @@
  */
 import assert from "node:assert/strict";
 import { type MatmulTiling, Tensor, tilingName } from "../../../gpu/mod.ts";
-import { dispatchMatmul } from "../../../gpu/kernels/gemm/matmul.ts";
+import { launchMatmulInto } from "../../../gpu/kernels/gemm/matmul.ts";
 import { gemmSplit } from "../../../gpu/kernels/gemm/gemm.ts";
 import { denseProblem, type MatmulOrientation } from "../../../gpu/kernels/gemm/matmul_class.ts";
 import {
@@ -66,7 +66,7 @@ async function check(c: Check, orientation: MatmulOrientation, seed: number, lab
   const tbias = Tensor.from(bias, [n], { dtype: "f16" });
   const tc = Tensor.empty([batch * m * n], out, gpu);
   const epilogue = c.epilogue ? { bias: tbias, activation: c.epilogue } : {};
-  dispatchMatmul(problem, ta, tb, tc, epilogue);
+  launchMatmulInto(problem, ta, tb, tc, epilogue);
   const product = matmul64(a, b, {
     batch,
     m,

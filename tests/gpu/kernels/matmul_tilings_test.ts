@@ -29,7 +29,7 @@ import {
   tilingName,
 } from "../../../gpu/mod.ts";
 import { tilingFits, tilingKind } from "../../../gpu/kernels/gemm/tilings.ts";
-import { dispatchMatmul } from "../../../gpu/kernels/gemm/matmul.ts";
+import { launchMatmulInto } from "../../../gpu/kernels/gemm/matmul.ts";
 import { gemmSplit } from "../../../gpu/kernels/gemm/gemm.ts";
 import { asGpu, gpu, GPU_TEST, withSettings, withTiling } from "../../helpers/gpu.ts";
 import { matmulSettings } from "../../../gpu/kernels/gemm/settings.ts";
@@ -121,7 +121,7 @@ async function checkEpilogue(
       a: { batch: 0, row: k, col: 1 },
       b: { batch: 0, row: 1, col: k },
     };
-    dispatchMatmul(problem, tx, tw, y, { bias: tb, activation });
+    launchMatmulInto(problem, tx, tw, y, { bias: tb, activation });
     const product = matmul64(x, w, { batch: 1, m, n, k, transA: false, transB: true });
     const act = activation === "relu" ? (v: number) => Math.max(v, 0) : gelu64;
     const expected = product.map((v, i) => act(v + bias[i % n]));

@@ -6,8 +6,8 @@
  */
 import assert from "node:assert/strict";
 import { linear, Tensor, tidy } from "../../../gpu/mod.ts";
-import { launchColumnSum } from "../../../gpu/kernels/rows/reduce_columns.ts";
-import { launchLayerNormColumnGrads } from "../../../gpu/kernels/rows/layer_norm_columns.ts";
+import { launchColumnSumInto } from "../../../gpu/kernels/rows/reduce_columns.ts";
+import { launchLayerNormColumnGradsInto } from "../../../gpu/kernels/rows/layer_norm_columns.ts";
 import {
   launchLayerNorm,
   launchLayerNormParamGrads,
@@ -42,7 +42,7 @@ Deno.test({
           const src = Tensor.from(x, [n], { dtype });
           for (const out of dtype === "f32" ? ["f32"] as const : ["f32", dtype] as const) {
             const dst = Tensor.empty([outer * cols], out);
-            launchColumnSum(src, { outer, rows, cols }, dst, 0.5);
+            launchColumnSumInto(src, { outer, rows, cols }, dst, 0.5);
             const tol = out === "f16" ? F16_OUT_TOL : out === "bf16" ? BF16_OUT_TOL : SUM_TOL;
             assertClose(await dst.read(), ref, tol, `${label} -> ${out}`);
             dst.dispose();
@@ -83,14 +83,14 @@ Deno.test({
           const tg = Tensor.from(g, [rows, cols], { dtype });
           const { y, mean, rstd } = launchLayerNorm(tx, null, null, 1e-5);
           const dw = Tensor.empty([cols], "f32"), db = Tensor.empty([cols], "f32");
-          launchLayerNormColumnGrads(tx, tg, { mean, rstd }, { rows, cols }, { dw, db });
+          launchLayerNormColumnGradsInto(tx, tg, { mean, rstd }, { rows, cols }, { dw, db });
           const ref = paramGrads64(x, g, rows, cols);
           // x̂ uses the f32 statistics; terms up to ~3 in size (SUM_TOL's bound).
           assertClose(await dw.read(), ref.dw, SUM_TOL, `dweight ${label}`);
           assertClose(await db.read(), ref.db, SUM_TOL, `dbias ${label}`);
           // Only one of them wanted.
           const only = Tensor.empty([cols], "f32");
-          launchLayerNormColumnGrads(tx, tg, { mean, rstd }, { rows, cols }, {
+          launchLayerNormColumnGradsInto(tx, tg, { mean, rstd }, { rows, cols }, {
             dw: null,
             db: only,
           });
@@ -110,7 +110,8 @@ Deno.test({
     const x = Tensor.from(uniform(rows * cols, 9, -1e3, 1e3), [rows, cols]);
     const runs = [];
     for (let i = 0; i < 3; i++) {
-      const dst = launchColumnSum(x, { outer: 1, rows, cols }, Tensor.empty([cols], "f32"));
+      const dst = Tensor.empty([cols], "f32");
+      launchColumnSumInto(x, { outer: 1, rows, cols }, dst);
       runs.push(await dst.read());
       dst.dispose();
     }

@@ -28,7 +28,7 @@ import { matmulCandidates } from "../../../gpu/kernels/gemm/candidates.ts";
 import { DEFAULT_TILING } from "../../../gpu/kernels/gemm/settings.ts";
 import { denseProblem, tilingFor } from "../../../gpu/kernels/gemm/matmul_class.ts";
 import { type MatmulConfig, matmulKernel } from "../../../gpu/kernels/gemm/matmul.ts";
-import { dispatchMatmul } from "../../../gpu/kernels/gemm/matmul.ts";
+import { launchMatmulInto } from "../../../gpu/kernels/gemm/matmul.ts";
 import { tilingFits, tilingKind } from "../../../gpu/kernels/gemm/tilings.ts";
 import { subgroupMatrixTilings } from "../../../gpu/kernels/gemm/gemm_subgroup_matrix.ts";
 import { f16MatrixConfig, type SubgroupMatrixConfig } from "../../helpers/internals.ts";
@@ -186,7 +186,7 @@ Deno.test({
     });
     const a = Tensor.zeros([64]), c = Tensor.empty([64], "f32", gpu);
     assert.throws(
-      () => dispatchMatmul(problem, a, a, c, {}, tiling),
+      () => launchMatmulInto(problem, a, a, c, {}, tiling),
       (e) => e instanceof DTypeError && /takes f16 operands, not f32/.test(e.message),
     );
     [a, c].forEach((t) => t.dispose());
