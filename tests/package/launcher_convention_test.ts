@@ -12,6 +12,10 @@
  *   gradient, in-place multi-tensor updates, a slice of a bigger buffer) say
  *   so with the suffix `Into` and return nothing (`void`, or a `boolean` saying
  *   whether they wrote).
+ *
+ * State a launcher keeps up to date besides its results is not a destination:
+ * `launchBatchNorm` returns y and the batch statistics it allocates, and
+ * updates the running statistics it is given in place (PyTorch's semantics).
  */
 import assert from "node:assert/strict";
 import { join } from "node:path";
