@@ -109,6 +109,14 @@ export class Tensor extends DeviceArray {
   requiresGrad = false;
   /** Accumulated gradient of a leaf tensor after `backward()`; null before. */
   grad: Tensor | null = null;
+  /**
+   * The dtype `backward()` keeps this leaf's {@link Tensor.grad} in; null
+   * (default): the tensor's own. An fp32 master weight may keep a
+   * half-precision gradient (apex O2, `AmpTrainer({ gradDtype })`): products
+   * write its weight gradient in that dtype from their f32 accumulators, and
+   * a gradient that arrives in the tensor's own dtype is narrowed once.
+   */
+  gradDtype: DType | null = null;
   /** The tape node that produced this tensor; null for leaves. @internal */
   gradFn: GradNode | null = null;
   #indexRange: IndexRange | null = null;
@@ -300,4 +308,9 @@ export class Tensor extends DeviceArray {
     // consumers; only its hold from this handle ends here.
     this.gradFn?.drop();
   }
+}
+
+/** The dtype `backward()` gives `t`'s gradient: its `gradDtype`, else its own dtype. */
+export function gradDtypeOf(t: Tensor): DType {
+  return t.gradDtype ?? t.dtype;
 }
