@@ -27,6 +27,8 @@ import {
 import { gpu, GPU_TEST } from "./_gpu.ts";
 import { assertClose, assertCloseScaled, TOL } from "./_assert.ts";
 import { quantize } from "./_reference.ts";
+import { TinyGpt } from "../examples/tiny_gpt_model.ts";
+import { gpt2Config } from "../examples/gpt2_weights.ts";
 
 const IN = 5, HIDDEN = 7, OUT = 3, ROWS = 9; // odd sizes: no tile or word boundary lines up
 
@@ -411,6 +413,40 @@ Deno.test({
         assert.ok(updates[1][k].some((v) => Math.abs(v) > 0.5), `${stateDtype} ${k} moved`);
       }
     }
+  },
+});
+
+Deno.test({
+  name: "f16 gradients in a GPT-2-shaped model (tied table in two pieces, its gradient summed " +
+    "over chunks of rows and from the embedding): the step equals the f32-gradient one",
+  ignore: !gpu.f16,
+  ...GPU_TEST,
+  async fn() {
+    const sizes = { vocab: 97, context: 16, layers: 2, dim: 24, heads: 3 };
+    const ids = Array.from({ length: 3 * 13 }, (_, i) => (i * 31 + 7) % sizes.vocab);
+    const updates: Float64Array[][] = [];
+    for (const gradDtype of ["f32", "f16"] as const) {
+      // Buffers of at most half the table: the table is kept in two column pieces.
+      const model = new TinyGpt(gpt2Config(sizes, 3, (4 * sizes.vocab * sizes.dim) / 2));
+      assert.equal(model.config.tableShards, 2);
+      const params = model.parameters();
+      const trainer = new AmpTrainer(model, new SGD(params, { lr: 1 }), { gradDtype });
+      const before = await Promise.all(params.map(async (p) => Float64Array.from(await p.read())));
+      const x = Tensor.from(ids, [3, 13], { dtype: "i32" });
+      // 5 rows a chunk: the table's gradient is summed over 8 chunks.
+      trainer.step(() => model.loss(x, ids.map((id) => (id + 1) % sizes.vocab), { chunkRows: 5 }))
+        .dispose();
+      const after = await Promise.all(params.map((p) => p.read()));
+      updates.push(before.map((w, k) => w.map((v, i) => v - after[k][i])));
+      trainer.dispose();
+      x.dispose();
+      model.dispose();
+    }
+    updates[0].forEach((expected, k) => {
+      // One more f16 rounding of each gradient (2^-11), at the scale of the tensor's largest.
+      assertCloseScaled(updates[1][k], expected, TOL.f16, `parameter ${k}`);
+      assert.ok(expected.some((v) => v !== 0), `parameter ${k} moved`);
+    });
   },
 });
 
