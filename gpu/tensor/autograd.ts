@@ -13,7 +13,7 @@ import type { OpObserver } from "./runtime_state.ts";
 import type { OpName } from "../base/op_registry.ts";
 import { releaseCasts } from "./autocast_hook.ts";
 import { runtime, withState } from "./runtime_state.ts";
-import { type BackwardOptions, type GradNode, gradDtypeOf, Tensor } from "./tensor.ts";
+import { type BackwardOptions, gradDtypeOf, type GradNode, Tensor } from "./tensor.ts";
 import { untracked } from "./scope.ts";
 import { sameShape } from "../base/shape.ts";
 
@@ -325,7 +325,8 @@ function runRules(
 
 function checkGradient(op: OpName, input: Tensor, grad: Tensor): void {
   // A leaf with a gradDtype takes its gradient in that dtype or in its own (then narrowed).
-  const dtypeOk = grad.dtype === input.dtype || (!input.gradFn && grad.dtype === gradDtypeOf(input));
+  const dtypeOk = grad.dtype === input.dtype ||
+    (!input.gradFn && grad.dtype === gradDtypeOf(input));
   if (!dtypeOk || !sameShape(grad.shape, input.shape)) {
     fail(
       !dtypeOk ? DTypeError : ShapeError,
