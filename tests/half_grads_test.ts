@@ -13,10 +13,10 @@ import {
   AmpTrainer,
   type AmpTrainerOptions,
   crossEntropy,
+  dequantizeStates,
   DTypeError,
   GradScaler,
   Linear,
-  type Optimizer,
   RandomGenerator,
   ReLU,
   Sequential,
@@ -395,17 +395,31 @@ Deno.test({
   async fn() {
     const b = data(11);
     for (const stateDtype of ["f32", "bf16", "8bit"] as const) {
-      const updates = [];
+      const updates = [], moments: unknown[][] = [];
       for (const gradDtype of ["f32", "f16"] as const) {
         const n = net(1);
-        const opt: Optimizer = new AdamW(n.model.parameters(), { lr: 1e-2, stateDtype });
+        // min8bitSize 0: these small tensors in 8 bits too (the compact kernel, not f32's).
+        const opt = new AdamW(n.model.parameters(), {
+          lr: 1e-2,
+          stateDtype,
+          ...(stateDtype === "8bit" ? { min8bitSize: 0 } : {}),
+        });
         const trainer = new AmpTrainer(n.model, opt, { gradDtype });
         const before = await weights(n);
         step(trainer, n, b);
         const after = await weights(n);
+        // The first moment is 0.1 × the unscaled gradient: 2^16 times larger if the kernel
+        // forgot the deferred 1/scale (the update itself, m/√v, would not show it).
+        moments.push(dequantizeStates(await opt.stateDict()).state.map((s) => s.buffers.expAvg));
         trainer.dispose();
         updates.push(before.map((w, k) => w.map((v, i) => (v - after[k][i]) / 1e-2)));
       }
+      moments[0].forEach((m32, k) => {
+        const m16 = moments[1][k] as Float32Array, expected = m32 as Float32Array;
+        const largest = expected.reduce((a, v) => Math.max(a, Math.abs(v)), 0);
+        // 8-bit codes are ~1% apart near a block's largest value: 2% of it.
+        assertClose(m16, expected, { atol: 0.02 * largest, rtol: 0.02 }, `${stateDtype} m ${k}`);
+      });
       // Adam's first step is about ±lr an element whatever the gradient's size: an f16
       // gradient's rounding (2^-11 relative) moves it by far less than 1% of lr.
       for (let k = 0; k < 4; k++) {
@@ -447,6 +461,42 @@ Deno.test({
       assertCloseScaled(updates[1][k], expected, TOL.f16, `parameter ${k}`);
       assert.ok(expected.some((v) => v !== 0), `parameter ${k} moved`);
     });
+  },
+});
+
+Deno.test({
+  name:
+    "GradScaler.unscale check only: f16 gradients keep their bits; an inf at any index is found",
+  ignore: !gpu.f16,
+  ...GPU_TEST,
+  async fn() {
+    // 7 elements: three whole u32 words and a last one whose high half is padding.
+    for (const bad of [-1, 0, 3, 6]) {
+      const p = Tensor.from([1, 2, 3, 4, 5, 6, 7], [7], { requiresGrad: true });
+      const values = [0.5, -1, 2, 65504, -3, 1e-7, 7].map((v, i) => i === bad ? Infinity : v);
+      p.grad = Tensor.from(values, [7], { dtype: "f16" });
+      const scaler = new GradScaler();
+      const opt = new SGD([p], { lr: 1 });
+      const bits = await p.grad.read();
+      scaler.unscale(opt, { inPlace: false });
+      assert.deepEqual(await p.grad.read(), bits, "left scaled, bit for bit");
+      assert.equal((await scaler.foundInf.read())[0], bad >= 0 ? 1 : 0, `inf at ${bad}`);
+      assert.equal((await scaler.inverseScale.read())[0], 2 ** -16);
+      scaler.step(opt);
+      scaler.update();
+      // A clean step applied g / scale (SGD, lr 1); a bad one changed nothing.
+      const after = await p.read();
+      if (bad < 0) {
+        assertClose(
+          after,
+          [1, 2, 3, 4, 5, 6, 7].map((w, i) => w - values[i] / 2 ** 16),
+          TOL.f32,
+        );
+      } else assert.deepEqual(Array.from(after), [1, 2, 3, 4, 5, 6, 7]);
+      scaler.dispose();
+      p.grad.dispose();
+      p.dispose();
+    }
   },
 });
 
