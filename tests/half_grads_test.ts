@@ -501,6 +501,34 @@ Deno.test({
 });
 
 Deno.test({
+  name: "f16 gradients: a captured step gives the bits of the uncaptured one, step after step",
+  ignore: !gpu.f16,
+  ...GPU_TEST,
+  async fn() {
+    const runs: (Float32Array | Int32Array)[][] = [];
+    for (const captured of [false, true]) {
+      const n = net(4);
+      const optimizer = new AdamW(n.model.parameters(), { lr: 1e-2, stateDtype: "8bit" });
+      const trainer = new AmpTrainer(n.model, optimizer, { gradDtype: "f16", maxGradNorm: 0.5 });
+      const loss = (x: Tensor, y: Tensor) => crossEntropy(n.model.forward(x), y);
+      const step = trainer.capture(loss);
+      for (let i = 0; i < 5; i++) {
+        const b = data(20 + i);
+        const x = Tensor.from(b.x, [ROWS, IN]);
+        const y = Tensor.from(b.labels, [ROWS], { dtype: "i32" });
+        (captured ? step.run(x, y) : trainer.step(() => loss(x, y))).dispose();
+        x.dispose();
+        y.dispose();
+      }
+      if (captured) assert.ok(step.captured, "replayed");
+      runs.push(await raw(n.model.parameters()));
+      trainer.dispose();
+    }
+    assert.deepEqual(runs[1], runs[0]);
+  },
+});
+
+Deno.test({
   name: "gradDtype: a dtype that is not the AMP one, and a deferred unscale misused, are refused",
   ...GPU_TEST,
   fn() {
