@@ -540,6 +540,12 @@ Deno.test({
         e instanceof DTypeError && /AmpTrainer/.test(e.message) &&
         /gradDtype "f16"/.test(e.message) && /"bf16"/.test(e.message),
     );
+    const w = Tensor.from([1, 2], [2], { requiresGrad: true });
+    assert.throws(
+      () => (w.gradDtype = "i32"),
+      (e: Error) => e instanceof DTypeError && /Tensor\.gradDtype/.test(e.message),
+    );
+    w.dispose();
     const scaler = new GradScaler();
     assert.throws(() => scaler.inverseScale, StateError);
     scaler.dispose();
