@@ -47,7 +47,8 @@ export function scaleLoss(loss: Tensor, scale: Tensor): Tensor {
 /**
  * `source` read through `copy`, a copy of it in another dtype that someone
  * else keeps up to date (no cast is dispatched): recorded as a `cast`, so the
- * gradient reaching the copy lands, cast to `source`'s dtype, in
+ * gradient reaching the copy lands, cast to `source`'s dtype (or to its
+ * `gradDtype`, passed on as it is when that is the copy's), in
  * `source.grad`. The caller owns `copy`; the result shares its memory.
  *
  * @param source The tensor the gradient belongs to (an fp32 master weight).
