@@ -16,7 +16,13 @@ import {
   ValueError,
   warnOnce,
 } from "../gpu/mod.ts";
-import { COUNTER, launchScaleUpdate, launchUnscale, UPDATE_MODE } from "./kernels/grad_scaler.ts";
+import {
+  COUNTER,
+  launchInverseScale,
+  launchScaleUpdate,
+  launchUnscale,
+  UPDATE_MODE,
+} from "./kernels/grad_scaler.ts";
 import type { Optimizer, StepSignals } from "../optim/optimizer.ts";
 
 const F32_MAX = 3.4028234663852886e38;
@@ -200,6 +206,12 @@ export class GradScaler {
   #foundInf: Tensor;
   #counters: Tensor;
   #stages = new Map<Optimizer, Stage>();
+  /** Optimizers whose gradients were checked but left scaled since the last update. */
+  #deferred = new Set<Optimizer>();
+  /** f32 [1]: 1/scale, written by a deferred unscale (made on first use). */
+  #inverse: Tensor | null = null;
+  /** f32 [1]: what a deferred step hands the optimizer as its gradScale (made on first use). */
+  #stepScale: Tensor | null = null;
   #disposed = false;
 
   /** A scaler with PyTorch's defaults; see {@link GradScalerOptions}. */
@@ -279,8 +291,16 @@ export class GradScaler {
    * Unscales every parameter's `.grad` in place (g ← g / scale) and records
    * inf/NaN in {@link GradScaler.foundInf}. Call it before clipping; at most
    * once per optimizer between `update()`s. No sync.
+   *
+   * With `{ inPlace: false }` the gradients are only checked and stay
+   * scaled: `step()` then hands the optimizer 1/scale (times its own
+   * `gradScale`) to multiply them by inside its fused kernel, and clipping
+   * takes {@link GradScaler.inverseScale} as its `gradScale`. That is the
+   * way for f16 gradients (apex O2): unscaled in their own storage, those
+   * below 2^-24 (f16's smallest) would flush to zero, which the scale exists
+   * to prevent.
    */
-  unscale(optimizer: Optimizer): void {
+  unscale(optimizer: Optimizer, options: { inPlace?: boolean } = {}): void {
     if (!this.enabled) return;
     this.#live("unscale");
     const stage = this.#stages.get(optimizer);
@@ -310,8 +330,32 @@ export class GradScaler {
       }
       grads.push(g);
     }
-    launchUnscale(grads, this.#scale, this.#foundInf);
+    const inPlace = options.inPlace ?? true;
+    launchUnscale(grads, this.#scale, this.#foundInf, { inPlace });
+    if (!inPlace) {
+      this.#deferred.add(optimizer);
+      this.#inverse ??= untracked(() => Tensor.zeros([1], { gpu: this.gpu }));
+      launchInverseScale(this.#scale, this.#inverse);
+    }
     this.#stages.set(optimizer, "unscaled");
+  }
+
+  /**
+   * f32 [1]: 1/scale, as of the last `unscale(optimizer, { inPlace: false })`
+   * (the factor left to apply to gradients checked but kept scaled; pass it
+   * to `clipGradNorm` as `gradScale`). Owned by the scaler. Throws before
+   * such an unscale.
+   */
+  get inverseScale(): Tensor {
+    this.#live("inverseScale");
+    if (this.#deferred.size === 0 || !this.#inverse) {
+      fail(
+        StateError,
+        at("inverseScale"),
+        "no unscale(optimizer, { inPlace: false }) since the last update(); call it first.",
+      );
+    }
+    return this.#inverse;
   }
 
   /**
@@ -330,7 +374,12 @@ export class GradScaler {
     }
     if (!this.#stages.has(optimizer)) this.unscale(optimizer);
     const out: StepSignals = { foundInf: this.#foundInf };
-    if (gradScale) out.gradScale = gradScale;
+    if (this.#deferred.has(optimizer)) {
+      // The gradients are still scaled: the fused update multiplies them by 1/scale (× gradScale).
+      this.#stepScale ??= untracked(() => Tensor.zeros([1], { gpu: this.gpu }));
+      launchInverseScale(this.#scale, this.#stepScale, gradScale);
+      out.gradScale = this.#stepScale;
+    } else if (gradScale) out.gradScale = gradScale;
     optimizer.step(out);
     this.#stages.set(optimizer, "stepped");
   }
@@ -387,6 +436,7 @@ export class GradScaler {
       params,
     );
     this.#stages.clear();
+    this.#deferred.clear();
   }
 
   /** The current scale (1 when disabled). **A sync point**: waits for the GPU. */
@@ -453,6 +503,7 @@ export class GradScaler {
     this.#foundInf.writeBytes(new Uint8Array(4));
     this.#counters.writeBytes(new Uint8Array(new Int32Array([tracker, left, skipped, 0]).buffer));
     this.#stages.clear();
+    this.#deferred.clear();
   }
 
   /** The checked fields of `state` (throws on the first bad one). */
@@ -505,6 +556,8 @@ export class GradScaler {
   dispose(): void {
     this.#disposed = true;
     for (const t of [this.#scale, this.#foundInf, this.#counters]) t.dispose();
+    this.#inverse?.dispose();
+    this.#stepScale?.dispose();
   }
 
   async #readCounters(): Promise<Uint32Array> {

@@ -35,6 +35,7 @@ export {
   AmpTrainer,
   type AmpTrainerOptions,
   type AmpTrainerState,
+  type GradDType,
   type HasParameters,
   type TrainerPrecision,
 } from "./trainer.ts";

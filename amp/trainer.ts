@@ -7,12 +7,14 @@
  */
 import {
   checkOptionNames,
+  DTypeError,
   fail,
   getGpu,
   type GradNode,
   type HalfstepErrorClass,
   scale,
   ShapeError,
+  shortValue,
   StateError,
   type Tensor,
   tidy,
@@ -102,7 +104,25 @@ export interface AmpTrainerOptions {
    * step) with this inspector, under the trainer's scaler.
    */
   inspector?: NumericsInspector;
+  /**
+   * The dtype the fp32 masters' gradients are kept in: "f32" (default) or
+   * the AMP dtype itself ("f16" under f16, "bf16" under bf16), apex O2's
+   * half-precision gradients: products write the weight gradients in it from
+   * their f32 accumulators (2 bytes a parameter instead of 4), the scaler
+   * checks them for inf/NaN without unscaling them in place (which would
+   * flush small f16 values to zero), clipping takes their norm in f32 times
+   * 1/scale, and the fused optimizer multiplies them by 1/scale × the clip
+   * coefficient as it reads them. With `accumulationSteps` above 1 the
+   * gradients are accumulated in f32 as always (one f16 rounding per
+   * micro-batch would add up): {@link AmpTrainer.gradDtype} then says "f32".
+   * Where AMP does not run (disabled, or f16 without shader-f16) gradients
+   * are f32 too.
+   */
+  gradDtype?: GradDType;
 }
+
+/** What the masters' gradients can be kept in: f32, or the trainer's AMP dtype. */
+export type GradDType = "f32" | AmpDType;
 
 /** Every option of {@link AmpTrainerOptions} (a new one fails the type check until listed). */
 const TRAINER_OPTIONS: Record<keyof AmpTrainerOptions, true> = {
@@ -114,6 +134,7 @@ const TRAINER_OPTIONS: Record<keyof AmpTrainerOptions, true> = {
   lists: true,
   scaler: true,
   inspector: true,
+  gradDtype: true,
 };
 
 export type { HasParameters } from "./has_parameters.ts";
@@ -178,6 +199,12 @@ export class AmpTrainer {
   readonly dtype: AmpDType;
   /** Micro-batches per optimizer step. */
   readonly accumulationSteps: number;
+  /**
+   * The dtype the masters' gradients are kept in: the `gradDtype` option
+   * where it applies, else "f32" (see {@link AmpTrainerOptions.gradDtype}).
+   */
+  readonly gradDtype: GradDType;
+  #halfGrads: Tensor[] = [];
   #model: HasParameters;
   #optimizer: Optimizer;
   #options: AmpTrainerOptions;
@@ -231,6 +258,30 @@ export class AmpTrainer {
       enabled: options.scaler?.enabled ?? (runs && dtype === "f16"),
       gpu,
     });
+    const asked = options.gradDtype ?? "f32";
+    if (asked !== "f32" && asked !== dtype) {
+      fail(
+        DTypeError,
+        "AmpTrainer",
+        `gradDtype ${shortValue(asked)} does not fit dtype "${dtype}": master gradients are ` +
+          `kept in "f32" or in the AMP dtype itself; use gradDtype "${dtype}" or "f32".`,
+      );
+    }
+    this.gradDtype = asked !== "f32" && this.masters && accumulation === 1 ? asked : "f32";
+    if (this.gradDtype !== "f32") {
+      this.#halfGrads = this.masters!.masters;
+      for (const p of this.#halfGrads) {
+        if (p.grad && p.grad.dtype !== this.gradDtype) {
+          fail(
+            StateError,
+            "AmpTrainer",
+            `parameter ${p.describe()} holds a gradient ${p.grad.describe()}; zero the ` +
+              `gradients before making a trainer with gradDtype "${this.gradDtype}".`,
+          );
+        }
+      }
+      for (const p of this.#halfGrads) p.gradDtype = this.gradDtype;
+    }
   }
 
   /** Optimizer steps run so far (skipped ones included). */
@@ -353,10 +404,13 @@ export class AmpTrainer {
   #finishStep(): void {
     const optimizer = this.#optimizer;
     let coefficient: Tensor | undefined;
-    this.scaler.unscale(optimizer);
+    // Half-precision gradients stay scaled: checked here, unscaled as the fused update reads them.
+    const deferred = this.gradDtype !== "f32" && this.scaler.enabled;
+    this.scaler.unscale(optimizer, { inPlace: !deferred });
     if (this.#options.maxGradNorm !== undefined) {
       const clip = clipGradNorm(this.#model.parameters(), this.#options.maxGradNorm, {
         inPlace: false,
+        ...(deferred ? { gradScale: this.scaler.inverseScale } : {}),
       });
       clip.totalNorm.dispose();
       coefficient = clip.coefficient;
@@ -439,8 +493,13 @@ export class AmpTrainer {
     this.#steps = state.steps;
   }
 
-  /** Frees the scaler's buffers, the working copies and the steps it captured. */
+  /**
+   * Frees the scaler's buffers, the working copies and the steps it
+   * captured; masters that kept half-precision gradients go back to f32 ones.
+   */
   dispose(): void {
+    for (const p of this.#halfGrads) if (p.gradDtype === this.gradDtype) p.gradDtype = null;
+    this.#halfGrads = [];
     for (const step of [...this.#captures]) step.dispose();
     this.scaler.dispose();
     this.masters?.dispose();

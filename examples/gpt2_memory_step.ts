@@ -23,6 +23,7 @@ import {
   AmpTrainer,
   crossEntropy,
   type Gpu,
+  type GradDType,
   initGpu,
   RandomGenerator,
   type StateDtype,
@@ -44,6 +45,8 @@ export interface Gpt2MemoryMode {
   fused: boolean;
   /** How AdamW keeps its moments (default f32). */
   states?: StateDtype;
+  /** What the masters' gradients are kept in (default f32; the AMP dtype: apex O2). */
+  grads?: GradDType;
 }
 
 /** The modes of the memory table. */
@@ -53,6 +56,15 @@ export const GPT2_MEMORY_MODES: readonly Gpt2MemoryMode[] = [
   { mode: "amp+ckpt", amp: true, dtype: "f16", checkpoint: true, fused: true },
   { mode: "bf16+ckpt", amp: true, dtype: "bf16", checkpoint: true, fused: true },
   { mode: "amp+ckpt+8bit", amp: true, dtype: "f16", checkpoint: true, fused: true, states: "8bit" },
+  {
+    mode: "amp+ckpt+8bit+f16 grads",
+    amp: true,
+    dtype: "f16",
+    checkpoint: true,
+    fused: true,
+    states: "8bit",
+    grads: "f16",
+  },
   {
     mode: "amp+ckpt+bf16 states",
     amp: true,
@@ -85,6 +97,7 @@ function recordStep(gpu: Gpu, sizes: Gpt2Sizes, m: Gpt2MemoryMode, ids: number[]
     enabled: m.amp,
     dtype: m.dtype,
     maxGradNorm: 1,
+    gradDtype: m.grads ?? "f32",
   });
   const x = Tensor.from(ids.flat(), [batch, context], { dtype: "i32" });
   const targets = ids.flat().map((id) => (id * 7 + 1) % sizes.vocab);
@@ -127,6 +140,7 @@ export async function measureGpt2Step(
     training: true,
     sampleLength: 1,
     optimStates: m.states,
+    gradDtype: m.grads,
   });
   return {
     bench: "gpt2_memory",

@@ -337,6 +337,7 @@ async function main(): Promise<void> {
     enabled: cfg.amp,
     dtype: cfg.ampDtype,
     maxGradNorm: 1,
+    gradDtype: cfg.gradDtype,
     inspector: inspect?.inspector,
   });
   const profile = cfg.profile ? new ProfileWindow(gpu, cfg.profile, cfg.steps) : null;

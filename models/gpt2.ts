@@ -47,10 +47,15 @@ export const GPT2_HEADS: Readonly<Record<number, number>> = {
 
 /** GPT-2's sizes: the rest of a {@link GptConfig} is fixed by the architecture. */
 export interface Gpt2Sizes {
+  /** Token table rows (50,257 for the published models). */
   vocab: number;
+  /** Positions (1,024 for the published models). */
   context: number;
+  /** Transformer blocks. */
   layers: number;
+  /** Model width C. */
   dim: number;
+  /** Attention heads. */
   heads: number;
 }
 
@@ -147,17 +152,25 @@ function sameBytes(a: HostTensor, b: HostTensor): boolean {
 
 /** The fields of a Hugging Face GPT-2 `config.json` this loader reads. */
 export interface Gpt2JsonConfig {
+  /** Attention heads. */
   n_head?: number;
+  /** Model width. */
   n_embd?: number;
+  /** Transformer blocks. */
   n_layer?: number;
+  /** Positions. */
   n_positions?: number;
+  /** Token table rows. */
   vocab_size?: number;
+  /** LayerNorm's ε (GPT-2's 1e-5 only). */
   layer_norm_epsilon?: number;
+  /** The MLP's activation: the tanh GELU only (`gelu_new` or `gelu_pytorch_tanh`). */
   activation_function?: string;
 }
 
 /** A file's GPT-2 tensors, checked: its sizes and its tensors under the bare names. */
 export interface Gpt2Checkpoint {
+  /** The sizes its tensors (and config) give. */
   sizes: Gpt2Sizes;
   /** The tensors without the `transformer.` prefix, the masks and a tied `lm_head.weight`. */
   tensors: Map<string, HostTensor>;

@@ -15,6 +15,21 @@ export interface ClipResult {
   coefficient: Tensor;
 }
 
+/** Options of {@link clipGradNorm}. */
+export interface ClipOptions {
+  /** Scale the gradients in place (default true); false computes the coefficient only. */
+  inPlace?: boolean;
+  /**
+   * f32 [1]: the gradients as stored are still to be multiplied by it (a
+   * loss scale's inverse that the fused update applies, as
+   * `GradScaler.unscale(optimizer, { inPlace: false })` leaves them, for f16
+   * gradients): the norm is then that of the unscaled gradients, computed in
+   * f32 (Σ g² of the stored values, times it). The coefficient stays the clip
+   * factor alone; in place, the gradients stay scaled by it.
+   */
+  gradScale?: Tensor;
+}
+
 /**
  * Clips the gradients of `params` by their global L2 norm, like PyTorch's
  * `clip_grad_norm_`. Run it on unscaled gradients (after
@@ -42,7 +57,7 @@ export interface ClipResult {
 export function clipGradNorm(
   params: readonly Tensor[],
   maxNorm: number,
-  options: { inPlace?: boolean } = {},
+  options: ClipOptions = {},
 ): ClipResult {
   if (!(maxNorm > 0) || !Number.isFinite(maxNorm)) {
     throw new ValueError(`clipGradNorm: maxNorm must be a positive finite number, got ${maxNorm}.`);
@@ -57,7 +72,7 @@ export function clipGradNorm(
       const partials = Tensor.empty([Math.max(slots, 1)], "f32", gpu); // every slot is written
       launchSumSquares(grads, partials);
       const totalNorm = Tensor.empty([1], "f32", gpu), coefficient = Tensor.empty([1], "f32", gpu);
-      launchClipCoefficient(partials, slots, maxNorm, totalNorm, coefficient);
+      launchClipCoefficient(partials, slots, maxNorm, totalNorm, coefficient, options.gradScale);
       partials.dispose();
       if (options.inPlace ?? true) launchScaleByCoefficient(grads, coefficient);
       return { totalNorm, coefficient };

@@ -20,7 +20,7 @@ export {
   AdamW,
   type StateDtype,
 } from "./adam.ts";
-export { clipGradNorm, type ClipResult } from "./clip.ts";
+export { clipGradNorm, type ClipOptions, type ClipResult } from "./clip.ts";
 export { dequantizeStates } from "./dequantize_states.ts";
 export {
   cosineSchedule,

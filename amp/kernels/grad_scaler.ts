@@ -64,17 +64,29 @@ const WGSL_RECIPROCAL = `fn reciprocal(s: f32) -> f32 {
 export const unscaleKernel = defineKernel({
   name: "grad_scaler_unscale",
   // Gradients are bound as u32 words whatever their dtype: no shader-f16 needed.
-  bindings: (c: { dtype: GradDType; slots: number; subgroups: boolean }) => [
-    ...slotBindings(c.slots, [{ name: "grad", type: "u32", write: true }]),
+  // inPlace false: only the check (gradients left scaled, for a fused unscale-and-update later).
+  bindings: (c: { dtype: GradDType; slots: number; subgroups: boolean; inPlace?: boolean }) => [
+    ...slotBindings(c.slots, [{ name: "grad", type: "u32", write: c.inPlace ?? true }]),
     { name: "scale", type: "f32" },
     { name: "found", type: "atomic<u32>", write: true },
   ],
   uniforms: SLOT_UNIFORMS,
-  source: ({ dtype, slots, subgroups }) => {
+  source: ({ dtype, slots, subgroups, inPlace }) => {
     // f32: one value per word. f16, bf16: two halves per word; the high half of
     // the last word is padding when n is odd and is never tested or changed.
+    const exponent = { f32: "0x7f800000u", f16: "0x7c00u", bf16: "0x7f80u" }[dtype];
+    const check = (g: string) =>
+      dtype === "f32"
+        ? `if ((${g}[w] & ${exponent}) == ${exponent}) { bad = true; }`
+        : `let b = ${g}[w];
+          if ((b & ${exponent}) == ${exponent}) { bad = true; }
+          if (2u * w + 1u < n && ((b >> 16u) & ${exponent}) == ${exponent}) { bad = true; }`;
     const body = (g: string) =>
-      dtype === "f32" ? `${g}[w] = unscaled_f32(${g}[w], inv);` : `let b = ${g}[w];
+      !(inPlace ?? true)
+        ? check(g)
+        : dtype === "f32"
+        ? `${g}[w] = unscaled_f32(${g}[w], inv);`
+        : `let b = ${g}[w];
           let lo = unscaled_${dtype}(b & 0xffffu, inv);
           var hi = b >> 16u;
           if (2u * w + 1u < n) { hi = unscaled_${dtype}(hi, inv); }
@@ -196,7 +208,9 @@ export function launchUnscale(
   grads: readonly DeviceArray[],
   scale: DeviceArray,
   foundInf: DeviceArray,
+  options: { inPlace?: boolean } = {},
 ): void {
+  const inPlace = options.inPlace ?? true;
   const bad = grads.find((g) => g.dtype === "i32");
   if (bad) {
     throw new DTypeError(`GradScaler.unscale: gradient ${bad.describe()} is not a float tensor.`);
@@ -213,12 +227,48 @@ export function launchUnscale(
   for (const { chunk, table } of dispatches) {
     const dtype = chunk[0].dtype as GradDType;
     gpu.dispatch(
-      gpu.kernel(unscaleKernel, { dtype, slots: chunk.length, subgroups: useSubgroups(gpu) }),
+      gpu.kernel(unscaleKernel, {
+        dtype,
+        slots: chunk.length,
+        subgroups: useSubgroups(gpu),
+        ...(inPlace ? {} : { inPlace }),
+      }),
       { ...slotBuffers("grad", chunk), scale, found: foundInf },
       table.uniforms,
       table.grid,
     );
   }
+}
+
+/**
+ * out[0] = 1 / scale[0] (exact for powers of two), times coef[0] with `coef`:
+ * the factor a fused optimizer multiplies gradients that were checked but
+ * left scaled (`launchUnscale(..., { inPlace: false })`) by, a clip
+ * coefficient folded in. One thread.
+ */
+export const inverseScaleKernel = defineKernel({
+  name: "grad_scaler_inverse",
+  bindings: (c: { coef: boolean }) => [
+    { name: "scale", type: "f32" },
+    ...(c.coef ? [{ name: "coef", type: "f32" as const }] : []),
+    { name: "out", type: "f32", write: true },
+  ],
+  uniforms: {},
+  source: ({ coef }) =>
+    `${WGSL_RECIPROCAL}
+@compute @workgroup_size(1)
+fn main() { out[0] = reciprocal(scale[0])${coef ? " * coef[0]" : ""}; }`,
+});
+
+/** Writes 1/`scale`[0] (times `coef`[0] when given) into `out`[0]. No sync. */
+export function launchInverseScale(
+  scale: DeviceArray,
+  out: DeviceArray,
+  coef?: DeviceArray,
+): void {
+  const gpu = scale.gpu;
+  const kernel = gpu.kernel(inverseScaleKernel, { coef: coef !== undefined });
+  gpu.dispatch(kernel, coef ? { scale, coef, out } : { scale, out }, {}, [1]);
 }
 
 /** Uniform values of one scale update. */

@@ -7,7 +7,8 @@ import { ampDtypeFlag, type AmpFlagDtype } from "../cli/amp_flag.ts";
 import { backendFlag, backendHelp } from "../cli/backend_flag.ts";
 import { captureHelp } from "../cli/capture_flag.ts";
 import { optimStatesFlag, optimStatesHelp } from "../cli/optim_states_flag.ts";
-import type { Backend, StateDtype } from "../../mod.ts";
+import { gradDtypeFlag, gradDtypeHelp } from "../cli/grad_dtype_flag.ts";
+import type { Backend, GradDType, StateDtype } from "../../mod.ts";
 import {
   choiceFlag,
   integerFlag,
@@ -46,6 +47,7 @@ Training (with --data):
                      gradients clipped to norm 1), linear warmup then cosine
                      decay to lr/10
 ${optimStatesHelp(21)}
+${gradDtypeHelp(21)}
   --warmup N         warmup steps (default 10)
   --amp, --fp16      mixed precision: f16 autocast, fp32 master weights, dynamic
                      loss scaling
@@ -128,6 +130,8 @@ export interface Gpt2Args {
   backend: Backend | undefined;
   /** How AdamW keeps its moments (--optim-states). */
   optimStates: StateDtype;
+  /** What the masters' gradients are kept in (--grad-dtype). */
+  gradDtype: GradDType;
 }
 
 /** The defaults of the flags that size a run's buffers. */
@@ -163,6 +167,7 @@ const VALUE_FLAGS = [
   "top-k",
   "backend",
   "optim-states",
+  "grad-dtype",
 ];
 
 /**
@@ -211,6 +216,7 @@ export function parseGpt2Args(args: string[]): Gpt2Args | null {
       "no-capture": flag,
       backend: optional,
       "optim-states": text("f32"),
+      "grad-dtype": text("f32"),
       help: { ...flag, short: "h" },
     },
   });
@@ -249,7 +255,9 @@ export function parseGpt2Args(args: string[]): Gpt2Args | null {
     json: v.json,
     backend: backendFlag(v.backend),
     optimStates: optimStatesFlag(v["optim-states"]),
+    gradDtype: "f32",
   };
+  parsed.gradDtype = gradDtypeFlag(v["grad-dtype"], parsed);
   if ((parsed.weights === undefined) === (parsed.random === undefined)) {
     throw new UsageError("give --weights model.safetensors, or --random 124M for random weights.");
   }

@@ -10,7 +10,7 @@
 import { LINEAR_CROSS_ENTROPY_CHUNK_ELEMENTS } from "../../mod.ts";
 import type { Growth, PlannedBuffer } from "../cli/preflight.ts";
 import { stateBytesPerParameter } from "../cli/optim_states_flag.ts";
-import type { StateDtype } from "../../mod.ts";
+import type { GradDType, StateDtype } from "../../mod.ts";
 import { gpt2Config, type Gpt2Sizes } from "../../models/mod.ts";
 
 /** The flags that size a run (training is off when `training` is false). */
@@ -24,6 +24,8 @@ export interface Gpt2RunSizes {
   sampleLength: number;
   /** How AdamW keeps its moments (default f32: 8 bytes a parameter; 8bit: 2, bf16: 4). */
   optimStates?: StateDtype;
+  /** What the masters' gradients are kept in (default f32: 4 bytes a parameter; f16, bf16: 2). */
+  gradDtype?: GradDType;
 }
 
 const grow = (flag: string, value: number, power = 1): Growth => ({ flag, value, power });
@@ -56,9 +58,11 @@ export function gpt2StepPeakBytes(s: Gpt2Sizes, run: Gpt2RunSizes): number {
     Math.max(1, Math.floor(LINEAR_CROSS_ENTROPY_CHUNK_ELEMENTS / s.vocab)),
   );
   const logits = chunk * s.vocab * (run.amp ? 2 : 4);
-  const backward = p * (8 + half) + blocks + rows * c * (4 + half) + 2 * logits + 2 * table;
+  // Weights 4 bytes a parameter, gradients 4 (2 in f16 or bf16: apex O2's half gradients).
+  const fixed = 4 + (run.gradDtype && run.gradDtype !== "f32" ? 2 : 4);
+  const backward = p * (fixed + half) + blocks + rows * c * (4 + half) + 2 * logits + 2 * table;
   const moments = stateBytesPerParameter(run.optimStates ?? "f32");
-  const optimizer = p * (8 + moments + half) + 2 * table;
+  const optimizer = p * (fixed + moments + half) + 2 * table;
   return Math.ceil(1.1 * Math.max(backward, optimizer));
 }
 

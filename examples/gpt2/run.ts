@@ -330,6 +330,7 @@ export async function fineTune(
     dtype: cfg.ampDtype,
     accumulationSteps: cfg.accum,
     maxGradNorm: 1,
+    gradDtype: cfg.gradDtype,
   });
   const scheduler = new LrScheduler(
     optimizer,

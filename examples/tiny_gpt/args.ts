@@ -15,7 +15,8 @@ import { ampDtypeFlag, type AmpFlagDtype } from "../cli/amp_flag.ts";
 import { backendFlag, backendHelp } from "../cli/backend_flag.ts";
 import { captureHelp } from "../cli/capture_flag.ts";
 import { optimStatesFlag, optimStatesHelp } from "../cli/optim_states_flag.ts";
-import type { Backend, StateDtype } from "../../mod.ts";
+import { gradDtypeFlag, gradDtypeHelp } from "../cli/grad_dtype_flag.ts";
+import type { Backend, GradDType, StateDtype } from "../../mod.ts";
 
 /** `tiny_gpt.ts --help`. */
 export const TINY_GPT_HELP =
@@ -48,6 +49,7 @@ Flags:
   --lr X             peak AdamW learning rate (default 1e-2; weight decay 0.01,
                      gradients clipped to norm 1, cosine decay to lr/10)
 ${optimStatesHelp(21)}
+${gradDtypeHelp(21)}
   --warmup N         steps of linear learning-rate warmup (default 20)
   --amp, --fp16      mixed precision: f16 autocast, fp32 master weights with f16
                      working copies, dynamic loss scaling (needs shader-f16;
@@ -132,6 +134,7 @@ const VALUE_FLAGS = [
   "data",
   "backend",
   "optim-states",
+  "grad-dtype",
 ];
 
 /** The parsed flags. */
@@ -179,6 +182,8 @@ export interface TinyGptArgs {
   backend: Backend | undefined;
   /** How AdamW keeps its moments (--optim-states). */
   optimStates: StateDtype;
+  /** What the masters' gradients are kept in (--grad-dtype). */
+  gradDtype: GradDType;
 }
 
 export { UsageError };
@@ -234,6 +239,7 @@ export function parseTinyGptArgs(args: string[]): TinyGptArgs | null {
       data: { type: "string" },
       backend: { type: "string" },
       "optim-states": text("f32"),
+      "grad-dtype": text("f32"),
       help: { ...flag, short: "h" },
     },
   });
@@ -272,7 +278,10 @@ export function parseTinyGptArgs(args: string[]): TinyGptArgs | null {
     data: v.data,
     backend: backendFlag(v.backend),
     optimStates: optimStatesFlag(v["optim-states"]),
+    gradDtype: "f32",
   };
+  // tiny_gpt has no --accum: one micro-batch a step.
+  parsed.gradDtype = gradDtypeFlag(v["grad-dtype"], { ...parsed, accum: 1 });
   if (parsed.overwrite && !parsed.plot && !parsed.saveNanoGpt) {
     throw new UsageError(
       "--overwrite is for --plot and --save-nanogpt: it lets the run replace the files there.",

@@ -14,7 +14,7 @@ import {
   launchConv2dWeightGrad,
 } from "../kernels/gemm/conv2d.ts";
 import { tilingFor } from "../kernels/gemm/matmul_class.ts";
-import { Tensor } from "../tensor/tensor.ts";
+import { gradDtypeOf, Tensor } from "../tensor/tensor.ts";
 import { assertSameDtype, assertSameGpu } from "./checks.ts";
 import { pairOf, type Size2d } from "./size2d.ts";
 
@@ -216,7 +216,13 @@ export function conv2d(x0: Tensor, weight0: Tensor, options: Conv2dOptions = {})
         : null;
       const dw = needs[1]
         ? Tensor.adopt(
-          launchConv2dWeightGrad(dy, sx, g, tilingOf(dy, problems.weightGrad, 1), gradTarget.dtype),
+          launchConv2dWeightGrad(
+            dy,
+            sx,
+            g,
+            tilingOf(dy, problems.weightGrad, 1),
+            gradDtypeOf(gradTarget),
+          ),
         )
         : null;
       const db = bias && needs[2] ? Tensor.adopt(launchConv2dBiasGrad(dy, g, bias.dtype)) : null;

@@ -14,7 +14,7 @@ import {
   launchLayerNormFromStats,
   launchLayerNormParamGrads,
 } from "../kernels/rows/layer_norm.ts";
-import { Tensor } from "../tensor/tensor.ts";
+import { gradDtypeOf, Tensor } from "../tensor/tensor.ts";
 import { checkLayerNormInputs, type LayerNormOptions } from "./layer_norm.ts";
 import { linearForward, type LinearOptions, weightGradTarget } from "./linear.ts";
 
@@ -70,7 +70,7 @@ export function layerNormLinear(
   if (rows !== normalised.y) normalised.y.dispose();
   let layer;
   try {
-    layer = linearForward("layerNormLinear", rows, weight, options, gradTarget.dtype);
+    layer = linearForward("layerNormLinear", rows, weight, options, gradDtypeOf(gradTarget));
   } finally {
     rows.dispose();
   }

@@ -9,7 +9,7 @@ import { launchBinary, launchUnary } from "../kernels/elementwise.ts";
 import { launchGeluBackward } from "../kernels/gelu_backward.ts";
 import { launchMatmul } from "../kernels/gemm/matmul.ts";
 import { launchReduce } from "../kernels/reduce.ts";
-import { Tensor } from "../tensor/tensor.ts";
+import { gradDtypeOf, Tensor } from "../tensor/tensor.ts";
 import { autocastInputs, releaseCasts } from "../tensor/autocast_hook.ts";
 import type { DType } from "../base/dtype.ts";
 import { product, resolve, type Resolved } from "./matmul.ts";
@@ -59,7 +59,7 @@ export function linear(x0: Tensor, weight0: Tensor, options: LinearOptions = {})
   // The bias stays as given: the epilogue adds an f32 bias to f16 products.
   const [x, weight] = autocastInputs("linear", [x0, weight0]);
   const gradTarget = weightGradTarget(weight0, weight);
-  const layer = linearForward("linear", x, weight, options, gradTarget.dtype);
+  const layer = linearForward("linear", x, weight, options, gradDtypeOf(gradTarget));
   const bias = options.bias ?? null;
   const y = record({
     op: "linear",
@@ -82,7 +82,9 @@ export function linear(x0: Tensor, weight0: Tensor, options: LinearOptions = {})
  * accumulators. That skips rounding it to f16 and casting it back up (a
  * dispatch and an f16 round trip per weight and step), and weight gradients
  * below f16's range no longer flush to zero (PyTorch's autocast rounds them
- * to f16 first).
+ * to f16 first). A weight with a `gradDtype` (apex O2's half-precision
+ * gradients) gets it in that dtype instead, still from the f32 accumulators:
+ * callers write `gradDtypeOf(target)`.
  */
 export function weightGradTarget(given: Tensor, used: Tensor): Tensor {
   return used !== given && given.dtype === "f32" && used.dtype !== "f32" ? given : used;

@@ -27,7 +27,7 @@ import {
 import { launchAccumulateInto, launchUnary } from "../kernels/elementwise.ts";
 import { launchConcat, launchNarrow, launchNarrowInto } from "../kernels/narrow.ts";
 import type { DeviceArray } from "../device/device_array.ts";
-import { Tensor } from "../tensor/tensor.ts";
+import { gradDtypeOf, Tensor } from "../tensor/tensor.ts";
 import { assertTensors } from "./checks.ts";
 import type { CrossEntropyPerRow } from "./cross_entropy.ts";
 import { assertIdsInRange } from "./ids_check.ts";
@@ -216,7 +216,8 @@ export function linearCrossEntropyPerRow(
         params,
         chunk,
         needs,
-        dtypes: [...hTargets, ...wTargets].map((t) => t.dtype),
+        dtypes: [...hTargets, ...wTargets].map(gradDtypeOf),
+        narrowedGrads: wTargets.map((t) => gradDtypeOf(t) !== t.dtype),
       }),
   });
   out.stats.dispose(); // the tape holds its own handle
@@ -233,6 +234,8 @@ function linearCrossEntropyBackward(
     chunk: number;
     needs: readonly boolean[];
     dtypes: Tensor["dtype"][];
+    /** Per table piece: whether it keeps a gradient narrower than itself (apex O2). */
+    narrowedGrads: boolean[];
   },
 ): (Tensor | null)[] {
   const { hs, ws, targets, stats } = saved, { chunk, needs } = how, k = hs.length;
@@ -262,7 +265,10 @@ function linearCrossEntropyBackward(
         }
       }
       if (needs[k + i]) {
-        const part = product(dlogits, hcs[i], true, false, how.dtypes[k + i]);
+        // Over several chunks a half-precision table gradient (apex O2) is summed in f32 and
+        // narrowed once at the end: each chunk's += would round it again.
+        const sumIn = how.narrowedGrads[i] && !whole ? "f32" : how.dtypes[k + i];
+        const part = product(dlogits, hcs[i], true, false, sumIn);
         if (dws[i] === null) dws[i] = part;
         else {
           launchAccumulateInto(dws[i]!, part, 1, 1);
@@ -278,5 +284,11 @@ function linearCrossEntropyBackward(
     dh.dispose();
     return narrowed;
   });
-  return [...castDh, ...dws];
+  const castDw = dws.map((dw, i) => {
+    if (!dw || dw.dtype === how.dtypes[k + i]) return dw;
+    const narrowed = Tensor.adopt(launchUnary("identity", dw, { out: how.dtypes[k + i] }));
+    dw.dispose();
+    return narrowed;
+  });
+  return [...castDh, ...castDw];
 }

@@ -8,7 +8,7 @@
 import { record } from "../tensor/autograd.ts";
 import { launchBinary, launchUnary } from "../kernels/elementwise.ts";
 import type { DType } from "../base/dtype.ts";
-import { Tensor } from "../tensor/tensor.ts";
+import { gradDtypeOf, Tensor } from "../tensor/tensor.ts";
 
 /**
  * `loss × scale`, `scale` a one-element f32 tensor read on the GPU when the
@@ -47,7 +47,8 @@ export function scaleLoss(loss: Tensor, scale: Tensor): Tensor {
 /**
  * `source` read through `copy`, a copy of it in another dtype that someone
  * else keeps up to date (no cast is dispatched): recorded as a `cast`, so the
- * gradient reaching the copy lands, cast to `source`'s dtype, in
+ * gradient reaching the copy lands, cast to `source`'s dtype (or to its
+ * `gradDtype`, passed on as it is when that is the copy's), in
  * `source.grad`. The caller owns `copy`; the result shares its memory.
  *
  * @param source The tensor the gradient belongs to (an fp32 master weight).
@@ -72,7 +73,13 @@ export function readThroughCopy(source: Tensor, copy: Tensor): Tensor {
     op: "cast",
     inputs: [source],
     output: copy.share(),
-    backward: (g) => [Tensor.adopt(launchUnary("identity", g, { out: source.dtype }))],
+    // The copy's gradient lands in the dtype the source keeps its gradient in: cast up to an
+    // fp32 master's f32, or passed on as it is to a master that keeps it in f16 (apex O2).
+    backward: (g) => [
+      g.dtype === gradDtypeOf(source)
+        ? g
+        : Tensor.adopt(launchUnary("identity", g, { out: gradDtypeOf(source) })),
+    ],
   });
 }
 

@@ -7,13 +7,13 @@
  * memory falls during the backward pass.
  */
 import { DTypeError, fail, ShapeError, StateError } from "../base/errors.ts";
-import { launchAccumulateInto, launchCopy } from "../kernels/elementwise.ts";
+import { launchAccumulateInto, launchCopy, launchUnary } from "../kernels/elementwise.ts";
 import { launchFill } from "../kernels/fill.ts";
 import type { OpObserver } from "./runtime_state.ts";
 import type { OpName } from "../base/op_registry.ts";
 import { releaseCasts } from "./autocast_hook.ts";
 import { runtime, withState } from "./runtime_state.ts";
-import { type BackwardOptions, type GradNode, Tensor } from "./tensor.ts";
+import { type BackwardOptions, gradDtypeOf, type GradNode, Tensor } from "./tensor.ts";
 import { untracked } from "./scope.ts";
 import { sameShape } from "../base/shape.ts";
 
@@ -302,9 +302,15 @@ function runRules(
         given.push(g);
         const target = input.gradFn ? pending.get(input) : input.grad;
         if (target) {
-          launchAccumulateInto(target, g);
+          launchAccumulateInto(target, g); // reads g in f32, adds in f32, rounds once to target's dtype
           consumed.push(g);
           return;
+        }
+        if (!input.gradFn && g.dtype !== gradDtypeOf(input)) {
+          // A leaf that keeps a narrower gradient (an fp32 master under apex O2) got one in
+          // its own dtype (a bias, LayerNorm's γ/β, the embedding table): narrowed once here.
+          consumed.push(g);
+          g = Tensor.adopt(launchUnary("identity", g, { out: gradDtypeOf(input) }));
         }
         if (g === grad) moved = true;
         if (input.gradFn) pending.set(input, g);
@@ -318,12 +324,16 @@ function runRules(
 }
 
 function checkGradient(op: OpName, input: Tensor, grad: Tensor): void {
-  if (grad.dtype !== input.dtype || !sameShape(grad.shape, input.shape)) {
+  // A leaf with a gradDtype takes its gradient in that dtype or in its own (then narrowed).
+  const dtypeOk = grad.dtype === input.dtype ||
+    (!input.gradFn && grad.dtype === gradDtypeOf(input));
+  if (!dtypeOk || !sameShape(grad.shape, input.shape)) {
     fail(
-      grad.dtype !== input.dtype ? DTypeError : ShapeError,
+      !dtypeOk ? DTypeError : ShapeError,
       "backward",
       `the rule of '${op}' returned a gradient ${grad.describe()} for an input ` +
-        `${input.describe()}; gradients must match their input's shape and dtype.`,
+        `${input.describe()}; gradients must match their input's shape and dtype` +
+        `${input.gradDtype ? ` (or its gradDtype ${input.gradDtype})` : ""}.`,
     );
   }
 }

@@ -109,6 +109,34 @@ export class Tensor extends DeviceArray {
   requiresGrad = false;
   /** Accumulated gradient of a leaf tensor after `backward()`; null before. */
   grad: Tensor | null = null;
+  /**
+   * The dtype `backward()` keeps this leaf's {@link Tensor.grad} in; null
+   * (default): the tensor's own. An fp32 master weight may keep a
+   * half-precision gradient (apex O2, `AmpTrainer({ gradDtype })`): products
+   * write its weight gradient in that dtype from their f32 accumulators, and
+   * a gradient that arrives in the tensor's own dtype is narrowed once.
+   * Setting anything but a float dtype (f16 only with shader-f16) or null
+   * is a DTypeError.
+   */
+  get gradDtype(): DType | null {
+    return this.#gradDtype;
+  }
+  set gradDtype(dtype: DType | null) {
+    const float = dtype === null || dtype === "f32" || dtype === "bf16" ||
+      (dtype === "f16" && this.gpu.f16);
+    if (!float) {
+      fail(
+        DTypeError,
+        "Tensor.gradDtype",
+        `${shortValue(dtype)} cannot hold the gradient of ${this.describe()}; use "f32", "bf16"` +
+          `${this.gpu.f16 ? ', "f16"' : ""} or null${
+            dtype === "f16" ? " (this device has no shader-f16)" : ""
+          }.`,
+      );
+    }
+    this.#gradDtype = dtype;
+  }
+  #gradDtype: DType | null = null;
   /** The tape node that produced this tensor; null for leaves. @internal */
   gradFn: GradNode | null = null;
   #indexRange: IndexRange | null = null;
@@ -300,4 +328,9 @@ export class Tensor extends DeviceArray {
     // consumers; only its hold from this handle ends here.
     this.gradFn?.drop();
   }
+}
+
+/** The dtype `backward()` gives `t`'s gradient: its `gradDtype`, else its own dtype. */
+export function gradDtypeOf(t: Tensor): DType {
+  return t.gradDtype ?? t.dtype;
 }

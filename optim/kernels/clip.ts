@@ -60,22 +60,29 @@ fn main(${WGSL_GRID_BUILTINS}) {
 }`,
 });
 
-/** norm[0] = √Σ partials; coef[0] = min(1, maxNorm / (norm + 1e-6)). */
+/**
+ * norm[0] = √Σ partials; coef[0] = min(1, maxNorm / (norm + 1e-6)). With
+ * `scaled` the gradients summed are still to be multiplied by
+ * grad_scale[0] (a loss scale's inverse, deferred to the fused update):
+ * norm[0] = √Σ partials · grad_scale[0], the norm of the unscaled gradients.
+ */
 export const clipCoefficientKernel = defineKernel({
   name: "clip_coefficient",
-  bindings: (_: Record<string, never>) => [
+  bindings: (c: { scaled?: boolean }) => [
     { name: "partials", type: "f32" },
+    ...(c.scaled ? [{ name: "grad_scale", type: "f32" as const }] : []),
     { name: "norm", type: "f32", write: true },
     { name: "coef", type: "f32", write: true },
   ],
   uniforms: { count: "u32", max_norm: "f32" },
-  source: () =>
+  source: ({ scaled }) =>
     `@compute @workgroup_size(1)
 fn main() {
   var total = 0.0;
   for (var i = 0u; i < p.count; i++) { total += partials[i]; }
-  norm[0] = sqrt(total);
-  coef[0] = min(1.0, p.max_norm / (sqrt(total) + 1e-6));
+  let n = sqrt(total)${scaled ? " * grad_scale[0]" : ""};
+  norm[0] = n;
+  coef[0] = min(1.0, p.max_norm / (n + 1e-6));
 }`,
 });
 
@@ -135,16 +142,23 @@ export function launchSumSquares(grads: readonly DeviceArray[], partials: Device
   }
 }
 
-/** Fills `norm` and `coef` (f32 [1] each) from the first `count` partials. */
+/**
+ * Fills `norm` and `coef` (f32 [1] each) from the first `count` partials,
+ * of gradients still to be multiplied by `gradScale`[0] when given.
+ */
 export function launchClipCoefficient(
   partials: DeviceArray,
   count: number,
   maxNorm: number,
   norm: DeviceArray,
   coef: DeviceArray,
+  gradScale?: DeviceArray,
 ): void {
-  const kernel = norm.gpu.kernel(clipCoefficientKernel, {});
-  norm.gpu.dispatch(kernel, { partials, norm, coef }, { count, max_norm: maxNorm }, [1]);
+  const kernel = norm.gpu.kernel(clipCoefficientKernel, gradScale ? { scaled: true } : {});
+  const buffers = gradScale
+    ? { partials, grad_scale: gradScale, norm, coef }
+    : { partials, norm, coef };
+  norm.gpu.dispatch(kernel, buffers, { count, max_norm: maxNorm }, [1]);
 }
 
 /** Multiplies each of `grads` in place by `coef[0]`. */

@@ -447,6 +447,19 @@ export async function compileEveryPipeline(
       mlpStep(gpu, options, "adamw bf16");
       mlpStep(gpu, options, "sgd");
       gptStep(gpu, options, 96);
+      if (options.enabled !== false) {
+        // Half-precision master gradients (apex O2): the check-only unscale, 1/scale, the clip
+        // coefficient of scaled gradients, and every optimizer reading f16 or bf16 gradients.
+        const half = {
+          ...options,
+          accumulationSteps: 1,
+          maxGradNorm: 1,
+          gradDtype: options.dtype ?? "f16",
+        };
+        for (const o of ["adamw", "adamw 8bit", "adamw bf16", "adam", "sgd"] as const) {
+          mlpStep(gpu, half, o);
+        }
+      }
       await settle();
     }
     for (const dtype of dtypesOf(gpu)) {

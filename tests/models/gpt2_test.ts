@@ -336,17 +336,20 @@ Deno.test({
 
 Deno.test({
   name: "GPT-2 preflight: the estimate of a step's peak is never below the measured peak and at " +
-    "most 1.5 times it, in f32, AMP, AMP + checkpointing and bf16 + checkpointing",
+    "most 1.5 times it, in f32, AMP, AMP + checkpointing and bf16 + checkpointing, and with " +
+    "8-bit AdamW and f16 (or bf16) gradients",
   ...GPU_TEST,
   async fn() {
     const sizes = { vocab: VOCAB, context: 64, layers: 2, dim: 32, heads: 4 };
     for (const [batch, context] of [[1, 32], [3, 64]]) {
       for (
-        const [amp, checkpoint, dtype] of [
-          [false, false, "f16"],
-          [true, false, "f16"],
-          [true, true, "f16"],
-          [true, true, "bf16"],
+        const [amp, checkpoint, dtype, states, gradDtype] of [
+          [false, false, "f16", "f32", "f32"],
+          [true, false, "f16", "f32", "f32"],
+          [true, true, "f16", "f32", "f32"],
+          [true, true, "bf16", "f32", "f32"],
+          [true, true, "f16", "8bit", "f16"],
+          [true, true, "bf16", "8bit", "bf16"],
         ] as const
       ) {
         await gpu.sync();
@@ -354,16 +357,31 @@ Deno.test({
         const before = gpu.memoryStats().allocatedBytes;
         const model = new Gpt(gpt2Config(sizes, 1));
         if (checkpoint) model.blocks.checkpoint = sizes.layers;
-        const optimizer = new AdamW(model.parameters(), { lr: 1e-4 });
-        const trainer = new AmpTrainer(model, optimizer, { enabled: amp, dtype, maxGradNorm: 1 });
+        const optimizer = new AdamW(model.parameters(), { lr: 1e-4, stateDtype: states });
+        const trainer = new AmpTrainer(model, optimizer, {
+          enabled: amp,
+          dtype,
+          maxGradNorm: 1,
+          gradDtype,
+        });
         const ids = Array.from({ length: batch * context }, (_, i) => (i * 7919) % VOCAB);
         const x = Tensor.from(ids, [batch, context], { dtype: "i32" });
         const loss = trainer.step(() => model.loss(x, ids));
         await loss.item();
         const peak = gpu.memoryStats().peakBytes - before;
-        const run = { batch, context, amp, checkpoint, training: true, sampleLength: 1 };
+        const run = {
+          batch,
+          context,
+          amp,
+          checkpoint,
+          training: true,
+          sampleLength: 1,
+          optimStates: states,
+          gradDtype: trainer.gradDtype,
+        };
         const estimate = gpt2StepPeakBytes(sizes, run);
-        const what = `${batch}×${context} amp ${amp} ${dtype} checkpoint ${checkpoint}`;
+        const what = `${batch}×${context} amp ${amp} ${dtype} checkpoint ${checkpoint} ` +
+          `${states} states, ${trainer.gradDtype} gradients`;
         assert.ok(estimate >= peak && estimate <= 1.5 * peak, `${what}: ${estimate} vs ${peak}`);
         for (const t of [loss, x, trainer, optimizer, model]) t.dispose();
       }
