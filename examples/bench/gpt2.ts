@@ -18,7 +18,7 @@
 import { type Gpu, noGrad, RandomGenerator, Tensor, tidy } from "../../mod.ts";
 import { type BenchOptions, resolveSize, type Result, warmUp } from "./harness.ts";
 import { KvCache } from "../../models/mod.ts";
-import { bufferLimit, GPT2_MEMORY_MODES } from "../gpt2_memory_step.ts";
+import { bufferLimit, GPT2_MEMORY_MODES } from "../gpt2/memory_step.ts";
 import { GPT2_124M, gpt2Config, type Gpt2Sizes } from "../../models/mod.ts";
 import { Gpt } from "../../models/mod.ts";
 

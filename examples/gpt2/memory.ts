@@ -45,7 +45,7 @@ export function gpt2Parameters(s: Gpt2Sizes): number {
  * the optimizer step: weights, gradients and the AdamW moments (16 bytes a
  * parameter, plus 2; 8-bit moments take 2 bytes instead of 8 and bf16 ones 4,
  * `optimStates`) and two more table-sized buffers. Ten percent is added
- * for what the pool rounds up and small buffers; tests/models/gpt2_test.ts checks
+ * for what the pool rounds up and small buffers; tests/examples/gpt2_memory_test.ts checks
  * the estimate against measured peaks (never below, at most 1.5 times).
  */
 export function gpt2StepPeakBytes(s: Gpt2Sizes, run: Gpt2RunSizes): number {

@@ -384,18 +384,27 @@ Deno.test("layering: a test imports internals only of the wing its folder names;
   assert.deepEqual(testWingImports(graph), [], "imports past a wing's face");
 });
 
-Deno.test("ARCHITECTURE.md: every file link resolves", async () => {
-  const text = await Deno.readTextFile(join(ROOT, "ARCHITECTURE.md"));
-  const links = [...text.matchAll(/\]\(([^)#\s]+)(#[^)]*)?\)/g)].map((m) => m[1])
-    .filter((link) => !/^[a-z]+:/.test(link));
-  assert.ok(links.length > 20, `the map links its files (${links.length})`);
+Deno.test("guides: every file link of ARCHITECTURE.md, the README and docs/ resolves", async () => {
+  const guides = ["ARCHITECTURE.md", "README.md"];
+  for await (const e of Deno.readDir(join(ROOT, "docs"))) {
+    if (e.name.endsWith(".md")) guides.push(`docs/${e.name}`);
+  }
+  let count = 0;
   const broken: string[] = [];
-  for (const link of links) {
-    try {
-      await Deno.stat(join(ROOT, decodeURIComponent(link).replaceAll("\\_", "_")));
-    } catch {
-      broken.push(link);
+  for (const guide of guides) {
+    const text = await Deno.readTextFile(join(ROOT, guide));
+    const links = [...text.matchAll(/\]\(([^)#\s]+)(#[^)]*)?\)/g)].map((m) => m[1])
+      .filter((link) => !/^[a-z]+:/.test(link));
+    count += links.length;
+    for (const link of links) {
+      const path = join(ROOT, guide, "..", decodeURIComponent(link).replaceAll("\\_", "_"));
+      try {
+        await Deno.stat(path);
+      } catch {
+        broken.push(`${guide}: ${link}`);
+      }
     }
   }
+  assert.ok(count > 100, `the guides link their files (${count})`);
   assert.deepEqual(broken, [], "links to files that do not exist");
 });
