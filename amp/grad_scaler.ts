@@ -18,9 +18,9 @@ import {
 } from "../gpu/mod.ts";
 import {
   COUNTER,
-  launchInverseScale,
-  launchScaleUpdate,
-  launchUnscale,
+  launchInverseScaleInto,
+  launchScaleUpdateInto,
+  launchUnscaleInto,
   UPDATE_MODE,
 } from "./kernels/grad_scaler.ts";
 import type { Optimizer, StepSignals } from "../optim/optimizer.ts";
@@ -331,11 +331,11 @@ export class GradScaler {
       grads.push(g);
     }
     const inPlace = options.inPlace ?? true;
-    launchUnscale(grads, this.#scale, this.#foundInf, { inPlace });
+    launchUnscaleInto(grads, this.#scale, this.#foundInf, { inPlace });
     if (!inPlace) {
       this.#deferred.add(optimizer);
       this.#inverse ??= untracked(() => Tensor.zeros([1], { gpu: this.gpu }));
-      launchInverseScale(this.#scale, this.#inverse);
+      launchInverseScaleInto(this.#scale, this.#inverse);
     }
     this.#stages.set(optimizer, "unscaled");
   }
@@ -377,7 +377,7 @@ export class GradScaler {
     if (this.#deferred.has(optimizer)) {
       // The gradients are still scaled: the fused update multiplies them by 1/scale (× gradScale).
       this.#stepScale ??= untracked(() => Tensor.zeros([1], { gpu: this.gpu }));
-      launchInverseScale(this.#scale, this.#stepScale, gradScale);
+      launchInverseScaleInto(this.#scale, this.#stepScale, gradScale);
       out.gradScale = this.#stepScale;
     } else if (gradScale) out.gradScale = gradScale;
     optimizer.step(out);
@@ -431,7 +431,7 @@ export class GradScaler {
         newScale: newScale ?? 0,
       };
     };
-    launchScaleUpdate(
+    launchScaleUpdateInto(
       { scale: this.#scale, foundInf: this.#foundInf, counters: this.#counters },
       params,
     );

@@ -26,7 +26,7 @@ import {
 import type { Module } from "../nn/module.ts";
 import type { GradScaler } from "./grad_scaler.ts";
 import { OpNames } from "./op_names.ts";
-import { launchNumericsStats, NONE, statsBuffer } from "./kernels/numerics_stats.ts";
+import { launchNumericsStatsInto, NONE, statsBuffer } from "./kernels/numerics_stats.ts";
 import {
   decodeStats,
   type NumericsPhase,
@@ -245,7 +245,7 @@ export class NumericsInspector {
     const call = this.#callsThisStep.get(row) ?? 0;
     this.#callsThisStep.set(row, call + 1);
     const scale = this.#scale ?? this.#placeholderScale(gpu);
-    launchNumericsStats(gpu, t, scale, stats, {
+    launchNumericsStatsInto(gpu, t, scale, stats, {
       row,
       paramRow,
       seq: this.#seq++,

@@ -21,10 +21,14 @@ import {
 import { need, type OptimizerStateDict, type StateSpec } from "./_optimizer_state.ts";
 import { dynamicCode } from "./_dynamic_code.ts";
 import { quantizeStates } from "./quantize_states.ts";
-import { launchCompactAdamUpdates, STATE_BLOCK, stateBlocks } from "./kernels/compact_update.ts";
 import {
-  launchAdamUpdates,
-  launchStepCount,
+  launchCompactAdamUpdatesInto,
+  STATE_BLOCK,
+  stateBlocks,
+} from "./kernels/compact_update.ts";
+import {
+  launchAdamUpdatesInto,
+  launchStepCountInto,
   type ParamUpdate,
   type UpdateSignals,
 } from "./kernels/update.ts";
@@ -242,7 +246,7 @@ export class Adam extends FusedOptimizer<AdamGroup> {
 
   /** @internal */
   protected override beforeUpdates(foundInf: Tensor): void {
-    launchStepCount(this.#step, foundInf);
+    launchStepCountInto(this.#step, foundInf);
   }
 
   /** @internal */
@@ -252,9 +256,9 @@ export class Adam extends FusedOptimizer<AdamGroup> {
     // Tensors below min8bitSize keep f32 states: the f32 kernel updates them.
     const compact = (u: ParamUpdate) => this.stateDtype === "bf16" || "expAvgAbsmax" in u.state;
     const full = updates.filter((u) => !compact(u));
-    if (full.length > 0) launchAdamUpdates(full, step, g, flags);
+    if (full.length > 0) launchAdamUpdatesInto(full, step, g, flags);
     if (full.length === updates.length) return;
-    launchCompactAdamUpdates(
+    launchCompactAdamUpdatesInto(
       updates.filter(compact),
       { ...step, codes: this.#codes ?? undefined },
       g,

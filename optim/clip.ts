@@ -1,9 +1,9 @@
 /** Clipping by global norm, computed in f32 on the GPU with no readback. */
 import { noGrad, Tensor, untracked, ValueError } from "../gpu/mod.ts";
 import {
-  launchClipCoefficient,
-  launchScaleByCoefficient,
-  launchSumSquares,
+  launchClipCoefficientInto,
+  launchScaleByCoefficientInto,
+  launchSumSquaresInto,
   sumSquaresSlots,
 } from "./kernels/clip.ts";
 
@@ -70,11 +70,18 @@ export function clipGradNorm(
     noGrad(() => {
       const slots = grads.reduce((total, g) => total + sumSquaresSlots(g.size), 0);
       const partials = Tensor.empty([Math.max(slots, 1)], "f32", gpu); // every slot is written
-      launchSumSquares(grads, partials);
+      launchSumSquaresInto(grads, partials);
       const totalNorm = Tensor.empty([1], "f32", gpu), coefficient = Tensor.empty([1], "f32", gpu);
-      launchClipCoefficient(partials, slots, maxNorm, totalNorm, coefficient, options.gradScale);
+      launchClipCoefficientInto(
+        partials,
+        slots,
+        maxNorm,
+        totalNorm,
+        coefficient,
+        options.gradScale,
+      );
       partials.dispose();
-      if (options.inPlace ?? true) launchScaleByCoefficient(grads, coefficient);
+      if (options.inPlace ?? true) launchScaleByCoefficientInto(grads, coefficient);
       return { totalNorm, coefficient };
     })
   );

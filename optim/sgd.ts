@@ -18,7 +18,7 @@ import {
   type ParamGroup,
 } from "./_fused_optimizer.ts";
 import { need } from "./_optimizer_state.ts";
-import { launchSgdUpdates, type ParamUpdate, type UpdateSignals } from "./kernels/update.ts";
+import { launchSgdUpdatesInto, type ParamUpdate, type UpdateSignals } from "./kernels/update.ts";
 
 /** A parameter group of {@link SGD}. */
 export interface SGDParamGroup extends ParamGroup {
@@ -109,6 +109,6 @@ export class SGD extends FusedOptimizer<SGDGroup> {
     noteCaptureCheck(() =>
       kernel(g) === recorded ? null : "SGD's momentum or Nesterov was turned on or off"
     );
-    launchSgdUpdates(updates, signals, g);
+    launchSgdUpdatesInto(updates, signals, g);
   }
 }

@@ -204,7 +204,7 @@ fn main() {
  * non-finite: gradients of one dtype share a dispatch, up to the device's
  * slots per dispatch. No sync.
  */
-export function launchUnscale(
+export function launchUnscaleInto(
   grads: readonly DeviceArray[],
   scale: DeviceArray,
   foundInf: DeviceArray,
@@ -243,7 +243,7 @@ export function launchUnscale(
 /**
  * out[0] = 1 / scale[0] (exact for powers of two), times coef[0] with `coef`:
  * the factor a fused optimizer multiplies gradients that were checked but
- * left scaled (`launchUnscale(..., { inPlace: false })`) by, a clip
+ * left scaled (`launchUnscaleInto(..., { inPlace: false })`) by, a clip
  * coefficient folded in. One thread.
  */
 export const inverseScaleKernel = defineKernel({
@@ -261,7 +261,7 @@ fn main() { out[0] = reciprocal(scale[0])${coef ? " * coef[0]" : ""}; }`,
 });
 
 /** Writes 1/`scale`[0] (times `coef`[0] when given) into `out`[0]. No sync. */
-export function launchInverseScale(
+export function launchInverseScaleInto(
   scale: DeviceArray,
   out: DeviceArray,
   coef?: DeviceArray,
@@ -297,7 +297,7 @@ export interface ScaleUpdateParams {
  * Runs the scale update on `scale`, `foundInf` and `counters` (i32 [4]),
  * with `params()` (called again at each replay of a captured step). No sync.
  */
-export function launchScaleUpdate(
+export function launchScaleUpdateInto(
   state: { scale: DeviceArray; foundInf: DeviceArray; counters: DeviceArray },
   params: () => ScaleUpdateParams,
 ): void {

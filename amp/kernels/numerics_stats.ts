@@ -161,7 +161,7 @@ export interface StatsTarget {
  * into `stats` (u32 words, bound as i32) at `target`; `scale` is an f32 [1]
  * copied into the header when `x` is the first non-finite tensor. No sync.
  */
-export function launchNumericsStats(
+export function launchNumericsStatsInto(
   gpu: Gpu,
   x: DeviceArray,
   scale: DeviceArray,

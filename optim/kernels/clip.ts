@@ -123,7 +123,7 @@ export function sumSquaresSlots(size: number): number {
  * fills {@link sumSquaresSlots} slots starting where gradient i − 1's end
  * (the first at 0). Gradients of one dtype share dispatches.
  */
-export function launchSumSquares(grads: readonly DeviceArray[], partials: DeviceArray): void {
+export function launchSumSquaresInto(grads: readonly DeviceArray[], partials: DeviceArray): void {
   const gpu = partials.gpu;
   let base = 0;
   const plan = { ...ONE_GRADIENT_A_SLOT, workgroups: (g: DeviceArray) => sumSquaresSlots(g.size) };
@@ -146,7 +146,7 @@ export function launchSumSquares(grads: readonly DeviceArray[], partials: Device
  * Fills `norm` and `coef` (f32 [1] each) from the first `count` partials,
  * of gradients still to be multiplied by `gradScale`[0] when given.
  */
-export function launchClipCoefficient(
+export function launchClipCoefficientInto(
   partials: DeviceArray,
   count: number,
   maxNorm: number,
@@ -162,7 +162,10 @@ export function launchClipCoefficient(
 }
 
 /** Multiplies each of `grads` in place by `coef[0]`. */
-export function launchScaleByCoefficient(grads: readonly DeviceArray[], coef: DeviceArray): void {
+export function launchScaleByCoefficientInto(
+  grads: readonly DeviceArray[],
+  coef: DeviceArray,
+): void {
   const gpu = coef.gpu;
   const work = grads.filter((g) => g.size > 0);
   const plan = {

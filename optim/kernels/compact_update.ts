@@ -42,7 +42,7 @@ import {
   type AdamKernelConfig,
   adamUniforms,
   F16_MAX,
-  launchUpdates,
+  launchUpdatesInto,
   ONE_MINUS_POW,
   type ParamUpdate,
   SKIP,
@@ -295,17 +295,17 @@ export function stateBlocks(n: number): number {
 /**
  * Fused Adam(W) updates with compact moments (states `expAvg`, `expAvgSq`
  * as u32 words, for 8bit also `expAvgAbsmax`, `expAvgSqAbsmax`), as
- * `launchAdamUpdates`. `seeds` gives each parameter's stochastic-rounding
+ * `launchAdamUpdatesInto`. `seeds` gives each parameter's stochastic-rounding
  * seed (bf16); `codes` the two maps (8bit).
  */
-export function launchCompactAdamUpdates(
+export function launchCompactAdamUpdatesInto(
   updates: readonly ParamUpdate[],
   signals: UpdateSignals & { step: DeviceArray; codes?: DeviceArray },
   h: AdamHyper,
   flags: AdamFlags & { states: CompactStateDtype; seeds: ReadonlyMap<DeviceArray, number> },
 ): void {
   const eightBit = flags.states === "8bit";
-  launchUpdates(
+  launchUpdatesInto(
     compactAdamKernel,
     { decoupled: flags.decoupled, biasCorrection: flags.biasCorrection, states: flags.states },
     updates,

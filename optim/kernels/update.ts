@@ -265,7 +265,7 @@ export interface UpdateSignals {
  * elements out otherwise (the compact-state Adam): elements per workgroup,
  * and uniforms of a dispatch's own slots.
  */
-export function launchUpdates<C extends UpdateConfig, U extends string>(
+export function launchUpdatesInto<C extends UpdateConfig, U extends string>(
   kernel: KernelDefinition<C, string, U>,
   config: Omit<C, keyof UpdateConfig>,
   updates: readonly ParamUpdate[],
@@ -333,13 +333,13 @@ export interface SgdHyper {
  * all with the hyper-parameters `h` (the live group: read again at each
  * replay of a captured step).
  */
-export function launchSgdUpdates(
+export function launchSgdUpdatesInto(
   updates: readonly ParamUpdate[],
   signals: UpdateSignals,
   h: SgdHyper,
 ): void {
   const momentum = h.momentum > 0;
-  launchUpdates(
+  launchUpdatesInto(
     sgdKernel,
     { momentum, nesterov: momentum && h.nesterov },
     updates,
@@ -373,13 +373,13 @@ function lnBeta(beta: number): number {
  * the hyper-parameters `h` (the live group: read again at each replay of a
  * captured step), reading the step count from `step` (u32 [1]).
  */
-export function launchAdamUpdates(
+export function launchAdamUpdatesInto(
   updates: readonly ParamUpdate[],
   signals: UpdateSignals & { step: DeviceArray },
   h: AdamHyper,
   flags: AdamFlags,
 ): void {
-  launchUpdates(
+  launchUpdatesInto(
     adamKernel,
     flags,
     updates,
@@ -408,7 +408,7 @@ export function adamUniforms(h: AdamHyper) {
 }
 
 /** step += 1 on the GPU unless `foundInf` is non-zero. */
-export function launchStepCount(step: DeviceArray, foundInf: DeviceArray): void {
+export function launchStepCountInto(step: DeviceArray, foundInf: DeviceArray): void {
   const gpu = step.gpu;
   gpu.dispatch(gpu.kernel(stepCountKernel, {}), { found_inf: foundInf, step }, {}, [1]);
 }

@@ -101,7 +101,7 @@ import {
   RandomGenerator,
 } from "../../gpu/mod.ts";
 import { uniform } from "./reference.ts";
-import { launchUnscale } from "../../amp/kernels/grad_scaler.ts";
+import { launchUnscaleInto } from "../../amp/kernels/grad_scaler.ts";
 import { subgroupMatrixCandidates } from "../../gpu/kernels/gemm/candidates.ts";
 import { attentionMatrixFor } from "../../gpu/kernels/attention/flash_attention_subgroup_matrix.ts";
 import { matrixBackwardsFor } from "../../gpu/kernels/attention/flash_attention_subgroup_matrix_backward.ts";
@@ -328,7 +328,7 @@ function opsStep(gpu: Gpu, dtype: FloatDType) {
     clipGradNorm([leaf], 1);
     const scale = DeviceArray.filled([1], 1024, "f32", gpu);
     const found = DeviceArray.filled([1], 0, "f32", gpu);
-    launchUnscale([leaf.grad!], scale, found);
+    launchUnscaleInto([leaf.grad!], scale, found);
     for (const a of [scale, found]) a.dispose();
   });
 }

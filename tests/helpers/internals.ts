@@ -7,7 +7,7 @@
  *
  * @module
  */
-export { launchUnscale } from "../../amp/kernels/grad_scaler.ts";
+export { launchUnscaleInto } from "../../amp/kernels/grad_scaler.ts";
 export { sizeClass } from "../../gpu/device/buffer_pool.ts";
 export { withSubgroupsDirective } from "../../gpu/device/kernel.ts";
 export {

@@ -19,7 +19,7 @@ import {
 import { layerNorm } from "../../../gpu/mod.ts";
 import { crossEntropy } from "../../../nn/mod.ts";
 import { clipGradNorm } from "../../../optim/mod.ts";
-import { launchUnscale } from "../../helpers/internals.ts";
+import { launchUnscaleInto } from "../../helpers/internals.ts";
 import { gpuLikeProfile, withAdapterProfile } from "../../helpers/internals.ts";
 import { dispatchedKernels, gpu, GPU_TEST } from "../../helpers/gpu.ts";
 import {
@@ -197,7 +197,7 @@ Deno.test({
             grads[3] = params[3].grad = Tensor.from(v, [v.length], { dtype });
           }
           const flag = Tensor.full([1], 0), scale = Tensor.full([1], 2);
-          launchUnscale(grads, scale, flag);
+          launchUnscaleInto(grads, scale, flag);
           found.push(await flag.item());
           flag.dispose();
           scale.dispose();
