@@ -16,7 +16,7 @@
  * @module
  */
 import type { Gpu } from "../../mod.ts";
-import type { GptConfig } from "../../models/mod.ts";
+import type { GptConfig } from "../../models/gpt.ts";
 import type { MnistModel } from "../mnist/model.ts";
 
 /**

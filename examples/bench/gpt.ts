@@ -19,7 +19,7 @@
  * and attention dtype, and each matmul and attention shape's pick, and how fast. `--size small`
  * (the default on CPU adapters) shrinks it to run in seconds there.
  */
-import { Gpt, type GptConfig } from "../../models/mod.ts";
+import { Gpt, type GptConfig } from "../../models/gpt.ts";
 import {
   AdamW,
   AmpTrainer,

@@ -17,10 +17,10 @@
  */
 import { type Gpu, noGrad, RandomGenerator, Tensor, tidy } from "../../mod.ts";
 import { type BenchOptions, resolveSize, type Result, warmUp } from "./harness.ts";
-import { KvCache } from "../../models/mod.ts";
+import { KvCache } from "../../models/sampling.ts";
 import { bufferLimit, GPT2_MEMORY_MODES } from "../gpt2/memory_step.ts";
-import { GPT2_124M, gpt2Config, type Gpt2Sizes } from "../../models/mod.ts";
-import { Gpt } from "../../models/mod.ts";
+import { GPT2_124M, gpt2Config, type Gpt2Sizes } from "../../models/gpt2.ts";
+import { Gpt } from "../../models/gpt.ts";
 
 /** Per-token milliseconds at a position: `tokens` steps starting there, after one untimed. */
 async function msPerToken(

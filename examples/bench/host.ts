@@ -27,8 +27,8 @@ import {
 import { setDefaultGpu } from "../../gpu/mod.ts";
 import type { Result } from "./harness.ts";
 import { mnistCnn, mnistMlp } from "../mnist/model.ts";
-import { Gpt } from "../../models/mod.ts";
-import { GPT2_124M, gpt2Config } from "../../models/mod.ts";
+import { Gpt } from "../../models/gpt.ts";
+import { GPT2_124M, gpt2Config } from "../../models/gpt2.ts";
 import { findTorchPython } from "../cli/torch_python.ts";
 
 /** A model `bench host` times. */

@@ -11,7 +11,7 @@
  */
 import { AdamW, type Gpu, type StateDtype, Tensor } from "../../mod.ts";
 import { type BenchOptions, disposeAll, resolveSize, type Result, timed } from "./harness.ts";
-import { GPT2_124M } from "../../models/mod.ts";
+import { GPT2_124M } from "../../models/gpt2.ts";
 
 const MODES: readonly StateDtype[] = ["f32", "8bit", "bf16"];
 

@@ -4,7 +4,7 @@
  * and by a budget), the tiny transformer of examples/tiny_gpt.ts, and a soak
  * run that must keep GPU memory and the JS heap flat.
  */
-import { Gpt } from "../../models/mod.ts";
+import { Gpt } from "../../models/gpt.ts";
 import {
   Adam,
   AdamW,

@@ -11,7 +11,7 @@ import { LINEAR_CROSS_ENTROPY_CHUNK_ELEMENTS } from "../../mod.ts";
 import type { Growth, PlannedBuffer } from "../cli/preflight.ts";
 import { stateBytesPerParameter } from "../cli/optim_states_flag.ts";
 import type { GradDType, StateDtype } from "../../mod.ts";
-import { gpt2Config, type Gpt2Sizes } from "../../models/mod.ts";
+import { gpt2Config, type Gpt2Sizes } from "../../models/gpt2.ts";
 
 /** The flags that size a run (training is off when `training` is false). */
 export interface Gpt2RunSizes {

@@ -17,8 +17,8 @@ import {
   Tensor,
 } from "../../mod.ts";
 import { gpt2StepPeakBytes } from "./memory.ts";
-import { GPT2_124M, gpt2Config, type Gpt2Sizes, initGpt2 } from "../../models/mod.ts";
-import { Gpt } from "../../models/mod.ts";
+import { GPT2_124M, gpt2Config, type Gpt2Sizes, initGpt2 } from "../../models/gpt2.ts";
+import { Gpt } from "../../models/gpt.ts";
 
 /** A row of the memory table. */
 export interface Gpt2MemoryMode {

@@ -384,7 +384,7 @@ Deno.test({
  */
 const FORMAT_2 = ["adamw", "sgd"].map((kind) => ({
   kind,
-  path: new URL(`./fixtures/training_state_v2_${kind}.safetensors`, import.meta.url).pathname,
+  path: new URL(`../fixtures/training_state_v2_${kind}.safetensors`, import.meta.url).pathname,
 }));
 
 for (const { kind, path } of FORMAT_2) {

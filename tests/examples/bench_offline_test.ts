@@ -34,6 +34,28 @@ Deno.test("bench: --help runs with no npm packages and no network", async () => 
   assert.match(r.stdout, /tilings/);
 });
 
+/** The modules of `entry`'s graph from outside the checkout (node: built-ins ship inside deno). */
+async function outsideModules(entry: string): Promise<{ outside: string[]; all: string[] }> {
+  const out = await new Deno.Command(Deno.execPath(), {
+    args: ["info", "--json", entry],
+    env: { NO_COLOR: "1" },
+    stdout: "piped",
+    stderr: "piped",
+  }).output();
+  assert.equal(out.code, 0, new TextDecoder().decode(out.stderr));
+  const graph = JSON.parse(new TextDecoder().decode(out.stdout)) as {
+    modules: { specifier: string }[];
+  };
+  const all = graph.modules.map((m) => m.specifier);
+  return { outside: all.filter((s) => !s.startsWith("file:") && !s.startsWith("node:")), all };
+}
+
+Deno.test("gpu_check: the GPU command's module graph reaches no npm package (the models' face brings the tokenizer's; it imports the model files)", async () => {
+  const { outside, all } = await outsideModules(join(ROOT, "examples/gpu_check.ts"));
+  assert.deepEqual(outside, [], "modules from outside the checkout");
+  assert.ok(all.some((s) => s.endsWith("/models/gpt.ts")), "the GPT is in its graph");
+});
+
 Deno.test("bench: no entry's module graph reaches an npm package or the network", async () => {
   const out = await new Deno.Command(Deno.execPath(), {
     args: ["info", "--json", BENCH],

@@ -7,6 +7,6 @@ import { runPython } from "./torch.ts";
  * skips, when no Python has torch: CI installs python3-torch.
  */
 export async function runTorchScript(script: string, args: string[]): Promise<unknown> {
-  const path = new URL(`./fixtures/torch/${script}`, import.meta.url).pathname;
+  const path = new URL(`../fixtures/torch/${script}`, import.meta.url).pathname;
   return JSON.parse(await runPython([path, ...args]));
 }

@@ -125,7 +125,7 @@ Deno.test({
   ...GPU_TEST,
   async fn() {
     const file = await Deno.readFile(
-      new URL("fixtures/torch/state_bf16.safetensors", import.meta.url),
+      new URL("../fixtures/torch/state_bf16.safetensors", import.meta.url),
     );
     const { entries } = decodeSafetensors(file);
     const weight = entries.get("1.weight")!;

@@ -515,7 +515,7 @@ Deno.test(
       /metadata key "halfstep\.checksums" is reserved/,
     );
     const torch = await Deno.readFile(
-      new URL("fixtures/torch/state_f16.safetensors", import.meta.url),
+      new URL("../fixtures/torch/state_f16.safetensors", import.meta.url),
     );
     assert.ok(!new TextDecoder().decode(torch).includes("halfstep.checksums"));
     assert.ok(decodeSafetensors(torch).entries.size > 0);
