@@ -162,7 +162,7 @@ Deno.test({
       const page = await fetch(`${base}/examples/web`);
       assert.equal(page.url, `${base}/examples/web/`);
       assert.match(await page.text(), /<script type="module" src="\.\/spirals\.js">/);
-      const script = await fetch(new URL("../spirals.js", page.url));
+      const script = await fetch(new URL("./spirals.js", page.url));
       await script.body?.cancel();
       assert.equal(script.status, 200, "the page's relative import resolves");
       const ts = await fetch(`${base}/mod.ts`);
