@@ -57,24 +57,9 @@ Deno.test("gpu_check: the GPU command's module graph reaches no npm package (the
 });
 
 Deno.test("bench: no entry's module graph reaches an npm package or the network", async () => {
-  const out = await new Deno.Command(Deno.execPath(), {
-    args: ["info", "--json", BENCH],
-    env: { NO_COLOR: "1" },
-    stdout: "piped",
-    stderr: "piped",
-  }).output();
-  assert.equal(out.code, 0, new TextDecoder().decode(out.stderr));
-  const graph = JSON.parse(new TextDecoder().decode(out.stdout)) as {
-    modules: { specifier: string }[];
-  };
-  // node: built-ins ship inside the deno binary.
-  const outside = graph.modules.map((m) => m.specifier)
-    .filter((s) => !s.startsWith("file:") && !s.startsWith("node:"));
+  const { outside, all } = await outsideModules(BENCH);
   assert.deepEqual(outside, [], "modules from outside the checkout");
-  assert.ok(
-    graph.modules.some((m) => m.specifier.endsWith("/examples/bench/gpt.ts")),
-    "the graph holds every entry",
-  );
+  assert.ok(all.some((s) => s.endsWith("/examples/bench/gpt.ts")), "the graph holds every entry");
 });
 
 Deno.test("bench: matmul --size small runs with no npm packages and no network", async () => {
