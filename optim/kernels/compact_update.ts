@@ -4,15 +4,19 @@
  * (torchao's bf16 states, stochastic rounding). Same update as
  * `adamKernel` (update.ts), in f32; only the storage of m and v differs.
  *
- * Each thread owns one quad of 4 consecutive elements: one u32 word of
- * 8-bit codes per moment (byte e is element 4q + e), or two words of bf16
- * (low half the even element). A workgroup of 256 threads covers 1024
- * elements: 4 blocks of {@link STATE_BLOCK} for the 8-bit absmax scales,
- * whose first thread takes the max of its 64 threads' in workgroup memory
- * (two barriers in all: a CPU adapter pays dearly for each; a tree would
- * take seven). Elements past the tensor's end read as zero and are written
- * as zero bytes, so padding never changes and a state file resumes the
- * same bits.
+ * 8bit: each thread owns 16 consecutive elements, four u32 words of codes
+ * per moment (byte e of word w is element 4w + e), as bitsandbytes' threads
+ * own consecutive elements; a workgroup of 256 threads covers 4096
+ * elements, 16 blocks of {@link STATE_BLOCK} for the absmax scales. A
+ * block's absmax is the atomic max of its 16 threads' maxima in workgroup
+ * memory, one barrier per tensor. (At 4 elements a thread, 64 threads a
+ * block and a serial max after two barriers, the 8-bit update cost 2.7x
+ * the f32 one on lavapipe, which switches threads at every barrier; the
+ * code is written out with constant indices so its arrays stay in
+ * registers there.) bf16: 4 elements a thread, two words of two halves
+ * (low half the even element). Elements past the tensor's end read as zero
+ * and are written as zero bytes, so padding never changes and a state file
+ * resumes the same bits.
  *
  * 8bit: m = code₁[byte]·absmax (signed map), v = code₂[byte]·absmax
  * (unsigned map); after the update the new block absmax is max |m| (max v)
@@ -53,13 +57,17 @@ import {
 /** Elements per 8-bit scale block: bitsandbytes' blockwise optimizers' 256 (BLOCKSIZE_2STATE). */
 export const STATE_BLOCK = 256;
 const WORKGROUP = 256;
-/** Elements per thread (one word of four 8-bit codes). */
-const QUAD = 4;
-/** Elements one workgroup updates. */
-const PER_WORKGROUP = WORKGROUP * QUAD;
-const THREADS_PER_BLOCK = STATE_BLOCK / QUAD;
-/** A quad's element offsets, for loops written out (constant indices keep the quad in registers). */
-const QUADS = [0, 1, 2, 3];
+/**
+ * Elements per thread: 8bit, four words of four codes per moment (a scale
+ * block is 16 threads: a CPU adapter's barriers cost per thread, so fewer
+ * threads per element cost less); bf16, two words of two halves.
+ */
+const PER_THREAD = { "8bit": 16, bf16: 4 } as const;
+/** Words of codes per thread and moment (8bit). */
+const WORDS = PER_THREAD["8bit"] / 4;
+const THREADS_PER_BLOCK = STATE_BLOCK / PER_THREAD["8bit"];
+/** Offsets 0 … n − 1, for loops written out (constant indices keep arrays in registers). */
+const upTo = (n: number) => Array.from({ length: n }, (_, i) => i);
 
 /** How compact moments are stored. */
 export type CompactStateDtype = "8bit" | "bf16";
@@ -75,29 +83,39 @@ const SEED_UNIFORMS = Object.fromEntries(SEED_FIELDS.map((f) => [f, "u32"])) as 
 >;
 
 /**
- * The nearest code to `x` (a value / absmax, in [-1, 1]) in the map at `off`
- * of `codes` (0: signed, 256: unsigned), ties to the lower
- * index. The maps' layout gives an index within one of the nearest (the
- * decade from log10 |x|, the midpoint within it), and the two neighbours
- * settle it: three reads instead of a binary search's eight.
+ * The index of the nearest code to `x` (a value / absmax, in [-1, 1]) in
+ * the signed or the unsigned map, computed from the maps' layout (see
+ * `dynamicCode`) without reading them: the decade by comparisons, the bin
+ * within it, and the two places where the nearest code is a neighbour's
+ * (a decade's bottom, the top of the last). Equal to a search of the map
+ * up to values within a rounding of a midpoint (the tests compare with
+ * one). Through log2 / exp2 and reads of the map it cost more than the
+ * whole f32 update on lavapipe.
  */
-const QUANTIZE = `fn quantize(x: f32, off: u32) -> u32 {
-  let signed = off == 0u;
+const QUANTIZE = `fn quantize(x: f32, signed: bool) -> u32 {
   let a = abs(x);
-  // Decade i holds |values| in [10^(i-7), 10^(i-6)): u = a / 10^(i-6) is in [0.1, 1).
-  let i = clamp(i32(floor(log2(max(a, 1e-30)) * 0.30103)) + 7, 0, 6);
-  let u = a / exp2(f32(i - 6) * 3.3219281);
-  let count = select(2u << u32(i), 1u << u32(i), signed);
-  let j = u32(clamp(round((u - 0.1) / 0.9 * f32(count) - 0.5), 0.0, f32(count - 1u)));
-  // Unsigned: 0, then decade i from index 2^(i+1) - 1. Signed: 0 at 127, decade i from 127 + 2^i.
-  let pos = select(count - 1u + j, 127u + count + j, signed);
-  var c = select(pos, 254u - min(pos, 254u), signed && x < 0.0);
-  if (a == 0.0) { c = select(0u, 127u, signed); }
-  var best = c;
-  for (var k = max(c, 1u) - 1u; k <= min(c + 1u, 255u); k++) {
-    if (abs(codes[off + k] - x) < abs(codes[off + best] - x)) { best = k; }
-  }
-  return best;
+  // Decade i holds |values| in [10^(i-7), 10^(i-6)); u = a / 10^(i-6) (exact powers of ten in f32).
+  var i = 0u;
+  var inv = 1e6;
+  if (a >= 1e-6) { i = 1u; inv = 1e5; }
+  if (a >= 1e-5) { i = 2u; inv = 1e4; }
+  if (a >= 1e-4) { i = 3u; inv = 1e3; }
+  if (a >= 1e-3) { i = 4u; inv = 1e2; }
+  if (a >= 1e-2) { i = 5u; inv = 1e1; }
+  if (a >= 1e-1) { i = 6u; inv = 1.0; }
+  let u = a * inv;
+  let count = select(2u, 1u, signed) << i;
+  let fc = f32(count);
+  // 1 / count, exactly (a power of two): multiplies instead of divisions.
+  let ifc = bitcast<f32>((127u - i - select(1u, 0u, signed)) << 23u);
+  // The decade's codes are the midpoints of count bins of [0.1, 1): the nearest is u's bin,
+  let j = u32(clamp(floor((u - 0.1) * fc * 1.1111111), 0.0, fc - 1.0));
+  var pos = select(count - 1u, 127u + count, signed) + j;
+  // except at the decade's bottom, nearer the previous decade's last code (or 0 below decade 0),
+  if (u < select(0.1 + 0.18 * ifc, 0.05 + 0.225 * ifc, i == 0u)) { pos -= 1u; }
+  // and at the top of the last decade, nearer 1.
+  if (i == 6u && u >= 1.0 - 0.225 * ifc) { pos += 1u; }
+  return select(pos, 254u - min(pos, 254u), signed && x < 0.0);
 }`;
 
 /**
@@ -116,17 +134,23 @@ fn state_bf16(v: f32, r: u32) -> u32 {
 }
 ${WGSL_RANDOM}`;
 
-/** WGSL that loads quad `q`'s moments of slot `k` into `m_old` / `v_old` (zero past `n`). */
+/** WGSL that loads thread `q`'s moments of slot `k` into `m_old` / `v_old` (zero past `n`). */
 function loadMoments(c: CompactAdamConfig, k: number): string {
   if (c.states === "8bit") {
-    return `let cm = exp_avg${k}[q];
-        let cv = exp_avg_sq${k}[q];
-        let sm = exp_avg_absmax${k}[q / ${THREADS_PER_BLOCK}u];
+    return `let sm = exp_avg_absmax${k}[q / ${THREADS_PER_BLOCK}u];
         let sv = exp_avg_sq_absmax${k}[q / ${THREADS_PER_BLOCK}u];
         ${
-      QUADS.map((e) =>
-        `m_old[${e}] = codes[(cm >> ${8 * e}u) & 255u] * sm;
-        v_old[${e}] = codes[256u + ((cv >> ${8 * e}u) & 255u)] * sv;`
+      upTo(WORDS).map((r) =>
+        `if (base + ${4 * r}u < n) {
+          let cm = exp_avg${k}[${WORDS}u * q + ${r}u];
+          let cv = exp_avg_sq${k}[${WORDS}u * q + ${r}u];
+          ${
+          upTo(4).map((e) =>
+            `m_old[${4 * r + e}] = codes[(cm >> ${8 * e}u) & 255u] * sm;
+          v_old[${4 * r + e}] = codes[256u + ((cv >> ${8 * e}u) & 255u)] * sv;`
+          ).join("\n          ")
+        }
+        }`
       ).join("\n        ")
     }`;
   }
@@ -140,28 +164,32 @@ function loadMoments(c: CompactAdamConfig, k: number): string {
         }`;
 }
 
-/** WGSL that stores quad `q`'s new moments `m_new` / `v_new` of slot `k` (8bit: after the absmax reduction). */
+/** WGSL that stores thread `q`'s new moments `m_new` / `v_new` of slot `k` (8bit: after the absmax reduction). */
 function storeMoments(c: CompactAdamConfig, k: number): string {
   if (c.states === "8bit") {
-    return `let am = red_m[lid & ~${THREADS_PER_BLOCK - 1}u];
-  let av = red_v[lid & ~${THREADS_PER_BLOCK - 1}u];
-  if (base < n) {
+    return `let am = bitcast<f32>(atomicLoad(&block_m[lid / ${THREADS_PER_BLOCK}u]));
+  let av = bitcast<f32>(atomicLoad(&block_v[lid / ${THREADS_PER_BLOCK}u]));
+  ${
+      upTo(WORDS).map((r) =>
+        `if (base + ${4 * r}u < n) {
     var cm = 0u;
     var cv = 0u;
     ${
-      QUADS.map((e) =>
-        `if (base + ${e}u < n) {
-      cm = cm | (quantize(select(0.0, m_new[${e}] / am, am > 0.0), 0u) << ${8 * e}u);
-      cv = cv | (quantize(select(0.0, v_new[${e}] / av, av > 0.0), 256u) << ${8 * e}u);
+          upTo(4).map((e) =>
+            `if (base + ${4 * r + e}u < n) {
+      cm = cm | (quantize(select(0.0, m_new[${4 * r + e}] / am, am > 0.0), true) << ${8 * e}u);
+      cv = cv | (quantize(select(0.0, v_new[${4 * r + e}] / av, av > 0.0), false) << ${8 * e}u);
     }`
-      ).join("\n    ")
+          ).join("\n    ")
+        }
+    exp_avg${k}[${WORDS}u * q + ${r}u] = cm;
+    exp_avg_sq${k}[${WORDS}u * q + ${r}u] = cv;
+  }`
+      ).join("\n  ")
     }
-    exp_avg${k}[q] = cm;
-    exp_avg_sq${k}[q] = cv;
-    if ((lid & ${THREADS_PER_BLOCK - 1}u) == 0u) {
-      exp_avg_absmax${k}[q / ${THREADS_PER_BLOCK}u] = am;
-      exp_avg_sq_absmax${k}[q / ${THREADS_PER_BLOCK}u] = av;
-    }
+  if (base < n && (lid & ${THREADS_PER_BLOCK - 1}u) == 0u) {
+    exp_avg_absmax${k}[q / ${THREADS_PER_BLOCK}u] = am;
+    exp_avg_sq_absmax${k}[q / ${THREADS_PER_BLOCK}u] = av;
   }`;
   }
   return `if (base < n) {
@@ -183,15 +211,17 @@ function storeMoments(c: CompactAdamConfig, k: number): string {
   }`;
 }
 
-/** WGSL that writes the quad's new masters into the working copy (whole words where it can). */
+/** WGSL that writes the thread's new masters into the working copy (whole words where it can). */
 function storeCopy(c: CompactAdamConfig, k: number): string {
   if (c.copy === "none") return "";
   // As elementLoops: a master beyond the f16 range saturates in its f16 copy.
   const v = (w: string) => c.copy === "f16" ? `clamp(${w}, -${F16_MAX}, ${F16_MAX})` : w;
-  return `for (var h = 0u; h < 2u; h++) {
+  return `for (var h = 0u; h < ${PER_THREAD[c.states] / 2}u; h++) {
           let i = base + 2u * h;
           if (i + 1u < n) {
-            st2_copy${k}(2u * q + h, vec2<f32>(${v("w_new[2u * h]")}, ${v("w_new[2u * h + 1u]")}));
+            st2_copy${k}(base / 2u + h, vec2<f32>(${v("w_new[2u * h]")}, ${
+    v("w_new[2u * h + 1u]")
+  }));
           } else if (i < n) {
             st_copy${k}(i, ${v("w_new[2u * h]")});
           }
@@ -201,43 +231,45 @@ function storeCopy(c: CompactAdamConfig, k: number): string {
 /** The per-slot body: load, update in f32, write master and copy, then requantize. */
 function slotBody(c: CompactAdamConfig, k: number): string {
   const wd = c.decoupled ? "w = w * p.decay;" : "g = g + p.wd * w;";
-  const reduce = c.states !== "8bit" ? "" : `red_m[lid] = mx_m;
-      red_v[lid] = mx_v;
-      workgroupBarrier();
-      if ((lid & ${THREADS_PER_BLOCK - 1}u) == 0u) {
-        for (var s = 1u; s < ${THREADS_PER_BLOCK}u; s++) {
-          red_m[lid] = max(red_m[lid], red_m[lid + s]);
-          red_v[lid] = max(red_v[lid], red_v[lid + s]);
-        }
-      }
+  const per = PER_THREAD[c.states];
+  const zeros = `array<f32, ${per}>(${upTo(per).map(() => "0.0").join(", ")})`;
+  // 8bit: each block's absmax, as the max of its threads' maxima by u32 bits (the order of
+  // non-negative floats; WGSL starts workgroup memory zeroed, and a workgroup updates one tensor).
+  const reduce = c.states !== "8bit"
+    ? ""
+    : `atomicMax(&block_m[lid / ${THREADS_PER_BLOCK}u], bitcast<u32>(mx_m) & 0x7fffffffu);
+      atomicMax(&block_v[lid / ${THREADS_PER_BLOCK}u], bitcast<u32>(mx_v) & 0x7fffffffu);
       workgroupBarrier();`;
   return `let q = wg * ${WORKGROUP}u + lid;
-      let base = ${QUAD}u * q;
-      var m_old = array<f32, ${QUAD}>(0.0, 0.0, 0.0, 0.0);
-      var v_old = array<f32, ${QUAD}>(0.0, 0.0, 0.0, 0.0);
-      var m_new = array<f32, ${QUAD}>(0.0, 0.0, 0.0, 0.0);
-      var v_new = array<f32, ${QUAD}>(0.0, 0.0, 0.0, 0.0);
-      var w_new = array<f32, ${QUAD}>(0.0, 0.0, 0.0, 0.0);
+      let base = ${per}u * q;
+      var m_old = ${zeros};
+      var v_old = ${zeros};
+      var m_new = ${zeros};
+      var v_new = ${zeros};
+      var w_new = ${zeros};
       var mx_m = 0.0;
       var mx_v = 0.0;
       if (base < n) {
         ${loadMoments(c, k)}
-        for (var e = 0u; e < ${QUAD}u; e++) {
-          let i = base + e;
-          if (i >= n) { break; }
+        ${
+    upTo(per).map((e) =>
+      `if (base + ${e}u < n) {
+          let i = base + ${e}u;
           var w = param${k}[i];
           var g = ld_grad${k}(i) * scale;
           ${wd}
-          let m = p.beta1 * m_old[e] + p.one_minus_beta1 * g;
-          let v = p.beta2 * v_old[e] + p.one_minus_beta2 * g * g;
+          let m = p.beta1 * m_old[${e}] + p.one_minus_beta1 * g;
+          let v = p.beta2 * v_old[${e}] + p.one_minus_beta2 * g * g;
           w = w - step_size * m / (sqrt(v) / bc2_sqrt + p.eps);
           param${k}[i] = w;
-          w_new[e] = w;
-          m_new[e] = m;
-          v_new[e] = v;
+          w_new[${e}] = w;
+          m_new[${e}] = m;
+          v_new[${e}] = v;
           mx_m = max(mx_m, abs(m));
           mx_v = max(mx_v, v);
-        }
+        }`
+    ).join("\n        ")
+  }
         ${storeCopy(c, k)}
       }
       ${reduce}
@@ -267,15 +299,14 @@ export const compactAdamKernel = defineKernel({
     `${ONE_MINUS_POW}
 ${
       c.states === "8bit"
-        ? `var<workgroup> red_m: array<f32, ${WORKGROUP}>;
-var<workgroup> red_v: array<f32, ${WORKGROUP}>;
+        ? `var<workgroup> block_m: array<atomic<u32>, ${WORKGROUP / THREADS_PER_BLOCK}>;
+var<workgroup> block_v: array<atomic<u32>, ${WORKGROUP / THREADS_PER_BLOCK}>;
 ${QUANTIZE}`
         : BF16_STATE
     }
 @compute @workgroup_size(${WORKGROUP})
 fn main(${WGSL_GRID_BUILTINS}) {
   ${SKIP}
-  ${c.states === "8bit" ? "" : ""}
   let scale = grad_scale[0];
   let t_bits = step[0];
   let t = f32(t_bits);
@@ -325,7 +356,7 @@ export function launchCompactAdamUpdatesInto(
       : { exp_avg: "expAvg", exp_avg_sq: "expAvgSq" },
     () => adamUniforms(h),
     {
-      perWorkgroup: PER_WORKGROUP,
+      perWorkgroup: WORKGROUP * PER_THREAD[flags.states],
       slotUniforms: (chunk) =>
         Object.fromEntries(
           SEED_FIELDS.map((f, k) => [f, chunk[k] ? flags.seeds.get(chunk[k].param) ?? 0 : 0]),

@@ -204,8 +204,9 @@ Deno.test(
   GPU_TEST,
   async () => {
     let neighbours = 0, total = 0;
-    // Block edges (255, 256, 257), odd sizes across workgroups (1023, 1025, 2049 + 2).
-    for (const [k, n] of [1, 255, 256, 257, 1023, 1025, 2051].entries()) {
+    // Block edges (255, 256, 257), a thread's words cut (1023, 2051), sizes across
+    // workgroups of 4096 elements (4099, 9001).
+    for (const [k, n] of [1, 255, 256, 257, 1023, 1025, 2051, 4099, 9001].entries()) {
       for (const decoupled of [false, true]) {
         const o = { lr: 1e-2, wd: 0.1, decoupled };
         neighbours += await checkStep(
